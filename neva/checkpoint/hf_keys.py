@@ -1,0 +1,159 @@
+"""Flat key tables between neva parameter names and Hugging Face checkpoints.
+
+One table per model part, ``{}`` standing for the layer index. Import finds each part's prefix in the source
+checkpoint (current llava-hf, legacy llava-hf, original LLaVA, standalone CLIP / Llama); export writes the current
+llava-hf layout, which transformers 4.52+ and 5.x load. No tensor is permuted: neva's RoPE uses the same half-split
+q/k row layout as HF Llama (HF's own conversion already permuted Meta's interleaved rows).
+"""
+
+from __future__ import annotations
+
+import re
+
+VISION_TABLE = {  # neva (under "vision.") : HF CLIP vision (under the vision prefix)
+    "patch_embed.weight": "embeddings.patch_embedding.weight",
+    "cls_token": "embeddings.class_embedding",
+    "pos_embed.weight": "embeddings.position_embedding.weight",
+    "pre_norm.weight": "pre_layrnorm.weight",
+    "pre_norm.bias": "pre_layrnorm.bias",
+    "post_norm.weight": "post_layernorm.weight",
+    "post_norm.bias": "post_layernorm.bias",
+    "layers.{}.norm1.weight": "encoder.layers.{}.layer_norm1.weight",
+    "layers.{}.norm1.bias": "encoder.layers.{}.layer_norm1.bias",
+    "layers.{}.norm2.weight": "encoder.layers.{}.layer_norm2.weight",
+    "layers.{}.norm2.bias": "encoder.layers.{}.layer_norm2.bias",
+    "layers.{}.attn.q_proj.weight": "encoder.layers.{}.self_attn.q_proj.weight",
+    "layers.{}.attn.q_proj.bias": "encoder.layers.{}.self_attn.q_proj.bias",
+    "layers.{}.attn.k_proj.weight": "encoder.layers.{}.self_attn.k_proj.weight",
+    "layers.{}.attn.k_proj.bias": "encoder.layers.{}.self_attn.k_proj.bias",
+    "layers.{}.attn.v_proj.weight": "encoder.layers.{}.self_attn.v_proj.weight",
+    "layers.{}.attn.v_proj.bias": "encoder.layers.{}.self_attn.v_proj.bias",
+    "layers.{}.attn.o_proj.weight": "encoder.layers.{}.self_attn.out_proj.weight",
+    "layers.{}.attn.o_proj.bias": "encoder.layers.{}.self_attn.out_proj.bias",
+    "layers.{}.mlp.fc1.weight": "encoder.layers.{}.mlp.fc1.weight",
+    "layers.{}.mlp.fc1.bias": "encoder.layers.{}.mlp.fc1.bias",
+    "layers.{}.mlp.fc2.weight": "encoder.layers.{}.mlp.fc2.weight",
+    "layers.{}.mlp.fc2.bias": "encoder.layers.{}.mlp.fc2.bias",
+}
+
+LLM_TABLE = {  # neva (under "llm.") : HF Llama model (under the LLM prefix)
+    "tok_embeddings.weight": "embed_tokens.weight",
+    "norm.weight": "norm.weight",
+    "layers.{}.attention_norm.weight": "layers.{}.input_layernorm.weight",
+    "layers.{}.ffn_norm.weight": "layers.{}.post_attention_layernorm.weight",
+    "layers.{}.attention.wq.weight": "layers.{}.self_attn.q_proj.weight",
+    "layers.{}.attention.wk.weight": "layers.{}.self_attn.k_proj.weight",
+    "layers.{}.attention.wv.weight": "layers.{}.self_attn.v_proj.weight",
+    "layers.{}.attention.wo.weight": "layers.{}.self_attn.o_proj.weight",
+    "layers.{}.feed_forward.w1.weight": "layers.{}.mlp.gate_proj.weight",
+    "layers.{}.feed_forward.w3.weight": "layers.{}.mlp.up_proj.weight",
+    "layers.{}.feed_forward.w2.weight": "layers.{}.mlp.down_proj.weight",
+}
+
+LM_HEAD = "output.weight"  # neva (under "llm."); HF keeps the head outside the LLM prefix
+
+# Projector: neva's nn.Sequential index 2k is HF's linear_{k+1} (GELUs sit at the odd indices).
+PROJECTOR_HF = re.compile(r"^linear_(\d+)\.(weight|bias)$")
+
+# Prefixes per part, most specific first. Import takes the first prefix that any key of the source starts with.
+VISION_PREFIXES = (
+    "model.vision_tower.vision_model.",
+    "model.vision_tower.",
+    "vision_tower.vision_model.",
+    "vision_tower.",
+    "vision_model.",  # standalone CLIPVisionModel / CLIPModel
+    "",  # bare CLIPVisionTransformer
+)
+LLM_PREFIXES = ("model.language_model.model.", "model.language_model.", "language_model.model.", "model.")
+LM_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight", "model.language_model.lm_head.weight")
+PROJECTOR_PREFIXES = ("model.multi_modal_projector.", "multi_modal_projector.")
+LLAVA_ORIGINAL_PROJECTOR = "model.mm_projector."  # original LLaVA repo: Sequential indices as neva's
+
+EXPORT_VISION_PREFIX = "model.vision_tower."
+EXPORT_LLM_PREFIX = "model.language_model."
+EXPORT_PROJECTOR_PREFIX = "model.multi_modal_projector."
+EXPORT_LM_HEAD = "lm_head.weight"
+
+
+def _compile(table: dict[str, str]) -> list[tuple[re.Pattern, str]]:
+    return [(re.compile("^" + re.escape(hf).replace(r"\{\}", r"(\d+)") + "$"), neva) for neva, hf in table.items()]
+
+
+_VISION_FROM_HF = _compile(VISION_TABLE)
+_LLM_FROM_HF = _compile(LLM_TABLE)
+
+
+def part_key_from_hf(key: str, part: str) -> str | None:
+    """neva key (within ``part`` = "vision" | "llm" | "projector") for an HF key already stripped of its prefix."""
+    if part == "projector":
+        match = PROJECTOR_HF.match(key)
+        return f"{2 * (int(match.group(1)) - 1)}.{match.group(2)}" if match else None
+    for pattern, neva in _VISION_FROM_HF if part == "vision" else _LLM_FROM_HF:
+        match = pattern.match(key)
+        if match:
+            return neva.replace("{}", match.group(1)) if match.groups() else neva
+    return None
+
+
+def part_key_to_hf(key: str, part: str) -> str:
+    """HF key (without prefix) for a neva key within ``part``."""
+    if part == "projector":
+        index, kind = key.split(".")
+        if int(index) % 2:
+            raise KeyError(f"projector key {key} is not a Linear layer")
+        return f"linear_{int(index) // 2 + 1}.{kind}"
+    table = VISION_TABLE if part == "vision" else LLM_TABLE
+    match = re.match(r"^layers\.(\d+)\.(.*)$", key)
+    if match:
+        return table["layers.{}." + match.group(2)].replace("{}", match.group(1))
+    return table[key]
+
+
+def neva_key_to_hf(key: str) -> str:
+    """Full HF (current llava-hf layout) key for a full neva state-dict key."""
+    part, rest = key.split(".", 1)
+    if part == "llm" and rest == LM_HEAD:
+        return EXPORT_LM_HEAD
+    prefix = {"vision": EXPORT_VISION_PREFIX, "llm": EXPORT_LLM_PREFIX, "projector": EXPORT_PROJECTOR_PREFIX}[part]
+    return prefix + part_key_to_hf(rest, part)
+
+
+def hf_key_to_neva(key: str, prefixes: dict[str, str]) -> str | None:
+    """Full neva key for a full HF key, given the detected prefix of each part (see ``detect_prefixes``).
+
+    Returns None for HF keys neva does not keep (CLIP text tower, logit scale, rotary buffers).
+    """
+    if key in LM_HEAD_KEYS:
+        return "llm." + LM_HEAD
+    for part in ("projector", "vision", "llm"):  # projector/vision first: "model." also prefixes them
+        prefix = prefixes.get(part)
+        if prefix is None or not key.startswith(prefix):
+            continue
+        rest = key[len(prefix) :]
+        if part == "projector" and prefix == LLAVA_ORIGINAL_PROJECTOR:
+            return "projector." + rest
+        neva = part_key_from_hf(rest, part)
+        if neva is not None:
+            return f"{part}.{neva}"
+    return None
+
+
+def detect_prefixes(keys: list[str] | set[str], parts: tuple[str, ...] = ("vision", "projector", "llm")) -> dict[str, str]:
+    """Which prefix each part uses in a checkpoint (keys of the source ``state_dict``)."""
+    keys = list(keys)
+    found: dict[str, str] = {}
+    probes = {
+        "vision": (VISION_PREFIXES, "embeddings.patch_embedding.weight"),
+        "llm": (LLM_PREFIXES, "embed_tokens.weight"),
+        "projector": (PROJECTOR_PREFIXES + (LLAVA_ORIGINAL_PROJECTOR,), None),
+    }
+    for part in parts:
+        candidates, probe = probes[part]
+        for prefix in candidates:
+            if probe is not None and prefix + probe in keys:
+                found[part] = prefix
+                break
+            if probe is None and any(k.startswith(prefix) for k in keys):
+                found[part] = prefix
+                break
+    return found

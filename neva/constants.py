@@ -1,0 +1,10 @@
+"""Constants shared by the model, data and checkpoint code."""
+
+IMAGE_TOKEN = "<image>"
+"""The placeholder users write in prompts; a special token of every neva tokenizer."""
+
+IGNORE_INDEX = -100
+"""Label of positions that are not learned (HF / PyTorch cross-entropy convention)."""
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

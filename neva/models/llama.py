@@ -1,0 +1,159 @@
+"""Llama decoder, pipeline-splittable.
+
+Layers live in an ``nn.ModuleDict`` keyed by the global layer index, and ``tok_embeddings``, ``norm`` and ``output``
+may be ``None``: a pipeline stage deletes what it does not own and the same ``forward`` runs on it. The loss is not
+computed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neva.models.config import LLMConfig
+from neva.models.layers import RMSNorm, build_attention_mask
+from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+
+@dataclass
+class KVCache:
+    """Pre-allocated keys/values of one layer, ``[B, kv_heads, max_len, head_dim]``; ``length`` tokens are filled."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    length: int = 0
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + k.shape[2]
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LLMConfig) -> None:
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a slice of the (kv) heads.
+        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v)
+        gqa = q.shape[1] != k.shape[1]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)`` (HF gate_proj = w1, up_proj = w3, down_proj = w2)."""
+
+    def __init__(self, cfg: LLMConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cfg: LLMConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class LlamaDecoder(nn.Module):
+    """Token embedding → blocks → final norm → LM head; each part optional (pipeline stages)."""
+
+    def __init__(self, cfg: LLMConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleDict({str(i): DecoderBlock(cfg) for i in range(cfg.num_layers)})
+        self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.output: nn.Linear | None = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        cache: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
+
+        Args:
+            h: input hidden states of this stage.
+            position_ids: ``[B, S]`` RoPE positions (default ``0..S-1``, offset by the cache length).
+            segment_ids: ``[B, K]`` sample id per key position (0 = padding); attention stays within a segment.
+                With a cache, K covers the cached tokens plus the new ones. None = plain causal attention.
+            cache: one ``KVCache`` per layer of this stage, for incremental decoding.
+
+        Returns:
+            Logits ``[B, S, V]`` if this stage owns ``output``, else hidden states.
+        """
+        b, s, _ = h.shape
+        offset = 0 if cache is None else cache[0].length
+        if position_ids is None:
+            position_ids = torch.arange(offset, offset + s, device=h.device).expand(b, s)
+        cos, sin = rope_cos_sin(self.inv_freq, position_ids, h.dtype)
+        mask = None
+        if segment_ids is not None:
+            mask = build_attention_mask(segment_ids, s, offset)
+        elif offset > 0:
+            # SDPA's is_causal aligns the mask top-left, which is wrong once queries start after cached keys.
+            mask = build_attention_mask(torch.ones(b, offset + s, dtype=torch.long, device=h.device), s, offset)
+        for i, layer in enumerate(self.layers.values()):
+            h = layer(h, cos, sin, mask, None if cache is None else cache[i])
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+    def init_weights(self) -> None:
+        self.inv_freq = rope_inv_freq(self.cfg, device=self.inv_freq.device)
+        std = 0.02
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight, std=std)
+        for layer in self.layers.values():
+            for module in layer.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, std=std)
+                elif isinstance(module, RMSNorm):
+                    module.reset_parameters()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None and not self.cfg.tie_word_embeddings:
+            nn.init.normal_(self.output.weight, std=self.cfg.hidden_size**-0.5)

@@ -1,0 +1,109 @@
+"""NeVA glue: vision tower → projector → features spliced into the decoder's token embeddings."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from neva.models.config import NevaConfig
+from neva.models.llama import KVCache, LlamaDecoder
+from neva.models.projector import build_projector, init_projector
+from neva.models.vision import VisionTower
+
+
+class NevaModel(nn.Module):
+    """LLaVA-style model. Knows nothing of parallelism; any part may be None on a pipeline stage.
+
+    Build on the meta device for large models (``with torch.device("meta"): NevaModel(cfg)``), then parallelize,
+    then ``to_empty(device=...)`` and ``init_weights()`` or load weights.
+    """
+
+    def __init__(self, cfg: NevaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vision: VisionTower | None = VisionTower(cfg.vision) if cfg.vision is not None else None
+        self.projector: nn.Sequential | None = build_projector(cfg.projector) if cfg.projector is not None else None
+        self.llm = LlamaDecoder(cfg.llm)
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Projected features ``[N, num_image_tokens, llm_hidden]``; a frozen tower runs without autograd."""
+        if any(p.requires_grad for p in self.vision.parameters()):
+            feats = self.vision.features(pixel_values)
+        else:
+            with torch.no_grad():
+                feats = self.vision.features(pixel_values)
+        return self.projector(feats)
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        pixel_values: torch.Tensor | None = None,
+        image_counts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Token embeddings with image features written over the image-token positions.
+
+        Args:
+            input_ids: ``[B, S]``; each image occupies ``num_image_tokens`` consecutive ``image_token_id`` positions.
+            pixel_values: ``[N, C, H, W]``, all images of the batch in row order, or None.
+            image_counts: ``[B]`` images per row; None infers it from the image-token counts.
+
+        Raises:
+            ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
+        """
+        h_BSD = self.llm.tok_embeddings(input_ids)
+        is_image_BS = input_ids == self.cfg.image_token_id
+        if pixel_values is None or pixel_values.shape[0] == 0:
+            if is_image_BS.any():
+                rows = is_image_BS.any(dim=1).nonzero().flatten().tolist()
+                raise ValueError(f"sample(s) {rows} contain image tokens but no images were given")
+            return h_BSD
+        per_image = self.cfg.num_image_tokens
+        found_B = is_image_BS.sum(dim=1)
+        if image_counts is None:
+            image_counts = torch.div(found_B, per_image, rounding_mode="floor")
+        expected_B = image_counts.to(found_B.device) * per_image
+        if not torch.equal(found_B, expected_B) or int(image_counts.sum()) != pixel_values.shape[0]:
+            bad = (found_B != expected_B).nonzero().flatten().tolist()
+            raise ValueError(
+                f"image token count mismatch in sample(s) {bad}: found {found_B.tolist()} image positions, expected "
+                f"{expected_B.tolist()} ({image_counts.tolist()} images × {per_image} tokens); "
+                f"{pixel_values.shape[0]} images given"
+            )
+        feats_NTD = self.image_features(pixel_values).to(h_BSD.dtype)
+        return h_BSD.masked_scatter(is_image_BS[..., None], feats_NTD.reshape(-1, feats_NTD.shape[-1]))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        pixel_values: torch.Tensor | None = None,
+        image_counts: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        cache: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
+
+        On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
+        """
+        if self.llm.tok_embeddings is not None:
+            h = self.embed(input_ids, pixel_values, image_counts)
+        else:
+            h = input_ids
+        return self.llm(h, position_ids=position_ids, segment_ids=segment_ids, cache=cache)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise every parameter (after ``to_empty``) and recompute non-persistent buffers."""
+        if self.vision is not None:
+            self.vision.init_weights()
+        if self.projector is not None:
+            init_projector(self.projector)
+        self.llm.init_weights()
+
+    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[KVCache]:
+        """Empty KV caches for this model's decoder layers."""
+        cfg = self.cfg.llm
+        param = next(self.llm.layers.parameters())
+        shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+        kw = dict(device=device or param.device, dtype=dtype or param.dtype)
+        return [KVCache(torch.zeros(shape, **kw), torch.zeros(shape, **kw)) for _ in self.llm.layers]

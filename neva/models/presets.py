@@ -1,0 +1,41 @@
+"""Published model shapes (see REFERENCES.md) and the tiny embedded default."""
+
+from __future__ import annotations
+
+from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
+
+VISION_PRESETS: dict[str, dict] = {
+    # 32 px images in 8 px patches: 16 image tokens, fast enough to train on a laptop CPU.
+    "tiny": dict(image_size=32, patch_size=8, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4),
+    "clip_vit_l14_224": dict(image_size=224, patch_size=14),
+    "clip_vit_l14_336": dict(image_size=336, patch_size=14),
+}
+
+LLM_PRESETS: dict[str, dict] = {
+    "tiny": dict(
+        vocab_size=512, hidden_size=128, intermediate_size=352, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=512
+    ),
+    "llama2_7b": dict(),
+    "llama2_13b": dict(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40),
+    "llama2_70b": dict(hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64, num_kv_heads=8),
+}
+
+
+def build_config(
+    llm: str | dict = "tiny",
+    vision: str | dict | None = "tiny",
+    projector_type: str = "mlp2x_gelu",
+    image_token_id: int | None = None,
+    **llm_overrides,
+) -> NevaConfig:
+    """A NevaConfig from preset names (or field dicts); the image token defaults to the last vocab id."""
+    llm_cfg = LLMConfig(**{**(LLM_PRESETS[llm] if isinstance(llm, str) else llm), **llm_overrides})
+    vision_cfg = None
+    projector = None
+    if vision is not None:
+        vision_cfg = VisionConfig(**(VISION_PRESETS[vision] if isinstance(vision, str) else vision))
+        projector = ProjectorConfig(
+            type=projector_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size
+        )
+    token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
+    return NevaConfig(llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=token)

@@ -1,0 +1,47 @@
+"""Rotary position embeddings in the half-split layout that HF Llama checkpoints use.
+
+HF's conversion script permutes Meta's interleaved q/k rows into this layout, so HF weights need no permutation here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from neva.models.config import LLMConfig
+
+
+def rope_inv_freq(cfg: LLMConfig, device: torch.device | None = None) -> torch.Tensor:
+    """Inverse frequencies ``[head_dim / 2]`` with optional ``linear`` or ``llama3`` scaling (HF formulas)."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, dtype: torch.dtype):
+    """``cos, sin`` of shape ``[B, 1, S, head_dim]`` for per-token positions (packed rows restart at 0)."""
+    freqs = position_ids[..., None].float() * inv_freq.float()
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,100 @@
+"""CLIP ViT vision encoder (the HF ``CLIPVisionModel`` computation, pre-LN, without the projection head)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neva.models.config import VisionConfig
+from neva.models.layers import ACTIVATIONS
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.head_dim = cfg.hidden_size // cfg.num_heads
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.o_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a slice of the heads.
+        q, k, v = (proj(x).view(b, s, -1, self.head_dim).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.act = ACTIVATIONS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.attn = VisionAttention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlp = VisionMLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionTower(nn.Module):
+    """CLIP ViT. ``features`` returns what LLaVA feeds the projector: the selected hidden state(s), CLS dropped or kept."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = nn.Conv2d(cfg.num_channels, cfg.hidden_size, cfg.patch_size, cfg.patch_size, bias=False)
+        self.cls_token = nn.Parameter(torch.empty(cfg.hidden_size))
+        self.pos_embed = nn.Embedding(cfg.num_patches + 1, cfg.hidden_size)
+        self.pre_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.layers = nn.ModuleDict({str(i): VisionBlock(cfg) for i in range(cfg.num_layers)})
+        # Unused by LLaVA features; kept so checkpoints round-trip bit-identically.
+        self.post_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def hidden_states(self, pixel_values: torch.Tensor, num_layers: int | None = None) -> list[torch.Tensor]:
+        """HF ``hidden_states``: index 0 = embeddings after pre-LN, index i = output of layer i (up to ``num_layers``)."""
+        dtype = self.patch_embed.weight.dtype
+        patches = self.patch_embed(pixel_values.to(dtype)).flatten(2).transpose(1, 2)
+        cls = self.cls_token.to(patches.dtype).expand(patches.shape[0], 1, -1)
+        x = torch.cat([cls, patches], dim=1) + self.pos_embed.weight.to(patches.dtype)
+        x = self.pre_norm(x)
+        states = [x]
+        for i in range(self.cfg.num_layers if num_layers is None else num_layers):
+            x = self.layers[str(i)](x)
+            states.append(x)
+        return states
+
+    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``[N, num_image_tokens, feature_size]`` image features for the projector."""
+        n_layers = self.cfg.num_layers
+        indices = [i if i >= 0 else n_layers + 1 + i for i in self.cfg.select_layers]
+        # Layers above the deepest selected one cannot change the features: skip them.
+        states = self.hidden_states(pixel_values, num_layers=max(indices))
+        feats = torch.cat([states[i] for i in indices], dim=-1)
+        return feats[:, 1:] if self.cfg.vision_select_feature == "patch" else feats
+
+    def init_weights(self) -> None:
+        std = self.cfg.hidden_size**-0.5
+        nn.init.normal_(self.cls_token, std=std)
+        nn.init.normal_(self.pos_embed.weight, std=0.02)
+        nn.init.normal_(self.patch_embed.weight, std=0.02)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()

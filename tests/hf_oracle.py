@@ -1,0 +1,58 @@
+"""Tiny random HF models (the numerical oracle) and helpers to load their weights into neva models."""
+
+from __future__ import annotations
+
+import torch
+from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+from neva.checkpoint.hf_config import neva_config_from_llava
+from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva
+from neva.models.neva import NevaModel
+
+VISION_KW = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=28, patch_size=7
+)
+TEXT_KW = dict(
+    vocab_size=99,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+)
+
+
+def tiny_llava(seed: int = 0, text_kw: dict | None = None, **llava_kw) -> LlavaForConditionalGeneration:
+    """A random LlavaForConditionalGeneration (fp32, eval mode); image token = last id of the vocab."""
+    torch.manual_seed(seed)
+    text = {**TEXT_KW, **(text_kw or {})}
+    cfg = LlavaConfig(
+        vision_config=CLIPVisionConfig(**VISION_KW),
+        text_config=LlamaConfig(**text),
+        image_token_index=text["vocab_size"] - 1,
+        image_seq_length=(VISION_KW["image_size"] // VISION_KW["patch_size"]) ** 2,
+        **llava_kw,
+    )
+    model = LlavaForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # HF inits norms to 1 and biases to 0; randomise them so the key mapping is really tested
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def neva_from_hf(hf_model: LlavaForConditionalGeneration) -> NevaModel:
+    """A neva model holding exactly the HF model's weights."""
+    cfg = neva_config_from_llava(hf_model.config.to_dict())
+    model = NevaModel(cfg).eval()
+    sd = hf_model.state_dict()
+    prefixes = detect_prefixes(sd.keys())
+    ours = {}
+    for key, value in sd.items():
+        neva = hf_key_to_neva(key, prefixes)
+        if neva is not None:
+            ours[neva] = value
+    missing, unexpected = model.load_state_dict(ours, strict=True)
+    assert not missing and not unexpected
+    return model
