@@ -30,7 +30,9 @@ def llm_config_from_hf(hf: dict[str, Any]) -> LLMConfig:
     )
 
 
-def vision_config_from_hf(hf: dict[str, Any], select_layer: int | list[int] = -2, select: str = "patch") -> VisionConfig:
+def vision_config_from_hf(
+    hf: dict[str, Any], select_layer: int | list[int] = -2, select: str = "patch"
+) -> VisionConfig:
     """VisionConfig from an HF CLIP vision config dict (or a full CLIPConfig dict: its ``vision_config`` is used)."""
     hf = hf.get("vision_config", hf)
     return VisionConfig(

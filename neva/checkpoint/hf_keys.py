@@ -138,7 +138,9 @@ def hf_key_to_neva(key: str, prefixes: dict[str, str]) -> str | None:
     return None
 
 
-def detect_prefixes(keys: list[str] | set[str], parts: tuple[str, ...] = ("vision", "projector", "llm")) -> dict[str, str]:
+def detect_prefixes(
+    keys: list[str] | set[str], parts: tuple[str, ...] = ("vision", "projector", "llm")
+) -> dict[str, str]:
     """Which prefix each part uses in a checkpoint (keys of the source ``state_dict``)."""
     keys = list(keys)
     found: dict[str, str] = {}

@@ -12,25 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neva.constants import CLIP_MEAN, CLIP_STD
+from neva.typed import build
 
 T = TypeVar("T")
 
 
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
-    """Build dataclass ``cls`` from ``data``, recursing into nested config dataclasses; unknown keys are an error."""
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    kwargs = {}
-    for key, value in data.items():
-        sub = _NESTED.get((cls.__name__, key))
-        if sub is not None and isinstance(value, dict):
-            value = from_dict(sub, value)
-        elif isinstance(value, list) and key in _TUPLE_FIELDS:
-            value = tuple(value)
-        kwargs[key] = value
-    return cls(**kwargs)
+    """Build config dataclass ``cls`` from ``data``; unknown keys and wrong types are an error."""
+    return build(cls, data)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -177,11 +166,3 @@ class NevaConfig:
     @property
     def num_image_tokens(self) -> int:
         return 0 if self.vision is None else self.vision.num_image_tokens
-
-
-_NESTED = {
-    ("NevaConfig", "llm"): LLMConfig,
-    ("NevaConfig", "vision"): VisionConfig,
-    ("NevaConfig", "projector"): ProjectorConfig,
-}
-_TUPLE_FIELDS = {"image_mean", "image_std"}

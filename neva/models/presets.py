@@ -13,7 +13,13 @@ VISION_PRESETS: dict[str, dict] = {
 
 LLM_PRESETS: dict[str, dict] = {
     "tiny": dict(
-        vocab_size=512, hidden_size=128, intermediate_size=352, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=512
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_seq_len=512,
     ),
     "llama2_7b": dict(),
     "llama2_13b": dict(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40),

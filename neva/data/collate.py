@@ -1,0 +1,144 @@
+"""Samples → batch dicts: padded rows, or samples packed first-fit into rows (padding-free packing).
+
+Batch contract (both modes)::
+
+    input_ids    LongTensor [B, S]   pad id where segment_ids == 0
+    labels       LongTensor [B, S]   IGNORE_INDEX where not learned; the first token of every sample is ignored
+    position_ids LongTensor [B, S]   restart at 0 for every sample; 0 on padding
+    segment_ids  LongTensor [B, S]   1..k for the k samples of a row, 0 on padding
+    pixel_values FloatTensor [N, 3, H, W] | None   all images, in row order then position order
+    image_counts LongTensor [B]      images per row
+    num_samples  int                 samples in the batch (skipped ones excluded)
+    skipped      dict[str, int]      skip reasons counted in this batch
+    ids          list               sample ids, in the order they appear in the rows
+
+When every sample of a micro-batch was skipped the batch has one row of padding with ``segment_ids`` 1 and no
+learned tokens (``num_samples`` 0): every data-parallel rank still runs forward/backward, so collectives stay in step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from neva.constants import IGNORE_INDEX
+from neva.data.dataset import is_skipped
+
+
+def round_up(n: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``n``."""
+    return -(-n // multiple) * multiple
+
+
+def first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Pack items (by index, in order) into bins of ``capacity``: each goes into the first bin with room.
+
+    Raises:
+        ValueError: an item longer than ``capacity``.
+    """
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i, n in enumerate(lengths):
+        if n > capacity:
+            raise ValueError(f"sample of {n} tokens does not fit a row of {capacity}")
+        for b, room in enumerate(free):
+            if n <= room:
+                bins[b].append(i)
+                free[b] -= n
+                break
+        else:
+            bins.append([i])
+            free.append(capacity - n)
+    return bins
+
+
+def _row_length(longest: int, multiple: int, max_length: int | None) -> int:
+    length = round_up(max(longest, 1), multiple)
+    # Rounding must not push a row past the model's maximum sequence length.
+    return min(length, max_length) if max_length is not None else length
+
+
+def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipped: Counter) -> dict[str, Any]:
+    bsz = max(len(rows), 1)
+    input_ids = torch.full((bsz, row_len), pad_id, dtype=torch.long)
+    labels = torch.full((bsz, row_len), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((bsz, row_len), dtype=torch.long)
+    segment_ids = torch.zeros((bsz, row_len), dtype=torch.long)
+    image_counts = torch.zeros(bsz, dtype=torch.long)
+    pixels, ids = [], []
+    for r, row in enumerate(rows):
+        pos = 0
+        for seg, sample in enumerate(row, start=1):
+            n = sample["input_ids"].numel()
+            input_ids[r, pos : pos + n] = sample["input_ids"]
+            labels[r, pos : pos + n] = sample["labels"]
+            # The token before a sample belongs to another sample (or nothing): never a target across the boundary.
+            labels[r, pos] = IGNORE_INDEX
+            position_ids[r, pos : pos + n] = torch.arange(n)
+            segment_ids[r, pos : pos + n] = seg
+            pos += n
+            image_counts[r] += sample["pixel_values"].shape[0]
+            if sample["pixel_values"].shape[0]:
+                pixels.append(sample["pixel_values"])
+            ids.append(sample["id"])
+    if not rows:
+        segment_ids[0] = 1  # an all-skipped micro-batch: one inert row (see module docstring)
+        position_ids[0] = torch.arange(row_len)
+    num_samples = sum(len(row) for row in rows)
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": position_ids,
+        "segment_ids": segment_ids,
+        "pixel_values": torch.cat(pixels) if pixels else None,
+        "image_counts": image_counts,
+        "num_samples": num_samples,
+        "skipped": dict(skipped),
+        "ids": ids,
+    }
+
+
+def _split(batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Counter]:
+    good = [s for s in batch if not is_skipped(s)]
+    skipped = Counter(s["skipped"] for s in batch if is_skipped(s))
+    return good, skipped
+
+
+def collate_padded(
+    batch: list[dict[str, Any]], pad_id: int, pad_to_multiple_of: int = 64, max_length: int | None = None
+) -> dict[str, Any]:
+    """One sample per row, right-padded to the longest rounded up to ``pad_to_multiple_of`` (capped at ``max_length``)."""
+    good, skipped = _split(batch)
+    longest = max((s["input_ids"].numel() for s in good), default=1)
+    return _assemble([[s] for s in good], _row_length(longest, pad_to_multiple_of, max_length), pad_id, skipped)
+
+
+def collate_packed(
+    batch: list[dict[str, Any]], pad_id: int, seq_length: int, pad_to_multiple_of: int = 64
+) -> dict[str, Any]:
+    """Samples packed first-fit (in order) into rows of at most ``seq_length`` tokens.
+
+    Rows are as long as the fullest row rounded up to ``pad_to_multiple_of`` (capped at ``seq_length``).
+    """
+    good, skipped = _split(batch)
+    bins = first_fit([s["input_ids"].numel() for s in good], seq_length)
+    rows = [[good[i] for i in b] for b in bins]
+    longest = max((sum(s["input_ids"].numel() for s in row) for row in rows), default=1)
+    return _assemble(rows, _row_length(longest, pad_to_multiple_of, seq_length), pad_id, skipped)
+
+
+class Collator:
+    """Picklable collate function for DataLoader workers (padded or packed by ``packing``)."""
+
+    def __init__(self, pad_id: int, seq_length: int, pad_to_multiple_of: int = 64, packing: bool = False) -> None:
+        self.pad_id = pad_id
+        self.seq_length = seq_length
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.packing = packing
+
+    def __call__(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.packing:
+            return collate_packed(batch, self.pad_id, self.seq_length, self.pad_to_multiple_of)
+        return collate_padded(batch, self.pad_id, self.pad_to_multiple_of, self.seq_length)

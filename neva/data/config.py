@@ -1,0 +1,137 @@
+"""``DataConfig``: the ``model.data.*`` keys of NeMo NeVA, typed and validated when the run starts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+TEMPLATES = ("plain", "vicuna_v1", "llama_2", "mistral", "llama_3", "chatml")
+ASPECT_RATIOS = ("square", "pad", "keep")
+IMAGE_TOKEN_PLACEMENTS = ("front", "inline")
+SYNTHETIC = "synthetic"
+
+
+@dataclass
+class DataConfig:
+    """Where the data lives and how it becomes batches.
+
+    Key names follow NeMo NeVA's ``model.data`` (``data_path``, ``image_folder``, ``conv_template``,
+    ``image_aspect_ratio``, ``concat_sampling_probabilities``); everything else is neva's.
+
+    Attributes:
+        data_path: LLaVA JSON/JSONL file(s), webdataset shard pattern(s) (``.tar`` / ``{000..009}.tar``), or
+            ``"synthetic"`` for the built-in shapes set. A list is a blend.
+        image_folder: directory or ``.tar`` of images that records' ``image`` paths are relative to.
+        conv_template: one of ``TEMPLATES``.
+        image_aspect_ratio: ``square`` (CLIP resize + centre crop), ``pad`` (centre on a mean-colour square first,
+            as LLaVA-1.5) or ``keep`` (whole image, longer side resized, mean-colour borders; no crop).
+        concat_sampling_probabilities: blend weights, one per ``data_path`` entry (None = proportional to size).
+        max_skip_fraction: the run stops when more than this fraction of the samples seen were skipped.
+        seq_length: longest token sequence (None = the model's ``max_seq_len``).
+        pad_to_multiple_of: padded batch / packed row lengths are rounded up to this.
+        packing: pack each micro-batch's samples first-fit into rows of ``seq_length``.
+        group_by_modality_length: LLaVA's sampler: micro-batches of one modality and similar length.
+        num_workers: DataLoader worker processes.
+        image_token_placement: ``front`` moves ``<image>`` tags to the start of their turn followed by a newline
+            (LLaVA); ``inline`` leaves them where the data put them.
+        validation_data_path: optional held-out file(s); synthetic data has its own held-out split.
+        val_fraction: fraction of the training records held out when no validation path is given (0 = none).
+        synthetic_task: ``caption`` (pretraining), ``qa`` (multi-turn instructions) or ``auto``
+            (``caption`` for the ``plain`` template, else ``qa``).
+        synthetic_seed / synthetic_train_samples / synthetic_val_samples: size and seed of the built-in set.
+        skip_check_min_samples: samples to see before the skip fraction is enforced (one bad sample in the first
+            micro-batch must not stop a run).
+        system_prompt: overrides the template's default system prompt (None = the template's).
+        use_chat_template: for ``mistral``/``llama_3``/``chatml``, render with the tokenizer's chat template if it
+            has one (else the documented format).
+    """
+
+    data_path: str | list[str] = SYNTHETIC
+    image_folder: str | None = None
+    conv_template: str = "vicuna_v1"
+    image_aspect_ratio: str = "square"
+    concat_sampling_probabilities: list[float] | None = None
+    max_skip_fraction: float = 0.01
+    seq_length: int | None = None
+    pad_to_multiple_of: int = 64
+    packing: bool = False
+    group_by_modality_length: bool = False
+    num_workers: int = 0
+    image_token_placement: str = "front"
+    validation_data_path: str | list[str] | None = None
+    val_fraction: float = 0.0
+    synthetic_task: str = "auto"
+    synthetic_seed: int = 0
+    synthetic_train_samples: int = 2000
+    synthetic_val_samples: int = 200
+    system_prompt: str | None = None
+    use_chat_template: bool = True
+    skip_check_min_samples: int = 200
+
+    def __post_init__(self) -> None:
+        if self.conv_template not in TEMPLATES:
+            raise ValueError(f"model.data.conv_template={self.conv_template!r} is unknown; choose one of {TEMPLATES}")
+        if self.image_aspect_ratio not in ASPECT_RATIOS:
+            raise ValueError(
+                f"model.data.image_aspect_ratio={self.image_aspect_ratio!r}; choose one of {ASPECT_RATIOS}"
+            )
+        if self.image_token_placement not in IMAGE_TOKEN_PLACEMENTS:
+            raise ValueError(
+                f"model.data.image_token_placement={self.image_token_placement!r}; choose one of {IMAGE_TOKEN_PLACEMENTS}"
+            )
+        if self.synthetic_task not in ("auto", "caption", "qa"):
+            raise ValueError(f"model.data.synthetic_task={self.synthetic_task!r}; choose auto, caption or qa")
+        if not 0.0 <= self.max_skip_fraction <= 1.0:
+            raise ValueError(f"model.data.max_skip_fraction must be in [0, 1], got {self.max_skip_fraction}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"model.data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.pad_to_multiple_of < 1:
+            raise ValueError(f"model.data.pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
+        if self.seq_length is not None and self.seq_length < 2:
+            raise ValueError(f"model.data.seq_length must be >= 2, got {self.seq_length}")
+        paths = self.data_paths
+        if not paths:
+            raise ValueError("model.data.data_path is empty; give a LLaVA JSON/JSONL file, shards or 'synthetic'")
+        for path in [*paths, *self.validation_paths]:
+            if path != SYNTHETIC and not _exists(path):
+                raise FileNotFoundError(f"model.data.data_path entry {path!r} does not exist")
+        if self.image_folder is not None and not os.path.exists(self.image_folder):
+            raise FileNotFoundError(f"model.data.image_folder {self.image_folder!r} does not exist")
+        if self.concat_sampling_probabilities is not None:
+            probs = list(self.concat_sampling_probabilities)
+            if len(probs) != len(paths):
+                raise ValueError(
+                    f"model.data.concat_sampling_probabilities has {len(probs)} entries for {len(paths)} data paths"
+                )
+            if any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
+                raise ValueError(f"model.data.concat_sampling_probabilities must be >= 0 and sum to 1, got {probs}")
+
+    @property
+    def data_paths(self) -> list[str]:
+        """``data_path`` as a list."""
+        return [self.data_path] if isinstance(self.data_path, str) else list(self.data_path)
+
+    @property
+    def validation_paths(self) -> list[str]:
+        """``validation_data_path`` as a list (empty when unset)."""
+        if self.validation_data_path is None:
+            return []
+        vp = self.validation_data_path
+        return [vp] if isinstance(vp, str) else list(vp)
+
+    @property
+    def resolved_synthetic_task(self) -> str:
+        """``caption`` or ``qa``."""
+        if self.synthetic_task != "auto":
+            return self.synthetic_task
+        return "caption" if self.conv_template == "plain" else "qa"
+
+
+def _exists(path: str) -> bool:
+    # Brace-expanded shard patterns ("shard-{000..009}.tar") are checked through their first shard.
+    if "{" in path:
+        from neva.data.streaming import expand_shards
+
+        shards = expand_shards(path)
+        return bool(shards) and os.path.exists(shards[0])
+    return os.path.exists(path)

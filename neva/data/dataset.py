@@ -1,0 +1,151 @@
+"""``ConversationDataset``: record → processed sample, or a skip marker naming the reason.
+
+Order of checks (cheapest first): unreadable record → conversation structure → tag/image count → image paths →
+render + tokenize + length → image decode. Every failure becomes ``{"id", "skipped": reason, "detail"}``; the
+collate functions count them per batch, ``SkipTracker`` turns the counts into metrics and the stop rule.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from neva.data.conversation import (
+    ConversationError,
+    Template,
+    count_image_tags,
+    parse_conversations,
+    place_image_tags,
+)
+from neva.data.encoding import EncodingError, encode
+from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
+from neva.data.records import ERROR_KEY, approx_length, record_images
+
+log = logging.getLogger(__name__)
+
+_LOG_FIRST = 20  # per reason and process: enough to diagnose, without flooding the log on a bad 600K-record file
+
+
+@dataclass
+class EncoderSettings:
+    """Everything that turns a record into token ids (shared by the datasets and the preview CLI)."""
+
+    tokenizer: Any
+    template: Template
+    image_token_id: int
+    num_image_tokens: int
+    max_length: int | None
+    image_token_placement: str = "front"
+    system_prompt: str | None = None
+
+
+def is_skipped(sample: dict[str, Any]) -> bool:
+    """True for a skip marker."""
+    return "skipped" in sample
+
+
+def skip_marker(sample_id: Any, reason: str, detail: str = "") -> dict[str, Any]:
+    """The marker the dataset returns instead of a sample."""
+    return {"id": sample_id, "skipped": reason, "detail": detail}
+
+
+class SkipLogger:
+    """Logs the first skips of each reason in full, then only counts them."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def __call__(self, marker: dict[str, Any]) -> None:
+        reason = marker["skipped"]
+        self.counts[reason] += 1
+        if self.counts[reason] <= _LOG_FIRST:
+            log.warning("skipping sample %s: %s (%s)", marker["id"], reason, marker.get("detail", ""))
+            if self.counts[reason] == _LOG_FIRST:
+                log.warning("further '%s' skips are counted but not logged", reason)
+
+
+def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[list[int], list[int], list[str]]:
+    """Text side of a record: validated, rendered, tokenized; returns ``(input_ids, labels, image_names)``.
+
+    Raises:
+        ConversationError, EncodingError, ImageError: with the skip reason.
+    """
+    if ERROR_KEY in record:
+        raise ConversationError(record[ERROR_KEY], record.get("detail", ""))
+    messages = parse_conversations(record.get("conversations"))
+    images = record_images(record)
+    tags = count_image_tags(messages)
+    if tags != len(images):
+        raise ConversationError("image_count_mismatch", f"{tags} <image> tags for {len(images)} images")
+    names = [safe_relative_path(name) for name in images]
+    messages = place_image_tags(messages, settings.image_token_placement)
+    rendered = settings.template.render(messages, settings.system_prompt)
+    enc = encode(
+        rendered,
+        settings.tokenizer,
+        settings.image_token_id,
+        settings.num_image_tokens,
+        len(images),
+        settings.max_length,
+    )
+    return enc.input_ids, enc.labels, names
+
+
+def process_record(
+    record: dict[str, Any],
+    settings: EncoderSettings,
+    image_source: ImageSource,
+    image_processor: ImageProcessor | None,
+) -> dict[str, Any]:
+    """One record → ``{"id", "input_ids", "labels", "pixel_values"}`` or a skip marker."""
+    sample_id = record.get("id") if isinstance(record, dict) else None
+    try:
+        input_ids, labels, names = encode_record(record, settings)
+        if names and image_processor is None:
+            raise ImageError("missing_image", "the model has no vision encoder")
+        pixels = [image_processor(image_source.load(name)) for name in names]
+    except (ConversationError, EncodingError, ImageError) as exc:
+        return skip_marker(sample_id, exc.reason, exc.detail)
+    size = image_processor.size if image_processor is not None else 0
+    return {
+        "id": sample_id,
+        "input_ids": torch.tensor(input_ids, dtype=torch.long),
+        "labels": torch.tensor(labels, dtype=torch.long),
+        "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
+    }
+
+
+class ConversationDataset(Dataset):
+    """Map-style dataset over LLaVA records (from files, or generated)."""
+
+    def __init__(
+        self,
+        records: Sequence[dict[str, Any]],
+        settings: EncoderSettings,
+        image_source: ImageSource,
+        image_processor: ImageProcessor | None,
+    ) -> None:
+        self.records = records
+        self.settings = settings
+        self.image_source = image_source
+        self.image_processor = image_processor
+        self._log = SkipLogger()
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        sample = process_record(self.records[index], self.settings, self.image_source, self.image_processor)
+        if is_skipped(sample):
+            self._log(sample)
+        return sample
+
+    def modality_lengths(self) -> list[int]:
+        """Approximate lengths, negative for text-only records (for the grouped sampler)."""
+        return [approx_length(r, self.settings.num_image_tokens) for r in self.records]

@@ -1,0 +1,97 @@
+"""Rendered conversation → ``input_ids`` and ``labels``: one tokenizer call, labels from character offsets.
+
+A token is learned iff its character offsets overlap a learned span (an assistant reply or the end-of-turn text
+right after it). Zero-width tokens (BOS added by the tokenizer) never are. Each ``<image>`` token is then expanded to
+the image's ``num_image_tokens`` positions, all ignored. Nothing here counts tokens per turn, so the result cannot
+drift from what the tokenizer produces at inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neva.constants import IGNORE_INDEX
+from neva.data.conversation import Rendered
+
+
+class EncodingError(ValueError):
+    """A sample that cannot be encoded; ``reason`` is the skip-count key."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Token ids and aligned labels (``IGNORE_INDEX`` = not learned); image spans already expanded."""
+
+    input_ids: list[int]
+    labels: list[int]
+    num_images: int
+
+
+def token_labels(offsets: list[tuple[int, int]], ids: list[int], spans: tuple[tuple[int, int], ...]) -> list[int]:
+    """Label per token: its id if ``[start, end)`` overlaps one of ``spans`` (sorted, disjoint), else IGNORE_INDEX."""
+    labels = []
+    for tok_id, (start, end) in zip(ids, offsets):
+        learned = start < end and any(s < end and start < e for s, e in spans)
+        labels.append(tok_id if learned else IGNORE_INDEX)
+    return labels
+
+
+def encode(
+    rendered: Rendered,
+    tokenizer: Any,
+    image_token_id: int,
+    num_image_tokens: int,
+    num_images: int,
+    max_length: int | None = None,
+) -> Encoded:
+    """Tokenize ``rendered.text`` once and build aligned labels, expanding and length-checking image spans.
+
+    Args:
+        rendered: text and learned spans from a template.
+        tokenizer: HF fast tokenizer in which ``<image>`` is a special token with id ``image_token_id``.
+        image_token_id: id of ``<image>``; also the id every expanded image position carries.
+        num_image_tokens: LLM positions per image.
+        num_images: images the sample has (must equal the ``<image>`` tokens found).
+        max_length: truncate to this many tokens; never inside an image span.
+
+    Returns:
+        The encoded sample.
+
+    Raises:
+        EncodingError: ``image_count_mismatch``, ``too_long`` (an image span does not fit) or
+            ``no_learned_tokens`` (nothing left to learn, e.g. after truncation).
+    """
+    enc = tokenizer(rendered.text, add_special_tokens=rendered.add_special_tokens, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    labels = token_labels([tuple(o) for o in enc["offset_mapping"]], ids, rendered.learned_spans)
+    found = ids.count(image_token_id)
+    if found != num_images:
+        raise EncodingError(
+            "image_count_mismatch", f"{found} <image> tokens after tokenization for {num_images} images"
+        )
+    out_ids: list[int] = []
+    out_labels: list[int] = []
+    image_ends = []
+    for tok_id, label in zip(ids, labels):
+        if tok_id == image_token_id:
+            out_ids += [image_token_id] * num_image_tokens
+            out_labels += [IGNORE_INDEX] * num_image_tokens
+            image_ends.append(len(out_ids))
+        else:
+            out_ids.append(tok_id)
+            out_labels.append(label)
+    if max_length is not None and len(out_ids) > max_length:
+        if image_ends and image_ends[-1] > max_length:
+            raise EncodingError(
+                "too_long", f"{len(out_ids)} tokens; image span ends at {image_ends[-1]} > max length {max_length}"
+            )
+        out_ids, out_labels = out_ids[:max_length], out_labels[:max_length]
+    if all(label == IGNORE_INDEX for label in out_labels):
+        raise EncodingError("no_learned_tokens", f"no learned token in {len(out_ids)} tokens (max {max_length})")
+    return Encoded(out_ids, out_labels, num_images)

@@ -1,0 +1,214 @@
+"""Image decoding and CLIP preprocessing, pixel-identical to ``transformers.CLIPImageProcessor``.
+
+CLIP's recipe: RGB → bicubic resize of the shortest edge to ``image_size`` (PIL, long edge ``int(size*long/short)``)
+→ centre crop ``image_size`` × ``image_size`` (top/left = ``(dim - size) // 2``) → ``/255`` → ``(x - mean) / std``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from neva.models.config import VisionConfig
+
+
+class ImageError(ValueError):
+    """An image that cannot be used; ``reason`` is the skip-count key."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class ImageProcessor:
+    """CLIP preprocessing for one vision config and ``image_aspect_ratio``."""
+
+    def __init__(self, vision: VisionConfig, aspect_ratio: str = "square") -> None:
+        if aspect_ratio not in ("square", "pad", "keep"):
+            raise ValueError(f"image_aspect_ratio must be square, pad or keep, got {aspect_ratio!r}")
+        self.size = vision.image_size
+        self.aspect_ratio = aspect_ratio
+        self.mean = np.asarray(vision.image_mean, dtype=np.float32)
+        self.std = np.asarray(vision.image_std, dtype=np.float32)
+        # LLaVA's expand2square fills with tuple(int(x * 255) for x in image_mean): truncation, not rounding.
+        self.fill = tuple(int(x * 255) for x in vision.image_mean)
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        """PIL image (any mode) → normalised float32 ``[3, size, size]``."""
+        image = image.convert("RGB")
+        if self.aspect_ratio == "pad":
+            image = expand_to_square(image, self.fill)
+        elif self.aspect_ratio == "keep":
+            return self._normalize(self._keep(image))
+        return self._normalize(self._resize_crop(image))
+
+    def _resize_crop(self, image: Image.Image) -> np.ndarray:
+        w, h = image.size
+        short, long = (w, h) if w <= h else (h, w)
+        new_short, new_long = self.size, int(self.size * long / short)
+        new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+        arr = np.asarray(image.resize((new_w, new_h), resample=Image.BICUBIC))
+        top, left = (new_h - self.size) // 2, (new_w - self.size) // 2
+        return arr[top : top + self.size, left : left + self.size]
+
+    def _keep(self, image: Image.Image) -> np.ndarray:
+        # The whole image stays visible: longer side → size, the rest filled with the mean colour (no crop).
+        w, h = image.size
+        scale = self.size / max(w, h)
+        new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
+        canvas = Image.new("RGB", (self.size, self.size), self.fill)
+        canvas.paste(
+            image.resize((new_w, new_h), resample=Image.BICUBIC), ((self.size - new_w) // 2, (self.size - new_h) // 2)
+        )
+        return np.asarray(canvas)
+
+    def _normalize(self, arr: np.ndarray) -> torch.Tensor:
+        # float64 rescale then float32, as transformers' rescale does, so values match bit for bit.
+        x = (arr.astype(np.float64) * (1 / 255)).astype(np.float32)
+        x = (x - self.mean) / self.std
+        return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1), dtype=np.float32))
+
+
+def expand_to_square(image: Image.Image, fill: tuple[int, int, int]) -> Image.Image:
+    """LLaVA's ``expand2square``: paste the image centred on a square canvas of colour ``fill``."""
+    w, h = image.size
+    if w == h:
+        return image
+    side = max(w, h)
+    canvas = Image.new(image.mode, (side, side), fill)
+    canvas.paste(image, ((side - w) // 2, (side - h) // 2))
+    return canvas
+
+
+def decode_image(data: bytes, name: str) -> Image.Image:
+    """Bytes → fully decoded RGB PIL image.
+
+    Raises:
+        ImageError: ``corrupt_image``.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            return img.convert("RGB")
+    except Exception as exc:  # PIL raises many types (OSError, SyntaxError, ValueError, DecompressionBombError)
+        raise ImageError("corrupt_image", f"{name}: {type(exc).__name__}: {exc}") from exc
+
+
+def safe_relative_path(name: Any) -> str:
+    """Normalise a record's image path; refuse absolute paths and paths escaping the image folder.
+
+    Raises:
+        ImageError: ``unsafe_image_path``.
+    """
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ImageError("unsafe_image_path", f"invalid image path {name!r}")
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        raise ImageError("unsafe_image_path", f"absolute image path {name!r}")
+    norm = os.path.normpath(name.replace("\\", "/"))
+    if norm == ".." or norm.startswith("../"):
+        raise ImageError("unsafe_image_path", f"image path {name!r} escapes the image folder")
+    return norm
+
+
+class ImageSource:
+    """Loads images named by records; subclasses read a folder, a tar or generate them."""
+
+    def load(self, name: str) -> Image.Image:
+        """The image called ``name`` (decoded RGB). Raises ``ImageError``."""
+        raise NotImplementedError
+
+
+class FolderImageSource(ImageSource):
+    """Images under a directory; symlinks pointing out of it are refused too."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root)
+
+    def load(self, name: str) -> Image.Image:
+        rel = safe_relative_path(name)
+        path = os.path.realpath(os.path.join(self.root, rel))
+        if not path.startswith(self.root + os.sep):
+            raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError as exc:
+            raise ImageError("missing_image", f"{name} not found in {self.root}") from exc
+        except OSError as exc:
+            raise ImageError("missing_image", f"{name}: {exc}") from exc
+        return decode_image(data, name)
+
+
+class TarImageSource(ImageSource):
+    """Images inside one ``.tar``; reopened per process because DataLoader workers fork a shared file offset."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pid = -1
+        self._lock = threading.Lock()
+        self._tar: tarfile.TarFile | None = None
+        self._members: dict[str, tarfile.TarInfo] = {}
+
+    def _open(self) -> None:
+        if self._pid != os.getpid():
+            self._tar = tarfile.open(self.path, "r")
+            self._members = {os.path.normpath(m.name): m for m in self._tar.getmembers() if m.isfile()}
+            self._pid = os.getpid()
+
+    def load(self, name: str) -> Image.Image:
+        rel = safe_relative_path(name)
+        with self._lock:
+            self._open()
+            member = self._members.get(rel)
+            if member is None:
+                raise ImageError("missing_image", f"{name} not in {self.path}")
+            data = self._tar.extractfile(member).read()
+        return decode_image(data, name)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_tar=None, _members={}, _pid=-1, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+class CallableImageSource(ImageSource):
+    """Images produced by a function of the name (synthetic data, tests)."""
+
+    def __init__(self, fn: Callable[[str], Image.Image]) -> None:
+        self.fn = fn
+
+    def load(self, name: str) -> Image.Image:
+        try:
+            return self.fn(name).convert("RGB")
+        except KeyError as exc:
+            raise ImageError("missing_image", f"{name} unknown") from exc
+
+
+class NoImageSource(ImageSource):
+    """No ``image_folder`` configured: any record with an image is skipped as missing."""
+
+    def load(self, name: str) -> Image.Image:
+        safe_relative_path(name)
+        raise ImageError("missing_image", f"{name}: no model.data.image_folder configured")
+
+
+def image_source_for(image_folder: str | None) -> ImageSource:
+    """Folder, ``.tar`` or none."""
+    if image_folder is None:
+        return NoImageSource()
+    if os.path.isfile(image_folder) and image_folder.endswith(".tar"):
+        return TarImageSource(image_folder)
+    return FolderImageSource(image_folder)

@@ -1,0 +1,85 @@
+"""LLaVA JSON / JSONL files → record dicts; unreadable lines become error records so they are counted, not lost."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+ERROR_KEY = "__error__"
+"""Key of a placeholder record for a line that could not be read; its value is the skip reason."""
+
+
+def load_records(path: str) -> list[dict[str, Any]]:
+    """Read a LLaVA ``.json`` (a list) or ``.jsonl`` (one object per line) file.
+
+    A JSON list that does not parse is a hard error (nothing in it can be trusted); in JSONL each bad line is one
+    error record (``malformed_json`` / ``invalid_utf8``) that the dataset skips and counts.
+    Records without an ``id`` get ``"{file}:{n}"``.
+
+    Raises:
+        ValueError: a ``.json`` file that is not a list of objects.
+    """
+    name = os.path.basename(path)
+    with open(path, "rb") as f:
+        raw = f.read()
+    head = raw.lstrip()[:1]
+    if head == b"[":
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: not valid UTF-8 JSON: {exc}") from exc
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of records")
+        lines: list[Any] = data
+        return [_with_id(rec, f"{name}:{i}") for i, rec in enumerate(lines)]
+    records = []
+    for n, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        rid = f"{name}:{n}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            records.append({"id": rid, ERROR_KEY: "invalid_utf8", "detail": str(exc)})
+            continue
+        try:
+            rec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            records.append({"id": rid, ERROR_KEY: "malformed_json", "detail": str(exc)})
+            continue
+        records.append(_with_id(rec, rid))
+    return records
+
+
+def _with_id(rec: Any, default_id: str) -> dict[str, Any]:
+    if not isinstance(rec, dict):
+        return {"id": default_id, ERROR_KEY: "malformed_json", "detail": f"record is not an object: {rec!r:.80}"}
+    if "id" not in rec:
+        rec = {**rec, "id": default_id}
+    return rec
+
+
+def record_images(record: dict[str, Any]) -> list[Any]:
+    """A record's image names as a list (LLaVA allows one string or a list)."""
+    image = record.get("image", record.get("images"))
+    if image is None:
+        return []
+    return list(image) if isinstance(image, (list, tuple)) else [image]
+
+
+def approx_length(record: dict[str, Any], num_image_tokens: int) -> int:
+    """LLaVA's ``modality_lengths``: word count (+ image tokens), negative for text-only records.
+
+    Cheap enough to compute for every record before training (no tokenizer, no image decode).
+    """
+    convs = record.get("conversations")
+    words = 0
+    if isinstance(convs, list):
+        for turn in convs:
+            value = turn.get("value", turn.get("content")) if isinstance(turn, dict) else None
+            if isinstance(value, str):
+                words += len(value.split())
+    n_images = len(record_images(record))
+    words = max(words, 1)
+    return words + n_images * num_image_tokens if n_images else -words

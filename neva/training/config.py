@@ -1,0 +1,227 @@
+"""The typed schema of ``python -m neva.train`` configs (NeMo NeVA key names).
+
+Hydra composes YAML from ``neva/configs``; the result is validated here with ``neva.typed.build``, so a misspelled
+key in a YAML file or preset fails at start naming the key (a misspelled command-line override is already refused by
+Hydra's struct mode, since every key has a default in ``neva.yaml``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from neva.data.config import DataConfig
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning ``Trainer`` arguments users set in NeMo (``trainer.*``)."""
+
+    devices: Any = "auto"  # int, list or "auto"
+    num_nodes: int = 1
+    accelerator: str = "auto"
+    precision: Any = "32"  # 32 | bf16-mixed | 16-mixed | bf16 (with model.megatron_amp_O2 for O2)
+    max_steps: int = 100
+    max_epochs: int = -1
+    val_check_interval: Any = 50  # steps (int) or fraction of an epoch (float)
+    limit_val_batches: Any = 10
+    log_every_n_steps: int = 10
+    gradient_clip_val: float = 1.0
+    enable_progress_bar: bool = True
+    num_sanity_val_steps: int = 0
+    deterministic: bool = False
+
+
+@dataclass
+class LLMSettings:
+    """``model.mm_cfg.llm``."""
+
+    from_pretrained: str | None = None  # local HF Llama directory
+    freeze: bool = True
+    model_type: str = "llama_2"
+    preset: str = "tiny"  # architecture when not loading from_pretrained (neva.models.presets.LLM_PRESETS)
+    arch_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VisionSettings:
+    """``model.mm_cfg.vision_encoder``."""
+
+    from_pretrained: str | None = None  # local HF CLIP directory
+    freeze: bool = True
+    preset: str = "tiny"
+    vision_select_layer: int = -2
+    vision_select_feature: str = "patch"
+    arch_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MMConfig:
+    """``model.mm_cfg``."""
+
+    llm: LLMSettings = field(default_factory=LLMSettings)
+    vision_encoder: VisionSettings = field(default_factory=VisionSettings)
+    mm_mlp_adapter_type: str = "mlp2x_gelu"
+    freeze_projector: bool = False
+
+
+@dataclass
+class SchedConfig:
+    """``model.optim.sched``: cosine annealing with linear warmup (NeMo ``CosineAnnealing``)."""
+
+    name: str = "CosineAnnealing"
+    warmup_steps: int | None = None
+    warmup_ratio: float | None = 0.03  # used when warmup_steps is None (LLaVA's 3%)
+    min_lr: float = 0.0
+    constant_steps: int = 0
+
+
+@dataclass
+class OptimConfig:
+    """``model.optim``: AdamW (fused where the device supports it); no decay on norms and biases."""
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    projector_lr: float | None = None  # separate projector learning rate (LLaVA LoRA recipe: 2e-5)
+    sched: SchedConfig = field(default_factory=SchedConfig)
+
+
+@dataclass
+class LoraConfig:
+    """``model.peft.lora_tuning`` (NeMo names; LLaVA-1.5 LoRA: r=128, alpha=256)."""
+
+    adapter_dim: int = 32
+    alpha: float = 64.0
+    adapter_dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo", "w1", "w2", "w3"])
+
+
+@dataclass
+class PeftConfig:
+    """``model.peft``."""
+
+    peft_scheme: str = "none"  # none | lora
+    lora_tuning: LoraConfig = field(default_factory=LoraConfig)
+
+    def __post_init__(self) -> None:
+        if self.peft_scheme not in ("none", "lora"):
+            raise ValueError(f"peft_scheme must be none or lora, got {self.peft_scheme!r}")
+
+
+@dataclass
+class ModelConfig:
+    """``model.*``."""
+
+    micro_batch_size: int = 8
+    global_batch_size: int = 32
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    pipeline_schedule: str = "1f1b"  # 1f1b | interleaved_1f1b | gpipe
+    pipeline_first_stage_layers: int | None = None  # fewer decoder layers on the stage that also runs vision
+    sequence_parallel: bool = False
+    data_parallel: str = "fsdp"  # fsdp | ddp
+    zero_stage: int = 3  # FSDP2: 3 reshards parameters after forward, 2 keeps them
+    megatron_amp_O2: bool = False
+    activations_checkpoint_granularity: str | None = None  # full | selective
+    activations_checkpoint_num_layers: int | None = None
+    compile: bool = False
+    restore_from_path: str | None = None
+    seed: int = 1234
+    mm_cfg: MMConfig = field(default_factory=MMConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "global_batch_size", "tensor_model_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.pipeline_model_parallel_size < 1:
+            raise ValueError("pipeline_model_parallel_size must be >= 1")
+        if self.pipeline_schedule not in ("1f1b", "interleaved_1f1b", "gpipe"):
+            raise ValueError(
+                f"pipeline_schedule must be 1f1b, interleaved_1f1b or gpipe, got {self.pipeline_schedule!r}"
+            )
+        if self.data_parallel not in ("fsdp", "ddp"):
+            raise ValueError(f"data_parallel must be fsdp or ddp, got {self.data_parallel!r}")
+        if self.zero_stage not in (2, 3):
+            raise ValueError(f"zero_stage must be 2 or 3, got {self.zero_stage}")
+        if self.activations_checkpoint_granularity not in (None, "full", "selective"):
+            raise ValueError(
+                f"activations_checkpoint_granularity must be full, selective or null, "
+                f"got {self.activations_checkpoint_granularity!r}"
+            )
+
+
+@dataclass
+class CheckpointParams:
+    """``exp_manager.checkpoint_callback_params``."""
+
+    every_n_train_steps: int = 50
+    save_last: bool = True
+
+
+@dataclass
+class ExpManagerConfig:
+    """``exp_manager.*``: where a run writes, and whether it resumes."""
+
+    exp_dir: str = "outputs/pretrain"
+    name: str = "neva"
+    resume_if_exists: bool = True
+    create_tensorboard_logger: bool = True
+    create_wandb_logger: bool = False
+    wandb_logger_kwargs: dict[str, Any] = field(default_factory=dict)
+    checkpoint_callback_params: CheckpointParams = field(default_factory=CheckpointParams)
+
+
+@dataclass
+class RecipeStage:
+    """Per-stage hyperparameters a model preset carries (interpolated into ``model.*`` by the stage config)."""
+
+    micro_batch_size: int = 8
+    global_batch_size: int = 32
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    max_steps: int = 100
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+
+
+@dataclass
+class RecipeConfig:
+    pretrain: RecipeStage = field(default_factory=RecipeStage)
+    finetune: RecipeStage = field(default_factory=RecipeStage)
+
+
+@dataclass
+class ClusterConfig:
+    """Hardware description, used by ``neva.plan`` and for MFU (peak FLOP/s per device)."""
+
+    name: str = "local"
+    gpus_per_node: int = 8
+    gpu_name: str = "unknown"
+    gpu_memory_gb: float = 80.0
+    peak_tflops_bf16: float | None = None
+    nvlink_gb_per_s: float = 600.0
+    ib_gb_per_s: float = 200.0  # per node, all NICs together (bytes)
+    efficiency: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    """The whole composed config of ``python -m neva.train``."""
+
+    stage: str = "pretrain"
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    exp_manager: ExpManagerConfig = field(default_factory=ExpManagerConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def __post_init__(self) -> None:
+        if self.stage not in ("pretrain", "finetune"):
+            raise ValueError(f"stage must be pretrain or finetune, got {self.stage!r}")
