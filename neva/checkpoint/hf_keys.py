@@ -147,7 +147,7 @@ def detect_prefixes(
     probes = {
         "vision": (VISION_PREFIXES, "embeddings.patch_embedding.weight"),
         "llm": (LLM_PREFIXES, "embed_tokens.weight"),
-        "projector": (PROJECTOR_PREFIXES + (LLAVA_ORIGINAL_PROJECTOR,), None),
+        "projector": ((*PROJECTOR_PREFIXES, LLAVA_ORIGINAL_PROJECTOR), None),
     }
     for part in parts:
         candidates, probe = probes[part]
