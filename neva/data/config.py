@@ -19,8 +19,7 @@ class DataConfig:
     ``image_aspect_ratio``, ``concat_sampling_probabilities``); everything else is neva's.
 
     Attributes:
-        data_path: LLaVA JSON/JSONL file(s), webdataset shard pattern(s) (``.tar`` / ``{000..009}.tar``), or
-            ``"synthetic"`` for the built-in shapes set. A list is a blend.
+        data_path: LLaVA JSON/JSONL file(s), or ``"synthetic"`` for the built-in shapes set. A list is a blend.
         image_folder: directory or ``.tar`` of images that records' ``image`` paths are relative to.
         conv_template: one of ``TEMPLATES``.
         image_aspect_ratio: ``square`` (CLIP resize + centre crop), ``pad`` (centre on a mean-colour square first,
@@ -128,10 +127,4 @@ class DataConfig:
 
 
 def _exists(path: str) -> bool:
-    # Brace-expanded shard patterns ("shard-{000..009}.tar") are checked through their first shard.
-    if "{" in path:
-        from neva.data.streaming import expand_shards
-
-        shards = expand_shards(path)
-        return bool(shards) and os.path.exists(shards[0])
     return os.path.exists(path)

@@ -160,7 +160,7 @@ class TarImageSource(ImageSource):
 
     def _open(self) -> None:
         if self._pid != os.getpid():
-            self._tar = tarfile.open(self.path, "r")
+            self._tar = tarfile.open(self.path, "r")  # noqa: SIM115 (kept open for the process lifetime)
             self._members = {os.path.normpath(m.name): m for m in self._tar.getmembers() if m.isfile()}
             self._pid = os.getpid()
 

@@ -1,0 +1,446 @@
+"""Hugging Face interop: llava-hf / Llama + CLIP directories → neva checkpoints, and neva → llava-hf.
+
+Everything streams tensor by tensor (``safe_open`` / memory-mapped ``torch.load``), so a conversion never holds more
+than one copy of the weights plus one output shard. Key names come from the flat tables in ``hf_keys``; configs from
+``hf_config``. HF configs are read through ``AutoConfig`` because hub ``config.json`` files often omit fields that
+transformers fills with defaults (llava-1.5-7b-hf's ``text_config`` has no ``hidden_size``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neva.checkpoint.atomic import atomic_directory
+from neva.checkpoint.hf_config import (
+    llava_config_dict,
+    llm_config_from_hf,
+    neva_config_from_llava,
+    vision_config_from_hf,
+)
+from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva, neva_key_to_hf
+from neva.checkpoint.neva_format import (
+    TIED_HEAD_KEY,
+    TensorSource,
+    expected_shapes,
+    iter_tensors,
+    load_config,
+    load_metadata,
+    save_checkpoint,
+    tensor_pairs,
+)
+from neva.checkpoint.safetensors_io import (
+    DEFAULT_MAX_SHARD_BYTES,
+    INDEX_NAME,
+    WEIGHTS_NAME,
+    iter_safetensors,
+    safetensors_keys,
+    write_safetensors,
+)
+from neva.constants import IMAGE_TOKEN
+from neva.models.config import NevaConfig, ProjectorConfig
+from neva.models.projector import build_projector, init_projector
+
+PAD_TOKEN = "<pad>"
+BIN_NAME = "pytorch_model.bin"
+BIN_INDEX_NAME = "pytorch_model.bin.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+# HF tensors neva does not keep: rotary buffers of old checkpoints, CLIP's text tower and contrastive heads.
+_IGNORED = re.compile(
+    r"(rotary_emb\.inv_freq$|position_ids$|^text_model\.|^logit_scale$|^text_projection\.|^visual_projection\.)"
+)
+
+
+# --------------------------------------------------------------------------------------------------------- reading
+
+
+def hf_weight_files(directory: str | os.PathLike) -> list[Path]:
+    """Weight files of an HF directory: safetensors (sharded or not), else ``pytorch_model.bin`` (sharded or not).
+
+    Raises:
+        FileNotFoundError: none of them exists.
+    """
+    directory = Path(directory)
+    for index_name, single in ((INDEX_NAME, WEIGHTS_NAME), (BIN_INDEX_NAME, BIN_NAME)):
+        if (directory / index_name).is_file():
+            weight_map = json.loads((directory / index_name).read_text())["weight_map"]
+            return [directory / name for name in dict.fromkeys(weight_map.values())]
+        if (directory / single).is_file():
+            return [directory / single]
+    raise FileNotFoundError(f"no {WEIGHTS_NAME}, {INDEX_NAME}, {BIN_NAME} or {BIN_INDEX_NAME} in {directory}")
+
+
+def _load_bin(path: Path) -> dict[str, torch.Tensor]:
+    # mmap keeps the file on disk and pages tensors in as they are touched; weights_only refuses pickled code.
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def iter_hf_tensors(directory: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(HF key, tensor)`` from an HF directory, one file open at a time."""
+    files = hf_weight_files(directory)
+    if files[0].suffix == ".safetensors":
+        yield from iter_safetensors(files)
+        return
+    for path in files:
+        state = _load_bin(path)
+        while state:
+            key = next(iter(state))
+            yield key, state.pop(key)
+        del state
+
+
+def hf_tensor_keys(directory: str | os.PathLike) -> list[str]:
+    """All tensor names of an HF directory (safetensors headers; ``.bin`` files are memory-mapped)."""
+    files = hf_weight_files(directory)
+    if files[0].suffix == ".safetensors":
+        return safetensors_keys(files)
+    return [key for path in files for key in _load_bin(path)]
+
+
+def load_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """An HF ``config.json`` with transformers' defaults filled in (``AutoConfig(...).to_dict()``)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(directory)).to_dict()
+
+
+def _image_processor_dict(directory: Path) -> dict[str, Any] | None:
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        path = directory / name
+        if path.is_file():
+            data = json.loads(path.read_text())
+            data = data.get("image_processor", data)
+            if "image_mean" in data:
+                return data
+    return None
+
+
+def _with_image_stats(cfg: NevaConfig, directory: Path) -> NevaConfig:
+    """Take ``image_mean``/``image_std`` from the directory's image processor config if it has one."""
+    proc = _image_processor_dict(directory)
+    if proc is None or cfg.vision is None:
+        return cfg
+    vision = dataclasses.replace(
+        cfg.vision, image_mean=tuple(proc["image_mean"]), image_std=tuple(proc.get("image_std", cfg.vision.image_std))
+    )
+    return dataclasses.replace(cfg, vision=vision)
+
+
+def _has_tokenizer(directory: Path) -> bool:
+    return any((directory / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _map_keys(hf_keys: list[str], prefixes: dict[str, str], source: Path) -> dict[str, str]:
+    """HF key → neva key for every key kept; unknown keys that are not knowingly dropped are an error."""
+    mapping, unknown = {}, []
+    for key in hf_keys:
+        neva = hf_key_to_neva(key, prefixes)
+        if neva is not None:
+            mapping[key] = neva
+        elif not _IGNORED.search(key):
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"{source}: {len(unknown)} tensor(s) with no neva counterpart, e.g. {unknown[:5]}")
+    return mapping
+
+
+def _check_complete(cfg: NevaConfig, produced: set[str], source: str) -> None:
+    expected = set(expected_shapes(cfg))
+    missing = sorted(expected - produced)
+    if missing:
+        raise ValueError(f"{source}: {len(missing)} model tensor(s) not found, e.g. {missing[:5]}")
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+
+
+# ----------------------------------------------------------------------------------------------------- llava-hf in
+
+
+def import_llava(
+    hf_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = None,
+    metadata: dict[str, Any] | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """Convert a llava-hf directory (current or legacy key layout, safetensors or ``.bin``) to a neva checkpoint.
+
+    Args:
+        hf_dir: directory with ``config.json`` (``LlavaConfig``), weights and, ideally, the tokenizer.
+        out: neva checkpoint directory to create.
+        dtype: cast floating tensors to this dtype; None keeps the stored dtypes.
+        metadata: extra entries for the checkpoint's ``config.json``.
+        max_shard_bytes: output shard size limit.
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: tensors that map nowhere or model tensors that are missing; an ``<image>`` token whose id differs
+            from the config's ``image_token_index``.
+    """
+    hf_dir = Path(hf_dir)
+    cfg = _with_image_stats(neva_config_from_llava(load_hf_config(hf_dir)), hf_dir)
+    keys = hf_tensor_keys(hf_dir)
+    mapping = _map_keys(keys, detect_prefixes(keys), hf_dir)
+    _check_complete(cfg, set(mapping.values()), str(hf_dir))
+    tokenizer = None
+    if _has_tokenizer(hf_dir):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+        _check_image_token(tokenizer, cfg.image_token_id, hf_dir)
+    tensors = ((mapping[k], _cast(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
+    meta = {"source": {"kind": "llava-hf", "path": str(hf_dir)}, **(metadata or {})}
+    return save_checkpoint(
+        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
+    )
+
+
+def _check_image_token(tokenizer: Any, image_token_id: int, source: Path) -> None:
+    found = tokenizer.get_vocab().get(IMAGE_TOKEN)
+    if found is None:
+        warnings.warn(f"{source}: tokenizer has no {IMAGE_TOKEN} token; prompts cannot place images", stacklevel=3)
+    elif found != image_token_id:
+        raise ValueError(f"{source}: tokenizer maps {IMAGE_TOKEN} to {found}, config says image token {image_token_id}")
+
+
+# ------------------------------------------------------------------------------------------ Llama + CLIP in (new)
+
+
+def _grow_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """Append rows equal to the mean of the existing ones (a neutral start for new tokens, as LLaVA does)."""
+    if weight.shape[0] >= rows:
+        return weight
+    mean = weight.float().mean(dim=0, keepdim=True).to(weight.dtype)
+    return torch.cat([weight, mean.expand(rows - weight.shape[0], -1)])
+
+
+def _add_vision_tokens(tokenizer: Any) -> None:
+    """Add ``<image>`` as a special token, and ``<pad>`` if there is no pad token (llava-hf's order)."""
+    if IMAGE_TOKEN not in tokenizer.get_vocab():
+        # An extra special token: never split, and skipped by decode(skip_special_tokens=True).
+        tokenizer.add_special_tokens({"extra_special_tokens": [IMAGE_TOKEN]}, replace_extra_special_tokens=False)
+    if tokenizer.pad_token is None:
+        tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+
+
+def import_llm_and_vision(
+    llm_dir: str | os.PathLike,
+    vision_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    vision_select_layer: int | list[int] = -2,
+    vision_select_feature: str = "patch",
+    projector_type: str = "mlp2x_gelu",
+    pad_vocab_multiple: int = 1,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    metadata: dict[str, Any] | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """Assemble a new neva checkpoint from an HF Llama and an HF CLIP (vision model or full CLIPModel).
+
+    The projector is freshly initialised (seeded). ``<image>`` (and ``<pad>`` if missing) join the tokenizer as
+    special tokens; the embedding and LM head grow to the new vocabulary, new rows set to the mean of the old ones.
+
+    Args:
+        llm_dir: HF ``LlamaForCausalLM`` directory with its tokenizer.
+        vision_dir: HF ``CLIPVisionModel`` or ``CLIPModel`` directory (the text tower is skipped).
+        out: neva checkpoint directory to create.
+        vision_select_layer: CLIP hidden state(s) fed to the projector (LLaVA ``mm_vision_select_layer``).
+        vision_select_feature: ``patch`` (drop CLS) or ``cls_patch``.
+        projector_type: ``linear``, ``identity`` or ``mlp{N}x_gelu``.
+        pad_vocab_multiple: round the grown vocabulary up to a multiple of this (llava-hf used 64).
+        seed: projector initialisation seed.
+        dtype: cast everything to this dtype; None keeps the LLM's dtype for the projector and stored dtypes else.
+        metadata: extra entries for the checkpoint's ``config.json``.
+        max_shard_bytes: output shard size limit.
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        ``out``.
+    """
+    from transformers import AutoTokenizer
+
+    llm_dir, vision_dir = Path(llm_dir), Path(vision_dir)
+    llm = llm_config_from_hf(load_hf_config(llm_dir))
+    vision = vision_config_from_hf(load_hf_config(vision_dir), vision_select_layer, vision_select_feature)
+    tokenizer = AutoTokenizer.from_pretrained(str(llm_dir))
+    _add_vision_tokens(tokenizer)
+    vocab = max(llm.vocab_size, len(tokenizer))
+    vocab = -(-vocab // pad_vocab_multiple) * pad_vocab_multiple
+    projector = ProjectorConfig(type=projector_type, input_size=vision.feature_size, output_size=llm.hidden_size)
+    cfg = NevaConfig(
+        llm=dataclasses.replace(llm, vocab_size=vocab),
+        vision=vision,
+        projector=projector,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+    )
+    cfg = _with_image_stats(cfg, vision_dir)
+
+    vision_keys, llm_keys = hf_tensor_keys(vision_dir), hf_tensor_keys(llm_dir)
+    vision_map = _map_keys(vision_keys, detect_prefixes(vision_keys, parts=("vision",)), vision_dir)
+    llm_map = _map_keys(llm_keys, detect_prefixes(llm_keys, parts=("llm",)), llm_dir)
+    projector_keys = {f"projector.{k}" for k in build_projector(projector).state_dict()}
+    _check_complete(cfg, set(vision_map.values()) | set(llm_map.values()) | projector_keys, f"{llm_dir} + {vision_dir}")
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for key, tensor in iter_hf_tensors(vision_dir):
+            if key in vision_map:
+                yield vision_map[key], _cast(tensor, dtype)
+        llm_dtype = dtype
+        for key, tensor in iter_hf_tensors(llm_dir):
+            if key in llm_map:
+                name = llm_map[key]
+                if name in ("llm.tok_embeddings.weight", TIED_HEAD_KEY):
+                    tensor = _grow_rows(tensor, vocab)
+                llm_dtype = llm_dtype or tensor.dtype
+                yield name, _cast(tensor, dtype)
+        yield from _fresh_projector(projector, seed, llm_dtype)
+
+    meta = {
+        "source": {"kind": "llm+vision", "llm": str(llm_dir), "vision": str(vision_dir)},
+        **(metadata or {}),
+    }
+    return save_checkpoint(
+        out, cfg, tensors(), tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
+    )
+
+
+def _fresh_projector(cfg: ProjectorConfig, seed: int, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+    with torch.random.fork_rng(devices=[]):  # seeded without disturbing the caller's RNG stream
+        torch.manual_seed(seed)
+        module = build_projector(cfg)
+        init_projector(module)
+    for key, tensor in module.state_dict().items():
+        yield f"projector.{key}", _cast(tensor, dtype)
+
+
+# ----------------------------------------------------------------------------------------------------- llava-hf out
+
+
+def save_llava_hf(
+    out: str | os.PathLike,
+    cfg: NevaConfig,
+    tensors: TensorSource,
+    tokenizer: Any = None,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """Write a llava-hf directory (current key layout) from neva tensors, streaming.
+
+    Writes ``config.json`` (``LlavaConfig``), ``generation_config.json``, safetensors weights and, with a tokenizer,
+    the tokenizer files plus a ``LlavaProcessor`` / ``CLIPImageProcessor`` config, so that
+    ``LlavaForConditionalGeneration``, ``AutoTokenizer`` and ``AutoProcessor`` load the directory. LoRA must be merged
+    into ``tensors`` before (a plain neva state dict is expected).
+
+    Args:
+        out: directory to create.
+        cfg: model config (needs a vision tower and an ``mlp2x_gelu`` projector).
+        tensors: neva state dict or ``(key, tensor)`` iterator.
+        tokenizer: HF tokenizer (or None: weights and configs only).
+        dtype: cast floating tensors to this dtype; None keeps them.
+        max_shard_bytes: shard size limit.
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        ``out``.
+    """
+    from transformers import GenerationConfig, LlavaConfig
+
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    config_kw = llava_config_dict(cfg, pad_token_id=pad_id)
+    if tokenizer is not None:
+        config_kw["text_config"].update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    with atomic_directory(out, overwrite) as tmp:
+        dtypes: set[torch.dtype] = set()
+
+        def hf_tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            for key, tensor in tensor_pairs(tensors):
+                if key == TIED_HEAD_KEY and cfg.llm.tie_word_embeddings:
+                    continue
+                tensor = _cast(tensor, dtype)
+                if tensor.is_floating_point():
+                    dtypes.add(tensor.dtype)
+                yield neva_key_to_hf(key), tensor
+
+        write_safetensors(tmp, hf_tensors(), max_shard_bytes)
+        config = LlavaConfig(**config_kw)
+        config.architectures = ["LlavaForConditionalGeneration"]
+        if len(dtypes) == 1:
+            config.dtype = next(iter(dtypes))
+        config.save_pretrained(str(tmp))
+        text = config_kw["text_config"]
+        GenerationConfig(
+            bos_token_id=text.get("bos_token_id"), eos_token_id=text.get("eos_token_id"), pad_token_id=pad_id
+        ).save_pretrained(str(tmp))
+        if tokenizer is not None:
+            _save_processor(tmp, cfg, tokenizer)
+    return Path(out)
+
+
+def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any) -> None:
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    v = cfg.vision
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": v.image_size},
+        crop_size={"height": v.image_size, "width": v.image_size},
+        image_mean=list(v.image_mean),
+        image_std=list(v.image_std),
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=v.patch_size,
+        vision_feature_select_strategy="default" if v.vision_select_feature == "patch" else "full",
+        num_additional_image_tokens=1,  # CLIP's CLS; "default" removes it again
+        image_token=tokenizer.convert_ids_to_tokens(cfg.image_token_id),
+    )
+    processor.save_pretrained(str(directory))
+    # transformers 4.x reads the image processor from its own file; 5.x from processor_config.json.
+    image_processor.save_pretrained(str(directory))
+
+
+def export_llava(
+    ckpt: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """Convert a neva checkpoint directory to a llava-hf directory (see ``save_llava_hf``)."""
+    ckpt = Path(ckpt)
+    cfg = load_config(ckpt)
+    tokenizer = None
+    if _has_tokenizer(ckpt):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
+    aspect = load_metadata(ckpt).get("image_aspect_ratio", "square")
+    if aspect != "square":
+        warnings.warn(
+            f"checkpoint uses image_aspect_ratio={aspect!r}; the exported CLIPImageProcessor resizes and crops",
+            stacklevel=2,
+        )
+    return save_llava_hf(
+        out, cfg, iter_tensors(ckpt), tokenizer, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite
+    )

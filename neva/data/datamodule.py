@@ -1,0 +1,268 @@
+"""``NevaDataModule``: DataConfig + tokenizer + model shapes → resumable train / val dataloaders.
+
+Wiring for the training engineer::
+
+    dm = NevaDataModule(data_cfg, tokenizer, neva_cfg, micro_batch_size=4, dp_rank=dp_rank, dp_world=dp_size,
+                        seed=cfg.seed)
+    trainer = pl.Trainer(..., use_distributed_sampler=False)   # sampling is ours: by dp rank, resumable
+    trainer.fit(module, datamodule=dm)
+
+Lightning saves ``dm.state_dict()`` in checkpoints and calls ``dm.load_state_dict`` on resume; the next batch is then
+the exact next sample. ``dm.skip_tracker.metrics()`` gives the skip counts to log; the train loader raises
+``DataQualityError`` when more than ``max_skip_fraction`` of the samples are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+from torch.utils.data import ConcatDataset, DataLoader, Dataset
+
+from neva.constants import IMAGE_TOKEN
+from neva.data.collate import Collator
+from neva.data.config import SYNTHETIC, DataConfig
+from neva.data.conversation import get_template
+from neva.data.dataset import ConversationDataset, EncoderSettings
+from neva.data.images import CallableImageSource, ImageProcessor, image_source_for
+from neva.data.records import load_records
+from neva.data.sampler import ResumableBatchSampler
+from neva.data.skips import SkipTracker
+from neva.data.synthetic import SyntheticImages, synthetic_records
+from neva.models.config import NevaConfig, VisionConfig
+
+
+class ResumableLoader:
+    """A DataLoader driven by a ``ResumableBatchSampler`` that records each batch as it reaches the training loop.
+
+    Counting at hand-over (not when the sampler is read) is what makes resume exact: workers prefetch ahead, but
+    only delivered batches advance the state.
+    """
+
+    def __init__(self, loader: DataLoader, sampler: ResumableBatchSampler, tracker: SkipTracker | None) -> None:
+        self.loader = loader
+        self.sampler = sampler
+        self.tracker = tracker
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.loader:
+            self.sampler.advance(1)
+            if self.tracker is not None:
+                self.tracker.update(batch)
+            yield batch
+
+
+def tokenizer_image_token_id(tokenizer: Any) -> int:
+    """Id of ``<image>``; it must be a special token of the tokenizer.
+
+    Raises:
+        ValueError: the tokenizer does not know ``<image>`` as one token.
+    """
+    ids = tokenizer(IMAGE_TOKEN, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise ValueError(
+            f"tokenizer splits {IMAGE_TOKEN!r} into {len(ids)} tokens; add it as a special token "
+            f"(tokenizer.add_special_tokens({{'additional_special_tokens': ['{IMAGE_TOKEN}']}}))"
+        )
+    return ids[0]
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """Padding id (pad, else eos, else 0): its value never matters, labels there are ignored."""
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
+class NevaDataModule(pl.LightningDataModule):
+    """Train / val dataloaders for one data-parallel rank.
+
+    Args:
+        cfg: data config.
+        tokenizer: HF fast tokenizer with ``<image>`` as a special token.
+        model_config: the model's config (gives vision shapes, max length and the image token id to check), or None
+            with ``vision`` and ``seq_length`` given.
+        vision: vision config when ``model_config`` is None (None = text-only).
+        seq_length: max tokens when neither ``cfg.seq_length`` nor ``model_config`` gives it.
+        micro_batch_size: samples per micro-batch.
+        dp_rank: data-parallel rank (same for all TP/PP ranks of a replica).
+        dp_world: data-parallel size.
+        seed: sampling seed.
+        val_micro_batch_size: defaults to ``micro_batch_size``.
+
+    Raises:
+        ValueError: inconsistent config (image token id, lengths, ``<image>`` not a special token).
+    """
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        tokenizer: Any,
+        model_config: NevaConfig | None = None,
+        *,
+        vision: VisionConfig | None = None,
+        seq_length: int | None = None,
+        micro_batch_size: int = 1,
+        dp_rank: int = 0,
+        dp_world: int = 1,
+        seed: int = 1234,
+        val_micro_batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.image_token_id = tokenizer_image_token_id(tokenizer)
+        if model_config is not None:
+            vision = model_config.vision
+            if model_config.image_token_id != self.image_token_id:
+                raise ValueError(
+                    f"model image_token_id {model_config.image_token_id} != tokenizer's {IMAGE_TOKEN} id "
+                    f"{self.image_token_id}; build the model config with image_token_id={self.image_token_id}"
+                )
+            max_len = model_config.llm.max_seq_len
+        else:
+            max_len = seq_length
+        self.seq_length = cfg.seq_length or max_len
+        if self.seq_length is None:
+            raise ValueError("no sequence length: set model.data.seq_length or pass a model config / seq_length")
+        if max_len is not None and self.seq_length > max_len:
+            raise ValueError(f"model.data.seq_length {self.seq_length} exceeds the model's max_seq_len {max_len}")
+        self.vision = vision
+        self.micro_batch_size = micro_batch_size
+        self.val_micro_batch_size = val_micro_batch_size or micro_batch_size
+        self.dp_rank, self.dp_world, self.seed = dp_rank, dp_world, seed
+        self.settings = EncoderSettings(
+            tokenizer=tokenizer,
+            template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template),
+            image_token_id=self.image_token_id,
+            num_image_tokens=vision.num_image_tokens if vision is not None else 0,
+            max_length=self.seq_length,
+            image_token_placement=cfg.image_token_placement,
+            system_prompt=cfg.system_prompt,
+        )
+        self.image_processor = ImageProcessor(vision, cfg.image_aspect_ratio) if vision is not None else None
+        self.collator = Collator(pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing)
+        self.skip_tracker = SkipTracker(cfg.max_skip_fraction, cfg.skip_check_min_samples)
+        self.train_datasets: list[Dataset] = []
+        self.val_datasets: list[Dataset] = []
+        self.train_sampler: ResumableBatchSampler | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    # -- datasets -------------------------------------------------------------------------------------------------
+
+    def _dataset(self, records: list[dict[str, Any]], synthetic: bool) -> ConversationDataset:
+        if synthetic:
+            size = self.vision.image_size if self.vision is not None else 32
+            source = CallableImageSource(SyntheticImages(self.cfg.synthetic_seed, size))
+        else:
+            source = image_source_for(self.cfg.image_folder)
+        return ConversationDataset(records, self.settings, source, self.image_processor)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read the data files (or generate the synthetic set) and split off validation data."""
+        if self.train_datasets:
+            return
+        cfg = self.cfg
+        task = cfg.resolved_synthetic_task
+        for path in cfg.data_paths:
+            if path == SYNTHETIC:
+                self.train_datasets.append(
+                    self._dataset(
+                        synthetic_records(cfg.synthetic_seed, "train", cfg.synthetic_train_samples, task), True
+                    )
+                )
+                self.val_datasets.append(
+                    self._dataset(synthetic_records(cfg.synthetic_seed, "val", cfg.synthetic_val_samples, task), True)
+                )
+                continue
+            records = load_records(path)
+            if cfg.val_fraction > 0 and not cfg.validation_paths:
+                perm = np.random.default_rng([self.seed, 99]).permutation(len(records))
+                n_val = max(1, int(len(records) * cfg.val_fraction))
+                self.val_datasets.append(self._dataset([records[i] for i in sorted(perm[:n_val])], False))
+                records = [records[i] for i in sorted(perm[n_val:])]
+            self.train_datasets.append(self._dataset(records, False))
+        for path in cfg.validation_paths:
+            self.val_datasets.append(self._dataset(load_records(path), False))
+
+    # -- loaders --------------------------------------------------------------------------------------------------
+
+    def _loader(self, datasets: list[Dataset], sampler: ResumableBatchSampler, tracker: SkipTracker | None):
+        dataset = datasets[0] if len(datasets) == 1 else ConcatDataset(datasets)
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.collator,
+            num_workers=self.cfg.num_workers,
+            persistent_workers=False,
+            pin_memory=False,
+        )
+        return ResumableLoader(loader, sampler, tracker)
+
+    def _lengths(self, datasets: list[Dataset]) -> list[int]:
+        return [n for d in datasets for n in d.modality_lengths()]
+
+    def train_dataloader(self) -> ResumableLoader:
+        """This rank's training batches, resuming from the loaded state."""
+        self.setup()
+        if self.train_sampler is None:
+            self.train_sampler = ResumableBatchSampler(
+                [len(d) for d in self.train_datasets],
+                self.micro_batch_size,
+                self.dp_rank,
+                self.dp_world,
+                self.seed,
+                weights=self.cfg.concat_sampling_probabilities,
+                lengths=self._lengths(self.train_datasets) if self.cfg.group_by_modality_length else None,
+            )
+            if self._pending_state is not None:
+                self.load_state_dict(self._pending_state)
+        return self._loader(self.train_datasets, self.train_sampler, self.skip_tracker)
+
+    def val_dataloader(self) -> ResumableLoader | list:
+        """Validation batches in file order (full global batches only, so every rank runs the same steps)."""
+        self.setup()
+        if not self.val_datasets:
+            return []
+        sampler = ResumableBatchSampler(
+            [len(d) for d in self.val_datasets], self.val_micro_batch_size, self.dp_rank, self.dp_world, self.seed,
+            shuffle=False,
+        )  # fmt: skip
+        return _RestartingLoader(self._loader(self.val_datasets, sampler, None))
+
+    # -- state ----------------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Sampler position and skip counts."""
+        state: dict[str, Any] = {"skips": self.skip_tracker.state_dict()}
+        if self.train_sampler is not None:
+            state["sampler"] = self.train_sampler.state_dict()
+        elif self._pending_state is not None and "sampler" in self._pending_state:
+            state["sampler"] = self._pending_state["sampler"]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore; applied to the sampler now or when the train loader is built."""
+        self.skip_tracker.load_state_dict(state_dict.get("skips", {}))
+        if self.train_sampler is None:
+            self._pending_state = state_dict
+        elif "sampler" in state_dict:
+            self.train_sampler.load_state_dict(state_dict["sampler"])
+            self._pending_state = None
+
+
+class _RestartingLoader(ResumableLoader):
+    """Validation: every pass starts from the first sample."""
+
+    def __init__(self, inner: ResumableLoader) -> None:
+        super().__init__(inner.loader, inner.sampler, None)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.sampler.epoch, self.sampler.consumed = 0, 0
+        yield from super().__iter__()

@@ -1,0 +1,145 @@
+"""``python -m neva.data.preview``: see exactly what the model will be trained on.
+
+Without ``--json``: each sample's rendered prompt with the learned spans highlighted. With ``--json``: one object per
+line, ``{"id", "input_ids", "labels"}`` (aligned; -100 = not learned; image positions expanded to the image token id)
+or ``{"id", "skipped": reason}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from neva.data.config import SYNTHETIC, TEMPLATES
+from neva.data.conversation import ConversationError, count_image_tags, parse_conversations, place_image_tags
+from neva.data.dataset import EncoderSettings, encode_record
+from neva.data.encoding import EncodingError
+from neva.data.images import ImageError, image_source_for
+from neva.data.records import load_records
+
+_GREEN, _RESET = "\033[32m", "\033[0m"
+
+
+def load_tokenizer(path: str) -> Any:
+    """``AutoTokenizer`` from a directory (a neva checkpoint has the tokenizer files at its top level), or the
+    built-in synthetic tokenizer for ``synthetic``."""
+    if path == SYNTHETIC:
+        from neva.data.synthetic import build_tokenizer
+
+        return build_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def checkpoint_model_info(path: str) -> tuple[int | None, int | None]:
+    """``(num_image_tokens, max_seq_len)`` from a neva checkpoint's ``config.json`` (``model`` key), else Nones."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        return None, None
+    with open(cfg_path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or "model" not in data:
+        return None, None
+    from neva.models.config import NevaConfig, from_dict
+
+    cfg = from_dict(NevaConfig, data["model"])
+    return cfg.num_image_tokens, cfg.llm.max_seq_len
+
+
+def _records(data_path: str, template: str) -> list[dict[str, Any]]:
+    if data_path == SYNTHETIC:
+        from neva.data.synthetic import synthetic_records
+
+        return synthetic_records(0, "train", 20, "caption" if template == "plain" else "qa")
+    return load_records(data_path)
+
+
+def highlight(text: str, spans: tuple[tuple[int, int], ...], color: bool) -> str:
+    """``text`` with ``spans`` wrapped in green (a terminal) or ``⟦ ⟧``."""
+    left, right = (_GREEN, _RESET) if color else ("⟦", "⟧")
+    out, pos = [], 0
+    for start, end in spans:
+        out += [text[pos:start], left, text[start:end], right]
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def preview(args: argparse.Namespace, out=sys.stdout) -> int:
+    """Run the CLI on parsed ``args``; returns the number of skipped samples."""
+    from neva.data.conversation import get_template
+    from neva.data.datamodule import tokenizer_image_token_id
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    ckpt_tokens, ckpt_len = checkpoint_model_info(args.tokenizer) if os.path.isdir(args.tokenizer) else (None, None)
+    num_image_tokens = ckpt_tokens if ckpt_tokens is not None else args.num_image_tokens
+    settings = EncoderSettings(
+        tokenizer=tokenizer,
+        template=get_template(args.conv_template, tokenizer),
+        image_token_id=tokenizer_image_token_id(tokenizer),
+        num_image_tokens=num_image_tokens,
+        max_length=args.max_length or ckpt_len,
+        image_token_placement=args.image_token_placement,
+    )
+    source = image_source_for(args.image_folder) if args.image_folder else None
+    records = _records(args.data_path, args.conv_template)
+    skipped = 0
+    for record in records[: args.limit] if args.limit else records:
+        rid = record.get("id")
+        try:
+            input_ids, labels, names = encode_record(record, settings)
+            if source is not None:
+                for name in names:
+                    source.load(name)
+        except (ConversationError, EncodingError, ImageError) as exc:
+            skipped += 1
+            if args.json:
+                out.write(json.dumps({"id": rid, "skipped": exc.reason, "detail": exc.detail}) + "\n")
+            else:
+                out.write(f"=== {rid}: SKIPPED ({exc.reason}: {exc.detail})\n\n")
+            continue
+        if args.json:
+            out.write(json.dumps({"id": rid, "input_ids": input_ids, "labels": labels}) + "\n")
+            continue
+        messages = place_image_tags(parse_conversations(record.get("conversations")), settings.image_token_placement)
+        rendered = settings.template.render(messages, settings.system_prompt)
+        learned = sum(label != -100 for label in labels)
+        out.write(
+            f"=== {rid}: {len(input_ids)} tokens, {learned} learned, {count_image_tags(messages)} image(s) "
+            f"× {num_image_tokens} tokens\n{highlight(rendered.text, rendered.learned_spans, args.color)}\n\n"
+        )
+    if not args.json:
+        out.write(f"{skipped} of {min(len(records), args.limit or len(records))} samples skipped\n")
+    return skipped
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's arguments."""
+    p = argparse.ArgumentParser(prog="python -m neva.data.preview", description=__doc__.splitlines()[0])
+    p.add_argument("--data-path", required=True, help="LLaVA .json/.jsonl file, or 'synthetic'")
+    p.add_argument("--image-folder", default=None, help="directory or .tar; when given, images are checked too")
+    p.add_argument("--conv-template", required=True, choices=TEMPLATES)
+    p.add_argument("--tokenizer", required=True, help="tokenizer or neva checkpoint directory, or 'synthetic'")
+    p.add_argument("--limit", type=int, default=None, help="first N records only")
+    p.add_argument("--json", action="store_true", help="one JSON object per sample and line")
+    p.add_argument("--num-image-tokens", type=int, default=576, help="used unless --tokenizer is a neva checkpoint")
+    p.add_argument("--max-length", type=int, default=None, help="truncate / skip as training would")
+    p.add_argument("--image-token-placement", choices=("front", "inline"), default="front")
+    p.add_argument("--color", action=argparse.BooleanOptionalAction, default=None, help="ANSI highlight")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    args = build_parser().parse_args(argv)
+    if args.color is None:
+        args.color = sys.stdout.isatty()
+    preview(args)
+
+
+if __name__ == "__main__":
+    main()

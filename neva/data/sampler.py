@@ -1,0 +1,162 @@
+"""Deterministic, resumable, data-parallel batch sampling with blends and LLaVA's modality/length grouping.
+
+The global sample order of an epoch is a pure function of ``(seed, epoch)``. Global batches are consecutive slices
+of ``micro_batch_size × dp_world`` samples; data-parallel rank r takes the r-th micro-batch of each slice (tensor
+and pipeline ranks of a replica pass the same ``dp_rank`` and so see the same batch). The state is the epoch and
+the number of samples (all ranks together) already handed to the training loop, so a resumed run continues with
+the exact next sample, even under a different data-parallel size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def blend_order(sizes: Sequence[int], weights: Sequence[float] | None, seed: int, epoch: int) -> np.ndarray:
+    """Indices into the concatenation of datasets of ``sizes``, one epoch of ``sum(sizes)`` draws.
+
+    Without weights: a permutation of everything. With weights: Megatron's deterministic blend (sample i goes to the
+    dataset furthest behind its target share ``w_d · (i + 1)``), each dataset walking through its own permutations
+    (a new one every time it is exhausted), so small datasets are upsampled and large ones subsampled.
+    """
+    total = int(sum(sizes))
+    rng = np.random.default_rng([seed, epoch])
+    if weights is None:
+        return rng.permutation(total)
+    w = np.asarray(weights, dtype=np.float64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    counts = np.zeros(len(sizes), dtype=np.int64)
+    perms: list[list[np.ndarray]] = [[] for _ in sizes]
+    order = np.empty(total, dtype=np.int64)
+    for i in range(total):
+        d = int(np.argmax(w * (i + 1) - counts))
+        k = counts[d]
+        cycle, pos = divmod(int(k), sizes[d])
+        while len(perms[d]) <= cycle:
+            perms[d].append(np.random.default_rng([seed, epoch, d, len(perms[d])]).permutation(sizes[d]))
+        order[i] = offsets[d] + perms[d][cycle][pos]
+        counts[d] += 1
+    return order
+
+
+def group_by_modality_length(
+    order: np.ndarray, lengths: Sequence[int], group_size: int, seed: int, epoch: int, megabatch_factor: int = 8
+) -> np.ndarray:
+    """LLaVA's ``get_modality_length_grouped_indices`` over an existing order.
+
+    ``lengths`` are signed (negative = text-only). Each modality's samples (in ``order``) are cut into megabatches of
+    ``group_size × megabatch_factor``, sorted by length (longest first) inside, and cut into groups of
+    ``group_size`` (one global batch); the groups of both modalities are then shuffled together. Every global batch
+    is therefore one modality and similar lengths. Leftover partial groups go last.
+    """
+    lengths = np.asarray(lengths)
+    rng = np.random.default_rng([seed, epoch, 7])
+    groups, leftovers = [], []
+    for mask in (lengths[order] > 0, lengths[order] <= 0):
+        part = order[mask]
+        mega = group_size * megabatch_factor
+        for start in range(0, len(part), mega):
+            chunk = part[start : start + mega]
+            chunk = chunk[np.argsort(-np.abs(lengths[chunk]), kind="stable")]
+            for g in range(0, len(chunk), group_size):
+                group = chunk[g : g + group_size]
+                (groups if len(group) == group_size else leftovers).append(group)
+    groups = [groups[i] for i in rng.permutation(len(groups))]
+    parts = groups + leftovers
+    return np.concatenate(parts) if parts else order[:0]
+
+
+class ResumableBatchSampler:
+    """Yields this rank's micro-batches of dataset indices; resumable at the exact next sample.
+
+    Args:
+        sizes: length of each blended dataset (one entry when not blending).
+        micro_batch_size: samples per micro-batch on each rank.
+        dp_rank: this rank's data-parallel index.
+        dp_world: data-parallel size.
+        seed: base seed; the epoch's order depends on ``(seed, epoch)`` only.
+        weights: blend weights (``concat_sampling_probabilities``) or None.
+        shuffle: False gives the datasets in order (validation).
+        lengths: signed modality lengths for grouping (None = no grouping).
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        micro_batch_size: int,
+        dp_rank: int = 0,
+        dp_world: int = 1,
+        seed: int = 0,
+        weights: Sequence[float] | None = None,
+        shuffle: bool = True,
+        lengths: Sequence[int] | None = None,
+    ) -> None:
+        if not 0 <= dp_rank < dp_world:
+            raise ValueError(f"dp_rank {dp_rank} outside data-parallel size {dp_world}")
+        self.sizes = list(sizes)
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_world = dp_world
+        self.seed = seed
+        self.weights = None if weights is None else list(weights)
+        self.shuffle = shuffle
+        self.lengths = lengths
+        self.epoch = 0
+        self.consumed = 0  # samples of this epoch handed to the training loop, all ranks together
+        if self.num_steps == 0:
+            raise ValueError(
+                f"{sum(self.sizes)} samples cannot fill one global batch of {self.global_batch} "
+                f"(micro_batch_size {micro_batch_size} × dp {dp_world})"
+            )
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per step, all data-parallel ranks together."""
+        return self.micro_batch_size * self.dp_world
+
+    @property
+    def num_steps(self) -> int:
+        """Full global batches per epoch (the last partial one is dropped so that all ranks step together)."""
+        return sum(self.sizes) // self.global_batch
+
+    def __len__(self) -> int:
+        return self.num_steps - min(self.consumed // self.global_batch, self.num_steps)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The global sample order of ``epoch``."""
+        if not self.shuffle:
+            order = np.arange(sum(self.sizes))
+        else:
+            order = blend_order(self.sizes, self.weights, self.seed, epoch)
+        if self.lengths is not None:
+            order = group_by_modality_length(order, self.lengths, self.global_batch, self.seed, epoch)
+        return order
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.consumed >= self.num_steps * self.global_batch:
+            self.epoch, self.consumed = self.epoch + 1, 0
+        order = self.order(self.epoch)
+        usable = self.num_steps * self.global_batch
+        start = self.consumed
+        mbs = self.micro_batch_size
+        for pos in range(start, usable - self.global_batch + 1, self.global_batch):
+            chunk = order[pos : pos + self.global_batch]
+            yield [int(i) for i in chunk[self.dp_rank * mbs : (self.dp_rank + 1) * mbs]]
+
+    def advance(self, steps: int = 1) -> None:
+        """Record that ``steps`` global batches reached the training loop."""
+        self.consumed += steps * self.global_batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, samples consumed in it, and the seed (checked on load)."""
+        return {"epoch": self.epoch, "consumed_samples": self.consumed, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where ``state`` was taken."""
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"data seed changed from {state['seed']} to {self.seed}; the sample order would differ")
+        self.epoch = int(state["epoch"])
+        self.consumed = int(state["consumed_samples"])

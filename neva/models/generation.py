@@ -1,0 +1,187 @@
+"""Autoregressive generation with a KV cache: batched, left-padded prompts; greedy or sampled decoding.
+
+Semantics follow transformers' ``generate`` so that outputs can be compared token for token:
+
+- left padding: pads carry segment 0 (they attend only to each other), real tokens segment 1; RoPE positions start at
+  0 on each row's first real token (HF's ``cumsum(attention_mask) - 1``);
+- logits processing order: repetition penalty → temperature → top-k → top-p (HF's processor then warper order);
+- repetition penalty: over every token of the row so far (prompt, image tokens included, and generated), a positive
+  logit is divided by the penalty, a negative one multiplied;
+- a row stops after emitting an EOS id or once a stop string appears in its decoded output; the stopping token is
+  kept in the returned ids (as in HF's output), padding after it is not returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from neva.models.neva import NevaModel
+
+
+@dataclass
+class GenerationConfig:
+    """Decoding settings. ``temperature == 0`` (or ``do_sample=False``) means greedy.
+
+    NeMo NeVA's inference defaults are temperature 0.2, top-p 0.9, top-k 0, repetition penalty 1.2; greedy is the
+    default here because it is reproducible and comparable with HF.
+    """
+
+    max_new_tokens: int = 256
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    repetition_penalty: float = 1.0  # 1.0 = off
+    eos_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    pad_token_id: int = 0  # fed for left padding and after a row has stopped; never attended to by real tokens
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"sampling needs temperature > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.repetition_penalty <= 0:
+            raise ValueError("top_k must be >= 0 and repetition_penalty > 0")
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF ``RepetitionPenaltyLogitsProcessor``: ``seen`` ``[B, V]`` bool marks tokens already in each row."""
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the ``k`` largest logits per row (ties at the k-th value kept, as HF does); others become -inf."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """HF ``TopPLogitsWarper``: drop the tokens whose ascending cumulative probability is ``<= 1 - p`` (keep >= 1)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, sorted_idx = torch.sort(logits, descending=False)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cum <= (1 - p)
+    remove_sorted[..., -1:] = False
+    remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def next_tokens(logits: torch.Tensor, seen: torch.Tensor, cfg: GenerationConfig, generator=None) -> torch.Tensor:
+    """Choose one token per row from last-position logits ``[B, V]`` (float32 recommended)."""
+    logits = apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
+    if not cfg.do_sample:
+        return logits.argmax(dim=-1)
+    logits = logits / cfg.temperature
+    logits = apply_top_p(apply_top_k(logits, cfg.top_k), cfg.top_p)
+    return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator).squeeze(-1)
+
+
+@dataclass
+class _Batch:
+    input_ids: torch.Tensor  # [B, L] left-padded
+    segment_ids: torch.Tensor  # [B, L + max_new] 0 = padding
+    position_ids: torch.Tensor  # [B, L]
+    lengths: list[int] = field(default_factory=list)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int, device: torch.device) -> _Batch:
+    """Left-padded ids, segment ids covering prompt + new tokens, and per-row RoPE positions."""
+    lengths = [len(p) for p in prompts]
+    if not lengths or min(lengths) == 0:
+        raise ValueError("every prompt needs at least one token")
+    width = max(lengths)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    segments = torch.ones(len(prompts), width + max_new_tokens, dtype=torch.long)
+    positions = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        start = width - len(prompt)
+        ids[row, start:] = torch.as_tensor(list(prompt), dtype=torch.long)
+        segments[row, :start] = 0
+        positions[row, start:] = torch.arange(len(prompt))
+    return _Batch(ids.to(device), segments.to(device), positions.to(device), lengths)
+
+
+@torch.no_grad()
+def generate(
+    model: NevaModel,
+    prompts: Sequence[Sequence[int]],
+    pixel_values: torch.Tensor | None = None,
+    image_counts: Sequence[int] | torch.Tensor | None = None,
+    config: GenerationConfig | None = None,
+    decode: Callable[[list[int]], str] | None = None,
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """Generate continuations for a batch of prompts.
+
+    Args:
+        model: a full (unsplit) neva model, in eval mode.
+        prompts: token ids per prompt, image positions already expanded (``num_image_tokens`` image ids per image).
+        pixel_values: ``[N, C, H, W]``, all images in prompt order, or None.
+        image_counts: images per prompt (default: inferred from the image-token counts).
+        config: decoding settings (default: greedy, 256 new tokens, no EOS).
+        decode: ids → text, needed for ``stop_strings``.
+        generator: RNG for sampling (default: the global one).
+
+    Returns:
+        The new token ids of each prompt, ending with the EOS / stop token that ended it, if any.
+    """
+    cfg = config or GenerationConfig()
+    if cfg.stop_strings and decode is None:
+        raise ValueError("stop_strings need a decode function")
+    device = next(model.parameters()).device
+    batch = left_pad(prompts, cfg.max_new_tokens, cfg.pad_token_id, device)
+    b, width = batch.input_ids.shape
+    out: list[list[int]] = [[] for _ in range(b)]
+    if cfg.max_new_tokens == 0:
+        return out
+    if pixel_values is not None:
+        pixel_values = pixel_values.to(device)
+    counts = None if image_counts is None else torch.as_tensor(list(image_counts), device=device)
+
+    vocab = model.cfg.llm.vocab_size
+    seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        seen[row, torch.as_tensor(list(prompt), device=device)] = True
+    eos = torch.tensor(cfg.eos_token_ids or [-1], device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    lengths = torch.tensor(batch.lengths, device=device)
+
+    cache = model.new_cache(b, width + cfg.max_new_tokens)
+    logits = model(
+        batch.input_ids,
+        pixel_values,
+        counts,
+        position_ids=batch.position_ids,
+        segment_ids=batch.segment_ids[:, :width],
+        cache=cache,
+    )[:, -1]
+    for step in range(cfg.max_new_tokens):
+        token = next_tokens(logits.float(), seen, cfg, generator)
+        token = token.masked_fill(done, cfg.pad_token_id)
+        for row in (~done).nonzero().flatten().tolist():
+            out[row].append(int(token[row]))
+        seen[torch.arange(b, device=device), token] |= ~done
+        done |= torch.isin(token, eos)
+        if decode is not None and cfg.stop_strings:
+            for row in (~done).nonzero().flatten().tolist():
+                if any(s in decode(out[row]) for s in cfg.stop_strings):
+                    done[row] = True
+        if bool(done.all()) or step == cfg.max_new_tokens - 1:
+            break
+        pos = (lengths + step)[:, None]
+        logits = model(
+            token[:, None], position_ids=pos, segment_ids=batch.segment_ids[:, : width + step + 1], cache=cache
+        )[:, -1]
+    return out

@@ -1,0 +1,98 @@
+"""Activation memory per micro-batch: the tensors autograd saves for backward, op by op (an estimate).
+
+Counted for the decoder (bf16 unless the compute dtype says otherwise, flash/efficient SDPA so no ``s²`` scores):
+RMSNorm saves its fp32 input, SDPA saves q, k, v, out and the log-sum-exp, SwiGLU saves ``w1 x``, ``silu(w1 x)`` and
+``w3 x``. A trained Linear also saves its input (for the weight gradient); a frozen one does not, which is why
+pretraining (frozen decoder) needs far less. Tensors between TP regions are full-size on every TP rank unless
+sequence parallelism shards them. The vision tower saves nothing when frozen (``no_grad``).
+"""
+
+from __future__ import annotations
+
+from neva.models.config import NevaConfig
+from neva.planner.flops import checkpointed
+from neva.planner.layout import Layout
+from neva.planner.params import ParamInfo
+
+
+def _layer_bytes(cfg: NevaConfig, layout: Layout, tokens: int, trains: bool, mode: str | None) -> float:
+    """Bytes one decoder layer keeps for ``tokens`` tokens of a micro-batch."""
+    llm, e, t = cfg.llm, layout.compute_bytes, layout.tp
+    rep = t if layout.sp else 1
+    h = tokens * llm.hidden_size
+    q = tokens * llm.num_heads * llm.head_dim / t
+    kv = tokens * llm.num_kv_heads * llm.head_dim / t
+    f = tokens * llm.intermediate_size / t
+    sdpa = e * (2 * q + 2 * kv) + 4 * tokens * llm.num_heads / t
+    if mode == "full":
+        return e * h / rep  # only the layer input survives; the recomputed layer is counted once per stage
+    linear_inputs = (2 * e * h + e * q + e * f) if trains else 0.0
+    if mode == "selective":
+        # Elementwise ops (norms, SiLU·mul) are recomputed from the kept matmul inputs/outputs and SDPA tensors.
+        return e * h / rep + sdpa + linear_inputs + 2 * e * f
+    norms = 2 * 4 * h / rep + (2 * e * h / rep if trains else 0.0)
+    return norms + sdpa + 3 * e * f + linear_inputs
+
+
+def stage_activation_bytes(
+    cfg: NevaConfig,
+    infos: list[ParamInfo],
+    layout: Layout,
+    seq_len: int,
+    stage: int,
+    layers: list[int],
+    backward: bool,
+    in_flight: float,
+) -> float:
+    """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive."""
+    if not backward:
+        return 0.0
+    e, b = layout.compute_bytes, layout.micro_batch_size
+    tokens = b * seq_len
+    trains = {i: any(p.trainable for p in infos if p.layer == i) for i in layers}
+    per_mb = 0.0
+    for pos, i in enumerate(layers):
+        mode = layout.ac if checkpointed(layout, pos) else None
+        per_mb += _layer_bytes(cfg, layout, tokens, trains[i], mode)
+    last = stage == layout.pp - 1
+    if last:
+        # Vocab-parallel logits: bf16 output plus the fp32 copy the cross-entropy keeps for its backward.
+        per_mb += tokens * cfg.llm.vocab_size / layout.tp * (e + 4)
+    if stage == 0 and cfg.vision is not None:
+        per_mb += _vision_bytes(cfg, infos, layout)
+    # Layer inputs in flight between stages (the received activation) are part of each stage's saved set.
+    per_mb += e * tokens * cfg.llm.hidden_size
+    recompute = 0.0
+    if layout.ac == "full" and layers:
+        # During backward, one checkpointed layer is rebuilt with all its activations.
+        recompute = _layer_bytes(cfg, layout, tokens, any(trains.values()), None)
+    return in_flight * per_mb + recompute
+
+
+def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], layout: Layout) -> float:
+    """Vision tower + projector activations of one micro-batch (one image per sample)."""
+    e, b = layout.compute_bytes, layout.micro_batch_size
+    vision, hidden = cfg.vision, cfg.llm.hidden_size
+    images_tokens = b * cfg.num_image_tokens
+    total = 0.0
+    if any(p.trainable for p in infos if p.part == "vision"):
+        tokens = b * (vision.num_patches + 1)
+        # Per block: two LayerNorm inputs, q/k/v/out, o_proj and fc1 inputs, fc1 output and activation output.
+        per_layer = e * tokens * (8 * vision.hidden_size + 2 * vision.intermediate_size)
+        total += per_layer * vision.num_layers
+    if any(p.trainable for p in infos if p.part == "projector"):
+        total += e * images_tokens * (cfg.projector.input_size + 2 * hidden)
+    return total
+
+
+def in_flight_microbatches(layout: Layout, stage: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak (1F1B warm-up depth; GPipe holds all)."""
+    m, pp, v = layout.grad_accum, layout.pp, layout.vpp
+    if pp == 1:
+        return 1.0
+    if layout.schedule == "gpipe":
+        return float(m)
+    if v > 1:
+        # Megatron's interleaved warm-up: 2·(pp − stage − 1) + (v − 1)·pp chunk-micro-batches, each 1/v of a stage.
+        return min(float(m), (2 * (pp - stage - 1) + (v - 1) * pp + 1) / v)
+    return float(min(m, pp - stage))

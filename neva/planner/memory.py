@@ -1,0 +1,91 @@
+"""Per-rank memory: parameters, gradients, optimizer state (exact, from the parameter inventory), plus estimates of
+FSDP working buffers and activations.
+
+Bytes per element (trainable / frozen):
+
+============  =======================================  ========  ===========================
+precision     parameters at rest                       grads     AdamW state
+============  =======================================  ========  ===========================
+``o2``        bf16 + fp32 master (6) / bf16 (2);        fp32 (4)  2 × fp32 (8)
+              under FSDP the sharded fp32 master is
+              the parameter (4) and the bf16 copy is a
+              transient all-gather buffer
+``fp32``      fp32 (4) / fp32 (4)                       fp32 (4)  2 × fp32 (8)
+``bf16``      bf16 (2) / bf16 (2)                       bf16 (2)  2 × bf16 (4)
+============  =======================================  ========  ===========================
+
+Frozen parameters get no gradient and no optimizer state; AdamW also keeps a 4-byte ``step`` tensor per trainable
+parameter tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neva.planner.layout import Layout
+from neva.planner.params import ParamInfo, local_numel, on_stage, tp_numel
+
+_STEP_BYTES = 4  # AdamW's float32 scalar ``step`` per parameter tensor
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Model state one rank holds at rest."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+
+def bytes_per_element(layout: Layout, trainable: bool) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer) bytes per locally stored element."""
+    if layout.precision == "o2":
+        if not trainable:
+            return 2, 0, 0
+        return (4 if layout.data_parallel == "fsdp" else 6), 4, 8
+    size = 4 if layout.precision == "fp32" else 2
+    return (size, size, 2 * size) if trainable else (size, 0, 0)
+
+
+def rank_state_bytes(
+    infos: list[ParamInfo], layout: Layout, stage: int, layers: list[list[int]], tp_rank: int = 0, dp_rank: int = 0
+) -> StateBytes:
+    """Exact parameter / gradient / optimizer bytes of the rank at (stage, dp_rank, tp_rank) after one step."""
+    params = grads = optimizer = 0
+    for p in infos:
+        if not on_stage(p, stage, layers):
+            continue
+        n = local_numel(p, layout, tp_rank, dp_rank)
+        pb, gb, ob = bytes_per_element(layout, p.trainable)
+        params += n * pb
+        grads += n * gb
+        if p.trainable:
+            optimizer += n * ob + _STEP_BYTES
+    return StateBytes(params, grads, optimizer)
+
+
+def working_bytes(infos: list[ParamInfo], layout: Layout, stage: int, layers: list[list[int]]) -> float:
+    """Transient FSDP buffers: all-gathered compute copies of parameters and unsharded gradients before the
+    reduce-scatter (ZeRO-3: the largest unit plus the root unit with embedding/LM head; ZeRO-2: every parameter of
+    the stage stays gathered from forward to backward)."""
+    if layout.data_parallel != "fsdp":
+        return 0.0
+    compute = 2 if layout.precision in ("o2", "bf16") else 4
+    grad = 2 if layout.precision == "bf16" else 4
+    units: dict[str, int] = {}
+    trainable_units: dict[str, int] = {}
+    for p in infos:
+        if not on_stage(p, stage, layers):
+            continue
+        key = f"layer{p.layer}" if p.part == "layer" else ("root" if p.part in ("embedding", "output", "norm") else p.part)
+        n = tp_numel(p, layout)
+        units[key] = units.get(key, 0) + n
+        if p.trainable:
+            trainable_units[key] = trainable_units.get(key, 0) + n
+    if not units:
+        return 0.0
+    largest_grad = max(trainable_units.values(), default=0) * grad
+    if layout.zero_stage == 2:
+        return sum(units.values()) * compute + largest_grad
+    largest = max(v for k, v in units.items() if k != "root") if len(units) > 1 else 0
+    return (units.get("root", 0) + 2 * largest) * compute + largest_grad

@@ -1,0 +1,139 @@
+"""Step time of a layout: compute, TP collectives, pipeline bubble, exposed DP communication, optimizer, jitter.
+
+::
+
+    t_mb(stage)  = per-GPU FLOPs / (peak · compute) + TP all-reduces + pipeline sends       (one micro-batch)
+    t_pipe       = m · max_stage t_mb + (pp − 1) / v · mean_stage t_mb                        (1F1B bubble)
+    t_dp         = max(comm − overlap window, (1 − dp_overlap) · comm)                       (exposed DP traffic)
+    t_step       = (t_pipe + t_dp + t_optimizer) · (1 + jitter_cv · E[max of dp normals])    (slowest replica)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neva.models.config import NevaConfig
+from neva.planner.comm import (
+    all_reduce_time,
+    dp_group_per_node,
+    expected_max_normal,
+    half_time,
+    p2p_time,
+    tp_group_per_node,
+)
+from neva.planner.flops import StageFlops, checkpointed
+from neva.planner.hardware import Hardware
+from neva.planner.layout import Layout
+from neva.planner.params import ParamInfo, local_numel, on_stage, tp_numel
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step and its parts (the slowest stage's view)."""
+
+    compute: float
+    tp_comm: float
+    pp_comm: float
+    bubble: float
+    dp_exposed: float
+    dp_total: float
+    optimizer: float
+    jitter: float
+    step: float
+
+
+def _tp_collectives(layout: Layout, layers: list[int], stage: int, backward: bool) -> int:
+    """All-reduces (or RS + AG pairs under SP) per micro-batch on one stage."""
+    if layout.tp == 1:
+        return 0
+    count = 0
+    for pos, _ in enumerate(layers):
+        count += 2 + (2 if backward else 0) + (2 if backward and checkpointed(layout, pos) else 0)
+    if stage == 0:
+        count += 1  # vocab-parallel embedding
+    if stage == layout.pp - 1 and backward:
+        count += 1  # input gradient of the vocab-parallel LM head
+    return count
+
+
+def _exposed(comm: float, window: float, overlap: float) -> float:
+    """Seconds of ``comm`` left after hiding it behind ``window`` seconds of compute (never below 1 − overlap)."""
+    return max(comm - window, (1 - overlap) * comm) if comm > 0 else 0.0
+
+
+def _dp_comm(
+    infos: list[ParamInfo], layout: Layout, hw: Hardware, stage: int, layers: list[list[int]], compute_mb: float
+) -> tuple[float, float]:
+    """(total, exposed) seconds of data-parallel traffic per step on one stage.
+
+    DDP all-reduces once per step while the last micro-batch runs backward (~2/3 of its compute). ZeRO-2 gathers the
+    parameters once (hidden behind the first micro-batch's forward) and reduce-scatters once (gradient sync on the
+    last micro-batch only). ZeRO-3 gathers for every forward and backward and reduce-scatters every micro-batch,
+    all prefetched across the whole step.
+    """
+    if layout.dp == 1:
+        return 0.0, 0.0
+    mine = [p for p in infos if on_stage(p, stage, layers)]
+    grad_bytes = 2 if layout.grad_reduce == "bf16" else 4
+    compute_bytes = 2 if layout.precision in ("o2", "bf16") else 4
+    trained = sum(tp_numel(p, layout) for p in mine if p.trainable) * grad_bytes
+    gathered = sum(tp_numel(p, layout) for p in mine) * compute_bytes
+    per_node, m, ov = dp_group_per_node(layout), layout.grad_accum, hw.eff.dp_overlap
+    backward, forward = 2 / 3 * compute_mb, 1 / 3 * compute_mb
+    if layout.data_parallel == "ddp":
+        reduce = all_reduce_time(trained, layout.dp, per_node, hw)
+        return reduce, _exposed(reduce, backward, ov)
+    reduce_scatter = half_time(trained, layout.dp, per_node, hw)
+    gather = half_time(gathered, layout.dp, per_node, hw)
+    if layout.zero_stage == 2:
+        return gather + reduce_scatter, _exposed(gather, forward, ov) + _exposed(reduce_scatter, backward, ov)
+    total = m * (2 * gather + reduce_scatter)
+    return total, _exposed(total, m * compute_mb, ov)
+
+
+def step_time(
+    cfg: NevaConfig,
+    infos: list[ParamInfo],
+    layout: Layout,
+    hw: Hardware,
+    seq_len: int,
+    layers: list[list[int]],
+    flops: list[StageFlops],
+) -> StepTime:
+    """Predicted seconds per optimizer step."""
+    b, m, e = layout.micro_batch_size, layout.grad_accum, layout.compute_bytes
+    act = e * b * seq_len * cfg.llm.hidden_size
+    rate = hw.peak_flops * hw.eff.compute
+    comp, tp, p2p = [], [], []
+    for s, f in enumerate(flops):
+        comp.append(f.per_gpu * b / rate)
+        n = _tp_collectives(layout, layers[s], s, f.backward)
+        tp.append(n * all_reduce_time(act, layout.tp, tp_group_per_node(layout), hw))
+        sends = 0 if layout.pp == 1 else (1 + f.backward) * layout.vpp
+        p2p.append(sends * p2p_time(act, layout, hw))
+    per_mb = [c + t + p for c, t, p in zip(comp, tp, p2p)]
+    worst = max(range(len(per_mb)), key=per_mb.__getitem__)
+    bubble = (layout.pp - 1) / layout.vpp * sum(per_mb) / len(per_mb) if layout.pp > 1 else 0.0
+    pipe = m * per_mb[worst] + bubble
+
+    dp_total, dp_exposed = max(_dp_comm(infos, layout, hw, s, layers, comp[s]) for s in range(layout.pp))
+
+    # AdamW on the local shard: read/write fp32 master + 2 states, read the grad, write the compute copy.
+    opt_elems = max(
+        sum(local_numel(p, layout) for p in infos if p.trainable and on_stage(p, s, layers)) for s in range(layout.pp)
+    )
+    optimizer = opt_elems * 30 / (hw.eff.optimizer_gb_per_s * 1e9)
+
+    base = pipe + dp_exposed + optimizer
+    jitter = base * hw.eff.jitter_cv * expected_max_normal(layout.dp)
+    return StepTime(
+        compute=m * comp[worst],
+        tp_comm=m * tp[worst],
+        pp_comm=m * p2p[worst],
+        bubble=bubble,
+        dp_exposed=dp_exposed,
+        dp_total=dp_total,
+        optimizer=optimizer,
+        jitter=jitter,
+        step=base + jitter,
+    )

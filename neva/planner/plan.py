@@ -1,0 +1,141 @@
+"""One plan: the memory of every pipeline stage's busiest rank and the predicted step time of a composed config."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
+from neva.planner.flops import stage_flops
+from neva.planner.hardware import hardware_from_config
+from neva.planner.layout import Layout, layout_from_config
+from neva.planner.memory import rank_state_bytes, working_bytes
+from neva.planner.params import model_inventory, stage_layers
+from neva.planner.perf import StepTime, step_time
+from neva.training.config import TrainConfig
+from neva.training.model_config import neva_config_from_mm
+
+# Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
+# after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
+TEXT_TOKENS = {"pretrain": 100, "finetune": 450}
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes on the busiest rank (TP and DP rank 0, which get the largest ``torch.chunk`` pieces) of one stage."""
+
+    stage: int
+    layers: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: float
+    working: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.working + self.overhead
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Prediction for one layout (what a table row and a JSON entry show)."""
+
+    layout: Layout
+    seq_len: int
+    gpu_memory_gb: float
+    stages: list[StageMemory]
+    time: StepTime
+    flops_per_sample: float
+    samples_per_s: float
+    mfu: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def peak(self) -> StageMemory:
+        return max(self.stages, key=lambda s: s.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.total <= self.gpu_memory_gb * GiB
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (bytes in GiB, times in seconds)."""
+        peak = self.peak
+        return {
+            "nodes": self.layout.nodes,
+            "layout": asdict(self.layout),
+            "seq_len": self.seq_len,
+            "memory_gib": {
+                "params": peak.params / GiB,
+                "grads": peak.grads / GiB,
+                "optimizer": peak.optimizer / GiB,
+                "activations": peak.activations / GiB,
+                "working": peak.working / GiB,
+                "overhead": peak.overhead / GiB,
+                "total": peak.total / GiB,
+                "stage": peak.stage,
+            },
+            "stages": [{**asdict(s), "total": s.total} for s in self.stages],
+            "fits": self.fits,
+            "step_time": asdict(self.time),
+            "flops_per_sample": self.flops_per_sample,
+            "samples_per_s": self.samples_per_s,
+            "mfu": self.mfu,
+            **self.extra,
+        }
+
+
+def sample_tokens(cfg: TrainConfig, num_image_tokens: int, text_tokens: int | None) -> int:
+    """Tokens one sample occupies: image tokens + text, padded like the collator (multiple of pad_to_multiple_of)."""
+    text = TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens
+    pad = max(1, cfg.model.data.pad_to_multiple_of)
+    return -(-(num_image_tokens + text) // pad) * pad
+
+
+def plan_run(
+    cfg: TrainConfig,
+    text_tokens: int | None = None,
+    global_batch_size: int | None = None,
+    grad_reduce: str | None = None,
+) -> Plan:
+    """Predict memory and throughput of ``cfg`` without allocating the model.
+
+    Args:
+        cfg: a composed, validated config (``neva.training.compose.compose_config``).
+        text_tokens: mean text tokens per sample (default: ``TEXT_TOKENS[cfg.stage]``).
+        global_batch_size: overrides ``cfg.model.global_batch_size`` (weak-scaling sweeps).
+        grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Layout``).
+    """
+    ncfg = neva_config_from_mm(cfg.model.mm_cfg)
+    layout = layout_from_config(cfg, global_batch_size, grad_reduce)
+    hw = hardware_from_config(cfg.cluster)
+    infos = model_inventory(ncfg, cfg.model.mm_cfg, cfg.model.peft)
+    layers = stage_layers(ncfg.llm.num_layers, layout)
+    seq = sample_tokens(cfg, ncfg.num_image_tokens, text_tokens)
+    flops = stage_flops(infos, ncfg, layout, seq, layers)
+    stages = []
+    for s in range(layout.pp):
+        state = rank_state_bytes(infos, layout, s, layers)
+        acts = stage_activation_bytes(
+            ncfg, infos, layout, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s)
+        )
+        stages.append(
+            StageMemory(
+                stage=s,
+                layers=len(layers[s]),
+                params=state.params,
+                grads=state.grads,
+                optimizer=state.optimizer,
+                activations=acts,
+                working=working_bytes(infos, layout, s, layers),
+                overhead=hw.eff.memory_overhead_gb * GiB,
+            )
+        )
+    time = step_time(ncfg, infos, layout, hw, seq, layers, flops)
+    per_sample = sum(f.model for f in flops)
+    samples = layout.global_batch_size / time.step
+    mfu = per_sample * samples / (layout.world * hw.peak_flops)
+    return Plan(layout, seq, hw.gpu_memory_gb, stages, time, per_sample, samples, mfu)

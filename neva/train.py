@@ -1,0 +1,45 @@
+"""``python -m neva.train +stage=pretrain|finetune [overrides]``: the main job.
+
+The last line printed on stdout is the path of the stage's consolidated checkpoint, so scripts can chain stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from neva.training.compose import to_train_config
+from neva.typed import ConfigError
+
+log = logging.getLogger("neva.train")
+
+STAGE_HELP = (
+    "neva.train needs a stage: `python -m neva.train +stage=pretrain` (train the projector on image captions) or "
+    "`python -m neva.train +stage=finetune` (projector + LLM on instructions; starts from the pretrain output)."
+)
+
+
+@hydra.main(config_path="configs", config_name="neva", version_base=None)
+def main(dcfg: DictConfig) -> None:
+    if dcfg.get("stage") is None:
+        print(STAGE_HELP, file=sys.stderr)
+        sys.exit(2)
+    try:
+        cfg = to_train_config(dcfg)
+        from neva.training.run import run
+
+        final = run(cfg)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if final is not None:
+        print(os.fspath(Path(final).resolve()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""The LightningModule: one ``training_step`` = one optimizer step over a global batch's micro-batches."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from neva.data.datamodule import NevaDataModule
+from neva.models.neva import NevaModel
+from neva.training.build import ModelSource, build_meta_model, materialize, parameter_counts
+from neva.training.callbacks import MetricsCSV
+from neva.training.config import TrainConfig
+from neva.training.engine import Engine
+from neva.training.flops import ParamProfile, device_peak_tflops, train_flops
+from neva.training.optim import build_optimizer, build_scheduler
+from neva.training.precision import MasterWeights, Precision
+
+log = logging.getLogger(__name__)
+
+
+def sample_lengths(batch: dict[str, Any]) -> list[int]:
+    """Token count of each sample in a collated micro-batch (from its segment ids; padding is segment 0)."""
+    out = []
+    for row in batch["segment_ids"]:
+        counts = torch.bincount(row)
+        out += [int(c) for c in counts[1:] if c > 0]
+    return out
+
+
+class _Iterable:
+    """Hides the loader's ``sampler`` attribute from Lightning, which would otherwise inspect it as a DataLoader's."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+class StepBatches:
+    """Groups a micro-batch loader into lists of ``accum`` micro-batches: one list per optimizer step."""
+
+    def __init__(self, loader: Any, accum: int) -> None:
+        self.loader = loader
+        self.accum = accum
+
+    def __len__(self) -> int:
+        return len(self.loader) // self.accum
+
+    def __iter__(self):
+        group = []
+        for batch in self.loader:
+            group.append(batch)
+            if len(group) == self.accum:
+                yield group
+                group = []
+
+
+class NevaModule(pl.LightningModule):
+    """Training and validation of a NeVA model under any layout.
+
+    Manual optimization: each step runs ``Engine.forward_backward`` over the micro-batches of one global batch, so the
+    loss is normalised by the global batch's learned tokens (exact accumulation) and pipeline schedules see all
+    micro-batches at once.
+
+    Args:
+        cfg: the validated run config.
+        source: architecture, tokenizer and initial weights.
+        data: the data module (its state rides in the checkpoints).
+        accum: micro-batches per optimizer step on this rank.
+        dp_rank / dp_size: data-parallel coordinates.
+        parallelize: ``parallelize(model, device) -> Engine`` for distributed layouts (None = one process).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        source: ModelSource,
+        data: NevaDataModule,
+        accum: int,
+        parallelize: Any = None,
+        metrics: MetricsCSV | None = None,
+    ) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.cfg = cfg
+        self.source = source
+        self.data = data
+        self.accum = accum
+        self.parallelize = parallelize
+        self.metrics = metrics
+        self.precision_policy = Precision.from_config(cfg.trainer.precision, cfg.model.megatron_amp_O2)
+        self.engine: Engine | None = None
+        self.model: NevaModel | None = None
+        self._val_sums: list[torch.Tensor] = []
+        self._step_start: float | None = None
+        self._flops: ParamProfile | None = None
+
+    # -- model ---------------------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.engine is not None:
+            return
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        model = build_meta_model(self.source, self.cfg)
+        self._flops = ParamProfile.of(model)
+        counts = parameter_counts(model)
+        log.info("parameters: %s", ", ".join(f"{k}={v:,}" for k, v in sorted(counts.items())))
+        if self.parallelize is not None:
+            self.engine = self.parallelize(model, self.source, device, self.precision_policy)
+        else:
+            materialize(model, self.source, device, self.cfg.model.seed)
+            master = None
+            if self.precision_policy.master_weights:
+                trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+                master = MasterWeights(trainable)
+                model.to(self.precision_policy.param_dtype)
+                master.model_params = [p for n, p in model.named_parameters() if p.requires_grad]
+            self.engine = Engine(
+                model, self.precision_policy, device, master=master, packed=self.cfg.model.data.packing
+            )
+        self.model = self.engine.model
+        self.trainable_params = counts["trainable"]
+
+    def configure_optimizers(self):
+        optimizer = build_optimizer(self.engine.named_trainable_parameters(), self.cfg.model.optim)
+        scheduler = build_scheduler(optimizer, self.cfg.model.optim, self.cfg.trainer.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- data ----------------------------------------------------------------------------------------------------
+    def train_dataloader(self):
+        return StepBatches(self.data.train_dataloader(), self.accum)
+
+    def val_dataloader(self):
+        loader = self.data.val_dataloader()
+        return _Iterable(loader) if loader else loader
+
+    # -- steps ---------------------------------------------------------------------------------------------------
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_start = time.perf_counter()
+
+    def training_step(self, micro_batches: list[dict[str, Any]], batch_idx: int) -> torch.Tensor:
+        self.model.train()
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        loss, n_tokens = self.engine.forward_backward(micro_batches)
+        clip = self.cfg.trainer.gradient_clip_val
+        grad_norm = None
+        if clip and clip > 0:
+            grad_norm = self.engine.clip_grad_norm(clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.engine.after_optimizer_step()
+        lr = optimizer.param_groups[-1]["lr"]
+        scheduler.step()
+        self._log_step(micro_batches, loss, n_tokens, lr, grad_norm)
+        return loss
+
+    def _log_step(self, micro_batches, loss, n_tokens, lr, grad_norm) -> None:
+        elapsed = time.perf_counter() - (self._step_start or time.perf_counter())
+        dp = self.engine.dp_size
+        samples = sum(int(mb["num_samples"]) for mb in micro_batches) * dp
+        seq_lens = [n for mb in micro_batches for n in sample_lengths(mb)]
+        tokens = sum(seq_lens) * dp
+        images = sum(int(mb["image_counts"].sum()) for mb in micro_batches) * dp
+        metrics = {
+            "train_loss": loss.item(),
+            "lr": lr,
+            "learned_tokens": n_tokens.item(),
+            "samples_per_sec": samples / max(elapsed, 1e-9),
+            "tokens_per_sec": tokens / max(elapsed, 1e-9),
+            "step_time": elapsed,
+        }
+        if grad_norm is not None:
+            metrics["grad_norm"] = float(grad_norm)
+        if seq_lens:
+            flops = train_flops(self._flops, self.source.cfg, seq_lens, images // dp) * dp
+            world = self.trainer.world_size if self._trainer is not None else 1
+            tflops = flops / max(elapsed, 1e-9) / 1e12 / world
+            metrics["tflops_per_sec_per_device"] = tflops
+            name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+            peak = device_peak_tflops(name, self.cfg.cluster.peak_tflops_bf16)
+            if peak:
+                metrics["mfu"] = tflops / peak
+        metrics.update(self.data.skip_tracker.metrics())
+        step = self.global_step
+        if self.metrics is not None and step % max(1, self.cfg.trainer.log_every_n_steps) == 0:
+            self.metrics.record(step, metrics)
+        self.log_dict(metrics, on_step=True, prog_bar=False, logger=True, rank_zero_only=True)
+        self.log("loss", metrics["train_loss"], prog_bar=True, logger=False)
+        self.log("samples/s", metrics["samples_per_sec"], prog_bar=True, logger=False)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self.model.eval()
+        loss, n_tokens = self.engine.evaluate([batch])
+        self._val_sums.append(torch.stack([loss * n_tokens, n_tokens]))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_sums:
+            return
+        total = torch.stack(self._val_sums).sum(0)
+        self._val_sums.clear()
+        val_loss = (total[0] / total[1].clamp(min=1)).item()
+        self.log("val_loss", val_loss, prog_bar=True, rank_zero_only=True)
+        if self.metrics is not None and not self.trainer.sanity_checking:
+            self.metrics.record(self.global_step, {"val_loss": val_loss})
+
+    # -- checkpoint extras ---------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["neva_data"] = self.data.state_dict()
+        checkpoint["rng"] = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        if self.engine.master is not None:
+            checkpoint["master_weights"] = {n: p.detach().clone() for n, p in self.engine.master.named_master}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.data.load_state_dict(checkpoint.get("neva_data", {}))
+        rng = checkpoint.get("rng")
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+            if rng.get("cuda") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        self._pending_master = checkpoint.get("master_weights")
+
+    def on_train_start(self) -> None:
+        if self.metrics is not None:
+            self.metrics.truncate_after(self.global_step)
+        pending = getattr(self, "_pending_master", None)
+        if pending and self.engine.master is not None:
+            with torch.no_grad():
+                for n, p in self.engine.master.named_master:
+                    p.copy_(pending[n])
+            self._pending_master = None

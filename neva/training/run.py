@@ -1,0 +1,113 @@
+"""Wire a validated config into a Lightning run: data, module, callbacks, resume, final checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
+
+from neva.data.datamodule import NevaDataModule
+from neva.training.build import resolve_source
+from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV
+from neva.training.config import TrainConfig
+from neva.training.export import save_final
+from neva.training.module import NevaModule
+from neva.training.strategy import build_strategy, resolve_layout
+from neva.typed import ConfigError
+
+log = logging.getLogger("neva.train")
+
+
+def accumulation_steps(cfg: TrainConfig, dp: int) -> int:
+    """global_batch_size / (micro_batch_size × dp); a remainder is a config error."""
+    per_step = cfg.model.micro_batch_size * dp
+    if cfg.model.global_batch_size % per_step:
+        raise ConfigError(
+            f"model.global_batch_size={cfg.model.global_batch_size} is not a multiple of "
+            f"model.micro_batch_size ({cfg.model.micro_batch_size}) × data-parallel size ({dp}) = {per_step}"
+        )
+    return cfg.model.global_batch_size // per_step
+
+
+def run(cfg: TrainConfig) -> Path | None:
+    """Train one stage; returns the consolidated checkpoint's path (None on non-writing ranks)."""
+    exp_dir = Path(cfg.exp_manager.exp_dir)
+    layout = resolve_layout(cfg)
+    accum = accumulation_steps(cfg, layout.dp)
+    pl.seed_everything(cfg.model.seed, workers=True, verbose=False)
+    source = resolve_source(cfg)
+    data = NevaDataModule(
+        cfg.model.data,
+        source.tokenizer,
+        source.cfg,
+        micro_batch_size=cfg.model.micro_batch_size,
+        dp_rank=layout.dp_rank,
+        dp_world=layout.dp,
+        seed=cfg.model.seed,
+    )
+    strategy = build_strategy(cfg, layout)
+    is_writer = int(os.environ.get("RANK", "0")) == 0
+    metrics = MetricsCSV(exp_dir / "metrics.csv", enabled=is_writer)
+    parallelize = None
+    if layout.is_distributed:
+        from neva.parallel.engine import make_parallelize
+
+        parallelize = make_parallelize(cfg, layout)
+    module = NevaModule(cfg, source, data, accum, parallelize=parallelize, metrics=metrics)
+    ckpt_dir = exp_dir / "checkpoints"
+    every = cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
+    callbacks = [
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            filename="step={step}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=every,
+            save_last=cfg.exp_manager.checkpoint_callback_params.save_last,
+            save_top_k=1,
+        ),
+    ]
+    if cfg.trainer.enable_progress_bar:
+        callbacks.append(TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps // 2)))
+    loggers = []
+    if cfg.exp_manager.create_tensorboard_logger:
+        from pytorch_lightning.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(str(exp_dir), name="tensorboard", version=""))
+    if cfg.exp_manager.create_wandb_logger:
+        from pytorch_lightning.loggers import WandbLogger
+
+        loggers.append(WandbLogger(save_dir=str(exp_dir), **cfg.exp_manager.wandb_logger_kwargs))
+    trainer = pl.Trainer(
+        strategy=strategy,
+        devices=layout.world if layout.is_distributed else 1,
+        num_nodes=cfg.trainer.num_nodes,
+        max_steps=cfg.trainer.max_steps,
+        max_epochs=cfg.trainer.max_epochs,
+        val_check_interval=cfg.trainer.val_check_interval,
+        check_val_every_n_epoch=None,
+        limit_val_batches=cfg.trainer.limit_val_batches,
+        num_sanity_val_steps=cfg.trainer.num_sanity_val_steps,
+        log_every_n_steps=cfg.trainer.log_every_n_steps,
+        enable_progress_bar=cfg.trainer.enable_progress_bar,
+        enable_model_summary=False,
+        deterministic=cfg.trainer.deterministic,
+        logger=loggers or False,
+        callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(exp_dir),
+        use_distributed_sampler=False,
+    )
+    last = ckpt_dir / "last.ckpt"
+    ckpt_path = str(last) if cfg.exp_manager.resume_if_exists and last.exists() else None
+    if ckpt_path:
+        log.info("resuming from %s", ckpt_path)
+    trainer.fit(module, ckpt_path=ckpt_path)
+    final = exp_dir / "final"
+    save_final(
+        module.engine, source, final, is_writer=trainer.is_global_zero, stage=cfg.stage,
+        image_aspect_ratio=cfg.model.data.image_aspect_ratio, conv_template=cfg.model.data.conv_template,
+    )  # fmt: skip
+    return final if trainer.is_global_zero else None

@@ -1,0 +1,352 @@
+"""CPU mode: neva's training step against HF ``LlavaForConditionalGeneration`` with a plain AdamW loop.
+
+Each side runs in its own child process (``run_side``) so that peak resident memory is measured per side; the
+parent (``run_cpu``) starts them one after the other on the same sample stream and compares.
+
+Same semantics on both sides: identical initial weights (neva's init, copied into HF through the checkpoint key
+table), identical samples in identical order, vision tower frozen, projector (+ LLM in finetune) trained, AdamW with
+the same hyperparameters, gradient clipping at 1.0, and the loss = mean token cross-entropy over the global batch's
+learned tokens (the two first-step losses are printed so this can be checked).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from bench.data import PAD_ID, StreamSpec, collate_hf, make_batches, real_tokens
+from neva.models.config import NevaConfig
+from neva.models.neva import NevaModel
+from neva.models.presets import build_config
+
+# Mid-size shapes: small enough for 2 CPU cores, but with Llama-2's 32000 vocabulary (its LM head is a real part
+# of the cost) and a ViT whose unused last layer is a visible share of the vision work.
+CPU_VISION = dict(image_size=112, patch_size=14, hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4)
+CPU_LLM = dict(
+    vocab_size=32000,
+    hidden_size=384,
+    intermediate_size=1024,
+    num_layers=8,
+    num_heads=6,
+    num_kv_heads=6,
+    max_seq_len=2048,
+)
+
+
+def cpu_model_config() -> NevaConfig:
+    """The CPU benchmark's NeVA: 4-layer ViT (64 image tokens), 8-layer Llama of width 384, vocab 32000."""
+    return build_config(llm=dict(CPU_LLM), vision=dict(CPU_VISION))
+
+
+def stream_spec(cfg: NevaConfig, seed: int) -> StreamSpec:
+    return StreamSpec(
+        vocab_size=cfg.llm.vocab_size,
+        image_token_id=cfg.image_token_id,
+        num_image_tokens=cfg.num_image_tokens,
+        image_size=cfg.vision.image_size,
+        seed=seed,
+    )
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    # Linux reports ru_maxrss in KiB.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _init_neva(cfg: NevaConfig, seed: int) -> NevaModel:
+    torch.manual_seed(seed)
+    model = NevaModel(cfg)
+    model.init_weights()
+    return model
+
+
+def _freeze(named: list[tuple[str, torch.nn.Parameter]], stage: str, part_of) -> None:
+    """Finetune: vision frozen, projector + LLM trained. Pretrain: only the projector trains."""
+    for name, p in named:
+        part = part_of(name)
+        p.requires_grad_(part == "projector" or (part == "llm" and stage == "finetune"))
+
+
+def _neva_part(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def _hf_part(name: str) -> str:
+    if "vision_tower" in name:
+        return "vision"
+    if "multi_modal_projector" in name:
+        return "projector"
+    return "llm"
+
+
+def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any]]:
+    """neva.train's step: Collator (packed or padded), Engine.forward_backward, clip, AdamW (foreach on CPU)."""
+    from neva.data.collate import Collator
+    from neva.training.config import OptimConfig
+    from neva.training.engine import Engine
+    from neva.training.optim import build_optimizer
+    from neva.training.precision import Precision
+
+    model = _init_neva(cfg, args.seed)
+    _freeze(list(model.named_parameters()), args.stage, _neva_part)
+    model.train()
+    engine = Engine(model, Precision(), torch.device("cpu"), packed=args.packing)
+    optim_cfg = OptimConfig(lr=args.lr, weight_decay=0.0, betas=[0.9, 0.95], eps=1e-8)
+    optimizer = build_optimizer(engine.named_trainable_parameters(), optim_cfg)
+    collate = Collator(pad_id=PAD_ID, seq_length=args.seq_length, pad_to_multiple_of=64, packing=args.packing)
+    collated = [collate(b) for b in batches]
+
+    def step(batch: dict) -> float:
+        loss, _ = engine.forward_backward([batch])
+        torch.nn.utils.clip_grad_norm_(list(engine.grad_params()), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        engine.after_optimizer_step()
+        return float(loss)
+
+    return step, collated
+
+
+def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any]]:
+    """A plain HF loop: padded batches, ``model(**batch).loss``, backward, clip, ``torch.optim.AdamW``."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    from neva.checkpoint.hf_config import llava_config_dict
+    from neva.checkpoint.hf_keys import neva_key_to_hf
+
+    hf_cfg = LlavaConfig(**llava_config_dict(cfg, pad_token_id=PAD_ID))
+    hf_cfg._attn_implementation = "sdpa"
+    model = LlavaForConditionalGeneration(hf_cfg)
+    neva = _init_neva(cfg, args.seed)
+    state = {neva_key_to_hf(k): v for k, v in neva.state_dict().items()}
+    result = model.load_state_dict(state, strict=True)
+    if result.missing_keys or result.unexpected_keys:
+        raise RuntimeError(f"weight copy into HF failed: {result}")
+    del neva, state
+    gc.collect()
+    _freeze(list(model.named_parameters()), args.stage, _hf_part)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    collated = [collate_hf(b) for b in batches]
+
+    def step(batch: dict) -> float:
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step, collated
+
+
+def run_side(side: str, args: Any) -> dict[str, Any]:
+    """Train ``side`` (``neva`` or ``hf``) for warm-up + measured steps in this process; timings, losses, memory.
+
+    In lockstep mode (the parent's default) the child prints ``{"ready": true}`` after setup, then runs one step per
+    ``step`` line read from stdin and answers each with its time and loss; the summary follows a ``done`` line. The
+    parent alternates the two sides step by step, so background load on a shared machine hits both alike.
+    """
+    # Import the HF model code on both sides so that the baseline resident memory is comparable.
+    import transformers.models.llava.modeling_llava  # noqa: F401
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = cpu_model_config()
+    spec = stream_spec(cfg, args.seed)
+    batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
+    gc.collect()
+    baseline = _rss_bytes()
+    build = _neva_side if side == "neva" else _hf_side
+    t0 = time.perf_counter()
+    step, collated = build(args, cfg, batches)
+    build_s = time.perf_counter() - t0
+    if args.lockstep:
+        _say({"ready": True})
+    times, losses = [], []
+    for batch in collated:
+        if args.lockstep and sys.stdin.readline().strip() != "step":
+            raise RuntimeError("lockstep protocol: expected 'step'")
+        t = time.perf_counter()
+        losses.append(step(batch))
+        times.append(time.perf_counter() - t)
+        if args.lockstep:
+            _say({"t": times[-1], "loss": losses[-1]})
+    if args.lockstep and sys.stdin.readline().strip() != "done":
+        raise RuntimeError("lockstep protocol: expected 'done'")
+    med = statistics.median(times[args.warmup :])
+    computed = [int(b["input_ids"].numel()) for b in collated]
+    return {
+        "side": side,
+        "packing": bool(args.packing) if side == "neva" else False,
+        "threads": torch.get_num_threads(),
+        "build_s": build_s,
+        "step_s": times,
+        "median_step_s": med,
+        "samples_per_sec": args.batch_size / med,
+        "real_tokens_per_step": statistics.mean(real_tokens(b) for b in batches),
+        "computed_tokens_per_step": statistics.mean(computed),
+        "tokens_per_sec": statistics.mean(real_tokens(b) for b in batches[args.warmup :]) / med,
+        "losses": losses,
+        "peak_mb": (_peak_rss_bytes() - baseline) / 2**20,
+        "peak_rss_mb": _peak_rss_bytes() / 2**20,
+        "baseline_rss_mb": baseline / 2**20,
+    }
+
+
+def _say(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def _child_cmd(side: str, args: Any, packing: bool) -> list[str]:
+    return [
+        sys.executable,
+        os.path.abspath(sys.argv[0]),
+        "--device",
+        "cpu",
+        "--child",
+        side,
+        "--lockstep",
+        "--stage",
+        args.stage,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch-size",
+        str(args.batch_size),
+        "--seq-length",
+        str(args.seq_length),
+        "--lr",
+        str(args.lr),
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+        "--packing" if packing else "--no-packing",
+    ]
+
+
+class _Child:
+    """One side in its own process, driven step by step over pipes."""
+
+    def __init__(self, name: str, cmd: list[str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise RuntimeError(f"{self.name} child exited with code {self.proc.returncode} (its stderr is above)")
+        return json.loads(line)
+
+    def wait_ready(self) -> None:
+        if not self._read().get("ready"):
+            raise RuntimeError(f"{self.name} child did not report ready")
+
+    def step(self) -> dict[str, Any]:
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def finish(self) -> dict[str, Any]:
+        self.proc.stdin.write("done\n")
+        self.proc.stdin.flush()
+        result = self._read()
+        self.proc.wait()
+        return result
+
+
+def _run_children(named_cmds: list[tuple[str, list[str]]], n_steps: int) -> dict[str, dict[str, Any]]:
+    children = [_Child(name, cmd) for name, cmd in named_cmds]
+    try:
+        for child in children:  # set up one after the other: model building is not measured anyway
+            child.wait_ready()
+        for i in range(n_steps):
+            # Rotate who goes first, so a side never always follows the same neighbour.
+            order = children[i % len(children) :] + children[: i % len(children)]
+            for child in order:
+                r = child.step()
+                print(f"  step {i}: {child.name:<6} {r['t']:7.3f} s  loss {r['loss']:.5f}", file=sys.stderr, flush=True)
+        return {child.name: child.finish() for child in children}
+    finally:
+        for child in children:
+            if child.proc.poll() is None:
+                child.proc.kill()
+
+
+def _row(name: str, r: dict[str, Any], base: dict[str, Any]) -> str:
+    return (
+        f"| {name:<22} | {r['samples_per_sec']:8.2f} | {r['tokens_per_sec']:9.0f} | {r['computed_tokens_per_step']:8.0f} "
+        f"| {r['median_step_s']:7.3f} | {r['peak_mb']:8.0f} | {r['samples_per_sec'] / base['samples_per_sec']:5.2f}x |"
+    )
+
+
+def run_cpu(args: Any) -> dict[str, Any]:
+    """Run the sides in child processes, print the table, return the summary (printed as JSON by the caller)."""
+    cfg = cpu_model_config()
+    sides: list[tuple[str, dict[str, Any]]] = []
+    print(f"# CPU benchmark: stage={args.stage}, {args.batch_size} samples/step, {args.warmup} warm-up + {args.steps} steps", flush=True)
+    cmds = [("hf", _child_cmd("hf", args, False)), ("neva", _child_cmd("neva", args, args.packing))]
+    if args.compare_padding:
+        cmds.append(("neva_alt", _child_cmd("neva", args, not args.packing)))
+    results = _run_children(cmds, args.warmup + args.steps)
+    hf, neva, extra = results["hf"], results["neva"], results.get("neva_alt")
+    sides.append(("hf (padded, AdamW)", hf))
+    sides.append((f"neva ({'packed' if args.packing else 'padded'})", neva))
+    if extra is not None:
+        sides.append((f"neva ({'padded' if args.packing else 'packed'})", extra))
+    print()
+    print("| side                   | sample/s |  tokens/s | tok/step | step s  |  peak MB | speed |")
+    print("|------------------------|----------|-----------|----------|---------|----------|-------|")
+    for name, r in sides:
+        print(_row(name, r, hf))
+    loss_rel = abs(neva["losses"][0] - hf["losses"][0]) / abs(hf["losses"][0])
+    print(
+        f"\nfirst-step loss: neva {neva['losses'][0]:.6f}  hf {hf['losses'][0]:.6f}  (rel. diff {loss_rel:.1e}); "
+        f"last: neva {neva['losses'][-1]:.6f}  hf {hf['losses'][-1]:.6f}"
+    )
+    print(f"real tokens/step {hf['real_tokens_per_step']:.0f}; peak MB = max RSS - RSS before the model was built")
+    summary = {
+        "mode": "cpu",
+        "stage": args.stage,
+        "neva_samples_per_sec": round(neva["samples_per_sec"], 4),
+        "hf_samples_per_sec": round(hf["samples_per_sec"], 4),
+        "speedup_vs_hf": round(neva["samples_per_sec"] / hf["samples_per_sec"], 4),
+        "neva_peak_mb": round(neva["peak_mb"], 1),
+        "hf_peak_mb": round(hf["peak_mb"], 1),
+        "neva_packing": bool(args.packing),
+        "first_loss_rel_diff": loss_rel,
+        "neva_first_loss": neva["losses"][0],
+        "hf_first_loss": hf["losses"][0],
+        "neva_tokens_per_step": neva["computed_tokens_per_step"],
+        "hf_tokens_per_step": hf["computed_tokens_per_step"],
+        "real_tokens_per_step": hf["real_tokens_per_step"],
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "threads": hf["threads"],
+        "model": {"llm": CPU_LLM, "vision": CPU_VISION, "image_tokens": cfg.num_image_tokens},
+        "stream": asdict(stream_spec(cfg, args.seed)),
+    }
+    if extra is not None:
+        summary["neva_alt_samples_per_sec"] = round(extra["samples_per_sec"], 4)
+        summary["neva_alt_peak_mb"] = round(extra["peak_mb"], 1)
+    return summary

@@ -1,0 +1,104 @@
+"""A deterministic stream of variable-length multimodal samples, and the HF-style padded collation.
+
+Both sides of the CPU benchmark consume exactly these samples in exactly this order, so the only differences
+between them are how each batches, computes and steps. A sample is what ``neva.data`` datasets yield:
+``{"id", "input_ids", "labels", "pixel_values"}`` with image tokens already expanded (as the llava-hf processor
+expands them too). Lengths are long-tailed like LLaVA-Instruct's, which is what makes padding expensive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from neva.constants import IGNORE_INDEX
+
+BOS_ID = 1
+PAD_ID = 0
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """Shape of the sample stream.
+
+    Attributes:
+        vocab_size: token ids are drawn from ``[4, vocab_size - 1)`` (the last id is the image token).
+        image_token_id: id every image position carries.
+        num_image_tokens: LLM positions per image.
+        image_size: pixels per side.
+        text_median: median text length (tokens, excluding image positions).
+        text_sigma: log-normal spread of text lengths (0 = every sample ``text_median`` long).
+        text_min / text_max: clip of text lengths.
+        text_only_fraction: samples without an image (LLaVA-1.5's mix has about 6%).
+        learned_fraction: share of text tokens that are assistant replies (learned); the rest is prompt.
+        seed: stream seed.
+    """
+
+    vocab_size: int
+    image_token_id: int
+    num_image_tokens: int
+    image_size: int
+    text_median: float = 128.0
+    text_sigma: float = 0.75
+    text_min: int = 16
+    text_max: int = 896
+    text_only_fraction: float = 0.1
+    learned_fraction: float = 0.6
+    seed: int = 0
+
+
+def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
+    """Sample ``index`` of the stream (a pure function of ``spec`` and ``index``)."""
+    rng = np.random.default_rng([spec.seed, index])
+    if spec.text_sigma > 0:
+        n_text = int(np.clip(np.exp(rng.normal(np.log(spec.text_median), spec.text_sigma)), spec.text_min, spec.text_max))
+    else:
+        n_text = int(spec.text_median)
+    has_image = rng.random() >= spec.text_only_fraction
+    n_learned = max(1, round(n_text * spec.learned_fraction))
+    n_prompt = max(0, n_text - n_learned - 1)  # BOS counts as prompt
+    text = torch.from_numpy(rng.integers(4, spec.image_token_id, size=n_prompt + n_learned)).long()
+    n_img = spec.num_image_tokens if has_image else 0
+    input_ids = torch.cat(
+        [torch.tensor([BOS_ID]), torch.full((n_img,), spec.image_token_id), text[:n_prompt], text[n_prompt:]]
+    )
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    labels[1 + n_img + n_prompt :] = input_ids[1 + n_img + n_prompt :]
+    gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + index)
+    pixels = torch.randn((1 if has_image else 0, 3, spec.image_size, spec.image_size), generator=gen)
+    return {"id": index, "input_ids": input_ids, "labels": labels, "pixel_values": pixels}
+
+
+def make_batches(spec: StreamSpec, batch_size: int, num_batches: int) -> list[list[dict[str, Any]]]:
+    """``num_batches`` consecutive global batches of ``batch_size`` samples."""
+    return [[make_sample(spec, b * batch_size + i) for i in range(batch_size)] for b in range(num_batches)]
+
+
+def collate_hf(samples: list[dict[str, Any]], pad_id: int = PAD_ID) -> dict[str, torch.Tensor]:
+    """What an HF user feeds ``LlavaForConditionalGeneration``: right-padded to the batch's longest sample.
+
+    This is LLaVA's own ``DataCollatorForSupervisedDataset`` (pad to the longest, ``attention_mask``, labels
+    ``IGNORE_INDEX`` on padding).
+    """
+    longest = max(s["input_ids"].numel() for s in samples)
+    input_ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
+    labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(samples), longest), dtype=torch.long)
+    for r, s in enumerate(samples):
+        n = s["input_ids"].numel()
+        input_ids[r, :n] = s["input_ids"]
+        labels[r, :n] = s["labels"]
+        attention_mask[r, :n] = 1
+    pixels = [s["pixel_values"] for s in samples if s["pixel_values"].shape[0]]
+    out = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+    if pixels:
+        out["pixel_values"] = torch.cat(pixels)
+    return out
+
+
+def real_tokens(samples: list[dict[str, Any]]) -> int:
+    """Tokens of the samples themselves (no padding)."""
+    return sum(s["input_ids"].numel() for s in samples)

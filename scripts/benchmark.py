@@ -1,0 +1,99 @@
+#!/usr/bin/env python
+"""Training throughput and memory of neva.
+
+CPU mode (``--device cpu``): a mid-size NeVA (4-layer ViT, 8-layer Llama, vocab 32000) trained by neva's step
+(its batching, packing, precision, optimizer) against HF ``LlavaForConditionalGeneration`` trained with a plain
+AdamW loop on padded batches; same sample stream, same weights, same training semantics. Each side runs in its own
+child process, so peak memory is per side.
+
+GPU mode (``--device cuda``): Llama-2 7B/13B-shaped NeVA with random weights on one GPU, bf16 O2: pretrain and
+finetune samples/s, tokens/s, TFLOP/s and MFU at 224 px (256 image tokens) and 336 px (576). ``--gpu-shapes-smoke``
+runs the same code path with tiny shapes (on CPU too), to test it without a GPU.
+
+Either mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
+
+Examples::
+
+    python scripts/benchmark.py --device cpu
+    python scripts/benchmark.py --device cuda                 # all GPU cases, ~4 minutes on one H200
+    python scripts/benchmark.py --device cpu --gpu-shapes-smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+# scripts/ is not a package: make `bench` (next to this file) and the repository's `neva` importable.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(1, os.path.dirname(_HERE))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of both modes."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu: neva vs HF; cuda: 7B/13B on one GPU")
+    p.add_argument("--steps", type=int, default=None, help="measured steps (default: cpu 5, cuda 4)")
+    p.add_argument("--warmup", type=int, default=None, help="unmeasured steps first (default: cpu 1, cuda 2)")
+    p.add_argument("--seed", type=int, default=0)
+    # CPU mode
+    p.add_argument("--stage", default="finetune", choices=["pretrain", "finetune"], help="CPU mode training stage")
+    p.add_argument("--batch-size", type=int, default=8, help="CPU mode: samples per optimizer step (both sides)")
+    p.add_argument("--seq-length", type=int, default=1024, help="CPU mode: neva's packed row capacity (tokens)")
+    p.add_argument("--lr", type=float, default=2e-5, help="CPU mode: AdamW learning rate (both sides)")
+    p.add_argument("--threads", type=int, default=0, help="CPU mode: torch threads (0 = torch's default)")
+    p.add_argument(
+        "--packing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU mode: neva packs samples (model.data.packing=true); --no-packing pads like HF",
+    )
+    p.add_argument("--compare-padding", action="store_true", help="CPU mode: also run neva with the other batching")
+    p.add_argument("--child", choices=["neva", "hf"], help=argparse.SUPPRESS)
+    p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
+    # GPU mode
+    p.add_argument(
+        "--cases",
+        default="13b-pretrain-224,7b-finetune-224,13b-pretrain-336,7b-finetune-336",
+        help="GPU mode: comma-separated <7b|13b>-<pretrain|finetune>-<224|336>",
+    )
+    p.add_argument("--pretrain-mbs", type=int, default=32, help="GPU mode: pretrain micro-batch size")
+    p.add_argument("--finetune-mbs", type=int, default=8, help="GPU mode: finetune micro-batch size")
+    p.add_argument("--accum", type=int, default=2, help="GPU mode: micro-batches per optimizer step")
+    p.add_argument("--text-tokens", type=int, default=100, help="GPU mode: mean text tokens per sample (±20%%)")
+    p.add_argument("--compile", action="store_true", help="GPU mode: torch.compile every transformer block")
+    p.add_argument("--peak-tflops", type=float, default=None, help="GPU mode: bf16 peak for MFU (default by GPU name)")
+    p.add_argument("--gpu-shapes-smoke", action="store_true", help="GPU mode code path with tiny shapes (CPU works)")
+    args = p.parse_args(argv)
+    gpu_path = args.device == "cuda" or args.gpu_shapes_smoke
+    if args.steps is None:
+        args.steps = 4 if gpu_path else 5
+    if args.warmup is None:
+        args.warmup = 2 if gpu_path else 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the chosen mode; the last stdout line is the JSON summary."""
+    args = parse_args(argv)
+    if args.child:
+        from bench.cpu import run_side
+
+        print(json.dumps(run_side(args.child, args)))
+        return
+    if args.device == "cuda" or args.gpu_shapes_smoke:
+        from bench.gpu import run_gpu
+
+        summary = run_gpu(args)
+    else:
+        from bench.cpu import run_cpu
+
+        summary = run_cpu(args)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Pixel parity with transformers' CLIPImageProcessor, aspect-ratio modes, image sources."""
+
+from __future__ import annotations
+
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from neva.data.images import FolderImageSource, ImageError, ImageProcessor, TarImageSource, expand_to_square
+from neva.models.config import VisionConfig
+from tests.data.conftest import write_image
+
+
+def clip_reference(size: int):
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    return CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+
+
+@pytest.mark.parametrize("size,patch", [(32, 8), (224, 14)])
+@pytest.mark.parametrize("wh", [(50, 37), (37, 50), (64, 64), (17, 9)])
+def test_pixel_parity_with_clip_image_processor(size, patch, wh):
+    vision = VisionConfig(image_size=size, patch_size=patch)
+    ref = clip_reference(size)
+    img = Image.fromarray(np.random.default_rng(sum(wh)).integers(0, 256, (wh[1], wh[0], 3), dtype=np.uint8))
+    ours = ImageProcessor(vision, "square")(img)
+    theirs = torch.from_numpy(np.asarray(ref(img, return_tensors="np")["pixel_values"][0]))
+    assert ours.dtype == torch.float32 and ours.shape == (3, size, size)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    # pad = LLaVA's expand2square with the processor's mean colour (×255, truncated), then the same processor
+    fill = tuple(int(x * 255) for x in ref.image_mean)
+    padded = torch.from_numpy(np.asarray(ref(expand_to_square(img, fill), return_tensors="np")["pixel_values"][0]))
+    torch.testing.assert_close(ImageProcessor(vision, "pad")(img), padded, rtol=0, atol=1e-6)
+
+
+def test_pad_fill_is_mean_colour_and_keep_shows_everything(vision):
+    img = Image.new("RGB", (40, 10), (255, 0, 0))
+    mean = torch.tensor(vision.image_mean).view(3, 1)
+    std = torch.tensor(vision.image_std).view(3, 1)
+    padded = ImageProcessor(vision, "pad")(img)
+    corner = padded[:, 0, 0] * std[:, 0] + mean[:, 0]
+    torch.testing.assert_close(corner, torch.tensor([122, 116, 104]) / 255.0, atol=1e-6, rtol=0)
+    kept = ImageProcessor(vision, "keep")(img)
+    assert kept.shape == (3, 32, 32)
+    red = kept[:, 16, :] * std + mean
+    assert (red[0] > 0.9).all()  # the whole width of the image is still there (no crop)
+
+
+def test_grey_and_rgba_become_rgb(vision):
+    proc = ImageProcessor(vision)
+    assert proc(Image.new("L", (20, 20), 128)).shape == (3, 32, 32)
+    assert proc(Image.new("RGBA", (20, 30), (1, 2, 3, 4))).shape == (3, 32, 32)
+
+
+def test_folder_and_tar_sources(tmp_path):
+    write_image(tmp_path / "imgs" / "sub" / "a.png")
+    folder = FolderImageSource(str(tmp_path / "imgs"))
+    assert folder.load("sub/a.png").size == (40, 30)
+    with tarfile.open(tmp_path / "imgs.tar", "w") as tar:
+        tar.add(tmp_path / "imgs" / "sub" / "a.png", arcname="sub/a.png")
+    src = TarImageSource(str(tmp_path / "imgs.tar"))
+    assert src.load("./sub/a.png").size == (40, 30)
+    for name, reason in [
+        ("sub/b.png", "missing_image"),
+        ("../a.png", "unsafe_image_path"),
+        ("/etc/passwd", "unsafe_image_path"),
+    ]:
+        for source in (folder, src):
+            with pytest.raises(ImageError) as e:
+                source.load(name)
+            assert e.value.reason == reason

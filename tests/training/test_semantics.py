@@ -1,0 +1,104 @@
+"""Freeze policy, bf16 O2 dtypes and gradient-accumulation equivalence (single process, CPU)."""
+
+import pytest
+import torch
+
+from neva.models.lora import LoRALinear
+from neva.training.build import build_meta_model, materialize
+from neva.training.engine import Engine
+from neva.training.optim import build_optimizer
+from neva.training.precision import MasterWeights, Precision
+from tests.training.conftest import micro_batches
+
+
+def make_engine(cfg, source, precision=Precision()):
+    model = build_meta_model(source, cfg)
+    materialize(model, source, torch.device("cpu"), seed=0)
+    master = None
+    if precision.master_weights:
+        master = MasterWeights([(n, p) for n, p in model.named_parameters() if p.requires_grad])
+        model.to(precision.param_dtype)
+    return Engine(model, precision, torch.device("cpu"), master=master)
+
+
+def trainable_parts(model):
+    return sorted({n.split(".")[0] for n, p in model.named_parameters() if p.requires_grad})
+
+
+def test_pretrain_trains_only_the_projector_and_grads_cross_the_frozen_llm(lean_cfg):
+    cfg = lean_cfg()
+    source, batches = micro_batches(cfg, 1, 4)
+    engine = make_engine(cfg, source)
+    model = engine.model
+    assert trainable_parts(model) == ["projector"]
+    vision_out = []
+    model.vision.register_forward_hook(lambda m, i, o: vision_out.append(o))
+    captured = []
+    model.vision.features = (lambda f: lambda px: captured.append(f(px)) or captured[-1])(model.vision.features)
+    engine.forward_backward(batches)
+    assert all(p.grad is None for p in model.llm.parameters())
+    assert all(p.grad is None for p in model.vision.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.projector.parameters())
+    assert captured and not captured[0].requires_grad  # the frozen tower ran without autograd
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_finetune_freeze_policy(lean_cfg, lora):
+    overrides = ["model.restore_from_path=null", "model.mm_cfg.llm.freeze=false", "model.data.conv_template=vicuna_v1"]
+    if lora:
+        overrides.append("model.peft.peft_scheme=lora")
+    cfg = lean_cfg(*overrides)
+    source, batches = micro_batches(cfg, 1, 4)
+    engine = make_engine(cfg, source)
+    model = engine.model
+    assert trainable_parts(model) == ["llm", "projector"]
+    if lora:
+        wrapped = [m for m in model.modules() if isinstance(m, LoRALinear)]
+        assert wrapped and all(not m.base.weight.requires_grad for m in wrapped)
+        trainable_llm = [n for n, p in model.llm.named_parameters() if p.requires_grad]
+        assert trainable_llm and all(".lora_" in n for n in trainable_llm)
+    engine.forward_backward(batches)
+    assert all(p.grad is None for p in model.vision.parameters())
+    assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_bf16_o2_keeps_fp32_master_weights_and_optimizer_state(lean_cfg):
+    cfg = lean_cfg("trainer.precision=bf16-mixed", "model.megatron_amp_O2=true")
+    precision = Precision.from_config(cfg.trainer.precision, cfg.model.megatron_amp_O2)
+    assert precision.master_weights and precision.param_dtype == torch.bfloat16
+    source, batches = micro_batches(cfg, 2, 2)
+    engine = make_engine(cfg, source, precision)
+    assert all(p.dtype == torch.bfloat16 for p in engine.model.parameters())
+    opt = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
+    engine.forward_backward(batches)
+    masters = [p for _, p in engine.named_trainable_parameters()]
+    assert masters and all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in masters)
+    assert all(p.grad is None for p in engine.master.model_params)  # moved into the fp32 accumulators
+    opt.step()
+    engine.after_optimizer_step()
+    states = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.ndim > 0]
+    assert states and all(t.dtype == torch.float32 for t in states)
+    for model_p, master_p in zip(engine.master.model_params, masters):
+        assert torch.equal(model_p, master_p.to(torch.bfloat16))
+
+
+def test_accumulation_equals_larger_micro_batch(lean_cfg):
+    cfg = lean_cfg(
+        "model.restore_from_path=null", "model.mm_cfg.llm.freeze=false", "model.data.conv_template=vicuna_v1"
+    )
+    source, small = micro_batches(cfg, 2, 2)
+    _, big = micro_batches(cfg, 1, 4)
+    assert sum(b["num_samples"] for b in small) == big[0]["num_samples"] == 4
+
+    results = []
+    for batches in (small, big):
+        engine = make_engine(cfg, source)
+        opt = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
+        loss, tokens = engine.forward_backward(batches)
+        opt.step()
+        params = torch.cat([p.detach().flatten() for _, p in engine.named_trainable_parameters()])
+        results.append((loss.item(), tokens.item(), params))
+    (loss_a, tok_a, p_a), (loss_b, tok_b, p_b) = results
+    assert tok_a == tok_b
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    assert torch.allclose(p_a, p_b, rtol=0, atol=1e-6)
