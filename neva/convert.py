@@ -31,6 +31,7 @@ def _select_layer(text: str) -> int | list[int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (``--help`` lists them)."""
     p = argparse.ArgumentParser(prog="python -m neva.convert", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("hf-to-neva", help="HF llava-hf dir, or HF Llama + HF CLIP dirs → neva checkpoint")
@@ -58,6 +59,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: run one conversion and print ``{"command", "out"}`` as JSON."""
     args = parse_args(argv)
     common = dict(dtype=DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite)
     if args.command == "neva-to-hf":

@@ -140,6 +140,7 @@ def generation_config(args: argparse.Namespace, builder: PromptBuilder) -> Gener
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (``--help`` lists them)."""
     p = argparse.ArgumentParser(prog="python -m neva.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="neva checkpoint directory")
     p.add_argument("--image", action="append", default=[], help="image path (repeat for several)")
@@ -170,7 +171,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """JSONL records; image paths resolved against the file's folder."""
+    """The JSONL file's records (blank lines skipped)."""
     records = []
     for line in path.read_text().splitlines():
         if line.strip():
@@ -179,11 +180,13 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def record_images(record: dict[str, Any], root: Path) -> list[Path]:
+    """A record's image paths (``image``: one path, a list, or absent), relative to ``root``."""
     images = record.get("image") or []
     return [root / p for p in ([images] if isinstance(images, str) else images)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: answer one prompt (printed) or a JSONL file of them."""
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     ckpt = Path(args.checkpoint)

@@ -36,12 +36,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of both modes."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu: neva vs HF; cuda: 7B/13B on one GPU")
-    p.add_argument("--steps", type=int, default=None, help="measured steps (default: cpu 5, cuda 4)")
+    p.add_argument("--steps", type=int, default=None, help="measured steps (default: cpu 3, cuda 4)")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured steps first (default: cpu 1, cuda 2)")
     p.add_argument("--seed", type=int, default=0)
     # CPU mode
     p.add_argument("--stage", default="finetune", choices=["pretrain", "finetune"], help="CPU mode training stage")
-    p.add_argument("--batch-size", type=int, default=8, help="CPU mode: samples per optimizer step (both sides)")
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="CPU mode: samples per optimizer step, both sides (LLaVA-1.5's 16)"
+    )
     p.add_argument("--seq-length", type=int, default=1024, help="CPU mode: neva's packed row capacity (tokens)")
     p.add_argument("--lr", type=float, default=2e-5, help="CPU mode: AdamW learning rate (both sides)")
     p.add_argument("--threads", type=int, default=0, help="CPU mode: torch threads (0 = torch's default)")
@@ -70,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     gpu_path = args.device == "cuda" or args.gpu_shapes_smoke
     if args.steps is None:
-        args.steps = 4 if gpu_path else 5
+        args.steps = 4 if gpu_path else 3
     if args.warmup is None:
         args.warmup = 2 if gpu_path else 1
     return args

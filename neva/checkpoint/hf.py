@@ -80,7 +80,10 @@ def hf_weight_files(directory: str | os.PathLike) -> list[Path]:
 
 def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     # mmap keeps the file on disk and pages tensors in as they are touched; weights_only refuses pickled code.
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # pre-zip (torch < 1.6) files cannot be memory-mapped
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def iter_hf_tensors(directory: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
@@ -229,6 +232,54 @@ def _grow_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([weight, mean.expand(rows - weight.shape[0], -1)])
 
 
+def prepare_tokenizer(llm_dir: str | os.PathLike) -> Any:
+    """The HF tokenizer of ``llm_dir`` with ``<image>`` (and ``<pad>`` if it has no pad token) added as specials."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(llm_dir))
+    _add_vision_tokens(tokenizer)
+    return tokenizer
+
+
+@torch.no_grad()
+def load_hf_weights(model: Any, llm_dir: str | os.PathLike, vision_dir: str | os.PathLike | None = None) -> None:
+    """Copy an HF Llama's (and optionally an HF CLIP's) weights into a materialised neva model, tensor by tensor.
+
+    The projector is left as it is (freshly initialised by the caller). Embedding / LM-head rows beyond the HF
+    vocabulary (``<image>``, ``<pad>``, padding) are set to the mean of the HF rows.
+
+    Args:
+        model: a ``NevaModel`` (or any object with ``cfg`` and ``state_dict()`` under neva keys) on a real device.
+        llm_dir: HF ``LlamaForCausalLM`` directory.
+        vision_dir: HF ``CLIPVisionModel`` / ``CLIPModel`` directory, or None to keep the vision tower as is.
+
+    Raises:
+        ValueError: unknown HF tensors, LLM/vision tensors the directories lack, or an HF vocabulary larger than
+            the model's.
+    """
+    targets = model.state_dict()
+    sources = [(Path(llm_dir), "llm")] + ([(Path(vision_dir), "vision")] if vision_dir is not None else [])
+    for directory, part in sources:
+        keys = hf_tensor_keys(directory)
+        mapping = _map_keys(keys, detect_prefixes(keys, parts=(part,)), directory)
+        wanted = {k for k in targets if k.startswith(part + ".") and not k.endswith("inv_freq")}
+        if part == "llm" and model.cfg.llm.tie_word_embeddings:
+            wanted.discard(TIED_HEAD_KEY)
+        missing = sorted(wanted - set(mapping.values()))
+        if missing:
+            raise ValueError(f"{directory}: {len(missing)} {part} tensor(s) not found, e.g. {missing[:5]}")
+        for key, tensor in iter_hf_tensors(directory):
+            name = mapping.get(key)
+            if name is None or name not in targets:
+                continue
+            target = targets[name]
+            if name in ("llm.tok_embeddings.weight", TIED_HEAD_KEY):
+                if tensor.shape[0] > target.shape[0]:
+                    raise ValueError(f"{directory}: vocabulary {tensor.shape[0]} > model's {target.shape[0]}")
+                tensor = _grow_rows(tensor, target.shape[0])
+            target.copy_(tensor)
+
+
 def _add_vision_tokens(tokenizer: Any) -> None:
     """Add ``<image>`` as a special token, and ``<pad>`` if there is no pad token (llava-hf's order)."""
     if IMAGE_TOKEN not in tokenizer.get_vocab():
@@ -275,13 +326,10 @@ def import_llm_and_vision(
     Returns:
         ``out``.
     """
-    from transformers import AutoTokenizer
-
     llm_dir, vision_dir = Path(llm_dir), Path(vision_dir)
     llm = llm_config_from_hf(load_hf_config(llm_dir))
     vision = vision_config_from_hf(load_hf_config(vision_dir), vision_select_layer, vision_select_feature)
-    tokenizer = AutoTokenizer.from_pretrained(str(llm_dir))
-    _add_vision_tokens(tokenizer)
+    tokenizer = prepare_tokenizer(llm_dir)
     vocab = max(llm.vocab_size, len(tokenizer))
     vocab = -(-vocab // pad_vocab_multiple) * pad_vocab_multiple
     projector = ProjectorConfig(type=projector_type, input_size=vision.feature_size, output_size=llm.hidden_size)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from neva.data.records import expand_shard_spec, is_shard_spec
+
 TEMPLATES = ("plain", "vicuna_v1", "llama_2", "mistral", "llama_3", "chatml")
 ASPECT_RATIOS = ("square", "pad", "keep")
 IMAGE_TOKEN_PLACEMENTS = ("front", "inline")
@@ -19,7 +21,8 @@ class DataConfig:
     ``image_aspect_ratio``, ``concat_sampling_probabilities``); everything else is neva's.
 
     Attributes:
-        data_path: LLaVA JSON/JSONL file(s), or ``"synthetic"`` for the built-in shapes set. A list is a blend.
+        data_path: LLaVA JSON/JSONL file(s), ``.tar`` shards (``/data/llava-{000000..000123}.tar``, streamed; see
+            ``neva.data.shards``), or ``"synthetic"`` for the built-in shapes set. A list is a blend.
         image_folder: directory or ``.tar`` of images that records' ``image`` paths are relative to.
         conv_template: one of ``TEMPLATES``.
         image_aspect_ratio: ``square`` (CLIP resize + centre crop), ``pad`` (centre on a mean-colour square first,
@@ -43,6 +46,8 @@ class DataConfig:
         system_prompt: overrides the template's default system prompt (None = the template's).
         use_chat_template: for ``mistral``/``llama_3``/``chatml``, render with the tokenizer's chat template if it
             has one (else the documented format).
+        shard_shuffle_buffer: samples of a ``.tar`` shard are read in shard order (0) or through a deterministic
+            shuffle buffer of this many samples; shards themselves are shuffled every epoch.
     """
 
     data_path: str | list[str] = SYNTHETIC
@@ -66,6 +71,7 @@ class DataConfig:
     system_prompt: str | None = None
     use_chat_template: bool = True
     skip_check_min_samples: int = 200
+    shard_shuffle_buffer: int = 0
 
     def __post_init__(self) -> None:
         if self.conv_template not in TEMPLATES:
@@ -88,12 +94,26 @@ class DataConfig:
             raise ValueError(f"model.data.pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
         if self.seq_length is not None and self.seq_length < 2:
             raise ValueError(f"model.data.seq_length must be >= 2, got {self.seq_length}")
+        if self.shard_shuffle_buffer < 0:
+            raise ValueError(f"model.data.shard_shuffle_buffer must be >= 0, got {self.shard_shuffle_buffer}")
         paths = self.data_paths
         if not paths:
             raise ValueError("model.data.data_path is empty; give a LLaVA JSON/JSONL file, shards or 'synthetic'")
         for path in [*paths, *self.validation_paths]:
-            if path != SYNTHETIC and not _exists(path):
-                raise FileNotFoundError(f"model.data.data_path entry {path!r} does not exist")
+            missing = None if path == SYNTHETIC else _missing(path)
+            if missing is not None:
+                which = "" if missing == path else f" ({missing} is missing)"
+                raise FileNotFoundError(f"model.data.data_path entry {path!r} does not exist{which}")
+        if any(is_shard_spec(p) for p in paths):
+            # Both need every record up front (a random held-out subset / every record's length), which streaming
+            # shards exist to avoid.
+            if self.group_by_modality_length:
+                raise ValueError("model.data.group_by_modality_length is not supported with .tar shards")
+            if self.val_fraction > 0 and not self.validation_paths:
+                raise ValueError(
+                    "model.data.val_fraction cannot hold out samples from .tar shards; "
+                    "set model.data.validation_data_path (held-out shards or a JSON file)"
+                )
         if self.image_folder is not None and not os.path.exists(self.image_folder):
             raise FileNotFoundError(f"model.data.image_folder {self.image_folder!r} does not exist")
         if self.concat_sampling_probabilities is not None:
@@ -126,5 +146,7 @@ class DataConfig:
         return "caption" if self.conv_template == "plain" else "qa"
 
 
-def _exists(path: str) -> bool:
-    return os.path.exists(path)
+def _missing(path: str) -> str | None:
+    """The first file a ``data_path`` entry names that does not exist (None if all do)."""
+    names = expand_shard_spec(path) if is_shard_spec(path) else [path]
+    return next((name for name in names if not os.path.exists(name)), None)

@@ -27,8 +27,9 @@ from neva.data.config import SYNTHETIC, DataConfig
 from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings
 from neva.data.images import CallableImageSource, ImageProcessor, image_source_for
-from neva.data.records import load_records
+from neva.data.records import is_shard_spec, load_records
 from neva.data.sampler import ResumableBatchSampler
+from neva.data.shards import ShardDataset, StreamingBatchSampler, source_layout
 from neva.data.skips import SkipTracker
 from neva.data.synthetic import SyntheticImages, synthetic_records
 from neva.models.config import NevaConfig, VisionConfig
@@ -164,6 +165,9 @@ class NevaDataModule(pl.LightningDataModule):
             source = image_source_for(self.cfg.image_folder)
         return ConversationDataset(records, self.settings, source, self.image_processor)
 
+    def _shard_dataset(self, spec: str) -> ShardDataset:
+        return ShardDataset.from_spec(spec, self.settings, self.image_processor)
+
     def setup(self, stage: str | None = None) -> None:
         """Read the data files (or generate the synthetic set) and split off validation data."""
         if self.train_datasets:
@@ -181,6 +185,9 @@ class NevaDataModule(pl.LightningDataModule):
                     self._dataset(synthetic_records(cfg.synthetic_seed, "val", cfg.synthetic_val_samples, task), True)
                 )
                 continue
+            if is_shard_spec(path):
+                self.train_datasets.append(self._shard_dataset(path))
+                continue
             records = load_records(path)
             if cfg.val_fraction > 0 and not cfg.validation_paths:
                 perm = np.random.default_rng([self.seed, 99]).permutation(len(records))
@@ -189,7 +196,10 @@ class NevaDataModule(pl.LightningDataModule):
                 records = [records[i] for i in sorted(perm[n_val:])]
             self.train_datasets.append(self._dataset(records, False))
         for path in cfg.validation_paths:
-            self.val_datasets.append(self._dataset(load_records(path), False))
+            if is_shard_spec(path):
+                self.val_datasets.append(self._shard_dataset(path))
+            else:
+                self.val_datasets.append(self._dataset(load_records(path), False))
 
     # -- loaders --------------------------------------------------------------------------------------------------
 
@@ -211,6 +221,19 @@ class NevaDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> ResumableLoader:
         """This rank's training batches, resuming from the loaded state."""
         self.setup()
+        if self.train_sampler is None and any(isinstance(d, ShardDataset) for d in self.train_datasets):
+            # Shards: same rank rule and state, but an order that reads one shard at a time.
+            self.train_sampler = StreamingBatchSampler(
+                [source_layout(d) for d in self.train_datasets],
+                self.micro_batch_size,
+                self.dp_rank,
+                self.dp_world,
+                self.seed,
+                weights=self.cfg.concat_sampling_probabilities,
+                shuffle_buffer=self.cfg.shard_shuffle_buffer,
+            )
+            if self._pending_state is not None:
+                self.load_state_dict(self._pending_state)
         if self.train_sampler is None:
             self.train_sampler = ResumableBatchSampler(
                 [len(d) for d in self.train_datasets],

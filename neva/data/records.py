@@ -1,4 +1,7 @@
-"""LLaVA JSON / JSONL files → record dicts; unreadable lines become error records so they are counted, not lost."""
+"""LLaVA JSON / JSONL files → record dicts; unreadable lines become error records so they are counted, not lost.
+
+Also names ``.tar`` shard specs (read by ``neva.data.shards``).
+"""
 
 from __future__ import annotations
 
@@ -37,19 +40,38 @@ def load_records(path: str) -> list[dict[str, Any]]:
     for n, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
-        rid = f"{name}:{n}"
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            records.append({"id": rid, ERROR_KEY: "invalid_utf8", "detail": str(exc)})
-            continue
-        try:
-            rec = json.loads(text)
-        except json.JSONDecodeError as exc:
-            records.append({"id": rid, ERROR_KEY: "malformed_json", "detail": str(exc)})
-            continue
-        records.append(_with_id(rec, rid))
+        records.append(parse_record(line, f"{name}:{n}"))
     return records
+
+
+def parse_record(raw: bytes, default_id: str) -> dict[str, Any]:
+    """One JSON object (a JSONL line, or a shard's ``KEY.json`` member) → record, or an error record.
+
+    Shared by both formats so that a bad record is skipped for the same reason wherever it is stored.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return {"id": default_id, ERROR_KEY: "invalid_utf8", "detail": str(exc)}
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {"id": default_id, ERROR_KEY: "malformed_json", "detail": str(exc)}
+    return _with_id(rec, default_id)
+
+
+def is_shard_spec(path: str) -> bool:
+    """True when a ``data_path`` entry names ``.tar`` shards (one file or a brace pattern) rather than JSON/JSONL."""
+    return path.endswith(".tar")
+
+
+def expand_shard_spec(spec: str) -> list[str]:
+    """``/data/llava-{000000..000123}.tar`` → the shard paths, in order (zero padding kept)."""
+    # braceexpand is webdataset's own pattern expander, so patterns mean here what they mean to webdataset tools;
+    # imported here so that reading the config does not need it unless shards are used.
+    from braceexpand import braceexpand
+
+    return list(braceexpand(spec))
 
 
 def _with_id(rec: Any, default_id: str) -> dict[str, Any]:

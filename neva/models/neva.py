@@ -91,6 +91,12 @@ class NevaModel(nn.Module):
             h = input_ids
         return self.llm(h, position_ids=position_ids, segment_ids=segment_ids, cache=cache)
 
+    def tie_weights(self) -> None:
+        """Share the LM head with the token embedding when configured (``to_empty`` breaks the sharing)."""
+        llm = self.llm
+        if self.cfg.llm.tie_word_embeddings and llm.output is not None and llm.tok_embeddings is not None:
+            llm.output.weight = llm.tok_embeddings.weight
+
     @torch.no_grad()
     def init_weights(self) -> None:
         """Initialise every parameter (after ``to_empty``) and recompute non-persistent buffers."""

@@ -22,7 +22,7 @@ class StageFlops:
     Attributes:
         model: useful FLOPs (each matmul counted once across TP ranks; what MFU divides by).
         per_gpu: what one GPU of the stage executes: TP-sharded parts divided by tp, replicated parts (vision
-            tower, projector) in full, plus activation-checkpointing recomputation.
+            tower, norms) in full, plus activation-checkpointing recomputation.
         backward: whether this stage runs a backward pass at all.
     """
 
@@ -88,7 +88,7 @@ def stage_flops(
                 continue
             backward = backward or p.trainable or (p.part in ("layer", "output") and input_grad)
             model += flops
-            replicated = p.part in ("vision", "projector") or p.tp_dim is None
+            replicated = p.part == "vision" or p.tp_dim is None
             per_gpu += flops if replicated else flops / layout.tp
         for pos, i in enumerate(layers[stage]):
             through = before[i] or layer_trains[i]

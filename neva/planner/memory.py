@@ -58,16 +58,27 @@ def rank_state_bytes(
         n = local_numel(p, layout, tp_rank, dp_rank)
         pb, gb, ob = bytes_per_element(layout, p.trainable)
         params += n * pb
-        grads += n * gb
+        grads += _grad_numel(p, layout, n) * gb
         if p.trainable:
             optimizer += n * ob + _STEP_BYTES
     return StateBytes(params, grads, optimizer)
 
 
+def _grad_numel(info: ParamInfo, layout: Layout, local: int) -> int:
+    """Gradient elements of a parameter stored with ``local`` elements.
+
+    DTensor's embedding backward (torch 2.13) returns a *replicated* weight gradient for the vocab-sharded
+    embedding, so without FSDP (which reduce-scatters it to a shard) the gradient is full-size on every TP rank.
+    """
+    if info.part == "embedding" and layout.tp > 1 and not layout.sharded:
+        return info.numel
+    return local
+
+
 def working_bytes(infos: list[ParamInfo], layout: Layout, stage: int, layers: list[list[int]]) -> float:
     """Transient FSDP buffers: all-gathered compute copies of parameters and unsharded gradients before the
-    reduce-scatter (ZeRO-3: the largest unit plus the root unit with embedding/LM head; ZeRO-2: every parameter of
-    the stage stays gathered from forward to backward)."""
+    reduce-scatter (ZeRO-3: two decoder blocks plus the root unit, which ``neva.parallel`` never reshards: embedding,
+    LM head, norm, projector, vision tower; ZeRO-2: every parameter of the stage stays gathered)."""
     if layout.data_parallel != "fsdp":
         return 0.0
     compute = 2 if layout.precision in ("o2", "bf16") else 4
@@ -77,7 +88,11 @@ def working_bytes(infos: list[ParamInfo], layout: Layout, stage: int, layers: li
     for p in infos:
         if not on_stage(p, stage, layers):
             continue
-        key = f"layer{p.layer}" if p.part == "layer" else ("root" if p.part in ("embedding", "output", "norm") else p.part)
+        key = (
+            f"layer{p.layer}"
+            if p.part == "layer"
+            else ("root" if p.part in ("embedding", "output", "norm") else p.part)
+        )
         n = tp_numel(p, layout)
         units[key] = units.get(key, 0) + n
         if p.trainable:

@@ -3,8 +3,8 @@
 Layout rules (the ones ``neva/parallel`` applies; see docs/PLANNER.md):
 
 - TP: ``wq wk wv w1 w3`` and ``output`` shard dim 0 (column parallel, ``output`` = vocab parallel), ``wo w2`` shard
-  dim 1 (row parallel), ``tok_embeddings`` shards dim 0 (vocab parallel); norms, the vision tower and the projector
-  are replicated. LoRA: ``lora_b`` of a column-parallel base shards dim 0, ``lora_a`` of a row-parallel base dim 1.
+  dim 1 (row parallel), ``tok_embeddings`` shards dim 0 (vocab parallel); the projector's Linears alternate column
+  / row parallel; norms and the (frozen) vision tower are replicated. LoRA: ``lora_b`` of a column-parallel base shards dim 0, ``lora_a`` of a row-parallel base dim 1.
 - PP: the vision tower, projector and ``tok_embeddings`` live on stage 0, ``norm`` and ``output`` on the last stage,
   decoder layers are split in order (``pipeline_first_stage_layers`` on stage 0, the rest evenly, the remainder on the
   later stages, which hold no vision tower).
@@ -80,6 +80,13 @@ def _part_of(name: str) -> tuple[str, int | None]:
 def _tp_dim(name: str, part: str) -> int | None:
     if part == "embedding":
         return 0
+    if part == "projector":
+        # neva.parallel.tensor_parallel: the projector's Linears alternate column / row parallel.
+        pieces = name.split(".")
+        position = int(pieces[1]) // 2  # Sequential(Linear, GELU, Linear, ...): Linear k sits at index 2k
+        if position % 2 == 0:
+            return 0
+        return 1 if pieces[-1] == "weight" else None
     if part not in ("layer", "output"):
         return None
     pieces = name.split(".")

@@ -108,6 +108,7 @@ def materialize(model: nn.Module, source: ModelSource, device: torch.device, see
     """Allocate (``to_empty``) and fill: fresh init, then the checkpoint's or HF weights over it."""
     requires = {n: p.requires_grad for n, p in model.named_parameters()}
     model.to_empty(device=device)
+    model.tie_weights()
     torch.manual_seed(seed)
     model.init_weights()
     for module in model.modules():

@@ -179,15 +179,18 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     build_s = time.perf_counter() - t0
     if args.lockstep:
         _say({"ready": True})
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for batch in collated:
         if args.lockstep and sys.stdin.readline().strip() != "step":
             raise RuntimeError("lockstep protocol: expected 'step'")
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         losses.append(step(batch))
         times.append(time.perf_counter() - t)
+        # CPU seconds of all threads: on a shared, oversubscribed machine this tracks the work done more steadily
+        # than wall time (which also counts the time other processes held the cores).
+        cpu_times.append(time.process_time() - c)
         if args.lockstep:
-            _say({"t": times[-1], "loss": losses[-1]})
+            _say({"t": times[-1], "cpu": cpu_times[-1], "loss": losses[-1]})
     if args.lockstep and sys.stdin.readline().strip() != "done":
         raise RuntimeError("lockstep protocol: expected 'done'")
     med = statistics.median(times[args.warmup :])
@@ -199,6 +202,9 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
         "build_s": build_s,
         "step_s": times,
         "median_step_s": med,
+        "cpu_s": cpu_times,
+        "median_cpu_s": statistics.median(cpu_times[args.warmup :]),
+        "computed_tokens": computed,
         "samples_per_sec": args.batch_size / med,
         "real_tokens_per_step": statistics.mean(real_tokens(b) for b in batches),
         "computed_tokens_per_step": statistics.mean(computed),
@@ -284,7 +290,11 @@ def _run_children(named_cmds: list[tuple[str, list[str]]], n_steps: int) -> dict
             order = children[i % len(children) :] + children[: i % len(children)]
             for child in order:
                 r = child.step()
-                print(f"  step {i}: {child.name:<6} {r['t']:7.3f} s  loss {r['loss']:.5f}", file=sys.stderr, flush=True)
+                print(
+                    f"  step {i}: {child.name:<8} wall {r['t']:7.3f} s  cpu {r['cpu']:7.3f} s  loss {r['loss']:.5f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return {child.name: child.finish() for child in children}
     finally:
         for child in children:
@@ -303,7 +313,10 @@ def run_cpu(args: Any) -> dict[str, Any]:
     """Run the sides in child processes, print the table, return the summary (printed as JSON by the caller)."""
     cfg = cpu_model_config()
     sides: list[tuple[str, dict[str, Any]]] = []
-    print(f"# CPU benchmark: stage={args.stage}, {args.batch_size} samples/step, {args.warmup} warm-up + {args.steps} steps", flush=True)
+    print(
+        f"# CPU benchmark: stage={args.stage}, {args.batch_size} samples/step, {args.warmup} warm-up + {args.steps} steps",
+        flush=True,
+    )
     cmds = [("hf", _child_cmd("hf", args, False)), ("neva", _child_cmd("neva", args, args.packing))]
     if args.compare_padding:
         cmds.append(("neva_alt", _child_cmd("neva", args, not args.packing)))
@@ -323,13 +336,18 @@ def run_cpu(args: Any) -> dict[str, Any]:
         f"\nfirst-step loss: neva {neva['losses'][0]:.6f}  hf {hf['losses'][0]:.6f}  (rel. diff {loss_rel:.1e}); "
         f"last: neva {neva['losses'][-1]:.6f}  hf {hf['losses'][-1]:.6f}"
     )
-    print(f"real tokens/step {hf['real_tokens_per_step']:.0f}; peak MB = max RSS - RSS before the model was built")
+    print(
+        f"real tokens/step {hf['real_tokens_per_step']:.0f}; peak MB = max RSS - RSS before the model was built; "
+        f"median CPU seconds/step: hf {hf['median_cpu_s']:.2f}, neva {neva['median_cpu_s']:.2f} "
+        f"({hf['median_cpu_s'] / neva['median_cpu_s']:.2f}x)"
+    )
     summary = {
         "mode": "cpu",
         "stage": args.stage,
         "neva_samples_per_sec": round(neva["samples_per_sec"], 4),
         "hf_samples_per_sec": round(hf["samples_per_sec"], 4),
         "speedup_vs_hf": round(neva["samples_per_sec"] / hf["samples_per_sec"], 4),
+        "speedup_cpu_time": round(hf["median_cpu_s"] / neva["median_cpu_s"], 4),
         "neva_peak_mb": round(neva["peak_mb"], 1),
         "hf_peak_mb": round(hf["peak_mb"], 1),
         "neva_packing": bool(args.packing),

@@ -54,7 +54,9 @@ def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
     """Sample ``index`` of the stream (a pure function of ``spec`` and ``index``)."""
     rng = np.random.default_rng([spec.seed, index])
     if spec.text_sigma > 0:
-        n_text = int(np.clip(np.exp(rng.normal(np.log(spec.text_median), spec.text_sigma)), spec.text_min, spec.text_max))
+        n_text = int(
+            np.clip(np.exp(rng.normal(np.log(spec.text_median), spec.text_sigma)), spec.text_min, spec.text_max)
+        )
     else:
         n_text = int(spec.text_median)
     has_image = rng.random() >= spec.text_only_fraction

@@ -8,9 +8,10 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoProcessor, AutoTokenizer, LlavaForConditionalGeneration
 
-from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision
+from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision, load_hf_weights, prepare_tokenizer
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model, load_tokenizer
 from neva.constants import IMAGE_TOKEN
+from neva.models.neva import NevaModel
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_clip_dir, make_llama_dir, make_llava_dir
 from tests.hf_oracle import neva_from_hf
 
@@ -144,6 +145,15 @@ def test_llm_plus_clip_import_grows_tokenizer_and_embeddings(tmp_path):
         expected = llama(input_ids=ids).logits
         got = model(ids)[..., :SP_VOCAB]
     assert ((got - expected).norm() / expected.norm()).item() < 1e-5
+    # the training path loads the same HF weights into a freshly initialised model
+    fresh = NevaModel(cfg)
+    fresh.init_weights()
+    load_hf_weights(fresh, tmp_path / "llama", tmp_path / "clip")
+    assert len(prepare_tokenizer(tmp_path / "llama")) == len(tokenizer)
+    imported = model.state_dict()
+    for key, value in fresh.state_dict().items():
+        if not key.startswith("projector."):
+            assert torch.equal(value, imported[key]), key
     # the projector is seeded: importing again gives the same weights
     again = load_model(import_llm_and_vision(tmp_path / "llama", tmp_path / "clip", tmp_path / "ckpt2"))
     assert torch.equal(again.projector[0].weight, model.projector[0].weight)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sentencepiece as spm
@@ -94,3 +96,14 @@ def make_clip_dir(directory: Path, seed: int = 2) -> CLIPModel:
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=VISION_KW, projection_dim=8)).eval()
     model.save_pretrained(str(directory))
     return model
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run tiny models single-threaded: on a busy 2-core machine, intra-op threads only add waiting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -17,9 +17,16 @@ from neva.models.generation import (
     generate,
     left_pad,
 )
+from tests.checkpoint.tiny_hf import one_thread
 from tests.hf_oracle import neva_from_hf, tiny_llava
 
-EOS, PAD, NEW = 2, 0, 10
+EOS, PAD, NEW = 2, 0, 8
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

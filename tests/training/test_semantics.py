@@ -11,7 +11,8 @@ from neva.training.precision import MasterWeights, Precision
 from tests.training.conftest import micro_batches
 
 
-def make_engine(cfg, source, precision=Precision()):
+def make_engine(cfg, source, precision: Precision | None = None):
+    precision = precision or Precision()
     model = build_meta_model(source, cfg)
     materialize(model, source, torch.device("cpu"), seed=0)
     master = None

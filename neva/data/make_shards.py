@@ -1,0 +1,151 @@
+"""Write LLaVA JSON/JSONL + an image folder as ``.tar`` shards (``neva.data.shards`` layout) with sample-count indexes.
+
+::
+
+    python -m neva.data.make_shards --data-path llava.json --image-folder DIR --out /data/llava \\
+        --samples-per-shard 5000 [--shuffle-seed 0]
+    python -m neva.data.make_shards --index '/data/llava-{000000..000123}.tar'   # index shards made elsewhere
+
+Sample ``KEY`` (the record's position, 9 digits) holds ``KEY.json`` (the record, its ``image`` renamed to the
+members) and its images, bytes unchanged: ``KEY.jpg`` for a single image, ``KEY.0.jpg``, ``KEY.1.png``... for a list.
+An image that cannot be read keeps its original name in the record, so training skips the sample for the same reason
+(``missing_image`` / ``unsafe_image_path``) as it would from the JSON file. Unreadable JSONL lines are not written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import webdataset
+
+from neva.data.images import ImageError, safe_relative_path
+from neva.data.records import ERROR_KEY, expand_shard_spec, load_records
+from neva.data.shards import count_samples, index_path, write_index
+
+
+def read_image_bytes(folder: str, name: Any) -> bytes:
+    """The file ``name`` under ``folder``, with the training-time path rules.
+
+    Raises:
+        ImageError: ``unsafe_image_path`` or ``missing_image``.
+    """
+    rel = safe_relative_path(name)
+    root = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(root, rel))
+    if not path.startswith(root + os.sep):
+        raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ImageError("missing_image", f"{name}: {exc}") from exc
+
+
+def _extension(name: str) -> str:
+    # The suffix names the member; it must be one webdataset-safe token (no dots, no slashes).
+    ext = os.path.splitext(name)[1][1:].lower()
+    return ext if re.fullmatch(r"[a-z0-9]+", ext) else "img"
+
+
+def shard_sample(record: dict[str, Any], key: str, image_folder: str | None, problems: Counter) -> dict[str, Any]:
+    """One record → the ``TarWriter`` dict of its members (``__key__``, ``json``, images)."""
+    field = "image" if "image" in record else "images" if "images" in record else None
+    sample: dict[str, Any] = {"__key__": key}
+    rec = dict(record)
+    if field is not None and rec[field] is not None:
+        value = rec[field]
+        names = list(value) if isinstance(value, (list, tuple)) else [value]
+        renamed = []
+        for j, name in enumerate(names):
+            suffix = _extension(name) if isinstance(value, str) else f"{j}.{_extension(str(name))}"
+            try:
+                if image_folder is None:
+                    raise ImageError("missing_image", "no --image-folder given")
+                sample[suffix] = read_image_bytes(image_folder, name)
+                renamed.append(f"{key}.{suffix}")
+            except ImageError as exc:
+                problems[exc.reason] += 1
+                renamed.append(name)
+        rec[field] = renamed[0] if isinstance(value, str) else renamed
+    sample["json"] = json.dumps(rec, ensure_ascii=False).encode("utf-8")
+    return sample
+
+
+def make_shards(
+    data_paths: Sequence[str],
+    image_folder: str | None,
+    out: str,
+    samples_per_shard: int,
+    shuffle_seed: int | None = None,
+) -> list[str]:
+    """Write the shards ``{out}-000000.tar``... and their indexes; returns the shard paths.
+
+    Raises:
+        ValueError: ``samples_per_shard`` < 1 or no readable record.
+    """
+    if samples_per_shard < 1:
+        raise ValueError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
+    records = [r for path in data_paths for r in load_records(path)]
+    problems: Counter[str] = Counter()
+    good = [r for r in records if ERROR_KEY not in r]
+    problems["unreadable_record"] += len(records) - len(good)
+    if not good:
+        raise ValueError(f"no readable record in {list(data_paths)}")
+    if shuffle_seed is not None:
+        # LLaVA files are grouped by source data set; shard-level shuffling alone would keep those runs together.
+        good = [good[i] for i in np.random.default_rng(shuffle_seed).permutation(len(good))]
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    shards = []
+    for start in range(0, len(good), samples_per_shard):
+        path = f"{out}-{len(shards):06d}.tar"
+        chunk = good[start : start + samples_per_shard]
+        with webdataset.TarWriter(path, encoder=False) as writer:
+            for i, record in enumerate(chunk, start=start):
+                writer.write(shard_sample(record, f"{i:09d}", image_folder, problems))
+        write_index(path, len(chunk))
+        shards.append(path)
+    for reason, n in sorted(problems.items()):
+        if n:
+            print(f"warning: {n} × {reason}", file=sys.stderr)
+    return shards
+
+
+def shard_pattern(shards: Sequence[str], out: str) -> str:
+    """The brace pattern naming ``shards`` (what ``model.data.data_path`` takes)."""
+    return shards[0] if len(shards) == 1 else f"{out}-{{000000..{len(shards) - 1:06d}}}.tar"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-path", nargs="+", help="LLaVA .json/.jsonl file(s)")
+    parser.add_argument("--image-folder", help="directory the records' image paths are relative to")
+    parser.add_argument("--out", help="output prefix: writes PREFIX-000000.tar, PREFIX-000000.idx.json, ...")
+    parser.add_argument("--samples-per-shard", type=int, default=5000)
+    parser.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the records before writing")
+    parser.add_argument("--index", metavar="SHARDS", help="only write .idx.json for existing shards (brace pattern)")
+    args = parser.parse_args(argv)
+    if args.index:
+        for shard in expand_shard_spec(args.index):
+            if os.path.exists(index_path(shard)):
+                os.remove(index_path(shard))  # count from the shard itself, not from a possibly stale index
+            write_index(shard, count_samples(shard))
+        print(f"indexed {args.index}")
+        return 0
+    if not args.data_path or not args.out:
+        parser.error("--data-path and --out are required (or --index)")
+    shards = make_shards(args.data_path, args.image_folder, args.out, args.samples_per_shard, args.shuffle_seed)
+    print(f"wrote {len(shards)} shard(s): model.data.data_path={shard_pattern(shards, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+"""Streaming ``.tar`` shards (webdataset layout) with an exact, resumable, data-parallel sample order.
+
+Layout: one sample = the tar members sharing a key (webdataset's rule: the key is the member name up to the first dot
+of its base name; members of a sample are consecutive): ``KEY.json`` holds the LLaVA record and its ``image`` names
+members of the sample (``"KEY.jpg"`` or ``["KEY.0.jpg", "KEY.1.png"]``). ``SHARD.idx.json`` next to a shard (written
+by ``python -m neva.data.make_shards``) stores its sample count so that nothing is read to plan an epoch.
+
+Design: shards are read with random access (stdlib ``tarfile`` over a seekable file, grouping members exactly as
+``webdataset.tariterators.group_by_keys`` does) as a map-style dataset whose global index is (shard, position), and
+the *order* does the streaming: each epoch visits the shards in a permutation of ``(seed, epoch)`` and the samples of
+a shard in shard order (or through a bounded, seeded shuffle buffer), so reads move through one shard at a time.
+Why not ``webdataset.WebDataset``: its sequential stream has to read every byte of every shard on every
+data-parallel rank (each rank needs only its micro-batch of each global batch) and cannot start at sample k. Here a
+rank extracts only its own samples (the members of the others are skipped by seeking over them), a resumed run never
+opens the shards it has finished and reads only member headers of the shard it resumes in, and the batches go through
+``ResumableBatchSampler``'s rule and state unchanged, so DataLoader workers (which receive whole micro-batches, in
+order) and the exact-resume accounting of ``ResumableLoader`` work as they do for JSON data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tarfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+from webdataset.tariterators import base_plus_ext
+
+from neva.data.dataset import EncoderSettings, SkipLogger, is_skipped, process_record
+from neva.data.images import ImageError, ImageProcessor, ImageSource, decode_image, safe_relative_path
+from neva.data.records import ERROR_KEY, expand_shard_spec, parse_record
+from neva.data.sampler import ResumableBatchSampler
+
+log = logging.getLogger(__name__)
+
+INDEX_SUFFIX = ".idx.json"
+_SKIP_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: ``__key__``-style entries are not sample data
+
+SourceLayout = int | Sequence[int]
+"""A blend source as the order sees it: a record set of that many samples, or the sample counts of its shards."""
+
+
+# -- reading shards ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShardSample:
+    """The members of one sample: ``suffix`` (lower-cased, as webdataset) → tar header."""
+
+    key: str
+    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
+
+
+def group_members(members: Sequence[tarfile.TarInfo]) -> list[ShardSample]:
+    """Tar members → samples, with webdataset's ``group_by_keys`` rules.
+
+    Consecutive members with the same key form a sample; directories, ``__meta__`` entries and names without an
+    extension are ignored. A repeated suffix within a sample keeps the first member (webdataset would stop the
+    whole shard; one odd sample must not).
+    """
+    samples: list[ShardSample] = []
+    for info in members:
+        if not info.isreg() or _SKIP_META.match(info.name):
+            continue
+        key, suffix = base_plus_ext(info.name)
+        if key is None:
+            continue
+        if not samples or samples[-1].key != key:
+            samples.append(ShardSample(key))
+        samples[-1].members.setdefault(suffix.lower(), info)
+    return samples
+
+
+def open_shard(path: str) -> tuple[tarfile.TarFile, list[ShardSample]]:
+    """Open a shard for random access and index its samples (reads the member headers only).
+
+    Raises:
+        RuntimeError: the file is not a readable tar (truncated or not a tar).
+    """
+    try:
+        tar = tarfile.open(path, "r:")  # noqa: SIM115 (kept open while its samples are being read)
+        return tar, group_members(tar.getmembers())
+    except (tarfile.TarError, OSError) as exc:
+        raise RuntimeError(f"shard {path} cannot be read as a tar: {exc}") from exc
+
+
+def index_path(shard: str) -> str:
+    """``/data/x-000001.tar`` → ``/data/x-000001.idx.json``."""
+    return shard[: -len(".tar")] + INDEX_SUFFIX if shard.endswith(".tar") else shard + INDEX_SUFFIX
+
+
+def write_index(shard: str, num_samples: int) -> None:
+    """Write the sidecar index; the shard's byte size in it tells a stale index from a valid one."""
+    with open(index_path(shard), "w") as f:
+        json.dump({"num_samples": num_samples, "shard_bytes": os.path.getsize(shard)}, f)
+
+
+def count_samples(shard: str) -> int:
+    """Samples in a shard: from its index when it matches the shard's size, else by reading the member headers."""
+    try:
+        with open(index_path(shard)) as f:
+            index = json.load(f)
+        if int(index["shard_bytes"]) == os.path.getsize(shard):
+            return int(index["num_samples"])
+        log.warning("%s does not match %s (size changed); counting its samples", index_path(shard), shard)
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring unreadable %s: %s", index_path(shard), exc)
+    tar, samples = open_shard(shard)
+    tar.close()
+    return len(samples)
+
+
+class _MemberImages(ImageSource):
+    """A sample's image members; the record names them ``KEY.suffix``."""
+
+    def __init__(self, tar: tarfile.TarFile, sample: ShardSample, shard: str, lock: threading.Lock) -> None:
+        self.tar, self.sample, self.shard, self.lock = tar, sample, shard, lock
+
+    def load(self, name: str) -> Image.Image:
+        key, suffix = base_plus_ext(safe_relative_path(name))
+        # The bare key also matches when the shard keeps keys under a directory (``dir/KEY.jpg`` members).
+        ok = key is not None and key in (self.sample.key, os.path.basename(self.sample.key))
+        info = self.sample.members.get(suffix.lower()) if ok else None
+        if info is None:
+            raise ImageError("missing_image", f"{name} is not a member of sample {self.sample.key} in {self.shard}")
+        with self.lock:
+            data = self.tar.extractfile(info).read()
+        return decode_image(data, name)
+
+
+class ShardDataset(Dataset):
+    """Map-style view of a list of shards: index = shard offset + position of the sample in the shard.
+
+    Reads are efficient when consecutive indices come from the same shard (the order of ``shard_stream``): one
+    shard is open per process at a time, reopened after a fork since DataLoader workers would share the offset.
+
+    Args:
+        shards: shard paths.
+        counts: samples per shard (``count_samples``).
+        settings: tokenizer/template settings (as for JSON records).
+        image_processor: CLIP preprocessing, or None for a text-only model.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[str],
+        counts: Sequence[int],
+        settings: EncoderSettings,
+        image_processor: ImageProcessor | None,
+    ) -> None:
+        self.shards = list(shards)
+        self.counts = [int(c) for c in counts]
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)])
+        self.settings = settings
+        self.image_processor = image_processor
+        self._log = SkipLogger()
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._current: tuple[int, tarfile.TarFile, list[ShardSample]] | None = None
+
+    @classmethod
+    def from_spec(cls, spec: str, settings: EncoderSettings, image_processor: ImageProcessor | None) -> ShardDataset:
+        """Shards named by a path or brace pattern.
+
+        Raises:
+            ValueError: the shards hold no sample.
+        """
+        shards = expand_shard_spec(spec)
+        counts = [count_samples(s) for s in shards]
+        if sum(counts) == 0:
+            raise ValueError(f"model.data.data_path entry {spec!r}: its {len(shards)} shard(s) hold no sample")
+        return cls(shards, counts, settings, image_processor)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Global index → (shard number, position in the shard)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} outside {len(self)} shard samples")
+        shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return shard, index - int(self.offsets[shard])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        shard, pos = self.locate(int(index))
+        tar, samples = self._shard(shard)
+        sample = samples[pos]
+        path = self.shards[shard]
+        default_id = f"{os.path.basename(path)}:{sample.key}"
+        info = sample.members.get("json")
+        if info is None:
+            record = {"id": default_id, ERROR_KEY: "malformed_json", "detail": f"no {sample.key}.json in {path}"}
+        else:
+            with self._lock:
+                raw = tar.extractfile(info).read()
+            record = parse_record(raw, default_id)
+        out = process_record(record, self.settings, _MemberImages(tar, sample, path, self._lock), self.image_processor)
+        if is_skipped(out):
+            self._log(out)
+        return out
+
+    def _shard(self, shard: int) -> tuple[tarfile.TarFile, list[ShardSample]]:
+        with self._lock:
+            if self._pid != os.getpid() or self._current is None or self._current[0] != shard:
+                if self._current is not None and self._pid == os.getpid():
+                    self._current[1].close()
+                tar, samples = open_shard(self.shards[shard])
+                if len(samples) != self.counts[shard]:
+                    tar.close()
+                    # The order was planned with the old count: reading on would silently shift every sample.
+                    raise RuntimeError(
+                        f"{self.shards[shard]} holds {len(samples)} samples, {self.counts[shard]} were counted "
+                        "when the run started; the shard changed during the run (or its .idx.json is wrong)"
+                    )
+                self._current, self._pid = (shard, tar, samples), os.getpid()
+            return self._current[1], self._current[2]
+
+    def layout(self) -> list[int]:
+        """Sample counts per shard, for ``stream_order``."""
+        return list(self.counts)
+
+    def modality_lengths(self) -> list[int]:
+        """Not available: it would need every record read before training."""
+        raise NotImplementedError("group_by_modality_length is not supported with .tar shards")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_current=None, _pid=-1, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+# -- order ------------------------------------------------------------------------------------------------------------
+
+
+def buffered_permutation(n: int, buffer: int, rng: np.random.Generator) -> np.ndarray:
+    """The order a shuffle buffer of ``buffer`` items gives ``0..n-1`` (a pure function of ``rng``'s state).
+
+    The buffer fills with the first items; each later item replaces a uniformly chosen buffered one, which is
+    emitted; the rest drain in random order. Items move at most ``buffer`` places earlier, so reads stay local.
+    """
+    if buffer <= 1 or n <= 1:
+        return np.arange(n)
+    size = min(buffer, n)
+    buf = list(range(size))
+    out = []
+    # The buffer stays full while items arrive, so every pick is uniform on [0, size): draw them all at once.
+    for item, pick in zip(range(size, n), rng.integers(0, size, n - size).tolist()):
+        out.append(buf[pick])
+        buf[pick] = item
+    out.extend(buf[i] for i in rng.permutation(size).tolist())
+    return np.asarray(out, dtype=np.int64)
+
+
+def source_stream(source: SourceLayout, seed: int, epoch: int, salt: Sequence[int], buffer: int) -> np.ndarray:
+    """One pass over a blend source, as indices into it.
+
+    Record sets: a permutation. Shards: the shards in a permutation, each one's samples in shard order or through
+    ``buffered_permutation``. Everything is seeded by ``(seed, epoch, *salt)``.
+    """
+    key = [seed, epoch, *salt]
+    rng = np.random.default_rng(key)
+    if isinstance(source, (int, np.integer)):
+        return rng.permutation(int(source))
+    counts = [int(c) for c in source]
+    offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+    parts = []
+    for s in rng.permutation(len(counts)).tolist():
+        within = buffered_permutation(counts[s], buffer, np.random.default_rng([*key, s]))
+        parts.append(offsets[s] + within)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _size(source: SourceLayout) -> int:
+    return int(source) if isinstance(source, (int, np.integer)) else int(sum(source))
+
+
+def blend_choices(weights: Sequence[float], total: int) -> np.ndarray:
+    """Which source each of ``total`` draws comes from: Megatron's rule, as ``sampler.blend_order``.
+
+    Draw i goes to the source furthest behind its target share ``w_d · (i + 1)`` (ties: the first).
+    """
+    w = [float(x) for x in weights]
+    counts = [0] * len(w)
+    out = np.empty(total, dtype=np.int64)
+    for i in range(total):
+        d = max(range(len(w)), key=lambda j: w[j] * (i + 1) - counts[j])
+        counts[d] += 1
+        out[i] = d
+    return out
+
+
+def stream_order(
+    sources: Sequence[SourceLayout], weights: Sequence[float] | None, seed: int, epoch: int, buffer: int = 0
+) -> np.ndarray:
+    """The epoch's global order over the concatenation of ``sources`` (``sum`` of their sizes draws).
+
+    One source: its ``source_stream``. Several: each draw takes the next sample of the source chosen by
+    ``blend_choices`` (weights None = proportional to size), each source walking through its own streams, a new
+    one each time it is used up (small sources upsampled, large ones subsampled, as ``blend_order``).
+
+    Raises:
+        ValueError: a source with weight but no samples.
+    """
+    sizes = [_size(s) for s in sources]
+    total = sum(sizes)
+    if len(sources) == 1:
+        return source_stream(sources[0], seed, epoch, (0, 0), buffer)
+    w = [s / total for s in sizes] if weights is None else list(weights)
+    choices = blend_choices(w, total)
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    order = np.empty(total, dtype=np.int64)
+    for d, source in enumerate(sources):
+        positions = np.flatnonzero(choices == d)
+        if len(positions) == 0:
+            continue
+        if sizes[d] == 0:
+            raise ValueError(f"blend source {d} has weight {w[d]} but no samples")
+        cycles = -(-len(positions) // sizes[d])
+        stream = np.concatenate([source_stream(source, seed, epoch, (d, c), buffer) for c in range(cycles)])
+        order[positions] = offsets[d] + stream[: len(positions)]
+    return order
+
+
+class StreamingBatchSampler(ResumableBatchSampler):
+    """``ResumableBatchSampler`` (same rank rule, same state) over ``stream_order`` instead of a global permutation.
+
+    A resumed sampler starts at sample ``consumed`` of the epoch's order; the dataset is only asked for the samples
+    from there on, so shards already finished are never opened.
+
+    Args:
+        sources: per blend source, its record count or its shards' sample counts.
+        micro_batch_size / dp_rank / dp_world / seed / weights: as ``ResumableBatchSampler``.
+        shuffle_buffer: ``model.data.shard_shuffle_buffer``.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[SourceLayout],
+        micro_batch_size: int,
+        dp_rank: int = 0,
+        dp_world: int = 1,
+        seed: int = 0,
+        weights: Sequence[float] | None = None,
+        shuffle_buffer: int = 0,
+    ) -> None:
+        super().__init__([_size(s) for s in sources], micro_batch_size, dp_rank, dp_world, seed, weights=weights)
+        self.sources = [s if isinstance(s, (int, np.integer)) else list(s) for s in sources]
+        self.shuffle_buffer = shuffle_buffer
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The global sample order of ``epoch`` (computed once per epoch: a blend costs a pass over the draws)."""
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, stream_order(self.sources, self.weights, self.seed, epoch, self.shuffle_buffer))
+        return self._cached[1]
+
+    def state_dict(self) -> dict[str, Any]:
+        """As ``ResumableBatchSampler``, plus the shuffle buffer (checked on load)."""
+        return {**super().state_dict(), "shard_shuffle_buffer": self.shuffle_buffer}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where ``state`` was taken.
+
+        Raises:
+            ValueError: the seed or the shuffle buffer changed (the order would differ).
+        """
+        buffer = state.get("shard_shuffle_buffer", self.shuffle_buffer)
+        if buffer != self.shuffle_buffer:
+            raise ValueError(
+                f"model.data.shard_shuffle_buffer changed from {buffer} to {self.shuffle_buffer}; "
+                "the sample order would differ"
+            )
+        super().load_state_dict(state)
+
+
+def source_layout(dataset: Dataset) -> SourceLayout:
+    """What ``stream_order`` needs to know about one train dataset."""
+    return dataset.layout() if isinstance(dataset, ShardDataset) else len(dataset)

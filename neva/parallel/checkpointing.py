@@ -1,0 +1,47 @@
+"""Activation checkpointing of decoder blocks (``model.activations_checkpoint_granularity``).
+
+``full`` recomputes a whole block in backward (only its input is kept). ``selective`` keeps every matmul output and
+recomputes the rest — norms, activations and the attention core, whose ``S × S`` scores dominate activation memory
+at long sequence lengths (NeMo's "selective" recomputes the core attention only).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+_SAVE = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.linear.default,
+}
+
+
+def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_activation_checkpointing(layers: nn.ModuleDict, granularity: str | None, num_layers: int | None) -> None:
+    """Wrap the first ``num_layers`` blocks of ``layers`` (all when None), in place.
+
+    Wrapped parameter names gain ``_checkpoint_wrapped_module.``; state dicts drop it again (the wrapper's hooks),
+    and ``neva.checkpoint.dcp.canonical_name`` strips it from parameter names.
+    """
+    if granularity is None:
+        return
+    names = list(layers.keys())
+    if num_layers is not None:
+        names = names[:num_layers]
+    for name in names:
+        if granularity == "selective":
+            wrapped = checkpoint_wrapper(
+                layers[name], context_fn=partial(create_selective_checkpoint_contexts, _selective_policy)
+            )
+        else:
+            wrapped = checkpoint_wrapper(layers[name])
+        layers[name] = wrapped

@@ -1,0 +1,237 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``: chunking the model, schedules, one shape per step.
+
+The decoder's layers are cut into ``pp × virtual`` chunks; chunk ``c`` runs on pipeline rank ``c % pp`` (the
+interleaved "loop" placement). Chunk 0 also owns the vision tower, the projector and the token embedding, the last
+chunk the final norm and the LM head. Every chunk is a NevaModel with the other parts removed, so parameter names
+stay those of the whole model (checkpoints are layout-independent).
+
+Multimodal micro-batches differ in length and image count. Stages exchange activations whose shapes are agreed once
+per schedule, so every micro-batch of a step is padded to the step's longest (right padding and learned-token-free
+rows change no real token's result), and one schedule is kept per padded shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from neva.constants import IGNORE_INDEX
+from neva.models.neva import NevaModel
+from neva.training.loss import token_cross_entropy
+from neva.typed import ConfigError
+
+
+def split_layers(num_layers: int, chunks: int, first_chunk_layers: int | None = None) -> list[list[int]]:
+    """Decoder layer indices of each chunk: even split (remainder to the last chunks), or ``first_chunk_layers`` on
+    chunk 0 (it also runs the vision tower) and the rest spread evenly.
+
+    Raises:
+        ConfigError: a chunk would get no layer.
+    """
+    if first_chunk_layers is None:
+        sizes = split_sizes(num_layers, chunks)
+    else:
+        rest = num_layers - first_chunk_layers
+        if chunks == 1 or rest < chunks - 1:
+            raise ConfigError(
+                f"model.pipeline_first_stage_layers={first_chunk_layers} leaves {rest} decoder layers for "
+                f"{chunks - 1} other pipeline chunks"
+            )
+        sizes = [first_chunk_layers] + split_sizes(rest, chunks - 1)
+    if min(sizes) < 1:
+        raise ConfigError(
+            f"{num_layers} decoder layers cannot fill {chunks} pipeline chunks (pipeline_model_parallel_size × "
+            "virtual_pipeline_model_parallel_size); every chunk needs at least one layer"
+        )
+    out, start = [], 0
+    for n in sizes:
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def split_sizes(n: int, parts: int) -> list[int]:
+    """``n`` items in ``parts`` near-equal groups; the larger ones last (the first chunk also runs vision)."""
+    return [n // parts + (1 if i >= parts - n % parts else 0) for i in range(parts)]
+
+
+def local_chunks(pp_rank: int, pp: int, virtual: int) -> list[int]:
+    """Chunk ids run by ``pp_rank`` (loop placement: rank r runs chunks r, r + pp, ...)."""
+    return [pp_rank + v * pp for v in range(virtual)]
+
+
+def prune_to_chunk(model: NevaModel, layers: list[int], first: bool, last: bool) -> NevaModel:
+    """Remove, in place, every part of ``model`` that chunk (``layers``, ``first``, ``last``) does not own."""
+    keep = {str(i) for i in layers}
+    for name in list(model.llm.layers.keys()):
+        if name not in keep:
+            del model.llm.layers[name]
+    if not first:
+        model.vision = None
+        model.projector = None
+        model.llm.tok_embeddings = None
+    if not last:
+        model.llm.norm = None
+        model.llm.output = None
+    return model
+
+
+def build_chunks(model: NevaModel, pp_rank: int, pp: int, virtual: int, first_layers: int | None) -> list[NevaModel]:
+    """This rank's chunk models cut from ``model`` (the last one reuses ``model`` itself)."""
+    if model.cfg.llm.tie_word_embeddings:
+        raise ConfigError("tied word embeddings cannot be split over pipeline stages (first and last stage share them)")
+    chunks = pp * virtual
+    layer_split = split_layers(model.cfg.llm.num_layers, chunks, first_layers)
+    ids = local_chunks(pp_rank, pp, virtual)
+    out = []
+    for k, c in enumerate(ids):
+        source = model if k == len(ids) - 1 else copy.deepcopy(model)
+        out.append(prune_to_chunk(source, layer_split[c], first=c == 0, last=c == chunks - 1))
+    return out
+
+
+def chunk_of_key(key: str, layer_split: list[list[int]]) -> int:
+    """Which chunk owns parameter ``key`` of the whole model."""
+    parts = key.split(".")
+    if parts[0] in ("vision", "projector") or key.startswith("llm.tok_embeddings"):
+        return 0
+    if key.startswith("llm.layers."):
+        layer = int(parts[2])
+        return next(c for c, ids in enumerate(layer_split) if layer in ids)
+    return len(layer_split) - 1
+
+
+def pad_micro_batches(micro_batches: list[dict[str, Any]], multiple: int = 1) -> list[dict[str, Any]]:
+    """Pad every micro-batch to the same rows × length (padding learns nothing and precedes no real token)."""
+    rows = max(mb["input_ids"].shape[0] for mb in micro_batches)
+    length = max(mb["input_ids"].shape[1] for mb in micro_batches)
+    length = -(-length // multiple) * multiple
+    fill = {"input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0}
+    out = []
+    for mb in micro_batches:
+        mb = dict(mb)
+        b, s = mb["input_ids"].shape
+        for key, value in fill.items():
+            t = mb.get(key)
+            if t is not None and (b, s) != (rows, length):
+                padded = torch.full((rows, length), value, dtype=t.dtype)
+                padded[:b, :s] = t
+                mb[key] = padded
+        counts = mb.get("image_counts")
+        if counts is not None and counts.shape[0] < rows:
+            mb["image_counts"] = torch.cat([counts, counts.new_zeros(rows - counts.shape[0])])
+        out.append(mb)
+    return out
+
+
+class PipelineRunner:
+    """Runs one step's micro-batches through this rank's stages with the configured schedule.
+
+    Args:
+        chunks: this rank's chunk models (parallelized already), in local chunk order.
+        chunk_ids: global chunk id of each.
+        num_chunks: pp × virtual.
+        pp_group: process group of the pipeline ranks.
+        device: where activations live.
+        schedule: ``1f1b`` | ``interleaved_1f1b`` | ``gpipe``.
+        n_microbatches: micro-batches per step on this rank.
+        packed: pass ``segment_ids`` (packed rows) or drop them (right-padded rows use plain causal attention).
+        autocast: context for the forward passes (bf16 autocast), or None.
+    """
+
+    def __init__(
+        self,
+        chunks: list[nn.Module],
+        chunk_ids: list[int],
+        num_chunks: int,
+        pp_group: dist.ProcessGroup,
+        device: torch.device,
+        schedule: str,
+        n_microbatches: int,
+        packed: bool,
+        autocast: Callable[[], Any] | None = None,
+    ) -> None:
+        pp = dist.get_world_size(pp_group)
+        if schedule != "gpipe" and n_microbatches < pp:
+            raise ConfigError(
+                f"{schedule} needs at least pipeline_model_parallel_size={pp} micro-batches per step, got "
+                f"{n_microbatches} (global_batch_size / (micro_batch_size × data-parallel size)); raise "
+                "model.global_batch_size or use model.pipeline_schedule=gpipe"
+            )
+        if schedule == "interleaved_1f1b" and len(chunks) < 2:
+            raise ConfigError("interleaved_1f1b needs model.virtual_pipeline_model_parallel_size >= 2")
+        self.chunks, self.chunk_ids, self.num_chunks = chunks, chunk_ids, num_chunks
+        self.pp_group, self.device, self.schedule_name = pp_group, device, schedule
+        self.n_microbatches, self.packed = n_microbatches, packed
+        self.autocast = autocast
+        self.holds_last = num_chunks - 1 in chunk_ids
+        self.holds_first = 0 in chunk_ids
+        self._schedules: dict[tuple[int, int], Any] = {}
+        self._scale = 1.0
+        self._loss_sums: list[torch.Tensor] = []
+
+    def _loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss, _ = token_cross_entropy(logits, labels)
+        self._loss_sums.append(loss.detach().float())
+        return loss * self._scale
+
+    def _schedule(self, shape: tuple[int, int]):
+        if shape not in self._schedules:
+            stages = [
+                PipelineStage(chunk, cid, self.num_chunks, self.device, group=self.pp_group)
+                for chunk, cid in zip(self.chunks, self.chunk_ids)
+            ]
+            n = self.n_microbatches
+            if self.schedule_name == "interleaved_1f1b":
+                sched = ScheduleInterleaved1F1B(stages, n, loss_fn=self._loss_fn, scale_grads=False)
+            elif self.schedule_name == "gpipe":
+                sched = ScheduleGPipe(stages[0], n, loss_fn=self._loss_fn, scale_grads=False)
+            else:
+                sched = Schedule1F1B(stages[0], n, loss_fn=self._loss_fn, scale_grads=False)
+            self._schedules[shape] = (sched, stages)
+        return self._schedules[shape]
+
+    def _inputs(self, micro_batches: list[dict[str, Any]]):
+        args, kwargs, targets = [], [], []
+        for mb in micro_batches:
+            pixels = mb.get("pixel_values")
+            pixels = pixels.to(self.device) if pixels is not None else None
+            args.append((mb["input_ids"].to(self.device), pixels, mb["image_counts"].to(self.device)))
+            kw = {"position_ids": mb["position_ids"].to(self.device)}
+            if self.packed:
+                kw["segment_ids"] = mb["segment_ids"].to(self.device)
+            kwargs.append(kw)
+            targets.append(mb["labels"].to(self.device))
+        return args, kwargs, targets
+
+    def forward_backward(self, micro_batches: list[dict[str, Any]], scale: torch.Tensor, multiple: int = 1):
+        """Run the schedule (forward + backward of every micro-batch); returns the summed token loss on every
+        pipeline rank."""
+        micro_batches = pad_micro_batches(micro_batches, multiple)
+        shape = tuple(micro_batches[0]["input_ids"].shape)
+        schedule, stages = self._schedule(shape)
+        # What ``schedule.step`` does before ``_step_microbatches`` (which takes ready-made micro-batches: a step's
+        # images cannot be split by rows the way ``step`` chunks its inputs).
+        for stage in stages:
+            stage.has_backward = True
+            stage.clear_runtime_states()
+        self._scale = scale
+        self._loss_sums = []
+        args, kwargs, targets = self._inputs(micro_batches)
+        ctx = self.autocast() if self.autocast is not None else contextlib.nullcontext()
+        with ctx:
+            schedule._step_microbatches(arg_mbs=args, kwarg_mbs=kwargs, target_mbs=targets, return_outputs=False)
+        # A new schedule's first step also evaluates the loss once while it sets the stages up; the micro-batch
+        # losses are the last ``n_microbatches`` calls.
+        sums = self._loss_sums[-self.n_microbatches :] if self.holds_last else []
+        total = torch.stack(sums).sum() if sums else torch.zeros((), device=self.device)
+        total = total.to(self.device)
+        dist.all_reduce(total, group=self.pp_group)  # only the last stage computed the loss
+        return total

@@ -1,0 +1,174 @@
+"""Tensor (and sequence) parallel DTensor plans for NevaModel, applied from outside the model.
+
+Megatron-style sharding: q/k/v and the SwiGLU gate/up projections column-wise (each rank owns whole heads / a slice
+of the FFN width), the attention output and down projections row-wise, the token embedding and the LM head over
+the vocabulary, the projector column- then row-wise. The vision tower stays replicated (it is small and frozen in
+both LLaVA stages).
+
+With sequence parallelism the residual stream between blocks holds ``S / tp`` positions per rank; the norms run on
+those shards and the all-reduces of the row-wise layers become reduce-scatters. A stage's input and output stay
+full-length and replicated: image features are spliced into the embeddings by position, RoPE tables and masks are
+built for the whole sequence, and pipeline stages exchange whole activations.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from neva.models.config import NevaConfig
+from neva.models.lora import LoRALinear
+from neva.models.neva import NevaModel
+from neva.typed import ConfigError
+
+
+def check_divisibility(cfg: NevaConfig, tp: int) -> None:
+    """Heads, kv heads, FFN width and vocabulary must split evenly over ``tp`` ranks."""
+    llm = cfg.llm
+    checks = {
+        "num_heads": llm.num_heads,
+        "num_kv_heads": llm.num_kv_heads,
+        "intermediate_size": llm.intermediate_size,
+        "vocab_size": llm.vocab_size,
+    }
+    if cfg.projector is not None and cfg.projector.type != "identity":
+        checks["projector output_size (llm hidden_size)"] = cfg.projector.output_size
+    bad = {k: v for k, v in checks.items() if v % tp}
+    if bad:
+        raise ConfigError(
+            f"model.tensor_model_parallel_size={tp} does not divide the model's "
+            + ", ".join(f"{k}={v}" for k, v in bad.items())
+            + " (each tensor-parallel rank must own whole heads and equal vocabulary / FFN slices)"
+        )
+
+
+class NoParallel(ParallelStyle):
+    """Replicated parameters as DTensors, plain tensors in and out.
+
+    Without sequence parallelism the norms compute on replicated activations; their weights still become
+    (replicated) DTensors so every trainable parameter is one, which foreach optimizers and gradient clipping need.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def to_dtensor(mod, inputs, mesh):
+            return tuple(
+                DTensor.from_local(x, mesh, (Replicate(),), run_check=False) if isinstance(x, torch.Tensor) else x
+                for x in inputs
+            )
+
+        def to_local(mod, outputs, mesh):
+            return outputs.to_local() if isinstance(outputs, DTensor) else outputs
+
+        return distribute_module(module, device_mesh, input_fn=to_dtensor, output_fn=to_local)
+
+
+def _block_plan(sequence_parallel: bool) -> dict[str, object]:
+    if not sequence_parallel:
+        return {
+            "attention_norm": NoParallel(),
+            "ffn_norm": NoParallel(),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(),
+        }
+    return {
+        "attention_norm": SequenceParallel(),
+        # Block inputs are (x, cos, sin, mask, cache): only x is a sequence shard.
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None, None, None),
+            desired_input_layouts=(Replicate(), None, None, None, None),
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def _projector_plan(projector: nn.Sequential) -> dict[str, object]:
+    linears = [name for name, m in projector.named_children() if isinstance(m, nn.Linear)]
+    plan: dict[str, object] = {}
+    for i, name in enumerate(linears):
+        if i % 2 == 0:
+            last = i == len(linears) - 1
+            plan[name] = ColwiseParallel(output_layouts=Replicate()) if last else ColwiseParallel()
+        else:
+            plan[name] = RowwiseParallel()
+    return plan
+
+
+def apply_tensor_parallel(
+    model: NevaModel, tp_mesh: DeviceMesh, sequence_parallel: bool, vocab_parallel_loss: bool
+) -> None:
+    """Shard ``model`` (a whole model or one pipeline chunk) over ``tp_mesh`` in place.
+
+    Args:
+        model: NevaModel whose absent parts (pipeline chunks) are None / deleted layers.
+        tp_mesh: the 1-D tensor-parallel mesh.
+        sequence_parallel: shard the residual stream over the sequence between the blocks of this chunk.
+        vocab_parallel_loss: keep the logits vocab-sharded (``loss_parallel`` computes the cross-entropy on the
+            shards); otherwise they are gathered.
+    """
+    if any(isinstance(m, LoRALinear) for m in model.modules()):
+        raise ConfigError("LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet")
+    check_divisibility(model.cfg, tp_mesh.size())
+    if model.vision is not None and any(p.requires_grad for p in model.vision.parameters()):
+        raise ConfigError(
+            "a trainable vision tower (model.mm_cfg.vision_encoder.freeze=false) with tensor parallelism is not "
+            "supported yet; the tower stays replicated and frozen under TP"
+        )
+    llm = model.llm
+    plan: dict[str, object] = {}
+    if llm.tok_embeddings is not None:
+        # Replicated output: image features are spliced in by position before the sequence is split.
+        plan["llm.tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if model.projector is not None:
+        plan.update({f"projector.{k}": v for k, v in _projector_plan(model.projector).items()})
+    layer_ids = list(llm.layers.keys())
+    for name in layer_ids:
+        plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel).items()})
+    if sequence_parallel and layer_ids:
+        split = dict(
+            input_layouts=(Replicate(), None, None, None, None),
+            desired_input_layouts=(Shard(1), None, None, None, None),
+        )
+        gather = dict(output_layouts=Shard(1), desired_output_layouts=Replicate())
+        first, last = f"llm.layers.{layer_ids[0]}", f"llm.layers.{layer_ids[-1]}"
+        # Blocks take and return local shards (the residual adds mix them with the row-wise outputs).
+        if llm.norm is not None:
+            plan[first] = PrepareModuleInput(**split, use_local_output=True)
+        elif first == last:
+            plan[first] = PrepareModuleInputOutput(**split, use_local_input=True, **gather)
+        else:
+            plan[first] = PrepareModuleInput(**split, use_local_output=True)
+            plan[last] = PrepareModuleOutput(**gather)
+    if llm.norm is not None:
+        plan["llm.norm"] = SequenceParallel() if sequence_parallel else NoParallel()
+    if llm.output is not None:
+        plan["llm.output"] = ColwiseParallel(
+            input_layouts=Shard(1) if sequence_parallel else Replicate(),
+            output_layouts=Shard(-1) if vocab_parallel_loss else Replicate(),
+            use_local_output=not vocab_parallel_loss,
+        )
+    parallelize_module(model, tp_mesh, plan)

@@ -1,0 +1,121 @@
+"""Multi-process CPU harness: the training loop of ``NevaModule`` without Lightning, in N gloo processes.
+
+Lean on purpose (CI has 2 cores): one spawn per group of layouts, a 2-layer tiny model, short sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+BASE = [
+    "+stage=finetune",
+    "model.micro_batch_size=2",
+    "model.global_batch_size=8",
+    "trainer.max_steps=5",
+    "trainer.enable_progress_bar=false",
+    "trainer.val_check_interval=1000",
+    "trainer.log_every_n_steps=1",
+    "exp_manager.create_tensorboard_logger=false",
+    "++model.data.synthetic_train_samples=48",
+    "++model.data.synthetic_val_samples=8",
+    "++model.data.pad_to_multiple_of=16",
+    "++model.mm_cfg.llm.arch_overrides={num_layers:4}",
+    "model.optim.sched.warmup_steps=1",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_checkpoint(directory: Path) -> Path:
+    """A seeded tiny neva checkpoint matching ``BASE`` (the finetune stage's starting point)."""
+    from neva.checkpoint.neva_format import save_checkpoint
+    from neva.models.neva import NevaModel
+    from neva.training.build import resolve_source
+    from neva.training.compose import compose_config
+
+    cfg = compose_config([o.replace("+stage=finetune", "+stage=pretrain") for o in BASE])
+    source = resolve_source(cfg)
+    torch.manual_seed(0)
+    model = NevaModel(source.cfg)
+    model.init_weights()
+    return save_checkpoint(directory, source.cfg, model.state_dict(), source.tokenizer, overwrite=True)
+
+
+def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
+    """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses and parameter dtypes."""
+    from neva.data.datamodule import NevaDataModule
+    from neva.training.build import resolve_source
+    from neva.training.compose import compose_config
+    from neva.training.module import NevaModule, StepBatches
+    from neva.training.optim import build_optimizer, build_scheduler
+    from neva.training.run import accumulation_steps
+    from neva.training.strategy import resolve_layout
+
+    cfg = compose_config(BASE + overrides)
+    layout = resolve_layout(cfg)
+    source = resolve_source(cfg)
+    data = NevaDataModule(
+        cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=cfg.model.micro_batch_size,
+        dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed,
+    )  # fmt: skip
+    data.setup("fit")
+    accum = accumulation_steps(cfg, layout.dp)
+    parallelize = None
+    if layout.is_distributed:
+        from neva.parallel.engine import make_parallelize
+
+        parallelize = make_parallelize(cfg, layout)
+    module = NevaModule(cfg, source, data, accum, parallelize=parallelize)
+    module.configure_model()
+    engine = module.engine
+    optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
+    scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
+    losses = []
+    for i, micro_batches in enumerate(StepBatches(data.train_dataloader(), accum)):
+        if i == steps:
+            break
+        engine.model.train()
+        loss, _ = engine.forward_backward(micro_batches)
+        engine.clip_grad_norm(cfg.trainer.gradient_clip_val)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        engine.after_optimizer_step()
+        scheduler.step()
+        losses.append(loss.item())
+    dtypes = sorted({str(p.dtype) for _, p in engine.named_trainable_parameters()})
+    return {"losses": losses, "param_dtypes": dtypes}
+
+
+def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, list[str], int]], out: str) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    try:
+        for name, overrides, steps in jobs:
+            results[name] = train_losses(overrides, steps)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def run_layouts(world: int, jobs: list[tuple[str, list[str], int]], out: Path) -> list[dict[str, Any]]:
+    """Run each ``(name, overrides, steps)`` job in ``world`` gloo processes; per-rank results."""
+    out.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_worker, args=(world, free_port(), jobs, str(out)), nprocs=world, join=True)
+    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]

@@ -1,0 +1,48 @@
+"""``python -m neva.plan``: sweeps without ``-m``, one row per value, a final JSON line; layout arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from neva.plan import main, parse_args
+from neva.planner.layout import Layout
+from neva.planner.params import chunk_len, stage_layers
+from neva.typed import ConfigError
+
+
+def test_sweep_prints_one_row_per_value_and_json(capsys) -> None:
+    plans = main(["cluster=dgx_a100", "trainer.devices=2", "model.micro_batch_size=4", "trainer.num_nodes=1,2"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4  # header, 2 rows, JSON
+    rows = json.loads(lines[-1])
+    assert [r["nodes"] for r in rows] == [1, 2]
+    # Weak scaling: the global batch grows with the nodes, per-rank work stays the same.
+    assert rows[1]["layout"]["global_batch_size"] == 2 * rows[0]["layout"]["global_batch_size"]
+    assert plans[0].layout.grad_accum == plans[1].layout.grad_accum
+    assert rows[0]["memory_gib"]["total"] > 0 and rows[0]["samples_per_s"] > 0
+
+
+def test_parse_args_defaults_and_errors() -> None:
+    req = parse_args(["-m", "trainer.num_nodes=1,2,4", "plan.text_tokens=50", "model.optim.betas=[0.9,0.95]"])
+    assert req.fixed[0] == "+stage=pretrain"
+    assert req.sweeps == [("trainer.num_nodes", ["1", "2", "4"])]
+    assert req.text_tokens == 50
+    assert "model.optim.betas=[0.9,0.95]" in req.fixed
+    with pytest.raises(ConfigError):
+        parse_args(["model.optim.lr=1,2"])
+    with pytest.raises(ConfigError):
+        parse_args(["plan.nope=1"])
+
+
+def _layout(pp: int, vpp: int = 1, first: int | None = None) -> Layout:
+    return Layout(1, 8, 1, pp, 1, vpp, "1f1b", False, "fsdp", 3, "o2", 2, None, None, 1, 8, first)
+
+
+def test_pipeline_split_and_chunks() -> None:
+    assert stage_layers(10, _layout(4)) == [[0, 1], [2, 3], [4, 5, 6], [7, 8, 9]]
+    assert stage_layers(10, _layout(3, first=2)) == [[0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
+    assert stage_layers(8, _layout(2, vpp=2)) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [chunk_len(17, 2, r) for r in range(2)] == [9, 8]
+    assert [chunk_len(3, 4, r) for r in range(4)] == [1, 1, 1, 0]

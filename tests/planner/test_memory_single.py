@@ -1,0 +1,51 @@
+"""Single process: predicted parameter / gradient / AdamW bytes equal the real ones after one step, exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from neva.models.presets import build_config
+from neva.planner.memory import rank_state_bytes
+from neva.planner.params import inventory, meta_model, stage_layers
+from tests.planner.helpers import batch, layout, measured_bytes, no_peft, tiny_mm, tiny_model, train_step
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "finetune"])
+def test_single_process_state_bytes_are_exact(stage: str) -> None:
+    model = tiny_model(stage)
+    opt = train_step(model, *batch(model))
+    real = measured_bytes(model, opt)
+
+    lay = layout()
+    infos = inventory(meta_model(build_config(), tiny_mm(stage), no_peft()))
+    predicted = rank_state_bytes(infos, lay, 0, stage_layers(model.cfg.llm.num_layers, lay))
+    assert (predicted.params, predicted.grads, predicted.optimizer) == (
+        real["params"],
+        real["grads"],
+        real["optimizer"],
+    )
+
+
+def test_frozen_parts_have_no_grads_or_optimizer_state() -> None:
+    infos = inventory(meta_model(build_config(), tiny_mm("pretrain"), no_peft()))
+    trainable = {p.part for p in infos if p.trainable}
+    assert trainable == {"projector"}
+    lay = layout()
+    state = rank_state_bytes(infos, lay, 0, stage_layers(4, lay))
+    projector = sum(p.numel for p in infos if p.part == "projector")
+    assert state.grads == 4 * projector
+    assert state.optimizer == 8 * projector + 4 * sum(1 for p in infos if p.trainable)
+
+
+def test_o2_bytes_per_element() -> None:
+    """O2: 2 (bf16) + 4 (master) + 4 (grad) + 8 (Adam) per trained element; frozen bf16 only; FSDP drops the bf16 copy."""
+    infos = inventory(meta_model(build_config(), tiny_mm("finetune"), no_peft()))
+    trained = sum(p.numel for p in infos if p.trainable)
+    frozen = sum(p.numel for p in infos if not p.trainable)
+    tensors = sum(1 for p in infos if p.trainable)
+    ddp = rank_state_bytes(infos, layout(data_parallel="ddp", precision="o2"), 0, [list(range(4))])
+    assert ddp.params == 6 * trained + 2 * frozen
+    assert ddp.grads == 4 * trained
+    assert ddp.optimizer == 8 * trained + 4 * tensors
+    fsdp = rank_state_bytes(infos, layout(data_parallel="fsdp", precision="o2"), 0, [list(range(4))])
+    assert fsdp.params == 4 * trained + 2 * frozen
