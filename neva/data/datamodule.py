@@ -96,6 +96,7 @@ class NevaDataModule(pl.LightningDataModule):
         dp_world: data-parallel size.
         seed: sampling seed.
         val_micro_batch_size: defaults to ``micro_batch_size``.
+        accumulation: micro-batches per optimizer step; each epoch holds whole steps only.
 
     Raises:
         ValueError: inconsistent config (image token id, lengths, ``<image>`` not a special token).
@@ -114,6 +115,7 @@ class NevaDataModule(pl.LightningDataModule):
         dp_world: int = 1,
         seed: int = 1234,
         val_micro_batch_size: int | None = None,
+        accumulation: int = 1,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -138,6 +140,7 @@ class NevaDataModule(pl.LightningDataModule):
         self.micro_batch_size = micro_batch_size
         self.val_micro_batch_size = val_micro_batch_size or micro_batch_size
         self.dp_rank, self.dp_world, self.seed = dp_rank, dp_world, seed
+        self.accumulation = accumulation
         self.settings = EncoderSettings(
             tokenizer=tokenizer,
             template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template),
@@ -232,6 +235,7 @@ class NevaDataModule(pl.LightningDataModule):
                 weights=self.cfg.concat_sampling_probabilities,
                 shuffle_buffer=self.cfg.shard_shuffle_buffer,
             )
+            self.train_sampler.accumulation = self.accumulation
             if self._pending_state is not None:
                 self.load_state_dict(self._pending_state)
         if self.train_sampler is None:
@@ -244,6 +248,7 @@ class NevaDataModule(pl.LightningDataModule):
                 weights=self.cfg.concat_sampling_probabilities,
                 lengths=self._lengths(self.train_datasets) if self.cfg.group_by_modality_length else None,
             )
+            self.train_sampler.accumulation = self.accumulation
             if self._pending_state is not None:
                 self.load_state_dict(self._pending_state)
         return self._loader(self.train_datasets, self.train_sampler, self.skip_tracker)

@@ -106,6 +106,9 @@ class ResumableBatchSampler:
         self.lengths = lengths
         self.epoch = 0
         self.consumed = 0  # samples of this epoch handed to the training loop, all ranks together
+        # Micro-batches per optimizer step. An epoch holds whole steps only: a trainer ends its epoch after the last
+        # whole step, so a leftover micro-batch would never be consumed and the next epoch would never start.
+        self.accumulation = 1
         if self.num_steps == 0:
             raise ValueError(
                 f"{sum(self.sizes)} samples cannot fill one global batch of {self.global_batch} "
@@ -119,11 +122,14 @@ class ResumableBatchSampler:
 
     @property
     def num_steps(self) -> int:
-        """Full global batches per epoch (the last partial one is dropped so that all ranks step together)."""
-        return sum(self.sizes) // self.global_batch
+        """Full global micro-batches per epoch, a multiple of ``accumulation`` (partial ones are dropped so that all
+        ranks step together)."""
+        return sum(self.sizes) // (self.global_batch * self.accumulation) * self.accumulation
 
     def __len__(self) -> int:
-        return self.num_steps - min(self.consumed // self.global_batch, self.num_steps)
+        """Micro-batches the next ``__iter__`` yields: the rest of this epoch, or a whole new one when it is done."""
+        consumed = self.consumed if self.consumed < self.num_steps * self.global_batch else 0
+        return self.num_steps - consumed // self.global_batch
 
     def order(self, epoch: int) -> np.ndarray:
         """The global sample order of ``epoch``."""
@@ -132,7 +138,9 @@ class ResumableBatchSampler:
         else:
             order = blend_order(self.sizes, self.weights, self.seed, epoch)
         if self.lengths is not None:
-            order = group_by_modality_length(order, self.lengths, self.global_batch, self.seed, epoch)
+            order = group_by_modality_length(
+                order, self.lengths, self.global_batch * self.accumulation, self.seed, epoch
+            )
         return order
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -110,6 +110,7 @@ class LlamaDecoder(nn.Module):
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
+        output_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -119,9 +120,11 @@ class LlamaDecoder(nn.Module):
             segment_ids: ``[B, K]`` sample id per key position (0 = padding); attention stays within a segment.
                 With a cache, K covers the cached tokens plus the new ones. None = plain causal attention.
             cache: one ``KVCache`` per layer of this stage, for incremental decoding.
+            output_mask: ``[B, S]`` bool; only these positions go through the final norm and LM head (training
+                needs logits only where a label is learned), returned flattened as ``[N, V]``.
 
         Returns:
-            Logits ``[B, S, V]`` if this stage owns ``output``, else hidden states.
+            Logits ``[B, S, V]`` (``[N, V]`` with ``output_mask``) if this stage owns ``output``, else hidden states.
         """
         b, s, _ = h.shape
         offset = 0 if cache is None else cache[0].length
@@ -136,6 +139,8 @@ class LlamaDecoder(nn.Module):
             mask = build_attention_mask(torch.ones(b, offset + s, dtype=torch.long, device=h.device), s, offset)
         for i, layer in enumerate(self.layers.values()):
             h = layer(h, cos, sin, mask, None if cache is None else cache[i])
+        if output_mask is not None:
+            h = h[output_mask]
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

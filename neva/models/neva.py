@@ -80,8 +80,11 @@ class NevaModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
+        output_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
+
+        ``output_mask`` ``[B, S]`` limits the LM head to the masked positions (logits ``[N, V]``).
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
@@ -89,7 +92,7 @@ class NevaModel(nn.Module):
             h = self.embed(input_ids, pixel_values, image_counts)
         else:
             h = input_ids
-        return self.llm(h, position_ids=position_ids, segment_ids=segment_ids, cache=cache)
+        return self.llm(h, position_ids=position_ids, segment_ids=segment_ids, cache=cache, output_mask=output_mask)
 
     def tie_weights(self) -> None:
         """Share the LM head with the token embedding when configured (``to_empty`` breaks the sharing)."""

@@ -28,7 +28,6 @@ from neva.parallel.tensor_parallel import apply_tensor_parallel, check_divisibil
 from neva.training.build import ModelSource
 from neva.training.config import TrainConfig
 from neva.training.engine import Engine
-from neva.training.loss import token_cross_entropy
 from neva.training.precision import Precision
 from neva.training.strategy import Layout
 from neva.typed import ConfigError
@@ -83,6 +82,8 @@ class ParallelEngine(Engine):
         self.dims = dims
         self.runner = runner
         self.vocab_parallel = vocab_parallel
+        # Selecting positions of a (sequence-)sharded activation would need a collective; keep full logits there.
+        self.learned_only_head = layout.tp == 1
         self.manual_dp_sync = manual_dp_sync
         self.sp_multiple = sp_multiple
         self.full_keys = full_keys
@@ -123,7 +124,11 @@ class ParallelEngine(Engine):
     @torch.no_grad()
     def evaluate(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.runner is not None:
-            raise NotImplementedError("validation under pipeline parallelism is not supported yet")
+            total = self.runner.evaluate(micro_batches, self.sp_multiple)
+            n_tokens = self.global_tokens(micro_batches)
+            if self.dp_group is not None:
+                dist.all_reduce(total, group=self.dp_group)
+            return total / n_tokens.clamp(min=1.0), n_tokens
         with self._loss_context():
             return super().evaluate(micro_batches)
 
@@ -248,7 +253,9 @@ def make_parallelize(cfg: TrainConfig, layout: Layout):
         elif layout.dp > 1:
             if layout.tp == 1 and layout.pp == 1:
                 forward_model = nn.parallel.DistributedDataParallel(
-                    parts[0], process_group=dims.group("dp"), device_ids=[device.index] if device.type == "cuda" else None
+                    parts[0],
+                    process_group=dims.group("dp"),
+                    device_ids=[device.index] if device.type == "cuda" else None,
                 )
                 sync_context = ddp_sync_context(forward_model)
             else:

@@ -182,21 +182,28 @@ class PipelineRunner:
         self._loss_sums.append(loss.detach().float())
         return loss * self._scale
 
-    def _schedule(self, shape: tuple[int, int]):
-        if shape not in self._schedules:
+    def _schedule(self, shape: tuple[int, ...], n: int, train: bool):
+        key = (train, n, *shape)
+        if key not in self._schedules:
             stages = [
                 PipelineStage(chunk, cid, self.num_chunks, self.device, group=self.pp_group)
                 for chunk, cid in zip(self.chunks, self.chunk_ids)
             ]
-            n = self.n_microbatches
-            if self.schedule_name == "interleaved_1f1b":
+            name = self.schedule_name if train else "gpipe"  # evaluation: forward only, any micro-batch count
+            if name == "interleaved_1f1b":
                 sched = ScheduleInterleaved1F1B(stages, n, loss_fn=self._loss_fn, scale_grads=False)
-            elif self.schedule_name == "gpipe":
+            elif name == "gpipe" and len(stages) == 1:
                 sched = ScheduleGPipe(stages[0], n, loss_fn=self._loss_fn, scale_grads=False)
+            elif name == "gpipe":
+                from torch.distributed.pipelining import ScheduleLoopedBFS
+
+                sched = ScheduleLoopedBFS(stages, n, loss_fn=self._loss_fn, scale_grads=False)
             else:
                 sched = Schedule1F1B(stages[0], n, loss_fn=self._loss_fn, scale_grads=False)
-            self._schedules[shape] = (sched, stages)
-        return self._schedules[shape]
+            if not train:
+                sched._has_backward = False
+            self._schedules[key] = (sched, stages)
+        return self._schedules[key]
 
     def _inputs(self, micro_batches: list[dict[str, Any]]):
         args, kwargs, targets = [], [], []
@@ -214,13 +221,21 @@ class PipelineRunner:
     def forward_backward(self, micro_batches: list[dict[str, Any]], scale: torch.Tensor, multiple: int = 1):
         """Run the schedule (forward + backward of every micro-batch); returns the summed token loss on every
         pipeline rank."""
+        return self._run(micro_batches, scale, multiple, train=True)
+
+    @torch.no_grad()
+    def evaluate(self, micro_batches: list[dict[str, Any]], multiple: int = 1) -> torch.Tensor:
+        """Forward only; the summed token loss on every pipeline rank."""
+        return self._run(micro_batches, 1.0, multiple, train=False)
+
+    def _run(self, micro_batches, scale, multiple: int, train: bool) -> torch.Tensor:
         micro_batches = pad_micro_batches(micro_batches, multiple)
-        shape = tuple(micro_batches[0]["input_ids"].shape)
-        schedule, stages = self._schedule(shape)
+        n = len(micro_batches)
+        schedule, stages = self._schedule(tuple(micro_batches[0]["input_ids"].shape), n, train)
         # What ``schedule.step`` does before ``_step_microbatches`` (which takes ready-made micro-batches: a step's
         # images cannot be split by rows the way ``step`` chunks its inputs).
         for stage in stages:
-            stage.has_backward = True
+            stage.has_backward = train
             stage.clear_runtime_states()
         self._scale = scale
         self._loss_sums = []
@@ -229,8 +244,8 @@ class PipelineRunner:
         with ctx:
             schedule._step_microbatches(arg_mbs=args, kwarg_mbs=kwargs, target_mbs=targets, return_outputs=False)
         # A new schedule's first step also evaluates the loss once while it sets the stages up; the micro-batch
-        # losses are the last ``n_microbatches`` calls.
-        sums = self._loss_sums[-self.n_microbatches :] if self.holds_last else []
+        # losses are the last ``n`` calls.
+        sums = self._loss_sums[-n:] if self.holds_last else []
         total = torch.stack(sums).sum() if sums else torch.zeros((), device=self.device)
         total = total.to(self.device)
         dist.all_reduce(total, group=self.pp_group)  # only the last stage computed the loss

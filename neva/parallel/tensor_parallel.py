@@ -131,7 +131,9 @@ def apply_tensor_parallel(
             shards); otherwise they are gathered.
     """
     if any(isinstance(m, LoRALinear) for m in model.modules()):
-        raise ConfigError("LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet")
+        raise ConfigError(
+            "LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet"
+        )
     check_divisibility(model.cfg, tp_mesh.size())
     if model.vision is not None and any(p.requires_grad for p in model.vision.parameters()):
         raise ConfigError(

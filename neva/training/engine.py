@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
-from neva.training.loss import count_learned_tokens, token_cross_entropy
+from neva.training.loss import count_learned_tokens, learned_positions, token_cross_entropy
 from neva.training.precision import MasterWeights, Precision
 
 MODEL_INPUTS = ("input_ids", "pixel_values", "image_counts", "position_ids", "segment_ids")
@@ -72,6 +73,8 @@ class Engine:
         self.sync_context = sync_context or (lambda is_last: contextlib.nullcontext())
         self.forward_backward_fn = forward_backward_fn
         self.packed = packed
+        # LM head only at learned positions; layouts whose logits are sharded or split turn this off.
+        self.learned_only_head = True
 
     # -- what the optimizer sees -------------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -91,10 +94,16 @@ class Engine:
 
     def loss_sum(self, batch: dict[str, Any]) -> torch.Tensor:
         """Summed token loss of one micro-batch (forward only)."""
+        inputs = model_inputs(batch, self.device, self.packed)
+        labels = batch["labels"].to(self.device)
+        if not self.learned_only_head:
+            with self._autocast():
+                logits = self.model(**inputs)
+            return token_cross_entropy(logits, labels)[0]
+        output_mask, targets = learned_positions(labels)
         with self._autocast():
-            logits = self.model(**model_inputs(batch, self.device, self.packed))
-        loss, _ = token_cross_entropy(logits, batch["labels"].to(self.device))
-        return loss
+            logits = self.model(**inputs, output_mask=output_mask)
+        return F.cross_entropy(logits.float(), targets, reduction="sum")
 
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:
         """Learned tokens of the whole global batch (all micro-batches, all data-parallel ranks)."""

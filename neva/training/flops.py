@@ -5,8 +5,8 @@ gradient 2 more. A trained weight therefore costs 6; a frozen weight that gradie
 something trainable costs 4 (a frozen LLM in pretraining: the loss sits behind it, the projector before it); a frozen
 part that nothing needs gradients from (a frozen vision tower, first in line) costs 2. Attention scores and
 weighted values add ``4 · S · d`` per token and layer in the forward (``S`` = the sample's length, no causal
-discount, as Megatron counts), times 3 with both gradients, 2 when only the input gradient is needed, 1 for
-forward only.
+discount, as Megatron counts), times 3 when gradients cross the layer (attention has no weights: its input
+gradient alone costs two forwards), 1 for forward only.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def train_flops(profile: ParamProfile, cfg: NevaConfig, seq_lens: list[int], ima
     llm_trained, llm_frozen = profile.llm
     crossing = vision_trained + projector_trained + llm_trained > 0
     flops = tokens * (6 * llm_trained + (4 if crossing else 2) * llm_frozen)
-    attn = 3 if llm_trained else (2 if crossing else 1)
+    attn = 3 if crossing else 1  # the input gradient of attention costs 2 forwards, with or without weights
     width = cfg.llm.num_heads * cfg.llm.head_dim
     flops += attn * 4 * sum(s * s for s in seq_lens) * width * cfg.llm.num_layers
     if cfg.vision is not None and images:

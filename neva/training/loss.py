@@ -36,3 +36,17 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
 def count_learned_tokens(labels: torch.Tensor) -> torch.Tensor:
     """Tokens ``token_cross_entropy`` will learn from in ``labels`` (the first position is never a target)."""
     return (labels[:, 1:] != IGNORE_INDEX).sum()
+
+
+def learned_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where logits are needed and what they predict: ``(output_mask [B, S], targets [N])``.
+
+    Position t predicts label t + 1, so t is needed iff label t + 1 is learned. Running the LM head (and the
+    vocabulary-wide softmax) only there skips the prompt, image and padding positions, which are most of a LLaVA
+    batch; the loss is the same as ``token_cross_entropy`` on full logits.
+    """
+    next_labels = labels[:, 1:]
+    learned = next_labels != IGNORE_INDEX
+    output_mask = torch.zeros_like(labels, dtype=torch.bool)
+    output_mask[:, :-1] = learned
+    return output_mask, next_labels[learned]

@@ -194,7 +194,7 @@ class NevaModule(pl.LightningModule):
         step = self.global_step
         if self.metrics is not None and step % max(1, self.cfg.trainer.log_every_n_steps) == 0:
             self.metrics.record(step, metrics)
-        self.log_dict(metrics, on_step=True, prog_bar=False, logger=True, rank_zero_only=True)
+        self.log_dict(metrics, on_step=True, prog_bar=False, logger=bool(self.trainer.loggers), rank_zero_only=True)
         self.log("loss", metrics["train_loss"], prog_bar=True, logger=False)
         self.log("samples/s", metrics["samples_per_sec"], prog_bar=True, logger=False)
 

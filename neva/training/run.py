@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -19,6 +20,10 @@ from neva.training.strategy import build_strategy, resolve_layout
 from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")
+
+# With manual optimization Lightning cannot tell that neva checkpoints at step boundaries (after the optimizer step,
+# which is what resume needs) and warns on every run.
+warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
 
 
 def accumulation_steps(cfg: TrainConfig, dp: int) -> int:
@@ -47,6 +52,7 @@ def run(cfg: TrainConfig) -> Path | None:
         dp_rank=layout.dp_rank,
         dp_world=layout.dp,
         seed=cfg.model.seed,
+        accumulation=accum,
     )
     strategy = build_strategy(cfg, layout)
     is_writer = int(os.environ.get("RANK", "0")) == 0
@@ -82,7 +88,7 @@ def run(cfg: TrainConfig) -> Path | None:
         loggers.append(WandbLogger(save_dir=str(exp_dir), **cfg.exp_manager.wandb_logger_kwargs))
     trainer = pl.Trainer(
         strategy=strategy,
-        devices=layout.world if layout.is_distributed else 1,
+        devices=layout.world // cfg.trainer.num_nodes if layout.is_distributed else 1,
         num_nodes=cfg.trainer.num_nodes,
         max_steps=cfg.trainer.max_steps,
         max_epochs=cfg.trainer.max_epochs,

@@ -20,6 +20,8 @@ def test_deterministic_and_partitioned_across_ranks():
     assert batches[0] != list(ResumableBatchSampler([103], 4, 0, 3, seed=6))
     first_epoch = batches[0]
     samplers[0].advance(len(first_epoch))
+    # An exhausted epoch reports the next one's length (a trainer asks len() before iterating the next epoch).
+    assert len(samplers[0]) == len(first_epoch)
     assert list(samplers[0]) != first_epoch  # next epoch: new permutation
     assert samplers[0].epoch == 1
 
@@ -72,3 +74,13 @@ def test_group_by_modality_length():
 def test_too_small_dataset_is_a_clear_error():
     with pytest.raises(ValueError, match="global batch"):
         ResumableBatchSampler([3], 2, 0, 2)
+
+
+def test_epochs_hold_whole_optimizer_steps():
+    s = ResumableBatchSampler([112], 16, seed=0)  # 7 micro-batches of 16
+    s.accumulation = 2
+    assert len(s) == s.num_steps == 6  # the 7th would be a half step, never consumed by a trainer
+    s.advance(len(list(s)))
+    assert len(s) == 6 and s.epoch == 0
+    next(iter(s))
+    assert s.epoch == 1

@@ -7,7 +7,7 @@ from neva.training.compose import compose_config
 # A lean version of the embedded default: 2-layer LLM, few samples, no loggers or progress bar.
 LEAN = [
     "+model.mm_cfg.llm.arch_overrides.num_layers=2",
-    "model.data.synthetic_train_samples=128",
+    "model.data.synthetic_train_samples=120",  # 7 micro-batches of 16: a leftover at each epoch end
     "model.data.synthetic_val_samples=16",
     "exp_manager.create_tensorboard_logger=false",
     "trainer.enable_progress_bar=false",

@@ -103,3 +103,15 @@ def test_accumulation_equals_larger_micro_batch(lean_cfg):
     assert tok_a == tok_b
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
     assert torch.allclose(p_a, p_b, rtol=0, atol=1e-6)
+
+
+def test_head_on_learned_positions_only_gives_the_full_logits_loss(lean_cfg):
+    cfg = lean_cfg(
+        "model.restore_from_path=null", "model.mm_cfg.llm.freeze=false", "model.data.conv_template=vicuna_v1"
+    )
+    source, batches = micro_batches(cfg, 1, 4)
+    engine = make_engine(cfg, source)
+    sparse = engine.loss_sum(batches[0])
+    engine.learned_only_head = False
+    full = engine.loss_sum(batches[0])
+    assert sparse.item() == pytest.approx(full.item(), rel=1e-6)

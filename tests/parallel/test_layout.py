@@ -1,0 +1,63 @@
+"""Layout resolution, chunking and divisibility checks (single process, fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from neva.models.presets import build_config
+from neva.parallel.layout import mesh_coords, resolve_layout
+from neva.parallel.pipeline import chunk_of_key, local_chunks, split_layers
+from neva.parallel.tensor_parallel import check_divisibility
+from neva.training.compose import compose_config
+from neva.training.strategy import Layout
+from neva.typed import ConfigError
+
+
+def _cfg(*overrides: str):
+    return compose_config(["+stage=pretrain", *overrides])
+
+
+def test_layout_from_world_size(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "5")
+    layout = resolve_layout(_cfg("model.tensor_model_parallel_size=2", "model.pipeline_model_parallel_size=2"))
+    assert (layout.world, layout.tp, layout.pp, layout.dp) == (8, 2, 2, 2)
+    assert mesh_coords(5, layout) == (1, 0, 1)
+    assert layout.dp_rank == 0
+
+
+def test_layout_from_slurm_and_devices(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert resolve_layout(_cfg("model.tensor_model_parallel_size=2")) == Layout(world=4, tp=2, pp=1, dp=2, dp_rank=1)
+    monkeypatch.delenv("SLURM_NTASKS")
+    monkeypatch.delenv("SLURM_PROCID")
+    assert resolve_layout(_cfg("trainer.devices=2")).dp == 2
+
+
+def test_non_divisible_layout_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    with pytest.raises(ConfigError, match="not divisible"):
+        resolve_layout(_cfg("model.tensor_model_parallel_size=4"))
+
+
+def test_tp_divisibility_names_the_field():
+    cfg = build_config("tiny")  # 4 heads, 2 kv heads
+    check_divisibility(cfg, 2)
+    with pytest.raises(ConfigError, match="num_kv_heads=2"):
+        check_divisibility(cfg, 4)
+
+
+def test_pipeline_chunks():
+    assert split_layers(4, 2) == [[0, 1], [2, 3]]
+    assert split_layers(5, 2) == [[0, 1], [2, 3, 4]]
+    assert split_layers(6, 3, first_chunk_layers=1) == [[0], [1, 2], [3, 4, 5]]
+    with pytest.raises(ConfigError):
+        split_layers(2, 4)
+    assert local_chunks(1, 2, 2) == [1, 3]
+    split = split_layers(4, 4)
+    assert chunk_of_key("vision.cls_token", split) == 0
+    assert chunk_of_key("llm.layers.2.ffn_norm.weight", split) == 2
+    assert chunk_of_key("llm.output.weight", split) == 3

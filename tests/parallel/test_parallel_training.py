@@ -1,0 +1,129 @@
+"""Every parallel layout computes the single-process training run (CPU, gloo, real processes, fp32).
+
+The in-process harness (``harness.py``) runs ``NevaModule``'s step without Lightning, grouping layouts so each
+spawn pays process start-up once; ``test_torchrun_end_to_end`` runs ``python -m neva.train`` itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .harness import make_checkpoint, run_layouts, train_losses
+
+STEPS = 5
+RTOL = 1e-5
+
+pytestmark = pytest.mark.slow
+
+
+def _max_rel(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    ckpt = make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+    restore = [f"model.restore_from_path={ckpt}"]
+    return restore, train_losses(restore, STEPS)["losses"]
+
+
+TWO_RANK_LAYOUTS = {
+    "tp2": ["model.tensor_model_parallel_size=2"],
+    "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    "pp2_1f1b": ["model.pipeline_model_parallel_size=2"],
+    "pp2_interleaved": ["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"],
+    "dp2_fsdp": ["model.data_parallel=fsdp"],
+    "dp2_ddp": ["model.data_parallel=ddp"],
+}
+
+FOUR_RANK_LAYOUTS = {
+    "tp2_dp2": ["model.tensor_model_parallel_size=2"],
+    "pp2_tp2": ["model.pipeline_model_parallel_size=2", "model.tensor_model_parallel_size=2"],
+}
+
+
+def test_two_rank_layouts_match_one_process(reference, tmp_path):
+    restore, ref = reference
+    jobs = [(name, restore + o, STEPS) for name, o in TWO_RANK_LAYOUTS.items()]
+    jobs.append(("dp2_fsdp_o2", restore + ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"], 2))
+    results = run_layouts(2, jobs, tmp_path)
+    for name in TWO_RANK_LAYOUTS:
+        for rank in results:
+            assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
+    for rank in results:  # O2: bf16 compute, fp32 (sharded) master weights on every rank
+        assert rank["dp2_fsdp_o2"]["param_dtypes"] == ["torch.float32"]
+        assert abs(rank["dp2_fsdp_o2"]["losses"][0] - ref[0]) / ref[0] < 2e-2
+
+
+def test_four_rank_layouts_match_one_process(reference, tmp_path):
+    restore, ref = reference
+    results = run_layouts(4, [(n, restore + o, STEPS) for n, o in FOUR_RANK_LAYOUTS.items()], tmp_path)
+    for name in FOUR_RANK_LAYOUTS:
+        for rank in results:
+            assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
+
+
+E2E = [
+    "+stage=finetune",
+    "trainer.max_steps=5",
+    "model.micro_batch_size=2",
+    "model.global_batch_size=8",
+    "exp_manager.create_tensorboard_logger=false",
+    "trainer.enable_progress_bar=false",
+    "trainer.val_check_interval=1000",
+    "trainer.log_every_n_steps=1",
+    "++model.data.synthetic_train_samples=48",
+    "++model.data.pad_to_multiple_of=16",
+    "++model.mm_cfg.llm.arch_overrides={num_layers:2}",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+]
+
+
+def _train(root: Path, ckpt: Path, nproc: int, *overrides: str) -> list[float]:
+    env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "neva.train"]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "neva.train"]
+    cmd = launcher + E2E + [f"model.restore_from_path={ckpt}", *overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(root / "finetune" / "metrics.csv") as f:
+        return [float(r["train_loss"]) for r in csv.DictReader(f)]
+
+
+def test_torchrun_end_to_end_and_layout_changing_resume(tmp_path):
+    """``torchrun -m neva.train`` with TP2 writes the one-process ``train_loss`` values; a DCP checkpoint saved
+    under TP2 at step 3 resumes under DP2 (FSDP2) and continues the same curve."""
+    import torch
+
+    from neva.checkpoint.neva_format import save_checkpoint
+    from neva.models.neva import NevaModel
+    from neva.training.build import resolve_source
+    from neva.training.compose import compose_config
+
+    source = resolve_source(compose_config(["+stage=pretrain", "++model.mm_cfg.llm.arch_overrides={num_layers:2}"]))
+    torch.manual_seed(0)
+    model = NevaModel(source.cfg)
+    model.init_weights()
+    ckpt = save_checkpoint(tmp_path / "ckpt", source.cfg, model.state_dict(), source.tokenizer)
+
+    ref = _train(tmp_path / "one", ckpt, 1)
+    tp = _train(tmp_path / "tp", ckpt, 2, "model.tensor_model_parallel_size=2")
+    assert _max_rel(tp, ref) < RTOL, (tp, ref)
+    assert (tmp_path / "tp" / "finetune" / "final").is_dir()
+
+    checkpoints = tmp_path / "tp" / "finetune" / "checkpoints"
+    last = checkpoints / "last.ckpt"
+    import shutil
+
+    shutil.rmtree(last)
+    shutil.copytree(checkpoints / "step=3.ckpt", last)
+    resumed = _train(tmp_path / "tp", ckpt, 2, "model.data_parallel=fsdp")
+    assert _max_rel(resumed, ref) < RTOL, (resumed, ref)
