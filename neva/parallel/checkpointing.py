@@ -14,6 +14,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from neva.training.config import ModelConfig
+
 _SAVE = {
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
@@ -45,3 +47,13 @@ def apply_activation_checkpointing(layers: nn.ModuleDict, granularity: str | Non
         else:
             wrapped = checkpoint_wrapper(layers[name])
         layers[name] = wrapped
+
+
+def apply_compute_plans(model: nn.Module, cfg: ModelConfig) -> None:
+    """Activation checkpointing, then ``torch.compile`` per decoder block, as ``model.*`` asks (any layout)."""
+    apply_activation_checkpointing(
+        model.llm.layers, cfg.activations_checkpoint_granularity, cfg.activations_checkpoint_num_layers
+    )
+    if cfg.compile:
+        for block in model.llm.layers.values():
+            block.compile()

@@ -20,7 +20,7 @@ from neva.checkpoint.dcp import canonical_name, named_parameters
 from neva.models.lora import LoRALinear
 from neva.models.neva import NevaModel
 from neva.parallel import mesh as mesh_lib
-from neva.parallel.checkpointing import apply_activation_checkpointing
+from neva.parallel.checkpointing import apply_compute_plans
 from neva.parallel.data_parallel import all_reduce_gradients, apply_fsdp, ddp_sync_context, fsdp_sync_context
 from neva.parallel.materialize import materialize_parts
 from neva.parallel.pipeline import PipelineRunner, build_chunks, chunk_of_key, local_chunks, split_layers
@@ -235,12 +235,7 @@ def make_parallelize(cfg: TrainConfig, layout: Layout):
         for part in parts:
             if layout.tp > 1:
                 apply_tensor_parallel(part, dims.tp_mesh, sp, vocab_parallel)
-            apply_activation_checkpointing(
-                part.llm.layers, m.activations_checkpoint_granularity, m.activations_checkpoint_num_layers
-            )
-            if m.compile:
-                for block in part.llm.layers.values():
-                    block.compile()
+            apply_compute_plans(part, m)
         use_fsdp = m.data_parallel == "fsdp" and (layout.dp > 1 or precision.master_weights)
         sync_context = None
         forward_model: nn.Module = parts[0]

@@ -13,6 +13,7 @@ import torch
 
 from neva.data.datamodule import NevaDataModule
 from neva.models.neva import NevaModel
+from neva.parallel.checkpointing import apply_compute_plans
 from neva.training.build import ModelSource, build_meta_model, materialize, parameter_counts
 from neva.training.callbacks import MetricsCSV
 from neva.training.config import TrainConfig
@@ -118,6 +119,7 @@ class NevaModule(pl.LightningModule):
             self.engine = self.parallelize(model, self.source, device, self.precision_policy)
         else:
             materialize(model, self.source, device, self.cfg.model.seed)
+            apply_compute_plans(model, self.cfg.model)
             master = None
             if self.precision_policy.master_weights:
                 trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -1,8 +1,7 @@
-"""Worker of the 2-process gloo memory test: shard the tiny model three ways and report real local bytes.
+"""Worker of the 2-process gloo memory test: shard the tiny model with neva's own engine and report real bytes.
 
-``neva/parallel`` (#5) had no parallelize entry point yet, so the layouts are applied here directly with the same
-rules the planner assumes: ``parallelize_module`` (Colwise wq/wk/wv/w1/w3, the LM head and projector.0, Rowwise wo/w2, the
-embedding and projector.2) for TP, ``fully_shard`` per decoder layer / vision tower / projector / root for FSDP2, DDP for DDP.
+TP2 and FSDP2 (ZeRO-3 / ZeRO-2) go through ``neva.parallel`` (``apply_tensor_parallel``, ``apply_fsdp``), so the
+planner's per-rank numbers are checked against exactly what training allocates; DDP is torch's wrapper.
 """
 
 from __future__ import annotations
@@ -12,44 +11,13 @@ import os
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
+from neva.parallel.data_parallel import apply_fsdp
+from neva.parallel.tensor_parallel import apply_tensor_parallel
 from tests.planner.helpers import batch, measured_bytes, tiny_model, train_step
 
 LAYOUTS = ("tp2", "fsdp2_zero3", "fsdp2_zero2", "ddp2")
-
-
-def _tp(model, mesh) -> None:
-    layer_plan = {
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(),
-    }
-    for layer in model.llm.layers.values():
-        parallelize_module(layer, mesh, layer_plan)
-    parallelize_module(
-        model.llm, mesh, {"tok_embeddings": RowwiseParallel(input_layouts=Replicate()), "output": ColwiseParallel()}
-    )
-    # As neva.parallel.tensor_parallel: the projector's Linears column- then row-parallel.
-    parallelize_module(model.projector, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-
-
-def _fsdp(model, mesh, zero: int) -> None:
-    reshard = zero == 3
-    for layer in model.llm.layers.values():
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model.vision, mesh=mesh, reshard_after_forward=reshard)
-    # NevaModel calls ``vision.features``, not ``vision(...)``: FSDP2 must gather around that method.
-    register_fsdp_forward_method(model.vision, "features")
-    fully_shard(model.projector, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
 
 
 def worker(rank: int, init_file: str, stage: str, out_dir: str) -> None:
@@ -62,9 +30,9 @@ def worker(rank: int, init_file: str, stage: str, out_dir: str) -> None:
         for name in LAYOUTS:
             model = tiny_model(stage)
             if name == "tp2":
-                _tp(model, mesh)
+                apply_tensor_parallel(model, mesh, sequence_parallel=False, vocab_parallel_loss=False)
             elif name.startswith("fsdp2"):
-                _fsdp(model, mesh, int(name[-1]))
+                apply_fsdp(model, mesh, param_dtype=None, reshard=name.endswith("3"))
             else:
                 model = DistributedDataParallel(model)
             ids, pixels = batch(model.module if name == "ddp2" else model)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from neva.models.lora import LoRALinear
+from neva.parallel.checkpointing import apply_compute_plans
 from neva.training.build import build_meta_model, materialize
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer
@@ -115,3 +116,23 @@ def test_head_on_learned_positions_only_gives_the_full_logits_loss(lean_cfg):
     engine.learned_only_head = False
     full = engine.loss_sum(batches[0])
     assert sparse.item() == pytest.approx(full.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("granularity", ["full", "selective"])
+def test_activation_checkpointing_changes_memory_not_numbers(lean_cfg, granularity):
+    base = ["model.restore_from_path=null", "model.mm_cfg.llm.freeze=false", "model.data.conv_template=vicuna_v1"]
+    results = []
+    for extra in ([], [f"model.activations_checkpoint_granularity={granularity}"]):
+        cfg = lean_cfg(*base, *extra)
+        source, batches = micro_batches(cfg, 1, 4)
+        engine = make_engine(cfg, source)
+        apply_compute_plans(engine.model, cfg.model)
+        loss, _ = engine.forward_backward(batches)
+        grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in engine.named_trainable_parameters()}
+        results.append((loss.item(), grads))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert any("_checkpoint_wrapped_module" in n for n, _ in engine.model.named_parameters())
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    assert grads_a.keys() == grads_b.keys()
+    for name, grad in grads_a.items():
+        assert torch.allclose(grad, grads_b[name], rtol=1e-5, atol=1e-7), name
