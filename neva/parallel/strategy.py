@@ -19,7 +19,7 @@ from pytorch_lightning.strategies import ModelParallelStrategy
 from neva.checkpoint import dcp
 from neva.parallel.mesh import ParallelDims, build_mesh
 from neva.training.config import TrainConfig
-from neva.training.strategy import Layout
+from neva.training.strategy import Layout, restore_schedules
 
 
 class NevaParallelStrategy(ModelParallelStrategy):
@@ -91,27 +91,8 @@ class NevaParallelStrategy(ModelParallelStrategy):
         parts, optimizer = self._engine_state()
         dcp.load(path, parts, optimizer)
         checkpoint = torch.load(path / _METADATA_FILENAME, map_location="cpu", weights_only=False)
-        self._restore_schedules(checkpoint)
+        restore_schedules(self.lightning_module.trainer, checkpoint)
         return checkpoint
-
-    def _restore_schedules(self, checkpoint: dict[str, Any]) -> None:
-        """Keep only the step count of saved schedulers and recompute this rank's learning rates from it.
-
-        A pipeline stage may hold other parameter groups than rank 0 (which wrote the metadata), and a new layout
-        may differ again, so the saved per-group lists cannot be loaded as they are.
-        """
-        configs = self.lightning_module.trainer.lr_scheduler_configs
-        saved = checkpoint.get("lr_schedulers", [])
-        for i, (config, state) in enumerate(zip(configs, saved)):
-            scheduler = config.scheduler
-            last = state["last_epoch"]
-            fresh = scheduler.state_dict()
-            fresh.update(last_epoch=last, _step_count=state.get("_step_count", last + 1))
-            lrs = [base * fn(last) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
-            fresh["_last_lr"] = lrs
-            for group, lr in zip(scheduler.optimizer.param_groups, lrs):
-                group["lr"] = lr
-            saved[i] = fresh
 
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ class AtomicCheckpointIO(CheckpointIO):
     """``torch.save`` through a temp file and a rename, so a crash mid-save never leaves a complete-looking file."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        if Path(path).is_dir():  # a distributed run's DCP checkpoint of the same name, resumed here in one process
+            shutil.rmtree(path)
         atomic_write(path, lambda f: torch.save(checkpoint, f))
 
     def load_checkpoint(self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
@@ -42,7 +45,10 @@ class AtomicCheckpointIO(CheckpointIO):
         return torch.load(path, map_location=map_location or "cpu", weights_only=False)
 
     def remove_checkpoint(self, path: _PATH) -> None:
-        Path(path).unlink(missing_ok=True)
+        if Path(path).is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            Path(path).unlink(missing_ok=True)
 
 
 class MetricsCSV:

@@ -100,7 +100,7 @@ def _train(root: Path, ckpt: Path, nproc: int, *overrides: str) -> list[float]:
 
 def test_torchrun_end_to_end_and_layout_changing_resume(tmp_path):
     """``torchrun -m neva.train`` with TP2 writes the one-process ``train_loss`` values; a DCP checkpoint saved
-    under TP2 at step 3 resumes under DP2 (FSDP2) and continues the same curve."""
+    under TP2 at step 3 resumes under DP2 (FSDP2), and in one process, and both continue the same curve."""
     import torch
 
     from neva.checkpoint.neva_format import save_checkpoint
@@ -123,7 +123,15 @@ def test_torchrun_end_to_end_and_layout_changing_resume(tmp_path):
     last = checkpoints / "last.ckpt"
     import shutil
 
+    step3 = tmp_path / "tp_step3"
+    shutil.copytree(checkpoints / "step=3.ckpt", step3)
     shutil.rmtree(last)
-    shutil.copytree(checkpoints / "step=3.ckpt", last)
+    shutil.copytree(step3, last)
     resumed = _train(tmp_path / "tp", ckpt, 2, "model.data_parallel=fsdp")
     assert _max_rel(resumed, ref) < RTOL, (resumed, ref)
+
+    # The same TP2 checkpoint resumed by one process (TP1): DCP gathers the shards into full tensors.
+    shutil.rmtree(last)
+    shutil.copytree(step3, last)
+    single = _train(tmp_path / "tp", ckpt, 1)
+    assert _max_rel(single, ref) < RTOL, (single, ref)
