@@ -22,7 +22,7 @@ from neva.models.neva import NevaModel
 from neva.parallel import mesh as mesh_lib
 from neva.parallel.checkpointing import apply_compute_plans
 from neva.parallel.data_parallel import all_reduce_gradients, apply_fsdp, ddp_sync_context, fsdp_sync_context
-from neva.parallel.materialize import materialize_parts
+from neva.parallel.materialize import materialize_parts, materialize_sharded
 from neva.parallel.pipeline import PipelineRunner, build_chunks, chunk_of_key, local_chunks, split_layers
 from neva.parallel.tensor_parallel import apply_tensor_parallel, check_divisibility
 from neva.training.build import ModelSource
@@ -224,7 +224,10 @@ def make_parallelize(cfg: TrainConfig, layout: Layout):
         num_chunks = layout.pp * virtual
         layer_split = split_layers(meta_model.cfg.llm.num_layers, num_chunks, m.pipeline_first_stage_layers)
         key_stage = {k: chunk_of_key(k, layer_split) % layout.pp for k in full_keys}
-        model = materialize_parts(meta_model, source, device, cfg.model.seed)
+        # Sharded init never holds the whole model on a rank; the default materialises it whole first so that every
+        # layout starts from bit-identical weights (what the equivalence tests compare).
+        sharded_init = m.meta_init
+        model = meta_model if sharded_init else materialize_parts(meta_model, source, device, cfg.model.seed)
         if layout.pp > 1:
             chunk_ids = local_chunks(dims.pp_rank, layout.pp, virtual)
             parts = build_chunks(model, dims.pp_rank, layout.pp, virtual, m.pipeline_first_stage_layers)
@@ -245,7 +248,9 @@ def make_parallelize(cfg: TrainConfig, layout: Layout):
             for part in parts:
                 apply_fsdp(part, dims.dp_mesh, param_dtype, reshard=m.zero_stage == 3)
             sync_context = fsdp_sync_context(parts)
-        elif layout.dp > 1:
+        if sharded_init:
+            materialize_sharded(parts, source, device, cfg.model.seed)
+        if not use_fsdp and layout.dp > 1:
             if layout.tp == 1 and layout.pp == 1:
                 forward_model = nn.parallel.DistributedDataParallel(
                     parts[0],

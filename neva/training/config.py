@@ -129,6 +129,7 @@ class ModelConfig:
     activations_checkpoint_granularity: str | None = None  # full | selective
     activations_checkpoint_num_layers: int | None = None
     compile: bool = False
+    meta_init: bool = False  # distributed: allocate and load only each rank's shards (models too large for one rank)
     restore_from_path: str | None = None
     seed: int = 1234
     mm_cfg: MMConfig = field(default_factory=MMConfig)

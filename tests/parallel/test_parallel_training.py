@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from .harness import make_checkpoint, run_layouts, train_losses
 
@@ -117,6 +118,9 @@ def test_torchrun_end_to_end_and_layout_changing_resume(tmp_path):
     ref = _train(tmp_path / "one", ckpt, 1)
     tp = _train(tmp_path / "tp", ckpt, 2, "model.tensor_model_parallel_size=2")
     assert _max_rel(tp, ref) < RTOL, (tp, ref)
+    # Sharded initialisation (no rank ever holds the whole model) loads the same weights.
+    meta = _train(tmp_path / "tp_meta", ckpt, 2, "model.tensor_model_parallel_size=2", "model.meta_init=true")
+    assert _max_rel(meta, ref) < RTOL, (meta, ref)
     assert (tmp_path / "tp" / "finetune" / "final").is_dir()
 
     checkpoints = tmp_path / "tp" / "finetune" / "checkpoints"
@@ -135,3 +139,32 @@ def test_torchrun_end_to_end_and_layout_changing_resume(tmp_path):
     shutil.copytree(step3, last)
     single = _train(tmp_path / "tp", ckpt, 1)
     assert _max_rel(single, ref) < RTOL, (single, ref)
+
+
+def test_hf_weights_load_straight_into_the_sharded_model(tmp_path):
+    """``model.meta_init=true`` under TP2: HF Llama + CLIP weights are read tensor by tensor into each rank's shards."""
+    from safetensors.torch import load_file
+
+    from tests.checkpoint.tiny_hf import make_clip_dir, make_llama_dir
+
+    llama, _ = make_llama_dir(tmp_path / "llama")
+    make_clip_dir(tmp_path / "clip")
+    env = {**os.environ, "NEVA_OUTPUT_ROOT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "neva.train", "+stage=pretrain",
+        "trainer.max_steps=2", "model.micro_batch_size=2", "model.global_batch_size=4",
+        "exp_manager.create_tensorboard_logger=false", "trainer.enable_progress_bar=false",
+        "trainer.val_check_interval=1000", "++model.data.synthetic_train_samples=16",
+        f"model.mm_cfg.llm.from_pretrained={tmp_path}/llama", f"model.mm_cfg.vision_encoder.from_pretrained={tmp_path}/clip",
+        "model.tensor_model_parallel_size=2", "model.meta_init=true",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    final = tmp_path / "out" / "pretrain" / "final"
+    weights = {}
+    for f in sorted(final.glob("*.safetensors")):
+        weights.update(load_file(f))
+    hf = llama.state_dict()
+    # Pretraining froze the LLM: the gathered weights are HF's, whichever rank held which slice.
+    assert torch.equal(weights["llm.layers.1.feed_forward.w2.weight"], hf["model.layers.1.mlp.down_proj.weight"])
+    assert torch.equal(weights["llm.output.weight"][: hf["lm_head.weight"].shape[0]], hf["lm_head.weight"])
