@@ -9,11 +9,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from neva.checkpoint import neva_format
+from neva.checkpoint.dcp import named_parameters
 from neva.data.datamodule import tokenizer_image_token_id
 from neva.models.config import NevaConfig
-from neva.models.lora import apply_lora
+from neva.models.lora import LoRALinear, apply_lora
 from neva.models.neva import NevaModel
 from neva.training.config import TrainConfig
 from neva.training.model_config import neva_config_from_mm
@@ -104,53 +106,82 @@ def apply_freeze(model: NevaModel, cfg: TrainConfig) -> None:
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, source: ModelSource, device: torch.device, seed: int) -> None:
-    """Allocate (``to_empty``) and fill: fresh init, then the checkpoint's or HF weights over it."""
+def init_fresh(model: nn.Module, device: torch.device, seed: int) -> None:
+    """Allocate ``model``'s (possibly sharded) parameters on ``device`` and initialise them, keeping ``requires_grad``."""
     requires = {n: p.requires_grad for n, p in model.named_parameters()}
     model.to_empty(device=device)
     model.tie_weights()
     torch.manual_seed(seed)
     model.init_weights()
     for module in model.modules():
-        if hasattr(module, "lora_a"):
+        if isinstance(module, LoRALinear):
             module.reset_parameters()
-    if source.checkpoint is not None:
-        neva_format.load_weights(_unwrapped_keys(model), source.checkpoint)
-    elif source.hf_llm is not None:
-        from neva.checkpoint.hf import load_hf_weights
-
-        load_hf_weights(_unwrapped_keys(model), llm_dir=source.hf_llm, vision_dir=source.hf_vision)
     for n, p in model.named_parameters():
         p.requires_grad_(requires[n])
 
 
-def _unwrapped_keys(model: nn.Module) -> nn.Module:
-    """LoRA wraps Linear layers as ``<name>.base``; checkpoints use the plain names. Loading goes through a view."""
-    from neva.models.lora import LoRALinear
-
-    if not any(isinstance(m, LoRALinear) for m in model.modules()):
-        return model
-    return _PlainView(model)
+@torch.no_grad()
+def materialize(model: nn.Module, source: ModelSource, device: torch.device, seed: int) -> None:
+    """Allocate and fill the whole model: fresh init, then the checkpoint's or HF weights over it."""
+    init_fresh(model, device, seed)
+    load_source_weights([model], source)
 
 
-class _PlainView:
-    """Duck-typed stand-in for ``load_weights``: exposes plain-named parameters of a LoRA-wrapped model."""
+class _Slot:
+    """Where one full tensor read from disk goes: a parameter, or this rank's slice of a DTensor parameter."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self._model = model
-        self.cfg = model.cfg
-        self.llm = model.llm
+    def __init__(self, param: torch.Tensor) -> None:
+        self.param = param
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for key, value in self._model.state_dict(keep_vars=True).items():
-            if ".lora_" in key:
-                continue
-            out[key.replace(".base.", ".")] = value
-        return out
+    @property
+    def shape(self) -> torch.Size:
+        return self.param.shape  # the global shape, for DTensors too
 
-    def named_parameters(self):
-        return ((k, v) for k, v in self.state_dict().items() if isinstance(v, nn.Parameter))
+    def copy_(self, full: torch.Tensor) -> None:
+        p = self.param
+        if isinstance(p, DTensor):
+            # src_data_rank=None: every rank read the same full tensor, so each slices locally (no collective).
+            local = distribute_tensor(full.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None)
+            p.to_local().copy_(local.to_local())
+        else:
+            p.copy_(full)
+
+
+class _Targets:
+    """What the loaders write into (``cfg`` + ``state_dict()``): the parameters of ``parts`` under plain neva keys.
+
+    Plain = without the LoRA ``.base`` and activation-checkpoint wrapper levels, as checkpoints and HF tables name them.
+    """
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        self.cfg = parts[0].cfg
+        self.slots = {name.replace(".base.", "."): _Slot(p) for name, p in named_parameters(parts)}
+
+    def state_dict(self) -> dict[str, _Slot]:
+        return dict(self.slots)
+
+
+def load_source_weights(parts: list[nn.Module], source: ModelSource) -> None:
+    """Read the neva checkpoint or the HF weights one full tensor at a time into ``parts`` (whole or sharded).
+
+    Raises:
+        KeyError: a neva checkpoint lacks a tensor these parts hold (LoRA adapters aside, which start fresh).
+    """
+    targets = _Targets(parts)
+    if source.checkpoint is not None:
+        filled = set()
+        for key, full in neva_format.iter_tensors(source.checkpoint):
+            slot = targets.slots.get(key)
+            if slot is not None:  # None: another pipeline stage holds it
+                slot.copy_(full)
+                filled.add(key)
+        missing = sorted(k for k in set(targets.slots) - filled if ".lora_" not in k)
+        if missing:
+            raise KeyError(f"{len(missing)} model tensor(s) not in {source.checkpoint}, e.g. {missing[:5]}")
+    elif source.hf_llm is not None:
+        from neva.checkpoint.hf import load_hf_weights
+
+        load_hf_weights(targets, llm_dir=source.hf_llm, vision_dir=source.hf_vision)
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:
