@@ -18,9 +18,9 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 
+from neva.config import compose_config
 from neva.planner.plan import Plan, plan_run
 from neva.planner.report import format_table, to_json
-from neva.training.compose import compose_config
 from neva.typed import ConfigError
 
 SWEEPABLE = (

@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neva.training.compose import to_train_config
+from neva.config import to_train_config
 from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")

@@ -1,14 +1,139 @@
-"""Process layout from the config and the launcher's environment: world = pp × dp × tp."""
+"""The run's layout: how many processes, how the model is split over them, and this process's place.
+
+One type for training, the planner (which adds cluster facts around it) and the benchmark. world = pp × dp × tp; the
+mesh is ``("pp", "dp", "tp")`` with tp fastest, so a TP group stays inside a node (NVLink) and only pipeline
+point-to-point traffic crosses the slower links.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
-from neva.training.config import TrainConfig
-from neva.training.strategy import Layout
+from neva.config import ModelConfig, TrainConfig
 from neva.typed import ConfigError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes and enabled plans of a run (``model.*`` parallel keys, validated), plus this process's coordinates.
+
+    Attributes:
+        tp / pp / dp: tensor-, pipeline- and data-parallel sizes.
+        vpp: virtual pipeline chunks per pipeline rank.
+        schedule: the pipeline schedule actually run (a virtual size selects ``interleaved_1f1b``, as in NeMo).
+        sp: sequence parallelism in effect (requested and tp > 1).
+        data_parallel: ``fsdp`` or ``ddp``; zero_stage: FSDP2's 3 (reshard after forward) or 2.
+        first_stage_layers: decoder layers on the first pipeline chunk (it also runs vision), None = even split.
+        ac / ac_num_layers: activation checkpointing granularity and how many blocks per chunk (None = all).
+        micro_batch_size / global_batch_size: samples per micro-batch and per optimizer step.
+        device_type: ``cuda`` (one GPU per process, NCCL) or ``cpu`` (gloo).
+        dp_rank: this process's data-parallel rank.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    vpp: int = 1
+    schedule: str = "1f1b"
+    sp: bool = False
+    data_parallel: str = "fsdp"
+    zero_stage: int = 3
+    first_stage_layers: int | None = None
+    ac: str | None = None
+    ac_num_layers: int | None = None
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    device_type: str = "cpu"
+    dp_rank: int = 0
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+    @property
+    def num_chunks(self) -> int:
+        """Pipeline chunks of the decoder (pp × vpp)."""
+        return self.pp * self.vpp
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches each data-parallel rank runs per optimizer step."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def sharded(self) -> bool:
+        """Parameters, gradients and optimizer state are sharded over dp at rest (FSDP2, ZeRO-2 or ZeRO-3)."""
+        return self.data_parallel == "fsdp" and self.dp > 1
+
+    @classmethod
+    def from_config(cls, m: ModelConfig, world: int, device_type: str = "cpu", dp_rank: int = 0) -> Layout:
+        """The layout ``model.*`` asks for on ``world`` processes.
+
+        Raises:
+            ConfigError: ``tp × pp`` does not divide the world, the global batch does not divide into micro-batches
+                × dp, or a pipeline option is set without pipeline parallelism.
+        """
+        tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+        if world % (tp * pp):
+            raise ConfigError(
+                f"world size {world} is not divisible by model.tensor_model_parallel_size ({tp}) × "
+                f"model.pipeline_model_parallel_size ({pp}); choose sizes whose product divides the number of processes"
+            )
+        dp = world // (tp * pp)
+        per_step = m.micro_batch_size * dp
+        if m.global_batch_size % per_step:
+            raise ConfigError(
+                f"model.global_batch_size={m.global_batch_size} is not a multiple of "
+                f"model.micro_batch_size ({m.micro_batch_size}) × data-parallel size ({dp}) = {per_step}"
+            )
+        vpp = m.virtual_pipeline_model_parallel_size or 1
+        if vpp > 1 and pp == 1:
+            raise ConfigError("model.virtual_pipeline_model_parallel_size needs model.pipeline_model_parallel_size > 1")
+        if pp == 1 and m.pipeline_schedule == "interleaved_1f1b":
+            raise ConfigError("model.pipeline_schedule=interleaved_1f1b needs model.pipeline_model_parallel_size > 1")
+        schedule = "interleaved_1f1b" if vpp > 1 and m.pipeline_schedule == "1f1b" else m.pipeline_schedule
+        return cls(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            vpp=vpp,
+            schedule=schedule,
+            sp=m.sequence_parallel and tp > 1,
+            data_parallel=m.data_parallel,
+            zero_stage=m.zero_stage,
+            first_stage_layers=m.pipeline_first_stage_layers,
+            ac=m.activations_checkpoint_granularity,
+            ac_num_layers=m.activations_checkpoint_num_layers,
+            micro_batch_size=m.micro_batch_size,
+            global_batch_size=m.global_batch_size,
+            device_type=device_type,
+            dp_rank=dp_rank,
+        )
+
+
+def device_type(cfg: TrainConfig) -> str:
+    """``cuda`` when ``trainer.accelerator`` allows it and a GPU is visible, else ``cpu``.
+
+    Raises:
+        ConfigError: a GPU was asked for and none is visible.
+    """
+    accel = cfg.trainer.accelerator
+    if accel == "cpu":
+        return "cpu"
+    if accel in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError("trainer.accelerator=gpu but no CUDA device is visible")
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def world_size(cfg: TrainConfig) -> int:
@@ -48,26 +173,10 @@ def mesh_coords(rank: int, layout: Layout) -> tuple[int, int, int]:
 
 
 def resolve_layout(cfg: TrainConfig) -> Layout:
-    """The run's layout; a world size that ``tp × pp`` does not divide is a config error.
-
-    Tensor parallelism is the fastest-varying mesh dimension so a TP group stays inside a node (NVLink); pipeline
-    stages are the slowest, so only point-to-point activations cross the slower links.
-    """
-    tp = cfg.model.tensor_model_parallel_size
-    pp = cfg.model.pipeline_model_parallel_size
+    """This process's layout: the world from the launcher, the device from the config and what is visible."""
     world = world_size(cfg)
-    if world % (tp * pp):
-        raise ConfigError(
-            f"world size {world} is not divisible by model.tensor_model_parallel_size ({tp}) × "
-            f"model.pipeline_model_parallel_size ({pp}); choose sizes whose product divides the number of processes"
-        )
-    vpp = cfg.model.virtual_pipeline_model_parallel_size
-    if vpp is not None and vpp > 1 and pp == 1:
-        raise ConfigError("model.virtual_pipeline_model_parallel_size needs model.pipeline_model_parallel_size > 1")
-    if pp == 1 and cfg.model.pipeline_schedule == "interleaved_1f1b":
-        raise ConfigError("model.pipeline_schedule=interleaved_1f1b needs model.pipeline_model_parallel_size > 1")
-    layout = Layout(world=world, tp=tp, pp=pp, dp=world // (tp * pp))
+    layout = Layout.from_config(cfg.model, world, device_type(cfg))
     if world == 1:
         return layout
     _, dp_rank, _ = mesh_coords(global_rank(world // cfg.trainer.num_nodes), layout)
-    return Layout(world=world, tp=tp, pp=pp, dp=layout.dp, dp_rank=dp_rank)
+    return Layout.from_config(cfg.model, world, layout.device_type, dp_rank)

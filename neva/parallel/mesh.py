@@ -7,11 +7,9 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from neva.training.strategy import Layout
+from neva.parallel.layout import Layout
 
 MESH_DIMS = ("pp", "dp", "tp")
-
-_current: ParallelDims | None = None
 
 
 @dataclass
@@ -49,18 +47,7 @@ class ParallelDims:
         return self.mesh[dim].get_group()
 
 
-def build_mesh(layout: Layout, device_type: str) -> ParallelDims:
-    """Create the mesh (the default process group must exist) and remember it for ``current()``."""
-    global _current
-    mesh = init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS)
-    _current = ParallelDims(mesh, layout)
-    return _current
-
-
-def current(layout: Layout | None = None, device_type: str = "cpu") -> ParallelDims:
-    """The mesh the strategy built; builds one from ``layout`` when called outside Lightning (tests, tools)."""
-    if _current is None or (layout is not None and _current.layout != layout):
-        if layout is None:
-            raise RuntimeError("no device mesh yet: the distributed strategy builds it when the processes start")
-        return build_mesh(layout, device_type)
-    return _current
+def build_mesh(layout: Layout) -> ParallelDims:
+    """Create the mesh over all processes (the default process group must exist; a collective)."""
+    mesh = init_device_mesh(layout.device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS)
+    return ParallelDims(mesh, layout)

@@ -23,8 +23,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from neva.constants import IGNORE_INDEX
+from neva.models.loss import token_cross_entropy
 from neva.models.neva import NevaModel
-from neva.training.loss import token_cross_entropy
 from neva.typed import ConfigError
 
 

@@ -1,8 +1,8 @@
-"""The Lightning strategy of distributed runs: one ``("pp", "dp", "tp")`` mesh, DCP checkpoints.
+"""The Lightning strategies: one process, or one ``("pp", "dp", "tp")`` mesh of processes; checkpoint I/O for both.
 
-Built on Lightning's ``ModelParallelStrategy`` (process launch under torchrun / SLURM / Lightning's own launcher,
-process-group setup, ``configure_model`` hook), with its 2-D mesh replaced by neva's 3-D one and its checkpoint
-format replaced by ``neva.checkpoint.dcp`` (layout-independent keys, so a run may resume under another layout).
+One process writes Lightning checkpoint files; distributed runs write DCP directories (``neva.checkpoint.dcp``) under
+the whole model's parameter names. Both strategies resume a DCP directory through ``load_dcp``, so a run may continue
+under another layout, one process included.
 """
 
 from __future__ import annotations
@@ -14,32 +14,108 @@ from typing import Any
 import torch
 from lightning_fabric.utilities.load import _METADATA_FILENAME
 from pytorch_lightning.accelerators import CPUAccelerator
-from pytorch_lightning.strategies import ModelParallelStrategy
+from pytorch_lightning.strategies import ModelParallelStrategy, SingleDeviceStrategy, Strategy
 
 from neva.checkpoint import dcp
+from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
-from neva.training.config import TrainConfig
-from neva.training.strategy import Layout, restore_schedules
+from neva.typed import ConfigError
+
+
+def build_strategy(layout: Layout) -> Strategy:
+    """The strategy for ``layout``."""
+    if layout.is_distributed:
+        return NevaParallelStrategy(layout)
+    return NevaSingleDeviceStrategy(torch.device("cuda", 0) if layout.is_cuda else torch.device("cpu"))
+
+
+def _engine_state(strategy: Strategy) -> tuple[list, torch.optim.Optimizer | None]:
+    """The model parts and the (unwrapped) optimizer a checkpoint holds."""
+    optimizer = strategy.optimizers[0] if strategy.optimizers else None
+    return strategy.lightning_module.engine.parts, getattr(optimizer, "_optimizer", optimizer)
+
+
+def load_dcp(strategy: Strategy, path: Path) -> dict[str, Any]:
+    """Fill the engine's parts and optimizer from DCP directory ``path`` (any layout wrote it) and return the loop
+    state, with the schedulers' learning rates recomputed for this layout."""
+    parts, optimizer = _engine_state(strategy)
+    dcp.load(path, parts, optimizer)
+    checkpoint = torch.load(path / _METADATA_FILENAME, map_location="cpu", weights_only=False)
+    restore_schedules(strategy.lightning_module.trainer, checkpoint)
+    return checkpoint
+
+
+def restore_schedules(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    """Keep only the step count of saved schedulers and recompute this rank's learning rates from it.
+
+    A pipeline stage may hold other parameter groups than rank 0 (which wrote the metadata), and a new layout may
+    differ again, so the saved per-group lists cannot be loaded as they are.
+    """
+    saved = checkpoint.get("lr_schedulers", [])
+    for i, (config, state) in enumerate(zip(trainer.lr_scheduler_configs, saved)):
+        scheduler = config.scheduler
+        last = state["last_epoch"]
+        fresh = scheduler.state_dict()
+        fresh.update(last_epoch=last, _step_count=state.get("_step_count", last + 1))
+        lrs = [base * fn(last) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        fresh["_last_lr"] = lrs
+        for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        saved[i] = fresh
+
+
+class NevaSingleDeviceStrategy(SingleDeviceStrategy):
+    """One process. Besides its own checkpoint files it resumes the DCP checkpoint directories of distributed runs
+    (DCP gathers the shards of any layout into this process's full tensors)."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device=device)
+        self._loaded_dcp = False
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # DCP loads into the optimizer's state, which exists only after setup
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(checkpoint_path)
+        if not path.is_dir():
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        if self.lightning_module.engine.master is not None:
+            raise ConfigError(
+                f"{path} was written by a distributed run; resuming it in one process with model.megatron_amp_O2=true "
+                "is not supported (resume with the FSDP layout, or without O2)"
+            )
+        self._loaded_dcp = True
+        return load_dcp(self, path)
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        return not self._loaded_dcp  # DCP already filled the optimizer state in place
+
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
+        if not self._loaded_dcp:
+            super().load_model_state_dict(checkpoint, strict=strict)
+
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        if not self._loaded_dcp:
+            super().load_optimizer_state_dict(checkpoint)
 
 
 class NevaParallelStrategy(ModelParallelStrategy):
-    """``ModelParallelStrategy`` with the ``("pp", "dp", "tp")`` mesh; gloo without GPUs, NCCL with them.
+    """Lightning's ``ModelParallelStrategy`` (process launch under torchrun / SLURM / Lightning's own launcher,
+    process-group setup, the ``configure_model`` hook) with neva's ``("pp", "dp", "tp")`` mesh in place of its 2-D one
+    and DCP checkpoints under layout-independent keys; gloo without GPUs, NCCL with them."""
 
-    Args:
-        layout: the resolved process layout.
-        use_cuda: one GPU per process (NCCL) instead of CPU processes (gloo).
-    """
-
-    def __init__(self, layout: Layout, use_cuda: bool) -> None:
+    def __init__(self, layout: Layout) -> None:
         super().__init__(
             data_parallel_size=layout.dp,
             tensor_parallel_size=layout.tp,
             save_distributed_checkpoint=True,
-            process_group_backend="nccl" if use_cuda else "gloo",
+            process_group_backend="nccl" if layout.is_cuda else "gloo",
         )
         self.layout = layout
         self.dims: ParallelDims | None = None
-        if not use_cuda:
+        if not layout.is_cuda:
             self._accelerator = CPUAccelerator()
 
     def setup_environment(self) -> None:
@@ -48,7 +124,7 @@ class NevaParallelStrategy(ModelParallelStrategy):
             torch.cuda.set_device(self.root_device)
         if self.world_size != self.layout.world:
             raise RuntimeError(f"launched {self.world_size} processes but the layout needs {self.layout.world}")
-        self.dims = build_mesh(self.layout, self.root_device.type)
+        self.dims = build_mesh(self.layout)
         self._device_mesh = self.dims.mesh
         self.lightning_module._device_mesh = self.dims.mesh
 
@@ -56,18 +132,12 @@ class NevaParallelStrategy(ModelParallelStrategy):
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         return {"num_replicas": self.layout.dp, "rank": self.dims.dp_rank if self.dims else 0}
 
-    # -- checkpoints: DCP shards of the engine's parts + Lightning's loop state in meta.pt ------------------------
+    # -- checkpoints: DCP shards of the engine's parts + Lightning's loop state in the metadata file ---------------
     def lightning_module_state_dict(self) -> dict[str, Any]:
         return {}  # the weights go through dcp.save in save_checkpoint
 
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         return {}
-
-    def _engine_state(self) -> tuple[list, torch.optim.Optimizer | None]:
-        engine = self.lightning_module.engine
-        optimizer = self.optimizers[0] if self.optimizers else None
-        optimizer = getattr(optimizer, "_optimizer", optimizer)
-        return engine.parts, optimizer
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         path = Path(self.broadcast(str(filepath)))
@@ -78,7 +148,7 @@ class NevaParallelStrategy(ModelParallelStrategy):
                 shutil.rmtree(path)  # a stale copy would mix old shard files with new metadata
             path.mkdir(parents=True, exist_ok=True)
         self.barrier()
-        parts, optimizer = self._engine_state()
+        parts, optimizer = _engine_state(self)
         dcp.save(path, parts, optimizer)
         checkpoint.pop("state_dict", None)
         checkpoint.pop("optimizer_states", None)
@@ -87,12 +157,7 @@ class NevaParallelStrategy(ModelParallelStrategy):
         self.barrier()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        path = Path(self.broadcast(str(checkpoint_path)))
-        parts, optimizer = self._engine_state()
-        dcp.load(path, parts, optimizer)
-        checkpoint = torch.load(path / _METADATA_FILENAME, map_location="cpu", weights_only=False)
-        restore_schedules(self.lightning_module.trainer, checkpoint)
-        return checkpoint
+        return load_dcp(self, Path(self.broadcast(str(checkpoint_path))))
 
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
@@ -101,10 +166,3 @@ class NevaParallelStrategy(ModelParallelStrategy):
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
-
-
-def build_distributed_strategy(cfg: TrainConfig, layout: Layout) -> NevaParallelStrategy:
-    """The strategy for ``layout`` (called by ``neva.training.strategy.build_strategy`` when world > 1)."""
-    from neva.training.strategy import _use_cuda
-
-    return NevaParallelStrategy(layout, use_cuda=_use_cuda(cfg))

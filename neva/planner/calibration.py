@@ -12,8 +12,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from neva.config import compose_config
 from neva.planner.plan import Plan, plan_run
-from neva.training.compose import compose_config
 
 NODES = (1, 2, 4, 8, 16)
 

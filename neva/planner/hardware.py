@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from neva.training.config import ClusterConfig
+from neva.config import ClusterConfig
 from neva.typed import ConfigError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neva.training.config import TrainConfig
+from neva.config import TrainConfig
 from neva.typed import ConfigError
 
 # Lightning precision strings that mean "bf16/fp16 compute"; with megatron_amp_O2 they give bf16 params + fp32 master.

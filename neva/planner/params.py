@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
+from neva.config import MMConfig, PeftConfig
 from neva.models.config import NevaConfig
 from neva.models.lora import apply_lora
 from neva.models.neva import NevaModel
 from neva.planner.layout import Layout
-from neva.training.config import MMConfig, PeftConfig
 
 _COLWISE = ("wq", "wk", "wv", "w1", "w3", "output")
 _ROWWISE = ("wo", "w2")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from neva.checkpoint.source import neva_config_from_mm
+from neva.config import TrainConfig
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
 from neva.planner.flops import stage_flops
 from neva.planner.hardware import hardware_from_config
@@ -11,8 +13,6 @@ from neva.planner.layout import Layout, layout_from_config
 from neva.planner.memory import rank_state_bytes, working_bytes
 from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
-from neva.training.config import TrainConfig
-from neva.training.model_config import neva_config_from_mm
 
 # Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
 # after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
@@ -104,7 +104,7 @@ def plan_run(
     """Predict memory and throughput of ``cfg`` without allocating the model.
 
     Args:
-        cfg: a composed, validated config (``neva.training.compose.compose_config``).
+        cfg: a composed, validated config (``neva.config.compose_config``).
         text_tokens: mean text tokens per sample (default: ``TEXT_TOKENS[cfg.stage]``).
         global_batch_size: overrides ``cfg.model.global_batch_size`` (weak-scaling sweeps).
         grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Layout``).

@@ -1,4 +1,4 @@
-"""One optimizer step's worth of forward/backward, the same for every layout.
+"""One optimizer step's worth of forward/backward over this rank's parts, the same code for every layout.
 
 The loss of a step is the sum of token cross-entropies over all micro-batches of all data-parallel ranks divided
 by the number of learned tokens in that whole global batch. Gradient accumulation and every parallel layout then
@@ -9,16 +9,22 @@ tokens differently whenever micro-batches hold different numbers of learned toke
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
-from neva.training.loss import count_learned_tokens, learned_positions, token_cross_entropy
-from neva.training.precision import MasterWeights, Precision
+from neva.checkpoint.dcp import named_parameters
+from neva.models.loss import count_learned_tokens, learned_positions, token_cross_entropy
+from neva.parallel.data_parallel import all_reduce_gradients
+from neva.parallel.parallelize import ParallelModel
+from neva.parallel.pipeline import pad_micro_batches
+from neva.parallel.precision import Precision
 
 MODEL_INPUTS = ("input_ids", "pixel_values", "image_counts", "position_ids", "segment_ids")
 
@@ -42,45 +48,35 @@ class Engine:
     """Runs forward/backward for a list of micro-batches and owns what the optimizer steps.
 
     Args:
-        model: the (possibly parallelized) NevaModel.
+        parallel: this rank's parallelized model (``neva.parallel.parallelize``).
         precision: fp32 / bf16 autocast / bf16 O2.
         device: where inputs go.
-        dp_group: process group of the data-parallel replicas (None = one replica).
-        master: O2 master weights when the data-parallel wrapper does not provide them (FSDP2 does).
-        sync_context: ``sync_context(is_last)`` returns a context in which backward runs; data-parallel wrappers
-            use it to skip gradient reduction on all but the last micro-batch.
-        forward_backward_fn: replaces the micro-batch loop (pipeline parallelism runs its schedule there); called as
-            ``fn(micro_batches, scale) -> loss_sum`` and must call backward itself.
+        packed: batches are packed rows (keep ``segment_ids``).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        precision: Precision,
-        device: torch.device,
-        dp_group: dist.ProcessGroup | None = None,
-        master: MasterWeights | None = None,
-        sync_context: Callable[[bool], contextlib.AbstractContextManager] | None = None,
-        forward_backward_fn: Callable[[list[dict], float], torch.Tensor] | None = None,
-        packed: bool = False,
-    ) -> None:
-        self.model = model
+    def __init__(self, parallel: ParallelModel, precision: Precision, device: torch.device, packed: bool) -> None:
+        self.parallel = parallel
+        self.parts = parallel.parts
+        self.master = parallel.master
         self.precision = precision
         self.device = device
-        self.dp_group = dp_group
-        self.dp_size = dist.get_world_size(dp_group) if dp_group is not None else 1
-        self.master = master
-        self.sync_context = sync_context or (lambda is_last: contextlib.nullcontext())
-        self.forward_backward_fn = forward_backward_fn
         self.packed = packed
-        # LM head only at learned positions; layouts whose logits are sharded or split turn this off.
-        self.learned_only_head = True
+        layout = parallel.layout
+        self.dp_group = parallel.group("dp")
+        self.dp_size = layout.dp
+        # train()/eval() and the hooks of the data-parallel wrapper go through ``model``.
+        self.model: nn.Module = parallel.forward_model if len(self.parts) == 1 else nn.ModuleList(self.parts)
+        # LM head only at learned positions; selecting positions of a (sequence-)sharded activation would need a
+        # collective, so TP layouts keep full logits.
+        self.learned_only_head = layout.tp == 1
+        # Sequence parallelism splits the sequence over tp ranks: pad to a multiple of tp.
+        self.sp_multiple = layout.tp if layout.sp else 1
 
     # -- what the optimizer sees -------------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         if self.master is not None:
             return self.master.named_master
-        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        return [(n, p) for n, p in named_parameters(self.parts) if p.requires_grad]
 
     def after_optimizer_step(self) -> None:
         if self.master is not None:
@@ -92,14 +88,20 @@ class Engine:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.precision.autocast_dtype)
 
+    def _loss_context(self) -> contextlib.AbstractContextManager:
+        return loss_parallel() if self.parallel.vocab_parallel else contextlib.nullcontext()
+
     def loss_sum(self, batch: dict[str, Any]) -> torch.Tensor:
         """Summed token loss of one micro-batch (forward only)."""
+        if self.sp_multiple > 1:
+            batch = pad_micro_batches([batch], self.sp_multiple)[0]
         inputs = model_inputs(batch, self.device, self.packed)
         labels = batch["labels"].to(self.device)
         if not self.learned_only_head:
             with self._autocast():
                 logits = self.model(**inputs)
-            return token_cross_entropy(logits, labels)[0]
+            loss = token_cross_entropy(logits, labels)[0]
+            return loss.to_local() if isinstance(loss, DTensor) else loss
         output_mask, targets = learned_positions(labels)
         with self._autocast():
             logits = self.model(**inputs, output_mask=output_mask)
@@ -120,17 +122,20 @@ class Engine:
         n_tokens = self.global_tokens(micro_batches)
         # Data-parallel wrappers average gradients over replicas; scaling by dp_size turns that into the sum.
         scale = self.dp_size / n_tokens.clamp(min=1.0)
-        if self.forward_backward_fn is not None:
-            local = self.forward_backward_fn(micro_batches, scale)
-        else:
-            local = torch.zeros((), device=self.device)
-            for i, mb in enumerate(micro_batches):
-                with self.sync_context(i == len(micro_batches) - 1):
-                    loss = self.loss_sum(mb)
-                    (loss * scale).backward()
-                local += loss.detach()
-                if self.master is not None:
-                    self.master.accumulate()
+        with self._loss_context():
+            if self.parallel.runner is not None:
+                local = self.parallel.runner.forward_backward(micro_batches, scale, self.sp_multiple)
+            else:
+                local = torch.zeros((), device=self.device)
+                for i, mb in enumerate(micro_batches):
+                    with self.parallel.sync_context(i == len(micro_batches) - 1):
+                        loss = self.loss_sum(mb)
+                        (loss * scale).backward()
+                    local += loss.detach()
+                    if self.master is not None:
+                        self.master.accumulate()
+        if self.parallel.manual_dp_sync:
+            all_reduce_gradients((p for _, p in self.named_trainable_parameters()), self.dp_group)
         total = local.detach().float().clone()
         if self.dp_group is not None:
             dist.all_reduce(total, group=self.dp_group)
@@ -139,9 +144,13 @@ class Engine:
     @torch.no_grad()
     def evaluate(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-weighted validation loss over ``micro_batches`` (all data-parallel ranks)."""
-        total = torch.zeros((), device=self.device)
-        for mb in micro_batches:
-            total += self.loss_sum(mb).float()
+        if self.parallel.runner is not None:
+            total = self.parallel.runner.evaluate(micro_batches, self.sp_multiple)
+        else:
+            total = torch.zeros((), device=self.device)
+            with self._loss_context():
+                for mb in micro_batches:
+                    total += self.loss_sum(mb).float()
         n_tokens = self.global_tokens(micro_batches)
         if self.dp_group is not None:
             dist.all_reduce(total, group=self.dp_group)
@@ -151,8 +160,20 @@ class Engine:
         return (p for _, p in self.named_trainable_parameters() if p.grad is not None)
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        """Clip the global gradient norm (over all parameters of all ranks); returns the norm before clipping."""
-        norm = torch.nn.utils.clip_grad_norm_(list(self.grad_params()), max_norm, foreach=True)
-        if hasattr(norm, "full_tensor"):  # DTensor parameters give a DTensor norm
-            norm = norm.full_tensor()
+        """Clip by the global gradient norm over every rank's shards (tensor, data and pipeline parallel); returns
+        the norm before clipping."""
+        grads = [p.grad for p in self.grad_params()]
+        sq = torch.zeros((), device=self.device, dtype=torch.float32)
+        for g in grads:
+            n = torch.linalg.vector_norm(g.float())
+            if isinstance(n, DTensor):
+                n = n.full_tensor()
+            sq += n.float() ** 2
+        pp_group = self.parallel.group("pp")
+        if pp_group is not None:
+            dist.all_reduce(sq, group=pp_group)
+        norm = sq.sqrt()
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype) if not isinstance(g, DTensor) else coef.item())
         return float(norm)

@@ -11,16 +11,18 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from neva.checkpoint.source import ModelSource
+from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
 from neva.models.neva import NevaModel
-from neva.parallel.checkpointing import apply_compute_plans
-from neva.training.build import ModelSource, build_meta_model, materialize, parameter_counts
+from neva.models.trainable import build_meta_model, parameter_counts
+from neva.parallel.layout import Layout
+from neva.parallel.parallelize import parallelize
+from neva.parallel.precision import Precision
 from neva.training.callbacks import MetricsCSV
-from neva.training.config import TrainConfig
 from neva.training.engine import Engine
 from neva.training.flops import ParamProfile, device_peak_tflops, train_flops
 from neva.training.optim import build_optimizer, build_scheduler
-from neva.training.precision import MasterWeights, Precision
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +79,8 @@ class NevaModule(pl.LightningModule):
         cfg: the validated run config.
         source: architecture, tokenizer and initial weights.
         data: the data module (its state rides in the checkpoints).
-        accum: micro-batches per optimizer step on this rank.
-        dp_rank / dp_size: data-parallel coordinates.
-        parallelize: ``parallelize(model, device) -> Engine`` for distributed layouts (None = one process).
+        layout: the run's layout (one process included).
+        metrics: ``metrics.csv`` (rank 0), or None.
     """
 
     def __init__(
@@ -87,8 +88,7 @@ class NevaModule(pl.LightningModule):
         cfg: TrainConfig,
         source: ModelSource,
         data: NevaDataModule,
-        accum: int,
-        parallelize: Any = None,
+        layout: Layout,
         metrics: MetricsCSV | None = None,
     ) -> None:
         super().__init__()
@@ -96,8 +96,8 @@ class NevaModule(pl.LightningModule):
         self.cfg = cfg
         self.source = source
         self.data = data
-        self.accum = accum
-        self.parallelize = parallelize
+        self.layout = layout
+        self.accum = layout.grad_accum
         self.metrics = metrics
         self.precision_policy = Precision.from_config(cfg.trainer.precision, cfg.model.megatron_amp_O2)
         self.engine: Engine | None = None
@@ -110,25 +110,22 @@ class NevaModule(pl.LightningModule):
     def configure_model(self) -> None:
         if self.engine is not None:
             return
-        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
-        model = build_meta_model(self.source, self.cfg)
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        device = strategy.root_device if strategy is not None else torch.device(self.layout.device_type)
+        model = build_meta_model(self.source.cfg, self.cfg.model.trainable_policy())
         self._flops = ParamProfile.of(model)
         counts = parameter_counts(model)
         log.info("parameters: %s", ", ".join(f"{k}={v:,}" for k, v in sorted(counts.items())))
-        if self.parallelize is not None:
-            self.engine = self.parallelize(model, self.source, device, self.precision_policy)
-        else:
-            materialize(model, self.source, device, self.cfg.model.seed)
-            apply_compute_plans(model, self.cfg.model)
-            master = None
-            if self.precision_policy.master_weights:
-                trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-                master = MasterWeights(trainable)
-                model.to(self.precision_policy.param_dtype)
-                master.model_params = [p for n, p in model.named_parameters() if p.requires_grad]
-            self.engine = Engine(
-                model, self.precision_policy, device, master=master, packed=self.cfg.model.data.packing
-            )
+        parallel = parallelize(
+            model,
+            self.source,
+            self.layout,
+            self.cfg.model,
+            device,
+            self.precision_policy,
+            getattr(strategy, "dims", None),
+        )
+        self.engine = Engine(parallel, self.precision_policy, device, packed=self.cfg.model.data.packing)
         self.model = self.engine.model
         self.trainable_params = counts["trainable"]
 

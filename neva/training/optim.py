@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from neva.training.config import OptimConfig
+from neva.config import OptimConfig
 
 
 def param_groups(named_params: list[tuple[str, nn.Parameter]], cfg: OptimConfig) -> list[dict]:

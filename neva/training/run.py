@@ -10,14 +10,14 @@ from pathlib import Path
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
 
+from neva.checkpoint.source import resolve_source
+from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
-from neva.training.build import resolve_source
+from neva.parallel.layout import resolve_layout
+from neva.parallel.strategy import build_strategy
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV
-from neva.training.config import TrainConfig
 from neva.training.export import save_final
 from neva.training.module import NevaModule
-from neva.training.strategy import build_strategy, resolve_layout
-from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")
 
@@ -26,22 +26,10 @@ log = logging.getLogger("neva.train")
 warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
 
 
-def accumulation_steps(cfg: TrainConfig, dp: int) -> int:
-    """global_batch_size / (micro_batch_size × dp); a remainder is a config error."""
-    per_step = cfg.model.micro_batch_size * dp
-    if cfg.model.global_batch_size % per_step:
-        raise ConfigError(
-            f"model.global_batch_size={cfg.model.global_batch_size} is not a multiple of "
-            f"model.micro_batch_size ({cfg.model.micro_batch_size}) × data-parallel size ({dp}) = {per_step}"
-        )
-    return cfg.model.global_batch_size // per_step
-
-
 def run(cfg: TrainConfig) -> Path | None:
     """Train one stage; returns the consolidated checkpoint's path (None on non-writing ranks)."""
     exp_dir = Path(cfg.exp_manager.exp_dir)
     layout = resolve_layout(cfg)
-    accum = accumulation_steps(cfg, layout.dp)
     pl.seed_everything(cfg.model.seed, workers=True, verbose=False)
     source = resolve_source(cfg)
     data = NevaDataModule(
@@ -52,17 +40,12 @@ def run(cfg: TrainConfig) -> Path | None:
         dp_rank=layout.dp_rank,
         dp_world=layout.dp,
         seed=cfg.model.seed,
-        accumulation=accum,
+        accumulation=layout.grad_accum,
     )
-    strategy = build_strategy(cfg, layout)
+    strategy = build_strategy(layout)
     is_writer = int(os.environ.get("RANK", "0")) == 0
     metrics = MetricsCSV(exp_dir / "metrics.csv", enabled=is_writer)
-    parallelize = None
-    if layout.is_distributed:
-        from neva.parallel.engine import make_parallelize
-
-        parallelize = make_parallelize(cfg, layout)
-    module = NevaModule(cfg, source, data, accum, parallelize=parallelize, metrics=metrics)
+    module = NevaModule(cfg, source, data, layout, metrics=metrics)
     ckpt_dir = exp_dir / "checkpoints"
     every = cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
     callbacks = [

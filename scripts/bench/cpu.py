@@ -96,11 +96,11 @@ def _hf_part(name: str) -> str:
 
 def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any]]:
     """neva.train's step: Collator (packed or padded), Engine.forward_backward, clip, AdamW (foreach on CPU)."""
+    from neva.config import OptimConfig
     from neva.data.collate import Collator
-    from neva.training.config import OptimConfig
+    from neva.parallel.precision import Precision
     from neva.training.engine import Engine
     from neva.training.optim import build_optimizer
-    from neva.training.precision import Precision
 
     model = _init_neva(cfg, args.seed)
     _freeze(list(model.named_parameters()), args.stage, _neva_part)

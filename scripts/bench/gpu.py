@@ -94,11 +94,11 @@ def _sync(device: torch.device) -> None:
 
 def run_case(case: Case, args: Any, device: torch.device) -> dict[str, Any]:
     """Build, warm up and time one case; throughput, FLOPs and peak memory."""
+    from neva.config import OptimConfig
     from neva.data.collate import Collator
-    from neva.training.config import OptimConfig
+    from neva.parallel.precision import MasterWeights, Precision
     from neva.training.engine import Engine
     from neva.training.optim import build_optimizer
-    from neva.training.precision import MasterWeights, Precision
 
     smoke = args.gpu_shapes_smoke
     cfg = case_config(case, smoke)

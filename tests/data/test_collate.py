@@ -60,7 +60,7 @@ def test_all_skipped_batch_is_inert():
 
 def _loss(logits, labels):
     try:
-        from neva.training.loss import token_cross_entropy
+        from neva.models.loss import token_cross_entropy
 
         return token_cross_entropy(logits, labels)
     except ImportError:

@@ -41,9 +41,9 @@ def free_port() -> int:
 def make_checkpoint(directory: Path) -> Path:
     """A seeded tiny neva checkpoint matching ``BASE`` (the finetune stage's starting point)."""
     from neva.checkpoint.neva_format import save_checkpoint
+    from neva.checkpoint.source import resolve_source
+    from neva.config import compose_config
     from neva.models.neva import NevaModel
-    from neva.training.build import resolve_source
-    from neva.training.compose import compose_config
 
     cfg = compose_config([o.replace("+stage=finetune", "+stage=pretrain") for o in BASE])
     source = resolve_source(cfg)
@@ -55,13 +55,12 @@ def make_checkpoint(directory: Path) -> Path:
 
 def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
     """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses and parameter dtypes."""
+    from neva.checkpoint.source import resolve_source
+    from neva.config import compose_config
     from neva.data.datamodule import NevaDataModule
-    from neva.training.build import resolve_source
-    from neva.training.compose import compose_config
+    from neva.parallel.layout import resolve_layout
     from neva.training.module import NevaModule, StepBatches
     from neva.training.optim import build_optimizer, build_scheduler
-    from neva.training.run import accumulation_steps
-    from neva.training.strategy import resolve_layout
 
     cfg = compose_config(BASE + overrides)
     layout = resolve_layout(cfg)
@@ -71,13 +70,8 @@ def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
         dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed,
     )  # fmt: skip
     data.setup("fit")
-    accum = accumulation_steps(cfg, layout.dp)
-    parallelize = None
-    if layout.is_distributed:
-        from neva.parallel.engine import make_parallelize
-
-        parallelize = make_parallelize(cfg, layout)
-    module = NevaModule(cfg, source, data, accum, parallelize=parallelize)
+    accum = layout.grad_accum
+    module = NevaModule(cfg, source, data, layout)
     module.configure_model()
     engine = module.engine
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from neva.config import compose_config
 from neva.models.presets import build_config
 from neva.parallel.layout import mesh_coords, resolve_layout
 from neva.parallel.pipeline import chunk_of_key, local_chunks, split_layers
 from neva.parallel.tensor_parallel import check_divisibility
-from neva.training.compose import compose_config
-from neva.training.strategy import Layout
 from neva.typed import ConfigError
 
 
@@ -31,7 +30,8 @@ def test_layout_from_slurm_and_devices(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_PROCID", "3")
-    assert resolve_layout(_cfg("model.tensor_model_parallel_size=2")) == Layout(world=4, tp=2, pp=1, dp=2, dp_rank=1)
+    layout = resolve_layout(_cfg("model.tensor_model_parallel_size=2"))
+    assert (layout.world, layout.tp, layout.pp, layout.dp, layout.dp_rank) == (4, 2, 1, 2, 1)
     monkeypatch.delenv("SLURM_NTASKS")
     monkeypatch.delenv("SLURM_PROCID")
     assert resolve_layout(_cfg("trainer.devices=2")).dp == 2

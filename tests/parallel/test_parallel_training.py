@@ -105,9 +105,9 @@ def test_torchrun_end_to_end_and_layout_changing_resume(tmp_path):
     import torch
 
     from neva.checkpoint.neva_format import save_checkpoint
+    from neva.checkpoint.source import resolve_source
+    from neva.config import compose_config
     from neva.models.neva import NevaModel
-    from neva.training.build import resolve_source
-    from neva.training.compose import compose_config
 
     source = resolve_source(compose_config(["+stage=pretrain", "++model.mm_cfg.llm.arch_overrides={num_layers:2}"]))
     torch.manual_seed(0)

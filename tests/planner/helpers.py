@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from neva.config import MMConfig, PeftConfig
 from neva.models.neva import NevaModel
 from neva.models.presets import build_config
 from neva.planner.layout import Layout
-from neva.training.config import MMConfig, PeftConfig
 
 STAGES = {
     # stage: (vision frozen, LLM frozen)

@@ -1,8 +1,8 @@
 import pytest
 
+from neva.checkpoint.source import resolve_source
+from neva.config import compose_config
 from neva.data.datamodule import NevaDataModule
-from neva.training.build import resolve_source
-from neva.training.compose import compose_config
 
 # A lean version of the embedded default: 2-layer LLM, few samples, no loggers or progress bar.
 LEAN = [

@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import load_file
 
 from neva.checkpoint.neva_format import iter_tensors, load_config
-from neva.training.compose import compose_config
+from neva.config import compose_config
 from neva.training.run import run
 from tests.checkpoint.tiny_hf import make_clip_dir, make_llama_dir, one_thread
 

@@ -4,23 +4,23 @@ import pytest
 import torch
 
 from neva.models.lora import LoRALinear
-from neva.parallel.checkpointing import apply_compute_plans
-from neva.training.build import build_meta_model, materialize
+from neva.models.rope import rope_cos_sin
+from neva.models.trainable import build_meta_model
+from neva.parallel.layout import Layout
+from neva.parallel.parallelize import parallelize
+from neva.parallel.precision import Precision
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer
-from neva.training.precision import MasterWeights, Precision
 from tests.training.conftest import micro_batches
 
 
 def make_engine(cfg, source, precision: Precision | None = None):
+    """The one-process engine, built as ``NevaModule.configure_model`` builds it for every layout."""
     precision = precision or Precision()
-    model = build_meta_model(source, cfg)
-    materialize(model, source, torch.device("cpu"), seed=0)
-    master = None
-    if precision.master_weights:
-        master = MasterWeights([(n, p) for n, p in model.named_parameters() if p.requires_grad])
-        model.to(precision.param_dtype)
-    return Engine(model, precision, torch.device("cpu"), master=master)
+    cpu = torch.device("cpu")
+    model = build_meta_model(source.cfg, cfg.model.trainable_policy())
+    parallel = parallelize(model, source, Layout.from_config(cfg.model, world=1), cfg.model, cpu, precision)
+    return Engine(parallel, precision, cpu, packed=cfg.model.data.packing)
 
 
 def trainable_parts(model):
@@ -84,6 +84,24 @@ def test_bf16_o2_keeps_fp32_master_weights_and_optimizer_state(lean_cfg):
         assert torch.equal(model_p, master_p.to(torch.bfloat16))
 
 
+def test_o2_keeps_rope_buffers_fp32(lean_cfg):
+    """O2 casts parameters, never RoPE's ``inv_freq``: positions far out keep their fp32 angle."""
+    source, _ = micro_batches(lean_cfg(), 1, 1)
+    fp32 = make_engine(lean_cfg(), source).model
+    o2_cfg = lean_cfg("trainer.precision=bf16-mixed", "model.megatron_amp_O2=true")
+    o2 = make_engine(o2_cfg, source, Precision.from_config("bf16-mixed", True)).model
+    assert all(p.dtype == torch.bfloat16 for p in o2.parameters())
+    assert o2.llm.inv_freq.dtype == torch.float32
+    positions = torch.tensor([[0, 2047, 4095]])
+    want = rope_cos_sin(fp32.llm.inv_freq, positions, torch.bfloat16)
+    got = rope_cos_sin(o2.llm.inv_freq, positions, torch.bfloat16)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    # What the bug did: a bf16 inv_freq puts the angle at 4095 radians off by far more than bf16 rounding.
+    bad = rope_cos_sin(fp32.llm.inv_freq.bfloat16(), positions, torch.float32)[0]
+    assert (bad - rope_cos_sin(fp32.llm.inv_freq, positions, torch.float32)[0]).abs().max() > 0.1
+
+
 def test_accumulation_equals_larger_micro_batch(lean_cfg):
     cfg = lean_cfg(
         "model.restore_from_path=null", "model.mm_cfg.llm.freeze=false", "model.data.conv_template=vicuna_v1"
@@ -126,7 +144,6 @@ def test_activation_checkpointing_changes_memory_not_numbers(lean_cfg, granulari
         cfg = lean_cfg(*base, *extra)
         source, batches = micro_batches(cfg, 1, 4)
         engine = make_engine(cfg, source)
-        apply_compute_plans(engine.model, cfg.model)
         loss, _ = engine.forward_backward(batches)
         grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in engine.named_trainable_parameters()}
         results.append((loss.item(), grads))

@@ -8,9 +8,17 @@ Hydra's struct mode, since every key has a default in ``neva.yaml``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
 from neva.data.config import DataConfig
+from neva.models.trainable import LoraSpec, TrainablePolicy
+from neva.typed import build
+
+CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
 
 
 @dataclass
@@ -137,6 +145,18 @@ class ModelConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
 
+    def trainable_policy(self) -> TrainablePolicy:
+        """What trains in this stage: vision frozen unless configured, the projector, and the LLM (or its LoRA
+        adapters only)."""
+        mm, peft = self.mm_cfg, self.peft
+        lora = None
+        if peft.peft_scheme == "lora":
+            t = peft.lora_tuning
+            lora = LoraSpec(t.adapter_dim, t.alpha, t.adapter_dropout, tuple(t.target_modules))
+        return TrainablePolicy(
+            vision=not mm.vision_encoder.freeze, projector=not mm.freeze_projector, llm=not mm.llm.freeze, lora=lora
+        )
+
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "tensor_model_parallel_size"):
             if getattr(self, name) < 1:
@@ -226,3 +246,16 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.stage not in ("pretrain", "finetune"):
             raise ValueError(f"stage must be pretrain or finetune, got {self.stage!r}")
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """Resolve interpolations and validate against the typed schema."""
+    data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    data.pop("hydra", None)
+    return build(TrainConfig, data)
+
+
+def compose_config(overrides: list[str] | None = None, config_name: str = "neva") -> TrainConfig:
+    """The validated config for ``overrides`` (as on the command line, e.g. ``["+stage=pretrain"]``)."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return to_train_config(compose(config_name, overrides=overrides or []))

@@ -1,4 +1,4 @@
-"""Precision policies: fp32, bf16 autocast, and bf16 O2 with fp32 master weights (without FSDP)."""
+"""Precision policies: fp32, bf16 autocast, and bf16 O2 with fp32 master weights (FSDP2 keeps its own)."""
 
 from __future__ import annotations
 
@@ -49,10 +49,6 @@ class MasterWeights:
         self.model_params = [p for _, p in named_params]
         self.named_master = [(n, nn.Parameter(p.detach().float().clone())) for n, p in named_params]
 
-    @property
-    def params(self) -> list[nn.Parameter]:
-        return [m for _, m in self.named_master]
-
     def accumulate(self) -> None:
         for p, (_, m) in zip(self.model_params, self.named_master):
             if p.grad is None:
@@ -68,8 +64,13 @@ class MasterWeights:
         for p, (_, m) in zip(self.model_params, self.named_master):
             p.copy_(m)
 
-    @torch.no_grad()
-    def load_from_model(self) -> None:
-        """Refresh the master copies from the model (after loading weights into the model)."""
-        for p, (_, m) in zip(self.model_params, self.named_master):
-            m.copy_(p.float())
+
+@torch.no_grad()
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``model``'s parameters (not its buffers) to ``dtype`` in place, keeping each Parameter object.
+
+    Buffers stay as built: RoPE's ``inv_freq`` in bf16 would put the rotary angle ~2.5 rad off at position 2047, and
+    FSDP2's mixed-precision policy leaves buffers alone too, so both O2 paths compute the same positions.
+    """
+    for p in model.parameters():
+        p.data = p.data.to(dtype)

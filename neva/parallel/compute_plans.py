@@ -1,4 +1,5 @@
-"""Activation checkpointing of decoder blocks (``model.activations_checkpoint_granularity``).
+"""Compute plans of decoder blocks: activation checkpointing (``model.activations_checkpoint_granularity``) and
+per-block ``torch.compile`` (``model.compile``).
 
 ``full`` recomputes a whole block in backward (only its input is kept). ``selective`` keeps every matmul output and
 recomputes the rest — norms, activations and the attention core, whose ``S × S`` scores dominate activation memory
@@ -14,7 +15,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from neva.training.config import ModelConfig
+from neva.config import ModelConfig
 
 _SAVE = {
     torch.ops.aten.mm.default,

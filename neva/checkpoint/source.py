@@ -1,4 +1,5 @@
-"""Build what a run trains: tokenizer, model config, weights source, freeze policy, LoRA."""
+"""Where a run's architecture, tokenizer and initial weights come from, and filling a (whole or sharded) model
+with them: fresh init, a neva checkpoint, or HF Llama + CLIP weights."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from neva.checkpoint import neva_format
 from neva.checkpoint.dcp import named_parameters
+from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
+from neva.config import MMConfig, TrainConfig
 from neva.data.datamodule import tokenizer_image_token_id
-from neva.models.config import NevaConfig
-from neva.models.lora import LoRALinear, apply_lora
-from neva.models.neva import NevaModel
-from neva.training.config import TrainConfig
-from neva.training.model_config import neva_config_from_mm
-from neva.typed import ConfigError
+from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
+from neva.models.lora import LoRALinear
+from neva.models.presets import LLM_PRESETS, VISION_PRESETS
+from neva.typed import ConfigError, build
 
 log = logging.getLogger(__name__)
 
@@ -77,34 +78,6 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
     return ModelSource(neva_cfg, tokenizer)
 
 
-def build_meta_model(source: ModelSource, cfg: TrainConfig) -> NevaModel:
-    """The model on the meta device, LoRA applied and parameters frozen per stage (no memory allocated)."""
-    with torch.device("meta"):
-        model = NevaModel(source.cfg)
-        peft = cfg.model.peft
-        if peft.peft_scheme == "lora":
-            lora = peft.lora_tuning
-            apply_lora(model, lora.target_modules, lora.adapter_dim, lora.alpha, lora.adapter_dropout)
-    apply_freeze(model, cfg)
-    return model
-
-
-def apply_freeze(model: NevaModel, cfg: TrainConfig) -> None:
-    """Stage policy: vision frozen unless configured, projector trains, LLM trains in finetune (LoRA: adapters only)."""
-    mm = cfg.model.mm_cfg
-    lora = cfg.model.peft.peft_scheme == "lora"
-    for name, p in model.named_parameters():
-        part = name.split(".", 1)[0]
-        if part == "vision":
-            p.requires_grad_(not mm.vision_encoder.freeze)
-        elif part == "projector":
-            p.requires_grad_(not mm.freeze_projector)
-        elif lora:
-            p.requires_grad_(".lora_" in name)
-        else:
-            p.requires_grad_(not mm.llm.freeze)
-
-
 @torch.no_grad()
 def init_fresh(model: nn.Module, device: torch.device, seed: int) -> None:
     """Allocate ``model``'s (possibly sharded) parameters on ``device`` and initialise them, keeping ``requires_grad``."""
@@ -118,13 +91,6 @@ def init_fresh(model: nn.Module, device: torch.device, seed: int) -> None:
             module.reset_parameters()
     for n, p in model.named_parameters():
         p.requires_grad_(requires[n])
-
-
-@torch.no_grad()
-def materialize(model: nn.Module, source: ModelSource, device: torch.device, seed: int) -> None:
-    """Allocate and fill the whole model: fresh init, then the checkpoint's or HF weights over it."""
-    init_fresh(model, device, seed)
-    load_source_weights([model], source)
 
 
 class _Slot:
@@ -161,6 +127,7 @@ class _Targets:
         return dict(self.slots)
 
 
+@torch.no_grad()
 def load_source_weights(parts: list[nn.Module], source: ModelSource) -> None:
     """Read the neva checkpoint or the HF weights one full tensor at a time into ``parts`` (whole or sharded).
 
@@ -184,14 +151,50 @@ def load_source_weights(parts: list[nn.Module], source: ModelSource) -> None:
         load_hf_weights(targets, llm_dir=source.hf_llm, vision_dir=source.hf_vision)
 
 
-def parameter_counts(model: nn.Module) -> dict[str, int]:
-    """Total and trainable parameters, per part, for the log."""
-    counts: dict[str, int] = {}
-    for name, p in model.named_parameters():
-        part = name.split(".", 1)[0]
-        counts[f"{part}/total"] = counts.get(f"{part}/total", 0) + p.numel()
-        if p.requires_grad:
-            counts[f"{part}/trainable"] = counts.get(f"{part}/trainable", 0) + p.numel()
-    counts["total"] = sum(v for k, v in counts.items() if k.endswith("/total"))
-    counts["trainable"] = sum(v for k, v in counts.items() if k.endswith("/trainable"))
-    return counts
+def _read_hf_config(path: str, what: str) -> dict:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"{what}.from_pretrained={path!r}: no config.json there (expected a local HF directory)")
+    from neva.checkpoint.hf import load_hf_config
+
+    return load_hf_config(path)
+
+
+def neva_config_from_mm(mm: MMConfig, vocab_size: int | None = None, image_token_id: int | None = None) -> NevaConfig:
+    """The architecture a run trains.
+
+    Args:
+        mm: ``model.mm_cfg``.
+        vocab_size: tokenizer size, which overrides the LLM vocab when given (the embedded default sizes its
+            embedding to the synthetic tokenizer).
+        image_token_id: id of ``<image>`` in the tokenizer (default: last id).
+    """
+    if mm.llm.from_pretrained:
+        llm = to_dict(llm_config_from_hf(_read_hf_config(mm.llm.from_pretrained, "model.mm_cfg.llm")))
+    else:
+        if mm.llm.preset not in LLM_PRESETS:
+            raise ConfigError(f"model.mm_cfg.llm.preset={mm.llm.preset!r}; choose one of {sorted(LLM_PRESETS)}")
+        llm = dict(LLM_PRESETS[mm.llm.preset])
+    llm.update(mm.llm.arch_overrides)
+    if vocab_size is not None:
+        llm["vocab_size"] = vocab_size
+    llm_cfg = build(LLMConfig, llm, "model.mm_cfg.llm.")
+
+    v = mm.vision_encoder
+    if v.from_pretrained:
+        vision = to_dict(vision_config_from_hf(_read_hf_config(v.from_pretrained, "model.mm_cfg.vision_encoder")))
+    else:
+        if v.preset not in VISION_PRESETS:
+            raise ConfigError(
+                f"model.mm_cfg.vision_encoder.preset={v.preset!r}; choose one of {sorted(VISION_PRESETS)}"
+            )
+        vision = dict(VISION_PRESETS[v.preset])
+    vision.update(vision_select_layer=v.vision_select_layer, vision_select_feature=v.vision_select_feature)
+    vision.update(v.arch_overrides)
+    vision_cfg = build(VisionConfig, vision, "model.mm_cfg.vision_encoder.")
+    projector = build(
+        ProjectorConfig,
+        dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size),
+        "model.mm_cfg.mm_mlp_adapter_type.",
+    )
+    token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
+    return NevaConfig(llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=token)
