@@ -19,6 +19,7 @@ _EXPORTS = {
     "ConversationDataset": "neva.data.dataset",
     "EncoderSettings": "neva.data.dataset",
     "ImageProcessor": "neva.data.images",
+    "SampleError": "neva.data.errors",
     "ResumableBatchSampler": "neva.data.sampler",
     "DataQualityError": "neva.data.skips",
     "SkipTracker": "neva.data.skips",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neva.constants import IMAGE_TOKEN
+from neva.data.errors import SampleError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
 _ROLE_NAMES = {"human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT, "system": SYSTEM}
@@ -25,13 +26,8 @@ LLAMA_2_SYSTEM = (
 )
 
 
-class ConversationError(ValueError):
-    """A record whose conversation cannot be rendered; ``reason`` is the skip-count key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class ConversationError(SampleError):
+    """A record whose conversation cannot be rendered."""
 
 
 @dataclass(frozen=True)
