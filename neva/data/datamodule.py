@@ -228,27 +228,19 @@ class NevaDataModule:
         return self._loader(self.train_datasets, self.train_sampler, self.skip_tracker)
 
     def _train_sampler(self) -> ResumableBatchSampler:
-        weights = self.cfg.concat_sampling_probabilities
+        rank = dict(
+            micro_batch_size=self.micro_batch_size,
+            dp_rank=self.dp_rank,
+            dp_world=self.dp_world,
+            seed=self.seed,
+            weights=self.cfg.concat_sampling_probabilities,
+        )
         if any(isinstance(d, ShardDataset) for d in self.train_datasets):
             # Shards: same rank rule and state, but an order that reads one shard at a time.
-            return StreamingBatchSampler(
-                [source_layout(d) for d in self.train_datasets],
-                self.micro_batch_size,
-                self.dp_rank,
-                self.dp_world,
-                self.seed,
-                weights=weights,
-                shuffle_buffer=self.cfg.shard_shuffle_buffer,
-            )
-        return ResumableBatchSampler(
-            [len(d) for d in self.train_datasets],
-            self.micro_batch_size,
-            self.dp_rank,
-            self.dp_world,
-            self.seed,
-            weights=weights,
-            lengths=self._lengths(self.train_datasets) if self.cfg.group_by_modality_length else None,
-        )
+            layouts = [source_layout(d) for d in self.train_datasets]
+            return StreamingBatchSampler(layouts, shuffle_buffer=self.cfg.shard_shuffle_buffer, **rank)
+        lengths = self._lengths(self.train_datasets) if self.cfg.group_by_modality_length else None
+        return ResumableBatchSampler([len(d) for d in self.train_datasets], lengths=lengths, **rank)
 
     def val_dataloader(self) -> ResumableLoader | list:
         """Validation batches in file order (full global batches only, so every rank runs the same steps)."""
