@@ -129,8 +129,9 @@ class Answerer:
 
     Args:
         checkpoint: a neva checkpoint directory.
-        decoding: sampling settings and ``max_new_tokens``; its ``stop_strings`` are extra stops. EOS ids, padding
-            and the template's end-of-turn stop come from the checkpoint (see ``generation``).
+        decoding: sampling settings and ``max_new_tokens``; its ``stop_strings`` are extra stops. Its
+            ``eos_token_ids`` and ``pad_token_id`` are replaced by the checkpoint's, and the template's end-of-turn
+            text is put in front of its stops; ``self.generation`` holds the result.
         template: conversation template; None = the checkpoint's ``conv_template`` metadata, else
             ``DEFAULT_TEMPLATE``.
         raw: use prompts as given (HF ``LlavaProcessor`` tokenization) instead of a template.
@@ -168,7 +169,7 @@ class Answerer:
         )
 
     def answer(self, items: Sequence[Item]) -> list[str]:
-        """Answer ``items`` as one left-padded batch.
+        """Answer ``items`` as one left-padded batch: texts without special tokens, cut at the first stop string.
 
         Raises:
             ValueError: a prompt whose ``<image>`` tags do not match its images, or images for a text-only model.
