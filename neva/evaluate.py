@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 
-from neva.checkpoint.neva_format import is_neva_checkpoint, load_metadata, load_model, load_tokenizer
-from neva.generate import PromptBuilder, decode_answer
-from neva.models.generation import GenerationConfig, generate
+from neva.checkpoint.neva_format import is_neva_checkpoint
+from neva.inference import Answerer, Item, read_jsonl, record_image_paths
+from neva.models.generation import GenerationConfig
 
 
 def default_checkpoint() -> str:
@@ -36,51 +35,17 @@ def normalize(text: str) -> str:
     return " ".join(text.strip().lower().rstrip(".").split())
 
 
-class Answerer:
-    """Greedy answers for (images, question) pairs with one checkpoint, in batches."""
-
-    def __init__(self, checkpoint: str, template: str | None, max_new_tokens: int, batch_size: int) -> None:
-        meta = load_metadata(checkpoint)
-        self.model = load_model(checkpoint, dtype=torch.float32)
-        self.tokenizer = load_tokenizer(checkpoint)
-        self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template or meta.get("conv_template", "vicuna_v1"))
-        from neva.data.images import ImageProcessor
-
-        vision = self.model.cfg.vision
-        self.process = ImageProcessor(vision, meta.get("image_aspect_ratio", "square")) if vision else None
-        pad = self.tokenizer.pad_token_id
-        self.gen = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=self.builder.eos_ids(),
-            stop_strings=self.builder.stop_strings(),
-            pad_token_id=0 if pad is None or pad == self.model.cfg.image_token_id else pad,
-        )
-        self.batch_size = batch_size
-
-    def __call__(self, items: list[tuple[list[Image.Image], str]]) -> list[str]:
-        answers: list[str] = []
-        for start in range(0, len(items), self.batch_size):
-            chunk = items[start : start + self.batch_size]
-            prompts = [self.builder.ids(q, len(images)) for images, q in chunk]
-            pixels = [self.process(im) for images, _ in chunk for im in images]
-            out = generate(
-                self.model,
-                prompts,
-                torch.stack(pixels) if pixels else None,
-                [len(images) for images, _ in chunk],
-                self.gen,
-                decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            )
-            answers += [decode_answer(self.tokenizer, ids, self.gen.stop_strings).strip() for ids in out]
-        return answers
+def stripped_answers(answerer: Answerer, items: list[Item], batch_size: int) -> list[str]:
+    """The answers to ``items``, stripped of surrounding white space (what the scorers compare)."""
+    return [text.strip() for text in answerer.answer_all(items, batch_size)]
 
 
-def evaluate_synthetic(answerer: Answerer, limit: int, seed: int) -> dict[str, Any]:
+def evaluate_synthetic(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
     from neva.data.synthetic import synthetic_eval_records
 
     size = answerer.model.cfg.vision.image_size
     records = synthetic_eval_records(size, seed=seed, num_samples=limit)
-    answers = answerer([([r.image], r.question) for r in records])
+    answers = stripped_answers(answerer, [(r.question, [r.image]) for r in records], batch_size)
     per_kind: dict[str, list[int]] = defaultdict(list)
     for record, answer in zip(records, answers):
         per_kind[record.kind].append(int(normalize(answer) == normalize(record.answer)))
@@ -93,24 +58,18 @@ def evaluate_synthetic(answerer: Answerer, limit: int, seed: int) -> dict[str, A
     }
 
 
-def evaluate_file(answerer: Answerer, input_file: Path, output_file: Path, image_folder: Path | None, model_id: str):
-    records = [json.loads(line) for line in input_file.read_text().splitlines() if line.strip()]
+def evaluate_file(
+    answerer: Answerer, input_file: Path, output_file: Path, image_folder: Path | None, model_id: str, batch_size: int
+) -> dict[str, Any]:
+    records = read_jsonl(input_file)
     root = image_folder or input_file.parent
-    items = []
-    for r in records:
-        names = r.get("image") or []
-        names = [names] if isinstance(names, str) else names
-        images = []
-        for name in names:
-            with Image.open(root / name) as im:
-                images.append(im.convert("RGB"))
-        items.append((images, r.get("text", r.get("prompt", ""))))
-    answers = answerer(items)
+    items = [(r.get("text", r.get("prompt", "")), record_image_paths(r, root)) for r in records]
+    answers = stripped_answers(answerer, items, batch_size)
     output_file.parent.mkdir(parents=True, exist_ok=True)
     scored = [(a, r["answer"]) for a, r in zip(answers, records) if "answer" in r]
     with open(output_file, "w") as f:
-        for r, a in zip(records, answers):
-            out = {"question_id": r.get("question_id", r.get("id")), "prompt": items[records.index(r)][1], "text": a}
+        for r, (prompt, _), a in zip(records, items, answers):
+            out = {"question_id": r.get("question_id", r.get("id")), "prompt": prompt, "text": a}
             f.write(json.dumps({**out, "model_id": model_id}) + "\n")
     result: dict[str, Any] = {"n": len(records), "output_file": str(output_file)}
     if scored:
@@ -140,11 +99,14 @@ def main(argv: list[str] | None = None) -> None:
     if (args.input_file is None) != (args.output_file is None):
         sys.exit("--input-file and --output-file go together")
     torch.set_grad_enabled(False)
-    answerer = Answerer(checkpoint, args.template, args.max_new_tokens, args.batch_size)
+    answerer = Answerer(
+        checkpoint, GenerationConfig(max_new_tokens=args.max_new_tokens), template=args.template, dtype=torch.float32
+    )
     if args.input_file is not None:
-        result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, Path(checkpoint).name)
+        name = Path(checkpoint).name
+        result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, name, args.batch_size)
     else:
-        result = evaluate_synthetic(answerer, args.limit, args.seed)
+        result = evaluate_synthetic(answerer, args.limit, args.seed, args.batch_size)
     result["checkpoint"] = str(Path(checkpoint).resolve())
     print(json.dumps(result))
 

@@ -26,117 +26,21 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
-from PIL import Image
 
-from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
-from neva.constants import IMAGE_TOKEN
-from neva.models.config import NevaConfig
-from neva.models.generation import GenerationConfig, generate
+from neva.inference import Answerer, read_jsonl, record_image_paths
+from neva.models.generation import GenerationConfig
 
 NEMO_SAMPLING = dict(temperature=0.2, top_p=0.9, top_k=0, repetition_penalty=1.2)
-DEFAULT_TEMPLATE = "vicuna_v1"
 
 
-class PromptBuilder:
-    """Turns a user prompt + its images into token ids (image positions expanded) for one checkpoint."""
-
-    def __init__(self, tokenizer: Any, cfg: NevaConfig, template: str | None, system: str | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.cfg = cfg
-        self.system = system
-        self.template = None
-        if template is not None:
-            from neva.data.conversation import get_template
-
-            self.template = get_template(template, tokenizer)
-
-    def ids(self, prompt: str, num_images: int) -> list[int]:
-        """Token ids of the full model input.
-
-        Raises:
-            ValueError: the number of ``<image>`` tags differs from the number of images.
-        """
-        per_image = self.cfg.num_image_tokens
-        if self.template is None:
-            self._check_tags(prompt, num_images)
-            # LlavaProcessor: expand the text, then one tokenizer call with special tokens (BOS).
-            return list(self.tokenizer(prompt.replace(IMAGE_TOKEN, IMAGE_TOKEN * per_image)).input_ids)
-        from neva.data.conversation import ChatTemplateRenderer, Message
-
-        if num_images and IMAGE_TOKEN not in prompt:
-            prompt = (IMAGE_TOKEN + "\n") * num_images + prompt
-        self._check_tags(prompt, num_images)
-        text = self.template.render_prompt([Message("user", prompt)], system_prompt=self.system)
-        # Same tokenization as training (neva.data.encoding): one call on the rendered text, then expand images.
-        add_special = not isinstance(self.template, ChatTemplateRenderer)
-        out: list[int] = []
-        for tok in self.tokenizer(text, add_special_tokens=add_special).input_ids:
-            out += [tok] * per_image if tok == self.cfg.image_token_id else [tok]
-        return out
-
-    @staticmethod
-    def _check_tags(prompt: str, num_images: int) -> None:
-        tags = prompt.count(IMAGE_TOKEN)
-        if tags != num_images:
-            raise ValueError(f"prompt has {tags} {IMAGE_TOKEN} tag(s) but {num_images} image(s) were given")
-
-    def stop_strings(self) -> tuple[str, ...]:
-        """The template's end-of-turn text (e.g. ``<|im_end|>``, plain's newline)."""
-        eot = getattr(self.template, "eot", "") if self.template is not None else ""
-        return (eot.strip() or eot,) if eot else ()
-
-    def eos_ids(self) -> tuple[int, ...]:
-        """EOS, plus the end-of-turn token when the template's end-of-turn text is one token."""
-        ids = [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
-        for stop in self.stop_strings():
-            tok = self.tokenizer.get_vocab().get(stop)
-            if tok is not None and tok not in ids:
-                ids.append(tok)
-        return tuple(ids)
-
-
-def load_pixels(paths: Sequence[Path], cfg: NevaConfig, aspect_ratio: str) -> torch.Tensor | None:
-    """Images → ``[N, 3, H, W]`` with neva's CLIP preprocessing (identical to HF ``CLIPImageProcessor``)."""
-    if not paths:
-        return None
-    if cfg.vision is None:
-        raise ValueError("this checkpoint has no vision tower; drop the images")
-    from neva.data.images import ImageProcessor
-
-    process = ImageProcessor(cfg.vision, aspect_ratio)
-    tensors = []
-    for path in paths:
-        with Image.open(path) as image:
-            tensors.append(process(image))
-    return torch.stack(tensors)
-
-
-def decode_answer(tokenizer: Any, ids: list[int], stops: Sequence[str]) -> str:
-    """Generated ids → text without special tokens, cut at the first stop string."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    cuts = [text.find(s) for s in stops if s and s in text]
-    return text[: min(cuts)] if cuts else text
-
-
-def generation_config(args: argparse.Namespace, builder: PromptBuilder) -> GenerationConfig:
+def decoding(args: argparse.Namespace) -> GenerationConfig:
     """Decoding settings from the command line (see the module docstring for the defaults)."""
     sample = not args.greedy and (args.sample or any(v is not None for v in (args.temperature, args.top_p, args.top_k)))
     defaults = NEMO_SAMPLING if sample else dict(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
     pick = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
-    pad = builder.tokenizer.pad_token_id
-    if pad is None or pad == builder.cfg.image_token_id:
-        pad = 0
-    return GenerationConfig(
-        max_new_tokens=args.max_new_tokens,
-        do_sample=sample,
-        eos_token_ids=builder.eos_ids(),
-        stop_strings=builder.stop_strings() + tuple(args.stop),
-        pad_token_id=pad,
-        **pick,
-    )
+    return GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=sample, stop_strings=tuple(args.stop), **pick)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -170,54 +74,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The JSONL file's records (blank lines skipped)."""
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            records.append(json.loads(line))
-    return records
-
-
-def record_images(record: dict[str, Any], root: Path) -> list[Path]:
-    """A record's image paths (``image``: one path, a list, or absent), relative to ``root``."""
-    images = record.get("image") or []
-    return [root / p for p in ([images] if isinstance(images, str) else images)]
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: answer one prompt (printed) or a JSONL file of them."""
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    ckpt = Path(args.checkpoint)
-    meta = load_metadata(ckpt)
-    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    model = load_model(ckpt, device=args.device, dtype=dtype)
-    tokenizer = load_tokenizer(ckpt)
-    template = None if args.raw else (args.template or meta.get("conv_template") or DEFAULT_TEMPLATE)
-    builder = PromptBuilder(tokenizer, model.cfg, template, args.system)
-    gen_cfg = generation_config(args, builder)
-    aspect = args.image_aspect_ratio or meta.get("image_aspect_ratio", "square")
-
-    def answer(items: list[tuple[str, list[Path]]]) -> list[str]:
-        prompts = [builder.ids(prompt, len(images)) for prompt, images in items]
-        pixels = load_pixels([p for _, images in items for p in images], model.cfg, aspect)
-        counts = [len(images) for _, images in items]
-        outs = generate(model, prompts, pixels, counts, gen_cfg, decode=lambda ids: tokenizer.decode(ids))
-        return [decode_answer(tokenizer, ids, gen_cfg.stop_strings) for ids in outs]
-
+    answerer = Answerer(
+        args.checkpoint,
+        decoding(args),
+        template=args.template,
+        raw=args.raw,
+        system=args.system,
+        aspect_ratio=args.image_aspect_ratio,
+        device=args.device,
+        dtype=None if args.dtype == "auto" else getattr(torch, args.dtype),
+    )
     if args.prompt is not None:
-        print(answer([(args.prompt, [Path(p) for p in args.image])])[0])
+        print(answerer.answer([(args.prompt, [Path(p) for p in args.image])])[0])
         return
     path = Path(args.input_file)
-    records = read_records(path)
+    records = read_jsonl(path)
+    items = ((r["prompt"], record_image_paths(r, path.parent)) for r in records)
     out = open(args.output_file, "w") if args.output_file else sys.stdout  # noqa: SIM115 - stdout is not closed
     try:
-        for start in range(0, len(records), args.batch_size):
-            chunk = records[start : start + args.batch_size]
-            answers = answer([(r["prompt"], record_images(r, path.parent)) for r in chunk])
-            for record, text in zip(chunk, answers):
-                out.write(json.dumps({**record, "answer": text}, ensure_ascii=False) + "\n")
+        for record, text in zip(records, answerer.answer_all(items, args.batch_size)):
+            out.write(json.dumps({**record, "answer": text}, ensure_ascii=False) + "\n")
             out.flush()
     finally:
         if out is not sys.stdout:

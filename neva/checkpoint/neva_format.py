@@ -28,7 +28,6 @@ from neva.checkpoint.safetensors_io import (
     ShardWriter,
     iter_safetensors,
     safetensors_files,
-    safetensors_keys,
 )
 from neva.models.config import NevaConfig, from_dict, to_dict
 from neva.models.neva import NevaModel
@@ -175,33 +174,27 @@ def iter_tensors(directory: str | os.PathLike) -> Iterator[tuple[str, torch.Tens
     return iter_safetensors(safetensors_files(directory))
 
 
-def tensor_keys(directory: str | os.PathLike) -> list[str]:
-    """The stored tensor names (headers only)."""
-    return safetensors_keys(safetensors_files(directory))
-
-
 @torch.no_grad()
-def load_weights(model: NevaModel, directory: str | os.PathLike, strict: bool = True) -> None:
-    """Copy a checkpoint's tensors into ``model`` one by one (cast to each parameter's dtype and device).
+def load_weights(model: NevaModel, directory: str | os.PathLike) -> None:
+    """Copy a checkpoint's tensors into a whole ``model`` one by one (cast to each parameter's dtype and device).
 
-    Also recomputes the non-persistent RoPE buffer, so a model fresh from ``to_empty`` is ready to run.
+    Also recomputes the non-persistent RoPE buffer, so a model fresh from ``to_empty`` is ready to run. Sharded and
+    pipeline-stage models are not filled here: training loads those into each rank's parts itself.
 
     Args:
-        model: a materialised model (e.g. after ``to_empty``); a pipeline stage may lack parts.
+        model: a materialised, unsplit model (e.g. after ``to_empty``).
         directory: the checkpoint.
-        strict: if True, a stored tensor the model does not have is an error; else it is skipped (pipeline stages).
 
     Raises:
-        KeyError: unknown tensors (strict) or model tensors the checkpoint lacks.
+        KeyError: a stored tensor the model does not have, or a model tensor the checkpoint lacks (the output head
+            of tied embeddings aside: it is the embedding).
     """
     targets = model.state_dict()
     tied = model.cfg.llm.tie_word_embeddings and "llm.tok_embeddings.weight" in targets
     seen: set[str] = set()
     for key, tensor in iter_tensors(directory):
         if key not in targets:
-            if strict:
-                raise KeyError(f"checkpoint tensor {key!r} has no place in the model")
-            continue
+            raise KeyError(f"checkpoint tensor {key!r} has no place in the model")
         targets[key].copy_(tensor)
         seen.add(key)
     missing = sorted(set(targets) - seen - ({TIED_HEAD_KEY} if tied else set()))

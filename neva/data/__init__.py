@@ -1,6 +1,6 @@
 """Data pipeline: LLaVA records → templates and exact masks → CLIP pixels → padded or packed batches.
 
-Names are imported lazily so that ``import neva.data.sampler`` (or a DataLoader worker) does not pay for Lightning.
+Names are imported lazily so that ``import neva.data.sampler`` (or a DataLoader worker) loads only what it uses.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ _EXPORTS = {
     "ConversationDataset": "neva.data.dataset",
     "EncoderSettings": "neva.data.dataset",
     "ImageProcessor": "neva.data.images",
+    "SampleError": "neva.data.errors",
     "ResumableBatchSampler": "neva.data.sampler",
     "DataQualityError": "neva.data.skips",
     "SkipTracker": "neva.data.skips",

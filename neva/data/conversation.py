@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neva.constants import IMAGE_TOKEN
+from neva.data.errors import SampleError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
 _ROLE_NAMES = {"human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT, "system": SYSTEM}
@@ -25,13 +26,8 @@ LLAMA_2_SYSTEM = (
 )
 
 
-class ConversationError(ValueError):
-    """A record whose conversation cannot be rendered; ``reason`` is the skip-count key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class ConversationError(SampleError):
+    """A record whose conversation cannot be rendered."""
 
 
 @dataclass(frozen=True)
@@ -112,13 +108,14 @@ class Template:
     name = ""
     default_system: str | None = None
     eot = ""  # end-of-turn text learned after each reply (documentation and chat-template rendering)
+    assistant_cue = ""  # what opens an assistant turn after the last user turn (the prompt ends with it)
 
     def pieces(self, messages: list[Message], system: str | None) -> list[tuple[str, bool]]:
         raise NotImplementedError
 
     def generation_prefix(self, messages: list[Message], system: str | None) -> str:
         """Prompt text for inference: the conversation so far (ending with a user turn) plus the assistant cue."""
-        raise NotImplementedError
+        return "".join(p for p, _ in self.pieces(messages, system)) + self.assistant_cue
 
     def render(self, messages: list[Message], system_prompt: str | None = None) -> Rendered:
         """Render a whole conversation (a leading system message overrides the system prompt)."""
@@ -161,6 +158,7 @@ class VicunaV1Template(Template):
     name = "vicuna_v1"
     default_system = VICUNA_SYSTEM
     eot = "</s>"
+    assistant_cue = "ASSISTANT:"
 
     def pieces(self, messages, system):
         out = [((system or "") + " ", False)]
@@ -170,9 +168,6 @@ class VicunaV1Template(Template):
             else:
                 out += [("ASSISTANT: ", False), (m.content, True), ("</s>", True)]
         return out
-
-    def generation_prefix(self, messages, system):
-        return "".join(p for p, _ in self.pieces(messages, system)) + "ASSISTANT:"
 
 
 class Llama2Template(Template):
@@ -197,9 +192,6 @@ class Llama2Template(Template):
                 out += [(" ", False), (m.content, True), (" </s>", True)]
         return out
 
-    def generation_prefix(self, messages, system):
-        return "".join(p for p, _ in self.pieces(messages, system))
-
 
 class MistralTemplate(Template):
     """Mistral instruct: ``[INST] {q} [/INST]{a}</s>``; a system prompt leads the first user turn."""
@@ -217,15 +209,13 @@ class MistralTemplate(Template):
                 out += [(m.content, True), ("</s>", True)]
         return out
 
-    def generation_prefix(self, messages, system):
-        return "".join(p for p, _ in self.pieces(messages, system))
-
 
 class Llama3Template(Template):
     """Llama-3 instruct headers; BOS (``<|begin_of_text|>``) comes from the tokenizer."""
 
     name = "llama_3"
     eot = "<|eot_id|>"
+    assistant_cue = "<|start_header_id|>assistant<|end_header_id|>\n\n"
 
     @staticmethod
     def _header(role: str) -> str:
@@ -240,15 +230,13 @@ class Llama3Template(Template):
                 out += [(self._header(ASSISTANT), False), (m.content, True), ("<|eot_id|>", True)]
         return out
 
-    def generation_prefix(self, messages, system):
-        return "".join(p for p, _ in self.pieces(messages, system)) + self._header(ASSISTANT)
-
 
 class ChatMLTemplate(Template):
     """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``."""
 
     name = "chatml"
     eot = "<|im_end|>"
+    assistant_cue = "<|im_start|>assistant\n"
 
     def pieces(self, messages, system):
         out = [(f"<|im_start|>system\n{system}<|im_end|>\n", False)] if system else []
@@ -258,9 +246,6 @@ class ChatMLTemplate(Template):
             else:
                 out += [("<|im_start|>assistant\n", False), (m.content, True), ("<|im_end|>", True), ("\n", False)]
         return out
-
-    def generation_prefix(self, messages, system):
-        return "".join(p for p, _ in self.pieces(messages, system)) + "<|im_start|>assistant\n"
 
 
 class ChatTemplateRenderer(Template):

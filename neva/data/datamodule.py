@@ -1,15 +1,11 @@
-"""``NevaDataModule``: DataConfig + tokenizer + model shapes → resumable train / val dataloaders.
+"""``NevaDataModule``: DataConfig + tokenizer + model shapes → resumable train / val dataloaders for one data-parallel
+rank (sampling is by dp rank here, so the Trainer runs with ``use_distributed_sampler=False``).
 
-Wiring for the training engineer::
-
-    dm = NevaDataModule(data_cfg, tokenizer, neva_cfg, micro_batch_size=4, dp_rank=dp_rank, dp_world=dp_size,
-                        seed=cfg.seed)
-    trainer = pl.Trainer(..., use_distributed_sampler=False)   # sampling is ours: by dp rank, resumable
-    trainer.fit(module, datamodule=dm)
-
-Lightning saves ``dm.state_dict()`` in checkpoints and calls ``dm.load_state_dict`` on resume; the next batch is then
-the exact next sample. ``dm.skip_tracker.metrics()`` gives the skip counts to log; the train loader raises
-``DataQualityError`` when more than ``max_skip_fraction`` of the samples are skipped.
+Who uses it: ``neva.training.run`` builds one and hands it to the LightningModule (``neva.training.module``), which
+holds it; the module's ``train_dataloader`` / ``val_dataloader`` hooks wrap this object's loaders, and its checkpoint
+hooks store ``state_dict()`` and give it back to ``load_state_dict`` on resume, so the next batch is the exact next
+sample. The Trainer itself never sees this object. ``skip_tracker.metrics()`` gives the skip counts to log; the train
+loader raises ``DataQualityError`` when more than ``max_skip_fraction`` of the samples are skipped.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytorch_lightning as pl
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from neva.constants import IMAGE_TOKEN
@@ -29,8 +24,9 @@ from neva.data.dataset import ConversationDataset, EncoderSettings
 from neva.data.images import CallableImageSource, ImageProcessor, image_source_for
 from neva.data.records import is_shard_spec, load_records
 from neva.data.sampler import ResumableBatchSampler
-from neva.data.shards import ShardDataset, StreamingBatchSampler, source_layout
+from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
+from neva.data.stream_sampler import StreamingBatchSampler, source_layout
 from neva.data.synthetic import SyntheticImages, synthetic_records
 from neva.models.config import NevaConfig, VisionConfig
 
@@ -81,7 +77,7 @@ def pad_token_id(tokenizer: Any) -> int:
     return 0
 
 
-class NevaDataModule(pl.LightningDataModule):
+class NevaDataModule:
     """Train / val dataloaders for one data-parallel rank.
 
     Args:
@@ -117,7 +113,6 @@ class NevaDataModule(pl.LightningDataModule):
         val_micro_batch_size: int | None = None,
         accumulation: int = 1,
     ) -> None:
-        super().__init__()
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.image_token_id = tokenizer_image_token_id(tokenizer)
@@ -172,7 +167,8 @@ class NevaDataModule(pl.LightningDataModule):
         return ShardDataset.from_spec(spec, self.settings, self.image_processor)
 
     def setup(self, stage: str | None = None) -> None:
-        """Read the data files (or generate the synthetic set) and split off validation data."""
+        """Read the data files (or generate the synthetic set) and split off validation data (once; ``stage`` is
+        ignored: every stage reads the same data)."""
         if self.train_datasets:
             return
         cfg = self.cfg
@@ -224,34 +220,27 @@ class NevaDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> ResumableLoader:
         """This rank's training batches, resuming from the loaded state."""
         self.setup()
-        if self.train_sampler is None and any(isinstance(d, ShardDataset) for d in self.train_datasets):
-            # Shards: same rank rule and state, but an order that reads one shard at a time.
-            self.train_sampler = StreamingBatchSampler(
-                [source_layout(d) for d in self.train_datasets],
-                self.micro_batch_size,
-                self.dp_rank,
-                self.dp_world,
-                self.seed,
-                weights=self.cfg.concat_sampling_probabilities,
-                shuffle_buffer=self.cfg.shard_shuffle_buffer,
-            )
-            self.train_sampler.accumulation = self.accumulation
-            if self._pending_state is not None:
-                self.load_state_dict(self._pending_state)
         if self.train_sampler is None:
-            self.train_sampler = ResumableBatchSampler(
-                [len(d) for d in self.train_datasets],
-                self.micro_batch_size,
-                self.dp_rank,
-                self.dp_world,
-                self.seed,
-                weights=self.cfg.concat_sampling_probabilities,
-                lengths=self._lengths(self.train_datasets) if self.cfg.group_by_modality_length else None,
-            )
+            self.train_sampler = self._train_sampler()
             self.train_sampler.accumulation = self.accumulation
             if self._pending_state is not None:
                 self.load_state_dict(self._pending_state)
         return self._loader(self.train_datasets, self.train_sampler, self.skip_tracker)
+
+    def _train_sampler(self) -> ResumableBatchSampler:
+        rank = dict(
+            micro_batch_size=self.micro_batch_size,
+            dp_rank=self.dp_rank,
+            dp_world=self.dp_world,
+            seed=self.seed,
+            weights=self.cfg.concat_sampling_probabilities,
+        )
+        if any(isinstance(d, ShardDataset) for d in self.train_datasets):
+            # Shards: same rank rule and state, but an order that reads one shard at a time.
+            layouts = [source_layout(d) for d in self.train_datasets]
+            return StreamingBatchSampler(layouts, shuffle_buffer=self.cfg.shard_shuffle_buffer, **rank)
+        lengths = self._lengths(self.train_datasets) if self.cfg.group_by_modality_length else None
+        return ResumableBatchSampler([len(d) for d in self.train_datasets], lengths=lengths, **rank)
 
     def val_dataloader(self) -> ResumableLoader | list:
         """Validation batches in file order (full global batches only, so every rank runs the same steps)."""

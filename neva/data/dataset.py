@@ -23,7 +23,8 @@ from neva.data.conversation import (
     parse_conversations,
     place_image_tags,
 )
-from neva.data.encoding import EncodingError, encode
+from neva.data.encoding import encode
+from neva.data.errors import SampleError
 from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
 from neva.data.records import ERROR_KEY, approx_length, record_images
 
@@ -74,7 +75,7 @@ def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[li
     """Text side of a record: validated, rendered, tokenized; returns ``(input_ids, labels, image_names)``.
 
     Raises:
-        ConversationError, EncodingError, ImageError: with the skip reason.
+        SampleError: with the skip reason (``ConversationError``, ``EncodingError`` or ``ImageError``).
     """
     if ERROR_KEY in record:
         raise ConversationError(record[ERROR_KEY], record.get("detail", ""))
@@ -110,7 +111,7 @@ def process_record(
         if names and image_processor is None:
             raise ImageError("missing_image", "the model has no vision encoder")
         pixels = [image_processor(image_source.load(name)) for name in names]
-    except (ConversationError, EncodingError, ImageError) as exc:
+    except SampleError as exc:
         return skip_marker(sample_id, exc.reason, exc.detail)
     size = image_processor.size if image_processor is not None else 0
     return {

@@ -13,15 +13,11 @@ from typing import Any
 
 from neva.constants import IGNORE_INDEX
 from neva.data.conversation import Rendered
+from neva.data.errors import SampleError
 
 
-class EncodingError(ValueError):
-    """A sample that cannot be encoded; ``reason`` is the skip-count key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class EncodingError(SampleError):
+    """A rendered sample that cannot be encoded."""
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,12 @@ import numpy as np
 import torch
 from PIL import Image
 
+from neva.data.errors import SampleError
 from neva.models.config import VisionConfig
 
 
-class ImageError(ValueError):
-    """An image that cannot be used; ``reason`` is the skip-count key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class ImageError(SampleError):
+    """An image that cannot be used."""
 
 
 class ImageProcessor:
@@ -134,18 +130,25 @@ class FolderImageSource(ImageSource):
         self.root = os.path.realpath(root)
 
     def load(self, name: str) -> Image.Image:
+        return decode_image(self.read_bytes(name), name)
+
+    def read_bytes(self, name: str) -> bytes:
+        """The file's bytes, undecoded (``make_shards`` copies them into shards as they are).
+
+        Raises:
+            ImageError: ``unsafe_image_path`` or ``missing_image``.
+        """
         rel = safe_relative_path(name)
         path = os.path.realpath(os.path.join(self.root, rel))
         if not path.startswith(self.root + os.sep):
             raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                return f.read()
         except FileNotFoundError as exc:
             raise ImageError("missing_image", f"{name} not found in {self.root}") from exc
         except OSError as exc:
             raise ImageError("missing_image", f"{name}: {exc}") from exc
-        return decode_image(data, name)
 
 
 class TarImageSource(ImageSource):

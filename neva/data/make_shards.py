@@ -26,27 +26,9 @@ from typing import Any
 import numpy as np
 import webdataset
 
-from neva.data.images import ImageError, safe_relative_path
+from neva.data.images import FolderImageSource, ImageError
 from neva.data.records import ERROR_KEY, expand_shard_spec, load_records
 from neva.data.shards import count_samples, index_path, write_index
-
-
-def read_image_bytes(folder: str, name: Any) -> bytes:
-    """The file ``name`` under ``folder``, with the training-time path rules.
-
-    Raises:
-        ImageError: ``unsafe_image_path`` or ``missing_image``.
-    """
-    rel = safe_relative_path(name)
-    root = os.path.realpath(folder)
-    path = os.path.realpath(os.path.join(root, rel))
-    if not path.startswith(root + os.sep):
-        raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise ImageError("missing_image", f"{name}: {exc}") from exc
 
 
 def _extension(name: str) -> str:
@@ -55,8 +37,10 @@ def _extension(name: str) -> str:
     return ext if re.fullmatch(r"[a-z0-9]+", ext) else "img"
 
 
-def shard_sample(record: dict[str, Any], key: str, image_folder: str | None, problems: Counter) -> dict[str, Any]:
-    """One record → the ``TarWriter`` dict of its members (``__key__``, ``json``, images)."""
+def shard_sample(
+    record: dict[str, Any], key: str, images: FolderImageSource | None, problems: Counter
+) -> dict[str, Any]:
+    """One record → the ``TarWriter`` dict of its members (``__key__``, ``json``, images read from ``images``)."""
     field = "image" if "image" in record else "images" if "images" in record else None
     sample: dict[str, Any] = {"__key__": key}
     rec = dict(record)
@@ -67,9 +51,9 @@ def shard_sample(record: dict[str, Any], key: str, image_folder: str | None, pro
         for j, name in enumerate(names):
             suffix = _extension(name) if isinstance(value, str) else f"{j}.{_extension(str(name))}"
             try:
-                if image_folder is None:
+                if images is None:
                     raise ImageError("missing_image", "no --image-folder given")
-                sample[suffix] = read_image_bytes(image_folder, name)
+                sample[suffix] = images.read_bytes(name)
                 renamed.append(f"{key}.{suffix}")
             except ImageError as exc:
                 problems[exc.reason] += 1
@@ -103,13 +87,14 @@ def make_shards(
         # LLaVA files are grouped by source data set; shard-level shuffling alone would keep those runs together.
         good = [good[i] for i in np.random.default_rng(shuffle_seed).permutation(len(good))]
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    images = FolderImageSource(image_folder) if image_folder is not None else None
     shards = []
     for start in range(0, len(good), samples_per_shard):
         path = f"{out}-{len(shards):06d}.tar"
         chunk = good[start : start + samples_per_shard]
         with webdataset.TarWriter(path, encoder=False) as writer:
             for i, record in enumerate(chunk, start=start):
-                writer.write(shard_sample(record, f"{i:09d}", image_folder, problems))
+                writer.write(shard_sample(record, f"{i:09d}", images, problems))
         write_index(path, len(chunk))
         shards.append(path)
     for reason, n in sorted(problems.items()):

@@ -14,10 +14,10 @@ import sys
 from typing import Any
 
 from neva.data.config import SYNTHETIC, TEMPLATES
-from neva.data.conversation import ConversationError, count_image_tags, parse_conversations, place_image_tags
+from neva.data.conversation import count_image_tags, parse_conversations, place_image_tags
 from neva.data.dataset import EncoderSettings, encode_record
-from neva.data.encoding import EncodingError
-from neva.data.images import ImageError, image_source_for
+from neva.data.errors import SampleError
+from neva.data.images import image_source_for
 from neva.data.records import load_records
 
 _GREEN, _RESET = "\033[32m", "\033[0m"
@@ -95,7 +95,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
             if source is not None:
                 for name in names:
                     source.load(name)
-        except (ConversationError, EncodingError, ImageError) as exc:
+        except SampleError as exc:
             skipped += 1
             if args.json:
                 out.write(json.dumps({"id": rid, "skipped": exc.reason, "detail": exc.detail}) + "\n")

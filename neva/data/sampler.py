@@ -9,37 +9,63 @@ the exact next sample, even under a different data-parallel size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 
+def blend_choices(weights: Sequence[float], total: int) -> np.ndarray:
+    """Megatron's deterministic blend: which dataset each of ``total`` draws comes from.
+
+    Draw i goes to the dataset furthest behind its target share ``w_d · (i + 1)`` (ties: the first).
+    """
+    w = [float(x) for x in weights]
+    counts = [0] * len(w)
+    out = np.empty(total, dtype=np.int64)
+    for i in range(total):
+        d = max(range(len(w)), key=lambda j: w[j] * (i + 1) - counts[j])
+        counts[d] += 1
+        out[i] = d
+    return out
+
+
+def interleave(sizes: Sequence[int], choices: np.ndarray, stream: Callable[[int, int], np.ndarray]) -> np.ndarray:
+    """Indices into the concatenation of datasets of ``sizes``: draw i takes the next index of dataset ``choices[i]``.
+
+    Dataset d walks through ``stream(d, 0)``, then ``stream(d, 1)``... (indices into it, a new pass each time one is
+    used up), so small datasets are upsampled and large ones subsampled.
+
+    Raises:
+        ValueError: a dataset that is drawn from but has no samples.
+    """
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    order = np.empty(len(choices), dtype=np.int64)
+    for d, size in enumerate(sizes):
+        positions = np.flatnonzero(choices == d)
+        if len(positions) == 0:
+            continue
+        if size == 0:
+            raise ValueError(f"blend source {d} has weight but no samples")
+        passes = np.concatenate([stream(d, c) for c in range(-(-len(positions) // size))])
+        order[positions] = offsets[d] + passes[: len(positions)]
+    return order
+
+
 def blend_order(sizes: Sequence[int], weights: Sequence[float] | None, seed: int, epoch: int) -> np.ndarray:
     """Indices into the concatenation of datasets of ``sizes``, one epoch of ``sum(sizes)`` draws.
 
-    Without weights: a permutation of everything. With weights: Megatron's deterministic blend (sample i goes to the
-    dataset furthest behind its target share ``w_d · (i + 1)``), each dataset walking through its own permutations
-    (a new one every time it is exhausted), so small datasets are upsampled and large ones subsampled.
+    Without weights: a permutation of everything. With weights: ``blend_choices``, each dataset walking through its
+    own permutations (``interleave``).
     """
     total = int(sum(sizes))
-    rng = np.random.default_rng([seed, epoch])
     if weights is None:
-        return rng.permutation(total)
-    w = np.asarray(weights, dtype=np.float64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    counts = np.zeros(len(sizes), dtype=np.int64)
-    perms: list[list[np.ndarray]] = [[] for _ in sizes]
-    order = np.empty(total, dtype=np.int64)
-    for i in range(total):
-        d = int(np.argmax(w * (i + 1) - counts))
-        k = counts[d]
-        cycle, pos = divmod(int(k), sizes[d])
-        while len(perms[d]) <= cycle:
-            perms[d].append(np.random.default_rng([seed, epoch, d, len(perms[d])]).permutation(sizes[d]))
-        order[i] = offsets[d] + perms[d][cycle][pos]
-        counts[d] += 1
-    return order
+        return np.random.default_rng([seed, epoch]).permutation(total)
+    return interleave(
+        sizes,
+        blend_choices(weights, total),
+        lambda d, cycle: np.random.default_rng([seed, epoch, d, cycle]).permutation(sizes[d]),
+    )
 
 
 def group_by_modality_length(

@@ -1,4 +1,4 @@
-"""Streaming ``.tar`` shards (webdataset layout) with an exact, resumable, data-parallel sample order.
+"""``.tar`` shards (webdataset layout): reading samples by random access, and the sample-count indexes.
 
 Layout: one sample = the tar members sharing a key (webdataset's rule: the key is the member name up to the first dot
 of its base name; members of a sample are consecutive): ``KEY.json`` holds the LLaVA record and its ``image`` names
@@ -6,15 +6,12 @@ members of the sample (``"KEY.jpg"`` or ``["KEY.0.jpg", "KEY.1.png"]``). ``SHARD
 by ``python -m neva.data.make_shards``) stores its sample count so that nothing is read to plan an epoch.
 
 Design: shards are read with random access (stdlib ``tarfile`` over a seekable file, grouping members exactly as
-``webdataset.tariterators.group_by_keys`` does) as a map-style dataset whose global index is (shard, position), and
-the *order* does the streaming: each epoch visits the shards in a permutation of ``(seed, epoch)`` and the samples of
-a shard in shard order (or through a bounded, seeded shuffle buffer), so reads move through one shard at a time.
+``webdataset.tariterators.group_by_keys`` does) as a map-style dataset whose global index is (shard, position); the
+*order* (``neva.data.stream_sampler``) does the streaming, visiting one shard at a time.
 Why not ``webdataset.WebDataset``: its sequential stream has to read every byte of every shard on every
 data-parallel rank (each rank needs only its micro-batch of each global batch) and cannot start at sample k. Here a
-rank extracts only its own samples (the members of the others are skipped by seeking over them), a resumed run never
-opens the shards it has finished and reads only member headers of the shard it resumes in, and the batches go through
-``ResumableBatchSampler``'s rule and state unchanged, so DataLoader workers (which receive whole micro-batches, in
-order) and the exact-resume accounting of ``ResumableLoader`` work as they do for JSON data.
+rank extracts only its own samples (the members of the others are skipped by seeking over them), and a resumed run
+never opens the shards it has finished and reads only member headers of the shard it resumes in.
 """
 
 from __future__ import annotations
@@ -37,18 +34,11 @@ from webdataset.tariterators import base_plus_ext
 from neva.data.dataset import EncoderSettings, SkipLogger, is_skipped, process_record
 from neva.data.images import ImageError, ImageProcessor, ImageSource, decode_image, safe_relative_path
 from neva.data.records import ERROR_KEY, expand_shard_spec, parse_record
-from neva.data.sampler import ResumableBatchSampler
 
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".idx.json"
 _SKIP_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: ``__key__``-style entries are not sample data
-
-SourceLayout = int | Sequence[int]
-"""A blend source as the order sees it: a record set of that many samples, or the sample counts of its shards."""
-
-
-# -- reading shards ---------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -141,7 +131,7 @@ class _MemberImages(ImageSource):
 class ShardDataset(Dataset):
     """Map-style view of a list of shards: index = shard offset + position of the sample in the shard.
 
-    Reads are efficient when consecutive indices come from the same shard (the order of ``shard_stream``): one
+    Reads are efficient when consecutive indices come from the same shard (``neva.data.stream_sampler``'s order): one
     shard is open per process at a time, reopened after a fork since DataLoader workers would share the offset.
 
     Args:
@@ -226,7 +216,7 @@ class ShardDataset(Dataset):
             return self._current[1], self._current[2]
 
     def layout(self) -> list[int]:
-        """Sample counts per shard, for ``stream_order``."""
+        """Sample counts per shard, for ``neva.data.stream_sampler.stream_order``."""
         return list(self.counts)
 
     def modality_lengths(self) -> list[int]:
@@ -241,152 +231,3 @@ class ShardDataset(Dataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-
-
-# -- order ------------------------------------------------------------------------------------------------------------
-
-
-def buffered_permutation(n: int, buffer: int, rng: np.random.Generator) -> np.ndarray:
-    """The order a shuffle buffer of ``buffer`` items gives ``0..n-1`` (a pure function of ``rng``'s state).
-
-    The buffer fills with the first items; each later item replaces a uniformly chosen buffered one, which is
-    emitted; the rest drain in random order. Items move at most ``buffer`` places earlier, so reads stay local.
-    """
-    if buffer <= 1 or n <= 1:
-        return np.arange(n)
-    size = min(buffer, n)
-    buf = list(range(size))
-    out = []
-    # The buffer stays full while items arrive, so every pick is uniform on [0, size): draw them all at once.
-    for item, pick in zip(range(size, n), rng.integers(0, size, n - size).tolist()):
-        out.append(buf[pick])
-        buf[pick] = item
-    out.extend(buf[i] for i in rng.permutation(size).tolist())
-    return np.asarray(out, dtype=np.int64)
-
-
-def source_stream(source: SourceLayout, seed: int, epoch: int, salt: Sequence[int], buffer: int) -> np.ndarray:
-    """One pass over a blend source, as indices into it.
-
-    Record sets: a permutation. Shards: the shards in a permutation, each one's samples in shard order or through
-    ``buffered_permutation``. Everything is seeded by ``(seed, epoch, *salt)``.
-    """
-    key = [seed, epoch, *salt]
-    rng = np.random.default_rng(key)
-    if isinstance(source, (int, np.integer)):
-        return rng.permutation(int(source))
-    counts = [int(c) for c in source]
-    offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-    parts = []
-    for s in rng.permutation(len(counts)).tolist():
-        within = buffered_permutation(counts[s], buffer, np.random.default_rng([*key, s]))
-        parts.append(offsets[s] + within)
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def _size(source: SourceLayout) -> int:
-    return int(source) if isinstance(source, (int, np.integer)) else int(sum(source))
-
-
-def blend_choices(weights: Sequence[float], total: int) -> np.ndarray:
-    """Which source each of ``total`` draws comes from: Megatron's rule, as ``sampler.blend_order``.
-
-    Draw i goes to the source furthest behind its target share ``w_d · (i + 1)`` (ties: the first).
-    """
-    w = [float(x) for x in weights]
-    counts = [0] * len(w)
-    out = np.empty(total, dtype=np.int64)
-    for i in range(total):
-        d = max(range(len(w)), key=lambda j: w[j] * (i + 1) - counts[j])
-        counts[d] += 1
-        out[i] = d
-    return out
-
-
-def stream_order(
-    sources: Sequence[SourceLayout], weights: Sequence[float] | None, seed: int, epoch: int, buffer: int = 0
-) -> np.ndarray:
-    """The epoch's global order over the concatenation of ``sources`` (``sum`` of their sizes draws).
-
-    One source: its ``source_stream``. Several: each draw takes the next sample of the source chosen by
-    ``blend_choices`` (weights None = proportional to size), each source walking through its own streams, a new
-    one each time it is used up (small sources upsampled, large ones subsampled, as ``blend_order``).
-
-    Raises:
-        ValueError: a source with weight but no samples.
-    """
-    sizes = [_size(s) for s in sources]
-    total = sum(sizes)
-    if len(sources) == 1:
-        return source_stream(sources[0], seed, epoch, (0, 0), buffer)
-    w = [s / total for s in sizes] if weights is None else list(weights)
-    choices = blend_choices(w, total)
-    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-    order = np.empty(total, dtype=np.int64)
-    for d, source in enumerate(sources):
-        positions = np.flatnonzero(choices == d)
-        if len(positions) == 0:
-            continue
-        if sizes[d] == 0:
-            raise ValueError(f"blend source {d} has weight {w[d]} but no samples")
-        cycles = -(-len(positions) // sizes[d])
-        stream = np.concatenate([source_stream(source, seed, epoch, (d, c), buffer) for c in range(cycles)])
-        order[positions] = offsets[d] + stream[: len(positions)]
-    return order
-
-
-class StreamingBatchSampler(ResumableBatchSampler):
-    """``ResumableBatchSampler`` (same rank rule, same state) over ``stream_order`` instead of a global permutation.
-
-    A resumed sampler starts at sample ``consumed`` of the epoch's order; the dataset is only asked for the samples
-    from there on, so shards already finished are never opened.
-
-    Args:
-        sources: per blend source, its record count or its shards' sample counts.
-        micro_batch_size / dp_rank / dp_world / seed / weights: as ``ResumableBatchSampler``.
-        shuffle_buffer: ``model.data.shard_shuffle_buffer``.
-    """
-
-    def __init__(
-        self,
-        sources: Sequence[SourceLayout],
-        micro_batch_size: int,
-        dp_rank: int = 0,
-        dp_world: int = 1,
-        seed: int = 0,
-        weights: Sequence[float] | None = None,
-        shuffle_buffer: int = 0,
-    ) -> None:
-        super().__init__([_size(s) for s in sources], micro_batch_size, dp_rank, dp_world, seed, weights=weights)
-        self.sources = [s if isinstance(s, (int, np.integer)) else list(s) for s in sources]
-        self.shuffle_buffer = shuffle_buffer
-        self._cached: tuple[int, np.ndarray] | None = None
-
-    def order(self, epoch: int) -> np.ndarray:
-        """The global sample order of ``epoch`` (computed once per epoch: a blend costs a pass over the draws)."""
-        if self._cached is None or self._cached[0] != epoch:
-            self._cached = (epoch, stream_order(self.sources, self.weights, self.seed, epoch, self.shuffle_buffer))
-        return self._cached[1]
-
-    def state_dict(self) -> dict[str, Any]:
-        """As ``ResumableBatchSampler``, plus the shuffle buffer (checked on load)."""
-        return {**super().state_dict(), "shard_shuffle_buffer": self.shuffle_buffer}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume where ``state`` was taken.
-
-        Raises:
-            ValueError: the seed or the shuffle buffer changed (the order would differ).
-        """
-        buffer = state.get("shard_shuffle_buffer", self.shuffle_buffer)
-        if buffer != self.shuffle_buffer:
-            raise ValueError(
-                f"model.data.shard_shuffle_buffer changed from {buffer} to {self.shuffle_buffer}; "
-                "the sample order would differ"
-            )
-        super().load_state_dict(state)
-
-
-def source_layout(dataset: Dataset) -> SourceLayout:
-    """What ``stream_order`` needs to know about one train dataset."""
-    return dataset.layout() if isinstance(dataset, ShardDataset) else len(dataset)

@@ -15,8 +15,7 @@ class SkipTracker:
 
     Args:
         max_skip_fraction: allowed fraction of skipped samples.
-        min_samples: samples to see before the rule applies (one bad record in the first batch must not stop a run;
-            ``final_check`` applies it regardless).
+        min_samples: samples to see before the rule applies (one bad record in the first batch must not stop a run).
     """
 
     def __init__(self, max_skip_fraction: float = 0.01, min_samples: int = 200) -> None:
@@ -50,10 +49,6 @@ class SkipTracker:
                 f"model.data.max_skip_fraction {self.max_skip_fraction:.2%}); by reason: {self.report()}. "
                 "Fix the data (run `python -m neva.data.preview --json` to see which records) or raise the limit."
             )
-
-    def final_check(self) -> None:
-        """The rule without the warm-up minimum (end of an epoch)."""
-        self.check()
 
     def report(self) -> str:
         """``reason=count`` pairs, most frequent first."""

@@ -19,7 +19,7 @@ from neva.data.dataset import ConversationDataset, EncoderSettings
 from neva.data.images import ImageProcessor, image_source_for
 from neva.data.make_shards import main as make_shards_main
 from neva.data.records import load_records
-from neva.data.shards import ShardDataset, buffered_permutation, count_samples, index_path, stream_order
+from neva.data.shards import ShardDataset, count_samples, index_path
 from neva.data.skips import DataQualityError
 from tests.data.conftest import qa, write_image, write_jsonl
 
@@ -197,21 +197,6 @@ def test_blend_json_with_shards(shard_set, tmp_path, synthetic_tokenizer, vision
     assert len(ids) == 20 and sum(i.startswith("t") for i in ids) == 10  # 4 records upsampled to half of 20 draws
     again = _dm(synthetic_tokenizer, vision, [str(text), pattern], mbs=4, dp_world=1, **kw)
     assert [i for b in again.train_dataloader() for i in b["ids"]] == ids
-
-
-def test_order_properties():
-    counts = [5, 3, 4]
-    order = stream_order([counts], None, seed=1, epoch=0)
-    assert sorted(order.tolist()) == list(range(12))
-    offsets = [0, 5, 8]
-    shard_of = np.searchsorted(offsets, order, side="right") - 1
-    runs = [int(s) for i, s in enumerate(shard_of) if i == 0 or s != shard_of[i - 1]]
-    assert sorted(runs) == [0, 1, 2]  # one shard at a time
-    assert (stream_order([counts], None, 1, 0) == order).all()
-    assert not (stream_order([counts], None, 1, 1) == order).all()
-    perm = buffered_permutation(50, 4, np.random.default_rng(0))
-    assert sorted(perm.tolist()) == list(range(50)) and (perm != np.arange(50)).any()
-    assert all(p <= i + 4 for i, p in enumerate(perm.tolist()))  # a sample is read at most 4 places early
 
 
 def test_config_checks_shard_specs(shard_set, tmp_path):

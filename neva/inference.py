@@ -1,0 +1,204 @@
+"""Answering prompts about images with a neva checkpoint: the one front end of ``neva.generate`` and ``neva.evaluate``.
+
+``Answerer`` loads a checkpoint's model, tokenizer and metadata, picks the prompt format and completes the decoding
+settings with what the checkpoint decides (EOS and end-of-turn stops, padding); its ``answer`` turns a batch of
+``(prompt, images)`` items into answer texts. ``read_jsonl`` and ``record_image_paths`` read the JSONL files both CLIs
+take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
+from neva.constants import IMAGE_TOKEN
+from neva.data.conversation import ChatTemplateRenderer, Message, get_template
+from neva.data.images import ImageProcessor
+from neva.data.records import record_images
+from neva.models.config import NevaConfig
+from neva.models.generation import GenerationConfig, generate
+
+DEFAULT_TEMPLATE = "vicuna_v1"
+"""The prompt format when neither the caller nor the checkpoint's ``conv_template`` metadata names one."""
+
+ImageInput = Image.Image | str | os.PathLike
+"""An image given as a PIL image or as a path to open."""
+
+Item = tuple[str, Sequence[ImageInput]]
+"""A user prompt and its images, in the order of their ``<image>`` tags."""
+
+
+class PromptBuilder:
+    """Turns a user prompt + its images into token ids (image positions expanded) for one checkpoint.
+
+    ``template`` None means raw mode: the prompt is used as given and tokenized as HF's ``LlavaProcessor`` does.
+    """
+
+    def __init__(self, tokenizer: Any, cfg: NevaConfig, template: str | None, system: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.system = system
+        self.template = None if template is None else get_template(template, tokenizer)
+
+    def ids(self, prompt: str, num_images: int) -> list[int]:
+        """Token ids of the full model input.
+
+        Raises:
+            ValueError: the number of ``<image>`` tags differs from the number of images.
+        """
+        per_image = self.cfg.num_image_tokens
+        if self.template is None:
+            self._check_tags(prompt, num_images)
+            # LlavaProcessor: expand the text, then one tokenizer call with special tokens (BOS).
+            return list(self.tokenizer(prompt.replace(IMAGE_TOKEN, IMAGE_TOKEN * per_image)).input_ids)
+        if num_images and IMAGE_TOKEN not in prompt:
+            prompt = (IMAGE_TOKEN + "\n") * num_images + prompt
+        self._check_tags(prompt, num_images)
+        text = self.template.render_prompt([Message("user", prompt)], system_prompt=self.system)
+        # Same tokenization as training (neva.data.encoding): one call on the rendered text, then expand images.
+        add_special = not isinstance(self.template, ChatTemplateRenderer)
+        out: list[int] = []
+        for tok in self.tokenizer(text, add_special_tokens=add_special).input_ids:
+            out += [tok] * per_image if tok == self.cfg.image_token_id else [tok]
+        return out
+
+    @staticmethod
+    def _check_tags(prompt: str, num_images: int) -> None:
+        tags = prompt.count(IMAGE_TOKEN)
+        if tags != num_images:
+            raise ValueError(f"prompt has {tags} {IMAGE_TOKEN} tag(s) but {num_images} image(s) were given")
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """The template's end-of-turn text (e.g. ``<|im_end|>``, plain's newline)."""
+        eot = getattr(self.template, "eot", "") if self.template is not None else ""
+        return (eot.strip() or eot,) if eot else ()
+
+    def eos_ids(self) -> tuple[int, ...]:
+        """EOS, plus the end-of-turn token when the template's end-of-turn text is one token."""
+        ids = [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
+        for stop in self.stop_strings():
+            tok = self.tokenizer.get_vocab().get(stop)
+            if tok is not None and tok not in ids:
+                ids.append(tok)
+        return tuple(ids)
+
+    def pad_id(self) -> int:
+        """The id fed as left padding: the tokenizer's pad token, unless missing or ``<image>`` (then 0)."""
+        pad = self.tokenizer.pad_token_id
+        return 0 if pad is None or pad == self.cfg.image_token_id else pad
+
+
+def load_pixels(images: Sequence[ImageInput], processor: ImageProcessor | None) -> torch.Tensor | None:
+    """Images (PIL or paths) → ``[N, 3, H, W]`` with neva's CLIP preprocessing; None for no images.
+
+    Raises:
+        ValueError: images for a checkpoint without a vision tower (``processor`` None).
+    """
+    if not images:
+        return None
+    if processor is None:
+        raise ValueError("this checkpoint has no vision tower; drop the images")
+    tensors = []
+    for image in images:
+        if isinstance(image, Image.Image):
+            tensors.append(processor(image))
+        else:
+            with Image.open(image) as opened:
+                tensors.append(processor(opened))
+    return torch.stack(tensors)
+
+
+def decode_answer(tokenizer: Any, ids: list[int], stops: Sequence[str]) -> str:
+    """Generated ids → text without special tokens, cut at the first stop string."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stops if s and s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+class Answerer:
+    """One checkpoint ready to answer ``(prompt, images)`` items.
+
+    Args:
+        checkpoint: a neva checkpoint directory.
+        decoding: sampling settings and ``max_new_tokens``; its ``stop_strings`` are extra stops. Its
+            ``eos_token_ids`` and ``pad_token_id`` are replaced by the checkpoint's, and the template's end-of-turn
+            text is put in front of its stops; ``self.generation`` holds the result.
+        template: conversation template; None = the checkpoint's ``conv_template`` metadata, else
+            ``DEFAULT_TEMPLATE``.
+        raw: use prompts as given (HF ``LlavaProcessor`` tokenization) instead of a template.
+        system: system prompt (template mode).
+        aspect_ratio: ``square``, ``pad`` or ``keep``; None = the checkpoint's ``image_aspect_ratio`` (else square).
+        device: where the model runs.
+        dtype: parameter dtype; None = the dtype the checkpoint was saved in.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike,
+        decoding: GenerationConfig,
+        *,
+        template: str | None = None,
+        raw: bool = False,
+        system: str | None = None,
+        aspect_ratio: str | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        meta = load_metadata(checkpoint)
+        self.model = load_model(checkpoint, device=device, dtype=dtype)
+        self.tokenizer = load_tokenizer(checkpoint)
+        template = None if raw else (template or meta.get("conv_template") or DEFAULT_TEMPLATE)
+        self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system)
+        vision = self.model.cfg.vision
+        aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
+        self.processor = ImageProcessor(vision, aspect_ratio) if vision is not None else None
+        self.generation = dataclasses.replace(
+            decoding,
+            eos_token_ids=self.builder.eos_ids(),
+            stop_strings=self.builder.stop_strings() + tuple(decoding.stop_strings),
+            pad_token_id=self.builder.pad_id(),
+        )
+
+    def answer(self, items: Sequence[Item]) -> list[str]:
+        """Answer ``items`` as one left-padded batch: texts without special tokens, cut at the first stop string.
+
+        Raises:
+            ValueError: a prompt whose ``<image>`` tags do not match its images, or images for a text-only model.
+        """
+        prompts = [self.builder.ids(prompt, len(images)) for prompt, images in items]
+        pixels = load_pixels([image for _, images in items for image in images], self.processor)
+        counts = [len(images) for _, images in items]
+        # Stop strings are looked for in the text with special tokens kept, as HF's StopStringCriteria sees tokens.
+        outs = generate(self.model, prompts, pixels, counts, self.generation, decode=self.tokenizer.decode)
+        return [decode_answer(self.tokenizer, ids, self.generation.stop_strings) for ids in outs]
+
+    def answer_all(self, items: Iterable[Item], batch_size: int) -> Iterator[str]:
+        """Answers in item order, generated ``batch_size`` items at a time (each batch as soon as it is done).
+
+        Raises:
+            ValueError: ``batch_size`` < 1.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        items = iter(items)
+        while batch := list(islice(items, batch_size)):
+            yield from self.answer(batch)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The JSONL file's records (blank lines skipped)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def record_image_paths(record: dict[str, Any], root: Path) -> list[Path]:
+    """A record's image paths (``image``: one path or a list, as in training records), relative to ``root``."""
+    return [root / name for name in record_images(record)]
