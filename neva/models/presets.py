@@ -1,4 +1,4 @@
-"""Published model shapes (see REFERENCES.md) and the tiny embedded default."""
+"""Published model shapes (Llama-2 7B/13B/70B, CLIP ViT-L/14 at 224 and 336 px) and the tiny embedded default."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
 from neva.parallel.pipeline import PipelineRunner, build_chunks, chunk_of_key, local_chunks, split_layers
 from neva.parallel.precision import MasterWeights, Precision, cast_parameters
-from neva.parallel.tensor_parallel import apply_tensor_parallel, check_divisibility
+from neva.parallel.tensor_parallel import apply_tensor_parallel
 from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,8 @@ def parallelize(
         dims: the device mesh the strategy built (distributed runs build one here when None).
 
     Raises:
-        ConfigError: a combination the layout cannot run (O2 with DDP, TP sizes that do not divide the model).
+        ConfigError: a combination the layout cannot run (O2 with DDP; TP sizes that do not divide the model, from
+            ``apply_tensor_parallel``).
     """
     if precision.master_weights and layout.is_distributed and layout.data_parallel == "ddp":
         raise ConfigError(
@@ -110,8 +111,6 @@ def parallelize(
         )
     if m.sequence_parallel and layout.tp == 1:
         log.warning("model.sequence_parallel=true has no effect without tensor parallelism")
-    if layout.tp > 1:
-        check_divisibility(meta_model.cfg, layout.tp)
     if layout.is_distributed and dims is None:
         dims = build_mesh(layout)
     export_keys = {k: v.shape for k, v in merged_state_dict(meta_model).items() if not k.endswith("inv_freq")}
