@@ -13,8 +13,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from neva.checkpoint import neva_format
-from neva.checkpoint.dcp import named_parameters
 from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
+from neva.checkpoint.names import named_parameters
 from neva.config import MMConfig, TrainConfig
 from neva.data.datamodule import tokenizer_image_token_id
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict

@@ -33,7 +33,7 @@ def apply_activation_checkpointing(layers: nn.ModuleDict, granularity: str | Non
     """Wrap the first ``num_layers`` blocks of ``layers`` (all when None), in place.
 
     Wrapped parameter names gain ``_checkpoint_wrapped_module.``; state dicts drop it again (the wrapper's hooks),
-    and ``neva.checkpoint.dcp.canonical_name`` strips it from parameter names.
+    and ``neva.checkpoint.names.canonical_name`` strips it from parameter names.
     """
     if granularity is None:
         return

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from neva.checkpoint.dcp import canonical_name
+from neva.checkpoint.names import canonical_name
 from neva.models.lora import LoRALinear
 from neva.parallel.parallelize import ParallelModel
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from neva.checkpoint.dcp import named_parameters
+from neva.checkpoint.names import named_parameters
 from neva.checkpoint.source import ModelSource, init_fresh, load_source_weights
 from neva.config import ModelConfig
 from neva.models.lora import merged_state_dict

@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from neva.checkpoint.dcp import named_parameters
+from neva.checkpoint.names import named_parameters
 from neva.models.loss import count_learned_tokens, learned_positions, token_cross_entropy
 from neva.parallel.data_parallel import all_reduce_gradients
 from neva.parallel.parallelize import ParallelModel
