@@ -74,7 +74,7 @@ class NoParallel(ParallelStyle):
         return distribute_module(module, device_mesh, input_fn=to_dtensor, output_fn=to_local)
 
 
-def _block_plan(sequence_parallel: bool) -> dict[str, object]:
+def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     if not sequence_parallel:
         return {
             "attention_norm": NoParallel(),
@@ -106,9 +106,9 @@ def _block_plan(sequence_parallel: bool) -> dict[str, object]:
     }
 
 
-def _projector_plan(projector: nn.Sequential) -> dict[str, object]:
+def _projector_plan(projector: nn.Sequential) -> dict[str, ParallelStyle]:
     linears = [name for name, m in projector.named_children() if isinstance(m, nn.Linear)]
-    plan: dict[str, object] = {}
+    plan: dict[str, ParallelStyle] = {}
     for i, name in enumerate(linears):
         if i % 2 == 0:
             last = i == len(linears) - 1
@@ -140,8 +140,15 @@ def apply_tensor_parallel(
             "a trainable vision tower (model.mm_cfg.vision_encoder.freeze=false) with tensor parallelism is not "
             "supported yet; the tower stays replicated and frozen under TP"
         )
+    parallelize_module(model, tp_mesh, tensor_parallel_plan(model, sequence_parallel, vocab_parallel_loss))
+
+
+def tensor_parallel_plan(
+    model: NevaModel, sequence_parallel: bool, vocab_parallel_loss: bool
+) -> dict[str, ParallelStyle]:
+    """The ``parallelize_module`` plan of ``model`` (a whole model or one pipeline chunk): module name → style."""
     llm = model.llm
-    plan: dict[str, object] = {}
+    plan: dict[str, ParallelStyle] = {}
     if llm.tok_embeddings is not None:
         # Replicated output: image features are spliced in by position before the sequence is split.
         plan["llm.tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
@@ -173,4 +180,44 @@ def apply_tensor_parallel(
             output_layouts=Shard(-1) if vocab_parallel_loss else Replicate(),
             use_local_output=not vocab_parallel_loss,
         )
-    parallelize_module(model, tp_mesh, plan)
+    return plan
+
+
+def tp_shard_dims(model: NevaModel) -> dict[str, int | None]:
+    """The dimension tensor parallelism shards each parameter of ``model`` on (None: replicated), read off the plan
+    ``apply_tensor_parallel`` applies (what the planner counts per rank).
+
+    The styles shard as torch's do: a column-parallel Linear its weight and bias on dim 0, a row-parallel Linear its
+    weight on dim 1 (bias replicated), the row-parallel (vocab-parallel) embedding its weight on dim 0; norms and
+    everything outside the plan (the vision tower) stay replicated. LoRA with TP is refused today; its adapters are
+    predicted as Megatron shards them: ``lora_b`` of a column-parallel layer on dim 0, ``lora_a`` of a row-parallel
+    layer on dim 1, the other one replicated.
+    """
+    plan = tensor_parallel_plan(model, sequence_parallel=False, vocab_parallel_loss=False)
+    dims: dict[str, int | None] = {}
+    for name, _ in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        if owner in plan:
+            dims[name] = _style_dim(plan[owner], model.get_submodule(owner), leaf)
+            continue
+        wrapper, _, inner = owner.rpartition(".")  # a LoRALinear in the plan: ``base``, ``lora_a`` or ``lora_b``
+        style = plan.get(wrapper)
+        if inner == "base":
+            dims[name] = _style_dim(style, model.get_submodule(owner), leaf)
+        elif inner == "lora_b" and isinstance(style, ColwiseParallel):
+            dims[name] = 0
+        elif inner == "lora_a" and isinstance(style, RowwiseParallel):
+            dims[name] = 1
+        else:
+            dims[name] = None
+    return dims
+
+
+def _style_dim(style: ParallelStyle | None, module: nn.Module, leaf: str) -> int | None:
+    """Dimension ``style`` shards parameter ``leaf`` of ``module`` on (torch's Colwise/RowwiseParallel rules)."""
+    embedding = isinstance(module, nn.Embedding)
+    if isinstance(style, ColwiseParallel):
+        return 1 if embedding else 0
+    if isinstance(style, RowwiseParallel):
+        return 0 if embedding else (1 if leaf == "weight" else None)
+    return None  # NoParallel / SequenceParallel keep parameters replicated

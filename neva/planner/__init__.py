@@ -6,7 +6,7 @@ bytes. The performance model and its calibration against NVIDIA's published NeVA
 ``docs/PLANNER.md``.
 """
 
-from neva.planner.layout import Layout
+from neva.planner.deployment import Deployment
 from neva.planner.plan import Plan, plan_run
 
-__all__ = ["Layout", "Plan", "plan_run"]
+__all__ = ["Deployment", "Plan", "plan_run"]

@@ -10,15 +10,16 @@ sequence parallelism shards them. The vision tower saves nothing when frozen (``
 from __future__ import annotations
 
 from neva.models.config import NevaConfig
+from neva.parallel.layout import Layout
+from neva.planner.deployment import Deployment
 from neva.planner.flops import checkpointed
-from neva.planner.layout import Layout
 from neva.planner.params import ParamInfo
 
 
-def _layer_bytes(cfg: NevaConfig, layout: Layout, tokens: int, trains: bool, mode: str | None) -> float:
+def _layer_bytes(cfg: NevaConfig, dep: Deployment, tokens: int, trains: bool, mode: str | None) -> float:
     """Bytes one decoder layer keeps for ``tokens`` tokens of a micro-batch."""
-    llm, e, t = cfg.llm, layout.compute_bytes, layout.tp
-    rep = t if layout.sp else 1
+    llm, e, t = cfg.llm, dep.compute_bytes, dep.layout.tp
+    rep = t if dep.layout.sp else 1
     h = tokens * llm.hidden_size
     q = tokens * llm.num_heads * llm.head_dim / t
     kv = tokens * llm.num_kv_heads * llm.head_dim / t
@@ -37,7 +38,7 @@ def _layer_bytes(cfg: NevaConfig, layout: Layout, tokens: int, trains: bool, mod
 def stage_activation_bytes(
     cfg: NevaConfig,
     infos: list[ParamInfo],
-    layout: Layout,
+    dep: Deployment,
     seq_len: int,
     stage: int,
     layers: list[int],
@@ -47,31 +48,32 @@ def stage_activation_bytes(
     """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive."""
     if not backward:
         return 0.0
-    e, b = layout.compute_bytes, layout.micro_batch_size
+    layout = dep.layout
+    e, b = dep.compute_bytes, layout.micro_batch_size
     tokens = b * seq_len
     trains = {i: any(p.trainable for p in infos if p.layer == i) for i in layers}
     per_mb = 0.0
     for pos, i in enumerate(layers):
         mode = layout.ac if checkpointed(layout, pos) else None
-        per_mb += _layer_bytes(cfg, layout, tokens, trains[i], mode)
+        per_mb += _layer_bytes(cfg, dep, tokens, trains[i], mode)
     last = stage == layout.pp - 1
     if last:
         # Vocab-parallel logits: bf16 output plus the fp32 copy the cross-entropy keeps for its backward.
         per_mb += tokens * cfg.llm.vocab_size / layout.tp * (e + 4)
     if stage == 0 and cfg.vision is not None:
-        per_mb += _vision_bytes(cfg, infos, layout)
+        per_mb += _vision_bytes(cfg, infos, dep)
     # Layer inputs in flight between stages (the received activation) are part of each stage's saved set.
     per_mb += e * tokens * cfg.llm.hidden_size
     recompute = 0.0
     if layout.ac == "full" and layers:
         # During backward, one checkpointed layer is rebuilt with all its activations.
-        recompute = _layer_bytes(cfg, layout, tokens, any(trains.values()), None)
+        recompute = _layer_bytes(cfg, dep, tokens, any(trains.values()), None)
     return in_flight * per_mb + recompute
 
 
-def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], layout: Layout) -> float:
+def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment) -> float:
     """Vision tower + projector activations of one micro-batch (one image per sample)."""
-    e, b = layout.compute_bytes, layout.micro_batch_size
+    e, b = dep.compute_bytes, dep.layout.micro_batch_size
     vision, hidden = cfg.vision, cfg.llm.hidden_size
     images_tokens = b * cfg.num_image_tokens
     total = 0.0

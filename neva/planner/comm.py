@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
+from neva.planner.deployment import Deployment
 from neva.planner.hardware import Hardware
-from neva.planner.layout import Layout
 
 
 def _nvlink(hw: Hardware) -> float:
@@ -40,18 +40,18 @@ def half_time(size: float, members: int, per_node: int, hw: Hardware) -> float:
     return all_reduce_time(size, members, per_node, hw) / 2 if members > 1 else 0.0
 
 
-def tp_group_per_node(layout: Layout) -> int:
-    return min(layout.tp, layout.gpus_per_node)
+def tp_group_per_node(dep: Deployment) -> int:
+    return min(dep.layout.tp, dep.gpus_per_node)
 
 
-def dp_group_per_node(layout: Layout) -> int:
+def dp_group_per_node(dep: Deployment) -> int:
     """Members of one DP group that share a node (DP peers sit ``tp`` GPUs apart)."""
-    return max(1, min(layout.dp, layout.gpus_per_node // layout.tp))
+    return max(1, min(dep.layout.dp, dep.gpus_per_node // dep.layout.tp))
 
 
-def p2p_time(size: float, layout: Layout, hw: Hardware) -> float:
+def p2p_time(size: float, dep: Deployment, hw: Hardware) -> float:
     """One pipeline send of ``size`` bytes to the neighbouring stage (``dp × tp`` ranks away)."""
-    bw = _nvlink(hw) if layout.dp * layout.tp < layout.gpus_per_node else _ib(hw)
+    bw = _nvlink(hw) if dep.layout.dp * dep.layout.tp < dep.gpus_per_node else _ib(hw)
     return size / bw + hw.eff.latency_us * 1e-6
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neva.models.config import NevaConfig
-from neva.planner.layout import Layout
+from neva.parallel.layout import Layout
 from neva.planner.params import ParamInfo, on_stage
 
 

@@ -11,7 +11,7 @@ precision     parameters at rest                       grads     AdamW state
               the parameter (4) and the bf16 copy is a
               transient all-gather buffer
 ``fp32``      fp32 (4) / fp32 (4)                       fp32 (4)  2 × fp32 (8)
-``bf16``      bf16 (2) / bf16 (2)                       bf16 (2)  2 × bf16 (4)
+``half``      fp16 (2) / fp16 (2)                       fp16 (2)  2 × fp16 (4)
 ============  =======================================  ========  ===========================
 
 Frozen parameters get no gradient and no optimizer state; AdamW also keeps a 4-byte ``step`` tensor per trainable
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neva.planner.layout import Layout
+from neva.parallel.layout import Layout
+from neva.planner.deployment import Deployment
 from neva.planner.params import ParamInfo, local_numel, on_stage, tp_numel
 
 _STEP_BYTES = 4  # AdamW's float32 scalar ``step`` per parameter tensor
@@ -37,28 +38,28 @@ class StateBytes:
     optimizer: int
 
 
-def bytes_per_element(layout: Layout, trainable: bool) -> tuple[int, int, int]:
+def bytes_per_element(dep: Deployment, trainable: bool) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer) bytes per locally stored element."""
-    if layout.precision == "o2":
+    if dep.precision == "o2":
         if not trainable:
             return 2, 0, 0
-        return (4 if layout.data_parallel == "fsdp" else 6), 4, 8
-    size = 4 if layout.precision == "fp32" else 2
+        return (4 if dep.layout.data_parallel == "fsdp" else 6), 4, 8
+    size = 4 if dep.precision == "fp32" else 2
     return (size, size, 2 * size) if trainable else (size, 0, 0)
 
 
 def rank_state_bytes(
-    infos: list[ParamInfo], layout: Layout, stage: int, layers: list[list[int]], tp_rank: int = 0, dp_rank: int = 0
+    infos: list[ParamInfo], dep: Deployment, stage: int, layers: list[list[int]], tp_rank: int = 0, dp_rank: int = 0
 ) -> StateBytes:
     """Exact parameter / gradient / optimizer bytes of the rank at (stage, dp_rank, tp_rank) after one step."""
     params = grads = optimizer = 0
     for p in infos:
         if not on_stage(p, stage, layers):
             continue
-        n = local_numel(p, layout, tp_rank, dp_rank)
-        pb, gb, ob = bytes_per_element(layout, p.trainable)
+        n = local_numel(p, dep.layout, tp_rank, dp_rank)
+        pb, gb, ob = bytes_per_element(dep, p.trainable)
         params += n * pb
-        grads += _grad_numel(p, layout, n) * gb
+        grads += _grad_numel(p, dep.layout, n) * gb
         if p.trainable:
             optimizer += n * ob + _STEP_BYTES
     return StateBytes(params, grads, optimizer)
@@ -75,14 +76,15 @@ def _grad_numel(info: ParamInfo, layout: Layout, local: int) -> int:
     return local
 
 
-def working_bytes(infos: list[ParamInfo], layout: Layout, stage: int, layers: list[list[int]]) -> float:
+def working_bytes(infos: list[ParamInfo], dep: Deployment, stage: int, layers: list[list[int]]) -> float:
     """Transient FSDP buffers: all-gathered compute copies of parameters and unsharded gradients before the
     reduce-scatter (ZeRO-3: two decoder blocks plus the root unit, which ``neva.parallel`` never reshards: embedding,
     LM head, norm, projector, vision tower; ZeRO-2: every parameter of the stage stays gathered)."""
+    layout = dep.layout
     if layout.data_parallel != "fsdp":
         return 0.0
-    compute = 2 if layout.precision in ("o2", "bf16") else 4
-    grad = 2 if layout.precision == "bf16" else 4
+    compute = 2 if dep.precision in ("o2", "half") else 4
+    grad = 2 if dep.precision == "half" else 4
     units: dict[str, int] = {}
     trainable_units: dict[str, int] = {}
     for p in infos:

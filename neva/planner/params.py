@@ -1,13 +1,14 @@
 """Parameter inventory of the real model (built on the meta device) and each rank's share of it.
 
-Layout rules (the ones ``neva/parallel`` applies; see docs/PLANNER.md):
+The layout rules are training's own, imported from ``neva/parallel`` (see docs/PLANNER.md):
 
-- TP: ``wq wk wv w1 w3`` and ``output`` shard dim 0 (column parallel, ``output`` = vocab parallel), ``wo w2`` shard
-  dim 1 (row parallel), ``tok_embeddings`` shards dim 0 (vocab parallel); the projector's Linears alternate column
-  / row parallel; norms and the (frozen) vision tower are replicated. LoRA: ``lora_b`` of a column-parallel base shards dim 0, ``lora_a`` of a row-parallel base dim 1.
-- PP: the vision tower, projector and ``tok_embeddings`` live on stage 0, ``norm`` and ``output`` on the last stage,
-  decoder layers are split in order (``pipeline_first_stage_layers`` on stage 0, the rest evenly, the remainder on the
-  later stages, which hold no vision tower).
+- TP: ``tensor_parallel.tp_shard_dims``, read off the plan ``apply_tensor_parallel`` applies (column-parallel
+  ``wq wk wv w1 w3``, LM head and first projector Linear on dim 0, row-parallel ``wo w2`` on dim 1, the
+  vocab-parallel embedding on dim 0, norms and the frozen vision tower replicated).
+- PP: ``pipeline.split_layers`` cuts the decoder into pp × vpp chunks, pipeline rank r holds chunks r, r + pp, ...
+  (``local_chunks``), and ``chunk_of_key`` puts the vision tower, projector and embedding on chunk 0, the final norm
+  and LM head on the last chunk.
+- Freezing and LoRA: ``models.trainable.build_meta_model`` with the run's ``TrainablePolicy``.
 - FSDP2 (ZeRO-2 and ZeRO-3 alike) shards every (TP-local) parameter on dim 0 in ``torch.chunk`` pieces.
 """
 
@@ -16,16 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
-from neva.config import MMConfig, PeftConfig
 from neva.models.config import NevaConfig
-from neva.models.lora import apply_lora
 from neva.models.neva import NevaModel
-from neva.planner.layout import Layout
-
-_COLWISE = ("wq", "wk", "wv", "w1", "w3", "output")
-_ROWWISE = ("wo", "w2")
+from neva.models.trainable import TrainablePolicy, build_meta_model
+from neva.parallel.layout import Layout
+from neva.parallel.pipeline import chunk_of_key, local_chunks, split_layers
+from neva.parallel.tensor_parallel import tp_shard_dims
 
 
 @dataclass(frozen=True)
@@ -77,59 +74,12 @@ def _part_of(name: str) -> tuple[str, int | None]:
     return "norm", None
 
 
-def _tp_dim(name: str, part: str) -> int | None:
-    if part == "embedding":
-        return 0
-    if part == "projector":
-        # neva.parallel.tensor_parallel: the projector's Linears alternate column / row parallel.
-        pieces = name.split(".")
-        position = int(pieces[1]) // 2  # Sequential(Linear, GELU, Linear, ...): Linear k sits at index 2k
-        if position % 2 == 0:
-            return 0
-        return 1 if pieces[-1] == "weight" else None
-    if part not in ("layer", "output"):
-        return None
-    pieces = name.split(".")
-    if pieces[-2] in ("lora_a", "lora_b"):
-        base = pieces[-3]
-        if base in _COLWISE and pieces[-2] == "lora_b":
-            return 0
-        if base in _ROWWISE and pieces[-2] == "lora_a":
-            return 1
-        return None
-    owner = pieces[-2] if pieces[-1] in ("weight", "bias") else ""
-    if owner == "base":  # a LoRA-wrapped Linear keeps its weight under ``<name>.base``
-        owner = pieces[-3]
-    if owner in _COLWISE:
-        return 0
-    if owner in _ROWWISE:
-        return 1
-    return None
-
-
-def meta_model(cfg: NevaConfig, mm: MMConfig, peft: PeftConfig) -> NevaModel:
-    """The model on the meta device with the run's freezing (and LoRA adapters) applied; nothing is allocated."""
-    with torch.device("meta"):
-        model = NevaModel(cfg)
-    if model.vision is not None:
-        model.vision.requires_grad_(not mm.vision_encoder.freeze)
-    if model.projector is not None:
-        model.projector.requires_grad_(not mm.freeze_projector)
-    if peft.peft_scheme == "lora":
-        # NeMo's LoRA finetune: the whole decoder is frozen and only the adapters (and the projector) train.
-        model.llm.requires_grad_(False)
-        lora = peft.lora_tuning
-        apply_lora(model, lora.target_modules, lora.adapter_dim, lora.alpha, lora.adapter_dropout)
-    else:
-        model.llm.requires_grad_(not mm.llm.freeze)
-    return model
-
-
-def model_inventory(cfg: NevaConfig, mm: MMConfig, peft: PeftConfig) -> list[ParamInfo]:
-    """``inventory(meta_model(...))``, memoised: building even a meta 70B model takes a second, and sweeps reuse it."""
-    key = repr((cfg, mm.vision_encoder.freeze, mm.freeze_projector, mm.llm.freeze, peft))
+def model_inventory(cfg: NevaConfig, policy: TrainablePolicy) -> list[ParamInfo]:
+    """``inventory(build_meta_model(cfg, policy))``, memoised: building even a meta 70B model takes a second, and
+    sweeps reuse it."""
+    key = repr((cfg, policy))
     if key not in _INVENTORIES:
-        _INVENTORIES[key] = inventory(meta_model(cfg, mm, peft))
+        _INVENTORIES[key] = inventory(build_meta_model(cfg, policy))
     return _INVENTORIES[key]
 
 
@@ -138,45 +88,33 @@ _INVENTORIES: dict[str, list[ParamInfo]] = {}
 
 def inventory(model: NevaModel) -> list[ParamInfo]:
     """Every parameter tensor of ``model`` (tied weights once), classified for the layout rules."""
+    tp_dims = tp_shard_dims(model)
     infos = []
     for name, p in model.named_parameters():
         part, layer = _part_of(name)
         linear = p.dim() == 2 and part in ("vision", "projector", "layer", "output")
-        infos.append(ParamInfo(name, tuple(p.shape), part, layer, p.requires_grad, _tp_dim(name, part), linear))
+        infos.append(ParamInfo(name, tuple(p.shape), part, layer, p.requires_grad, tp_dims[name], linear))
     return infos
 
 
 def stage_layers(num_layers: int, layout: Layout) -> list[list[int]]:
-    """Decoder layer indices each pipeline stage (rank of the pp dim) holds, all its virtual chunks together."""
-    pp, v = layout.pp, layout.vpp
-    if pp == 1:
-        return [list(range(num_layers))]
-    if v > 1:
-        # Interleaved: chunk c (of pp × v, each num_layers / (pp × v) layers) lives on rank c % pp.
-        chunks = pp * v
-        size = num_layers // chunks
-        if size * chunks != num_layers:
-            raise ValueError(f"{num_layers} layers do not split into {chunks} virtual pipeline chunks")
-        return [[i for c in range(r, chunks, pp) for i in range(c * size, (c + 1) * size)] for r in range(pp)]
-    first = layout.first_stage_layers
-    counts: list[int]
-    if first is None:
-        base, extra = divmod(num_layers, pp)
-        counts = [base + (1 if r >= pp - extra else 0) for r in range(pp)]
-    else:
-        base, extra = divmod(num_layers - first, pp - 1)
-        counts = [first] + [base + (1 if r >= pp - 1 - extra else 0) for r in range(pp - 1)]
-    starts = [sum(counts[:r]) for r in range(pp)]
-    return [list(range(s, s + c)) for s, c in zip(starts, counts)]
+    """Decoder layer indices each pipeline stage (rank of the pp dim) holds, all its virtual chunks together.
+
+    Raises:
+        ConfigError: the layers do not fill the pp × vpp chunks (``split_layers``).
+    """
+    chunks = split_layers(num_layers, layout.num_chunks, layout.first_stage_layers)
+    return [[i for c in local_chunks(r, layout.pp, layout.vpp) for i in chunks[c]] for r in range(layout.pp)]
 
 
 def on_stage(info: ParamInfo, stage: int, layers: list[list[int]]) -> bool:
-    """Whether pipeline stage ``stage`` holds ``info``."""
-    if info.part in ("vision", "projector", "embedding"):
-        return stage == 0
-    if info.part in ("norm", "output"):
-        return stage == len(layers) - 1
-    return info.layer in layers[stage]
+    """Whether pipeline stage ``stage`` holds ``info``, given ``stage_layers``.
+
+    A stage's layers are the union of its chunks, and chunk 0 (vision, projector, embedding) runs on the first stage
+    and the last chunk (norm, LM head) on the last, so training's ``chunk_of_key`` over the stages' layers names the
+    stage.
+    """
+    return chunk_of_key(info.name, layers) == stage
 
 
 def local_numel(info: ParamInfo, layout: Layout, tp_rank: int = 0, dp_rank: int = 0) -> int:

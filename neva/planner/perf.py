@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neva.models.config import NevaConfig
+from neva.parallel.layout import Layout
 from neva.planner.comm import (
     all_reduce_time,
     dp_group_per_node,
@@ -21,9 +22,9 @@ from neva.planner.comm import (
     p2p_time,
     tp_group_per_node,
 )
+from neva.planner.deployment import Deployment
 from neva.planner.flops import StageFlops, checkpointed
 from neva.planner.hardware import Hardware
-from neva.planner.layout import Layout
 from neva.planner.params import ParamInfo, local_numel, on_stage, tp_numel
 
 
@@ -62,7 +63,7 @@ def _exposed(comm: float, window: float, overlap: float) -> float:
 
 
 def _dp_comm(
-    infos: list[ParamInfo], layout: Layout, hw: Hardware, stage: int, layers: list[list[int]], compute_mb: float
+    infos: list[ParamInfo], dep: Deployment, hw: Hardware, stage: int, layers: list[list[int]], compute_mb: float
 ) -> tuple[float, float]:
     """(total, exposed) seconds of data-parallel traffic per step on one stage.
 
@@ -71,14 +72,15 @@ def _dp_comm(
     last micro-batch only). ZeRO-3 gathers for every forward and backward and reduce-scatters every micro-batch,
     all prefetched across the whole step.
     """
+    layout = dep.layout
     if layout.dp == 1:
         return 0.0, 0.0
     mine = [p for p in infos if on_stage(p, stage, layers)]
-    grad_bytes = 2 if layout.grad_reduce == "bf16" else 4
-    compute_bytes = 2 if layout.precision in ("o2", "bf16") else 4
+    grad_bytes = 2 if dep.grad_reduce == "bf16" else 4
+    compute_bytes = 2 if dep.precision in ("o2", "half") else 4
     trained = sum(tp_numel(p, layout) for p in mine if p.trainable) * grad_bytes
     gathered = sum(tp_numel(p, layout) for p in mine) * compute_bytes
-    per_node, m, ov = dp_group_per_node(layout), layout.grad_accum, hw.eff.dp_overlap
+    per_node, m, ov = dp_group_per_node(dep), layout.grad_accum, hw.eff.dp_overlap
     backward, forward = 2 / 3 * compute_mb, 1 / 3 * compute_mb
     if layout.data_parallel == "ddp":
         reduce = all_reduce_time(trained, layout.dp, per_node, hw)
@@ -94,29 +96,30 @@ def _dp_comm(
 def step_time(
     cfg: NevaConfig,
     infos: list[ParamInfo],
-    layout: Layout,
+    dep: Deployment,
     hw: Hardware,
     seq_len: int,
     layers: list[list[int]],
     flops: list[StageFlops],
 ) -> StepTime:
     """Predicted seconds per optimizer step."""
-    b, m, e = layout.micro_batch_size, layout.grad_accum, layout.compute_bytes
+    layout = dep.layout
+    b, m, e = layout.micro_batch_size, layout.grad_accum, dep.compute_bytes
     act = e * b * seq_len * cfg.llm.hidden_size
     rate = hw.peak_flops * hw.eff.compute
     comp, tp, p2p = [], [], []
     for s, f in enumerate(flops):
         comp.append(f.per_gpu * b / rate)
         n = _tp_collectives(layout, layers[s], s, f.backward)
-        tp.append(n * all_reduce_time(act, layout.tp, tp_group_per_node(layout), hw))
+        tp.append(n * all_reduce_time(act, layout.tp, tp_group_per_node(dep), hw))
         sends = 0 if layout.pp == 1 else (1 + f.backward) * layout.vpp
-        p2p.append(sends * p2p_time(act, layout, hw))
+        p2p.append(sends * p2p_time(act, dep, hw))
     per_mb = [c + t + p for c, t, p in zip(comp, tp, p2p)]
     worst = max(range(len(per_mb)), key=per_mb.__getitem__)
     bubble = (layout.pp - 1) / layout.vpp * sum(per_mb) / len(per_mb) if layout.pp > 1 else 0.0
     pipe = m * per_mb[worst] + bubble
 
-    dp_total, dp_exposed = max(_dp_comm(infos, layout, hw, s, layers, comp[s]) for s in range(layout.pp))
+    dp_total, dp_exposed = max(_dp_comm(infos, dep, hw, s, layers, comp[s]) for s in range(layout.pp))
 
     # AdamW on the local shard: read/write fp32 master + 2 states, read the grad, write the compute copy.
     opt_elems = max(

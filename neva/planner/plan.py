@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field
 from neva.checkpoint.source import neva_config_from_mm
 from neva.config import TrainConfig
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
+from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import stage_flops
 from neva.planner.hardware import hardware_from_config
-from neva.planner.layout import Layout, layout_from_config
 from neva.planner.memory import rank_state_bytes, working_bytes
 from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
@@ -41,9 +41,9 @@ class StageMemory:
 
 @dataclass(frozen=True)
 class Plan:
-    """Prediction for one layout (what a table row and a JSON entry show)."""
+    """Prediction for one deployment (what a table row and a JSON entry show)."""
 
-    layout: Layout
+    deployment: Deployment
     seq_len: int
     gpu_memory_gb: float
     stages: list[StageMemory]
@@ -65,8 +65,8 @@ class Plan:
         """JSON-ready form (bytes in GiB, times in seconds)."""
         peak = self.peak
         return {
-            "nodes": self.layout.nodes,
-            "layout": asdict(self.layout),
+            "nodes": self.deployment.nodes,
+            "layout": self.deployment.to_dict(),
             "seq_len": self.seq_len,
             "memory_gib": {
                 "params": peak.params / GiB,
@@ -107,20 +107,21 @@ def plan_run(
         cfg: a composed, validated config (``neva.config.compose_config``).
         text_tokens: mean text tokens per sample (default: ``TEXT_TOKENS[cfg.stage]``).
         global_batch_size: overrides ``cfg.model.global_batch_size`` (weak-scaling sweeps).
-        grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Layout``).
+        grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Deployment``).
     """
     ncfg = neva_config_from_mm(cfg.model.mm_cfg)
-    layout = layout_from_config(cfg, global_batch_size, grad_reduce)
+    dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
+    layout = dep.layout
     hw = hardware_from_config(cfg.cluster)
-    infos = model_inventory(ncfg, cfg.model.mm_cfg, cfg.model.peft)
+    infos = model_inventory(ncfg, cfg.model.trainable_policy())
     layers = stage_layers(ncfg.llm.num_layers, layout)
     seq = sample_tokens(cfg, ncfg.num_image_tokens, text_tokens)
     flops = stage_flops(infos, ncfg, layout, seq, layers)
     stages = []
     for s in range(layout.pp):
-        state = rank_state_bytes(infos, layout, s, layers)
+        state = rank_state_bytes(infos, dep, s, layers)
         acts = stage_activation_bytes(
-            ncfg, infos, layout, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s)
+            ncfg, infos, dep, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s)
         )
         stages.append(
             StageMemory(
@@ -130,12 +131,12 @@ def plan_run(
                 grads=state.grads,
                 optimizer=state.optimizer,
                 activations=acts,
-                working=working_bytes(infos, layout, s, layers),
+                working=working_bytes(infos, dep, s, layers),
                 overhead=hw.eff.memory_overhead_gb * GiB,
             )
         )
-    time = step_time(ncfg, infos, layout, hw, seq, layers, flops)
+    time = step_time(ncfg, infos, dep, hw, seq, layers, flops)
     per_sample = sum(f.model for f in flops)
     samples = layout.global_batch_size / time.step
     mfu = per_sample * samples / (layout.world * hw.peak_flops)
-    return Plan(layout, seq, hw.gpu_memory_gb, stages, time, per_sample, samples, mfu)
+    return Plan(dep, seq, hw.gpu_memory_gb, stages, time, per_sample, samples, mfu)

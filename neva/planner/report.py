@@ -28,10 +28,10 @@ _HEADER = (
 
 
 def _row(plan: Plan) -> tuple[str, ...]:
-    lay, peak = plan.layout, plan.peak
+    lay, peak = plan.deployment.layout, plan.peak
     dp_mode = f"zero{lay.zero_stage}" if lay.data_parallel == "fsdp" else "ddp"
     return (
-        str(lay.nodes),
+        str(plan.deployment.nodes),
         str(lay.tp) + ("+sp" if lay.sp else ""),
         str(lay.pp) + (f"x{lay.vpp}" if lay.vpp > 1 else ""),
         str(lay.dp),

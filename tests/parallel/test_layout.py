@@ -6,9 +6,10 @@ import pytest
 
 from neva.config import compose_config
 from neva.models.presets import build_config
+from neva.models.trainable import LoraSpec, TrainablePolicy, build_meta_model
 from neva.parallel.layout import mesh_coords, resolve_layout
 from neva.parallel.pipeline import chunk_of_key, local_chunks, split_layers
-from neva.parallel.tensor_parallel import check_divisibility
+from neva.parallel.tensor_parallel import check_divisibility, tp_shard_dims
 from neva.typed import ConfigError
 
 
@@ -48,6 +49,20 @@ def test_tp_divisibility_names_the_field():
     check_divisibility(cfg, 2)
     with pytest.raises(ConfigError, match="num_kv_heads=2"):
         check_divisibility(cfg, 4)
+
+
+def test_tp_shard_dims_follow_the_plan():
+    lora = LoraSpec(rank=4, alpha=8.0, dropout=0.0, targets=("wq", "wo"))
+    dims = tp_shard_dims(build_meta_model(build_config("tiny"), TrainablePolicy(lora=lora)))
+    layer = "llm.layers.1."
+    assert dims[layer + "attention.wq.base.weight"] == dims[layer + "attention.wq.lora_b.weight"] == 0  # column
+    assert dims[layer + "attention.wo.base.weight"] == dims[layer + "attention.wo.lora_a.weight"] == 1  # row
+    assert dims[layer + "attention.wq.lora_a.weight"] is dims[layer + "attention.wo.lora_b.weight"] is None
+    assert dims[layer + "feed_forward.w2.weight"] == 1 and dims[layer + "ffn_norm.weight"] is None
+    assert dims["llm.tok_embeddings.weight"] == dims["llm.output.weight"] == 0  # vocab parallel
+    assert (dims["projector.0.weight"], dims["projector.0.bias"], dims["projector.2.weight"]) == (0, 0, 1)
+    assert dims["projector.2.bias"] is None
+    assert all(d is None for n, d in dims.items() if n.startswith("vision."))
 
 
 def test_pipeline_chunks():

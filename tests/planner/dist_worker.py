@@ -1,7 +1,9 @@
-"""Worker of the 2-process gloo memory test: shard the tiny model with neva's own engine and report real bytes.
+"""Worker of the 2-process gloo memory test: build each layout with training's one construction path and report the
+parameters (names and bytes), gradients and optimizer state this rank really holds.
 
-TP2 and FSDP2 (ZeRO-3 / ZeRO-2) go through ``neva.parallel`` (``apply_tensor_parallel``, ``apply_fsdp``), so the
-planner's per-rank numbers are checked against exactly what training allocates; DDP is torch's wrapper.
+Every layout goes through ``neva.parallel.parallelize`` (pipeline split, ``apply_tensor_parallel``, FSDP2 / DDP) from
+``build_meta_model`` and ``resolve_source``, exactly as ``NevaModule.configure_model`` builds it, so the planner's
+per-rank numbers are checked against what training allocates.
 """
 
 from __future__ import annotations
@@ -10,34 +12,62 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.nn.parallel import DistributedDataParallel
 
-from neva.parallel.data_parallel import apply_fsdp
-from neva.parallel.tensor_parallel import apply_tensor_parallel
-from tests.planner.helpers import batch, measured_bytes, tiny_model, train_step
+from neva.checkpoint.source import ModelSource
+from neva.config import TrainConfig, compose_config
+from neva.models.trainable import build_meta_model
+from neva.parallel.layout import Layout
+from neva.parallel.parallelize import parallelize
+from neva.parallel.precision import Precision
+from tests.planner.helpers import batch, measured_bytes, param_bytes, train_step
 
-LAYOUTS = ("tp2", "fsdp2_zero3", "fsdp2_zero2", "ddp2")
+# Finetune freezing (projector + LLM train, vision frozen) without a pretrained checkpoint: the pretrain stage with the
+# LLM unfrozen. 6 decoder layers do not divide into 2 × 2 virtual chunks, so the uneven split is exercised, and a
+# first chunk of 2 layers moves a layer between the pipeline ranks.
+BASE = [
+    "+stage=pretrain",
+    "model.mm_cfg.llm.freeze=false",
+    "+model.mm_cfg.llm.arch_overrides.num_layers=6",
+    "trainer.devices=2",
+    "model.micro_batch_size=1",
+    "model.global_batch_size=2",
+]
+LAYOUTS = {
+    "tp2": ["model.tensor_model_parallel_size=2"],
+    "fsdp2_zero3": ["model.zero_stage=3"],
+    "fsdp2_zero2": ["model.zero_stage=2"],
+    "ddp2": ["model.data_parallel=ddp"],
+    "pp2_first": ["model.pipeline_model_parallel_size=2", "model.pipeline_first_stage_layers=1"],
+    "pp2_vpp2": ["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"],
+    "pp2_vpp2_first": [
+        "model.pipeline_model_parallel_size=2",
+        "model.virtual_pipeline_model_parallel_size=2",
+        "model.pipeline_first_stage_layers=2",
+    ],
+}
 
 
-def worker(rank: int, init_file: str, stage: str, out_dir: str) -> None:
+def layout_configs() -> dict[str, TrainConfig]:
+    return {name: compose_config(BASE + overrides) for name, overrides in LAYOUTS.items()}
+
+
+def worker(rank: int, init_file: str, configs: dict[str, TrainConfig], source: ModelSource, out_dir: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        mesh = init_device_mesh("cpu", (2,))
+        cpu = torch.device("cpu")
         results = {}
-        for name in LAYOUTS:
-            model = tiny_model(stage)
-            if name == "tp2":
-                apply_tensor_parallel(model, mesh, sequence_parallel=False, vocab_parallel_loss=False)
-            elif name.startswith("fsdp2"):
-                apply_fsdp(model, mesh, param_dtype=None, reshard=name.endswith("3"))
-            else:
-                model = DistributedDataParallel(model)
-            ids, pixels = batch(model.module if name == "ddp2" else model)
-            opt = train_step(model, ids, pixels)
-            results[name] = measured_bytes(model, opt)
+        for name, cfg in configs.items():
+            precision = Precision.from_config(cfg.trainer.precision, cfg.model.megatron_amp_O2)
+            meta = build_meta_model(source.cfg, cfg.model.trainable_policy())
+            model = parallelize(meta, source, Layout.from_config(cfg.model, 2), cfg.model, cpu, precision)
+            names = {n for part in model.parts for n, _ in part.named_parameters()}
+            if model.runner is None:
+                opt = train_step(model.forward_model, *batch(model.parts[0]))
+                results[name] = {"names": names, **measured_bytes(model.parts[0], opt)}
+            else:  # pipeline stages: parameters only (a step would need the schedule's micro-batches)
+                results[name] = {"names": names, "params": sum(param_bytes(part) for part in model.parts)}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

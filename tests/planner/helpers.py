@@ -5,38 +5,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from neva.config import MMConfig, PeftConfig
 from neva.models.neva import NevaModel
 from neva.models.presets import build_config
-from neva.planner.layout import Layout
-
-STAGES = {
-    # stage: (vision frozen, LLM frozen)
-    "pretrain": (True, True),
-    "finetune": (True, False),
-}
+from neva.models.trainable import TrainablePolicy, apply_policy
+from neva.parallel.layout import Layout
+from neva.planner.deployment import Deployment
+from neva.planner.params import ParamInfo, model_inventory
 
 
-def tiny_mm(stage: str) -> MMConfig:
-    mm = MMConfig()
-    mm.vision_encoder.freeze, mm.llm.freeze = STAGES[stage]
-    return mm
+def policy(stage: str) -> TrainablePolicy:
+    """What ``stage`` trains: the projector, and in finetune the LLM (the vision tower stays frozen)."""
+    return TrainablePolicy(llm=stage == "finetune")
 
 
 def tiny_model(stage: str, device: str = "cpu") -> NevaModel:
-    """The tiny preset, initialised, with ``stage``'s freezing (same rules as ``neva.planner.params.meta_model``)."""
+    """The tiny preset, initialised, with ``stage``'s freezing (training's ``apply_policy``)."""
     torch.manual_seed(0)
     with torch.device(device):
         model = NevaModel(build_config())
     model.init_weights()
-    mm = tiny_mm(stage)
-    model.vision.requires_grad_(not mm.vision_encoder.freeze)
-    model.llm.requires_grad_(not mm.llm.freeze)
+    apply_policy(model, policy(stage))
     return model
 
 
-def no_peft() -> PeftConfig:
-    return PeftConfig()
+def tiny_inventory(stage: str) -> list[ParamInfo]:
+    """The planner's inventory of ``tiny_model(stage)``."""
+    return model_inventory(build_config(), policy(stage))
 
 
 def batch(model: NevaModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,9 +58,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def param_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters this rank really stores (local shards)."""
+    return sum(_local(p).numel() * p.element_size() for p in model.parameters())
+
+
 def measured_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes this rank really stores: parameters, gradients and optimizer state (local shards)."""
-    params = sum(_local(p).numel() * p.element_size() for p in model.parameters())
+    params = param_bytes(model)
     grads = sum(_local(p.grad).numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
     optimizer = sum(
         _local(v).numel() * v.element_size()
@@ -77,23 +76,12 @@ def measured_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, in
     return {"params": params, "grads": grads, "optimizer": optimizer}
 
 
-def layout(tp: int = 1, dp: int = 1, data_parallel: str = "fsdp", zero: int = 3, precision: str = "fp32") -> Layout:
-    return Layout(
-        nodes=1,
-        gpus_per_node=tp * dp,
-        tp=tp,
-        pp=1,
-        dp=dp,
-        vpp=1,
-        schedule="1f1b",
-        sp=False,
-        data_parallel=data_parallel,
-        zero_stage=zero,
-        precision=precision,
-        compute_bytes=4 if precision == "fp32" else 2,
-        ac=None,
-        ac_num_layers=None,
-        micro_batch_size=2,
-        global_batch_size=2 * dp,
-        first_stage_layers=None,
+def deployment(
+    tp: int = 1, dp: int = 1, data_parallel: str = "fsdp", zero: int = 3, precision: str = "fp32"
+) -> Deployment:
+    """One node of ``tp × dp`` processes, two samples per micro-batch."""
+    layout = Layout(
+        tp=tp, dp=dp, data_parallel=data_parallel, zero_stage=zero, micro_batch_size=2, global_batch_size=2 * dp
     )
+    compute = 4 if precision == "fp32" else 2
+    return Deployment(layout, nodes=1, gpus_per_node=tp * dp, precision=precision, compute_bytes=compute)

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from neva.parallel.layout import Layout
 from neva.plan import main, parse_args
-from neva.planner.layout import Layout
+from neva.planner.deployment import precision_kind
 from neva.planner.params import chunk_len, stage_layers
 from neva.typed import ConfigError
 
@@ -20,7 +21,7 @@ def test_sweep_prints_one_row_per_value_and_json(capsys) -> None:
     assert [r["nodes"] for r in rows] == [1, 2]
     # Weak scaling: the global batch grows with the nodes, per-rank work stays the same.
     assert rows[1]["layout"]["global_batch_size"] == 2 * rows[0]["layout"]["global_batch_size"]
-    assert plans[0].layout.grad_accum == plans[1].layout.grad_accum
+    assert plans[0].deployment.layout.grad_accum == plans[1].deployment.layout.grad_accum
     assert rows[0]["memory_gib"]["total"] > 0 and rows[0]["samples_per_s"] > 0
 
 
@@ -36,13 +37,21 @@ def test_parse_args_defaults_and_errors() -> None:
         parse_args(["plan.nope=1"])
 
 
-def _layout(pp: int, vpp: int = 1, first: int | None = None) -> Layout:
-    return Layout(1, 8, 1, pp, 1, vpp, "1f1b", False, "fsdp", 3, "o2", 2, None, None, 1, 8, first)
-
-
 def test_pipeline_split_and_chunks() -> None:
-    assert stage_layers(10, _layout(4)) == [[0, 1], [2, 3], [4, 5, 6], [7, 8, 9]]
-    assert stage_layers(10, _layout(3, first=2)) == [[0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
-    assert stage_layers(8, _layout(2, vpp=2)) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert stage_layers(10, Layout(pp=4)) == [[0, 1], [2, 3], [4, 5, 6], [7, 8, 9]]
+    assert stage_layers(10, Layout(pp=3, first_stage_layers=2)) == [[0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
+    assert stage_layers(8, Layout(pp=2, vpp=2)) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    # Virtual chunks follow training's split: the remainder on the last chunks, pipeline_first_stage_layers on chunk 0.
+    assert stage_layers(6, Layout(pp=2, vpp=2)) == [[0, 2, 3], [1, 4, 5]]
+    assert stage_layers(6, Layout(pp=2, vpp=2, first_stage_layers=2)) == [[0, 1, 3], [2, 4, 5]]
     assert [chunk_len(17, 2, r) for r in range(2)] == [9, 8]
     assert [chunk_len(3, 4, r) for r in range(4)] == [1, 1, 1, 0]
+
+
+def test_precision_follows_training() -> None:
+    assert precision_kind("bf16", True) == ("o2", 2)
+    assert precision_kind("bf16-true", False) == ("fp32", 2)  # training autocasts: fp32 storage, bf16 compute
+    assert precision_kind("32", False) == ("fp32", 4)
+    assert precision_kind("16-true", False) == ("half", 2)  # fp16, which training refuses: modelled pure half
+    with pytest.raises(ConfigError):
+        precision_kind("32", True)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from neva.models.presets import build_config
 from neva.planner.memory import rank_state_bytes
-from neva.planner.params import inventory, meta_model, stage_layers
-from tests.planner.helpers import batch, layout, measured_bytes, no_peft, tiny_mm, tiny_model, train_step
+from neva.planner.params import stage_layers
+from tests.planner.helpers import batch, deployment, measured_bytes, tiny_inventory, tiny_model, train_step
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "finetune"])
@@ -16,9 +15,9 @@ def test_single_process_state_bytes_are_exact(stage: str) -> None:
     opt = train_step(model, *batch(model))
     real = measured_bytes(model, opt)
 
-    lay = layout()
-    infos = inventory(meta_model(build_config(), tiny_mm(stage), no_peft()))
-    predicted = rank_state_bytes(infos, lay, 0, stage_layers(model.cfg.llm.num_layers, lay))
+    dep = deployment()
+    infos = tiny_inventory(stage)
+    predicted = rank_state_bytes(infos, dep, 0, stage_layers(model.cfg.llm.num_layers, dep.layout))
     assert (predicted.params, predicted.grads, predicted.optimizer) == (
         real["params"],
         real["grads"],
@@ -27,11 +26,11 @@ def test_single_process_state_bytes_are_exact(stage: str) -> None:
 
 
 def test_frozen_parts_have_no_grads_or_optimizer_state() -> None:
-    infos = inventory(meta_model(build_config(), tiny_mm("pretrain"), no_peft()))
+    infos = tiny_inventory("pretrain")
     trainable = {p.part for p in infos if p.trainable}
     assert trainable == {"projector"}
-    lay = layout()
-    state = rank_state_bytes(infos, lay, 0, stage_layers(4, lay))
+    dep = deployment()
+    state = rank_state_bytes(infos, dep, 0, stage_layers(4, dep.layout))
     projector = sum(p.numel for p in infos if p.part == "projector")
     assert state.grads == 4 * projector
     assert state.optimizer == 8 * projector + 4 * sum(1 for p in infos if p.trainable)
@@ -39,13 +38,13 @@ def test_frozen_parts_have_no_grads_or_optimizer_state() -> None:
 
 def test_o2_bytes_per_element() -> None:
     """O2: 2 (bf16) + 4 (master) + 4 (grad) + 8 (Adam) per trained element; frozen bf16 only; FSDP drops the bf16 copy."""
-    infos = inventory(meta_model(build_config(), tiny_mm("finetune"), no_peft()))
+    infos = tiny_inventory("finetune")
     trained = sum(p.numel for p in infos if p.trainable)
     frozen = sum(p.numel for p in infos if not p.trainable)
     tensors = sum(1 for p in infos if p.trainable)
-    ddp = rank_state_bytes(infos, layout(data_parallel="ddp", precision="o2"), 0, [list(range(4))])
+    ddp = rank_state_bytes(infos, deployment(data_parallel="ddp", precision="o2"), 0, [list(range(4))])
     assert ddp.params == 6 * trained + 2 * frozen
     assert ddp.grads == 4 * trained
     assert ddp.optimizer == 8 * trained + 4 * tensors
-    fsdp = rank_state_bytes(infos, layout(data_parallel="fsdp", precision="o2"), 0, [list(range(4))])
+    fsdp = rank_state_bytes(infos, deployment(data_parallel="fsdp", precision="o2"), 0, [list(range(4))])
     assert fsdp.params == 4 * trained + 2 * frozen
