@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from neva.config import TrainConfig
 from neva.parallel.layout import Layout
+from neva.parallel.parallelize import uses_fsdp
 from neva.parallel.precision import Precision
 from neva.typed import ConfigError
 
@@ -34,6 +35,11 @@ class Deployment:
     precision: str
     compute_bytes: int
     grad_reduce: str = "fp32"
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether training wraps this layout in FSDP2 (the rule of ``neva.parallel.parallelize.uses_fsdp``)."""
+        return uses_fsdp(self.layout, Precision(master_weights=self.precision == "o2"))
 
     def to_dict(self) -> dict:
         """The layout's sizes and plans with the cluster and precision facts, flat (what the JSON shows)."""

@@ -43,7 +43,7 @@ def bytes_per_element(dep: Deployment, trainable: bool) -> tuple[int, int, int]:
     if dep.precision == "o2":
         if not trainable:
             return 2, 0, 0
-        return (4 if dep.layout.data_parallel == "fsdp" else 6), 4, 8
+        return (4 if dep.fsdp else 6), 4, 8
     size = 4 if dep.precision == "fp32" else 2
     return (size, size, 2 * size) if trainable else (size, 0, 0)
 
@@ -81,7 +81,7 @@ def working_bytes(infos: list[ParamInfo], dep: Deployment, stage: int, layers: l
     reduce-scatter (ZeRO-3: two decoder blocks plus the root unit, which ``neva.parallel`` never reshards: embedding,
     LM head, norm, projector, vision tower; ZeRO-2: every parameter of the stage stays gathered)."""
     layout = dep.layout
-    if layout.data_parallel != "fsdp":
+    if not dep.fsdp:
         return 0.0
     compute = 2 if dep.precision in ("o2", "half") else 4
     grad = 2 if dep.precision == "half" else 4

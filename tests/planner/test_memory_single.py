@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from neva.planner.memory import rank_state_bytes
-from neva.planner.params import stage_layers
+from neva.planner.params import local_numel, stage_layers
 from tests.planner.helpers import batch, deployment, measured_bytes, tiny_inventory, tiny_model, train_step
 
 
@@ -37,7 +37,8 @@ def test_frozen_parts_have_no_grads_or_optimizer_state() -> None:
 
 
 def test_o2_bytes_per_element() -> None:
-    """O2: 2 (bf16) + 4 (master) + 4 (grad) + 8 (Adam) per trained element; frozen bf16 only; FSDP drops the bf16 copy."""
+    """O2: 2 (bf16) + 4 (master) + 4 (grad) + 8 (Adam) per trained element; frozen bf16 only; FSDP (distributed runs)
+    drops the bf16 copy: its sharded fp32 parameters are the masters."""
     infos = tiny_inventory("finetune")
     trained = sum(p.numel for p in infos if p.trainable)
     frozen = sum(p.numel for p in infos if not p.trainable)
@@ -46,5 +47,10 @@ def test_o2_bytes_per_element() -> None:
     assert ddp.params == 6 * trained + 2 * frozen
     assert ddp.grads == 4 * trained
     assert ddp.optimizer == 8 * trained + 4 * tensors
-    fsdp = rank_state_bytes(infos, deployment(data_parallel="fsdp", precision="o2"), 0, [list(range(4))])
-    assert fsdp.params == 4 * trained + 2 * frozen
+    # One process: training keeps fp32 master copies (no FSDP to hold them), whatever data_parallel says.
+    single = rank_state_bytes(infos, deployment(data_parallel="fsdp", precision="o2"), 0, [list(range(4))])
+    assert single.params == ddp.params
+    dep = deployment(dp=2, data_parallel="fsdp", precision="o2")
+    fsdp = rank_state_bytes(infos, dep, 0, [list(range(4))])
+    shard = {t: sum(local_numel(p, dep.layout) for p in infos if p.trainable == t) for t in (True, False)}
+    assert fsdp.params == 4 * shard[True] + 2 * shard[False]
