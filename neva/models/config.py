@@ -66,6 +66,16 @@ class VisionConfig:
         return list(layers) if isinstance(layers, (list, tuple)) else [layers]
 
     @property
+    def select_indices(self) -> list[int]:
+        """``select_layers`` as hidden-state indices: 0 = the embeddings, i = the output of layer i."""
+        return [i if i >= 0 else self.num_layers + 1 + i for i in self.select_layers]
+
+    @property
+    def layers_run(self) -> int:
+        """Layers that run: those up to the deepest selected hidden state (the rest cannot change the features)."""
+        return max(self.select_indices)
+
+    @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 

@@ -82,11 +82,8 @@ class VisionTower(nn.Module):
 
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """``[N, num_image_tokens, feature_size]`` image features for the projector."""
-        n_layers = self.cfg.num_layers
-        indices = [i if i >= 0 else n_layers + 1 + i for i in self.cfg.select_layers]
-        # Layers above the deepest selected one cannot change the features: skip them.
-        states = self.hidden_states(pixel_values, num_layers=max(indices))
-        feats = torch.cat([states[i] for i in indices], dim=-1)
+        states = self.hidden_states(pixel_values, num_layers=self.cfg.layers_run)
+        feats = torch.cat([states[i] for i in self.cfg.select_indices], dim=-1)
         return feats[:, 1:] if self.cfg.vision_select_feature == "patch" else feats
 
     def init_weights(self) -> None:

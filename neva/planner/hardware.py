@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from neva.config import ClusterConfig
+from neva.models.flops import device_peak_tflops
 from neva.typed import ConfigError
 
 
@@ -18,7 +19,7 @@ class Efficiency:
     """Achieved fractions / rates (see docs/PLANNER.md, "Efficiency constants").
 
     Attributes:
-        compute: fraction of ``peak_tflops_bf16`` the step's compute reaches (matmuls plus the memory-bound kernels
+        compute: fraction of the bf16 peak the step's compute reaches (matmuls plus the memory-bound kernels
             around them, whose share grows on faster GPUs).
         nvlink: fraction of the per-direction NVLink bandwidth (half of ``nvlink_gb_per_s``) an NCCL ring reaches.
         ib: fraction of the per-GPU InfiniBand rail (``ib_gb_per_s / gpus_per_node``) an NCCL ring reaches.
@@ -57,10 +58,14 @@ def hardware_from_config(cluster: ClusterConfig) -> Hardware:
     """The cluster preset as the planner uses it.
 
     Raises:
-        ConfigError: no peak FLOP/s (the ``local`` preset) or an unknown efficiency key.
+        ConfigError: no peak FLOP/s (the ``local`` preset: unknown GPU) or an unknown efficiency key.
     """
-    if not cluster.peak_tflops_bf16:
-        raise ConfigError(f"cluster {cluster.name!r} has no peak_tflops_bf16; choose cluster=dgx_a100 or dgx_h100")
+    peak = device_peak_tflops(cluster.gpu_name, cluster.peak_tflops_bf16)
+    if not peak:
+        raise ConfigError(
+            f"cluster {cluster.name!r}: no bf16 peak for gpu_name {cluster.gpu_name!r}; choose cluster=dgx_a100 or "
+            "dgx_h100, or set cluster.peak_tflops_bf16"
+        )
     known = {f.name for f in fields(Efficiency)}
     unknown = set(cluster.efficiency) - known
     if unknown:
@@ -70,7 +75,7 @@ def hardware_from_config(cluster: ClusterConfig) -> Hardware:
         name=cluster.name,
         gpus_per_node=cluster.gpus_per_node,
         gpu_memory_gb=cluster.gpu_memory_gb,
-        peak_flops=cluster.peak_tflops_bf16 * 1e12,
+        peak_flops=peak * 1e12,
         # The datasheet NVLink figure counts both directions; a ring sends one way per link.
         nvlink_bytes_per_s=cluster.nvlink_gb_per_s * 1e9 / 2,
         ib_bytes_per_s=cluster.ib_gb_per_s * 1e9 / cluster.gpus_per_node,

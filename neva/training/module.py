@@ -14,6 +14,7 @@ import torch
 from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
+from neva.models.flops import SampleFlops, device_peak_tflops
 from neva.models.neva import NevaModel
 from neva.models.trainable import build_meta_model, parameter_counts
 from neva.parallel.layout import Layout
@@ -21,7 +22,6 @@ from neva.parallel.parallelize import parallelize
 from neva.parallel.precision import Precision
 from neva.training.callbacks import MetricsCSV
 from neva.training.engine import Engine
-from neva.training.flops import ParamProfile, device_peak_tflops, train_flops
 from neva.training.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class NevaModule(pl.LightningModule):
         self.model: NevaModel | None = None
         self._val_sums: list[torch.Tensor] = []
         self._step_start: float | None = None
-        self._flops: ParamProfile | None = None
+        self._flops: SampleFlops | None = None
 
     # -- model ---------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -113,7 +113,7 @@ class NevaModule(pl.LightningModule):
         strategy = self.trainer.strategy if self._trainer is not None else None
         device = strategy.root_device if strategy is not None else torch.device(self.layout.device_type)
         model = build_meta_model(self.source.cfg, self.cfg.model.trainable_policy())
-        self._flops = ParamProfile.of(model)
+        self._flops = SampleFlops.of(model)
         counts = parameter_counts(model)
         log.info("parameters: %s", ", ".join(f"{k}={v:,}" for k, v in sorted(counts.items())))
         parallel = parallelize(
@@ -181,7 +181,9 @@ class NevaModule(pl.LightningModule):
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
         if seq_lens:
-            flops = train_flops(self._flops, self.source.cfg, seq_lens, images // dp) * dp
+            # Model FLOPs of the step on all ranks (the other replicas' batches taken to be like this one's).
+            flops = self._flops.batch(seq_lens, images // dp) * dp
+            metrics["flops"] = flops
             world = self.trainer.world_size if self._trainer is not None else 1
             tflops = flops / max(elapsed, 1e-9) / 1e12 / world
             metrics["tflops_per_sec_per_device"] = tflops

@@ -4,9 +4,11 @@ Each side runs in its own child process (``run_side``) so that peak resident mem
 parent (``run_cpu``) starts them one after the other on the same sample stream and compares.
 
 Same semantics on both sides: identical initial weights (neva's init, copied into HF through the checkpoint key
-table), identical samples in identical order, vision tower frozen, projector (+ LLM in finetune) trained, AdamW with
-the same hyperparameters, gradient clipping at 1.0, and the loss = mean token cross-entropy over the global batch's
-learned tokens (the two first-step losses are printed so this can be checked).
+table), identical samples in identical order, the stage's trainable policy (vision tower frozen, projector + LLM in
+finetune, projector only in pretrain), AdamW with the same hyperparameters, gradient clipping at 1.0, and the loss =
+mean token cross-entropy over the global batch's learned tokens (the two first-step losses are printed so this can be
+checked). neva's side is built by training's own path (``bench.build``); the HF side applies the same policy to HF's
+module names.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from typing import Any
 
 import torch
 
+from bench.build import build_engine, stage_config
 from bench.data import PAD_ID, StreamSpec, collate_hf, make_batches, real_tokens
+from neva.config import TrainConfig
 from neva.models.config import NevaConfig
-from neva.models.neva import NevaModel
 from neva.models.presets import build_config
+from neva.models.trainable import TrainablePolicy
 
 # Mid-size shapes: small enough for 2 CPU cores, but with Llama-2's 32000 vocabulary (its LM head is a real part
 # of the cost) and a ViT whose unused last layer is a visible share of the vision work.
@@ -68,22 +72,19 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _init_neva(cfg: NevaConfig, seed: int) -> NevaModel:
-    torch.manual_seed(seed)
-    model = NevaModel(cfg)
-    model.init_weights()
-    return model
-
-
-def _freeze(named: list[tuple[str, torch.nn.Parameter]], stage: str, part_of) -> None:
-    """Finetune: vision frozen, projector + LLM trained. Pretrain: only the projector trains."""
-    for name, p in named:
-        part = part_of(name)
-        p.requires_grad_(part == "projector" or (part == "llm" and stage == "finetune"))
-
-
-def _neva_part(name: str) -> str:
-    return name.split(".", 1)[0]
+def train_config(args: Any) -> TrainConfig:
+    """The stage's training config with the benchmark's batching and optimizer (both sides use its optimizer)."""
+    return stage_config(
+        args.stage,
+        f"model.data.packing={'true' if args.packing else 'false'}",
+        f"model.micro_batch_size={args.batch_size}",
+        f"model.global_batch_size={args.batch_size}",
+        f"model.seed={args.seed}",
+        f"model.optim.lr={args.lr}",
+        "model.optim.weight_decay=0.0",
+        "model.optim.betas=[0.9,0.95]",
+        "model.optim.eps=1e-8",
+    )
 
 
 def _hf_part(name: str) -> str:
@@ -94,26 +95,30 @@ def _hf_part(name: str) -> str:
     return "llm"
 
 
+def _apply_policy_hf(model: torch.nn.Module, policy: TrainablePolicy) -> None:
+    """``neva.models.trainable.apply_policy`` for HF's module names."""
+    if policy.lora is not None:
+        raise ValueError("the HF side has no LoRA adapters")
+    for name, p in model.named_parameters():
+        p.requires_grad_(getattr(policy, _hf_part(name)))
+
+
 def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any]]:
     """neva.train's step: Collator (packed or padded), Engine.forward_backward, clip, AdamW (foreach on CPU)."""
-    from neva.config import OptimConfig
     from neva.data.collate import Collator
-    from neva.parallel.precision import Precision
-    from neva.training.engine import Engine
     from neva.training.optim import build_optimizer
 
-    model = _init_neva(cfg, args.seed)
-    _freeze(list(model.named_parameters()), args.stage, _neva_part)
-    model.train()
-    engine = Engine(model, Precision(), torch.device("cpu"), packed=args.packing)
-    optim_cfg = OptimConfig(lr=args.lr, weight_decay=0.0, betas=[0.9, 0.95], eps=1e-8)
-    optimizer = build_optimizer(engine.named_trainable_parameters(), optim_cfg)
-    collate = Collator(pad_id=PAD_ID, seq_length=args.seq_length, pad_to_multiple_of=64, packing=args.packing)
+    train_cfg = train_config(args)
+    engine, _ = build_engine(cfg, train_cfg, torch.device("cpu"))
+    engine.model.train()
+    optimizer = build_optimizer(engine.named_trainable_parameters(), train_cfg.model.optim)
+    data = train_cfg.model.data
+    collate = Collator(PAD_ID, args.seq_length, data.pad_to_multiple_of, data.packing)
     collated = [collate(b) for b in batches]
 
     def step(batch: dict) -> float:
         loss, _ = engine.forward_backward([batch])
-        torch.nn.utils.clip_grad_norm_(list(engine.grad_params()), 1.0)
+        engine.clip_grad_norm(train_cfg.trainer.gradient_clip_val)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         engine.after_optimizer_step()
@@ -129,26 +134,31 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf_config import llava_config_dict
     from neva.checkpoint.hf_keys import neva_key_to_hf
 
+    train_cfg = train_config(args)
     hf_cfg = LlavaConfig(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
     model = LlavaForConditionalGeneration(hf_cfg)
-    neva = _init_neva(cfg, args.seed)
+    # neva's initial weights, made by the same path as neva's side (so both start bit-identical).
+    neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
     state = {neva_key_to_hf(k): v for k, v in neva.state_dict().items()}
     result = model.load_state_dict(state, strict=True)
     if result.missing_keys or result.unexpected_keys:
         raise RuntimeError(f"weight copy into HF failed: {result}")
     del neva, state
     gc.collect()
-    _freeze(list(model.named_parameters()), args.stage, _hf_part)
+    _apply_policy_hf(model, train_cfg.model.trainable_policy())
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    optim = train_cfg.model.optim
+    optimizer = torch.optim.AdamW(
+        params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+    )
     collated = [collate_hf(b) for b in batches]
 
     def step(batch: dict) -> float:
         loss = model(**batch).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(params, train_cfg.trainer.gradient_clip_val)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())

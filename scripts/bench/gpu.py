@@ -1,10 +1,11 @@
 """GPU mode: Llama-2 7B/13B-shaped NeVA (random weights) trained on one GPU the way ``neva.train`` trains it.
 
-Per case: build on the meta device, freeze per stage, materialise on the GPU, cast parameters to bf16 with fp32
-master weights (bf16 O2, ``megatron_amp_O2=true``), fused AdamW, padded micro-batches (``model.data.packing=false``,
-the GPU default: right padding keeps SDPA on its causal flash kernel) and ``Engine.forward_backward`` over
-``--accum`` micro-batches per optimizer step. Samples are 1 image + ~``--text-tokens`` text tokens (±20%), the
-configuration NVIDIA's published NeVA numbers use (LCS-558K captions / short instructions).
+Per case: the stage's config with bf16 O2 (``trainer.precision=bf16 model.megatron_amp_O2=true``) and padded
+micro-batches (``model.data.packing=false``, the GPU default: right padding keeps SDPA on its causal flash kernel),
+built by training's own path (``bench.build``: meta model with the stage's trainable policy → ``parallelize`` →
+``Engine``), fused AdamW, and ``Engine.forward_backward`` over ``--accum`` micro-batches per optimizer step. Samples are
+1 image + ~``--text-tokens`` text tokens (±20%), the configuration NVIDIA's published NeVA numbers use (LCS-558K
+captions / short instructions). FLOPs and MFU come from ``neva.models.flops``, as in training's metrics.csv.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from typing import Any
 
 import torch
 
+from bench.build import build_engine, stage_config, step_flops
 from bench.data import PAD_ID, StreamSpec, make_batches, real_tokens
-from bench.flops import sample_flops
+from neva.config import TrainConfig
 from neva.models.config import NevaConfig
-from neva.models.neva import NevaModel
+from neva.models.flops import device_peak_tflops
 from neva.models.presets import build_config
-
-# bf16 dense peaks (datasheets) for MFU, matched against torch.cuda.get_device_name().
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0}
 
 # Issue #6 targets on one H200 (NVIDIA's published H100 per-GPU figures in brackets).
 TARGETS = {
@@ -70,21 +69,22 @@ def case_config(case: Case, smoke: bool) -> NevaConfig:
 
 def peak_tflops(device: torch.device, override: float | None) -> float | None:
     """bf16 peak of ``device`` for MFU (``--peak-tflops`` wins; None when unknown)."""
-    if override is not None:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_TFLOPS.items():
-        if key in name:
-            return value
-    return None
+    return device_peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else None, override)
 
 
-def _cast_params_bf16(model: torch.nn.Module) -> None:
-    # Parameters only: buffers such as RoPE's inv_freq stay fp32 (a bf16 inv_freq would shift long-range positions).
-    for p in model.parameters():
-        p.data = p.data.to(torch.bfloat16)
+def case_train_config(case: Case, args: Any, micro_batch_size: int) -> TrainConfig:
+    """The stage's training config as the GPU runs it: bf16 O2, padded micro-batches, ``--accum`` per step."""
+    return stage_config(
+        case.stage,
+        "trainer.precision=bf16",
+        "model.megatron_amp_O2=true",
+        "model.data.packing=false",
+        f"model.micro_batch_size={micro_batch_size}",
+        f"model.global_batch_size={micro_batch_size * args.accum}",
+        f"model.optim.lr={2e-3 if case.stage == 'pretrain' else 2e-5}",
+        f"model.seed={args.seed}",
+        f"model.compile={'true' if args.compile else 'false'}",
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -94,38 +94,17 @@ def _sync(device: torch.device) -> None:
 
 def run_case(case: Case, args: Any, device: torch.device) -> dict[str, Any]:
     """Build, warm up and time one case; throughput, FLOPs and peak memory."""
-    from neva.config import OptimConfig
     from neva.data.collate import Collator
-    from neva.parallel.precision import MasterWeights, Precision
-    from neva.training.engine import Engine
     from neva.training.optim import build_optimizer
 
     smoke = args.gpu_shapes_smoke
     cfg = case_config(case, smoke)
-    with torch.device("meta"):
-        model = NevaModel(cfg)
-    for name, p in model.named_parameters():
-        part = name.split(".", 1)[0]
-        p.requires_grad_(part == "projector" or (part == "llm" and case.stage == "finetune"))
-    requires = {n: p.requires_grad for n, p in model.named_parameters()}
-    model.to_empty(device=device)
-    torch.manual_seed(args.seed)
-    model.init_weights()
-    _cast_params_bf16(model)
-    for n, p in model.named_parameters():
-        p.requires_grad_(requires[n])
-    model.train()
-    if args.compile:
-        for block in [*model.llm.layers.values(), *model.vision.layers.values()]:
-            block.compile()
-
-    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    master = MasterWeights(trainable)
-    engine = Engine(model, Precision(torch.bfloat16, None, True), device, master=master, packed=False)
-    lr = 2e-3 if case.stage == "pretrain" else 2e-5
-    optimizer = build_optimizer(engine.named_trainable_parameters(), OptimConfig(lr=lr))
-
     mbs = (2 if smoke else args.pretrain_mbs) if case.stage == "pretrain" else (2 if smoke else args.finetune_mbs)
+    train_cfg = case_train_config(case, args, mbs)
+    engine, model_flops = build_engine(cfg, train_cfg, device)
+    engine.model.train()
+    optimizer = build_optimizer(engine.named_trainable_parameters(), train_cfg.model.optim)
+
     text = 10 if smoke else args.text_tokens
     spec = StreamSpec(
         vocab_size=cfg.llm.vocab_size,
@@ -142,16 +121,14 @@ def run_case(case: Case, args: Any, device: torch.device) -> dict[str, Any]:
     )
     n_steps = args.warmup + args.steps
     micro = make_batches(spec, mbs, n_steps * args.accum)
-    collate = Collator(pad_id=PAD_ID, seq_length=cfg.llm.max_seq_len, pad_to_multiple_of=64, packing=False)
+    data = train_cfg.model.data
+    collate = Collator(PAD_ID, cfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing)
     steps = [[collate(mb) for mb in micro[i * args.accum : (i + 1) * args.accum]] for i in range(n_steps)]
     samples_per_step = mbs * args.accum
-    flops_per_step = []
-    for i in range(n_steps):
-        total = 0.0
-        for mb in micro[i * args.accum : (i + 1) * args.accum]:
-            for s in mb:
-                total += sample_flops(model, cfg, s["input_ids"].numel(), s["pixel_values"].shape[0])["total"]
-        flops_per_step.append(total)
+    flops_per_step = [
+        step_flops(model_flops, [s for mb in micro[i * args.accum : (i + 1) * args.accum] for s in mb])
+        for i in range(n_steps)
+    ]
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -160,7 +137,7 @@ def run_case(case: Case, args: Any, device: torch.device) -> dict[str, Any]:
         _sync(device)
         t = time.perf_counter()
         loss, _ = engine.forward_backward(batches)
-        torch.nn.utils.clip_grad_norm_(list(engine.grad_params()), 1.0)
+        engine.clip_grad_norm(train_cfg.trainer.gradient_clip_val)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         engine.after_optimizer_step()
@@ -194,7 +171,7 @@ def run_case(case: Case, args: Any, device: torch.device) -> dict[str, Any]:
         "loss": float(loss),
         "step_s": times,
     }
-    del engine, optimizer, master, model, steps, micro
+    del engine, optimizer, steps, micro
     return result
 
 

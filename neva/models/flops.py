@@ -1,0 +1,211 @@
+"""Model FLOPs of a NeVA training step, and the peak FLOP/s they are measured against (MFU = one over the other).
+
+The one count behind ``metrics.csv`` (``flops``, ``tflops_per_sec_per_device``, ``mfu``), the planner's per-stage
+FLOPs and the benchmark's MFU. Rules, per matmul:
+
+* A weight of ``n`` elements costs ``2n`` per row it multiplies in the forward (an LLM position, an image token, a ViT
+  token, a patch), ``2n`` more for its input gradient when a trained parameter sits upstream of its input (autograd
+  computes no gradient for an input that needs none), and ``2n`` more for its own gradient when it trains. So a
+  trained decoder weight costs 6n, a frozen decoder weight under a trained projector 4n (pretraining), the first
+  projector Linear over a frozen tower 4n, a frozen tower first in line 2n (forward only).
+* The attention core (scores and weighted values) costs ``4·S·d`` per row in the forward (``S`` = the sample's own
+  length, ``d`` = heads × head dim; the causal half is not discounted, as in Megatron's count), ×3 when a trained
+  parameter sits upstream of it (its backward is input gradients only: two forwards).
+* Only vision layers up to the deepest selected hidden state run; the patch convolution multiplies ``num_patches``
+  rows. Embedding lookups, norms, biases and elementwise ops are not counted. The LM head counts at every position
+  (Megatron's convention), although the one-process engine runs it on learned positions only.
+* Padding is not counted (FLOPs spent on padding are waste), nor activation-checkpoint recomputation (the planner
+  adds it to the FLOPs a GPU executes, not to model FLOPs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from torch import nn
+
+from neva.models.config import NevaConfig
+
+Param = tuple[str, tuple[int, ...], bool]  # name, shape, requires_grad
+
+# Order inside a block along the data flow; siblings (wq, wk, wv read the same input) share a step, and a LoRA
+# ``lora_b`` sits half a step after the ``lora_a`` it reads from.
+_VISION_STEPS = {
+    "norm1": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "core": 2, "o_proj": 3, "norm2": 4, "fc1": 5, "fc2": 6,
+}  # fmt: skip
+_DECODER_STEPS = {
+    "attention_norm": 0, "wq": 1, "wk": 1, "wv": 1, "core": 2, "wo": 3, "ffn_norm": 4, "w1": 5, "w3": 5, "w2": 6,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FlopTerm:
+    """One matmul of a training step: a weight's, or an attention core's.
+
+    Attributes:
+        name: the weight's parameter name, or ``<block>.core`` for an attention core
+            (``llm.layers.3.attention.core``, ``vision.layers.0.attn.core``).
+        per: the unit its FLOPs are counted per: ``token`` (LLM position), ``token2`` (square of the sample's
+            length: the decoder's attention core) or ``image``.
+        forward: forward FLOPs per unit.
+        backward: backward FLOPs per unit (input and weight gradients).
+        layer: the decoder layer the term belongs to, else None.
+    """
+
+    name: str
+    per: str
+    forward: float
+    backward: float
+    layer: int | None = None
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+def model_params(model: nn.Module) -> list[Param]:
+    """``(name, shape, requires_grad)`` of every parameter of ``model`` (tied weights once; meta tensors are fine)."""
+    return [(name, tuple(p.shape), p.requires_grad) for name, p in model.named_parameters()]
+
+
+def _step(pieces: list[str], steps: dict[str, int]) -> float:
+    step = next(steps[p] for p in pieces if p in steps)
+    return step + 0.5 if "lora_b" in pieces else step
+
+
+def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
+    """Where ``name`` sits along the data flow (vision → projector → decoder), or None when it never runs."""
+    pieces = name.split(".")
+    if pieces[0] == "vision":
+        if pieces[1] == "layers":
+            layer = int(pieces[2])
+            return None if layer >= cfg.vision.layers_run else (0, 2 + layer, _step(pieces[3:], _VISION_STEPS))
+        if pieces[1] == "post_norm":
+            return None  # LLaVA's features skip it
+        return (0, 0 if pieces[1] == "patch_embed" else 1, 0)
+    if pieces[0] == "projector":
+        return (1, int(pieces[1]), 0)
+    if pieces[1] == "tok_embeddings":
+        return (2, -1, 0)
+    if pieces[1] == "layers":
+        return (2, int(pieces[2]), _step(pieces[3:], _DECODER_STEPS))
+    return (2, cfg.llm.num_layers, 0 if pieces[1] == "norm" else 1)  # final norm, then the LM head
+
+
+def _rows(name: str, shape: tuple[int, ...], cfg: NevaConfig) -> tuple[str, int] | None:
+    """``(per, rows)``: the rows a weight multiplies per unit, or None for a parameter that is no matmul weight."""
+    if name == "vision.patch_embed.weight":
+        return "image", cfg.vision.num_patches
+    if len(shape) != 2:
+        return None  # norms, biases, the CLS token
+    if name.startswith("vision.layers."):
+        return "image", cfg.vision.num_patches + 1
+    if name.startswith("projector."):
+        return "image", cfg.num_image_tokens
+    if name.startswith(("llm.layers.", "llm.output.")):
+        return "token", 1
+    return None  # tables that are looked up or added: token and ViT position embeddings
+
+
+def flop_terms(params: Iterable[Param], cfg: NevaConfig) -> list[FlopTerm]:
+    """Every counted matmul of one training step of the whole model, per unit of work (see the module docstring).
+
+    Args:
+        params: the unsharded model's parameters with ``requires_grad`` set by the run's trainable policy
+            (``model_params(build_meta_model(cfg, policy))``).
+        cfg: the model's config.
+    """
+    params = [(name, shape, trains, _position(name, cfg)) for name, shape, trains in params]
+    trained = [pos for _, _, trains, pos in params if trains and pos is not None]
+    first_trained = min(trained) if trained else None
+
+    def upstream_trains(pos: tuple[float, float, float]) -> bool:
+        return first_trained is not None and first_trained < pos
+
+    terms = []
+    for name, shape, trains, pos in params:
+        if name == "llm.tok_embeddings.weight" and cfg.llm.tie_word_embeddings:
+            name = "llm.output.weight"  # the tied LM head multiplies by the embedding table
+            pos = _position(name, cfg)
+        rows = _rows(name, shape, cfg)
+        if pos is None or rows is None:
+            continue
+        per, count = rows
+        forward = 2 * math.prod(shape) * count
+        backward = forward * (upstream_trains(pos) + trains)
+        layer = int(name.split(".")[2]) if name.startswith("llm.layers.") else None
+        terms.append(FlopTerm(name, per, forward, backward, layer))
+    return terms + _attention_cores(cfg, upstream_trains)
+
+
+def _attention_cores(cfg: NevaConfig, upstream_trains: Callable[[tuple], bool]) -> list[FlopTerm]:
+    terms = []
+    if cfg.vision is not None:
+        v = cfg.vision
+        tokens = v.num_patches + 1
+        for i in range(cfg.vision.layers_run):
+            forward = 4 * tokens * tokens * v.hidden_size
+            backward = 2 * forward if upstream_trains((0, 2 + i, _VISION_STEPS["core"])) else 0
+            terms.append(FlopTerm(f"vision.layers.{i}.attn.core", "image", forward, backward))
+    width = cfg.llm.num_heads * cfg.llm.head_dim
+    for i in range(cfg.llm.num_layers):
+        forward = 4 * width
+        backward = 2 * forward if upstream_trains((2, i, _DECODER_STEPS["core"])) else 0
+        terms.append(FlopTerm(f"llm.layers.{i}.attention.core", "token2", forward, backward, i))
+    return terms
+
+
+@dataclass(frozen=True)
+class SampleFlops:
+    """Training FLOPs of a sample of ``S`` LLM positions (image positions included) and ``images`` images:
+    ``per_token · S + per_token2 · S² + per_image · images``. Cheap to evaluate for every step's samples."""
+
+    per_token: float
+    per_token2: float
+    per_image: float
+
+    @classmethod
+    def from_terms(cls, terms: Iterable[FlopTerm]) -> SampleFlops:
+        totals = {"token": 0.0, "token2": 0.0, "image": 0.0}
+        for term in terms:
+            totals[term.per] += term.total
+        return cls(totals["token"], totals["token2"], totals["image"])
+
+    @classmethod
+    def of(cls, model: nn.Module) -> SampleFlops:
+        """The counts of ``model`` (whole, unsharded, its trainable policy applied; ``build_meta_model`` gives one)."""
+        return cls.from_terms(flop_terms(model_params(model), model.cfg))
+
+    def sample(self, seq_len: int, images: int) -> float:
+        return self.per_token * seq_len + self.per_token2 * seq_len * seq_len + self.per_image * images
+
+    def batch(self, seq_lens: Iterable[int], images: int) -> float:
+        """FLOPs of samples of lengths ``seq_lens`` (padding excluded) holding ``images`` images in all."""
+        lens = list(seq_lens)
+        return self.per_token * sum(lens) + self.per_token2 * sum(s * s for s in lens) + self.per_image * images
+
+
+# Dense bf16 tensor-core peaks (datasheets), TFLOP/s, found by substring in a device name
+# (``torch.cuda.get_device_name()`` or ``cluster.gpu_name``).
+PEAK_TFLOPS_BF16 = {
+    "H100": 989.0,
+    "H200": 989.0,
+    "H800": 989.0,
+    "GH200": 989.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "A10G": 125.0,
+}
+
+
+def device_peak_tflops(name: str | None, configured: float | None = None) -> float | None:
+    """The bf16 peak MFU divides by: ``configured`` (``cluster.peak_tflops_bf16``, ``--peak-tflops``) when set,
+    else the datasheet value of the device ``name``, else None (unknown device, or CPU)."""
+    if configured:
+        return configured
+    if not name:
+        return None
+    return next((value for key, value in PEAK_TFLOPS_BF16.items() if key in name), None)
