@@ -29,18 +29,23 @@ def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _SAVE else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def checkpointed_blocks(block_ids: list, granularity: str | None, num_layers: int | None) -> list:
+    """The blocks of one model chunk that activation checkpointing wraps: its first ``num_layers`` (all when None).
+
+    Per chunk, so with virtual pipeline stages every chunk of a rank checkpoints its own first blocks.
+    """
+    if granularity is None:
+        return []
+    return list(block_ids) if num_layers is None else list(block_ids)[:num_layers]
+
+
 def apply_activation_checkpointing(layers: nn.ModuleDict, granularity: str | None, num_layers: int | None) -> None:
     """Wrap the first ``num_layers`` blocks of ``layers`` (all when None), in place.
 
     Wrapped parameter names gain ``_checkpoint_wrapped_module.``; state dicts drop it again (the wrapper's hooks),
     and ``neva.checkpoint.names.canonical_name`` strips it from parameter names.
     """
-    if granularity is None:
-        return
-    names = list(layers.keys())
-    if num_layers is not None:
-        names = names[:num_layers]
-    for name in names:
+    for name in checkpointed_blocks(list(layers.keys()), granularity, num_layers):
         if granularity == "selective":
             wrapped = checkpoint_wrapper(
                 layers[name], context_fn=partial(create_selective_checkpoint_contexts, _selective_policy)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from neva.models.config import NevaConfig
 from neva.parallel.layout import Layout
 from neva.planner.deployment import Deployment
-from neva.planner.flops import checkpointed
+from neva.planner.flops import checkpointed_layers
 from neva.planner.params import ParamInfo
 
 
@@ -53,8 +53,9 @@ def stage_activation_bytes(
     tokens = b * seq_len
     trains = {i: any(p.trainable for p in infos if p.layer == i) for i in layers}
     per_mb = 0.0
-    for pos, i in enumerate(layers):
-        mode = layout.ac if checkpointed(layout, pos) else None
+    recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
+    for i in layers:
+        mode = layout.ac if i in recomputed else None
         per_mb += _layer_bytes(cfg, dep, tokens, trains[i], mode)
     last = stage == layout.pp - 1
     if last:

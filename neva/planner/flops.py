@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from neva.models.config import NevaConfig
 from neva.models.flops import FlopTerm, flop_terms
+from neva.parallel.compute_plans import checkpointed_blocks
 from neva.parallel.layout import Layout
+from neva.parallel.pipeline import split_layers
 from neva.planner.params import ParamInfo, on_stage
 
 
@@ -59,18 +61,19 @@ def stage_flops(
         model[stage] += t.total * units[t.per]
         per_gpu[stage] += t.total * units[t.per] * share[t.name]
         backward[stage] = backward[stage] or t.backward > 0
+    recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
     for stage, held in enumerate(layers):
-        for pos, i in enumerate(held):
+        for i in held:
             mine = [t for t in terms if t.layer == i]
-            if checkpointed(layout, pos) and any(t.backward for t in mine):
+            if i in recomputed and any(t.backward for t in mine):
                 if layout.ac == "selective":  # Megatron's selective recompute: only the attention core
                     mine = [t for t in mine if t.name.endswith(".core")]
                 per_gpu[stage] += sum(t.forward * units[t.per] * share[t.name] for t in mine)
     return [StageFlops(m, g, b) for m, g, b in zip(model, per_gpu, backward)]
 
 
-def checkpointed(layout: Layout, position: int) -> bool:
-    """Whether the ``position``-th decoder layer of a stage is activation-checkpointed."""
-    if layout.ac is None:
-        return False
-    return layout.ac_num_layers is None or position < layout.ac_num_layers
+def checkpointed_layers(layout: Layout, num_layers: int) -> frozenset[int]:
+    """Decoder layers that training wraps in activation checkpointing under ``layout`` (each pipeline chunk's first
+    ``ac_num_layers`` blocks; ``neva.parallel.compute_plans.checkpointed_blocks``)."""
+    chunks = split_layers(num_layers, layout.num_chunks, layout.first_stage_layers)
+    return frozenset(i for chunk in chunks for i in checkpointed_blocks(chunk, layout.ac, layout.ac_num_layers))

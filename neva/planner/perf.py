@@ -23,7 +23,7 @@ from neva.planner.comm import (
     tp_group_per_node,
 )
 from neva.planner.deployment import Deployment
-from neva.planner.flops import StageFlops, checkpointed
+from neva.planner.flops import StageFlops, checkpointed_layers
 from neva.planner.hardware import Hardware
 from neva.planner.params import ParamInfo, local_numel, on_stage, tp_numel
 
@@ -43,13 +43,13 @@ class StepTime:
     step: float
 
 
-def _tp_collectives(layout: Layout, layers: list[int], stage: int, backward: bool) -> int:
+def _tp_collectives(layout: Layout, layers: list[int], recomputed: frozenset[int], stage: int, backward: bool) -> int:
     """All-reduces (or RS + AG pairs under SP) per micro-batch on one stage."""
     if layout.tp == 1:
         return 0
     count = 0
-    for pos, _ in enumerate(layers):
-        count += 2 + (2 if backward else 0) + (2 if backward and checkpointed(layout, pos) else 0)
+    for i in layers:
+        count += 2 + (2 if backward else 0) + (2 if backward and i in recomputed else 0)
     if stage == 0:
         count += 1  # vocab-parallel embedding
     if stage == layout.pp - 1 and backward:
@@ -108,9 +108,10 @@ def step_time(
     act = e * b * seq_len * cfg.llm.hidden_size
     rate = hw.peak_flops * hw.eff.compute
     comp, tp, p2p = [], [], []
+    recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
     for s, f in enumerate(flops):
         comp.append(f.per_gpu * b / rate)
-        n = _tp_collectives(layout, layers[s], s, f.backward)
+        n = _tp_collectives(layout, layers[s], recomputed, s, f.backward)
         tp.append(n * all_reduce_time(act, layout.tp, tp_group_per_node(dep), hw))
         sends = 0 if layout.pp == 1 else (1 + f.backward) * layout.vpp
         p2p.append(sends * p2p_time(act, dep, hw))

@@ -54,3 +54,25 @@ def test_per_gpu_flops_split_over_tp_and_add_recomputation():
         assert stage.model == llm + vision + projector
         recompute = (ac_layers or 0) * layer_fwd / 2
         assert stage.per_gpu == pytest.approx(llm / 2 + vision + projector / 2 + recompute, rel=1e-12)
+
+
+@pytest.mark.parametrize("vpp,first,num", [(1, None, None), (2, None, 1), (2, 2, 1), (1, 1, 2)])
+def test_checkpointed_layers_are_the_blocks_training_wraps(vpp, first, num):
+    """The planner's recomputed layers equal the blocks ``apply_compute_plans`` wraps in each real pipeline chunk."""
+    import copy
+
+    from neva.config import ModelConfig
+    from neva.parallel.compute_plans import apply_compute_plans
+    from neva.parallel.pipeline import build_chunks
+    from neva.planner.flops import checkpointed_layers
+
+    cfg = build_config(num_layers=6)
+    model = build_meta_model(cfg, POLICIES["finetune"])
+    m = ModelConfig(activations_checkpoint_granularity="full", activations_checkpoint_num_layers=num)
+    wrapped = set()
+    for rank in range(2):
+        for chunk in build_chunks(copy.deepcopy(model), rank, 2, vpp, first):
+            apply_compute_plans(chunk, m)
+            wrapped |= {int(k) for k, b in chunk.llm.layers.items() if hasattr(b, "_checkpoint_wrapped_module")}
+    layout = Layout(pp=2, vpp=vpp, first_stage_layers=first, ac="full", ac_num_layers=num)
+    assert checkpointed_layers(layout, 6) == wrapped
