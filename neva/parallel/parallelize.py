@@ -164,6 +164,6 @@ def parallelize(
             autocast = lambda: torch.autocast(device.type, dtype=precision.autocast_dtype)  # noqa: E731
         out.runner = PipelineRunner(
             parts, chunk_ids, layout.num_chunks, dims.group("pp"), device, layout.schedule,
-            n_microbatches=layout.grad_accum, packed=m.data.packing, autocast=autocast,
+            n_microbatches=layout.grad_accum, packed=m.data.packing, autocast=autocast, dp_group=out.group("dp"),
         )  # fmt: skip
     return out

@@ -108,11 +108,18 @@ def chunk_of_key(key: str, layer_split: list[list[int]]) -> int:
     return len(layer_split) - 1
 
 
-def pad_micro_batches(micro_batches: list[dict[str, Any]], multiple: int = 1) -> list[dict[str, Any]]:
-    """Pad every micro-batch to the same rows × length (padding learns nothing and precedes no real token)."""
+def step_shape(micro_batches: list[dict[str, Any]], multiple: int = 1) -> tuple[int, int]:
+    """Rows × length that every micro-batch of a step is padded to: the longest, length rounded up to ``multiple``."""
     rows = max(mb["input_ids"].shape[0] for mb in micro_batches)
     length = max(mb["input_ids"].shape[1] for mb in micro_batches)
-    length = -(-length // multiple) * multiple
+    return rows, -(-length // multiple) * multiple
+
+
+def pad_micro_batches(
+    micro_batches: list[dict[str, Any]], multiple: int = 1, shape: tuple[int, int] | None = None
+) -> list[dict[str, Any]]:
+    """Pad every micro-batch to ``shape`` (default ``step_shape``); padding learns nothing and precedes no real token."""
+    rows, length = shape or step_shape(micro_batches, multiple)
     fill = {"input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0}
     out = []
     for mb in micro_batches:
@@ -144,6 +151,7 @@ class PipelineRunner:
         n_microbatches: micro-batches per step on this rank.
         packed: pass ``segment_ids`` (packed rows) or drop them (right-padded rows use plain causal attention).
         autocast: context for the forward passes (bf16 autocast), or None.
+        dp_group: process group of the data-parallel replicas (None = one), which agree on each step's shape.
     """
 
     def __init__(
@@ -157,6 +165,7 @@ class PipelineRunner:
         n_microbatches: int,
         packed: bool,
         autocast: Callable[[], Any] | None = None,
+        dp_group: dist.ProcessGroup | None = None,
     ) -> None:
         pp = dist.get_world_size(pp_group)
         if schedule != "gpipe" and n_microbatches < pp:
@@ -171,6 +180,7 @@ class PipelineRunner:
         self.pp_group, self.device, self.schedule_name = pp_group, device, schedule
         self.n_microbatches, self.packed = n_microbatches, packed
         self.autocast = autocast
+        self.dp_group = dp_group
         self.holds_last = num_chunks - 1 in chunk_ids
         self.holds_first = 0 in chunk_ids
         self._schedules: dict[tuple[int, int], Any] = {}
@@ -228,8 +238,22 @@ class PipelineRunner:
         """Forward only; the summed token loss on every pipeline rank."""
         return self._run(micro_batches, 1.0, multiple, train=False)
 
+    def _agreed_shape(self, micro_batches: list[dict[str, Any]], multiple: int) -> tuple[int, int]:
+        """The step's padded shape, the largest over the data-parallel replicas.
+
+        A new shape builds a new schedule, whose first step runs an extra forward to set its stages up; replicas
+        padding to their own longest would then run different forwards, and FSDP2's gathers (or DDP's reductions) of
+        one replica would meet another's next collective.
+        """
+        shape = step_shape(micro_batches, multiple)
+        if self.dp_group is None:
+            return shape
+        agreed = torch.tensor(shape, device=self.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.dp_group)
+        return int(agreed[0]), int(agreed[1])
+
     def _run(self, micro_batches, scale, multiple: int, train: bool) -> torch.Tensor:
-        micro_batches = pad_micro_batches(micro_batches, multiple)
+        micro_batches = pad_micro_batches(micro_batches, shape=self._agreed_shape(micro_batches, multiple))
         n = len(micro_batches)
         schedule, stages = self._schedule(tuple(micro_batches[0]["input_ids"].shape), n, train)
         # What ``schedule.step`` does before ``_step_microbatches`` (which takes ready-made micro-batches: a step's

@@ -67,7 +67,7 @@ def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
     source = resolve_source(cfg)
     data = NevaDataModule(
         cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=cfg.model.micro_batch_size,
-        dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed,
+        dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed, accumulation=layout.grad_accum,
     )  # fmt: skip
     data.setup("fit")
     accum = layout.grad_accum

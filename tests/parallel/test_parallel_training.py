@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from .harness import make_checkpoint, run_layouts, train_losses
+from .llava_data import llava_overrides, write_llava_set
 
 STEPS = 5
 RTOL = 1e-5
@@ -67,6 +68,45 @@ def test_four_rank_layouts_match_one_process(reference, tmp_path):
     restore, ref = reference
     results = run_layouts(4, [(n, restore + o, STEPS) for n, o in FOUR_RANK_LAYOUTS.items()], tmp_path)
     for name in FOUR_RANK_LAYOUTS:
+        for rank in results:
+            assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
+
+
+# On LLaVA-format data micro-batches differ in length and image count between steps and between data-parallel
+# replicas (text-only, two-image and multi-turn samples; modality-grouped batches).
+LLAVA_FOUR_RANK_LAYOUTS = {
+    "pp2_dp2_zero3": ["model.pipeline_model_parallel_size=2"],
+    "pp2_dp2_zero2": ["model.pipeline_model_parallel_size=2", "model.zero_stage=2"],
+    "pp2_dp2_ddp": ["model.pipeline_model_parallel_size=2", "model.data_parallel=ddp"],
+    "tp2_dp2": ["model.tensor_model_parallel_size=2"],
+    "pp2_tp2": ["model.pipeline_model_parallel_size=2", "model.tensor_model_parallel_size=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("llava")
+    write_llava_set(directory)
+    return directory
+
+
+# Unpacked and ungrouped, replicas' padded shapes differ from step to step (new pipeline schedules on one replica
+# only, unless the replicas agree on each step's shape); packed with LLaVA's modality grouping, every batch is one
+# modality.
+LLAVA_CASES = {
+    "padded": (["model.data.group_by_modality_length=false"], False, list(LLAVA_FOUR_RANK_LAYOUTS), 10),
+    "packed_grouped": ([], True, ["pp2_dp2_zero3", "tp2_dp2", "pp2_tp2"], STEPS),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LLAVA_CASES))
+def test_four_rank_layouts_match_one_process_on_llava_data(reference, llava_dir, tmp_path, case):
+    restore, _ = reference
+    extra, packing, names, steps = LLAVA_CASES[case]
+    data = restore + llava_overrides(llava_dir, packing) + extra
+    ref = train_losses(data, steps)["losses"]
+    results = run_layouts(4, [(n, data + LLAVA_FOUR_RANK_LAYOUTS[n], steps) for n in names], tmp_path)
+    for name in names:
         for rank in results:
             assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
 
