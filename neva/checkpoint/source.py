@@ -104,13 +104,20 @@ class _Slot:
         return self.param.shape  # the global shape, for DTensors too
 
     def copy_(self, full: torch.Tensor) -> None:
-        p = self.param
-        if isinstance(p, DTensor):
-            # src_data_rank=None: every rank read the same full tensor, so each slices locally (no collective).
-            local = distribute_tensor(full.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None)
-            p.to_local().copy_(local.to_local())
-        else:
-            p.copy_(full)
+        copy_full(self.param, full)
+
+
+@torch.no_grad()
+def copy_full(target: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the whole tensor ``full`` into ``target``: a plain tensor, or this rank's slice of a DTensor."""
+    if isinstance(target, DTensor):
+        # src_data_rank=None: every rank read the same full tensor, so each slices locally (no collective).
+        local = distribute_tensor(
+            full.to(target.device, target.dtype), target.device_mesh, target.placements, src_data_rank=None
+        )
+        target.to_local().copy_(local.to_local())
+    else:
+        target.copy_(full)
 
 
 class _Targets:

@@ -1,8 +1,10 @@
 """The Lightning strategies: one process, or one ``("pp", "dp", "tp")`` mesh of processes; checkpoint I/O for both.
 
 One process writes Lightning checkpoint files; distributed runs write DCP directories (``neva.checkpoint.dcp``) under
-the whole model's parameter names. Both strategies resume a DCP directory through ``load_dcp``, so a run may continue
-under another layout, one process included.
+the whole model's parameter names. Both strategies read both: a DCP directory through ``load_dcp`` (each rank reads the
+pieces its shards need), a one-process file through ``load_whole`` (each rank slices the full tensors by name), so a
+run may continue under any other layout. Either way the learning rate is recomputed from the saved step and this
+run's schedule (``restore_schedules``), whoever wrote the checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import ModelParallelStrategy, SingleDeviceStrategy, Strategy
 
 from neva.checkpoint import dcp
+from neva.checkpoint.names import canonical_name, named_parameters
+from neva.checkpoint.source import copy_full
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
 from neva.typed import ConfigError
@@ -45,6 +49,35 @@ def load_dcp(strategy: Strategy, path: Path) -> dict[str, Any]:
     return checkpoint
 
 
+def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
+    """Fill the engine's (sharded) parts and optimizer from a one-process checkpoint file and return the loop state.
+
+    Every rank reads the file and copies its own slice of each full tensor, by parameter name: trained weights from
+    the fp32 master copies when the run was O2, optimizer state through the names saved with it.
+    """
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    parts, optimizer = _engine_state(strategy)
+    weights = {canonical_name(k.removeprefix("model.")): v for k, v in checkpoint.pop("state_dict").items()}
+    weights.update(checkpoint.pop("master_weights", None) or {})
+    for name, p in named_parameters(parts):
+        if name not in weights:
+            raise KeyError(f"{path} has no tensor {name!r}: it was written for another model")
+        copy_full(p.data, weights[name])
+    saved = checkpoint.pop("optimizer_states")[0]
+    names = checkpoint.get("optimizer_param_names")
+    if optimizer is not None and names is None:
+        raise ValueError(f"{path} does not name its optimizer's parameters; resume it with the layout that wrote it")
+    if optimizer is not None:
+        dcp.init_optimizer_state(optimizer)
+        order = [n for group in names for n in group]
+        state = {order[i]: value for i, value in saved["state"].items()}
+        for name, p in strategy.lightning_module.engine.named_trainable_parameters():
+            for key, value in state.get(name, {}).items():
+                copy_full(optimizer.state[p][key], value)
+    restore_schedules(strategy.lightning_module.trainer, checkpoint)
+    return checkpoint
+
+
 def restore_schedules(trainer: Any, checkpoint: dict[str, Any]) -> None:
     """Keep only the step count of saved schedulers and recompute this rank's learning rates from it.
 
@@ -59,9 +92,13 @@ def restore_schedules(trainer: Any, checkpoint: dict[str, Any]) -> None:
         fresh.update(last_epoch=last, _step_count=state.get("_step_count", last + 1))
         lrs = [base * fn(last) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
         fresh["_last_lr"] = lrs
-        for group, lr in zip(scheduler.optimizer.param_groups, lrs):
-            group["lr"] = lr
+        set_lrs(scheduler.optimizer, lrs)
         saved[i] = fresh
+
+
+def set_lrs(optimizer: torch.optim.Optimizer, lrs: list[float]) -> None:
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
 
 
 class NevaSingleDeviceStrategy(SingleDeviceStrategy):
@@ -79,7 +116,9 @@ class NevaSingleDeviceStrategy(SingleDeviceStrategy):
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(checkpoint_path)
         if not path.is_dir():
-            return super().load_checkpoint(checkpoint_path, weights_only)
+            checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+            restore_schedules(self.lightning_module.trainer, checkpoint)
+            return checkpoint
         if self.lightning_module.engine.master is not None:
             raise ConfigError(
                 f"{path} was written by a distributed run; resuming it in one process with model.megatron_amp_O2=true "
@@ -97,8 +136,12 @@ class NevaSingleDeviceStrategy(SingleDeviceStrategy):
             super().load_model_state_dict(checkpoint, strict=strict)
 
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        if not self._loaded_dcp:
-            super().load_optimizer_state_dict(checkpoint)
+        if self._loaded_dcp:
+            return
+        super().load_optimizer_state_dict(checkpoint)
+        # The saved parameter groups carry the learning rate of the run that wrote them; keep the recomputed one.
+        for config, state in zip(self.lightning_module.trainer.lr_scheduler_configs, checkpoint["lr_schedulers"]):
+            set_lrs(config.scheduler.optimizer, state["_last_lr"])
 
 
 class NevaParallelStrategy(ModelParallelStrategy):
@@ -157,7 +200,8 @@ class NevaParallelStrategy(ModelParallelStrategy):
         self.barrier()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        return load_dcp(self, Path(self.broadcast(str(checkpoint_path))))
+        path = Path(self.broadcast(str(checkpoint_path)))
+        return load_dcp(self, path) if path.is_dir() else load_whole(self, path)
 
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:

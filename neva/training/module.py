@@ -225,6 +225,10 @@ class NevaModule(pl.LightningModule):
         }
         if self.engine.master is not None:
             checkpoint["master_weights"] = {n: p.detach().clone() for n, p in self.engine.master.named_master}
+        # Lightning stores optimizer state by position; the names let another layout find each parameter's state.
+        names = {id(p): n for n, p in self.engine.named_trainable_parameters()}
+        groups = self.trainer.optimizers[0].param_groups if self.trainer.optimizers else []
+        checkpoint["optimizer_param_names"] = [[names[id(p)] for p in g["params"]] for g in groups]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.data.load_state_dict(checkpoint.get("neva_data", {}))

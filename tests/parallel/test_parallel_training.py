@@ -127,16 +127,66 @@ E2E = [
 ]
 
 
-def _train(root: Path, ckpt: Path, nproc: int, *overrides: str) -> list[float]:
+def _train(
+    root: Path, ckpt: Path, nproc: int, *overrides: str, column: str = "train_loss", every: int = 3
+) -> list[float]:
     env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable, "-m", "neva.train"]
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "neva.train"]
-    cmd = launcher + E2E + [f"model.restore_from_path={ckpt}", *overrides]
+    base = [o for o in E2E if "every_n_train_steps" not in o]
+    base.append(f"exp_manager.checkpoint_callback_params.every_n_train_steps={every}")
+    cmd = launcher + base + [f"model.restore_from_path={ckpt}", *overrides]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(root / "finetune" / "metrics.csv") as f:
-        return [float(r["train_loss"]) for r in csv.DictReader(f)]
+        return [float(r[column]) for r in csv.DictReader(f)]
+
+
+def _tiny_checkpoint(directory: Path) -> Path:
+    import torch
+
+    from neva.checkpoint.neva_format import save_checkpoint
+    from neva.checkpoint.source import resolve_source
+    from neva.config import compose_config
+    from neva.models.neva import NevaModel
+
+    source = resolve_source(compose_config(["+stage=pretrain", "++model.mm_cfg.llm.arch_overrides={num_layers:2}"]))
+    torch.manual_seed(0)
+    model = NevaModel(source.cfg)
+    model.init_weights()
+    return save_checkpoint(directory, source.cfg, model.state_dict(), source.tokenizer)
+
+
+# The learning rate then does not depend on max_steps, so legs of different lengths continue one curve.
+FLAT_LR = ["model.optim.lr=1e-3", "model.optim.sched.min_lr=1e-3", "model.optim.sched.warmup_steps=0"]
+
+
+def test_resume_scales_out_and_back_one_process_dp2_tp2_one_process(tmp_path):
+    """One process writes a checkpoint file; DP2 (FSDP2) resumes it and writes a DCP directory; TP2 resumes that;
+    one process resumes TP2's: every step equals the uninterrupted one-process run."""
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    ref = _train(tmp_path / "one", ckpt, 1, *FLAT_LR)
+    chain = tmp_path / "chain"
+    _train(chain, ckpt, 1, *FLAT_LR, "trainer.max_steps=2", every=1)
+    assert (chain / "finetune" / "checkpoints" / "last.ckpt").is_file()
+    _train(chain, ckpt, 2, *FLAT_LR, "trainer.max_steps=3", every=1)
+    assert (chain / "finetune" / "checkpoints" / "last.ckpt").is_dir()
+    _train(chain, ckpt, 2, *FLAT_LR, "trainer.max_steps=4", "model.tensor_model_parallel_size=2", every=1)
+    resumed = _train(chain, ckpt, 1, *FLAT_LR, every=1)
+    assert _max_rel(resumed, ref) < RTOL, (resumed, ref)
+
+
+def test_resumed_schedule_is_the_same_whoever_wrote_the_checkpoint(tmp_path):
+    """Resumed with a longer ``trainer.max_steps``, the learning rate follows the new schedule from the saved step,
+    whether one process (a file) or two (a DCP directory) wrote the checkpoint."""
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    fresh = _train(tmp_path / "fresh", ckpt, 1, "trainer.max_steps=6", column="lr")
+    for nproc in (1, 2):
+        root = tmp_path / f"writer{nproc}"
+        _train(root, ckpt, nproc, "trainer.max_steps=3", every=1)
+        lrs = _train(root, ckpt, 1, "trainer.max_steps=6", column="lr")
+        assert lrs[3:] == pytest.approx(fresh[3:], rel=1e-9), (nproc, lrs, fresh)
 
 
 def test_torchrun_end_to_end_and_layout_changing_resume(tmp_path):
