@@ -1,23 +1,87 @@
-"""LoRA adapters: wrap selected ``nn.Linear`` layers; merge back into plain weights for export."""
+"""LoRA adapters: wrap selected ``nn.Linear`` layers; merge back into plain weights for export.
+
+Adapter dropout is keyed: with ``dropout_keys`` given (training does), a token's mask is a hash of its sample's token
+ids, its position in the sample, the step and the layer, not a draw from the process's RNG stream. The same sample
+then gets the same mask whichever micro-batch, row, data-parallel rank or pipeline schedule carries it, so LoRA keeps
+"every layout equals one process".
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+import zlib
+from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+# Set by NevaModel.forward for the decoder layers it runs; a context variable rather than an argument so that the
+# attention and MLP code stays unaware of adapters.
+_DROPOUT_KEYS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("lora_dropout_keys", default=None)
+_M32 = 0xFFFFFFFF
+_MUL = 0x45D9F3B  # < 2**31: products of 32-bit values stay inside int64
+
+
+def _mix(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (two multiply–xorshift rounds), elementwise on int64 tensors."""
+    h = h & _M32
+    h = ((h ^ (h >> 16)) * _MUL) & _M32
+    h = ((h ^ (h >> 16)) * _MUL) & _M32
+    return h ^ (h >> 16)
+
+
+def token_dropout_keys(input_ids: torch.Tensor, position_ids: torch.Tensor, step: int) -> torch.Tensor:
+    """Per-token keys ``[B, S]``: a hash of the token's sample (all its token ids), its position and ``step``.
+
+    Samples are found by their positions restarting at 0 (packed rows and padding alike); padding tokens form
+    samples of their own, so padding never changes a real sample's key.
+    """
+    ids, pos = input_ids.long(), position_ids.long()
+    b, s = ids.shape
+    sample = torch.cumsum(pos == 0, dim=1) + torch.arange(b, device=ids.device)[:, None] * (s + 1)
+    contrib = _mix(ids * 0x9E3779B1 + pos)
+    sums = torch.zeros(b * (s + 1), dtype=torch.long, device=ids.device).index_add_(
+        0, sample.reshape(-1), contrib.reshape(-1)
+    )
+    sample_hash = sums[sample]
+    return _mix(_mix(sample_hash + step * 0x27D4EB2F) ^ pos)
+
+
+@contextlib.contextmanager
+def dropout_keys(keys: torch.Tensor | None) -> Iterator[None]:
+    """Adapter dropout inside this context is keyed by ``keys`` (``[B, S]`` of the activations' leading dims)."""
+    token = _DROPOUT_KEYS.set(keys)
+    try:
+        yield
+    finally:
+        _DROPOUT_KEYS.reset(token)
+
+
+def current_dropout_keys() -> torch.Tensor | None:
+    return _DROPOUT_KEYS.get()
+
+
+def keyed_dropout_mask(keys: torch.Tensor, features: int, salt: int, p: float) -> torch.Tensor:
+    """Keep-mask ``[B, S, features]`` with keep probability ``1 - p``, a pure function of keys, feature and salt."""
+    feature = _mix(torch.arange(features, device=keys.device) + salt * 0x1000193)
+    h = _mix(keys[..., None] ^ feature)
+    return h >= int(p * 2**32)
 
 
 class LoRALinear(nn.Module):
     """``base(x) + scale * B(A(dropout(x)))`` with ``A`` ``[r, in]`` (Kaiming) and ``B`` ``[out, r]`` (zeros)."""
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0, salt: int = 0) -> None:
         super().__init__()
         self.base = base
         self.scale = alpha / rank
+        self.p = dropout
+        self.salt = salt  # distinguishes the layers' masks (a hash of the wrapped module's name)
         self.lora_a = nn.Linear(base.in_features, rank, bias=False, device=base.weight.device, dtype=base.weight.dtype)
         self.lora_b = nn.Linear(rank, base.out_features, bias=False, device=base.weight.device, dtype=base.weight.dtype)
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         if base.weight.device.type != "meta":
             self.reset_parameters()
 
@@ -26,7 +90,15 @@ class LoRALinear(nn.Module):
         nn.init.zeros_(self.lora_b.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.lora_b(self.lora_a(self.dropout(x))) * self.scale
+        return self.base(x) + self.lora_b(self.lora_a(self._dropout(x))) * self.scale
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keys = current_dropout_keys()
+        if keys is None:
+            return F.dropout(x, self.p, training=True)
+        return x * keyed_dropout_mask(keys, x.shape[-1], self.salt, self.p).to(x.dtype) / (1 - self.p)
 
     def merged_weight(self) -> torch.Tensor:
         delta = self.lora_b.weight.float() @ self.lora_a.weight.float()
@@ -43,8 +115,9 @@ def apply_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, dr
         for child_name, child in list(module.named_children()):
             if child_name in targets and isinstance(child, nn.Linear):
                 child.weight.requires_grad_(False)
-                setattr(module, child_name, LoRALinear(child, rank, alpha, dropout))
-                wrapped.append(f"llm.layers.{name}.{child_name}")
+                full = f"llm.layers.{name}.{child_name}"
+                setattr(module, child_name, LoRALinear(child, rank, alpha, dropout, salt=zlib.crc32(full.encode())))
+                wrapped.append(full)
     if not wrapped:
         raise ValueError(f"LoRA target modules {targets} matched no Linear layer of the decoder")
     return wrapped

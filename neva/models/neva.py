@@ -7,6 +7,7 @@ from torch import nn
 
 from neva.models.config import NevaConfig
 from neva.models.llama import KVCache, LlamaDecoder
+from neva.models.lora import dropout_keys as lora_dropout_keys
 from neva.models.projector import build_projector, init_projector
 from neva.models.vision import VisionTower
 
@@ -81,10 +82,12 @@ class NevaModel(nn.Module):
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
         output_mask: torch.Tensor | None = None,
+        dropout_keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
         ``output_mask`` ``[B, S]`` limits the LM head to the masked positions (logits ``[N, V]``).
+        ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
@@ -92,7 +95,8 @@ class NevaModel(nn.Module):
             h = self.embed(input_ids, pixel_values, image_counts)
         else:
             h = input_ids
-        return self.llm(h, position_ids=position_ids, segment_ids=segment_ids, cache=cache, output_mask=output_mask)
+        with lora_dropout_keys(dropout_keys):
+            return self.llm(h, position_ids=position_ids, segment_ids=segment_ids, cache=cache, output_mask=output_mask)
 
     def tie_weights(self) -> None:
         """Share the LM head with the token embedding when configured (``to_empty`` breaks the sharing)."""

@@ -8,7 +8,7 @@ at long sequence lengths (NeMo's "selective" recomputes the core attention only)
 
 from __future__ import annotations
 
-from functools import partial
+import contextlib
 
 import torch
 from torch import nn
@@ -16,6 +16,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from neva.config import ModelConfig
+from neva.models.lora import current_dropout_keys, dropout_keys
 
 _SAVE = {
     torch.ops.aten.mm.default,
@@ -27,6 +28,31 @@ _SAVE = {
 
 def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _checkpoint_contexts(selective: bool):
+    """``context_fn`` for ``torch.utils.checkpoint``: the recomputation in backward runs under the LoRA dropout keys
+    the forward saw (it runs outside ``NevaModel.forward``), so it draws the same masks; selective granularity adds
+    its save/recompute policy."""
+
+    def context_fn():
+        keys = current_dropout_keys()
+        forward, recompute = (
+            create_selective_checkpoint_contexts(_selective_policy)
+            if selective
+            else (contextlib.nullcontext(), contextlib.nullcontext())
+        )
+        return forward, _together(recompute, dropout_keys(keys))
+
+    return context_fn
+
+
+@contextlib.contextmanager
+def _together(*managers):
+    with contextlib.ExitStack() as stack:
+        for manager in managers:
+            stack.enter_context(manager)
+        yield
 
 
 def checkpointed_blocks(block_ids: list, granularity: str | None, num_layers: int | None) -> list:
@@ -46,13 +72,7 @@ def apply_activation_checkpointing(layers: nn.ModuleDict, granularity: str | Non
     and ``neva.checkpoint.names.canonical_name`` strips it from parameter names.
     """
     for name in checkpointed_blocks(list(layers.keys()), granularity, num_layers):
-        if granularity == "selective":
-            wrapped = checkpoint_wrapper(
-                layers[name], context_fn=partial(create_selective_checkpoint_contexts, _selective_policy)
-            )
-        else:
-            wrapped = checkpoint_wrapper(layers[name])
-        layers[name] = wrapped
+        layers[name] = checkpoint_wrapper(layers[name], context_fn=_checkpoint_contexts(granularity == "selective"))
 
 
 def apply_compute_plans(model: nn.Module, cfg: ModelConfig) -> None:

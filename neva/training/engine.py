@@ -20,13 +20,14 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from neva.checkpoint.names import named_parameters
+from neva.models.lora import LoRALinear, token_dropout_keys
 from neva.models.loss import count_learned_tokens, learned_positions, token_cross_entropy
 from neva.parallel.data_parallel import all_reduce_gradients
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
 
-MODEL_INPUTS = ("input_ids", "pixel_values", "image_counts", "position_ids", "segment_ids")
+MODEL_INPUTS = ("input_ids", "pixel_values", "image_counts", "position_ids", "segment_ids", "dropout_keys")
 
 
 def model_inputs(batch: dict[str, Any], device: torch.device, packed: bool = True) -> dict[str, Any]:
@@ -71,6 +72,8 @@ class Engine:
         self.learned_only_head = layout.tp == 1
         # Sequence parallelism splits the sequence over tp ranks: pad to a multiple of tp.
         self.sp_multiple = layout.tp if layout.sp else 1
+        # LoRA dropout masks keyed by sample and position (the same in every layout) need per-token keys.
+        self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
 
     # -- what the optimizer sees -------------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -114,11 +117,17 @@ class Engine:
             dist.all_reduce(n, group=self.dp_group)
         return n
 
-    def forward_backward(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_backward(self, micro_batches: list[dict[str, Any]], step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Backward of the step loss over ``micro_batches``; returns (global loss, global learned tokens).
 
         Gradients are left in ``.grad`` (fp32 master ``.grad`` under O2), ready for clipping and the optimizer.
+        ``step`` (the optimizer step) varies the LoRA dropout masks from step to step.
         """
+        if self.keyed_dropout:
+            micro_batches = [
+                {**mb, "dropout_keys": token_dropout_keys(mb["input_ids"], mb["position_ids"], step)}
+                for mb in micro_batches
+            ]
         n_tokens = self.global_tokens(micro_batches)
         # Data-parallel wrappers average gradients over replicas; scaling by dp_size turns that into the sum.
         scale = self.dp_size / n_tokens.clamp(min=1.0)

@@ -150,7 +150,7 @@ class NevaModule(pl.LightningModule):
         self.model.train()
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        loss, n_tokens = self.engine.forward_backward(micro_batches)
+        loss, n_tokens = self.engine.forward_backward(micro_batches, step=self.global_step)
         clip = self.cfg.trainer.gradient_clip_val
         grad_norm = None
         if clip and clip > 0:

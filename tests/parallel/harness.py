@@ -81,7 +81,7 @@ def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
         if i == steps:
             break
         engine.model.train()
-        loss, _ = engine.forward_backward(micro_batches)
+        loss, _ = engine.forward_backward(micro_batches, step=i)
         engine.clip_grad_norm(cfg.trainer.gradient_clip_val)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -111,6 +111,25 @@ def test_four_rank_layouts_match_one_process_on_llava_data(reference, llava_dir,
             assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
 
 
+LORA_LAYOUTS = {
+    "dp2_fsdp": [],
+    "dp2_ddp": ["model.data_parallel=ddp"],
+    "pp2": ["model.pipeline_model_parallel_size=2"],
+}
+
+
+def test_lora_with_dropout_matches_one_process(reference, llava_dir, tmp_path):
+    """LoRA's adapter dropout (default 0.05) is keyed by sample and position, so it splits over replicas and
+    pipeline stages like everything else."""
+    restore, _ = reference
+    data = restore + llava_overrides(llava_dir, False) + ["model.peft.peft_scheme=lora"]
+    ref = train_losses(data, STEPS)["losses"]
+    results = run_layouts(2, [(n, data + o, STEPS) for n, o in LORA_LAYOUTS.items()], tmp_path)
+    for name in LORA_LAYOUTS:
+        for rank in results:
+            assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
+
+
 E2E = [
     "+stage=finetune",
     "trainer.max_steps=5",

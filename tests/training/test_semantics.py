@@ -136,9 +136,13 @@ def test_head_on_learned_positions_only_gives_the_full_logits_loss(lean_cfg):
     assert sparse.item() == pytest.approx(full.item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("granularity", ["full", "selective"])
-def test_activation_checkpointing_changes_memory_not_numbers(lean_cfg, granularity):
+def test_activation_checkpointing_changes_memory_not_numbers(lean_cfg, granularity, lora):
+    """Also with LoRA dropout: the recomputation in backward draws the forward's masks."""
     base = ["model.restore_from_path=null", "model.mm_cfg.llm.freeze=false", "model.data.conv_template=vicuna_v1"]
+    if lora:
+        base += ["model.peft.peft_scheme=lora", "model.peft.lora_tuning.adapter_dropout=0.3"]
     results = []
     for extra in ([], [f"model.activations_checkpoint_granularity={granularity}"]):
         cfg = lean_cfg(*base, *extra)
