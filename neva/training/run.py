@@ -96,9 +96,12 @@ def run(cfg: TrainConfig) -> Path | None:
     ckpt_path = str(last) if cfg.exp_manager.resume_if_exists and last.exists() else None
     final = exp_dir / "final"
     try:
-        if ckpt_path:
-            log.info("resuming from %s", ckpt_path)
-        trainer.fit(module, ckpt_path=ckpt_path)
+        with warnings.catch_warnings():
+            if ckpt_path:
+                log.info("resuming from %s", ckpt_path)
+                # Lightning warns whenever the checkpoint directory is not empty; resuming from it is the point.
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            trainer.fit(module, ckpt_path=ckpt_path)
         save_final(
             module.engine, source, final, is_writer=trainer.is_global_zero, stage=cfg.stage,
             image_aspect_ratio=cfg.model.data.image_aspect_ratio, conv_template=cfg.model.data.conv_template,
