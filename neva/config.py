@@ -138,6 +138,9 @@ class ModelConfig:
     activations_checkpoint_num_layers: int | None = None
     compile: bool = False
     meta_init: bool = False  # distributed: allocate and load only each rank's shards (models too large for one rank)
+    # Megatron-LM's --distributed-timeout-minutes (default 10): how long any collective or point-to-point transfer
+    # waits for its peers before the run fails; fractions allowed (0.1 = 6 s)
+    distributed_timeout_minutes: float = 10.0
     restore_from_path: str | None = None
     seed: int = 1234
     mm_cfg: MMConfig = field(default_factory=MMConfig)
@@ -169,6 +172,8 @@ class ModelConfig:
             )
         if self.data_parallel not in ("fsdp", "ddp"):
             raise ValueError(f"data_parallel must be fsdp or ddp, got {self.data_parallel!r}")
+        if not self.distributed_timeout_minutes > 0:
+            raise ValueError(f"distributed_timeout_minutes must be > 0, got {self.distributed_timeout_minutes}")
         if self.zero_stage not in (2, 3):
             raise ValueError(f"zero_stage must be 2 or 3, got {self.zero_stage}")
         if self.activations_checkpoint_granularity not in (None, "full", "selective"):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -47,7 +49,25 @@ class ParallelDims:
         return self.mesh[dim].get_group()
 
 
-def build_mesh(layout: Layout) -> ParallelDims:
-    """Create the mesh over all processes (the default process group must exist; a collective)."""
-    mesh = init_device_mesh(layout.device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS)
+def build_mesh(layout: Layout, timeout: timedelta | None = None) -> ParallelDims:
+    """Create the mesh over all processes (the default process group must exist; a collective).
+
+    ``timeout`` bounds every collective of the mesh's groups (``model.distributed_timeout_minutes``). It must be
+    given here: ``init_device_mesh`` creates its sub-groups with torch's default timeout (30 min under gloo), not the
+    default group's.
+    """
+    override = None
+    if timeout is not None:
+        options = _group_options("nccl" if layout.is_cuda else "gloo", timeout)
+        override = dict.fromkeys(MESH_DIMS, options)
+    mesh = init_device_mesh(
+        layout.device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS, backend_override=override
+    )
     return ParallelDims(mesh, layout)
+
+
+def _group_options(backend: str, timeout: timedelta) -> Any:
+    """Process-group options that carry ``timeout`` (``init_device_mesh`` takes a sub-group's timeout from them)."""
+    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    return options

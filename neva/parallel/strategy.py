@@ -10,6 +10,7 @@ run's schedule (``restore_schedules``), whoever wrote the checkpoint.
 from __future__ import annotations
 
 import shutil
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,10 @@ from neva.parallel.mesh import ParallelDims, build_mesh
 from neva.typed import ConfigError
 
 
-def build_strategy(layout: Layout) -> Strategy:
-    """The strategy for ``layout``."""
+def build_strategy(layout: Layout, timeout: timedelta | None = None) -> Strategy:
+    """The strategy for ``layout``; ``timeout`` bounds every collective (``model.distributed_timeout_minutes``)."""
     if layout.is_distributed:
-        return NevaParallelStrategy(layout)
+        return NevaParallelStrategy(layout, timeout)
     return NevaSingleDeviceStrategy(torch.device("cuda", 0) if layout.is_cuda else torch.device("cpu"))
 
 
@@ -147,14 +148,16 @@ class NevaSingleDeviceStrategy(SingleDeviceStrategy):
 class NevaParallelStrategy(ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` (process launch under torchrun / SLURM / Lightning's own launcher,
     process-group setup, the ``configure_model`` hook) with neva's ``("pp", "dp", "tp")`` mesh in place of its 2-D one
-    and DCP checkpoints under layout-independent keys; gloo without GPUs, NCCL with them."""
+    and DCP checkpoints under layout-independent keys; gloo without GPUs, NCCL with them. ``timeout`` (default:
+    Lightning's, 30 min) bounds the collectives of the default group and of every mesh group."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, timeout: timedelta | None = None) -> None:
         super().__init__(
             data_parallel_size=layout.dp,
             tensor_parallel_size=layout.tp,
             save_distributed_checkpoint=True,
             process_group_backend="nccl" if layout.is_cuda else "gloo",
+            **({"timeout": timeout} if timeout is not None else {}),
         )
         self.layout = layout
         self.dims: ParallelDims | None = None
@@ -167,7 +170,7 @@ class NevaParallelStrategy(ModelParallelStrategy):
             torch.cuda.set_device(self.root_device)
         if self.world_size != self.layout.world:
             raise RuntimeError(f"launched {self.world_size} processes but the layout needs {self.layout.world}")
-        self.dims = build_mesh(self.layout)
+        self.dims = build_mesh(self.layout, self._timeout)
         self._device_mesh = self.dims.mesh
         self.lightning_module._device_mesh = self.dims.mesh
 

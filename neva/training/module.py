@@ -50,10 +50,17 @@ class _Iterable:
 
 
 class StepBatches:
-    """Groups a micro-batch loader into lists of ``accum`` micro-batches: one list per optimizer step."""
+    """The data module's training micro-batches in lists of ``accum``: one list per optimizer step.
 
-    def __init__(self, loader: Any, accum: int) -> None:
-        self.loader = loader
+    It is the loader Lightning sees, and it follows Lightning's resumable-loader protocol with the data module's own
+    state (sampler position and skip counts): Lightning stores ``state_dict()`` with its loop state in every
+    checkpoint and calls ``load_state_dict`` on resume before the first batch is drawn, so training continues at the
+    exact next sample (and Lightning, rightly, does not warn that the loader is not resumable).
+    """
+
+    def __init__(self, data: Any, accum: int) -> None:
+        self.data = data
+        self.loader = data.train_dataloader()
         self.accum = accum
 
     def __len__(self) -> int:
@@ -66,6 +73,12 @@ class StepBatches:
             if len(group) == self.accum:
                 yield group
                 group = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.data.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.data.load_state_dict(state)
 
 
 class NevaModule(pl.LightningModule):
@@ -136,7 +149,7 @@ class NevaModule(pl.LightningModule):
 
     # -- data ----------------------------------------------------------------------------------------------------
     def train_dataloader(self):
-        return StepBatches(self.data.train_dataloader(), self.accum)
+        return StepBatches(self.data, self.accum)
 
     def val_dataloader(self):
         loader = self.data.val_dataloader()
@@ -216,7 +229,7 @@ class NevaModule(pl.LightningModule):
 
     # -- checkpoint extras ---------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["neva_data"] = self.data.state_dict()
+        # The data position is saved by Lightning through the loader (StepBatches.state_dict).
         checkpoint["rng"] = {
             "torch": torch.get_rng_state(),
             "numpy": np.random.get_state(),
@@ -231,7 +244,8 @@ class NevaModule(pl.LightningModule):
         checkpoint["optimizer_param_names"] = [[names[id(p)] for p in g["params"]] for g in groups]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.data.load_state_dict(checkpoint.get("neva_data", {}))
+        if "neva_data" in checkpoint:  # written before the loader carried the data state
+            self.data.load_state_dict(checkpoint["neva_data"])
         rng = checkpoint.get("rng")
         if rng:
             torch.set_rng_state(rng["torch"])

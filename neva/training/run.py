@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -13,7 +14,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
 from neva.checkpoint.source import resolve_source
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
-from neva.parallel.layout import resolve_layout
+from neva.parallel.collective_timeout import timeout_note
+from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.strategy import build_strategy
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV
 from neva.training.export import save_final
@@ -42,7 +44,8 @@ def run(cfg: TrainConfig) -> Path | None:
         seed=cfg.model.seed,
         accumulation=layout.grad_accum,
     )
-    strategy = build_strategy(layout)
+    timeout = timedelta(minutes=cfg.model.distributed_timeout_minutes)
+    strategy = build_strategy(layout, timeout)
     is_writer = int(os.environ.get("RANK", "0")) == 0
     metrics = MetricsCSV(exp_dir / "metrics.csv", enabled=is_writer)
     module = NevaModule(cfg, source, data, layout, metrics=metrics)
@@ -91,12 +94,21 @@ def run(cfg: TrainConfig) -> Path | None:
     )
     last = ckpt_dir / "last.ckpt"
     ckpt_path = str(last) if cfg.exp_manager.resume_if_exists and last.exists() else None
-    if ckpt_path:
-        log.info("resuming from %s", ckpt_path)
-    trainer.fit(module, ckpt_path=ckpt_path)
     final = exp_dir / "final"
-    save_final(
-        module.engine, source, final, is_writer=trainer.is_global_zero, stage=cfg.stage,
-        image_aspect_ratio=cfg.model.data.image_aspect_ratio, conv_template=cfg.model.data.conv_template,
-    )  # fmt: skip
+    try:
+        with warnings.catch_warnings():
+            if ckpt_path:
+                log.info("resuming from %s", ckpt_path)
+                # Lightning warns whenever the checkpoint directory is not empty; resuming from it is the point.
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            trainer.fit(module, ckpt_path=ckpt_path)
+        save_final(
+            module.engine, source, final, is_writer=trainer.is_global_zero, stage=cfg.stage,
+            image_aspect_ratio=cfg.model.data.image_aspect_ratio, conv_template=cfg.model.data.conv_template,
+        )  # fmt: skip
+    except Exception as err:
+        if layout.is_distributed and (note := timeout_note(err, timeout, global_rank(), layout)):
+            log.error(note)
+            err.add_note(note)
+        raise
     return final if trainer.is_global_zero else None

@@ -77,7 +77,7 @@ def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
     losses = []
-    for i, micro_batches in enumerate(StepBatches(data.train_dataloader(), accum)):
+    for i, micro_batches in enumerate(StepBatches(data, accum)):
         if i == steps:
             break
         engine.model.train()

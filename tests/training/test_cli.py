@@ -2,6 +2,7 @@
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,3 +98,33 @@ def test_resume_after_kill_continues_the_same_loss_curve(tmp_path):
     assert sorted(resumed) == sorted(reference)
     for step, loss in reference.items():
         assert resumed[step] == pytest.approx(loss, rel=1e-6), step
+
+
+@pytest.mark.slow
+def test_mid_epoch_resume_is_silent_and_continues_the_curve(tmp_path):
+    """A checkpoint inside an epoch (3 steps per epoch here; step 7 is the first of the third) resumes at the next
+    sample: the resumed steps equal the uninterrupted run's, and neither of Lightning's resume warnings (a
+    non-resumable loader, a non-empty checkpoint directory) is printed, since both would be false."""
+    common = [
+        "trainer.max_steps=9",
+        "trainer.log_every_n_steps=1",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=7",
+    ]
+    ref_dir, run_dir = tmp_path / "reference", tmp_path / "resumed"
+    done = subprocess.run(train_cmd(ref_dir, *common), capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reference = read_losses(ref_dir)
+    assert sorted(reference) == list(range(1, 10))
+
+    # The state a run killed after step 7 leaves: its checkpoints, and metrics rows up to step 7.
+    shutil.copytree(ref_dir / "checkpoints", run_dir / "checkpoints")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "step=7.ckpt"]
+    again = subprocess.run(train_cmd(run_dir, *common), capture_output=True, text=True, env=ENV, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming from" in again.stderr + again.stdout
+    for text in ("not resumable", "exists and is not empty"):
+        assert text not in again.stderr + again.stdout, again.stderr[-3000:]
+    resumed = read_losses(run_dir)
+    assert sorted(resumed) == [8, 9]
+    for step in (8, 9):
+        assert resumed[step] == pytest.approx(reference[step], rel=1e-6), step
