@@ -9,19 +9,12 @@ shards need.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch import nn
 
-from neva.checkpoint.names import named_parameters
-
-
-def model_state(parts: Iterable[nn.Module]) -> dict[str, torch.Tensor]:
-    """Parameters (sharded as they are) under plain names; DCP loads into these tensors in place."""
-    return {name: p.data for name, p in named_parameters(parts)}
+Named = list[tuple[str, torch.Tensor]]  # (plain name, the tensor a checkpoint stores for that parameter)
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -37,28 +30,30 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             }
 
 
-def optimizer_state(parts: Iterable[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+def optimizer_state(named: Named, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """Optimizer state under ``<plain parameter name>.<key>``."""
     out = {}
-    for name, p in named_parameters(parts):
+    for name, p in named:
         for key, value in optimizer.state.get(p, {}).items():
             if isinstance(value, torch.Tensor):
                 out[f"{name}.{key}"] = value
     return out
 
 
-def save(path: str | Path, parts: list[nn.Module], optimizer: torch.optim.Optimizer | None) -> None:
-    """Write model (and optimizer) shards of every rank into directory ``path`` (a collective)."""
-    state = {"model": model_state(parts)}
+def save(path: str | Path, named: Named, optimizer: torch.optim.Optimizer | None) -> None:
+    """Write this rank's parameters ``named`` (sharded as they are) and their optimizer state into directory
+    ``path`` (a collective)."""
+    state = {"model": {name: p.data for name, p in named}}
     if optimizer is not None:
-        state["optim"] = optimizer_state(parts, optimizer)
+        state["optim"] = optimizer_state(named, optimizer)
     dcp.save(state, checkpoint_id=str(path))
 
 
-def load(path: str | Path, parts: list[nn.Module], optimizer: torch.optim.Optimizer | None) -> None:
-    """Fill this rank's shards from directory ``path``, whatever layout wrote it (a collective)."""
-    state = {"model": model_state(parts)}
+def load(path: str | Path, named: Named, optimizer: torch.optim.Optimizer | None) -> None:
+    """Fill ``named`` and their optimizer state in place from directory ``path``, whatever layout wrote it (a
+    collective; DCP casts to each tensor's dtype)."""
+    state = {"model": {name: p.data for name, p in named}}
     if optimizer is not None:
         init_optimizer_state(optimizer)
-        state["optim"] = optimizer_state(parts, optimizer)
+        state["optim"] = optimizer_state(named, optimizer)
     dcp.load(state, checkpoint_id=str(path))

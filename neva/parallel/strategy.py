@@ -20,11 +20,10 @@ from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import ModelParallelStrategy, SingleDeviceStrategy, Strategy
 
 from neva.checkpoint import dcp
-from neva.checkpoint.names import canonical_name, named_parameters
+from neva.checkpoint.names import canonical_name
 from neva.checkpoint.source import copy_full
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
-from neva.typed import ConfigError
 
 
 def build_strategy(layout: Layout, timeout: timedelta | None = None) -> Strategy:
@@ -35,16 +34,19 @@ def build_strategy(layout: Layout, timeout: timedelta | None = None) -> Strategy
 
 
 def _engine_state(strategy: Strategy) -> tuple[list, torch.optim.Optimizer | None]:
-    """The model parts and the (unwrapped) optimizer a checkpoint holds."""
+    """The named parameters and the (unwrapped) optimizer a checkpoint holds."""
     optimizer = strategy.optimizers[0] if strategy.optimizers else None
-    return strategy.lightning_module.engine.parts, getattr(optimizer, "_optimizer", optimizer)
+    return strategy.lightning_module.engine.checkpoint_parameters(), getattr(optimizer, "_optimizer", optimizer)
 
 
 def load_dcp(strategy: Strategy, path: Path) -> dict[str, Any]:
     """Fill the engine's parts and optimizer from DCP directory ``path`` (any layout wrote it) and return the loop
     state, with the schedulers' learning rates recomputed for this layout."""
-    parts, optimizer = _engine_state(strategy)
-    dcp.load(path, parts, optimizer)
+    named, optimizer = _engine_state(strategy)
+    dcp.load(path, named, optimizer)
+    engine = strategy.lightning_module.engine
+    if engine.master is not None:
+        engine.master.publish()  # the bf16 parameters follow the loaded fp32 masters
     checkpoint = torch.load(path / _METADATA_FILENAME, map_location="cpu", weights_only=False)
     restore_schedules(strategy.lightning_module.trainer, checkpoint)
     return checkpoint
@@ -57,10 +59,10 @@ def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
     the fp32 master copies when the run was O2, optimizer state through the names saved with it.
     """
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    parts, optimizer = _engine_state(strategy)
+    named, optimizer = _engine_state(strategy)
     weights = {canonical_name(k.removeprefix("model.")): v for k, v in checkpoint.pop("state_dict").items()}
     weights.update(checkpoint.pop("master_weights", None) or {})
-    for name, p in named_parameters(parts):
+    for name, p in named:
         if name not in weights:
             raise KeyError(f"{path} has no tensor {name!r}: it was written for another model")
         copy_full(p.data, weights[name])
@@ -120,11 +122,6 @@ class NevaSingleDeviceStrategy(SingleDeviceStrategy):
             checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
             restore_schedules(self.lightning_module.trainer, checkpoint)
             return checkpoint
-        if self.lightning_module.engine.master is not None:
-            raise ConfigError(
-                f"{path} was written by a distributed run; resuming it in one process with model.megatron_amp_O2=true "
-                "is not supported (resume with the FSDP layout, or without O2)"
-            )
         self._loaded_dcp = True
         return load_dcp(self, path)
 
@@ -194,8 +191,8 @@ class NevaParallelStrategy(ModelParallelStrategy):
                 shutil.rmtree(path)  # a stale copy would mix old shard files with new metadata
             path.mkdir(parents=True, exist_ok=True)
         self.barrier()
-        parts, optimizer = _engine_state(self)
-        dcp.save(path, parts, optimizer)
+        named, optimizer = _engine_state(self)
+        dcp.save(path, named, optimizer)
         checkpoint.pop("state_dict", None)
         checkpoint.pop("optimizer_states", None)
         if self.is_global_zero:

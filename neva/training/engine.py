@@ -81,6 +81,12 @@ class Engine:
             return self.master.named_master
         return [(n, p) for n, p in named_parameters(self.parts) if p.requires_grad]
 
+    def checkpoint_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """Every parameter of this rank as checkpoints store it, under its plain name: the fp32 master copy of a
+        trained parameter under one-process O2 (what the optimizer steps), the parameter itself otherwise."""
+        masters = dict(self.master.named_master) if self.master is not None else {}
+        return [(n, masters.get(n, p)) for n, p in named_parameters(self.parts)]
+
     def after_optimizer_step(self) -> None:
         if self.master is not None:
             self.master.publish()

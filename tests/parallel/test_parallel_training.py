@@ -196,6 +196,21 @@ def test_resume_scales_out_and_back_one_process_dp2_tp2_one_process(tmp_path):
     assert _max_rel(resumed, ref) < RTOL, (resumed, ref)
 
 
+def test_o2_checkpoint_of_fsdp_resumes_in_one_process(tmp_path):
+    """bf16 O2 under DP2 (FSDP2's fp32 sharded parameters) saves a DCP directory; one process with O2 (fp32 master
+    copies of bf16 parameters) resumes it and steps like the DP2 run does (bf16 compute: a loose tolerance)."""
+    import shutil
+
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    o2 = ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true", *FLAT_LR]
+    _train(tmp_path / "dp2", ckpt, 2, *o2, "trainer.max_steps=3", every=1)
+    shutil.copytree(tmp_path / "dp2", tmp_path / "one")
+    dp2 = _train(tmp_path / "dp2", ckpt, 2, *o2, "trainer.max_steps=4", every=1)
+    one = _train(tmp_path / "one", ckpt, 1, *o2, "trainer.max_steps=4", every=1)
+    assert one[:3] == dp2[:3]
+    assert abs(one[3] - dp2[3]) / dp2[3] < 2e-2, (one, dp2)
+
+
 def test_resumed_schedule_is_the_same_whoever_wrote_the_checkpoint(tmp_path):
     """Resumed with a longer ``trainer.max_steps``, the learning rate follows the new schedule from the saved step,
     whether one process (a file) or two (a DCP directory) wrote the checkpoint."""
