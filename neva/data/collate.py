@@ -10,6 +10,7 @@ Batch contract (both modes)::
     image_counts LongTensor [B]      images per row
     num_samples  int                 samples in the batch (skipped ones excluded)
     skipped      dict[str, int]      skip reasons counted in this batch
+    truncated    int                 samples of the batch cut to the maximum length (kept, not skipped)
     ids          list               sample ids, in the order they appear in the rows
 
 When every sample of a micro-batch was skipped the batch has one row of padding with ``segment_ids`` 1 and no
@@ -96,6 +97,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "image_counts": image_counts,
         "num_samples": num_samples,
         "skipped": dict(skipped),
+        "truncated": sum(bool(s.get("truncated")) for row in rows for s in row),
         "ids": ids,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.records import expand_shard_spec, is_shard_spec
 
 TEMPLATES = ("plain", "vicuna_v1", "llama_2", "mistral", "llama_3", "chatml")
@@ -48,6 +49,8 @@ class DataConfig:
             has one (else the documented format).
         shard_shuffle_buffer: samples of a ``.tar`` shard are read in shard order (0) or through a deterministic
             shuffle buffer of this many samples; shards themselves are shuffled every epoch.
+        max_image_pixels: an image with more pixels (width × height, read from its header) is skipped as
+            ``image_too_large`` before it is decoded.
     """
 
     data_path: str | list[str] = SYNTHETIC
@@ -72,6 +75,7 @@ class DataConfig:
     use_chat_template: bool = True
     skip_check_min_samples: int = 200
     shard_shuffle_buffer: int = 0
+    max_image_pixels: int = MAX_IMAGE_PIXELS
 
     def __post_init__(self) -> None:
         if self.conv_template not in TEMPLATES:
@@ -94,6 +98,8 @@ class DataConfig:
             raise ValueError(f"model.data.pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
         if self.seq_length is not None and self.seq_length < 2:
             raise ValueError(f"model.data.seq_length must be >= 2, got {self.seq_length}")
+        if self.max_image_pixels < 1:
+            raise ValueError(f"model.data.max_image_pixels must be >= 1, got {self.max_image_pixels}")
         if self.shard_shuffle_buffer < 0:
             raise ValueError(f"model.data.shard_shuffle_buffer must be >= 0, got {self.shard_shuffle_buffer}")
         paths = self.data_paths

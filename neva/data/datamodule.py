@@ -160,11 +160,11 @@ class NevaDataModule:
             size = self.vision.image_size if self.vision is not None else 32
             source = CallableImageSource(SyntheticImages(self.cfg.synthetic_seed, size))
         else:
-            source = image_source_for(self.cfg.image_folder)
+            source = image_source_for(self.cfg.image_folder, self.cfg.max_image_pixels)
         return ConversationDataset(records, self.settings, source, self.image_processor)
 
     def _shard_dataset(self, spec: str) -> ShardDataset:
-        return ShardDataset.from_spec(spec, self.settings, self.image_processor)
+        return ShardDataset.from_spec(spec, self.settings, self.image_processor, self.cfg.max_image_pixels)
 
     def setup(self, stage: str | None = None) -> None:
         """Read the data files (or generate the synthetic set) and split off validation data (once; ``stage`` is

@@ -1,8 +1,9 @@
 """``ConversationDataset``: record → processed sample, or a skip marker naming the reason.
 
-Order of checks (cheapest first): unreadable record → conversation structure → tag/image count → image paths →
-render + tokenize + length → image decode. Every failure becomes ``{"id", "skipped": reason, "detail"}``; the
-collate functions count them per batch, ``SkipTracker`` turns the counts into metrics and the stop rule.
+Order of checks (cheapest first): unreadable record → conversation structure (and no ``<image>`` in a reply) →
+tag/image count → image paths → render + tokenize + length → image decode. Every failure becomes
+``{"id", "skipped": reason, "detail"}``; the collate functions count them per batch, ``SkipTracker`` turns the counts
+into metrics and the stop rule. A sample cut to the maximum length is kept, and counted as ``truncated``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from neva.constants import IMAGE_TOKEN
 from neva.data.conversation import (
+    ASSISTANT,
     ConversationError,
     Template,
     count_image_tags,
     parse_conversations,
     place_image_tags,
 )
-from neva.data.encoding import encode
+from neva.data.encoding import Encoded, encode
 from neva.data.errors import SampleError
 from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
 from neva.data.records import ERROR_KEY, approx_length, record_images
@@ -71,8 +74,8 @@ class SkipLogger:
                 log.warning("further '%s' skips are counted but not logged", reason)
 
 
-def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[list[int], list[int], list[str]]:
-    """Text side of a record: validated, rendered, tokenized; returns ``(input_ids, labels, image_names)``.
+def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[Encoded, list[str]]:
+    """Text side of a record: validated, rendered, tokenized; returns ``(encoded, image_names)``.
 
     Raises:
         SampleError: with the skip reason (``ConversationError``, ``EncodingError`` or ``ImageError``).
@@ -80,6 +83,10 @@ def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[li
     if ERROR_KEY in record:
         raise ConversationError(record[ERROR_KEY], record.get("detail", ""))
     messages = parse_conversations(record.get("conversations"))
+    # An image placed in a reply would sit inside the learned span: the model would be trained to emit it.
+    for i, message in enumerate(messages):
+        if message.role == ASSISTANT and IMAGE_TOKEN in message.content:
+            raise ConversationError("image_in_reply", f"turn {i} (assistant) holds {IMAGE_TOKEN}")
     images = record_images(record)
     tags = count_image_tags(messages)
     if tags != len(images):
@@ -95,7 +102,7 @@ def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[li
         len(images),
         settings.max_length,
     )
-    return enc.input_ids, enc.labels, names
+    return enc, names
 
 
 def process_record(
@@ -104,10 +111,13 @@ def process_record(
     image_source: ImageSource,
     image_processor: ImageProcessor | None,
 ) -> dict[str, Any]:
-    """One record → ``{"id", "input_ids", "labels", "pixel_values"}`` or a skip marker."""
+    """One record → ``{"id", "input_ids", "labels", "pixel_values", "truncated"}`` or a skip marker.
+
+    ``truncated`` (the sample was cut to the maximum length) is not a skip; the collate functions count it.
+    """
     sample_id = record.get("id") if isinstance(record, dict) else None
     try:
-        input_ids, labels, names = encode_record(record, settings)
+        enc, names = encode_record(record, settings)
         if names and image_processor is None:
             raise ImageError("missing_image", "the model has no vision encoder")
         pixels = [image_processor(image_source.load(name)) for name in names]
@@ -116,9 +126,10 @@ def process_record(
     size = image_processor.size if image_processor is not None else 0
     return {
         "id": sample_id,
-        "input_ids": torch.tensor(input_ids, dtype=torch.long),
-        "labels": torch.tensor(labels, dtype=torch.long),
+        "input_ids": torch.tensor(enc.input_ids, dtype=torch.long),
+        "labels": torch.tensor(enc.labels, dtype=torch.long),
         "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
+        "truncated": enc.truncated_from is not None,
     }
 
 

@@ -22,11 +22,15 @@ class EncodingError(SampleError):
 
 @dataclass(frozen=True)
 class Encoded:
-    """Token ids and aligned labels (``IGNORE_INDEX`` = not learned); image spans already expanded."""
+    """Token ids and aligned labels (``IGNORE_INDEX`` = not learned); image spans already expanded.
+
+    ``truncated_from`` is the length before the sample was cut to the maximum length (None when it was not cut).
+    """
 
     input_ids: list[int]
     labels: list[int]
     num_images: int
+    truncated_from: int | None = None
 
 
 def token_labels(offsets: list[tuple[int, int]], ids: list[int], spans: tuple[tuple[int, int], ...]) -> list[int]:
@@ -54,7 +58,7 @@ def encode(
         image_token_id: id of ``<image>``; also the id every expanded image position carries.
         num_image_tokens: LLM positions per image.
         num_images: images the sample has (must equal the ``<image>`` tokens found).
-        max_length: truncate to this many tokens; never inside an image span.
+        max_length: truncate to this many tokens; never inside an image span (the result records the cut).
 
     Returns:
         The encoded sample.
@@ -87,7 +91,10 @@ def encode(
             raise EncodingError(
                 "too_long", f"{len(out_ids)} tokens; image span ends at {image_ends[-1]} > max length {max_length}"
             )
+        truncated_from = len(out_ids)
         out_ids, out_labels = out_ids[:max_length], out_labels[:max_length]
+    else:
+        truncated_from = None
     if all(label == IGNORE_INDEX for label in out_labels):
         raise EncodingError("no_learned_tokens", f"no learned token in {len(out_ids)} tokens (max {max_length})")
-    return Encoded(out_ids, out_labels, num_images)
+    return Encoded(out_ids, out_labels, num_images, truncated_from)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.errors import SampleError
 from neva.models.config import VisionConfig
 
@@ -85,18 +88,35 @@ def expand_to_square(image: Image.Image, fill: tuple[int, int, int]) -> Image.Im
     return canvas
 
 
-def decode_image(data: bytes, name: str) -> Image.Image:
-    """Bytes → fully decoded RGB PIL image.
+def decode_image(data: bytes, name: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """Bytes → fully decoded RGB PIL image, if it has at most ``max_pixels`` pixels.
+
+    The size is read from the header before anything is decoded. PIL's own decompression-bomb check (a warning
+    above ``Image.MAX_IMAGE_PIXELS``, an error above twice that) runs inside ``Image.open``, before ours can: its
+    warning is silenced because ``max_pixels`` decides, and its error is reported as ``image_too_large`` too.
 
     Raises:
-        ImageError: ``corrupt_image``.
+        ImageError: ``image_too_large`` or ``corrupt_image``.
     """
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ImageError("image_too_large", f"{name}: {exc}") from exc
+    except Exception as exc:  # PIL raises many types (OSError, SyntaxError, ValueError)
+        raise ImageError("corrupt_image", f"{name}: {type(exc).__name__}: {exc}") from exc
+    with img:
+        w, h = img.size
+        if w * h > max_pixels:
+            raise ImageError(
+                "image_too_large", f"{name}: {w}x{h} = {w * h:,} pixels > model.data.max_image_pixels {max_pixels:,}"
+            )
+        try:
             img.load()
             return img.convert("RGB")
-    except Exception as exc:  # PIL raises many types (OSError, SyntaxError, ValueError, DecompressionBombError)
-        raise ImageError("corrupt_image", f"{name}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            raise ImageError("corrupt_image", f"{name}: {type(exc).__name__}: {exc}") from exc
 
 
 def safe_relative_path(name: Any) -> str:
@@ -124,38 +144,56 @@ class ImageSource:
 
 
 class FolderImageSource(ImageSource):
-    """Images under a directory; symlinks pointing out of it are refused too."""
+    """Images under a directory; symlinks pointing out of it are refused too, and so is anything but a regular file.
 
-    def __init__(self, root: str) -> None:
+    Args:
+        root: the image folder.
+        max_pixels: ``model.data.max_image_pixels``.
+    """
+
+    def __init__(self, root: str, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
         self.root = os.path.realpath(root)
+        self.max_pixels = max_pixels
 
     def load(self, name: str) -> Image.Image:
-        return decode_image(self.read_bytes(name), name)
+        return decode_image(self.read_bytes(name), name, self.max_pixels)
 
     def read_bytes(self, name: str) -> bytes:
         """The file's bytes, undecoded (``make_shards`` copies them into shards as they are).
 
         Raises:
-            ImageError: ``unsafe_image_path`` or ``missing_image``.
+            ImageError: ``unsafe_image_path``, ``missing_image`` or ``not_regular_file``.
         """
         rel = safe_relative_path(name)
         path = os.path.realpath(os.path.join(self.root, rel))
         if not path.startswith(self.root + os.sep):
             raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            # Non-blocking open, then fstat of what was opened: a named pipe would block a blocking open (and a
+            # read) forever, and checking the type before opening would leave a window to swap the file.
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError as exc:
             raise ImageError("missing_image", f"{name} not found in {self.root}") from exc
         except OSError as exc:
             raise ImageError("missing_image", f"{name}: {exc}") from exc
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            kind = "directory" if stat.S_ISDIR(mode) else "named pipe" if stat.S_ISFIFO(mode) else "special file"
+            raise ImageError("not_regular_file", f"{name} is a {kind}, not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            try:
+                return f.read()
+            except OSError as exc:
+                raise ImageError("missing_image", f"{name}: {exc}") from exc
 
 
 class TarImageSource(ImageSource):
     """Images inside one ``.tar``; reopened per process because DataLoader workers fork a shared file offset."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
         self.path = path
+        self.max_pixels = max_pixels
         self._pid = -1
         self._lock = threading.Lock()
         self._tar: tarfile.TarFile | None = None
@@ -175,7 +213,7 @@ class TarImageSource(ImageSource):
             if member is None:
                 raise ImageError("missing_image", f"{name} not in {self.path}")
             data = self._tar.extractfile(member).read()
-        return decode_image(data, name)
+        return decode_image(data, name, self.max_pixels)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -208,10 +246,10 @@ class NoImageSource(ImageSource):
         raise ImageError("missing_image", f"{name}: no model.data.image_folder configured")
 
 
-def image_source_for(image_folder: str | None) -> ImageSource:
+def image_source_for(image_folder: str | None, max_pixels: int = MAX_IMAGE_PIXELS) -> ImageSource:
     """Folder, ``.tar`` or none."""
     if image_folder is None:
         return NoImageSource()
     if os.path.isfile(image_folder) and image_folder.endswith(".tar"):
-        return TarImageSource(image_folder)
-    return FolderImageSource(image_folder)
+        return TarImageSource(image_folder, max_pixels)
+    return FolderImageSource(image_folder, max_pixels)

@@ -91,7 +91,8 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     for record in records[: args.limit] if args.limit else records:
         rid = record.get("id")
         try:
-            input_ids, labels, names = encode_record(record, settings)
+            enc, names = encode_record(record, settings)
+            input_ids, labels = enc.input_ids, enc.labels
             if source is not None:
                 for name in names:
                     source.load(name)
@@ -108,8 +109,9 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         messages = place_image_tags(parse_conversations(record.get("conversations")), settings.image_token_placement)
         rendered = settings.template.render(messages, settings.system_prompt)
         learned = sum(label != -100 for label in labels)
+        cut = f" (truncated from {enc.truncated_from})" if enc.truncated_from is not None else ""
         out.write(
-            f"=== {rid}: {len(input_ids)} tokens, {learned} learned, {count_image_tags(messages)} image(s) "
+            f"=== {rid}: {len(input_ids)} tokens{cut}, {learned} learned, {count_image_tags(messages)} image(s) "
             f"× {num_image_tokens} tokens\n{highlight(rendered.text, rendered.learned_spans, args.color)}\n\n"
         )
     if not args.json:

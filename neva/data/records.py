@@ -21,7 +21,8 @@ def load_records(path: str) -> list[dict[str, Any]]:
     Records without an ``id`` get ``"{file}:{n}"``.
 
     Raises:
-        ValueError: a ``.json`` file that is not a list of objects.
+        ValueError: a file whose top level is one JSON value other than a list (a JSON object, say, which would
+            otherwise read as a single record), or a JSON list that does not parse.
     """
     name = os.path.basename(path)
     with open(path, "rb") as f:
@@ -32,16 +33,37 @@ def load_records(path: str) -> list[dict[str, Any]]:
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: not valid UTF-8 JSON: {exc}") from exc
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of records")
         lines: list[Any] = data
         return [_with_id(rec, f"{name}:{i}") for i, rec in enumerate(lines)]
+    _refuse_single_value(raw, path)
     records = []
     for n, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
         records.append(parse_record(line, f"{name}:{n}"))
     return records
+
+
+def _refuse_single_value(raw: bytes, path: str) -> None:
+    """Raise when the whole file is one JSON value that is not a JSONL file of one record.
+
+    JSONL starts with ``{`` too, so a file is read as lines unless it parses as a whole: then it is one value, and
+    only a single-line object in a ``.jsonl`` file is a (one-record) JSONL file.
+    """
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return  # several lines of JSONL (or bad lines, which are skipped and counted one by one)
+    one_line = len(raw.strip().splitlines()) == 1
+    if isinstance(value, dict) and one_line and path.endswith(".jsonl"):
+        return
+    kind = "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+    keys = f" (keys: {', '.join(list(map(repr, value))[:5])})" if isinstance(value, dict) else ""
+    hint = "; a one-record JSONL file must be named .jsonl" if isinstance(value, dict) and one_line else ""
+    raise ValueError(
+        f"{path}: the top level is {kind}{keys}; expected a JSON list of LLaVA records ([{{...}}, {{...}}]) "
+        f"or JSONL (one record per line){hint}"
+    )
 
 
 def parse_record(raw: bytes, default_id: str) -> dict[str, Any]:

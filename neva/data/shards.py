@@ -31,6 +31,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from webdataset.tariterators import base_plus_ext
 
+from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.dataset import EncoderSettings, SkipLogger, is_skipped, process_record
 from neva.data.images import ImageError, ImageProcessor, ImageSource, decode_image, safe_relative_path
 from neva.data.records import ERROR_KEY, expand_shard_spec, parse_record
@@ -113,8 +114,10 @@ def count_samples(shard: str) -> int:
 class _MemberImages(ImageSource):
     """A sample's image members; the record names them ``KEY.suffix``."""
 
-    def __init__(self, tar: tarfile.TarFile, sample: ShardSample, shard: str, lock: threading.Lock) -> None:
-        self.tar, self.sample, self.shard, self.lock = tar, sample, shard, lock
+    def __init__(
+        self, tar: tarfile.TarFile, sample: ShardSample, shard: str, lock: threading.Lock, max_pixels: int
+    ) -> None:
+        self.tar, self.sample, self.shard, self.lock, self.max_pixels = tar, sample, shard, lock, max_pixels
 
     def load(self, name: str) -> Image.Image:
         key, suffix = base_plus_ext(safe_relative_path(name))
@@ -125,7 +128,7 @@ class _MemberImages(ImageSource):
             raise ImageError("missing_image", f"{name} is not a member of sample {self.sample.key} in {self.shard}")
         with self.lock:
             data = self.tar.extractfile(info).read()
-        return decode_image(data, name)
+        return decode_image(data, name, self.max_pixels)
 
 
 class ShardDataset(Dataset):
@@ -139,6 +142,7 @@ class ShardDataset(Dataset):
         counts: samples per shard (``count_samples``).
         settings: tokenizer/template settings (as for JSON records).
         image_processor: CLIP preprocessing, or None for a text-only model.
+        max_pixels: ``model.data.max_image_pixels``.
     """
 
     def __init__(
@@ -147,8 +151,10 @@ class ShardDataset(Dataset):
         counts: Sequence[int],
         settings: EncoderSettings,
         image_processor: ImageProcessor | None,
+        max_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
         self.shards = list(shards)
+        self.max_pixels = max_pixels
         self.counts = [int(c) for c in counts]
         self.offsets = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)])
         self.settings = settings
@@ -159,7 +165,13 @@ class ShardDataset(Dataset):
         self._current: tuple[int, tarfile.TarFile, list[ShardSample]] | None = None
 
     @classmethod
-    def from_spec(cls, spec: str, settings: EncoderSettings, image_processor: ImageProcessor | None) -> ShardDataset:
+    def from_spec(
+        cls,
+        spec: str,
+        settings: EncoderSettings,
+        image_processor: ImageProcessor | None,
+        max_pixels: int = MAX_IMAGE_PIXELS,
+    ) -> ShardDataset:
         """Shards named by a path or brace pattern.
 
         Raises:
@@ -169,7 +181,7 @@ class ShardDataset(Dataset):
         counts = [count_samples(s) for s in shards]
         if sum(counts) == 0:
             raise ValueError(f"model.data.data_path entry {spec!r}: its {len(shards)} shard(s) hold no sample")
-        return cls(shards, counts, settings, image_processor)
+        return cls(shards, counts, settings, image_processor, max_pixels)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -194,7 +206,8 @@ class ShardDataset(Dataset):
             with self._lock:
                 raw = tar.extractfile(info).read()
             record = parse_record(raw, default_id)
-        out = process_record(record, self.settings, _MemberImages(tar, sample, path, self._lock), self.image_processor)
+        images = _MemberImages(tar, sample, path, self._lock, self.max_pixels)
+        out = process_record(record, self.settings, images, self.image_processor)
         if is_skipped(out):
             self._log(out)
         return out

@@ -1,4 +1,8 @@
-"""Skip accounting: per-reason counts from batches become metrics, and too many skips stop the run."""
+"""Skip accounting: per-reason counts from batches become metrics, and too many skips stop the run.
+
+Truncated samples (cut to the maximum length, but trained on) are counted here too: not skips, but events a user
+must be able to see.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ class DataQualityError(RuntimeError):
 
 
 class SkipTracker:
-    """Accumulates ``batch["skipped"]`` / ``batch["num_samples"]`` and enforces ``max_skip_fraction``.
+    """Accumulates ``batch["skipped"]`` / ``batch["num_samples"]`` / ``batch["truncated"]`` and enforces
+    ``max_skip_fraction``.
 
     Args:
         max_skip_fraction: allowed fraction of skipped samples.
@@ -23,6 +28,7 @@ class SkipTracker:
         self.min_samples = min_samples
         self.skipped: Counter[str] = Counter()
         self.used = 0
+        self.truncated = 0
 
     @property
     def seen(self) -> int:
@@ -38,11 +44,15 @@ class SkipTracker:
         """Count one batch, then check the rule."""
         self.skipped.update(batch.get("skipped", {}))
         self.used += int(batch.get("num_samples", 0))
+        self.truncated += int(batch.get("truncated", 0))
         if self.seen >= self.min_samples:
             self.check()
 
     def check(self) -> None:
-        """Raise ``DataQualityError`` with a per-reason report when over the limit."""
+        """Raise ``DataQualityError`` with a per-reason report when over the limit.
+
+        During a run only once ``min_samples`` were seen; at its end whatever the count (``neva.training.guards``).
+        """
         if self.fraction > self.max_skip_fraction:
             raise DataQualityError(
                 f"{sum(self.skipped.values())} of {self.seen} samples skipped ({self.fraction:.2%} > "
@@ -55,16 +65,29 @@ class SkipTracker:
         return ", ".join(f"{r}={n}" for r, n in self.skipped.most_common()) or "none"
 
     def metrics(self, prefix: str = "data/skipped") -> dict[str, float]:
-        """Cumulative counts per reason plus the fraction, for the logger."""
+        """Cumulative counts per reason plus the fraction, and the truncated samples, for the logger."""
         out = {f"{prefix}/{reason}": float(n) for reason, n in self.skipped.items()}
         out[f"{prefix}_fraction"] = self.fraction
+        out["data/truncated"] = float(self.truncated)
         return out
 
     def state_dict(self) -> dict[str, Any]:
         """Counts so far (resumed runs keep counting from them)."""
-        return {"skipped": dict(self.skipped), "used": self.used}
+        return {"skipped": dict(self.skipped), "used": self.used, "truncated": self.truncated}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore counts."""
         self.skipped = Counter(state.get("skipped", {}))
         self.used = int(state.get("used", 0))
+        self.truncated = int(state.get("truncated", 0))
+
+    def merge(self, states: list[dict[str, Any]], copies: int = 1) -> None:
+        """Set the counts to the sum of ``states`` (every rank's ``state_dict``), divided by ``copies``: the ranks
+        of one model replica (tensor / pipeline parallel) read the same samples, so each is counted ``copies``
+        times."""
+        skipped: Counter[str] = Counter()
+        for state in states:
+            skipped.update(state.get("skipped", {}))
+        self.skipped = Counter({reason: n // copies for reason, n in skipped.items()})
+        self.used = sum(int(s.get("used", 0)) for s in states) // copies
+        self.truncated = sum(int(s.get("truncated", 0)) for s in states) // copies

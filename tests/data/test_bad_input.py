@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -11,10 +12,10 @@ from neva.data.collate import collate_padded
 from neva.data.config import DataConfig
 from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
-from neva.data.dataset import ConversationDataset, EncoderSettings
+from neva.data.dataset import ConversationDataset, EncoderSettings, is_skipped
 from neva.data.images import ImageProcessor, image_source_for
 from neva.data.records import load_records
-from neva.data.skips import DataQualityError
+from neva.data.skips import DataQualityError, SkipTracker
 from tests.data.conftest import qa, write_image, write_jsonl
 
 BAD = {
@@ -36,6 +37,8 @@ BAD = {
         ],
     },
     "no_learned_tokens": qa(q="<image>\n" + "word " * 200, rid="long_text"),
+    # the image would sit inside the learned span: the model would learn to emit it
+    "image_in_reply": qa(a="It is this one: <image>", rid="reply_image"),
 }
 
 
@@ -75,8 +78,9 @@ def test_each_bad_class_is_skipped_counted_and_logged(bad_files, synthetic_token
     for reason, record in BAD.items():
         assert reasons[record["id"]] == reason, record["id"]
     assert reasons["absolute"] == reasons["symlink"] == "unsafe_image_path"
-    assert reasons["data.jsonl:12"] == "malformed_json"
-    assert reasons["data.jsonl:13"] == "invalid_utf8"
+    n = len(BAD) + 4
+    assert reasons[f"data.jsonl:{n}"] == "malformed_json"
+    assert reasons[f"data.jsonl:{n + 1}"] == "invalid_utf8"
     assert "skipping sample missing: missing_image" in caplog.text
     batch = collate_padded(samples, pad_id=3)
     assert batch["num_samples"] == 1
@@ -118,3 +122,43 @@ def test_image_token_id_must_match_model(synthetic_tokenizer):
 
     with pytest.raises(ValueError, match="image_token_id"):
         NevaDataModule(DataConfig(), synthetic_tokenizer, build_config())
+
+
+def test_truncation_is_counted_not_skipped(tmp_path, synthetic_tokenizer, vision):
+    """An over-long sample is cut to the maximum length and trained on; the cut is counted (metrics, resume)."""
+    write_image(tmp_path / "images" / "a.png")
+    path = tmp_path / "data.jsonl"
+    write_jsonl(path, [qa(rid="short"), qa(a="A red circle. " * 40, rid="long")])
+    ds = make_dataset(str(path), str(tmp_path / "images"), synthetic_tokenizer, vision, max_length=320)
+    short, long = ds[0], ds[1]
+    assert not short["truncated"] and long["truncated"] and not is_skipped(long)
+    assert long["input_ids"].numel() == 320
+    batch = collate_padded([short, long], pad_id=3)
+    assert batch["truncated"] == 1 and batch["num_samples"] == 2 and batch["skipped"] == {}
+    tracker = SkipTracker()
+    tracker.update(batch)
+    assert tracker.metrics()["data/truncated"] == 1 and tracker.fraction == 0
+    resumed = SkipTracker()
+    resumed.load_state_dict(tracker.state_dict())
+    assert resumed.truncated == 1
+
+
+def test_top_level_json_object_is_an_error_naming_the_file(tmp_path):
+    """A JSON object (pretty-printed or on one line) is not one record; a one-record JSONL file still is."""
+    rec = qa(rid="one")
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps({"data": [rec], "info": "x"}, indent=2))
+    with pytest.raises(ValueError, match="the top level is an object") as e:
+        load_records(str(pretty))
+    assert str(pretty) in str(e.value) and "'data', 'info'" in str(e.value) and "expected a JSON list" in str(e.value)
+    one_line = tmp_path / "one.json"
+    one_line.write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match=r"must be named \.jsonl"):
+        load_records(str(one_line))
+    scalar = tmp_path / "scalar.json"
+    scalar.write_text('"records.json"')
+    with pytest.raises(ValueError, match="the top level is a str"):
+        load_records(str(scalar))
+    jsonl = tmp_path / "one.jsonl"
+    jsonl.write_text(json.dumps(rec) + "\n")
+    assert [r["id"] for r in load_records(str(jsonl))] == ["one"]

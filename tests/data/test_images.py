@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import struct
 import tarfile
+import threading
+import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -72,3 +77,62 @@ def test_folder_and_tar_sources(tmp_path):
             with pytest.raises(ImageError) as e:
                 source.load(name)
             assert e.value.reason == reason
+
+
+def png_header_only(path, width: int, height: int) -> None:
+    """A PNG that declares ``width`` × ``height`` and holds no pixel data: cheap to write, costly if decoded."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    )
+
+
+def test_only_regular_files_are_opened(tmp_path):
+    """A named pipe would block a reader forever (no writer ever comes): it is skipped at once."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    os.mkfifo(folder / "pipe.png")
+    (folder / "dir.png").mkdir()
+    source = FolderImageSource(str(folder))
+    result = {}
+
+    def load(name):
+        try:
+            source.load(name)
+        except ImageError as exc:
+            result[name] = exc
+
+    for name, kind in (("pipe.png", "named pipe"), ("dir.png", "directory")):
+        worker = threading.Thread(target=load, args=(name,), daemon=True)
+        worker.start()
+        worker.join(timeout=20)
+        assert not worker.is_alive(), f"loading {name} blocked"
+        assert result[name].reason == "not_regular_file" and kind in result[name].detail
+
+
+def test_pixel_cap_skips_before_decoding(tmp_path):
+    """144 Mpx (over PIL's warning limit, under its error limit) and 400 Mpx (over both): both image_too_large,
+    without PIL's warning and without decoding; model.data.max_image_pixels sets the cap."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    png_header_only(folder / "huge.png", 12_000, 12_000)
+    png_header_only(folder / "bomb.png", 20_000, 20_000)
+    write_image(folder / "small.png")  # 40 × 30
+    source = FolderImageSource(str(folder))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PIL's DecompressionBombWarning would fail the test
+        for name in ("huge.png", "bomb.png"):
+            with pytest.raises(ImageError) as e:
+                source.load(name)
+            assert e.value.reason == "image_too_large", e.value.detail
+    with pytest.raises(ImageError) as e:
+        source.load("huge.png")
+    assert "12000x12000 = 144,000,000 pixels > model.data.max_image_pixels 64,000,000" in e.value.detail
+    assert source.load("small.png").size == (40, 30)
+    with pytest.raises(ImageError) as e:
+        FolderImageSource(str(folder), max_pixels=1000).load("small.png")
+    assert e.value.reason == "image_too_large" and "1,200 pixels > model.data.max_image_pixels 1,000" in e.value.detail

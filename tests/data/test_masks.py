@@ -113,6 +113,7 @@ def test_truncation_never_splits_images(synthetic_tokenizer):
     assert e.value.reason == "no_learned_tokens"
     cut = encode(tmpl.render(conv), tok, 4, 16, 1, max_length=len(full.input_ids) - 1)  # keeps "red", drops </s>
     assert cut.input_ids == full.input_ids[:-1] and cut.labels == full.labels[:-1]
+    assert cut.truncated_from == len(full.input_ids) and full.truncated_from is None  # the cut is recorded
 
 
 def test_image_tag_must_be_special(synthetic_tokenizer):
