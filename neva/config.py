@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from neva.data.config import DataConfig
 from neva.models.trainable import LoraSpec, TrainablePolicy
-from neva.typed import build
+from neva.typed import ConfigError, build
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
 
@@ -38,6 +38,10 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     num_sanity_val_steps: int = 0
     deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"trainer.max_steps must be >= 1, got {self.max_steps}: a run of no step trains nothing")
 
 
 @dataclass
@@ -95,6 +99,15 @@ class OptimConfig:
     eps: float = 1e-8
     projector_lr: float | None = None  # separate projector learning rate (LLaVA LoRA recipe: 2e-5)
     sched: SchedConfig = field(default_factory=SchedConfig)
+
+    def __post_init__(self) -> None:
+        # The schedule multiplies each rate by min_lr / lr at the end of its decay: above 1, "decay" raises the rate.
+        for key, lr in (("lr", self.lr), ("projector_lr", self.projector_lr)):
+            if lr is not None and self.sched.min_lr > lr:
+                raise ValueError(
+                    f"model.optim.sched.min_lr={self.sched.min_lr} is above model.optim.{key}={lr}; "
+                    f"min_lr must be <= {key}"
+                )
 
 
 @dataclass
@@ -255,6 +268,11 @@ class TrainConfig:
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
     """Resolve interpolations and validate against the typed schema."""
+    missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra."))
+    if missing:
+        raise ConfigError(
+            f"required key(s) not set: {', '.join(missing)}; give them on the command line, e.g. {missing[0]}=..."
+        )
     data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     data.pop("hydra", None)
     return build(TrainConfig, data)
