@@ -29,6 +29,9 @@ def main(dcfg: DictConfig) -> None:
     if dcfg.get("stage") is None:
         print(STAGE_HELP, file=sys.stderr)
         sys.exit(2)
+    from neva.data.skips import DataQualityError
+    from neva.training.guards import NothingTrained
+
     try:
         cfg = to_train_config(dcfg)
         from neva.training.run import run
@@ -37,6 +40,10 @@ def main(dcfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
+    except (DataQualityError, NothingTrained) as err:
+        # The run did not train what was asked: no final checkpoint; what it wrote before stays.
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     if final is not None:
         print(os.fspath(Path(final).resolve()), flush=True)
 

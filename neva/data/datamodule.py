@@ -222,7 +222,6 @@ class NevaDataModule:
         self.setup()
         if self.train_sampler is None:
             self.train_sampler = self._train_sampler()
-            self.train_sampler.accumulation = self.accumulation
             if self._pending_state is not None:
                 self.load_state_dict(self._pending_state)
         return self._loader(self.train_datasets, self.train_sampler, self.skip_tracker)
@@ -234,6 +233,7 @@ class NevaDataModule:
             dp_world=self.dp_world,
             seed=self.seed,
             weights=self.cfg.concat_sampling_probabilities,
+            accumulation=self.accumulation,
         )
         if any(isinstance(d, ShardDataset) for d in self.train_datasets):
             # Shards: same rank rule and state, but an order that reads one shard at a time.

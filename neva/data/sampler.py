@@ -107,6 +107,10 @@ class ResumableBatchSampler:
         weights: blend weights (``concat_sampling_probabilities``) or None.
         shuffle: False gives the datasets in order (validation).
         lengths: signed modality lengths for grouping (None = no grouping).
+        accumulation: micro-batches per optimizer step (each epoch holds whole steps only).
+
+    Raises:
+        ValueError: the samples cannot fill one optimizer step (``global_batch_size`` samples): nothing would train.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class ResumableBatchSampler:
         weights: Sequence[float] | None = None,
         shuffle: bool = True,
         lengths: Sequence[int] | None = None,
+        accumulation: int = 1,
     ) -> None:
         if not 0 <= dp_rank < dp_world:
             raise ValueError(f"dp_rank {dp_rank} outside data-parallel size {dp_world}")
@@ -134,11 +139,12 @@ class ResumableBatchSampler:
         self.consumed = 0  # samples of this epoch handed to the training loop, all ranks together
         # Micro-batches per optimizer step. An epoch holds whole steps only: a trainer ends its epoch after the last
         # whole step, so a leftover micro-batch would never be consumed and the next epoch would never start.
-        self.accumulation = 1
+        self.accumulation = accumulation
         if self.num_steps == 0:
             raise ValueError(
-                f"{sum(self.sizes)} samples cannot fill one global batch of {self.global_batch} "
-                f"(micro_batch_size {micro_batch_size} × dp {dp_world})"
+                f"{sum(self.sizes)} samples cannot fill one global batch of {self.global_batch * accumulation} "
+                f"(model.global_batch_size = micro_batch_size {micro_batch_size} × data-parallel {dp_world} × "
+                f"accumulation {accumulation}): nothing would train; give more data or a smaller global batch"
             )
 
     @property

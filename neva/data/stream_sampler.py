@@ -94,7 +94,7 @@ class StreamingBatchSampler(ResumableBatchSampler):
 
     Args:
         sources: per blend source, its record count or its shards' sample counts.
-        micro_batch_size / dp_rank / dp_world / seed / weights: as ``ResumableBatchSampler``.
+        micro_batch_size / dp_rank / dp_world / seed / weights / accumulation: as ``ResumableBatchSampler``.
         shuffle_buffer: ``model.data.shard_shuffle_buffer``.
     """
 
@@ -107,8 +107,12 @@ class StreamingBatchSampler(ResumableBatchSampler):
         seed: int = 0,
         weights: Sequence[float] | None = None,
         shuffle_buffer: int = 0,
+        accumulation: int = 1,
     ) -> None:
-        super().__init__([_size(s) for s in sources], micro_batch_size, dp_rank, dp_world, seed, weights=weights)
+        super().__init__(
+            [_size(s) for s in sources], micro_batch_size, dp_rank, dp_world, seed, weights=weights,
+            accumulation=accumulation,
+        )  # fmt: skip
         self.sources = [s if isinstance(s, (int, np.integer)) else list(s) for s in sources]
         self.shuffle_buffer = shuffle_buffer
         self._cached: tuple[int, np.ndarray] | None = None

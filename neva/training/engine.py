@@ -123,18 +123,22 @@ class Engine:
             dist.all_reduce(n, group=self.dp_group)
         return n
 
-    def forward_backward(self, micro_batches: list[dict[str, Any]], step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_backward(
+        self, micro_batches: list[dict[str, Any]], step: int = 0, n_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Backward of the step loss over ``micro_batches``; returns (global loss, global learned tokens).
 
         Gradients are left in ``.grad`` (fp32 master ``.grad`` under O2), ready for clipping and the optimizer.
-        ``step`` (the optimizer step) varies the LoRA dropout masks from step to step.
+        ``step`` (the optimizer step) varies the LoRA dropout masks from step to step. ``n_tokens``: the batch's
+        ``global_tokens`` when the caller already counted them.
         """
         if self.keyed_dropout:
             micro_batches = [
                 {**mb, "dropout_keys": token_dropout_keys(mb["input_ids"], mb["position_ids"], step)}
                 for mb in micro_batches
             ]
-        n_tokens = self.global_tokens(micro_batches)
+        if n_tokens is None:
+            n_tokens = self.global_tokens(micro_batches)
         # Data-parallel wrappers average gradients over replicas; scaling by dp_size turns that into the sum.
         scale = self.dp_size / n_tokens.clamp(min=1.0)
         with self._loss_context():

@@ -159,11 +159,15 @@ class NevaModule(pl.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_start = time.perf_counter()
 
-    def training_step(self, micro_batches: list[dict[str, Any]], batch_idx: int) -> torch.Tensor:
+    def training_step(self, micro_batches: list[dict[str, Any]], batch_idx: int) -> torch.Tensor | None:
         self.model.train()
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        loss, n_tokens = self.engine.forward_backward(micro_batches, step=self.global_step)
+        n_tokens = self.engine.global_tokens(micro_batches)
+        if n_tokens.item() == 0:
+            self._skip_step(optimizer, micro_batches)
+            return None
+        loss, n_tokens = self.engine.forward_backward(micro_batches, step=self.global_step, n_tokens=n_tokens)
         clip = self.cfg.trainer.gradient_clip_val
         grad_norm = None
         if clip and clip > 0:
@@ -176,21 +180,40 @@ class NevaModule(pl.LightningModule):
         self._log_step(micro_batches, loss, n_tokens, lr, grad_norm)
         return loss
 
+    def _skip_step(self, optimizer: Any, micro_batches: list[dict[str, Any]]) -> None:
+        """A global batch without a learned token (all its samples skipped, on every rank, so all ranks agree): no
+        forward/backward and no optimizer or schedule step, since AdamW would still move the weights on its momentum.
+
+        ``optimizer.step()`` without any gradient leaves every parameter and its AdamW state as they are (AdamW passes
+        over parameters without a gradient); it is called only to advance Lightning's step counter, so ``max_steps``,
+        checkpoint intervals and ``metrics.csv`` rows keep counting global batches. The row says ``skipped_step`` 1.
+        """
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        log.warning(
+            "step %d: no learned token in the global batch (skips so far: %s); optimizer and schedule not stepped",
+            self.global_step, self.data.skip_tracker.report(),
+        )  # fmt: skip
+        self._log_step(micro_batches, None, torch.zeros(()), optimizer.param_groups[-1]["lr"], None)
+
     def _log_step(self, micro_batches, loss, n_tokens, lr, grad_norm) -> None:
         elapsed = time.perf_counter() - (self._step_start or time.perf_counter())
         dp = self.engine.dp_size
         samples = sum(int(mb["num_samples"]) for mb in micro_batches) * dp
-        seq_lens = [n for mb in micro_batches for n in sample_lengths(mb)]
+        # A skipped step ran no model: no tokens processed, no FLOPs.
+        seq_lens = [n for mb in micro_batches for n in sample_lengths(mb)] if loss is not None else []
         tokens = sum(seq_lens) * dp
         images = sum(int(mb["image_counts"].sum()) for mb in micro_batches) * dp
         metrics = {
-            "train_loss": loss.item(),
             "lr": lr,
+            "skipped_step": float(loss is None),
             "learned_tokens": n_tokens.item(),
             "samples_per_sec": samples / max(elapsed, 1e-9),
             "tokens_per_sec": tokens / max(elapsed, 1e-9),
             "step_time": elapsed,
         }
+        if loss is not None:
+            metrics["train_loss"] = loss.item()
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
         if seq_lens:
@@ -206,10 +229,11 @@ class NevaModule(pl.LightningModule):
                 metrics["mfu"] = tflops / peak
         metrics.update(self.data.skip_tracker.metrics())
         step = self.global_step
-        if self.metrics is not None and step % max(1, self.cfg.trainer.log_every_n_steps) == 0:
+        if self.metrics is not None and (loss is None or step % max(1, self.cfg.trainer.log_every_n_steps) == 0):
             self.metrics.record(step, metrics)
         self.log_dict(metrics, on_step=True, prog_bar=False, logger=bool(self.trainer.loggers), rank_zero_only=True)
-        self.log("loss", metrics["train_loss"], prog_bar=True, logger=False)
+        if loss is not None:
+            self.log("loss", metrics["train_loss"], prog_bar=True, logger=False)
         self.log("samples/s", metrics["samples_per_sec"], prog_bar=True, logger=False)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:

@@ -19,6 +19,7 @@ from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.strategy import build_strategy
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV
 from neva.training.export import save_final
+from neva.training.guards import check_trained, plan_training_data
 from neva.training.module import NevaModule
 
 log = logging.getLogger("neva.train")
@@ -44,6 +45,7 @@ def run(cfg: TrainConfig) -> Path | None:
         seed=cfg.model.seed,
         accumulation=layout.grad_accum,
     )
+    plan_training_data(data)
     timeout = timedelta(minutes=cfg.model.distributed_timeout_minutes)
     strategy = build_strategy(layout, timeout)
     is_writer = int(os.environ.get("RANK", "0")) == 0
@@ -102,6 +104,7 @@ def run(cfg: TrainConfig) -> Path | None:
                 # Lightning warns whenever the checkpoint directory is not empty; resuming from it is the point.
                 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             trainer.fit(module, ckpt_path=ckpt_path)
+        check_trained(trainer, data, layout.dp)
         save_final(
             module.engine, source, final, is_writer=trainer.is_global_zero, stage=cfg.stage,
             image_aspect_ratio=cfg.model.data.image_aspect_ratio, conv_template=cfg.model.data.conv_template,
