@@ -57,6 +57,11 @@ class NevaModel(nn.Module):
             if is_image_BS.any():
                 rows = is_image_BS.any(dim=1).nonzero().flatten().tolist()
                 raise ValueError(f"sample(s) {rows} contain image tokens but no images were given")
+            if self.projector is not None and torch.is_grad_enabled():
+                # A text-only batch keeps the projector in the graph with an empty input (LLaVA's ``[0:0]`` image
+                # slice): in pretraining it is all that trains, and the loss must still reach it (zero gradients).
+                empty = h_BSD.new_zeros(0, self.cfg.projector.input_size)
+                h_BSD = h_BSD + self.projector(empty).sum().to(h_BSD.dtype)
             return h_BSD
         per_image = self.cfg.num_image_tokens
         found_B = is_image_BS.sum(dim=1)

@@ -217,9 +217,12 @@ class PipelineRunner:
 
     def _inputs(self, micro_batches: list[dict[str, Any]]):
         args, kwargs, targets = [], [], []
+        vision = self.chunks[0].cfg.vision
+        # Stage inputs must be tensors: a text-only micro-batch passes no images as an empty image batch.
+        no_images = (0, vision.num_channels, vision.image_size, vision.image_size) if vision is not None else (0,)
         for mb in micro_batches:
             pixels = mb.get("pixel_values")
-            pixels = pixels.to(self.device) if pixels is not None else None
+            pixels = pixels.to(self.device) if pixels is not None else torch.zeros(no_images, device=self.device)
             args.append((mb["input_ids"].to(self.device), pixels, mb["image_counts"].to(self.device)))
             kw = {"position_ids": mb["position_ids"].to(self.device)}
             if self.packed:

@@ -23,6 +23,7 @@ from neva.parallel.precision import Precision
 from neva.training.callbacks import MetricsCSV
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer, build_scheduler
+from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ class NevaModule(pl.LightningModule):
         self._flops = SampleFlops.of(model)
         counts = parameter_counts(model)
         log.info("parameters: %s", ", ".join(f"{k}={v:,}" for k, v in sorted(counts.items())))
+        if counts["trainable"] == 0:
+            raise ConfigError("no trainable parameters: check model.mm_cfg.*.freeze and model.peft")
         parallel = parallelize(
             model,
             self.source,

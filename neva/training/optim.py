@@ -32,8 +32,12 @@ def build_optimizer(named_params: list[tuple[str, nn.Parameter]], cfg: OptimConf
         raise ValueError(f"model.optim.name={cfg.name!r}: only adamw (alias fused_adam) is supported")
     groups = param_groups(named_params, cfg)
     if not groups:
-        raise ValueError("no trainable parameters: check model.mm_cfg.*.freeze and model.peft")
-    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+        # A pipeline stage may hold only frozen parameters (pretraining: the projector lives on the first stage).
+        # It still takes part in every step, so it keeps an optimizer that steps nothing; a model with nothing
+        # trainable at all is refused before this (NevaModule.configure_model).
+        groups = [{"params": [], "weight_decay": 0.0, "lr": cfg.lr, "base_lr": cfg.lr}]
+    params = [p for g in groups for p in g["params"]]
+    on_cuda = bool(params) and all(p.is_cuda for p in params)
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=on_cuda or None, foreach=None if on_cuda else True
     )

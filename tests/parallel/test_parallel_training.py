@@ -111,6 +111,27 @@ def test_four_rank_layouts_match_one_process_on_llava_data(reference, llava_dir,
             assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
 
 
+PRETRAIN_LAYOUTS = {
+    "pp2": ["model.pipeline_model_parallel_size=2"],
+    "tp2": ["model.tensor_model_parallel_size=2"],
+    "dp2_fsdp": [],
+}
+
+
+def test_projector_only_training_with_text_only_batches_matches_one_process(reference, llava_dir, tmp_path):
+    """Pretraining's freeze policy (only the projector trains) on LLaVA data whose modality-grouped epoch holds a
+    text-only global batch: the projector stays in the graph, the second pipeline stage (nothing to train) keeps an
+    empty optimizer, a text-only micro-batch enters the pipeline with an empty image batch."""
+    restore, _ = reference
+    data = restore + llava_overrides(llava_dir, False) + ["model.mm_cfg.llm.freeze=true"]
+    steps = 8  # the whole epoch (64 samples, global batch 8): the text-only group is in it
+    ref = train_losses(data, steps)["losses"]
+    results = run_layouts(2, [(n, data + o, steps) for n, o in PRETRAIN_LAYOUTS.items()], tmp_path)
+    for name in PRETRAIN_LAYOUTS:
+        for rank in results:
+            assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
+
+
 LORA_LAYOUTS = {
     "dp2_fsdp": [],
     "dp2_ddp": ["model.data_parallel=ddp"],

@@ -157,3 +157,19 @@ def test_activation_checkpointing_changes_memory_not_numbers(lean_cfg, granulari
     assert grads_a.keys() == grads_b.keys()
     for name, grad in grads_a.items():
         assert torch.allclose(grad, grads_b[name], rtol=1e-5, atol=1e-7), name
+
+
+def test_pretrain_step_on_text_only_batches_reaches_the_projector(lean_cfg):
+    """Only the projector trains in pretraining; a text-only batch still has a gradient path to it (zero gradients,
+    as LLaVA's empty image slice gives) instead of a backward without anything to differentiate."""
+    cfg = lean_cfg()
+    source, batches = micro_batches(cfg, 1, 4)
+    batch = dict(batches[0])
+    image = source.cfg.image_token_id
+    batch["input_ids"] = batch["input_ids"].masked_fill(batch["input_ids"] == image, 7)
+    batch["pixel_values"], batch["image_counts"] = None, torch.zeros_like(batch["image_counts"])
+    engine = make_engine(cfg, source)
+    loss, tokens = engine.forward_backward([batch])
+    assert tokens > 0 and torch.isfinite(loss)
+    grads = [p.grad for p in engine.model.projector.parameters()]
+    assert grads and all(g is not None and not g.any() for g in grads)
