@@ -66,7 +66,7 @@ def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
     for name, p in named:
         if name not in weights:
             raise KeyError(f"{path} has no tensor {name!r}: it was written for another model")
-        copy_full(p.data, weights[name])
+        copy_full(p.data, weights[name], name, path)
     saved = checkpoint.pop("optimizer_states")[0]
     names = checkpoint.get("optimizer_param_names")
     if optimizer is not None and names is None:
@@ -77,7 +77,7 @@ def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
         state = {order[i]: value for i, value in saved["state"].items()}
         for name, p in strategy.lightning_module.engine.named_trainable_parameters():
             for key, value in state.get(name, {}).items():
-                copy_full(optimizer.state[p][key], value)
+                copy_full(optimizer.state[p][key], value, f"{name}.{key}", path)
     restore_schedules(strategy.lightning_module.trainer, checkpoint)
     return checkpoint
 
