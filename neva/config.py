@@ -202,6 +202,11 @@ class CheckpointParams:
 
     every_n_train_steps: int = 50
     save_last: bool = True
+    save_top_k: int = 3  # newest step checkpoints kept (NeMo's default count); -1 keeps all, 0 only last.ckpt
+
+    def __post_init__(self) -> None:
+        if self.save_top_k < -1:
+            raise ValueError(f"save_top_k must be -1 (keep all), 0 or more, got {self.save_top_k}")
 
 
 @dataclass

@@ -15,7 +15,7 @@ import neva
 ROOT = Path(neva.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("neva", "neva.constants", "neva.typed"),
+    ("neva", "neva.constants", "neva.typed", "neva.hf_local"),
     ("neva.models",),
     ("neva.data",),
     ("neva.config",),

@@ -1,4 +1,4 @@
-"""Create a checkpoint directory atomically: build it under a temporary name, rename it when complete."""
+"""Write files and directories atomically: build them under a temporary name, rename them when complete."""
 
 from __future__ import annotations
 
@@ -36,4 +36,24 @@ def atomic_directory(target: str | os.PathLike, overwrite: bool = False) -> Iter
             shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """``write(file_object)`` into a temp file beside ``path``, fsync, then rename: readers never see half a file.
+
+    The temp file is ``.NAME.*.tmp``; one left by a killed process is removed at the next run's start
+    (``neva.checkpoint.verified.remove_stale_temp``).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
         raise

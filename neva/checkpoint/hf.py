@@ -30,6 +30,7 @@ from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva, neva_key_to
 from neva.checkpoint.neva_format import (
     TIED_HEAD_KEY,
     TensorSource,
+    check_shape,
     expected_shapes,
     iter_tensors,
     load_config,
@@ -41,11 +42,13 @@ from neva.checkpoint.safetensors_io import (
     DEFAULT_MAX_SHARD_BYTES,
     INDEX_NAME,
     WEIGHTS_NAME,
+    index_files,
     iter_safetensors,
-    safetensors_keys,
+    safetensors_shapes,
     write_safetensors,
 )
 from neva.constants import IMAGE_TOKEN
+from neva.hf_local import from_local
 from neva.models.config import NevaConfig, ProjectorConfig
 from neva.models.projector import build_projector, init_projector
 
@@ -71,8 +74,7 @@ def hf_weight_files(directory: str | os.PathLike) -> list[Path]:
     directory = Path(directory)
     for index_name, single in ((INDEX_NAME, WEIGHTS_NAME), (BIN_INDEX_NAME, BIN_NAME)):
         if (directory / index_name).is_file():
-            weight_map = json.loads((directory / index_name).read_text())["weight_map"]
-            return [directory / name for name in dict.fromkeys(weight_map.values())]
+            return index_files(directory / index_name)
         if (directory / single).is_file():
             return [directory / single]
     raise FileNotFoundError(f"no {WEIGHTS_NAME}, {INDEX_NAME}, {BIN_NAME} or {BIN_INDEX_NAME} in {directory}")
@@ -100,19 +102,19 @@ def iter_hf_tensors(directory: str | os.PathLike) -> Iterator[tuple[str, torch.T
         del state
 
 
-def hf_tensor_keys(directory: str | os.PathLike) -> list[str]:
-    """All tensor names of an HF directory (safetensors headers; ``.bin`` files are memory-mapped)."""
+def hf_tensor_shapes(directory: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape in an HF directory (safetensors headers; ``.bin`` files are memory-mapped)."""
     files = hf_weight_files(directory)
     if files[0].suffix == ".safetensors":
-        return safetensors_keys(files)
-    return [key for path in files for key in _load_bin(path)]
+        return safetensors_shapes(files)
+    return {key: tuple(t.shape) for path in files for key, t in _load_bin(path).items()}
 
 
 def load_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
     """An HF ``config.json`` with transformers' defaults filled in (``AutoConfig(...).to_dict()``)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(directory)).to_dict()
+    return from_local(AutoConfig, directory).to_dict()
 
 
 def _image_processor_dict(directory: Path) -> dict[str, Any] | None:
@@ -155,11 +157,19 @@ def _map_keys(hf_keys: list[str], prefixes: dict[str, str], source: Path) -> dic
     return mapping
 
 
-def _check_complete(cfg: NevaConfig, produced: set[str], source: str) -> None:
-    expected = set(expected_shapes(cfg))
-    missing = sorted(expected - produced)
+# The embedding and LM head rows an import adds for ``<image>``, ``<pad>`` and vocabulary padding.
+_GROWN = ("llm.tok_embeddings.weight", TIED_HEAD_KEY)
+
+
+def _check_complete(cfg: NevaConfig, produced: dict[str, tuple[int, ...]], source: str) -> None:
+    """Every tensor of ``cfg``'s model is ``produced`` (neva key -> shape), with its shape, before anything is read."""
+    expected = expected_shapes(cfg)
+    missing = sorted(set(expected) - set(produced))
     if missing:
         raise ValueError(f"{source}: {len(missing)} model tensor(s) not found, e.g. {missing[:5]}")
+    for key, shape in produced.items():
+        if key in expected:
+            check_shape(key, shape, expected[key], source, grows=key in _GROWN)
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
@@ -197,14 +207,14 @@ def import_llava(
     """
     hf_dir = Path(hf_dir)
     cfg = _with_image_stats(neva_config_from_llava(load_hf_config(hf_dir)), hf_dir)
-    keys = hf_tensor_keys(hf_dir)
-    mapping = _map_keys(keys, detect_prefixes(keys), hf_dir)
-    _check_complete(cfg, set(mapping.values()), str(hf_dir))
+    shapes = hf_tensor_shapes(hf_dir)
+    mapping = _map_keys(list(shapes), detect_prefixes(list(shapes)), hf_dir)
+    _check_complete(cfg, {mapping[k]: shapes[k] for k in mapping}, str(hf_dir))
     tokenizer = None
     if _has_tokenizer(hf_dir):
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+        tokenizer = from_local(AutoTokenizer, hf_dir)
         _check_image_token(tokenizer, cfg.image_token_id, hf_dir)
     tensors = ((mapping[k], _cast(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
     meta = {"source": {"kind": "llava-hf", "path": str(hf_dir)}, **(metadata or {})}
@@ -236,7 +246,7 @@ def prepare_tokenizer(llm_dir: str | os.PathLike) -> Any:
     """The HF tokenizer of ``llm_dir`` with ``<image>`` (and ``<pad>`` if it has no pad token) added as specials."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(llm_dir))
+    tokenizer = from_local(AutoTokenizer, llm_dir)
     _add_vision_tokens(tokenizer)
     return tokenizer
 
@@ -254,28 +264,29 @@ def load_hf_weights(model: Any, llm_dir: str | os.PathLike, vision_dir: str | os
         vision_dir: HF ``CLIPVisionModel`` / ``CLIPModel`` directory, or None to keep the vision tower as is.
 
     Raises:
-        ValueError: unknown HF tensors, LLM/vision tensors the directories lack, or an HF vocabulary larger than
-            the model's.
+        ValueError: unknown HF tensors, LLM/vision tensors the directories lack, or a tensor whose shape is not the
+            model's (an embedding may have fewer rows; names and shapes are checked before anything is copied).
     """
     targets = model.state_dict()
     sources = [(Path(llm_dir), "llm")] + ([(Path(vision_dir), "vision")] if vision_dir is not None else [])
     for directory, part in sources:
-        keys = hf_tensor_keys(directory)
-        mapping = _map_keys(keys, detect_prefixes(keys, parts=(part,)), directory)
+        shapes = hf_tensor_shapes(directory)
+        mapping = _map_keys(list(shapes), detect_prefixes(list(shapes), parts=(part,)), directory)
         wanted = {k for k in targets if k.startswith(part + ".") and not k.endswith("inv_freq")}
         if part == "llm" and model.cfg.llm.tie_word_embeddings:
             wanted.discard(TIED_HEAD_KEY)
         missing = sorted(wanted - set(mapping.values()))
         if missing:
             raise ValueError(f"{directory}: {len(missing)} {part} tensor(s) not found, e.g. {missing[:5]}")
+        for key, name in mapping.items():
+            if name in targets:
+                check_shape(name, shapes[key], targets[name].shape, directory, grows=name in _GROWN)
         for key, tensor in iter_hf_tensors(directory):
             name = mapping.get(key)
             if name is None or name not in targets:
                 continue
             target = targets[name]
-            if name in ("llm.tok_embeddings.weight", TIED_HEAD_KEY):
-                if tensor.shape[0] > target.shape[0]:
-                    raise ValueError(f"{directory}: vocabulary {tensor.shape[0]} > model's {target.shape[0]}")
+            if name in _GROWN:
                 tensor = _grow_rows(tensor, target.shape[0])
             target.copy_(tensor)
 
@@ -341,11 +352,13 @@ def import_llm_and_vision(
     )
     cfg = _with_image_stats(cfg, vision_dir)
 
-    vision_keys, llm_keys = hf_tensor_keys(vision_dir), hf_tensor_keys(llm_dir)
-    vision_map = _map_keys(vision_keys, detect_prefixes(vision_keys, parts=("vision",)), vision_dir)
-    llm_map = _map_keys(llm_keys, detect_prefixes(llm_keys, parts=("llm",)), llm_dir)
-    projector_keys = {f"projector.{k}" for k in build_projector(projector).state_dict()}
-    _check_complete(cfg, set(vision_map.values()) | set(llm_map.values()) | projector_keys, f"{llm_dir} + {vision_dir}")
+    vision_shapes, llm_shapes = hf_tensor_shapes(vision_dir), hf_tensor_shapes(llm_dir)
+    vision_map = _map_keys(list(vision_shapes), detect_prefixes(list(vision_shapes), parts=("vision",)), vision_dir)
+    llm_map = _map_keys(list(llm_shapes), detect_prefixes(list(llm_shapes), parts=("llm",)), llm_dir)
+    produced = {f"projector.{k}": tuple(t.shape) for k, t in build_projector(projector).state_dict().items()}
+    produced.update({vision_map[k]: vision_shapes[k] for k in vision_map})
+    produced.update({llm_map[k]: llm_shapes[k] for k in llm_map})
+    _check_complete(cfg, produced, f"{llm_dir} + {vision_dir}")
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for key, tensor in iter_hf_tensors(vision_dir):
@@ -482,7 +495,7 @@ def export_llava(
     if _has_tokenizer(ckpt):
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
+        tokenizer = from_local(AutoTokenizer, ckpt)
     aspect = load_metadata(ckpt).get("image_aspect_ratio", "square")
     if aspect != "square":
         warnings.warn(

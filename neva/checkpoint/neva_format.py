@@ -28,7 +28,9 @@ from neva.checkpoint.safetensors_io import (
     ShardWriter,
     iter_safetensors,
     safetensors_files,
+    safetensors_shapes,
 )
+from neva.hf_local import from_local
 from neva.models.config import NevaConfig, from_dict, to_dict
 from neva.models.neva import NevaModel
 from neva.models.rope import rope_inv_freq
@@ -55,6 +57,24 @@ def expected_shapes(cfg: NevaConfig) -> dict[str, torch.Size]:
     if cfg.llm.tie_word_embeddings:
         shapes.pop(TIED_HEAD_KEY)
     return shapes
+
+
+def check_shape(key: str, shape: Any, expected: Any, source: Any, grows: bool = False) -> None:
+    """The one shape check of every weight load: ``copy_`` would broadcast a size-1 tensor into a whole parameter, and
+    a plain mismatch fails without naming the tensor.
+
+    Args:
+        grows: the tensor may have fewer rows than ``expected`` (an HF embedding the import extends).
+
+    Raises:
+        ValueError: naming ``source``, the tensor and both shapes.
+    """
+    shape, expected = tuple(shape), tuple(expected)
+    if shape == expected:
+        return
+    if grows and len(shape) == len(expected) and shape[1:] == expected[1:] and shape[0] <= expected[0]:
+        return
+    raise ValueError(f"{source}: tensor {key!r} has shape {shape}, the model expects {expected}")
 
 
 def save_checkpoint(
@@ -111,8 +131,7 @@ def _write_weights(directory: Path, cfg: NevaConfig, tensors: TensorSource, max_
             continue
         if key not in shapes:
             raise KeyError(f"tensor {key!r} is not part of the model described by the config")
-        if tuple(tensor.shape) != tuple(shapes[key]):
-            raise ValueError(f"tensor {key!r} has shape {tuple(tensor.shape)}, the config expects {tuple(shapes[key])}")
+        check_shape(key, tensor.shape, shapes[key], "checkpoint being written")
         writer.add(key, tensor)
         seen.add(key)
         if tensor.is_floating_point():
@@ -129,7 +148,7 @@ def save_tokenizer(tokenizer: Any, directory: str | os.PathLike) -> None:
     if isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        tokenizer = from_local(AutoTokenizer, tokenizer)
     tokenizer.save_pretrained(str(directory))
 
 
@@ -174,6 +193,11 @@ def iter_tensors(directory: str | os.PathLike) -> Iterator[tuple[str, torch.Tens
     return iter_safetensors(safetensors_files(directory))
 
 
+def tensor_shapes(directory: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Every stored tensor's name and shape, from the file headers (no tensor data is read)."""
+    return safetensors_shapes(safetensors_files(directory))
+
+
 @torch.no_grad()
 def load_weights(model: NevaModel, directory: str | os.PathLike) -> None:
     """Copy a checkpoint's tensors into a whole ``model`` one by one (cast to each parameter's dtype and device).
@@ -188,18 +212,20 @@ def load_weights(model: NevaModel, directory: str | os.PathLike) -> None:
     Raises:
         KeyError: a stored tensor the model does not have, or a model tensor the checkpoint lacks (the output head
             of tied embeddings aside: it is the embedding).
+        ValueError: a stored tensor whose shape is not the model's (all checked before anything is copied).
     """
     targets = model.state_dict()
     tied = model.cfg.llm.tie_word_embeddings and "llm.tok_embeddings.weight" in targets
-    seen: set[str] = set()
-    for key, tensor in iter_tensors(directory):
+    shapes = tensor_shapes(directory)
+    for key, shape in shapes.items():
         if key not in targets:
             raise KeyError(f"checkpoint tensor {key!r} has no place in the model")
-        targets[key].copy_(tensor)
-        seen.add(key)
-    missing = sorted(set(targets) - seen - ({TIED_HEAD_KEY} if tied else set()))
+        check_shape(key, shape, targets[key].shape, directory)
+    missing = sorted(set(targets) - set(shapes) - ({TIED_HEAD_KEY} if tied else set()))
     if missing:
         raise KeyError(f"{len(missing)} model tensor(s) not in {directory}, e.g. {missing[:5]}")
+    for key, tensor in iter_tensors(directory):
+        targets[key].copy_(tensor)
     inv_freq = model.llm.inv_freq
     model.llm.inv_freq = rope_inv_freq(model.cfg.llm, device=inv_freq.device)
 
@@ -239,4 +265,4 @@ def load_tokenizer(directory: str | os.PathLike) -> Any:
     """The checkpoint's HF tokenizer (``<image>`` is one of its special tokens)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(directory))
+    return from_local(AutoTokenizer, directory)

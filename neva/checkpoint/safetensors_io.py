@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import safe_open
@@ -118,12 +118,28 @@ def safetensors_files(directory: str | os.PathLike) -> list[Path]:
     directory = Path(directory)
     index = directory / INDEX_NAME
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [directory / name for name in dict.fromkeys(weight_map.values())]
+        return index_files(index)
     single = directory / WEIGHTS_NAME
     if single.is_file():
         return [single]
     raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {directory}")
+
+
+def index_files(index: Path) -> list[Path]:
+    """The weight files a ``*.index.json`` names (each once, in order), all inside the index's own directory.
+
+    Raises:
+        ValueError: no ``weight_map``, or a file name that leaves the directory (absolute, or with ``..``).
+    """
+    weight_map = json.loads(index.read_text()).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index}: no weight_map of tensor name -> file name")
+    names = list(dict.fromkeys(weight_map.values()))
+    for name in names:
+        path = PurePosixPath(name)
+        if not name or path.is_absolute() or ".." in path.parts or "\\" in name:
+            raise ValueError(f"{index}: weight file {name!r} is outside the index's directory; refusing to read it")
+    return [index.parent / name for name in names]
 
 
 def iter_safetensors(files: Iterable[str | os.PathLike]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -134,10 +150,11 @@ def iter_safetensors(files: Iterable[str | os.PathLike]) -> Iterator[tuple[str, 
                 yield key, f.get_tensor(key)
 
 
-def safetensors_keys(files: Iterable[str | os.PathLike]) -> list[str]:
-    """All tensor names of the files (headers only; no tensor data is read)."""
-    keys: list[str] = []
+def safetensors_shapes(files: Iterable[str | os.PathLike]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape (headers only; no tensor data is read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as f:
-            keys.extend(f.keys())
-    return keys
+            for key in f.keys():  # noqa: SIM118 - safe_open handles are not mappings
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    return shapes

@@ -17,6 +17,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
 from neva.checkpoint.names import named_parameters
 from neva.config import MMConfig, TrainConfig
 from neva.data.datamodule import tokenizer_image_token_id
+from neva.hf_local import LocalModelError
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
 from neva.models.lora import LoRALinear
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
@@ -64,7 +65,10 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
     if mm.llm.from_pretrained:
         from neva.checkpoint.hf import prepare_tokenizer
 
-        tokenizer = prepare_tokenizer(mm.llm.from_pretrained)
+        try:
+            tokenizer = prepare_tokenizer(mm.llm.from_pretrained)
+        except LocalModelError as err:
+            raise ConfigError(f"model.mm_cfg.llm.from_pretrained: {err}") from err
         neva_cfg = neva_config_from_mm(
             mm, vocab_size=len(tokenizer), image_token_id=tokenizer_image_token_id(tokenizer)
         )
@@ -96,20 +100,26 @@ def init_fresh(model: nn.Module, device: torch.device, seed: int) -> None:
 class _Slot:
     """Where one full tensor read from disk goes: a parameter, or this rank's slice of a DTensor parameter."""
 
-    def __init__(self, param: torch.Tensor) -> None:
+    def __init__(self, param: torch.Tensor, key: str) -> None:
         self.param = param
+        self.key = key
 
     @property
     def shape(self) -> torch.Size:
         return self.param.shape  # the global shape, for DTensors too
 
     def copy_(self, full: torch.Tensor) -> None:
-        copy_full(self.param, full)
+        copy_full(self.param, full, self.key)
 
 
 @torch.no_grad()
-def copy_full(target: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy the whole tensor ``full`` into ``target``: a plain tensor, or this rank's slice of a DTensor."""
+def copy_full(target: torch.Tensor, full: torch.Tensor, key: str, source: Any = "weights") -> None:
+    """Copy the whole tensor ``full`` into ``target``: a plain tensor, or this rank's slice of a DTensor.
+
+    Raises:
+        ValueError: ``full`` does not have ``target``'s (global) shape; names ``key`` and ``source``.
+    """
+    neva_format.check_shape(key, full.shape, target.shape, source)
     if isinstance(target, DTensor):
         # src_data_rank=None: every rank read the same full tensor, so each slices locally (no collective).
         local = distribute_tensor(
@@ -128,7 +138,10 @@ class _Targets:
 
     def __init__(self, parts: list[nn.Module]) -> None:
         self.cfg = parts[0].cfg
-        self.slots = {name.replace(".base.", "."): _Slot(p) for name, p in named_parameters(parts)}
+        self.slots = {}
+        for name, p in named_parameters(parts):
+            key = name.replace(".base.", ".")
+            self.slots[key] = _Slot(p, key)
 
     def state_dict(self) -> dict[str, _Slot]:
         return dict(self.slots)
@@ -140,18 +153,22 @@ def load_source_weights(parts: list[nn.Module], source: ModelSource) -> None:
 
     Raises:
         KeyError: a neva checkpoint lacks a tensor these parts hold (LoRA adapters aside, which start fresh).
+        ValueError: a stored tensor whose shape is not the model's (names and shapes are all checked, from the file
+            headers, before anything is copied).
     """
     targets = _Targets(parts)
     if source.checkpoint is not None:
-        filled = set()
+        shapes = neva_format.tensor_shapes(source.checkpoint)
+        missing = sorted(k for k in set(targets.slots) - set(shapes) if ".lora_" not in k)
+        if missing:
+            raise KeyError(f"{len(missing)} model tensor(s) not in {source.checkpoint}, e.g. {missing[:5]}")
+        for key, slot in targets.slots.items():
+            if key in shapes:
+                neva_format.check_shape(key, shapes[key], slot.shape, source.checkpoint)
         for key, full in neva_format.iter_tensors(source.checkpoint):
             slot = targets.slots.get(key)
             if slot is not None:  # None: another pipeline stage holds it
                 slot.copy_(full)
-                filled.add(key)
-        missing = sorted(k for k in set(targets.slots) - filled if ".lora_" not in k)
-        if missing:
-            raise KeyError(f"{len(missing)} model tensor(s) not in {source.checkpoint}, e.g. {missing[:5]}")
     elif source.hf_llm is not None:
         from neva.checkpoint.hf import load_hf_weights
 
@@ -163,7 +180,10 @@ def _read_hf_config(path: str, what: str) -> dict:
         raise ConfigError(f"{what}.from_pretrained={path!r}: no config.json there (expected a local HF directory)")
     from neva.checkpoint.hf import load_hf_config
 
-    return load_hf_config(path)
+    try:
+        return load_hf_config(path)
+    except LocalModelError as err:
+        raise ConfigError(f"{what}.from_pretrained: {err}") from err
 
 
 def neva_config_from_mm(mm: MMConfig, vocab_size: int | None = None, image_token_id: int | None = None) -> NevaConfig:

@@ -19,6 +19,7 @@ from neva.data.dataset import EncoderSettings, encode_record
 from neva.data.errors import SampleError
 from neva.data.images import image_source_for
 from neva.data.records import load_records
+from neva.hf_local import from_local
 
 _GREEN, _RESET = "\033[32m", "\033[0m"
 
@@ -32,7 +33,7 @@ def load_tokenizer(path: str) -> Any:
         return build_tokenizer()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return from_local(AutoTokenizer, path)
 
 
 def checkpoint_model_info(path: str) -> tuple[int | None, int | None]:

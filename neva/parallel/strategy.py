@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning_fabric.utilities.load import _METADATA_FILENAME
 from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import ModelParallelStrategy, SingleDeviceStrategy, Strategy
 
-from neva.checkpoint import dcp
+from neva.checkpoint import dcp, verified
 from neva.checkpoint.names import canonical_name
 from neva.checkpoint.source import copy_full
 from neva.parallel.layout import Layout
@@ -42,12 +43,12 @@ def _engine_state(strategy: Strategy) -> tuple[list, torch.optim.Optimizer | Non
 def load_dcp(strategy: Strategy, path: Path) -> dict[str, Any]:
     """Fill the engine's parts and optimizer from DCP directory ``path`` (any layout wrote it) and return the loop
     state, with the schedulers' learning rates recomputed for this layout."""
+    checkpoint = verified.load_state(path / _METADATA_FILENAME)  # the small file first: refused before any shard
     named, optimizer = _engine_state(strategy)
     dcp.load(path, named, optimizer)
     engine = strategy.lightning_module.engine
     if engine.master is not None:
         engine.master.publish()  # the bf16 parameters follow the loaded fp32 masters
-    checkpoint = torch.load(path / _METADATA_FILENAME, map_location="cpu", weights_only=False)
     restore_schedules(strategy.lightning_module.trainer, checkpoint)
     return checkpoint
 
@@ -58,14 +59,14 @@ def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
     Every rank reads the file and copies its own slice of each full tensor, by parameter name: trained weights from
     the fp32 master copies when the run was O2, optimizer state through the names saved with it.
     """
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = verified.load_state(path)
     named, optimizer = _engine_state(strategy)
     weights = {canonical_name(k.removeprefix("model.")): v for k, v in checkpoint.pop("state_dict").items()}
     weights.update(checkpoint.pop("master_weights", None) or {})
     for name, p in named:
         if name not in weights:
             raise KeyError(f"{path} has no tensor {name!r}: it was written for another model")
-        copy_full(p.data, weights[name])
+        copy_full(p.data, weights[name], name, path)
     saved = checkpoint.pop("optimizer_states")[0]
     names = checkpoint.get("optimizer_param_names")
     if optimizer is not None and names is None:
@@ -76,7 +77,7 @@ def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
         state = {order[i]: value for i, value in saved["state"].items()}
         for name, p in strategy.lightning_module.engine.named_trainable_parameters():
             for key, value in state.get(name, {}).items():
-                copy_full(optimizer.state[p][key], value)
+                copy_full(optimizer.state[p][key], value, f"{name}.{key}", path)
     restore_schedules(strategy.lightning_module.trainer, checkpoint)
     return checkpoint
 
@@ -185,6 +186,7 @@ class NevaParallelStrategy(ModelParallelStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         path = Path(self.broadcast(str(filepath)))
         if self.is_global_zero:
+            verified.remove_manifest(path)  # first: an interrupted save must not leave the old manifest in place
             if path.is_file():
                 path.unlink()
             elif path.is_dir():
@@ -192,11 +194,15 @@ class NevaParallelStrategy(ModelParallelStrategy):
             path.mkdir(parents=True, exist_ok=True)
         self.barrier()
         named, optimizer = _engine_state(self)
-        dcp.save(path, named, optimizer)
+        digests = dcp.save(path, named, optimizer)
         checkpoint.pop("state_dict", None)
         checkpoint.pop("optimizer_states", None)
         if self.is_global_zero:
-            torch.save(checkpoint, path / _METADATA_FILENAME)
+            digests[_METADATA_FILENAME] = verified.save_hashed(checkpoint, path / _METADATA_FILENAME)
+        every = [None] * self.world_size
+        dist.all_gather_object(every, digests)
+        if self.is_global_zero:  # the manifest last: only now is every rank's part on disk
+            verified.write_manifest(path, {k: v for d in every for k, v in d.items()}, checkpoint["global_step"])
         self.barrier()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
@@ -206,6 +212,7 @@ class NevaParallelStrategy(ModelParallelStrategy):
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
             path = Path(filepath)
+            verified.remove_manifest(path)
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:

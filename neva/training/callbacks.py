@@ -1,4 +1,4 @@
-"""Run outputs: ``metrics.csv`` that survives resume, and atomic checkpoint files."""
+"""Run outputs: ``metrics.csv`` that survives resume, and verified checkpoint files."""
 
 from __future__ import annotations
 
@@ -6,49 +6,68 @@ import csv
 import io
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning_fabric.plugins import CheckpointIO
 from lightning_fabric.utilities.types import _PATH
+from pytorch_lightning.callbacks import ModelCheckpoint
 
-
-def atomic_write(path: str | os.PathLike, write) -> None:
-    """``write(file_object)`` into a temp file beside ``path``, fsync, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from neva.checkpoint import verified
+from neva.checkpoint.atomic import atomic_write
 
 
 class AtomicCheckpointIO(CheckpointIO):
-    """``torch.save`` through a temp file and a rename, so a crash mid-save never leaves a complete-looking file."""
+    """One-process checkpoint files: written atomically with a manifest (``neva.checkpoint.verified``), read back as
+    tensors and plain data only."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if Path(path).is_dir():  # a distributed run's DCP checkpoint of the same name, resumed here in one process
+            verified.remove_manifest(path)
             shutil.rmtree(path)
-        atomic_write(path, lambda f: torch.save(checkpoint, f))
+        verified.save_file(checkpoint, path)
 
     def load_checkpoint(self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
-        # Our own checkpoints hold numpy RNG state and config objects, so the full unpickler is needed; only load
-        # checkpoints you wrote.
-        return torch.load(path, map_location=map_location or "cpu", weights_only=False)
+        return verified.load_state(path)
 
     def remove_checkpoint(self, path: _PATH) -> None:
+        verified.remove_manifest(path)
         if Path(path).is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
             Path(path).unlink(missing_ok=True)
+
+
+class StepCheckpoints(ModelCheckpoint):
+    """``step=N.ckpt`` every ``every_n_train_steps`` and ``last.ckpt``, keeping the newest ``save_top_k`` step
+    checkpoints found on disk (-1: all, 0: none, only ``last.ckpt``).
+
+    The newest are kept by listing the folder after each save rather than through Lightning's top-k memory, which
+    forgets files it did not write itself (a moved run folder, a checkpoint skipped at resume).
+    """
+
+    def __init__(self, dirpath: Path, every_n_train_steps: int, save_last: bool, save_top_k: int) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="step={step}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=every_n_train_steps,
+            save_last=save_last,
+            save_top_k=0 if save_top_k == 0 else -1,  # -1: Lightning keeps all; _save_checkpoint prunes
+            # A step=N.ckpt that failed verification is overwritten when the run reaches N again, not versioned.
+            enable_version_counter=False,
+        )
+        self.keep = save_top_k
+
+    def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        if self.keep <= 0 or not verified.STEP_NAME.fullmatch(Path(filepath).name):
+            return
+        steps = sorted(
+            (int(m.group(1)), name) for name in os.listdir(self.dirpath) if (m := verified.STEP_NAME.fullmatch(name))
+        )
+        for _, name in steps[: -self.keep]:
+            trainer.strategy.remove_checkpoint(os.path.join(self.dirpath, name))
 
 
 class MetricsCSV:

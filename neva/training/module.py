@@ -37,6 +37,19 @@ def sample_lengths(batch: dict[str, Any]) -> list[int]:
     return out
 
 
+def numpy_rng_state() -> dict[str, Any]:
+    """numpy's global RNG state as tensors and numbers: checkpoints hold plain data only (they load with
+    ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss,
+            "gauss": gauss}  # fmt: skip
+
+
+def set_numpy_rng_state(state: dict[str, Any]) -> None:
+    keys = state["keys"].numpy().astype(np.uint32)
+    np.random.set_state((state["kind"], keys, state["pos"], state["has_gauss"], state["gauss"]))
+
+
 class _Iterable:
     """Hides the loader's ``sampler`` attribute from Lightning, which would otherwise inspect it as a DataLoader's."""
 
@@ -259,7 +272,7 @@ class NevaModule(pl.LightningModule):
         # The data position is saved by Lightning through the loader (StepBatches.state_dict).
         checkpoint["rng"] = {
             "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
+            "numpy": numpy_rng_state(),
             "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
@@ -276,7 +289,7 @@ class NevaModule(pl.LightningModule):
         rng = checkpoint.get("rng")
         if rng:
             torch.set_rng_state(rng["torch"])
-            np.random.set_state(rng["numpy"])
+            set_numpy_rng_state(rng["numpy"])
             random.setstate(rng["python"])
             if rng.get("cuda") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])

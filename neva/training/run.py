@@ -9,15 +9,16 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
+from pytorch_lightning.callbacks import TQDMProgressBar
 
+from neva.checkpoint import verified
 from neva.checkpoint.source import resolve_source
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
 from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.strategy import build_strategy
-from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV
+from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_training_data
 from neva.training.module import NevaModule
@@ -52,17 +53,8 @@ def run(cfg: TrainConfig) -> Path | None:
     metrics = MetricsCSV(exp_dir / "metrics.csv", enabled=is_writer)
     module = NevaModule(cfg, source, data, layout, metrics=metrics)
     ckpt_dir = exp_dir / "checkpoints"
-    every = cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
-    callbacks = [
-        ModelCheckpoint(
-            dirpath=ckpt_dir,
-            filename="step={step}",
-            auto_insert_metric_name=False,
-            every_n_train_steps=every,
-            save_last=cfg.exp_manager.checkpoint_callback_params.save_last,
-            save_top_k=1,
-        ),
-    ]
+    params = cfg.exp_manager.checkpoint_callback_params
+    callbacks = [StepCheckpoints(ckpt_dir, params.every_n_train_steps, params.save_last, params.save_top_k)]
     if cfg.trainer.enable_progress_bar:
         callbacks.append(TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps // 2)))
     loggers = []
@@ -94,8 +86,10 @@ def run(cfg: TrainConfig) -> Path | None:
         default_root_dir=str(exp_dir),
         use_distributed_sampler=False,
     )
-    last = ckpt_dir / "last.ckpt"
-    ckpt_path = str(last) if cfg.exp_manager.resume_if_exists and last.exists() else None
+    if is_writer:
+        verified.remove_stale_temp(ckpt_dir)
+    resume = verified.find_resume(ckpt_dir) if cfg.exp_manager.resume_if_exists else None
+    ckpt_path = str(resume) if resume else None
     final = exp_dir / "final"
     try:
         with warnings.catch_warnings():

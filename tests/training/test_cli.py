@@ -118,7 +118,7 @@ def test_mid_epoch_resume_is_silent_and_continues_the_curve(tmp_path):
 
     # The state a run killed after step 7 leaves: its checkpoints, and metrics rows up to step 7.
     shutil.copytree(ref_dir / "checkpoints", run_dir / "checkpoints")
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "step=7.ckpt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "step=7.ckpt"]
     again = subprocess.run(train_cmd(run_dir, *common), capture_output=True, text=True, env=ENV, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming from" in again.stderr + again.stdout
