@@ -29,6 +29,7 @@ def main(dcfg: DictConfig) -> None:
     if dcfg.get("stage") is None:
         print(STAGE_HELP, file=sys.stderr)
         sys.exit(2)
+    from neva.checkpoint.verified import CheckpointError
     from neva.data.skips import DataQualityError
     from neva.training.guards import NothingTrained
 
@@ -40,8 +41,9 @@ def main(dcfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    except (DataQualityError, NothingTrained) as err:
-        # The run did not train what was asked: no final checkpoint; what it wrote before stays.
+    except (DataQualityError, NothingTrained, CheckpointError) as err:
+        # The run did not train what was asked (or cannot trust what it would resume): no final checkpoint; what it
+        # wrote before stays.
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     if final is not None:
