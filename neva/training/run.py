@@ -20,6 +20,7 @@ from neva.parallel.strategy import build_strategy
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV
 from neva.training.export import save_final
 from neva.training.module import NevaModule
+from neva.training.stop_signal import StopOnSignal
 
 log = logging.getLogger("neva.train")
 
@@ -60,6 +61,7 @@ def run(cfg: TrainConfig) -> Path | None:
             save_last=cfg.exp_manager.checkpoint_callback_params.save_last,
             save_top_k=1,
         ),
+        StopOnSignal(ckpt_dir / "last.ckpt"),  # SIGTERM / SIGINT: checkpoint, then exit 128 + signal, no final
     ]
     if cfg.trainer.enable_progress_bar:
         callbacks.append(TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps // 2)))
