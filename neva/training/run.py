@@ -60,6 +60,9 @@ def run(cfg: TrainConfig) -> Path | None:
             every_n_train_steps=every,
             save_last=cfg.exp_manager.checkpoint_callback_params.save_last,
             save_top_k=1,
+            # One last.ckpt, the file resume reads: in a moved or copied folder Lightning would otherwise write
+            # last-v1.ckpt beside the old one, and the next resume would go back to the stale last.ckpt.
+            enable_version_counter=False,
         ),
         StopOnSignal(ckpt_dir / "last.ckpt"),  # SIGTERM / SIGINT: checkpoint, then exit 128 + signal, no final
     ]

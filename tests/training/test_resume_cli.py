@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from neva.config import compose_config
 from neva.training.optim import cosine_lr_lambda
@@ -70,6 +72,19 @@ def test_fp32_checkpoint_resumed_under_o2_continues_the_curve(six_steps, tmp_pat
     for step in range(7, 13):
         assert resumed[step] == pytest.approx(reference[step], rel=1e-2), (step, resumed, reference)
         assert resumed[step] < reference[1] - 1.0, (step, resumed)
+    # In the copied folder the checkpoints keep their names (no last-v1.ckpt beside a stale last.ckpt).
+    checkpoints = tmp_path / "o2" / "checkpoints"
+    assert not [p.name for p in checkpoints.iterdir() if "-v" in p.name]
+    saved = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 12
+    masters = saved["master_weights"]
+
+    # Back to fp32, one step at lr 0 (weights unchanged): the weights are O2's fp32 masters, not their bf16 copies.
+    back = train(tmp_path / "o2", *TWELVE, "trainer.max_steps=13", "model.optim.lr=0", "model.optim.sched.min_lr=0")
+    assert back.returncode == 0, back.stderr[-2000:]
+    final = load_file(tmp_path / "o2" / "final" / "model.safetensors")
+    assert masters and all(torch.equal(final[name], value) for name, value in masters.items())
+    assert any(not torch.equal(value.bfloat16().float(), value) for value in masters.values())
 
 
 def test_changed_lr_is_applied_from_the_saved_step_and_logged(six_steps, tmp_path):
