@@ -20,6 +20,13 @@ from tests.checkpoint.tiny_hf import one_thread
 NEW_TOKENS = 6
 
 
+@pytest.fixture(autouse=True)
+def _restore_grad_mode():
+    """``neva.evaluate.main`` turns autograd off for its whole process; tests that follow in this one need it back."""
+    yield
+    torch.set_grad_enabled(True)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A random tiny model with the synthetic tokenizer, plus two images and a question file."""
