@@ -138,7 +138,7 @@ class NevaSingleDeviceStrategy(SingleDeviceStrategy):
         pass  # the loaders already filled the weights
 
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        pass
+        pass  # filled by the loaders by parameter name, under this run's parameter groups and hyperparameters
 
 
 class NevaParallelStrategy(ModelParallelStrategy):
