@@ -216,6 +216,9 @@ class ExpManagerConfig:
     exp_dir: str = "outputs/pretrain"
     name: str = "neva"
     resume_if_exists: bool = True
+    # resume although the config changed what is trained (model, stage, data, global batch, seed, LoRA); by default
+    # such a resume stops and lists the changes (neva.training.resume_check)
+    resume_ignore_config_changes: bool = False
     create_tensorboard_logger: bool = True
     create_wandb_logger: bool = False
     wandb_logger_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -9,6 +9,10 @@ written back with an ``"answer"``)::
 
     python -m neva.generate --checkpoint CKPT --input-file prompts.jsonl --output-file answers.jsonl
 
+A record that cannot be answered (a line that is not a JSON object, no ``prompt``, an unreadable image, ``<image>`` tags
+that do not match the images, a prompt that fills the model's context) is written back with an ``"error"`` instead,
+the others are answered, and the command then exits with status 1, naming how many failed.
+
 Prompts: by default the prompt is the user turn of a conversation template (``--template``, default the checkpoint's
 ``conv_template`` metadata, else ``vicuna_v1``), rendered up to the assistant cue; ``<image>\\n`` is put in front for
 each image when the prompt has no ``<image>``. With ``--raw`` the prompt is used as given and tokenized exactly as
@@ -16,7 +20,8 @@ HF's ``LlavaProcessor`` does for an exported checkpoint (each ``<image>`` become
 
 Decoding: greedy by default. ``--sample`` samples with NeMo NeVA's inference defaults (temperature 0.2, top-p 0.9,
 top-k 0, repetition penalty 1.2); giving ``--temperature``/``--top-p``/``--top-k`` implies ``--sample``. Generation
-stops at EOS, at the template's end-of-turn text, or at a ``--stop`` string (cut from the printed text).
+stops at EOS, at the template's end-of-turn text, at a ``--stop`` string (cut from the printed text), or when prompt and
+answer fill the model's context (a larger ``--max-new-tokens`` is capped there, with a warning).
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from neva.inference import Answerer, read_jsonl, record_image_paths
+from neva.inference import Answerer, Item, read_jsonl, record_image_paths
 from neva.models.generation import GenerationConfig
 
 NEMO_SAMPLING = dict(temperature=0.2, top_p=0.9, top_k=0, repetition_penalty=1.2)
@@ -92,16 +98,38 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(answerer.answer([(args.prompt, [Path(p) for p in args.image])])[0])
         return
     path = Path(args.input_file)
-    records = read_jsonl(path)
-    items = ((r["prompt"], record_image_paths(r, path.parent)) for r in records)
+    records = read_jsonl(path, keep_going=True)
+    items = (record_item(r, path.parent) for r in records)
+    failed = 0
     out = open(args.output_file, "w") if args.output_file else sys.stdout  # noqa: SIM115 - stdout is not closed
     try:
-        for record, text in zip(records, answerer.answer_all(items, args.batch_size)):
-            out.write(json.dumps({**record, "answer": text}, ensure_ascii=False) + "\n")
+        for record, result in zip(records, answerer.answer_all(items, args.batch_size, keep_going=True)):
+            row = record if isinstance(record, dict) else {} if isinstance(record, Exception) else {"record": record}
+            if isinstance(result, Exception):
+                failed += 1
+                row = {**row, "error": str(result)}
+            else:
+                row = {**row, "answer": result}
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
             out.flush()
     finally:
         if out is not sys.stdout:
             out.close()
+    if failed:
+        print(f"neva.generate: {failed} of {len(records)} records not answered (see their 'error')", file=sys.stderr)
+        sys.exit(1)
+
+
+def record_item(record: Any, root: Path) -> Item | Exception:
+    """A record's ``(prompt, image paths)``, or the error that makes it unanswerable."""
+    if isinstance(record, Exception):
+        return record
+    if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+        return ValueError("the record has no 'prompt' string")
+    try:
+        return record["prompt"], record_image_paths(record, root)
+    except TypeError as err:
+        return ValueError(f"the record's 'image' is not a path or a list of paths ({err})")
 
 
 if __name__ == "__main__":

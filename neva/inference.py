@@ -168,35 +168,88 @@ class Answerer:
             pad_token_id=self.builder.pad_id(),
         )
 
+    def prepare(self, item: Item) -> tuple[list[int], torch.Tensor | None]:
+        """One item's token ids and pixels.
+
+        Raises:
+            ValueError: a prompt that is not a string, whose ``<image>`` tags do not match its images, or that fills
+                the model's context; images for a text-only model.
+            OSError, PIL.Image.DecompressionBombError: an image that cannot be read.
+        """
+        prompt, images = item
+        if not isinstance(prompt, str):
+            raise ValueError(f"no prompt: expected a string, got {type(prompt).__name__}")
+        ids = self.builder.ids(prompt, len(images))
+        context = self.model.cfg.llm.max_seq_len
+        if len(ids) >= context:
+            raise ValueError(f"the prompt is {len(ids)} tokens, which fills the model's context of {context}")
+        return ids, load_pixels(images, self.processor)
+
     def answer(self, items: Sequence[Item]) -> list[str]:
         """Answer ``items`` as one left-padded batch: texts without special tokens, cut at the first stop string.
 
         Raises:
-            ValueError: a prompt whose ``<image>`` tags do not match its images, or images for a text-only model.
+            ValueError, OSError: an item ``prepare`` refuses.
         """
-        prompts = [self.builder.ids(prompt, len(images)) for prompt, images in items]
-        pixels = load_pixels([image for _, images in items for image in images], self.processor)
-        counts = [len(images) for _, images in items]
+        return self._generate([self.prepare(item) for item in items])
+
+    def _generate(self, prepared: list[tuple[list[int], torch.Tensor | None]]) -> list[str]:
+        pixels = [p for _, p in prepared if p is not None]
+        counts = [0 if p is None else len(p) for _, p in prepared]
         # Stop strings are looked for in the text with special tokens kept, as HF's StopStringCriteria sees tokens.
-        outs = generate(self.model, prompts, pixels, counts, self.generation, decode=self.tokenizer.decode)
+        outs = generate(
+            self.model, [ids for ids, _ in prepared], torch.cat(pixels) if pixels else None, counts, self.generation,
+            decode=self.tokenizer.decode,
+        )  # fmt: skip
         return [decode_answer(self.tokenizer, ids, self.generation.stop_strings) for ids in outs]
 
-    def answer_all(self, items: Iterable[Item], batch_size: int) -> Iterator[str]:
+    def answer_all(
+        self, items: Iterable[Item | Exception], batch_size: int, keep_going: bool = False
+    ) -> Iterator[str | Exception]:
         """Answers in item order, generated ``batch_size`` items at a time (each batch as soon as it is done).
 
+        With ``keep_going``, an item that ``prepare`` refuses yields its exception in place of an answer and the rest
+        of its batch is answered; an exception given as an item (a record that could not be read) is yielded back.
+
         Raises:
-            ValueError: ``batch_size`` < 1.
+            ValueError: ``batch_size`` < 1; without ``keep_going``, the first refused item.
         """
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         items = iter(items)
         while batch := list(islice(items, batch_size)):
-            yield from self.answer(batch)
+            results: list[Any] = []
+            for item in batch:
+                try:
+                    if isinstance(item, Exception):
+                        raise item
+                    results.append(self.prepare(item))
+                except (ValueError, OSError, Image.DecompressionBombError) as err:
+                    if not keep_going:
+                        raise
+                    results.append(err)
+            prepared = [r for r in results if not isinstance(r, Exception)]
+            answers = iter(self._generate(prepared) if prepared else [])
+            yield from (r if isinstance(r, Exception) else next(answers) for r in results)
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The JSONL file's records (blank lines skipped)."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def read_jsonl(path: str | os.PathLike, keep_going: bool = False) -> list[Any]:
+    """The JSONL file's records (blank lines skipped).
+
+    Raises:
+        ValueError: a line that is not JSON, naming it; with ``keep_going`` that error takes the line's place instead.
+    """
+    records: list[Any] = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                error = ValueError(f"{path}:{number} is not JSON ({err})")
+                if not keep_going:
+                    raise error from err
+                records.append(error)
+    return records
 
 
 def record_image_paths(record: dict[str, Any], root: Path) -> list[Path]:

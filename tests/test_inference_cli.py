@@ -20,6 +20,13 @@ from tests.checkpoint.tiny_hf import one_thread
 NEW_TOKENS = 6
 
 
+@pytest.fixture(autouse=True)
+def _restore_grad_mode():
+    """``neva.evaluate.main`` turns autograd off for its whole process; tests that follow in this one need it back."""
+    yield
+    torch.set_grad_enabled(True)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A random tiny model with the synthetic tokenizer, plus two images and a question file."""
@@ -83,3 +90,50 @@ def test_images_as_paths_or_pil_and_batching_give_the_same_answers(checkpoint):
     assert list(answerer.answer_all(items, batch_size=1)) == one_batch
     with pytest.raises(ValueError, match="1 <image> tag"):
         answerer.answer([("<image> Describe it.", [])])
+
+
+@one_thread()
+def test_generate_file_answers_every_good_record_and_marks_the_bad_ones(checkpoint, capsys):
+    """Records without a prompt, with a missing image or with mismatched <image> tags, and a line that is not JSON,
+    get an ``error`` each; the others, in the same batch, get the answers they get alone; the command exits 1."""
+    root = checkpoint
+    good = [{"id": 1, "image": "a.png", "prompt": "Describe it."}, {"id": 2, "prompt": "Say hello."}]
+    lines = [
+        json.dumps(good[0]),
+        json.dumps({"id": "no prompt", "image": "a.png", "text": "Describe it."}),
+        "{not json",
+        json.dumps({"id": "missing image", "image": "nowhere.png", "prompt": "Describe it."}),
+        json.dumps({"id": "tags", "prompt": "<image> and <image>?", "image": "a.png"}),
+        json.dumps(["a list"]),
+        json.dumps(good[1]),
+    ]
+    (root / "mixed.jsonl").write_text("\n".join(lines) + "\n")
+    common = ["--checkpoint", str(root / "ckpt"), "--max-new-tokens", str(NEW_TOKENS), "--device", "cpu"]
+    with pytest.raises(SystemExit) as exit_:
+        generate_main([*common, "--input-file", str(root / "mixed.jsonl"), "--batch-size", "8"])
+    assert exit_.value.code == 1
+    captured = capsys.readouterr()
+    assert "5 of 7 records not answered" in captured.err
+    rows = [json.loads(line) for line in captured.out.splitlines()]
+    assert len(rows) == 7
+    assert [("answer" in r, "error" in r) for r in rows] == [(True, False)] + [(False, True)] * 5 + [(True, False)]
+    assert rows[1]["error"] == "the record has no 'prompt' string" and rows[1]["id"] == "no prompt"
+    assert "mixed.jsonl:3 is not JSON" in rows[2]["error"]
+    assert "nowhere.png" in rows[3]["error"] and rows[3]["id"] == "missing image"
+    assert "2 <image> tag(s) but 1 image(s)" in rows[4]["error"]
+    assert rows[5] == {"record": ["a list"], "error": "the record has no 'prompt' string"}
+    answerer = Answerer(root / "ckpt", GenerationConfig(max_new_tokens=NEW_TOKENS))
+    alone = answerer.answer([(g["prompt"], [root / g["image"]] if "image" in g else []) for g in good])
+    assert [rows[0]["answer"], rows[6]["answer"]] == alone
+
+
+@one_thread()
+def test_generate_caps_max_new_tokens_at_the_context(checkpoint, capsys):
+    root = checkpoint
+    context = Answerer(root / "ckpt", GenerationConfig()).model.cfg.llm.max_seq_len
+    args = ["--checkpoint", str(root / "ckpt"), "--device", "cpu", "--prompt", "Say hello.", "--max-new-tokens"]
+    with pytest.warns(UserWarning, match=f"max_new_tokens=1000000000 does not fit .*max_seq_len={context}"):
+        generate_main([*args, str(10**9)])
+    capped = capsys.readouterr().out
+    generate_main([*args, str(NEW_TOKENS)])
+    assert capped.startswith(capsys.readouterr().out.rstrip("\n"))  # the same answer, continued up to the context

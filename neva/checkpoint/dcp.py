@@ -32,11 +32,13 @@ Named = list[tuple[str, torch.Tensor]]  # (plain name, the tensor a checkpoint s
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Create AdamW's state (zeros, sharded like each parameter) so a load has tensors to fill in place."""
     for group in optimizer.param_groups:
+        # Where torch's AdamW keeps ``step``: on the parameter's device for the fused (CUDA) and capturable kernels.
+        on_device = group.get("fused") or group.get("capturable")
         for p in group["params"]:
             if optimizer.state.get(p):
                 continue
             optimizer.state[p] = {
-                "step": torch.zeros((), dtype=torch.float32),
+                "step": torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu"),
                 "exp_avg": torch.zeros_like(p.data, memory_format=torch.preserve_format),
                 "exp_avg_sq": torch.zeros_like(p.data, memory_format=torch.preserve_format),
             }

@@ -8,13 +8,17 @@ Semantics follow transformers' ``generate`` so that outputs can be compared toke
 - repetition penalty: over every token of the row so far (prompt, image tokens included, and generated), a positive
   logit is divided by the penalty, a negative one multiplied;
 - a row stops after emitting an EOS id or once a stop string appears in its decoded output; the stopping token is
-  kept in the returned ids (as in HF's output), padding after it is not returned.
+  kept in the returned ids (as in HF's output), padding after it is not returned;
+- generation also stops when the batch's longest prompt and its answer fill the model's context (``max_seq_len``):
+  the KV cache is sized for at most that, whatever ``max_new_tokens`` asks (with a warning); positions beyond it
+  were never trained, and an unbounded request would reserve its whole cache up front.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -140,6 +144,7 @@ def generate(
     cfg = config or GenerationConfig()
     if cfg.stop_strings and decode is None:
         raise ValueError("stop_strings need a decode function")
+    cfg = _fit_context(cfg, max((len(p) for p in prompts), default=0), model.cfg.llm.max_seq_len)
     device = next(model.parameters()).device
     batch = left_pad(prompts, cfg.max_new_tokens, cfg.pad_token_id, device)
     b, width = batch.input_ids.shape
@@ -185,3 +190,22 @@ def generate(
             token[:, None], position_ids=pos, segment_ids=batch.segment_ids[:, : width + step + 1], cache=cache
         )[:, -1]
     return out
+
+
+def _fit_context(cfg: GenerationConfig, width: int, context: int) -> GenerationConfig:
+    """``cfg`` with ``max_new_tokens`` cut to what the model's context leaves after the longest prompt (``width``).
+
+    Raises:
+        ValueError: a prompt that fills the context on its own.
+    """
+    if width >= context:
+        raise ValueError(f"a prompt of {width} tokens leaves no room in the model's context of {context} tokens")
+    if width + cfg.max_new_tokens <= context:
+        return cfg
+    # One message per max_new_tokens (Python shows a warning once per text), not one per batch.
+    warnings.warn(
+        f"max_new_tokens={cfg.max_new_tokens} does not fit in the model's context (max_seq_len={context}) after the "
+        "prompts: answers stop when a batch's longest prompt and its answer fill it",
+        stacklevel=3,
+    )
+    return replace(cfg, max_new_tokens=context - width)

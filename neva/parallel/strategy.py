@@ -3,8 +3,11 @@
 One process writes Lightning checkpoint files; distributed runs write DCP directories (``neva.checkpoint.dcp``) under
 the whole model's parameter names. Both strategies read both: a DCP directory through ``load_dcp`` (each rank reads the
 pieces its shards need), a one-process file through ``load_whole`` (each rank slices the full tensors by name), so a
-run may continue under any other layout. Either way the learning rate is recomputed from the saved step and this
-run's schedule (``restore_schedules``), whoever wrote the checkpoint.
+run may continue under any other layout (and precision: a one-process O2 run keeps fp32 masters of the trained
+weights, which both readers prefer). Either way the optimizer's hyperparameters are this run's and the learning rate
+is recomputed from the saved step and this run's schedule (``restore_schedules``), whoever wrote the checkpoint; the
+module compares the config recorded in the checkpoint with this run's before any tensor is copied
+(``check_resume``).
 """
 
 from __future__ import annotations
@@ -44,11 +47,10 @@ def load_dcp(strategy: Strategy, path: Path) -> dict[str, Any]:
     """Fill the engine's parts and optimizer from DCP directory ``path`` (any layout wrote it) and return the loop
     state, with the schedulers' learning rates recomputed for this layout."""
     checkpoint = verified.load_state(path / _METADATA_FILENAME)  # the small file first: refused before any shard
+    strategy.lightning_module.check_resume(checkpoint, path)
     named, optimizer = _engine_state(strategy)
     dcp.load(path, named, optimizer)
-    engine = strategy.lightning_module.engine
-    if engine.master is not None:
-        engine.master.publish()  # the bf16 parameters follow the loaded fp32 masters
+    _publish_masters(strategy)
     restore_schedules(strategy.lightning_module.trainer, checkpoint)
     return checkpoint
 
@@ -60,6 +62,7 @@ def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
     the fp32 master copies when the run was O2, optimizer state through the names saved with it.
     """
     checkpoint = verified.load_state(path)
+    strategy.lightning_module.check_resume(checkpoint, path)
     named, optimizer = _engine_state(strategy)
     weights = {canonical_name(k.removeprefix("model.")): v for k, v in checkpoint.pop("state_dict").items()}
     weights.update(checkpoint.pop("master_weights", None) or {})
@@ -78,8 +81,17 @@ def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
         for name, p in strategy.lightning_module.engine.named_trainable_parameters():
             for key, value in state.get(name, {}).items():
                 copy_full(optimizer.state[p][key], value, f"{name}.{key}", path)
+    _publish_masters(strategy)
     restore_schedules(strategy.lightning_module.trainer, checkpoint)
     return checkpoint
+
+
+def _publish_masters(strategy: Strategy) -> None:
+    """One-process O2: the bf16 parameters follow the fp32 masters just loaded (from an O2 run's masters, or from an
+    fp32 run's weights, so a precision change keeps the trained weights)."""
+    engine = strategy.lightning_module.engine
+    if engine.master is not None:
+        engine.master.publish()
 
 
 def restore_schedules(trainer: Any, checkpoint: dict[str, Any]) -> None:
@@ -106,41 +118,28 @@ def set_lrs(optimizer: torch.optim.Optimizer, lrs: list[float]) -> None:
 
 
 class NevaSingleDeviceStrategy(SingleDeviceStrategy):
-    """One process. Besides its own checkpoint files it resumes the DCP checkpoint directories of distributed runs
-    (DCP gathers the shards of any layout into this process's full tensors)."""
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device=device)
-        self._loaded_dcp = False
+    """One process. It reads its own checkpoint files the way distributed ranks do (``load_whole``: by parameter
+    name, O2 masters preferred, this run's optimizer hyperparameters), so a resume may change the precision or the
+    optimizer's parameter groups, and it resumes the DCP checkpoint directories of distributed runs (DCP gathers the
+    shards of any layout into this process's full tensors)."""
 
     @property
     def restore_checkpoint_after_setup(self) -> bool:
-        return True  # DCP loads into the optimizer's state, which exists only after setup
+        return True  # the loaders fill the optimizer's state, which exists only after setup
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(checkpoint_path)
-        if not path.is_dir():
-            checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
-            restore_schedules(self.lightning_module.trainer, checkpoint)
-            return checkpoint
-        self._loaded_dcp = True
-        return load_dcp(self, path)
+        return load_dcp(self, path) if path.is_dir() else load_whole(self, path)
 
     @property
     def lightning_restore_optimizer(self) -> bool:
-        return not self._loaded_dcp  # DCP already filled the optimizer state in place
+        return False  # the loaders already filled the optimizer state in place
 
     def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
-        if not self._loaded_dcp:
-            super().load_model_state_dict(checkpoint, strict=strict)
+        pass  # the loaders already filled the weights
 
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        if self._loaded_dcp:
-            return
-        super().load_optimizer_state_dict(checkpoint)
-        # The saved parameter groups carry the learning rate of the run that wrote them; keep the recomputed one.
-        for config, state in zip(self.lightning_module.trainer.lr_scheduler_configs, checkpoint["lr_schedulers"]):
-            set_lrs(config.scheduler.optimizer, state["_last_lr"])
+        pass  # filled by the loaders by parameter name, under this run's parameter groups and hyperparameters
 
 
 class NevaParallelStrategy(ModelParallelStrategy):

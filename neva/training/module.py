@@ -23,6 +23,7 @@ from neva.parallel.precision import Precision
 from neva.training.callbacks import MetricsCSV
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer, build_scheduler
+from neva.training.resume_check import CONFIG_KEY, check_resume, config_record
 from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
@@ -278,6 +279,7 @@ class NevaModule(pl.LightningModule):
         }
         if self.engine.master is not None:
             checkpoint["master_weights"] = {n: p.detach().clone() for n, p in self.engine.master.named_master}
+        checkpoint[CONFIG_KEY] = config_record(self.cfg)
         # Lightning stores optimizer state by position; the names let another layout find each parameter's state.
         names = {id(p): n for n, p in self.engine.named_trainable_parameters()}
         groups = self.trainer.optimizers[0].param_groups if self.trainer.optimizers else []
@@ -293,14 +295,12 @@ class NevaModule(pl.LightningModule):
             random.setstate(rng["python"])
             if rng.get("cuda") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])
-        self._pending_master = checkpoint.get("master_weights")
+
+    def check_resume(self, checkpoint: dict[str, Any], path: Any) -> None:
+        """Called by the strategy with a checkpoint's loop state before any of its tensors is loaded: refuses config
+        changes that alter what is trained and logs the applied ones (``neva.training.resume_check``)."""
+        check_resume(checkpoint, self.cfg, path, log_changes=self._trainer is None or self.trainer.is_global_zero)
 
     def on_train_start(self) -> None:
         if self.metrics is not None:
             self.metrics.truncate_after(self.global_step)
-        pending = getattr(self, "_pending_master", None)
-        if pending and self.engine.master is not None:
-            with torch.no_grad():
-                for n, p in self.engine.master.named_master:
-                    p.copy_(pending[n])
-            self._pending_master = None

@@ -22,6 +22,7 @@ from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoi
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_training_data
 from neva.training.module import NevaModule
+from neva.training.stop_signal import StopOnSignal
 
 log = logging.getLogger("neva.train")
 
@@ -54,7 +55,10 @@ def run(cfg: TrainConfig) -> Path | None:
     module = NevaModule(cfg, source, data, layout, metrics=metrics)
     ckpt_dir = exp_dir / "checkpoints"
     params = cfg.exp_manager.checkpoint_callback_params
-    callbacks = [StepCheckpoints(ckpt_dir, params.every_n_train_steps, params.save_last, params.save_top_k)]
+    callbacks = [
+        StepCheckpoints(ckpt_dir, params.every_n_train_steps, params.save_last, params.save_top_k),
+        StopOnSignal(ckpt_dir / "last.ckpt"),  # SIGTERM / SIGINT: checkpoint, then exit 128 + signal, no final
+    ]
     if cfg.trainer.enable_progress_bar:
         callbacks.append(TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps // 2)))
     loggers = []

@@ -1,5 +1,7 @@
 """Generation against transformers' ``generate`` (greedy, with images, left-padded batches) and its logits processors."""
 
+import warnings
+
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -154,3 +156,21 @@ def test_eos_and_stop_strings_end_rows_independently(models):
     assert stop in decode(stopped[1]) and stop not in decode(stopped[1][:-1])
     for row, full in zip(stopped, free):
         assert row == (full[: full.index(free[1][3]) + 1] if free[1][3] in full else full)
+
+
+def test_max_new_tokens_beyond_the_context_is_capped_with_a_warning(models):
+    """A request for a billion new tokens would reserve a KV cache of that length up front (and never end); it stops
+    where prompt and answer fill the model's context instead."""
+    _, ours = models
+    context = ours.cfg.llm.max_seq_len
+    prompts = [prompt(ours.cfg, 0, 5, seed=9), prompt(ours.cfg, 0, 12, seed=10)]
+    with pytest.warns(UserWarning, match=f"max_new_tokens=1000000000 does not fit .*max_seq_len={context}"):
+        out = generate(ours, prompts, config=GenerationConfig(max_new_tokens=10**9))
+    width = max(len(p) for p in prompts)
+    assert [len(row) for row in out] == [context - width] * 2  # no EOS configured: every row runs to the context
+    # What fits is neither capped nor warned about, and the capped rows begin like a shorter request.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert generate(ours, prompts, config=GenerationConfig(max_new_tokens=8)) == [row[:8] for row in out]
+    with pytest.raises(ValueError, match=f"leaves no room in the model's context of {context}"):
+        generate(ours, [[1] * context], config=GenerationConfig(max_new_tokens=1))
