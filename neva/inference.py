@@ -22,7 +22,7 @@ from PIL import Image
 from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
 from neva.constants import IMAGE_TOKEN
 from neva.data.conversation import ChatTemplateRenderer, Message, get_template
-from neva.data.images import ImageProcessor
+from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.records import record_images
 from neva.models.config import NevaConfig
 from neva.models.generation import GenerationConfig, generate
@@ -111,9 +111,8 @@ def load_pixels(images: Sequence[ImageInput], processor: ImageProcessor | None) 
     for image in images:
         if isinstance(image, Image.Image):
             tensors.append(processor(image))
-        else:
-            with Image.open(image) as opened:
-                tensors.append(processor(opened))
+        else:  # the training loader's rules: regular files only, the pixel cap checked before decoding
+            tensors.append(processor(decode_image(read_regular_file(str(image), str(image)), str(image))))
     return torch.stack(tensors)
 
 

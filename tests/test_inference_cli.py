@@ -1,6 +1,7 @@
 """``neva.generate`` and ``neva.evaluate`` answer through one front end: same prompts, same greedy answers."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -94,9 +95,13 @@ def test_images_as_paths_or_pil_and_batching_give_the_same_answers(checkpoint):
 
 @one_thread()
 def test_generate_file_answers_every_good_record_and_marks_the_bad_ones(checkpoint, capsys):
-    """Records without a prompt, with a missing image or with mismatched <image> tags, and a line that is not JSON,
-    get an ``error`` each; the others, in the same batch, get the answers they get alone; the command exits 1."""
+    """Records without a prompt, with a missing image, a named pipe as image or mismatched <image> tags, and a line
+    that is not JSON, get an ``error`` each; the others, in the same batch, get the answers they get alone (nothing
+    blocks on the pipe); the command exits 1."""
     root = checkpoint
+    pipe = root / "pipe.png"
+    if not pipe.exists():
+        os.mkfifo(pipe)
     good = [{"id": 1, "image": "a.png", "prompt": "Describe it."}, {"id": 2, "prompt": "Say hello."}]
     lines = [
         json.dumps(good[0]),
@@ -105,6 +110,7 @@ def test_generate_file_answers_every_good_record_and_marks_the_bad_ones(checkpoi
         json.dumps({"id": "missing image", "image": "nowhere.png", "prompt": "Describe it."}),
         json.dumps({"id": "tags", "prompt": "<image> and <image>?", "image": "a.png"}),
         json.dumps(["a list"]),
+        json.dumps({"id": "pipe", "image": "pipe.png", "prompt": "Describe it."}),
         json.dumps(good[1]),
     ]
     (root / "mixed.jsonl").write_text("\n".join(lines) + "\n")
@@ -113,18 +119,19 @@ def test_generate_file_answers_every_good_record_and_marks_the_bad_ones(checkpoi
         generate_main([*common, "--input-file", str(root / "mixed.jsonl"), "--batch-size", "8"])
     assert exit_.value.code == 1
     captured = capsys.readouterr()
-    assert "5 of 7 records not answered" in captured.err
+    assert "6 of 8 records not answered" in captured.err
     rows = [json.loads(line) for line in captured.out.splitlines()]
-    assert len(rows) == 7
-    assert [("answer" in r, "error" in r) for r in rows] == [(True, False)] + [(False, True)] * 5 + [(True, False)]
+    assert len(rows) == 8
+    assert [("answer" in r, "error" in r) for r in rows] == [(True, False)] + [(False, True)] * 6 + [(True, False)]
     assert rows[1]["error"] == "the record has no 'prompt' string" and rows[1]["id"] == "no prompt"
     assert "mixed.jsonl:3 is not JSON" in rows[2]["error"]
     assert "nowhere.png" in rows[3]["error"] and rows[3]["id"] == "missing image"
     assert "2 <image> tag(s) but 1 image(s)" in rows[4]["error"]
     assert rows[5] == {"record": ["a list"], "error": "the record has no 'prompt' string"}
+    assert "named pipe, not a regular file" in rows[6]["error"]
     answerer = Answerer(root / "ckpt", GenerationConfig(max_new_tokens=NEW_TOKENS))
     alone = answerer.answer([(g["prompt"], [root / g["image"]] if "image" in g else []) for g in good])
-    assert [rows[0]["answer"], rows[6]["answer"]] == alone
+    assert [rows[0]["answer"], rows[7]["answer"]] == alone
 
 
 @one_thread()

@@ -168,24 +168,33 @@ class FolderImageSource(ImageSource):
         path = os.path.realpath(os.path.join(self.root, rel))
         if not path.startswith(self.root + os.sep):
             raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
+        return read_regular_file(path, name, f" in {self.root}")
+
+
+def read_regular_file(path: str, name: str, where: str = "") -> bytes:
+    """The bytes of the regular file at ``path`` (``name`` and ``where`` for messages).
+
+    Raises:
+        ImageError: ``missing_image`` or ``not_regular_file``.
+    """
+    try:
+        # Non-blocking open, then fstat of what was opened: a named pipe would block a blocking open (and a read)
+        # forever, and checking the type before opening would leave a window to swap the file.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError as exc:
+        raise ImageError("missing_image", f"{name} not found{where}") from exc
+    except OSError as exc:
+        raise ImageError("missing_image", f"{name}: {exc}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "directory" if stat.S_ISDIR(mode) else "named pipe" if stat.S_ISFIFO(mode) else "special file"
+        raise ImageError("not_regular_file", f"{name} is a {kind}, not a regular file")
+    with os.fdopen(fd, "rb") as f:
         try:
-            # Non-blocking open, then fstat of what was opened: a named pipe would block a blocking open (and a
-            # read) forever, and checking the type before opening would leave a window to swap the file.
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        except FileNotFoundError as exc:
-            raise ImageError("missing_image", f"{name} not found in {self.root}") from exc
+            return f.read()
         except OSError as exc:
             raise ImageError("missing_image", f"{name}: {exc}") from exc
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            kind = "directory" if stat.S_ISDIR(mode) else "named pipe" if stat.S_ISFIFO(mode) else "special file"
-            raise ImageError("not_regular_file", f"{name} is a {kind}, not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            try:
-                return f.read()
-            except OSError as exc:
-                raise ImageError("missing_image", f"{name}: {exc}") from exc
 
 
 class TarImageSource(ImageSource):
