@@ -119,8 +119,9 @@ def test_every_torchrun_rank_stops_after_the_same_step(reference, tmp_path, one_
     assert 3 <= reached < STEPS, reached
     assert output.count(f"stopped by SIGTERM after step {reached}") == 1, output[-3000:]  # logged by rank 0
     assert output.count("SIGTERM received: stopping after this step") == (1 if one_worker else 2), output[-3000:]
-    if one_worker:  # both ranks ended with the documented status (the launcher itself was not signalled)
-        assert output.count("exitcode  : 143") == 2, output[-3000:]
+    if one_worker:  # the launcher itself was not signalled: the first rank to finish ends with the documented status
+        # (the launcher then stops the other one, which may still be on its way out after the shared checkpoint)
+        assert output.count("exitcode  : 143") >= 1, output[-3000:]
     last = exp_dir / "checkpoints" / "last.ckpt"
     assert last.is_dir() and saved_step(last) == reached
     assert not (exp_dir / "final").exists()
