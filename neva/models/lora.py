@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -100,9 +100,12 @@ class LoRALinear(nn.Module):
             return F.dropout(x, self.p, training=True)
         return x * keyed_dropout_mask(keys, x.shape[-1], self.salt, self.p).to(x.dtype) / (1 - self.p)
 
-    def merged_weight(self) -> torch.Tensor:
-        delta = self.lora_b.weight.float() @ self.lora_a.weight.float()
-        return (self.base.weight.float() + self.scale * delta).to(self.base.weight.dtype)
+    def merged_weight(self, value: Callable[[nn.Parameter], torch.Tensor] | None = None) -> torch.Tensor:
+        """``W + scale · B A`` in fp32; ``value`` reads each parameter (default: as it is; the export passes one that
+        gathers shards and prefers fp32 master copies)."""
+        value = value or (lambda p: p.detach())
+        w, a, b = (value(p).float() for p in (self.base.weight, self.lora_a.weight, self.lora_b.weight))
+        return w + self.scale * b @ a
 
 
 def apply_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float) -> list[str]:
@@ -132,7 +135,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         if owner is None:
             merged[key] = value
         elif key == f"{owner}.base.weight":
-            merged[f"{owner}.weight"] = lora_prefixes[owner].merged_weight().detach()
+            merged[f"{owner}.weight"] = lora_prefixes[owner].merged_weight().to(value.dtype)
         elif key.startswith(f"{owner}.base."):
             merged[f"{owner}.{key[len(owner) + 6 :]}"] = value
     return merged

@@ -35,9 +35,7 @@ def _local_getters(model: ParallelModel) -> dict[str, Callable[[], torch.Tensor]
                 out[name] = lambda p=p: full(p)
             elif name == f"{owner}.base.weight":
                 m = lora[owner]
-                out[f"{owner}.weight"] = lambda m=m: (
-                    full(m.base.weight) + m.scale * full(m.lora_b.weight) @ full(m.lora_a.weight)
-                )
+                out[f"{owner}.weight"] = lambda m=m: m.merged_weight(full)
             elif name.startswith(f"{owner}.base."):
                 out[f"{owner}.{name[len(owner) + 6 :]}"] = lambda p=p: full(p)
     return out
