@@ -11,6 +11,7 @@ Batch contract (both modes)::
     num_samples  int                 samples in the batch (skipped ones excluded)
     skipped      dict[str, int]      skip reasons counted in this batch
     truncated    int                 samples of the batch cut to the maximum length (kept, not skipped)
+    dropped_leading_reply int        samples whose leading assistant turn was dropped (kept, LLaVA's rule)
     ids          list               sample ids, in the order they appear in the rows
 
 When every sample of a micro-batch was skipped the batch has one row of padding with ``segment_ids`` 1 and no
@@ -98,6 +99,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "num_samples": num_samples,
         "skipped": dict(skipped),
         "truncated": sum(bool(s.get("truncated")) for row in rows for s in row),
+        "dropped_leading_reply": sum(bool(s.get("dropped_leading_reply")) for row in rows for s in row),
         "ids": ids,
     }
 

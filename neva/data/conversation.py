@@ -48,10 +48,17 @@ class Rendered:
 
 
 def parse_conversations(conversations: Any) -> list[Message]:
-    """LLaVA ``conversations`` (``from``/``value``) → messages, validated.
+    """LLaVA ``conversations`` (``from``/``value``) → messages, validated (``read_conversation`` without the flag)."""
+    return read_conversation(conversations)[0]
+
+
+def read_conversation(conversations: Any) -> tuple[list[Message], bool]:
+    """LLaVA ``conversations`` (``from``/``value``) → ``(messages, dropped)``, validated.
 
     Accepts ``human``/``user``, ``gpt``/``assistant`` and ``system`` roles (also ``role``/``content`` keys). An
-    optional system turn may lead; then turns alternate user, assistant, starting with the user.
+    optional system turn may lead; then turns alternate user, assistant, starting with the user. A leading assistant
+    turn is dropped (``dropped`` is True), as LLaVA's ``preprocess`` and NeMo do (``if roles[source[0]["from"]] !=
+    conv.roles[0]: source = source[1:]``): the sample is kept, the caller counts the drop.
 
     Raises:
         ConversationError: ``empty_conversation``, ``unknown_role`` or ``bad_turn_order``.
@@ -69,14 +76,18 @@ def parse_conversations(conversations: Any) -> list[Message]:
         if not isinstance(value, str):
             raise ConversationError("malformed_record", f"turn value is not a string: {value!r:.80}")
         messages.append(Message(_ROLE_NAMES[role.lower()], value))
-    body = messages[1:] if messages[0].role == SYSTEM else messages
+    lead = 1 if messages[0].role == SYSTEM else 0
+    dropped = len(messages) > lead and messages[lead].role == ASSISTANT
+    if dropped:
+        messages = messages[:lead] + messages[lead + 1 :]
+    body = messages[lead:]
     if not body or not any(m.role == ASSISTANT for m in body):
         raise ConversationError("empty_conversation", "no assistant turn")
     for i, message in enumerate(body):
         expected = USER if i % 2 == 0 else ASSISTANT
         if message.role != expected:
             raise ConversationError("bad_turn_order", f"turn {i} is {message.role}, expected {expected}")
-    return messages
+    return messages, dropped
 
 
 def count_image_tags(messages: list[Message]) -> int:

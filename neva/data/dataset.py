@@ -3,11 +3,13 @@
 Order of checks (cheapest first): unreadable record → conversation structure (and no ``<image>`` in a reply) →
 tag/image count → image paths → render + tokenize + length → image decode. Every failure becomes
 ``{"id", "skipped": reason, "detail"}``; the collate functions count them per batch, ``SkipTracker`` turns the counts
-into metrics and the stop rule. A sample cut to the maximum length is kept, and counted as ``truncated``.
+into metrics and the stop rule. A sample cut to the maximum length is kept, and counted as ``truncated``; one whose
+leading assistant turn was dropped (LLaVA's rule) is kept, and counted as ``dropped_leading_reply``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -23,8 +25,8 @@ from neva.data.conversation import (
     ConversationError,
     Template,
     count_image_tags,
-    parse_conversations,
     place_image_tags,
+    read_conversation,
 )
 from neva.data.encoding import Encoded, encode
 from neva.data.errors import SampleError
@@ -82,7 +84,7 @@ def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[En
     """
     if ERROR_KEY in record:
         raise ConversationError(record[ERROR_KEY], record.get("detail", ""))
-    messages = parse_conversations(record.get("conversations"))
+    messages, dropped = read_conversation(record.get("conversations"))
     # An image placed in a reply would sit inside the learned span: the model would be trained to emit it.
     for i, message in enumerate(messages):
         if message.role == ASSISTANT and IMAGE_TOKEN in message.content:
@@ -102,7 +104,7 @@ def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[En
         len(images),
         settings.max_length,
     )
-    return enc, names
+    return (dataclasses.replace(enc, dropped_leading_reply=True) if dropped else enc), names
 
 
 def process_record(
@@ -111,7 +113,8 @@ def process_record(
     image_source: ImageSource,
     image_processor: ImageProcessor | None,
 ) -> dict[str, Any]:
-    """One record → ``{"id", "input_ids", "labels", "pixel_values", "truncated"}`` or a skip marker.
+    """One record → ``{"id", "input_ids", "labels", "pixel_values", "truncated", "dropped_leading_reply"}`` or a
+    skip marker.
 
     ``truncated`` (the sample was cut to the maximum length) is not a skip; the collate functions count it.
     """
@@ -130,6 +133,7 @@ def process_record(
         "labels": torch.tensor(enc.labels, dtype=torch.long),
         "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
         "truncated": enc.truncated_from is not None,
+        "dropped_leading_reply": enc.dropped_leading_reply,
     }
 
 

@@ -24,13 +24,15 @@ class EncodingError(SampleError):
 class Encoded:
     """Token ids and aligned labels (``IGNORE_INDEX`` = not learned); image spans already expanded.
 
-    ``truncated_from`` is the length before the sample was cut to the maximum length (None when it was not cut).
+    ``truncated_from`` is the length before the sample was cut to the maximum length (None when it was not cut);
+    ``dropped_leading_reply`` says a leading assistant turn was dropped before rendering (LLaVA's rule).
     """
 
     input_ids: list[int]
     labels: list[int]
     num_images: int
     truncated_from: int | None = None
+    dropped_leading_reply: bool = False
 
 
 def token_labels(offsets: list[tuple[int, int]], ids: list[int], spans: tuple[tuple[int, int], ...]) -> list[int]:

@@ -1,7 +1,7 @@
 """Skip accounting: per-reason counts from batches become metrics, and too many skips stop the run.
 
-Truncated samples (cut to the maximum length, but trained on) are counted here too: not skips, but events a user
-must be able to see.
+Truncated samples (cut to the maximum length, but trained on) and samples whose leading assistant turn was dropped
+(LLaVA's rule; the rest is trained on) are counted here too: not skips, but events a user must be able to see.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class SkipTracker:
         self.skipped: Counter[str] = Counter()
         self.used = 0
         self.truncated = 0
+        self.dropped_leading_reply = 0
 
     @property
     def seen(self) -> int:
@@ -45,6 +46,7 @@ class SkipTracker:
         self.skipped.update(batch.get("skipped", {}))
         self.used += int(batch.get("num_samples", 0))
         self.truncated += int(batch.get("truncated", 0))
+        self.dropped_leading_reply += int(batch.get("dropped_leading_reply", 0))
         if self.seen >= self.min_samples:
             self.check()
 
@@ -69,17 +71,24 @@ class SkipTracker:
         out = {f"{prefix}/{reason}": float(n) for reason, n in self.skipped.items()}
         out[f"{prefix}_fraction"] = self.fraction
         out["data/truncated"] = float(self.truncated)
+        out["data/dropped_leading_reply"] = float(self.dropped_leading_reply)
         return out
 
     def state_dict(self) -> dict[str, Any]:
         """Counts so far (resumed runs keep counting from them)."""
-        return {"skipped": dict(self.skipped), "used": self.used, "truncated": self.truncated}
+        return {
+            "skipped": dict(self.skipped),
+            "used": self.used,
+            "truncated": self.truncated,
+            "dropped_leading_reply": self.dropped_leading_reply,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore counts."""
         self.skipped = Counter(state.get("skipped", {}))
         self.used = int(state.get("used", 0))
         self.truncated = int(state.get("truncated", 0))
+        self.dropped_leading_reply = int(state.get("dropped_leading_reply", 0))
 
     def merge(self, states: list[dict[str, Any]], copies: int = 1) -> None:
         """Set the counts to the sum of ``states`` (every rank's ``state_dict``), divided by ``copies``: the ranks
@@ -91,3 +100,4 @@ class SkipTracker:
         self.skipped = Counter({reason: n // copies for reason, n in skipped.items()})
         self.used = sum(int(s.get("used", 0)) for s in states) // copies
         self.truncated = sum(int(s.get("truncated", 0)) for s in states) // copies
+        self.dropped_leading_reply = sum(int(s.get("dropped_leading_reply", 0)) for s in states) // copies

@@ -162,3 +162,26 @@ def test_top_level_json_object_is_an_error_naming_the_file(tmp_path):
     jsonl = tmp_path / "one.jsonl"
     jsonl.write_text(json.dumps(rec) + "\n")
     assert [r["id"] for r in load_records(str(jsonl))] == ["one"]
+
+
+def test_leading_reply_is_dropped_and_counted(tmp_path, synthetic_tokenizer, vision):
+    """A conversation that opens with a gpt turn loses that turn (LLaVA's ``preprocess``: ``source = source[1:]``)
+    and is trained on as the rest; the drop is counted like a truncation (metrics, resume), not skipped."""
+    write_image(tmp_path / "images" / "a.png")
+    path = tmp_path / "data.jsonl"
+    plain = qa(rid="plain")
+    led = {**plain, "id": "led", "conversations": [{"from": "gpt", "value": "Hello!"}, *plain["conversations"]]}
+    write_jsonl(path, [plain, led])
+    ds = make_dataset(str(path), str(tmp_path / "images"), synthetic_tokenizer, vision)
+    kept, dropped = ds[0], ds[1]
+    assert not is_skipped(dropped) and dropped["dropped_leading_reply"] and not kept["dropped_leading_reply"]
+    assert dropped["input_ids"].tolist() == kept["input_ids"].tolist()
+    assert dropped["labels"].tolist() == kept["labels"].tolist()
+    batch = collate_padded([kept, dropped], pad_id=3)
+    assert batch["dropped_leading_reply"] == 1 and batch["skipped"] == {}
+    tracker = SkipTracker()
+    tracker.update(batch)
+    assert tracker.metrics()["data/dropped_leading_reply"] == 1 and tracker.fraction == 0
+    resumed = SkipTracker()
+    resumed.load_state_dict(tracker.state_dict())
+    assert resumed.dropped_leading_reply == 1

@@ -106,7 +106,11 @@ def test_roles_and_errors():
         (None, "empty_conversation"),
         ([{"from": "human", "value": "q"}], "empty_conversation"),
         ([{"from": "robot", "value": "q"}, {"from": "gpt", "value": "a"}], "unknown_role"),
-        ([{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}], "bad_turn_order"),
+        (
+            [{"from": "human", "value": "q"}, {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+            "bad_turn_order",
+        ),
+        ([{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}], "empty_conversation"),  # lead dropped
     ]:
         with pytest.raises(ConversationError) as e:
             parse_conversations(conv)
