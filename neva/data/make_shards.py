@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -108,6 +109,19 @@ def shard_pattern(shards: Sequence[str], out: str) -> str:
     return shards[0] if len(shards) == 1 else f"{out}-{{000000..{len(shards) - 1:06d}}}.tar"
 
 
+def data_path_override(pattern: str) -> str:
+    """``model.data.data_path=PATTERN`` as one shell word that pastes as is into bash and reaches Hydra intact.
+
+    Unquoted, bash brace-expands the pattern into one argument per shard (Hydra then keeps the last: training on one
+    shard) and Hydra's override grammar reads ``{...}`` as a dictionary; so the value is a Hydra quoted string
+    (quotes, backslashes before them and ``${`` escaped) and the whole override is shell-quoted.
+    """
+    # Hydra's quoted strings: backslashes are literal except before a quote (or the closing one), ${ interpolates.
+    escaped = re.sub(r'(\\*)("|$)', lambda m: m.group(1) * 2 + ("\\" + m.group(2) if m.group(2) else ""), pattern)
+    hydra_value = '"' + escaped.replace("${", "\\${") + '"'
+    return shlex.quote(f"model.data.data_path={hydra_value}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.data_path or not args.out:
         parser.error("--data-path and --out are required (or --index)")
     shards = make_shards(args.data_path, args.image_folder, args.out, args.samples_per_shard, args.shuffle_seed)
-    print(f"wrote {len(shards)} shard(s): model.data.data_path={shard_pattern(shards, args.out)}")
+    print(f"wrote {len(shards)} shard(s); train on them with the override (quoted for bash and Hydra):")
+    print(data_path_override(shard_pattern(shards, args.out)))
     return 0
 
 

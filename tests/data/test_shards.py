@@ -220,3 +220,22 @@ def test_stale_index_is_recounted(tmp_path):
     assert make_shards_main(["--index", shard]) == 0
     with open(index_path(shard)) as f:
         assert json.load(f)["num_samples"] == 3
+
+
+def test_printed_override_pastes_into_bash_and_hydra(tmp_path, capsys):
+    """The override `make_shards` prints reaches Hydra as one pattern through bash (no brace expansion into one
+    argument per shard, no Hydra dictionary), also under a directory with a space in its name."""
+    import subprocess
+
+    from neva.config import compose_config
+
+    path = tmp_path / "data.jsonl"
+    write_jsonl(path, [qa(image=None, rid=f"t{i}") for i in range(3)])
+    out = tmp_path / "my shards" / "llava"
+    assert make_shards_main(["--data-path", str(path), "--out", str(out), "--samples-per-shard", "1"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    argv = subprocess.run(["bash", "-c", "printf '%s\\0' " + line], capture_output=True, text=True, check=True)
+    args = argv.stdout.split("\0")[:-1]
+    assert len(args) == 1
+    cfg = compose_config(["+stage=pretrain", *args])
+    assert cfg.model.data.data_path == f"{out}-{{000000..000002}}.tar"
