@@ -1,33 +1,63 @@
-"""Hugging Face configs and tokenizers from local directories only: never the Hub, never code shipped with a model.
+"""Hugging Face configs and tokenizers from local files only: never the Hub, never code shipped with a model.
 
 transformers treats a path that does not exist as a Hub repository name (tens of seconds of retries before an
 unrelated error), and asks ``[y/N]`` on stdin before running the code a config's ``auto_map`` names. neva reads
-models only from directories on disk and runs only its own code, so every ``from_pretrained`` goes through here.
+models only from disk — a directory, or a Hub id's snapshot already in the local HF cache (what ``HF_HUB_OFFLINE=1``
+allows) — and runs only its own code, so every ``from_pretrained`` and every HF model path goes through here.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 class LocalModelError(ValueError):
     """A model path that is not a local directory, or one whose loading needs the model's own Python code."""
 
 
-def from_local(loader: Any, path: str | os.PathLike, **kwargs: Any) -> Any:
-    """``loader.from_pretrained(path)`` (``AutoConfig``, ``AutoTokenizer``, ...) with ``local_files_only=True`` and
-    ``trust_remote_code=False``.
+def model_dir(path: str | os.PathLike) -> str:
+    """The local directory of ``path``: the directory itself, or for a Hub id (``lmsys/vicuna-7b-v1.5``) that is not
+    a directory here, its snapshot (``refs/main``) in the local HF cache (``HF_HUB_CACHE`` / ``HF_HOME``). Nothing is
+    ever downloaded.
 
     Raises:
-        LocalModelError: ``path`` is not a directory, or loading it needs remote code; the message names the path.
+        LocalModelError: neither a directory nor a cached Hub id; the message names it and how to fetch it.
     """
     path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise LocalModelError(
-            f"{path!r} is not a local directory. neva loads Hugging Face models from local directories only and never "
-            "looks a name up on the Hub: download it first (e.g. `hf download NAME --local-dir DIR`) and pass DIR."
-        )
+    if os.path.isdir(path):
+        return path
+    if _HUB_ID.fullmatch(path):
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            return snapshot_download(path, local_files_only=True)
+        except LocalEntryNotFoundError:
+            raise LocalModelError(
+                f"{path!r} is not a local directory, and the local Hugging Face cache holds no snapshot of the Hub id "
+                f"{path!r}. neva never downloads: fetch it first (`hf download {path}`, then pass {path} again, or "
+                "`hf download NAME --local-dir DIR` and pass DIR)."
+            ) from None
+    raise LocalModelError(
+        f"{path!r} is not a local directory. neva loads Hugging Face models from local directories (or Hub ids already "
+        "in the local HF cache) only and never looks a name up on the Hub: download it first (e.g. "
+        "`hf download NAME --local-dir DIR`) and pass DIR."
+    )
+
+
+def from_local(loader: Any, path: str | os.PathLike, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(model_dir(path))`` (``AutoConfig``, ``AutoTokenizer``, ...) with
+    ``local_files_only=True`` and ``trust_remote_code=False``.
+
+    Raises:
+        LocalModelError: ``path`` is not a directory or a cached Hub id, or loading it needs remote code; the message
+            names the path.
+    """
+    path = model_dir(path)
     try:
         return loader.from_pretrained(path, local_files_only=True, trust_remote_code=False, **kwargs)
     except ValueError as err:

@@ -48,7 +48,7 @@ from neva.checkpoint.safetensors_io import (
     write_safetensors,
 )
 from neva.constants import IMAGE_TOKEN
-from neva.hf_local import from_local
+from neva.hf_local import from_local, model_dir
 from neva.models.config import NevaConfig, ProjectorConfig
 from neva.models.projector import build_projector, init_projector
 
@@ -205,7 +205,7 @@ def import_llava(
         ValueError: tensors that map nowhere or model tensors that are missing; an ``<image>`` token whose id differs
             from the config's ``image_token_index``.
     """
-    hf_dir = Path(hf_dir)
+    hf_dir = Path(model_dir(hf_dir))
     cfg = _with_image_stats(neva_config_from_llava(load_hf_config(hf_dir)), hf_dir)
     shapes = hf_tensor_shapes(hf_dir)
     mapping = _map_keys(list(shapes), detect_prefixes(list(shapes)), hf_dir)
@@ -268,7 +268,8 @@ def load_hf_weights(model: Any, llm_dir: str | os.PathLike, vision_dir: str | os
             model's (an embedding may have fewer rows; names and shapes are checked before anything is copied).
     """
     targets = model.state_dict()
-    sources = [(Path(llm_dir), "llm")] + ([(Path(vision_dir), "vision")] if vision_dir is not None else [])
+    sources = [(Path(model_dir(llm_dir)), "llm")]
+    sources += [(Path(model_dir(vision_dir)), "vision")] if vision_dir is not None else []
     for directory, part in sources:
         shapes = hf_tensor_shapes(directory)
         mapping = _map_keys(list(shapes), detect_prefixes(list(shapes), parts=(part,)), directory)
@@ -337,7 +338,7 @@ def import_llm_and_vision(
     Returns:
         ``out``.
     """
-    llm_dir, vision_dir = Path(llm_dir), Path(vision_dir)
+    llm_dir, vision_dir = Path(model_dir(llm_dir)), Path(model_dir(vision_dir))
     llm = llm_config_from_hf(load_hf_config(llm_dir))
     vision = vision_config_from_hf(load_hf_config(vision_dir), vision_select_layer, vision_select_feature)
     tokenizer = prepare_tokenizer(llm_dir)

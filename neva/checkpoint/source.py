@@ -17,7 +17,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
 from neva.checkpoint.names import named_parameters
 from neva.config import MMConfig, TrainConfig
 from neva.data.datamodule import tokenizer_image_token_id
-from neva.hf_local import LocalModelError
+from neva.hf_local import LocalModelError, model_dir
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
 from neva.models.lora import LoRALinear
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
@@ -72,8 +72,12 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
         neva_cfg = neva_config_from_mm(
             mm, vocab_size=len(tokenizer), image_token_id=tokenizer_image_token_id(tokenizer)
         )
+        vision = mm.vision_encoder.from_pretrained
         return ModelSource(
-            neva_cfg, tokenizer, hf_llm=mm.llm.from_pretrained, hf_vision=mm.vision_encoder.from_pretrained
+            neva_cfg,
+            tokenizer,
+            hf_llm=_hf_dir(mm.llm.from_pretrained, "model.mm_cfg.llm"),
+            hf_vision=_hf_dir(vision, "model.mm_cfg.vision_encoder") if vision else None,
         )
     from neva.data.synthetic import build_tokenizer
 
@@ -175,7 +179,16 @@ def load_source_weights(parts: list[nn.Module], source: ModelSource) -> None:
         load_hf_weights(targets, llm_dir=source.hf_llm, vision_dir=source.hf_vision)
 
 
+def _hf_dir(path: str, what: str) -> str:
+    """``from_pretrained``'s local directory (a Hub id resolves through the local HF cache only)."""
+    try:
+        return model_dir(path)
+    except LocalModelError as err:
+        raise ConfigError(f"{what}.from_pretrained: {err}") from err
+
+
 def _read_hf_config(path: str, what: str) -> dict:
+    path = _hf_dir(path, what)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"{what}.from_pretrained={path!r}: no config.json there (expected a local HF directory)")
     from neva.checkpoint.hf import load_hf_config
