@@ -75,6 +75,7 @@ class MMConfig:
     vision_encoder: VisionSettings = field(default_factory=VisionSettings)
     mm_mlp_adapter_type: str = "mlp2x_gelu"
     freeze_projector: bool = False
+    pretrain_mm_mlp_adapter: str | None = None  # LLaVA's mm_projector.bin / .safetensors: the projector's start
 
 
 @dataclass

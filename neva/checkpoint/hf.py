@@ -110,6 +110,25 @@ def hf_tensor_shapes(directory: str | os.PathLike) -> dict[str, tuple[int, ...]]
     return {key: tuple(t.shape) for path in files for key, t in _load_bin(path).items()}
 
 
+def read_projector_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A published projector file → ``{neva projector key: tensor}``.
+
+    LLaVA's ``--pretrain_mm_mlp_adapter`` file (``mm_projector.bin``: a ``torch.save`` dict of
+    ``model.mm_projector.{i}.weight|bias``, read with ``weights_only=True``), or a safetensors file under the same or
+    llava-hf (``multi_modal_projector.linear_{n}``) names.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a key that is not a projector tensor (names it).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"projector weights {path}: no such file")
+    state = dict(iter_safetensors([path])) if path.suffix == ".safetensors" else _load_bin(path)
+    mapping = _map_keys(list(state), detect_prefixes(list(state), parts=("projector",)), path)
+    return {mapping[k]: t for k, t in state.items() if k in mapping}
+
+
 def load_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
     """An HF ``config.json`` with transformers' defaults filled in (``AutoConfig(...).to_dict()``)."""
     from transformers import AutoConfig

@@ -131,7 +131,8 @@ def hf_key_to_neva(key: str, prefixes: dict[str, str]) -> str | None:
             continue
         rest = key[len(prefix) :]
         if part == "projector" and prefix == LLAVA_ORIGINAL_PROJECTOR:
-            return "projector." + rest
+            # LLaVA's `linear` projector is a bare nn.Linear (`mm_projector.weight`); neva's is Sequential's layer 0.
+            return "projector." + (rest if rest[:1].isdigit() else "0." + rest)
         neva = part_key_from_hf(rest, part)
         if neva is not None:
             return f"{part}.{neva}"

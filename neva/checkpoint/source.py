@@ -35,6 +35,7 @@ class ModelSource:
     checkpoint: str | None = None  # neva checkpoint to load weights from; None = fresh init (or HF import)
     hf_llm: str | None = None
     hf_vision: str | None = None
+    projector_weights: str | None = None  # LLaVA's mm_projector.bin (model.mm_cfg.pretrain_mm_mlp_adapter)
 
 
 def default_pretrain_output() -> str:
@@ -56,6 +57,15 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
                 "`python -m neva.train +stage=pretrain` first, or pass model.restore_from_path=/path/to/neva_checkpoint "
                 "(a pretrain stage's final checkpoint, or `python -m neva.convert hf-to-neva` output)."
             )
+    adapter = cfg.model.mm_cfg.pretrain_mm_mlp_adapter
+    if adapter is not None and not os.path.isfile(adapter):
+        raise ConfigError(f"model.mm_cfg.pretrain_mm_mlp_adapter={adapter!r}: no such file (LLaVA's mm_projector.bin)")
+    if restore is not None and adapter is not None:
+        raise ConfigError(
+            f"model.mm_cfg.pretrain_mm_mlp_adapter={adapter!r} with model.restore_from_path={restore!r}: the checkpoint "
+            "already holds a projector. Drop one of them (LLaVA uses the adapter to finetune from an HF LLM: "
+            "model.mm_cfg.llm.from_pretrained)."
+        )
     if restore is not None:
         if not neva_format.is_neva_checkpoint(restore):
             raise ConfigError(f"model.restore_from_path={restore!r} is not a neva checkpoint directory")
@@ -78,12 +88,13 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
             tokenizer,
             hf_llm=_hf_dir(mm.llm.from_pretrained, "model.mm_cfg.llm"),
             hf_vision=_hf_dir(vision, "model.mm_cfg.vision_encoder") if vision else None,
+            projector_weights=adapter,
         )
     from neva.data.synthetic import build_tokenizer
 
     tokenizer = build_tokenizer()
     neva_cfg = neva_config_from_mm(mm, vocab_size=len(tokenizer), image_token_id=tokenizer_image_token_id(tokenizer))
-    return ModelSource(neva_cfg, tokenizer)
+    return ModelSource(neva_cfg, tokenizer, projector_weights=adapter)
 
 
 @torch.no_grad()
@@ -177,6 +188,36 @@ def load_source_weights(parts: list[nn.Module], source: ModelSource) -> None:
         from neva.checkpoint.hf import load_hf_weights
 
         load_hf_weights(targets, llm_dir=source.hf_llm, vision_dir=source.hf_vision)
+    if source.projector_weights is not None:
+        load_projector_weights(targets, source.cfg.projector, source.projector_weights)
+
+
+def load_projector_weights(targets: _Targets, cfg: ProjectorConfig, path: str) -> None:
+    """Copy a published projector (``model.mm_cfg.pretrain_mm_mlp_adapter``) into the projector this rank holds.
+
+    Raises:
+        ValueError: the file's tensors are not exactly the projector's (``mm_mlp_adapter_type``) or a shape differs;
+            names the key and both shapes, before anything is copied.
+    """
+    from neva.checkpoint.hf import read_projector_file
+    from neva.models.projector import build_projector
+
+    where = f"model.mm_cfg.pretrain_mm_mlp_adapter={path}"
+    weights = read_projector_file(path)
+    with torch.device("meta"):
+        expected = {f"projector.{k}": p.shape for k, p in build_projector(cfg).state_dict().items()}
+    if set(weights) != set(expected):
+        raise ValueError(
+            f"{where}: holds {sorted(weights)}, a {cfg.type!r} projector has {sorted(expected)} "
+            "(model.mm_cfg.mm_mlp_adapter_type must be the one the file was trained with)"
+        )
+    for key, tensor in weights.items():
+        neva_format.check_shape(key, tensor.shape, expected[key], where)
+    for key, tensor in weights.items():
+        slot = targets.slots.get(key)
+        if slot is not None:  # None: another pipeline stage holds the projector
+            slot.copy_(tensor)
+    log.info("projector weights from %s", path)
 
 
 def _hf_dir(path: str, what: str) -> str:
