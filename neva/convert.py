@@ -6,20 +6,27 @@
     python -m neva.convert hf-to-neva --hf llava-1.5-7b-hf --out ckpt/llava7b
     # new model from an HF Llama + an HF CLIP (projector freshly initialised; <image> added to the tokenizer)
     python -m neva.convert hf-to-neva --llm Llama-2-7b-chat-hf --vision clip-vit-large-patch14-336 --out ckpt/neva7b
-    # neva → llava-hf (loads in LlavaForConditionalGeneration / AutoProcessor)
+    # neva → llava-hf (loads in LlavaForConditionalGeneration / AutoProcessor); --ckpt may also be any step
+    # checkpoint of a run (a one-process .ckpt file or a DCP directory; LoRA merged, config read from it)
     python -m neva.convert neva-to-hf --ckpt ckpt/llava7b --out llava7b-hf
+    python -m neva.convert neva-to-hf --ckpt runs/ft/checkpoints/step=500.ckpt --out ft-step500-hf
+    # a run's step checkpoint → neva checkpoint (what neva.generate, neva.evaluate and restore_from_path read)
+    python -m neva.convert neva-to-neva --ckpt runs/ft/checkpoints/last.ckpt --out ckpt/ft-last
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 
 import torch
 
 from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision
+from neva.checkpoint.neva_format import is_neva_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
+from neva.checkpoint.step import as_neva_checkpoint, is_step_checkpoint, materialize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,9 +52,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     imp.add_argument("--seed", type=int, default=0, help="projector initialisation seed")
     imp.add_argument("--image-aspect-ratio", choices=("square", "pad", "keep"), help="stored as inference default")
     imp.add_argument("--conv-template", help="stored as the default template of neva.generate")
-    exp = sub.add_parser("neva-to-hf", help="neva checkpoint → llava-hf directory")
-    exp.add_argument("--ckpt", required=True, help="neva checkpoint directory")
-    for sp in (imp, exp):
+    exp = sub.add_parser("neva-to-hf", help="neva checkpoint (or a run's step checkpoint) → llava-hf directory")
+    exp.add_argument("--ckpt", required=True, help="neva checkpoint directory, or a step checkpoint (.ckpt / DCP dir)")
+    step = sub.add_parser("neva-to-neva", help="a run's step checkpoint (.ckpt file or DCP dir) → neva checkpoint")
+    step.add_argument("--ckpt", required=True, help="<exp_dir>/checkpoints/step=N.ckpt or last.ckpt")
+    for sp in (imp, exp, step):
         sp.add_argument("--out", required=True, help="output directory (created atomically)")
         sp.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
         sp.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
@@ -63,7 +72,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     common = dict(dtype=DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite)
     if args.command == "neva-to-hf":
-        out = export_llava(args.ckpt, args.out, **common)
+        with as_neva_checkpoint(args.ckpt) as ckpt:
+            out = export_llava(ckpt, args.out, **common)
+    elif args.command == "neva-to-neva":
+        if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):
+            sys.exit(f"{args.ckpt} is not a step checkpoint (a .ckpt file or a DCP directory with meta.pt)")
+        out = materialize(args.ckpt, args.out, dtype=common["dtype"], overwrite=args.overwrite)
     else:
         meta = {
             k: v

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from neva.checkpoint.neva_format import is_neva_checkpoint
+from neva.checkpoint.step import is_step_checkpoint
 from neva.inference import Answerer, Item, read_jsonl, record_image_paths
 from neva.models.generation import GenerationConfig
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=50)
     args = parser.parse_args(argv)
     checkpoint = args.checkpoint or default_checkpoint()
-    if not is_neva_checkpoint(checkpoint):
+    if not is_neva_checkpoint(checkpoint) and not is_step_checkpoint(checkpoint):
         sys.exit(
             f"no neva checkpoint at {checkpoint}: run `python -m neva.train +stage=pretrain` and "
             "`python -m neva.train +stage=finetune` first, or pass --checkpoint"

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
+from neva.checkpoint.step import as_neva_checkpoint
 from neva.constants import IMAGE_TOKEN
 from neva.data.conversation import ChatTemplateRenderer, Message, get_template
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
@@ -152,9 +153,10 @@ class Answerer:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
     ) -> None:
-        meta = load_metadata(checkpoint)
-        self.model = load_model(checkpoint, device=device, dtype=dtype)
-        self.tokenizer = load_tokenizer(checkpoint)
+        with as_neva_checkpoint(checkpoint) as directory:  # a run's step checkpoint: merged into a neva one first
+            meta = load_metadata(directory)
+            self.model = load_model(directory, device=device, dtype=dtype)
+            self.tokenizer = load_tokenizer(directory)
         template = None if raw else (template or meta.get("conv_template") or DEFAULT_TEMPLATE)
         self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system)
         vision = self.model.cfg.vision

@@ -31,6 +31,8 @@ DIR_MANIFEST = "manifest.json"
 FILE_MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_FORMAT = "neva-checkpoint-manifest"
 _CHUNK = 16 << 20
+CONFIG_KEY = "neva_config"
+"""The checkpoint entry holding the run's resolved config as JSON text (resume checks, step-checkpoint conversion)."""
 
 
 class CheckpointError(RuntimeError):

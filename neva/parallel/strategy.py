@@ -24,8 +24,8 @@ from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import ModelParallelStrategy, SingleDeviceStrategy, Strategy
 
 from neva.checkpoint import dcp, verified
-from neva.checkpoint.names import canonical_name
 from neva.checkpoint.source import copy_full
+from neva.checkpoint.step import whole_weights
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
 
@@ -64,8 +64,7 @@ def load_whole(strategy: Strategy, path: Path) -> dict[str, Any]:
     checkpoint = verified.load_state(path)
     strategy.lightning_module.check_resume(checkpoint, path)
     named, optimizer = _engine_state(strategy)
-    weights = {canonical_name(k.removeprefix("model.")): v for k, v in checkpoint.pop("state_dict").items()}
-    weights.update(checkpoint.pop("master_weights", None) or {})
+    weights = whole_weights(checkpoint)
     for name, p in named:
         if name not in weights:
             raise KeyError(f"{path} has no tensor {name!r}: it was written for another model")

@@ -15,13 +15,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from neva.checkpoint.verified import CONFIG_KEY
 from neva.config import TrainConfig
 from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
 
-CONFIG_KEY = "neva_config"
-"""The checkpoint entry holding the run's config as JSON text."""
 
 APPLIED = (
     "trainer.",  # steps, logging, validation, clipping, precision, devices
