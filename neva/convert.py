@@ -12,6 +12,8 @@
     python -m neva.convert neva-to-hf --ckpt runs/ft/checkpoints/step=500.ckpt --out ft-step500-hf
     # a run's step checkpoint → neva checkpoint (what neva.generate, neva.evaluate and restore_from_path read)
     python -m neva.convert neva-to-neva --ckpt runs/ft/checkpoints/last.ckpt --out ckpt/ft-last
+    # a LoRA run's step checkpoint → llava-hf base (LoRA not merged) + PEFT adapter (PeftModel.from_pretrained)
+    python -m neva.convert neva-to-hf --ckpt runs/ft/checkpoints/last.ckpt --out ft-base-hf --peft-adapter ft-lora
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision
 from neva.checkpoint.neva_format import is_neva_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
-from neva.checkpoint.step import as_neva_checkpoint, is_step_checkpoint, materialize
+from neva.checkpoint.step import as_neva_checkpoint, export_peft, is_step_checkpoint, materialize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,6 +56,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     imp.add_argument("--conv-template", help="stored as the default template of neva.generate")
     exp = sub.add_parser("neva-to-hf", help="neva checkpoint (or a run's step checkpoint) → llava-hf directory")
     exp.add_argument("--ckpt", required=True, help="neva checkpoint directory, or a step checkpoint (.ckpt / DCP dir)")
+    exp.add_argument(
+        "--peft-adapter",
+        metavar="DIR",
+        help="LoRA step checkpoint only: write the LoRA as a PEFT adapter in DIR, and the base (LoRA not merged) to --out",
+    )
     step = sub.add_parser("neva-to-neva", help="a run's step checkpoint (.ckpt file or DCP dir) → neva checkpoint")
     step.add_argument("--ckpt", required=True, help="<exp_dir>/checkpoints/step=N.ckpt or last.ckpt")
     for sp in (imp, exp, step):
@@ -71,6 +78,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run one conversion and print ``{"command", "out"}`` as JSON."""
     args = parse_args(argv)
     common = dict(dtype=DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite)
+    if args.command == "neva-to-hf" and args.peft_adapter:
+        if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):
+            sys.exit(
+                f"--peft-adapter needs a LoRA run's step checkpoint (its `final` holds merged weights): {args.ckpt}"
+            )
+        out, adapter = export_peft(args.ckpt, args.out, args.peft_adapter, **common)
+        print(json.dumps({"command": args.command, "out": str(out), "peft_adapter": str(adapter)}))
+        return
     if args.command == "neva-to-hf":
         with as_neva_checkpoint(args.ckpt) as ckpt:
             out = export_llava(ckpt, args.out, **common)

@@ -11,6 +11,7 @@ reader of ``final`` takes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -23,9 +24,12 @@ import torch
 
 from neva.checkpoint import dcp, neva_format, verified
 from neva.checkpoint.names import canonical_name, named_parameters
-from neva.checkpoint.source import copy_full, resolve_source
+from neva.checkpoint.peft_adapter import save_peft_adapter
+from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
+from neva.checkpoint.source import ModelSource, copy_full, resolve_source
 from neva.config import TrainConfig
-from neva.models.lora import merged_state_dict
+from neva.models.lora import merged_state_dict, split_state_dict
+from neva.models.neva import NevaModel
 from neva.models.trainable import build_meta_model
 from neva.typed import build
 
@@ -68,16 +72,37 @@ def recorded_config(checkpoint: dict[str, Any], path: Path) -> TrainConfig:
     return build(TrainConfig, data)
 
 
-def materialize(
-    path: str | os.PathLike, out: str | os.PathLike, dtype: torch.dtype | None = None, overwrite: bool = False
-) -> Path:
-    """Write step checkpoint ``path`` as a neva checkpoint directory ``out`` (LoRA merged).
+@dataclasses.dataclass
+class StepModel:
+    """A step checkpoint loaded into a whole one-process model (LoRA layers as trained)."""
 
-    Args:
-        path: ``step=N.ckpt`` / ``last.ckpt``: a one-process file or a DCP directory.
-        out: the neva checkpoint directory to create.
-        dtype: cast floating tensors to this dtype; None keeps fp32 (as the end-of-stage export writes).
-        overwrite: replace an existing ``out``.
+    model: NevaModel
+    cfg: TrainConfig
+    source: ModelSource
+    path: Path
+    step: int
+
+    def metadata(self) -> dict[str, Any]:
+        """The neva checkpoint metadata the end-of-stage export writes, and where the weights came from."""
+        return {
+            "stage": self.cfg.stage,
+            "image_aspect_ratio": self.cfg.model.data.image_aspect_ratio,
+            "conv_template": self.cfg.model.data.conv_template,
+            "source": {"kind": "step-checkpoint", "path": str(self.path), "step": self.step},
+        }
+
+    def save(
+        self, out: str | os.PathLike, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None, overwrite: bool
+    ) -> Path:
+        """Write ``tensors`` (plain keys) as a neva checkpoint with this run's config, tokenizer and metadata."""
+        pairs = ((k, v if dtype is None else v.to(dtype)) for k, v in tensors.items())
+        return neva_format.save_checkpoint(
+            out, self.source.cfg, pairs, self.source.tokenizer, metadata=self.metadata(), overwrite=overwrite
+        )
+
+
+def load_step_model(path: str | os.PathLike) -> StepModel:
+    """Verify step checkpoint ``path``, rebuild the run's model from the config it records and load its tensors.
 
     Raises:
         verified.CheckpointError: no or wrong manifest (an interrupted save, a corrupt file), no recorded config, or
@@ -103,15 +128,52 @@ def materialize(
             copy_full(p.data, weights[name], name, path)
     else:
         dcp.load(path, named, None)
-    tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in merged_state_dict(model).items())
-    meta = {
-        "stage": cfg.stage,
-        "image_aspect_ratio": cfg.model.data.image_aspect_ratio,
-        "conv_template": cfg.model.data.conv_template,
-        "source": {"kind": "step-checkpoint", "path": str(path), "step": step},
-    }
-    log.info("step checkpoint %s (step %d) → neva checkpoint %s", path, step, out)
-    return neva_format.save_checkpoint(out, source.cfg, tensors, source.tokenizer, metadata=meta, overwrite=overwrite)
+    return StepModel(model.eval(), cfg, source, path, step)
+
+
+def materialize(
+    path: str | os.PathLike, out: str | os.PathLike, dtype: torch.dtype | None = None, overwrite: bool = False
+) -> Path:
+    """Write step checkpoint ``path`` (``step=N.ckpt`` / ``last.ckpt``: a one-process file or a DCP directory) as a
+    neva checkpoint directory ``out``, LoRA merged; ``dtype`` None keeps fp32 (as the end-of-stage export writes).
+
+    Raises:
+        see ``load_step_model``.
+    """
+    loaded = load_step_model(path)
+    log.info("step checkpoint %s (step %d) → neva checkpoint %s", path, loaded.step, out)
+    return loaded.save(out, merged_state_dict(loaded.model), dtype, overwrite)
+
+
+def export_peft(
+    path: str | os.PathLike,
+    hf_out: str | os.PathLike,
+    adapter_out: str | os.PathLike,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> tuple[Path, Path]:
+    """A LoRA run's step checkpoint → the llava-hf base (LoRA not merged, the trained projector in it) in ``hf_out``
+    and a PEFT adapter in ``adapter_out`` (the LoRA layers, plus the parts trained besides them as
+    ``modules_to_save``, so it also applies to the export of the checkpoint the run started from).
+
+    Raises:
+        ValueError: the run trained without LoRA.
+    """
+    from neva.checkpoint.hf import export_llava
+
+    loaded = load_step_model(path)
+    base, lora_layers = split_state_dict(loaded.model)
+    if not lora_layers:
+        raise ValueError(f"{path}: the run trained without LoRA (model.peft.peft_scheme); export it merged instead")
+    policy = loaded.cfg.model.trainable_policy()
+    trained = [part for part, on in (("vision", policy.vision), ("projector", policy.projector)) if on]
+    saved = {part: {k: v for k, v in base.items() if k.startswith(part + ".")} for part in trained}
+    with tempfile.TemporaryDirectory(prefix="neva-base-") as tmp:
+        base_ckpt = loaded.save(Path(tmp) / "base", base, None, False)
+        hf = export_llava(base_ckpt, hf_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    adapter = save_peft_adapter(adapter_out, lora_layers, saved, dtype=dtype, overwrite=overwrite)
+    return hf, adapter
 
 
 @contextlib.contextmanager

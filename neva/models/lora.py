@@ -126,16 +126,24 @@ def apply_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, dr
     return wrapped
 
 
+def split_state_dict(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, LoRALinear]]:
+    """The base model's state dict under plain (un-wrapped) keys, LoRA not applied, and the LoRA layers by their plain
+    module name: what a merged export folds together and a PEFT adapter export keeps apart."""
+    base = {}
+    lora_layers = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    for key, value in model.state_dict().items():
+        owner = next((p for p in lora_layers if key.startswith(p + ".")), None)
+        if owner is None:
+            base[key] = value
+        elif key.startswith(f"{owner}.base."):
+            base[f"{owner}.{key[len(owner) + 6 :]}"] = value
+    return base, lora_layers
+
+
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """State dict with every LoRA layer folded into its base weight, under the plain (un-wrapped) key names."""
-    merged = {}
-    lora_prefixes = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
-    for key, value in model.state_dict().items():
-        owner = next((p for p in lora_prefixes if key.startswith(p + ".")), None)
-        if owner is None:
-            merged[key] = value
-        elif key == f"{owner}.base.weight":
-            merged[f"{owner}.weight"] = lora_prefixes[owner].merged_weight().to(value.dtype)
-        elif key.startswith(f"{owner}.base."):
-            merged[f"{owner}.{key[len(owner) + 6 :]}"] = value
+    merged, lora_layers = split_state_dict(model)
+    for owner, layer in lora_layers.items():
+        key = f"{owner}.weight"
+        merged[key] = layer.merged_weight().to(merged[key].dtype)
     return merged

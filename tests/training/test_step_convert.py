@@ -9,11 +9,13 @@ from safetensors.torch import load_file
 
 from neva.checkpoint.neva_format import iter_tensors
 from neva.checkpoint.step import materialize
+from neva.config import compose_config
 from neva.convert import main as convert_main
 from neva.inference import Answerer
 from neva.models.generation import GenerationConfig
 from neva.training.run import run
 from tests.checkpoint.tiny_hf import one_thread
+from tests.training.conftest import LEAN
 
 EVERY_STEP = ["trainer.max_steps=2", "exp_manager.checkpoint_callback_params.every_n_train_steps=1"]
 
@@ -28,11 +30,25 @@ def assert_same(got: dict, expected: dict) -> None:
         assert torch.equal(got[key], expected[key]), key
 
 
-def test_step_checkpoints_convert_like_final_lora_included(lean_cfg, tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A two-step pretrain and a two-step LoRA finetune from it, with a checkpoint at every step."""
+    root = tmp_path_factory.mktemp("runs")
+
+    def cfg(stage, *overrides):
+        return compose_config(
+            [f"+stage={stage}", *LEAN, *EVERY_STEP, f"exp_manager.exp_dir={root}/{stage}", *overrides]
+        )
+
     with one_thread():
-        pretrain = run(lean_cfg(*EVERY_STEP))
-        finetune = run(lean_cfg(*EVERY_STEP, f"model.restore_from_path={pretrain}", "model.peft.peft_scheme=lora",
-                                "model.optim.lr=1e-2", stage="finetune"))  # fmt: skip
+        pretrain = run(cfg("pretrain"))
+        lora = ["model.peft.peft_scheme=lora", "model.optim.lr=1e-2"]
+        finetune = run(cfg("finetune", f"model.restore_from_path={pretrain}", *lora))
+    return pretrain, finetune
+
+
+def test_step_checkpoints_convert_like_final_lora_included(runs, tmp_path):
+    pretrain, finetune = runs
     # The last step's checkpoint holds the weights `final` was written from; an earlier step's differ.
     checkpoints = pretrain.parent / "checkpoints"
     assert_same(tensors(materialize(checkpoints / "step=2.ckpt", tmp_path / "p2")), tensors(pretrain))
@@ -66,8 +82,6 @@ def test_dcp_step_checkpoint_of_two_ranks_converts_like_final(tmp_path):
     import subprocess
     import sys
 
-    from tests.training.conftest import LEAN
-
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "neva.train",
            "+stage=pretrain", *LEAN, *EVERY_STEP, f"exp_manager.exp_dir={tmp_path}/run", "model.global_batch_size=8",
            "model.micro_batch_size=4", "model.tensor_model_parallel_size=2"]  # fmt: skip
@@ -78,3 +92,36 @@ def test_dcp_step_checkpoint_of_two_ranks_converts_like_final(tmp_path):
     assert last.is_dir()
     convert_main(["neva-to-neva", "--ckpt", str(last), "--out", str(tmp_path / "last")])
     assert_same(tensors(tmp_path / "last"), tensors(tmp_path / "run" / "final"))
+
+
+def test_lora_exports_as_a_peft_adapter_that_peft_applies(runs, tmp_path):
+    """`--peft-adapter`: PEFT applies the adapter to the exported base (and, through `modules_to_save`, to the export
+    of the checkpoint the run started from); merged, both give the logits of neva's merged export."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install peft)")
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    pretrain, finetune = runs
+    last = finetune.parent / "checkpoints" / "last.ckpt"
+    convert_main(["neva-to-hf", "--ckpt", str(last), "--out", str(tmp_path / "base"),
+                  "--peft-adapter", str(tmp_path / "adapter")])  # fmt: skip
+    adapter = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert any(k.endswith("self_attn.q_proj.lora_A.weight") and k.startswith("base_model.model.") for k in adapter)
+    convert_main(["neva-to-hf", "--ckpt", str(finetune), "--out", str(tmp_path / "merged")])
+    convert_main(["neva-to-hf", "--ckpt", str(pretrain), "--out", str(tmp_path / "start")])
+
+    processor = AutoProcessor.from_pretrained(tmp_path / "merged")
+    inputs = processor(images=Image.new("RGB", (40, 30), "red"), text="<image>\nWhat is it?", return_tensors="pt")
+
+    def logits(model):
+        with torch.no_grad():
+            return model.eval()(**inputs).logits
+
+    with one_thread():
+        expected = logits(LlavaForConditionalGeneration.from_pretrained(tmp_path / "merged"))
+        for base in ("base", "start"):
+            model = LlavaForConditionalGeneration.from_pretrained(tmp_path / base)
+            with_adapter = peft.PeftModel.from_pretrained(model, tmp_path / "adapter")
+            torch.testing.assert_close(logits(with_adapter), expected, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(logits(with_adapter.merge_and_unload()), expected, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(logits(LlavaForConditionalGeneration.from_pretrained(tmp_path / "base")), expected)
