@@ -31,7 +31,7 @@ from neva.config import TrainConfig
 from neva.models.lora import merged_state_dict, split_state_dict
 from neva.models.neva import NevaModel
 from neva.models.trainable import build_meta_model
-from neva.typed import build
+from neva.typed import ConfigError, build
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,13 @@ def load_step_model(path: str | os.PathLike) -> StepModel:
     step = verified.verify(path)
     loop = verified.load_state(path if path.is_file() else path / DCP_LOOP_STATE)
     cfg = recorded_config(loop, path)
-    source = resolve_source(cfg)
+    try:
+        source = resolve_source(cfg)
+    except ConfigError as err:
+        raise ConfigError(
+            f"{path}: the run's tokenizer and architecture come from where it started, as its recorded config says, "
+            f"and that cannot be read now: {err}"
+        ) from err
     model = build_meta_model(source.cfg, cfg.model.trainable_policy())
     model.to_empty(device="cpu")
     model.tie_weights()
