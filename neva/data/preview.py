@@ -111,6 +111,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         rendered = settings.template.render(messages, settings.system_prompt)
         learned = sum(label != -100 for label in labels)
         cut = f" (truncated from {enc.truncated_from})" if enc.truncated_from is not None else ""
+        cut += " (leading gpt turn dropped)" if enc.dropped_leading_reply else ""
         out.write(
             f"=== {rid}: {len(input_ids)} tokens{cut}, {learned} learned, {count_image_tags(messages)} image(s) "
             f"× {num_image_tokens} tokens\n{highlight(rendered.text, rendered.learned_spans, args.color)}\n\n"

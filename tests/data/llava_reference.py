@@ -13,6 +13,12 @@ LLAMA_2_SYSTEM = (
 )
 
 
+def drop_leading_reply(source: list[dict]) -> list[dict]:
+    """``preprocess_v1`` / ``preprocess_llama_2``: ``if roles[source[0]["from"]] != conv.roles[0]: source = source[1:]``
+    (skip the first turn when it is not from the human)."""
+    return source[1:] if source[0]["from"] != "human" else source
+
+
 def preprocess_multimodal(values: list[str]) -> list[str]:
     out = []
     for v in values:

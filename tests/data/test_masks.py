@@ -13,18 +13,20 @@ from neva.data.conversation import Message, get_template
 from neva.data.encoding import EncodingError, encode
 from neva.data.preview import build_parser, preview
 from tests.data.conftest import qa, write_jsonl
-from tests.data.llava_reference import get_prompt
+from tests.data.llava_reference import drop_leading_reply, get_prompt
 
 CONVS = [
     qa(q="<image>\nWhat is in the image?", a="A red circle.", rid="one", turns=1),
     qa(q="Describe this <image>", a="no", rid="multi", turns=3),
     qa(image=None, q="How many shapes are there?", a="yes", rid="text", turns=2),
+    # LLaVA drops a leading gpt turn and trains on the rest
+    {**qa(rid="lead", turns=2), "conversations": [{"from": "gpt", "value": "Hi!"}, *qa(turns=2)["conversations"]]},
 ]
 
 
 def expected(tokenizer, template: str, record: dict, n_img: int):
     """Oracle: LLaVA's rendering tokenized whole; labels by brute-force character overlap."""
-    values = [t["value"] for t in record["conversations"]]
+    values = [t["value"] for t in drop_leading_reply(record["conversations"])]
     text = get_prompt(template, values)
     enc = tokenizer(text, return_offsets_mapping=True)
     # learned characters = replies + the template's end-of-turn text, located independently of our renderer
