@@ -66,3 +66,33 @@ def test_wrong_projector_files_are_refused_by_name(tmp_path):
         source_for(tmp_path / "missing.bin", "mlp2x_gelu")
     with pytest.raises(ConfigError, match="restore_from_path"):
         source_for(path, "mlp2x_gelu", f"model.restore_from_path={tmp_path}")
+
+
+def test_llava_finetune_flow_starts_from_hf_llm_and_projector_file(tmp_path):
+    """LLaVA's finetune: an HF LLM + CLIP and `--pretrain_mm_mlp_adapter`; with the projector frozen, the run's
+    `final` holds the file's projector exactly (loaded through the training path, not only the loader)."""
+    from neva.checkpoint.neva_format import iter_tensors
+    from neva.training.run import run
+    from tests.checkpoint.tiny_hf import make_clip_dir, make_llama_dir, one_thread
+
+    make_llama_dir(tmp_path / "llama")
+    make_clip_dir(tmp_path / "clip")
+    hf = [
+        f"model.mm_cfg.llm.from_pretrained={tmp_path}/llama",
+        f"model.mm_cfg.vision_encoder.from_pretrained={tmp_path}/clip",
+    ]
+    cfg = resolve_source(compose_config(["+stage=pretrain", *hf])).cfg
+    reference = llava_projector("mlp2x_gelu", cfg.vision.feature_size, cfg.llm.hidden_size)
+    path = tmp_path / "mm_projector.bin"
+    torch.save({f"model.mm_projector.{k}": v for k, v in reference.state_dict().items()}, path)
+    with one_thread():
+        final = run(compose_config([
+            "+stage=finetune", *hf, f"model.mm_cfg.pretrain_mm_mlp_adapter={path}", "model.mm_cfg.freeze_projector=true",
+            f"exp_manager.exp_dir={tmp_path}/run", "trainer.max_steps=1", "model.micro_batch_size=2",
+            "model.global_batch_size=2", "model.data.synthetic_train_samples=8", "model.data.synthetic_val_samples=2",
+            "exp_manager.create_tensorboard_logger=false", "trainer.enable_progress_bar=false",
+            "trainer.val_check_interval=1000",
+        ]))  # fmt: skip
+    weights = dict(iter_tensors(final))
+    for key, value in reference.state_dict().items():
+        assert torch.equal(weights[f"projector.{key}"], value), key
