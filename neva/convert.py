@@ -6,7 +6,8 @@
     python -m neva.convert hf-to-neva --hf llava-1.5-7b-hf --out ckpt/llava7b
     # new model from an HF Llama + an HF CLIP (projector freshly initialised; <image> added to the tokenizer)
     python -m neva.convert hf-to-neva --llm Llama-2-7b-chat-hf --vision clip-vit-large-patch14-336 --out ckpt/neva7b
-    # neva → llava-hf (loads in LlavaForConditionalGeneration / AutoProcessor)
+    # neva → llava-hf (loads in LlavaForConditionalGeneration / AutoProcessor under transformers 4.4x and 5.x, with
+    # the chat template the run trained with; see docs/INTEROP.md)
     python -m neva.convert neva-to-hf --ckpt ckpt/llava7b --out llava7b-hf
 """
 
@@ -44,12 +45,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     imp.add_argument("--pad-vocab-multiple", type=int, default=1, help="round the grown vocab up (llava-hf: 64)")
     imp.add_argument("--seed", type=int, default=0, help="projector initialisation seed")
     imp.add_argument("--image-aspect-ratio", choices=("square", "pad", "keep"), help="stored as inference default")
-    imp.add_argument("--conv-template", help="stored as the default template of neva.generate")
+    imp.add_argument(
+        "--conv-template",
+        help="stored as the default template of neva.generate (default: the one a neva export's chat template records)",
+    )
     exp = sub.add_parser("neva-to-hf", help="neva checkpoint → llava-hf directory")
     exp.add_argument("--ckpt", required=True, help="neva checkpoint directory")
+    exp.add_argument(
+        "--conv-template", help="chat template to export (default: the one the checkpoint was trained with)"
+    )
+    exp.add_argument(
+        "--dtype", choices=sorted(DTYPES), help="cast weights (default: the run's half precision, else keep)"
+    )
+    imp.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
     for sp in (imp, exp):
         sp.add_argument("--out", required=True, help="output directory (created atomically)")
-        sp.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
         sp.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
         sp.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
@@ -63,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     common = dict(dtype=DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite)
     if args.command == "neva-to-hf":
-        out = export_llava(args.ckpt, args.out, **common)
+        out = export_llava(args.ckpt, args.out, conv_template=args.conv_template, **common)
     else:
         meta = {
             k: v

@@ -15,6 +15,8 @@ from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
+DEFAULT_TEMPLATE = "vicuna_v1"
+"""The prompt format when neither the caller nor the checkpoint's ``conv_template`` metadata names one."""
 _ROLE_NAMES = {"human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT, "system": SYSTEM}
 
 VICUNA_SYSTEM = (
@@ -409,6 +411,23 @@ def get_template(
             renderer.check_system_prompt(system_prompt)
         return renderer
     return base
+
+
+def stop_strings(template: Template | None) -> tuple[str, ...]:
+    """The template's end-of-turn text as a stop string (e.g. ``<|im_end|>``, plain's newline); none in raw mode."""
+    eot = template.eot if template is not None else ""
+    return (eot.strip() or eot,) if eot else ()
+
+
+def end_of_turn_ids(template: Template | None, tokenizer: Any) -> tuple[int, ...]:
+    """EOS, plus the end-of-turn token when the template's end-of-turn text is one token (generation stops there)."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    vocab = tokenizer.get_vocab()
+    for stop in stop_strings(template):
+        tok = vocab.get(stop)
+        if tok is not None and tok not in ids:
+            ids.append(tok)
+    return tuple(ids)
 
 
 def _split_system(

@@ -106,6 +106,8 @@ def run(cfg: TrainConfig) -> Path | None:
         save_final(
             module.engine, source, final, is_writer=trainer.is_global_zero, stage=cfg.stage,
             image_aspect_ratio=cfg.model.data.image_aspect_ratio, conv_template=cfg.model.data.conv_template,
+            system_prompt=cfg.model.data.system_prompt, use_chat_template=cfg.model.data.use_chat_template,
+            precision=str(cfg.trainer.precision),
         )  # fmt: skip
     except Exception as err:
         if layout.is_distributed and (note := timeout_note(err, timeout, global_rank(), layout)):
