@@ -153,15 +153,20 @@ def transformers_4_site() -> Path:
     marker = T4_CACHE / ".complete"
     if not marker.is_file():
         tmp = T4_CACHE.with_name(T4_CACHE.name + f".tmp{os.getpid()}")
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(tmp), *T4_PINS],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        if proc.returncode != 0:
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--retries", "1", "--timeout", "20",
+               "--target", str(tmp), *T4_PINS]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            error = proc.stderr[-300:] if proc.returncode else ""
+        except subprocess.TimeoutExpired:
+            error = "pip did not finish in 300 s"
+        if error:
             shutil.rmtree(tmp, ignore_errors=True)
-            pytest.skip(f"cannot build a transformers 4.46 environment (no package index?): {proc.stderr[-300:]}")
+            pytest.skip(f"cannot build a transformers 4.46 environment (no package index?): {error}")
         (tmp / ".complete").write_text("")
-        if not marker.is_file():
+        if marker.is_file():  # another process built it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
             shutil.rmtree(T4_CACHE, ignore_errors=True)
             tmp.rename(T4_CACHE)
     return T4_CACHE

@@ -137,3 +137,14 @@ def test_original_mistral_template_refuses_system_prompt_at_start_or_skips(llama
     assert "skipped" not in process_record(
         {"id": 8, "conversations": record["conversations"][1:]}, settings, None, None
     )
+
+
+def test_llama_3_1_tokenizer_template_renders_its_system_header(llama_tokenizer):
+    tok = with_template(llama_tokenizer, official.LLAMA_3_1)
+    rendered = get_template("llama_3", tok).render(UNTRIMMED)
+    assert rendered.text == render_official(tok, official.LLAMA_3_1, UNTRIMMED)
+    assert "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>" in rendered.text
+    assert learned(rendered) == ["A red circle.<|eot_id|>"]
+    # the exported template is the tokenizer's own, so serving renders the same header
+    exported = chat_template_for("llama_3", tok)
+    assert render_official(tok, exported, UNTRIMMED) == rendered.text
