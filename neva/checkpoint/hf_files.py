@@ -8,7 +8,7 @@ tokenizer), ``chat_template.json`` (transformers 4.4x processor) and ``tokenizer
 
 transformers 5 writes a few entries 4.x cannot read: ``tokenizer_class: TokenizersBackend`` (4.x: "does not exist"),
 ``rope_parameters`` only (4.x reads ``rope_theta`` / ``rope_scaling`` and silently uses theta 10000 without them),
-``dtype`` only (4.x reads ``torch_dtype``), the image processor nested in ``processor_config.json`` (4.x passes it to
+``dtype`` only (4.x reads ``torch_dtype``), ``extra_special_tokens`` as a list (4.47+ wants a dict), the image processor nested in ``processor_config.json`` (4.x passes it to
 ``LlavaProcessor`` a second time). Both spellings are written; the image processor stays in its own file, which both
 read.
 """
@@ -116,6 +116,13 @@ def make_transformers_4_readable(directory: Path, cfg: NevaConfig, dtype: torch.
         data["tokenizer_class"] = _TOKENIZER_CLASS_4X.get(cls, cls)
         # PreTrainedTokenizerFast also returns token_type_ids, which 4.x's generate() refuses for Llava
         data.setdefault("model_input_names", ["input_ids", "attention_mask"])
+        # 5.x lists extra special tokens; 4.47+ expects a dict there ("'list' object has no attribute 'keys'").
+        # Both read the list under its 4.x name.
+        extra = data.get("extra_special_tokens")
+        if isinstance(extra, list):
+            del data["extra_special_tokens"]
+            known = data.get("additional_special_tokens") or []
+            data["additional_special_tokens"] = known + [t for t in extra if t not in known]
 
     if (directory / TOKENIZER_CONFIG).is_file():
         _update_json(directory / TOKENIZER_CONFIG, tokenizer)

@@ -126,7 +126,10 @@ def test_run_settings_are_exported_system_prompt_eot_dtype(ckpt, tmp_path):
     assert config["text_config"]["rope_parameters"]["rope_theta"] == 10000.0
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (safe_open has no __iter__)
-    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] != "TokenizersBackend"
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok_config["tokenizer_class"] != "TokenizersBackend"  # 4.x: "does not exist"
+    assert not isinstance(tok_config.get("extra_special_tokens"), list)  # 4.47+: "'list' has no attribute 'keys'"
+    assert AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<|eot_id|>") == gen["eos_token_id"][1]
     assert (out / "chat_template.json").is_file() and (out / "chat_template.jinja").is_file()
     again = import_llava(out, tmp_path / "again")
     assert {k: load_metadata(again)[k] for k in ("conv_template", "system_prompt")} == {
