@@ -294,8 +294,8 @@ class ChatTemplateRenderer(Template):
         """The training text of ``messages``: the template's rendering, unless that drops a given system prompt."""
         full = self._apply(messages)
         system = messages[0].content if messages[0].role == SYSTEM else ""
-        if not system.strip() or system in full or messages[-1].role != ASSISTANT:
-            return full
+        if not system.strip() or messages[-1].role != ASSISTANT or full != self._apply(messages[1:]):
+            return full  # no system prompt, or the template renders it
         # The template shows the system prompt only with the last user turn (as served): train the final reply in
         # exactly its served context; the tail (reply, end of turn) is what the template writes after that prompt.
         body = messages[1:]
