@@ -100,6 +100,12 @@ def test_exported_chat_template_renders_as_neva_trained(ckpt, tmp_path, name):
     ids = processor(images=[IMAGE], text=text, return_tensors="pt").input_ids[0].tolist()
     cfg = json.loads((out / "config.json").read_text())
     assert ids == neva_ids(tokenizer, template, msgs, cfg["image_seq_length"], cfg["image_token_index"])
+    # ...and so does apply_chat_template(tokenize=True), the path of pipeline("image-text-to-text"): one BOS
+    with_images = [
+        {**m, "content": [{**p, "image": IMAGE} if p["type"] == "image" else p for p in m["content"]]} for m in hf_msgs
+    ]
+    direct = processor.apply_chat_template(with_images, tokenize=True, return_dict=True)["input_ids"]
+    assert list(direct[0]) == ids
     # hf-to-neva reads the template back; neva renders the built-in itself again (BOS from the tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
