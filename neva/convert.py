@@ -6,8 +6,9 @@
     python -m neva.convert hf-to-neva --hf llava-1.5-7b-hf --out ckpt/llava7b
     # new model from an HF Llama + an HF CLIP (projector freshly initialised; <image> added to the tokenizer)
     python -m neva.convert hf-to-neva --llm Llama-2-7b-chat-hf --vision clip-vit-large-patch14-336 --out ckpt/neva7b
-    # neva → llava-hf (loads in LlavaForConditionalGeneration / AutoProcessor); --ckpt may also be any step
-    # checkpoint of a run (a one-process .ckpt file or a DCP directory; LoRA merged, config read from it)
+    # neva → llava-hf (loads in LlavaForConditionalGeneration / AutoProcessor under transformers 4.4x and 5.x, with
+    # the chat template the run trained with; see docs/INTEROP.md); --ckpt may also be any step checkpoint of a run
+    # (a one-process .ckpt file or a DCP directory; LoRA merged, config read from it)
     python -m neva.convert neva-to-hf --ckpt ckpt/llava7b --out llava7b-hf
     python -m neva.convert neva-to-hf --ckpt runs/ft/checkpoints/step=500.ckpt --out ft-step500-hf
     # a run's step checkpoint → neva checkpoint (what neva.generate, neva.evaluate and restore_from_path read)
@@ -53,9 +54,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     imp.add_argument("--pad-vocab-multiple", type=int, default=1, help="round the grown vocab up (llava-hf: 64)")
     imp.add_argument("--seed", type=int, default=0, help="projector initialisation seed")
     imp.add_argument("--image-aspect-ratio", choices=("square", "pad", "keep"), help="stored as inference default")
-    imp.add_argument("--conv-template", help="stored as the default template of neva.generate")
+    imp.add_argument(
+        "--conv-template",
+        help="stored as the default template of neva.generate (default: the one a neva export's chat template records)",
+    )
+    imp.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
     exp = sub.add_parser("neva-to-hf", help="neva checkpoint (or a run's step checkpoint) → llava-hf directory")
     exp.add_argument("--ckpt", required=True, help="neva checkpoint directory, or a step checkpoint (.ckpt / DCP dir)")
+    exp.add_argument(
+        "--conv-template", help="chat template to export (default: the one the checkpoint was trained with)"
+    )
+    exp.add_argument(
+        "--dtype", choices=sorted(DTYPES), help="cast weights (default: the run's half precision, else keep)"
+    )
     exp.add_argument(
         "--peft-adapter",
         metavar="DIR",
@@ -63,9 +74,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     step = sub.add_parser("neva-to-neva", help="a run's step checkpoint (.ckpt file or DCP dir) → neva checkpoint")
     step.add_argument("--ckpt", required=True, help="<exp_dir>/checkpoints/step=N.ckpt or last.ckpt")
+    step.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
     for sp in (imp, exp, step):
         sp.add_argument("--out", required=True, help="output directory (created atomically)")
-        sp.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
         sp.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
         sp.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
@@ -88,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args.command == "neva-to-hf":
         with as_neva_checkpoint(args.ckpt) as ckpt:
-            out = export_llava(ckpt, args.out, **common)
+            out = export_llava(ckpt, args.out, conv_template=args.conv_template, **common)
     elif args.command == "neva-to-neva":
         if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):
             sys.exit(f"{args.ckpt} is not a step checkpoint (a .ckpt file or a DCP directory with meta.pt)")

@@ -69,7 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--template", help="conversation template (plain, vicuna_v1, llama_2, mistral, llama_3, chatml)")
     fmt.add_argument("--raw", action="store_true", help="use the prompt as given (HF LlavaProcessor tokenization)")
-    p.add_argument("--system", help="system prompt (template mode)")
+    p.add_argument("--system", help="system prompt (template mode; default: the one the checkpoint was trained with)")
     p.add_argument("--image-aspect-ratio", choices=("square", "pad", "keep"), help="default: checkpoint metadata")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")

@@ -22,14 +22,18 @@ from PIL import Image
 from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
 from neva.checkpoint.step import as_neva_checkpoint
 from neva.constants import IMAGE_TOKEN
-from neva.data.conversation import ChatTemplateRenderer, Message, get_template
+from neva.data.conversation import (
+    DEFAULT_TEMPLATE,
+    ChatTemplateRenderer,
+    Message,
+    end_of_turn_ids,
+    get_template,
+    stop_strings,
+)
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.records import record_images
 from neva.models.config import NevaConfig
 from neva.models.generation import GenerationConfig, generate
-
-DEFAULT_TEMPLATE = "vicuna_v1"
-"""The prompt format when neither the caller nor the checkpoint's ``conv_template`` metadata names one."""
 
 ImageInput = Image.Image | str | os.PathLike
 """An image given as a PIL image or as a path to open."""
@@ -44,11 +48,18 @@ class PromptBuilder:
     ``template`` None means raw mode: the prompt is used as given and tokenized as HF's ``LlavaProcessor`` does.
     """
 
-    def __init__(self, tokenizer: Any, cfg: NevaConfig, template: str | None, system: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        cfg: NevaConfig,
+        template: str | None,
+        system: str | None = None,
+        use_chat_template: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.system = system
-        self.template = None if template is None else get_template(template, tokenizer)
+        self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
 
     def ids(self, prompt: str, num_images: int) -> list[int]:
         """Token ids of the full model input.
@@ -80,17 +91,11 @@ class PromptBuilder:
 
     def stop_strings(self) -> tuple[str, ...]:
         """The template's end-of-turn text (e.g. ``<|im_end|>``, plain's newline)."""
-        eot = getattr(self.template, "eot", "") if self.template is not None else ""
-        return (eot.strip() or eot,) if eot else ()
+        return stop_strings(self.template)
 
     def eos_ids(self) -> tuple[int, ...]:
         """EOS, plus the end-of-turn token when the template's end-of-turn text is one token."""
-        ids = [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
-        for stop in self.stop_strings():
-            tok = self.tokenizer.get_vocab().get(stop)
-            if tok is not None and tok not in ids:
-                ids.append(tok)
-        return tuple(ids)
+        return end_of_turn_ids(self.template, self.tokenizer)
 
     def pad_id(self) -> int:
         """The id fed as left padding: the tokenizer's pad token, unless missing or ``<image>`` (then 0)."""
@@ -135,7 +140,8 @@ class Answerer:
         template: conversation template; None = the checkpoint's ``conv_template`` metadata, else
             ``DEFAULT_TEMPLATE``.
         raw: use prompts as given (HF ``LlavaProcessor`` tokenization) instead of a template.
-        system: system prompt (template mode).
+        system: system prompt (template mode); None = the one the checkpoint was trained with (its
+            ``system_prompt`` metadata), else the template's default.
         aspect_ratio: ``square``, ``pad`` or ``keep``; None = the checkpoint's ``image_aspect_ratio`` (else square).
         device: where the model runs.
         dtype: parameter dtype; None = the dtype the checkpoint was saved in.
@@ -158,7 +164,10 @@ class Answerer:
             self.model = load_model(directory, device=device, dtype=dtype)
             self.tokenizer = load_tokenizer(directory)
         template = None if raw else (template or meta.get("conv_template") or DEFAULT_TEMPLATE)
-        self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system)
+        # Served as trained: the run's system prompt and its choice of the tokenizer's chat template.
+        system = system if system is not None else meta.get("system_prompt")
+        use_chat = bool(meta.get("use_chat_template", True))
+        self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system, use_chat)
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
         self.processor = ImageProcessor(vision, aspect_ratio) if vision is not None else None

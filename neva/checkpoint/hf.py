@@ -26,6 +26,15 @@ from neva.checkpoint.hf_config import (
     neva_config_from_llava,
     vision_config_from_hf,
 )
+from neva.checkpoint.hf_files import (
+    export_chat_template,
+    export_dtype,
+    generation_eos_ids,
+    make_transformers_4_readable,
+    read_template_settings,
+    template_settings,
+    write_chat_template_files,
+)
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva, neva_key_to_hf
 from neva.checkpoint.neva_format import (
     TIED_HEAD_KEY,
@@ -235,11 +244,37 @@ def import_llava(
 
         tokenizer = from_local(AutoTokenizer, hf_dir)
         _check_image_token(tokenizer, cfg.image_token_id, hf_dir)
+    meta = {"source": {"kind": "llava-hf", "path": str(hf_dir)}, **_template_metadata(hf_dir, tokenizer, metadata)}
     tensors = ((mapping[k], _cast(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
-    meta = {"source": {"kind": "llava-hf", "path": str(hf_dir)}, **(metadata or {})}
     return save_checkpoint(
         out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
     )
+
+
+def _template_metadata(hf_dir: Path, tokenizer: Any, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """The caller's metadata plus the template settings of a neva export (its chat template's mark).
+
+    A built-in template's Jinja is dropped from the tokenizer: neva renders built-ins itself (BOS from the tokenizer),
+    and a tokenizer chat template would take precedence for ``mistral``/``llama_3``/``chatml``.
+    """
+    metadata = dict(metadata or {})
+    settings = read_template_settings(hf_dir)
+    if settings is None:
+        if "conv_template" not in metadata:
+            warnings.warn(
+                f"{hf_dir} has no chat template written by neva and no --conv-template was given: neva.generate will "
+                "render prompts as vicuna_v1 (LLaVA-1.5's format); pass --conv-template if the model was trained "
+                "with another",
+                stacklevel=3,
+            )
+        return metadata
+    if settings.get("builtin") and tokenizer is not None:
+        tokenizer.chat_template = None
+    if "conv_template" in metadata and metadata["conv_template"] != settings["conv_template"]:
+        return metadata  # the caller's choice wins, the export's system prompt belongs to its template
+    for key in ("conv_template", "system_prompt", "use_chat_template"):
+        metadata.setdefault(key, settings.get(key))
+    return metadata
 
 
 def _check_image_token(tokenizer: Any, image_token_id: int, source: Path) -> None:
@@ -424,12 +459,15 @@ def save_llava_hf(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
+    template: dict[str, Any] | None = None,
 ) -> Path:
     """Write a llava-hf directory (current key layout) from neva tensors, streaming.
 
     Writes ``config.json`` (``LlavaConfig``), ``generation_config.json``, safetensors weights and, with a tokenizer,
     the tokenizer files plus a ``LlavaProcessor`` / ``CLIPImageProcessor`` config, so that
-    ``LlavaForConditionalGeneration``, ``AutoTokenizer`` and ``AutoProcessor`` load the directory. LoRA must be merged
+    ``LlavaForConditionalGeneration``, ``AutoTokenizer`` and ``AutoProcessor`` load the directory under transformers
+    4.4x and 5.x (``hf_files``). With a tokenizer, the chat template renders as neva trained (``template`` settings,
+    default ``vicuna_v1``) and ``generation_config.json`` stops at the template's end of turn. LoRA must be merged
     into ``tensors`` before (a plain neva state dict is expected).
 
     Args:
@@ -440,11 +478,14 @@ def save_llava_hf(
         dtype: cast floating tensors to this dtype; None keeps them.
         max_shard_bytes: shard size limit.
         overwrite: replace an existing ``out``.
+        template: ``hf_files.template_settings`` of the checkpoint (None: ``vicuna_v1``, its default system prompt).
 
     Returns:
         ``out``.
     """
     from transformers import GenerationConfig, LlavaConfig
+
+    template = template or template_settings({})
 
     pad_id = getattr(tokenizer, "pad_token_id", None)
     config_kw = llava_config_dict(cfg, pad_token_id=pad_id)
@@ -469,16 +510,25 @@ def save_llava_hf(
             config.dtype = next(iter(dtypes))
         config.save_pretrained(str(tmp))
         text = config_kw["text_config"]
-        GenerationConfig(
-            bos_token_id=text.get("bos_token_id"), eos_token_id=text.get("eos_token_id"), pad_token_id=pad_id
-        ).save_pretrained(str(tmp))
+        eos = text.get("eos_token_id") if tokenizer is None else generation_eos_ids(template, tokenizer)
+        GenerationConfig(bos_token_id=text.get("bos_token_id"), eos_token_id=eos, pad_token_id=pad_id).save_pretrained(
+            str(tmp)
+        )
         if tokenizer is not None:
-            _save_processor(tmp, cfg, tokenizer)
+            chat_template = export_chat_template(template, tokenizer)
+            _save_processor(tmp, cfg, tokenizer, chat_template)
+            write_chat_template_files(tmp, chat_template)
+        make_transformers_4_readable(tmp, cfg, config.dtype if len(dtypes) == 1 else None)
     return Path(out)
 
 
-def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any) -> None:
+def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any, chat_template: str) -> None:
+    import copy
+
     from transformers import CLIPImageProcessor, LlavaProcessor
+
+    tokenizer = copy.copy(tokenizer)  # the caller's tokenizer keeps its own chat template
+    tokenizer.chat_template = chat_template
 
     v = cfg.vision
     image_processor = CLIPImageProcessor(
@@ -494,6 +544,7 @@ def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any) -> None:
         vision_feature_select_strategy="default" if v.vision_select_feature == "patch" else "full",
         num_additional_image_tokens=1,  # CLIP's CLS; "default" removes it again
         image_token=tokenizer.convert_ids_to_tokens(cfg.image_token_id),
+        chat_template=chat_template,
     )
     processor.save_pretrained(str(directory))
     # transformers 4.x reads the image processor from its own file; 5.x from processor_config.json.
@@ -507,21 +558,43 @@ def export_llava(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
+    conv_template: str | None = None,
 ) -> Path:
-    """Convert a neva checkpoint directory to a llava-hf directory (see ``save_llava_hf``)."""
+    """Convert a neva checkpoint directory to a llava-hf directory (see ``save_llava_hf``).
+
+    ``dtype`` None exports in the run's half precision (``trainer.precision`` bf16 → bfloat16), else keeps the stored
+    dtypes. The chat template is the one the checkpoint records (``conv_template``, ``system_prompt``,
+    ``use_chat_template``), ``conv_template`` overriding the name; a checkpoint that records none exports ``vicuna_v1``
+    (what ``neva.generate`` uses for it) with a warning.
+    """
     ckpt = Path(ckpt)
     cfg = load_config(ckpt)
+    meta = load_metadata(ckpt)
     tokenizer = None
     if _has_tokenizer(ckpt):
         from transformers import AutoTokenizer
 
         tokenizer = from_local(AutoTokenizer, ckpt)
-    aspect = load_metadata(ckpt).get("image_aspect_ratio", "square")
+    aspect = meta.get("image_aspect_ratio", "square")
     if aspect != "square":
         warnings.warn(
             f"checkpoint uses image_aspect_ratio={aspect!r}; the exported CLIPImageProcessor resizes and crops",
             stacklevel=2,
         )
+    template = template_settings(meta, conv_template)
+    if tokenizer is not None and not (conv_template or meta.get("conv_template")):
+        warnings.warn(
+            f"{ckpt} records no conv_template; the export's chat template is {template['conv_template']} (what "
+            "neva.generate uses for this checkpoint); pass --conv-template to choose another",
+            stacklevel=2,
+        )
     return save_llava_hf(
-        out, cfg, iter_tensors(ckpt), tokenizer, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite
+        out,
+        cfg,
+        iter_tensors(ckpt),
+        tokenizer,
+        dtype=dtype if dtype is not None else export_dtype(meta),
+        max_shard_bytes=max_shard_bytes,
+        overwrite=overwrite,
+        template=template,
     )

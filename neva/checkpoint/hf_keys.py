@@ -1,8 +1,9 @@
 """Flat key tables between neva parameter names and Hugging Face checkpoints.
 
 One table per model part, ``{}`` standing for the layer index. Import finds each part's prefix in the source
-checkpoint (current llava-hf, legacy llava-hf, original LLaVA, standalone CLIP / Llama); export writes the current
-llava-hf layout, which transformers 4.52+ and 5.x load. No tensor is permuted: neva's RoPE uses the same half-split
+checkpoint (current llava-hf, legacy llava-hf, original LLaVA, standalone CLIP / Llama); export writes the legacy
+llava-hf layout (the one llava-hf's hub checkpoints use), which transformers 4.3x to 4.5x load as it is and 5.x maps
+on load; the current layout would load in 4.52+ only. No tensor is permuted: neva's RoPE uses the same half-split
 q/k row layout as HF Llama (HF's own conversion already permuted Meta's interleaved rows).
 """
 
@@ -69,10 +70,10 @@ LM_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight", "model.langua
 PROJECTOR_PREFIXES = ("model.multi_modal_projector.", "multi_modal_projector.")
 LLAVA_ORIGINAL_PROJECTOR = "model.mm_projector."  # original LLaVA repo: Sequential indices as neva's
 
-EXPORT_VISION_PREFIX = "model.vision_tower."
-EXPORT_LLM_PREFIX = "model.language_model."
-EXPORT_PROJECTOR_PREFIX = "model.multi_modal_projector."
-EXPORT_LM_HEAD = "lm_head.weight"
+EXPORT_VISION_PREFIX = "vision_tower.vision_model."
+EXPORT_LLM_PREFIX = "language_model.model."
+EXPORT_PROJECTOR_PREFIX = "multi_modal_projector."
+EXPORT_LM_HEAD = "language_model.lm_head.weight"
 
 
 def _compile(table: dict[str, str]) -> list[tuple[re.Pattern, str]]:
@@ -110,7 +111,7 @@ def part_key_to_hf(key: str, part: str) -> str:
 
 
 def neva_key_to_hf(key: str) -> str:
-    """Full HF (current llava-hf layout) key for a full neva state-dict key."""
+    """Full HF (legacy llava-hf layout, read by transformers 4.x and 5.x) key for a full neva state-dict key."""
     part, rest = key.split(".", 1)
     if part == "llm" and rest == LM_HEAD:
         return EXPORT_LM_HEAD

@@ -30,6 +30,7 @@ from neva.checkpoint.safetensors_io import (
     safetensors_files,
     safetensors_shapes,
 )
+from neva.config import TrainConfig
 from neva.hf_local import from_local
 from neva.models.config import NevaConfig, from_dict, to_dict
 from neva.models.neva import NevaModel
@@ -40,8 +41,17 @@ FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TIED_HEAD_KEY = "llm.output.weight"
 _RESERVED = {"format", "version", "model", "dtype"}
+# The data settings a checkpoint records for inference and export (template, system prompt, image handling).
+RUN_DATA_KEYS = ("conv_template", "system_prompt", "use_chat_template", "image_aspect_ratio")
 
 TensorSource = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+def run_metadata(cfg: TrainConfig) -> dict[str, Any]:
+    """What a run's checkpoint records beside its weights: the stage, the data settings inference and export serve
+    with (``RUN_DATA_KEYS``), and the precision the export's default dtype follows."""
+    data = {k: getattr(cfg.model.data, k) for k in RUN_DATA_KEYS}
+    return {"stage": cfg.stage, **data, "precision": str(cfg.trainer.precision)}
 
 
 def tensor_pairs(tensors: TensorSource) -> Iterator[tuple[str, torch.Tensor]]:

@@ -67,7 +67,7 @@ def recorded_config(checkpoint: dict[str, Any], path: Path) -> TrainConfig:
         )
     data = json.loads(record)
     recorded = data["model"]["data"]
-    data["model"]["data"] = {k: recorded[k] for k in ("conv_template", "image_aspect_ratio") if k in recorded}
+    data["model"]["data"] = {k: recorded[k] for k in neva_format.RUN_DATA_KEYS if k in recorded}
     data["model"]["mm_cfg"]["pretrain_mm_mlp_adapter"] = None
     return build(TrainConfig, data)
 
@@ -84,12 +84,8 @@ class StepModel:
 
     def metadata(self) -> dict[str, Any]:
         """The neva checkpoint metadata the end-of-stage export writes, and where the weights came from."""
-        return {
-            "stage": self.cfg.stage,
-            "image_aspect_ratio": self.cfg.model.data.image_aspect_ratio,
-            "conv_template": self.cfg.model.data.conv_template,
-            "source": {"kind": "step-checkpoint", "path": str(self.path), "step": self.step},
-        }
+        source = {"kind": "step-checkpoint", "path": str(self.path), "step": self.step}
+        return {**neva_format.run_metadata(self.cfg), "source": source}
 
     def save(
         self, out: str | os.PathLike, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None, overwrite: bool

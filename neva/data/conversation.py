@@ -7,6 +7,7 @@ Masking then happens on token offsets (``neva.data.encoding``), never by countin
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,8 @@ from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
+DEFAULT_TEMPLATE = "vicuna_v1"
+"""The prompt format when neither the caller nor the checkpoint's ``conv_template`` metadata names one."""
 _ROLE_NAMES = {"human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT, "system": SYSTEM}
 
 VICUNA_SYSTEM = (
@@ -205,7 +208,13 @@ class Llama2Template(Template):
 
 
 class MistralTemplate(Template):
-    """Mistral instruct: ``[INST] {q} [/INST]{a}</s>``; a system prompt leads the first user turn."""
+    """Mistral instruct as its official HF template (v0.1/v0.2): `` [INST] {q} [/INST] {a}</s> [INST] ...``.
+
+    A system prompt leads the first user turn. BOS comes from the tokenizer. The reply follows ``[/INST]`` after a
+    space, so its first token is the word-initial one (``▁Red``), as Mistral's own tokenization has it. Mistral v0.3's
+    official template differs (``[/INST]`` without a space before it, the system prompt on the last user turn): with a
+    v0.3 tokenizer, ``use_chat_template`` renders with that template (see ``ChatTemplateRenderer``).
+    """
 
     name = "mistral"
     eot = "</s>"
@@ -215,14 +224,14 @@ class MistralTemplate(Template):
         for i, m in enumerate(messages):
             if m.role == USER:
                 content = f"{system}\n\n{m.content}" if i == 0 and system else m.content
-                out.append((f"[INST] {content} [/INST]", False))
+                out.append((f" [INST] {content} [/INST]", False))
             else:
-                out += [(m.content, True), ("</s>", True)]
+                out += [(" ", False), (m.content, True), ("</s>", True)]
         return out
 
 
 class Llama3Template(Template):
-    """Llama-3 instruct headers; BOS (``<|begin_of_text|>``) comes from the tokenizer."""
+    """Llama-3 instruct headers as Meta's template renders them: every content trimmed; BOS comes from the tokenizer."""
 
     name = "llama_3"
     eot = "<|eot_id|>"
@@ -233,12 +242,12 @@ class Llama3Template(Template):
         return f"<|start_header_id|>{role}<|end_header_id|>\n\n"
 
     def pieces(self, messages, system):
-        out = [(self._header(SYSTEM) + system + "<|eot_id|>", False)] if system else []
+        out = [(self._header(SYSTEM) + system.strip() + "<|eot_id|>", False)] if system else []
         for m in messages:
             if m.role == USER:
-                out.append((self._header(USER) + m.content + "<|eot_id|>", False))
+                out.append((self._header(USER) + m.content.strip() + "<|eot_id|>", False))
             else:
-                out += [(self._header(ASSISTANT), False), (m.content, True), ("<|eot_id|>", True)]
+                out += [(self._header(ASSISTANT), False), (m.content.strip(), True), ("<|eot_id|>", True)]
         return out
 
 
@@ -267,25 +276,54 @@ class ChatTemplateRenderer(Template):
     template transforms replies in a way we cannot map, and the sample is refused rather than mislabelled). The
     template's end-of-turn text (``eot``) right after a reply is learned too. Chat templates put BOS in the text, so the
     tokenizer is called without special tokens (as ``apply_chat_template`` does).
+
+    Two template habits are handled so that what is trained is what is served:
+
+    - a template that puts the system prompt on the *last* user turn (Mistral v0.3) renders no system prompt at all
+      for a conversation that ends with a reply; such a conversation is rendered as the served prompt of its final
+      reply (system prompt included) followed by that reply;
+    - a template that raises (the original Mistral template refuses any system turn) becomes a ``template_error``
+      sample error, which the data pipeline counts as a skip.
     """
 
     def __init__(self, tokenizer: Any, base: Template) -> None:
         self.tokenizer = tokenizer
         self.name = base.name
         self.eot = base.eot
+        self.warn_if_final_eot_missing()
 
     def _apply(self, messages: list[Message], generation: bool = False) -> str:
+        from jinja2 import TemplateError
+
         msgs = [{"role": m.role, "content": m.content} for m in messages]
-        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation)
+        try:
+            return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation)
+        except TemplateError as exc:
+            raise ConversationError("template_error", f"{self.name} chat template: {exc}") from exc
+
+    def _compose(self, messages: list[Message]) -> str:
+        """The training text of ``messages``: the template's rendering, unless that drops a given system prompt."""
+        full = self._apply(messages)
+        system = messages[0].content if messages[0].role == SYSTEM else ""
+        if not system.strip() or messages[-1].role != ASSISTANT or full != self._apply(messages[1:]):
+            return full  # no system prompt, or the template renders it
+        # The template shows the system prompt only with the last user turn (as served): train the final reply in
+        # exactly its served context; the tail (reply, end of turn) is what the template writes after that prompt.
+        body = messages[1:]
+        served = self._apply(messages[:-1], generation=True)
+        prompt, whole = self._apply(body[:-1], generation=True), self._apply(body)
+        if not whole.startswith(prompt) or system not in served:
+            raise ConversationError("template_error", f"{self.name} chat template drops the system prompt")
+        return served + whole[len(prompt) :]
 
     def render(self, messages: list[Message], system_prompt: str | None = None) -> Rendered:
         if system_prompt is not None and messages[0].role != SYSTEM:
             messages = [Message(SYSTEM, system_prompt), *messages]
-        real = self._apply(messages)
+        real = self._compose(messages)
         replies = [m.content for m in messages if m.role == ASSISTANT]
         sentinels = [f"\x00R{i}\x00" for i in range(len(replies))]
         it = iter(sentinels)
-        masked = self._apply([Message(m.role, next(it)) if m.role == ASSISTANT else m for m in messages])
+        masked = self._compose([Message(m.role, next(it)) if m.role == ASSISTANT else m for m in messages])
         for variant in (replies, [r.strip() for r in replies]):
             text, spans, pos = [], [], 0
             rest = masked
@@ -311,6 +349,47 @@ class ChatTemplateRenderer(Template):
             messages = [Message(SYSTEM, system_prompt), *messages]
         return self._apply(messages, generation=True)
 
+    def final_eot_emitted(self) -> bool:
+        """Whether the template writes ``eot`` right after the final reply (else the model never learns to stop)."""
+        text = self._apply([Message(USER, "Hi"), Message(ASSISTANT, "\x00E\x00")])
+        return text.partition("\x00E\x00")[2].startswith(self.eot)
+
+    def warn_if_final_eot_missing(self) -> None:
+        """Warn (once per template) when the final reply is not followed by the end-of-turn text."""
+        try:
+            emitted = self.final_eot_emitted()
+        except ConversationError:
+            return  # a template that cannot render a one-turn conversation fails on every sample, with its reason
+        if not emitted:
+            warnings.warn(
+                f"the tokenizer's chat template ({self.name}) does not write {self.eot!r} after the final reply: "
+                "the last reply of every sample is trained without an end of turn, so the model does not learn to "
+                f"stop; fix the template (e.g. emit {self.eot!r} after every assistant turn) or set "
+                "model.data.use_chat_template=false to use neva's built-in format",
+                stacklevel=3,
+            )
+
+    def check_system_prompt(self, system_prompt: str) -> None:
+        """Refuse at start a system prompt the template raises on or never renders.
+
+        Raises:
+            ValueError: naming ``model.data.system_prompt`` and what to do instead.
+        """
+        probe = [Message(SYSTEM, system_prompt), Message(USER, "Hi"), Message(ASSISTANT, "Hello")]
+        try:
+            text = self._compose(probe)
+        except ConversationError as exc:
+            detail = exc.detail
+        else:
+            if system_prompt in text:
+                return
+            detail = "the rendering does not contain it"
+        raise ValueError(
+            f"model.data.system_prompt is set but the tokenizer's {self.name} chat template cannot render a system "
+            f"prompt ({detail}); drop model.data.system_prompt or set model.data.use_chat_template=false to use "
+            f"neva's built-in {self.name} format (which puts the system prompt in the first user turn)"
+        )
+
 
 TEMPLATE_CLASSES: dict[str, type[Template]] = {
     t.name: t
@@ -318,11 +397,16 @@ TEMPLATE_CLASSES: dict[str, type[Template]] = {
 }
 
 
-def get_template(name: str, tokenizer: Any = None, use_chat_template: bool = True) -> Template:
+def get_template(
+    name: str, tokenizer: Any = None, use_chat_template: bool = True, system_prompt: str | None = None
+) -> Template:
     """The template called ``name``; ``mistral``/``llama_3``/``chatml`` use the tokenizer's chat template if it has one.
 
+    ``system_prompt`` (the run's ``model.data.system_prompt``) is checked against a tokenizer's chat template at once,
+    so a template that refuses system prompts stops the run at start instead of skipping every sample.
+
     Raises:
-        ValueError: unknown template name.
+        ValueError: unknown template name; a system prompt the tokenizer's chat template cannot render.
     """
     if name not in TEMPLATE_CLASSES:
         raise ValueError(f"unknown conversation template {name!r}; choose one of {sorted(TEMPLATE_CLASSES)}")
@@ -333,8 +417,28 @@ def get_template(name: str, tokenizer: Any = None, use_chat_template: bool = Tru
         and tokenizer is not None
         and getattr(tokenizer, "chat_template", None)
     ):
-        return ChatTemplateRenderer(tokenizer, base)
+        renderer = ChatTemplateRenderer(tokenizer, base)
+        if system_prompt is not None:
+            renderer.check_system_prompt(system_prompt)
+        return renderer
     return base
+
+
+def stop_strings(template: Template | None) -> tuple[str, ...]:
+    """The template's end-of-turn text as a stop string (e.g. ``<|im_end|>``, plain's newline); none in raw mode."""
+    eot = template.eot if template is not None else ""
+    return (eot.strip() or eot,) if eot else ()
+
+
+def end_of_turn_ids(template: Template | None, tokenizer: Any) -> tuple[int, ...]:
+    """EOS, plus the end-of-turn token when the template's end-of-turn text is one token (generation stops there)."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    vocab = tokenizer.get_vocab()
+    for stop in stop_strings(template):
+        tok = vocab.get(stop)
+        if tok is not None and tok not in ids:
+            ids.append(tok)
+    return tuple(ids)
 
 
 def _split_system(

@@ -138,7 +138,7 @@ class NevaDataModule:
         self.accumulation = accumulation
         self.settings = EncoderSettings(
             tokenizer=tokenizer,
-            template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template),
+            template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template, cfg.system_prompt),
             image_token_id=self.image_token_id,
             num_image_tokens=vision.num_image_tokens if vision is not None else 0,
             max_length=self.seq_length,

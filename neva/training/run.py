@@ -12,6 +12,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import TQDMProgressBar
 
 from neva.checkpoint import verified
+from neva.checkpoint.neva_format import run_metadata
 from neva.checkpoint.source import resolve_source
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
@@ -103,10 +104,7 @@ def run(cfg: TrainConfig) -> Path | None:
                 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             trainer.fit(module, ckpt_path=ckpt_path)
         check_trained(trainer, data, layout.dp)
-        save_final(
-            module.engine, source, final, is_writer=trainer.is_global_zero, stage=cfg.stage,
-            image_aspect_ratio=cfg.model.data.image_aspect_ratio, conv_template=cfg.model.data.conv_template,
-        )  # fmt: skip
+        save_final(module.engine, source, final, is_writer=trainer.is_global_zero, **run_metadata(cfg))
     except Exception as err:
         if layout.is_distributed and (note := timeout_note(err, timeout, global_rank(), layout)):
             log.error(note)

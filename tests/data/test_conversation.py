@@ -48,7 +48,7 @@ def test_llama_2_spans():
 
 def test_mistral_llama3_chatml_documented_formats():
     m = get_template("mistral").render(CONV)
-    assert m.text == "[INST] <image>\nWhat is it? [/INST]A cat.</s>[INST] Colour? [/INST]Black.</s>"
+    assert m.text == " [INST] <image>\nWhat is it? [/INST] A cat.</s> [INST] Colour? [/INST] Black.</s>"
     assert learned_text(m) == ["A cat.</s>", "Black.</s>"]
     l3 = get_template("llama_3").render(CONV[:2])
     h = "<|start_header_id|>{}<|end_header_id|>\n\n"

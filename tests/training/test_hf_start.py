@@ -2,9 +2,12 @@
 
 import torch
 from safetensors.torch import load_file
+from transformers import AutoProcessor
 
+from neva.checkpoint.hf import export_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config
 from neva.config import compose_config
+from neva.data.conversation import Message, get_template
 from neva.training.run import run
 from tests.checkpoint.tiny_hf import make_clip_dir, make_llama_dir, one_thread
 
@@ -43,6 +46,7 @@ def test_pretrain_from_hf_then_lora_finetune(tmp_path):
         finetune = compose_config([
             "+stage=finetune", *QUIET, f"exp_manager.exp_dir={tmp_path}/finetune",
             f"model.restore_from_path={first}", "model.peft.peft_scheme=lora", "model.optim.lr=1e-2",
+            "model.data.system_prompt=Brief",
         ])  # fmt: skip
         second = run(finetune)
     merged = {}
@@ -53,3 +57,11 @@ def test_pretrain_from_hf_then_lora_finetune(tmp_path):
     delta = (merged["llm.layers.0.attention.wq.weight"] - weights["llm.layers.0.attention.wq.weight"]).abs().max()
     assert delta > 0  # the adapters were trained and folded in
     assert torch.equal(merged["vision.patch_embed.weight"], weights["vision.patch_embed.weight"])
+
+    # served as trained: the export's chat template renders the run's template with the run's system prompt
+    template = finetune.model.data.conv_template
+    out = export_llava(second, tmp_path / "hf")
+    prompt = AutoProcessor.from_pretrained(out).apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}], add_generation_prompt=True
+    )
+    assert prompt == get_template(template).render_prompt([Message("user", "<image>\nHi")], system_prompt="Brief")
