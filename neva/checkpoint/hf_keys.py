@@ -74,6 +74,14 @@ EXPORT_VISION_PREFIX = "vision_tower.vision_model."
 EXPORT_LLM_PREFIX = "language_model.model."
 EXPORT_PROJECTOR_PREFIX = "multi_modal_projector."
 EXPORT_LM_HEAD = "language_model.lm_head.weight"
+EXPORT_PREFIXES = {"vision": EXPORT_VISION_PREFIX, "llm": EXPORT_LLM_PREFIX, "projector": EXPORT_PROJECTOR_PREFIX}
+# Module paths inside a LlavaForConditionalGeneration built by transformers 4.52+ / 5.x (what a PEFT adapter
+# addresses: PEFT matches module names of the loaded model, not checkpoint keys).
+MODULE_PREFIXES = {
+    "vision": "model.vision_tower.",
+    "llm": "model.language_model.",
+    "projector": "model.multi_modal_projector.",
+}
 
 
 def _compile(table: dict[str, str]) -> list[tuple[re.Pattern, str]]:
@@ -110,13 +118,13 @@ def part_key_to_hf(key: str, part: str) -> str:
     return table[key]
 
 
-def neva_key_to_hf(key: str) -> str:
-    """Full HF (legacy llava-hf layout, read by transformers 4.x and 5.x) key for a full neva state-dict key."""
+def neva_key_to_hf(key: str, prefixes: dict[str, str] = EXPORT_PREFIXES) -> str:
+    """Full HF key for a full neva state-dict key: by default in the legacy llava-hf checkpoint layout (read by
+    transformers 4.x and 5.x); with ``MODULE_PREFIXES``, the parameter's name in a transformers 5 model."""
     part, rest = key.split(".", 1)
     if part == "llm" and rest == LM_HEAD:
-        return EXPORT_LM_HEAD
-    prefix = {"vision": EXPORT_VISION_PREFIX, "llm": EXPORT_LLM_PREFIX, "projector": EXPORT_PROJECTOR_PREFIX}[part]
-    return prefix + part_key_to_hf(rest, part)
+        return EXPORT_LM_HEAD if prefixes is EXPORT_PREFIXES else "lm_head.weight"
+    return prefixes[part] + part_key_to_hf(rest, part)
 
 
 def hf_key_to_neva(key: str, prefixes: dict[str, str]) -> str | None:

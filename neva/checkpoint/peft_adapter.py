@@ -1,8 +1,9 @@
 """LoRA as a PEFT adapter for the llava-hf export: ``adapter_config.json`` + ``adapter_model.safetensors``.
 
 PEFT names an adapter tensor ``base_model.model.<HF module path>.lora_A|lora_B.weight`` and a fully saved module
-(``modules_to_save``) ``base_model.model.<HF key>``; the HF paths come from the export key table, so the adapter fits
-the model ``neva.convert neva-to-hf`` writes. PEFT computes ``W x + (alpha / r) · B A x``, neva's ``LoRALinear``
+(``modules_to_save``) ``base_model.model.<HF key>``; the paths are module names of the model transformers 4.52+ / 5.x
+builds from the export (``hf_keys.MODULE_PREFIXES``: PEFT addresses modules of the loaded model, whatever the
+checkpoint's key layout), so the adapter fits the model ``neva.convert neva-to-hf`` writes under those versions. PEFT computes ``W x + (alpha / r) · B A x``, neva's ``LoRALinear``
 exactly (rsLoRA off).
 """
 
@@ -16,19 +17,18 @@ import torch
 from safetensors.torch import save_file
 
 from neva.checkpoint.atomic import atomic_directory
-from neva.checkpoint.hf_keys import EXPORT_PROJECTOR_PREFIX, EXPORT_VISION_PREFIX, neva_key_to_hf
+from neva.checkpoint.hf_keys import MODULE_PREFIXES, neva_key_to_hf
 from neva.models.lora import LoRALinear
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
-_MODULES = {"projector": EXPORT_PROJECTOR_PREFIX, "vision": EXPORT_VISION_PREFIX}  # neva part → HF module path
 
 
 def hf_module(neva_module: str) -> str:
     """HF module path of a neva Linear (``llm.layers.0.attention.wq`` → ``model.language_model.layers.0.self_attn.
     q_proj``)."""
-    return neva_key_to_hf(f"{neva_module}.weight").removesuffix(".weight")
+    return neva_key_to_hf(f"{neva_module}.weight", MODULE_PREFIXES).removesuffix(".weight")
 
 
 def save_peft_adapter(
@@ -66,7 +66,7 @@ def save_peft_adapter(
         tensors[f"{path}.lora_B.weight"] = layer.lora_b.weight.detach().to(dtype)
     for state in saved_parts.values():
         for key, value in state.items():
-            tensors[PEFT_PREFIX + neva_key_to_hf(key)] = value.detach().to(dtype)
+            tensors[PEFT_PREFIX + neva_key_to_hf(key, MODULE_PREFIXES)] = value.detach().to(dtype)
     config = {
         "peft_type": "LORA",
         "task_type": None,
@@ -82,7 +82,7 @@ def save_peft_adapter(
         # Full module paths: PEFT matches a list entry against the end of a module name, and CLIP's attention has
         # q_proj / v_proj too.
         "target_modules": sorted(hf_module(name) for name in lora_layers),
-        "modules_to_save": [_MODULES[part].removeprefix("model.").rstrip(".") for part in saved_parts] or None,
+        "modules_to_save": [MODULE_PREFIXES[part].removeprefix("model.").rstrip(".") for part in saved_parts] or None,
     }
     with atomic_directory(out, overwrite) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / ADAPTER_WEIGHTS), {"format": "pt"})
