@@ -201,7 +201,7 @@ class Engine:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip by the global gradient norm over every rank's shards (tensor, data and pipeline parallel); returns
-        the norm before clipping."""
+        the norm before clipping. ``max_norm`` <= 0 only measures it."""
         grads = [p.grad for p in self.grad_params()]
         sq = torch.zeros((), device=self.device, dtype=torch.float32)
         for g in grads:
@@ -213,6 +213,8 @@ class Engine:
         if pp_group is not None:
             dist.all_reduce(sq, group=pp_group)
         norm = sq.sqrt()
+        if max_norm <= 0:  # trainer.gradient_clip_val 0 = no clipping (LLaVA-1.5's runs); a 0 coefficient would erase
+            return float(norm)
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype) if not isinstance(g, DTensor) else coef.item())
