@@ -213,7 +213,7 @@ class Engine:
         if pp_group is not None:
             dist.all_reduce(sq, group=pp_group)
         norm = sq.sqrt()
-        if max_norm <= 0:  # trainer.gradient_clip_val 0 = no clipping (LLaVA-1.5's runs); a 0 coefficient would erase
+        if max_norm <= 0:  # gradient_clip_val 0 = no clipping (LLaVA-1.5); a 0 coefficient would erase the gradients
             return float(norm)
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for g in grads:
