@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from neva.data.config import DataConfig
+from neva.models.loss import LOSS_NORMALIZATIONS
 from neva.models.trainable import LoraSpec, TrainablePolicy
 from neva.typed import ConfigError, build
 
@@ -29,8 +30,8 @@ class TrainerConfig:
     num_nodes: int = 1
     accelerator: str = "auto"
     precision: Any = "32"  # 32 | bf16-mixed | 16-mixed | bf16 (with model.megatron_amp_O2 for O2)
-    max_steps: int = 100
-    max_epochs: int = -1
+    max_steps: int = 100  # -1: no step limit (trainer.max_epochs ends the run)
+    max_epochs: int = -1  # -1: no epoch limit; with both set, whichever is reached first (Lightning / NeMo)
     val_check_interval: Any = 50  # steps (int) or fraction of an epoch (float)
     limit_val_batches: Any = 10
     log_every_n_steps: int = 10
@@ -40,8 +41,27 @@ class TrainerConfig:
     deterministic: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_steps < 1:
-            raise ValueError(f"trainer.max_steps must be >= 1, got {self.max_steps}: a run of no step trains nothing")
+        if self.max_steps != -1 and self.max_steps < 1:
+            raise ValueError(
+                f"trainer.max_steps must be >= 1 (or -1: no step limit), got {self.max_steps}: "
+                "a run of no step trains nothing"
+            )
+        if self.max_epochs != -1 and self.max_epochs < 1:
+            raise ValueError(f"trainer.max_epochs must be >= 1 (or -1: no epoch limit), got {self.max_epochs}")
+        if self.max_steps == -1 and self.max_epochs == -1:
+            raise ValueError("trainer.max_steps and trainer.max_epochs are both -1: the run would never end")
+
+    def steps_to_train(self, steps_per_epoch: int) -> int:
+        """Optimizer steps of the run: ``max_steps``, ``max_epochs × steps_per_epoch``, or the smaller of the two
+        when both are set (Lightning's and NeMo's rule: whichever limit is reached first ends the run).
+
+        ``steps_per_epoch`` is the data's whole global batches (the sampler drops a partial last one). The
+        learning-rate schedule runs over this count, so a recipe given in epochs decays over whatever data it gets.
+        """
+        limits = [self.max_steps] if self.max_steps > 0 else []
+        if self.max_epochs > 0:
+            limits.append(self.max_epochs * steps_per_epoch)
+        return min(limits)
 
 
 @dataclass
@@ -157,6 +177,9 @@ class ModelConfig:
     distributed_timeout_minutes: float = 10.0
     restore_from_path: str | None = None
     seed: int = 1234
+    # global_tokens (neva: / learned tokens of the whole global batch) | micro_batch_mean (LLaVA/HF and NeMo: mean of
+    # each micro-batch, averaged over micro-batches and data-parallel ranks); neva/models/loss.py
+    loss_normalization: str = "global_tokens"
     mm_cfg: MMConfig = field(default_factory=MMConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -183,6 +206,10 @@ class ModelConfig:
         if self.pipeline_schedule not in ("1f1b", "interleaved_1f1b", "gpipe"):
             raise ValueError(
                 f"pipeline_schedule must be 1f1b, interleaved_1f1b or gpipe, got {self.pipeline_schedule!r}"
+            )
+        if self.loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(
+                f"model.loss_normalization={self.loss_normalization!r}; choose one of {LOSS_NORMALIZATIONS}"
             )
         if self.data_parallel not in ("fsdp", "ddp"):
             raise ValueError(f"data_parallel must be fsdp or ddp, got {self.data_parallel!r}")
@@ -234,7 +261,8 @@ class RecipeStage:
     global_batch_size: int = 32
     lr: float = 1e-3
     min_lr: float = 0.0
-    max_steps: int = 100
+    max_steps: int = 100  # -1: the run's length comes from max_epochs
+    max_epochs: int = -1
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
 

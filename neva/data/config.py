@@ -33,7 +33,10 @@ class DataConfig:
         seq_length: longest token sequence (None = the model's ``max_seq_len``).
         pad_to_multiple_of: padded batch / packed row lengths are rounded up to this.
         packing: pack each micro-batch's samples first-fit into rows of ``seq_length``.
-        group_by_modality_length: LLaVA's sampler: micro-batches of one modality and similar length.
+        group_by_modality_length: LLaVA's sampler (``get_modality_length_grouped_indices``): every global batch one
+            modality (but a last mixed one), its contents random, lengths balanced across its micro-batches.
+        group_by_length: neva's sampler: every global batch one modality and similar lengths (sorted within 8
+            global batches; less padding, length-correlated batches). Not both.
         num_workers: DataLoader worker processes.
         image_token_placement: ``front`` moves ``<image>`` tags to the start of their turn followed by a newline
             (LLaVA); ``inline`` leaves them where the data put them.
@@ -63,6 +66,7 @@ class DataConfig:
     pad_to_multiple_of: int = 64
     packing: bool = False
     group_by_modality_length: bool = False
+    group_by_length: bool = False
     num_workers: int = 0
     image_token_placement: str = "front"
     validation_data_path: str | list[str] | None = None
@@ -102,6 +106,11 @@ class DataConfig:
             raise ValueError(f"model.data.max_image_pixels must be >= 1, got {self.max_image_pixels}")
         if self.shard_shuffle_buffer < 0:
             raise ValueError(f"model.data.shard_shuffle_buffer must be >= 0, got {self.shard_shuffle_buffer}")
+        if self.group_by_modality_length and self.group_by_length:
+            raise ValueError(
+                "model.data.group_by_modality_length (LLaVA's) and model.data.group_by_length (neva's) are both true; "
+                "choose one"
+            )
         paths = self.data_paths
         if not paths:
             raise ValueError("model.data.data_path is empty; give a LLaVA JSON/JSONL file, shards or 'synthetic'")
@@ -113,8 +122,13 @@ class DataConfig:
         if any(is_shard_spec(p) for p in paths):
             # Both need every record up front (a random held-out subset / every record's length), which streaming
             # shards exist to avoid.
-            if self.group_by_modality_length:
-                raise ValueError("model.data.group_by_modality_length is not supported with .tar shards")
+            for key in ("group_by_modality_length", "group_by_length"):
+                if getattr(self, key):
+                    raise ValueError(
+                        f"model.data.{key}=true needs every record's length before the epoch starts, which .tar "
+                        f"shards do not give (they stream); set model.data.{key}=false (shards are read in shuffled "
+                        "shard order, see model.data.shard_shuffle_buffer) or give the records as JSON"
+                    )
             if self.val_fraction > 0 and not self.validation_paths:
                 raise ValueError(
                     "model.data.val_fraction cannot hold out samples from .tar shards; "

@@ -239,8 +239,11 @@ class NevaDataModule:
             # Shards: same rank rule and state, but an order that reads one shard at a time.
             layouts = [source_layout(d) for d in self.train_datasets]
             return StreamingBatchSampler(layouts, shuffle_buffer=self.cfg.shard_shuffle_buffer, **rank)
-        lengths = self._lengths(self.train_datasets) if self.cfg.group_by_modality_length else None
-        return ResumableBatchSampler([len(d) for d in self.train_datasets], lengths=lengths, **rank)
+        grouped = self.cfg.group_by_modality_length or self.cfg.group_by_length
+        lengths = self._lengths(self.train_datasets) if grouped else None
+        grouping = "modality_length" if self.cfg.group_by_modality_length else "length"
+        sizes = [len(d) for d in self.train_datasets]
+        return ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, **rank)
 
     def val_dataloader(self) -> ResumableLoader | list:
         """Validation batches in file order (full global batches only, so every rank runs the same steps)."""

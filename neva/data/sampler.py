@@ -1,4 +1,5 @@
-"""Deterministic, resumable, data-parallel batch sampling with blends and LLaVA's modality/length grouping.
+"""Deterministic, resumable, data-parallel batch sampling with blends, LLaVA's modality grouping and neva's length
+grouping.
 
 The global sample order of an epoch is a pure function of ``(seed, epoch)``. Global batches are consecutive slices
 of ``micro_batch_size × dp_world`` samples; data-parallel rank r takes the r-th micro-batch of each slice (tensor
@@ -68,15 +69,76 @@ def blend_order(sizes: Sequence[int], weights: Sequence[float] | None, seed: int
     )
 
 
+def split_to_even_chunks(indices: Sequence[int], sizes: np.ndarray, num_chunks: int) -> list[list[int]]:
+    """LLaVA's ``split_to_even_chunks``: deal ``indices`` (longest first) to ``num_chunks`` equal-sized chunks, each
+    to the chunk of least total size so far (a full chunk takes no more); strided when they do not divide evenly."""
+    indices = [int(i) for i in indices]
+    if len(indices) % num_chunks != 0:
+        return [indices[i::num_chunks] for i in range(num_chunks)]
+    per_chunk = len(indices) // num_chunks
+    chunks: list[list[int]] = [[] for _ in range(num_chunks)]
+    totals = [0.0] * num_chunks
+    for index in indices:
+        shortest = totals.index(min(totals))
+        chunks[shortest].append(index)
+        totals[shortest] += float(sizes[index])
+        if len(chunks[shortest]) == per_chunk:
+            totals[shortest] = float("inf")
+    return chunks
+
+
+def _balanced_megabatches(part: np.ndarray, sizes: np.ndarray, micro_batch_size: int, num_chunks: int) -> list:
+    """LLaVA's ``get_length_grouped_indices`` after its random permutation (``part``): megabatches of
+    ``micro_batch_size × num_chunks`` consecutive samples, each sorted longest first and split into ``num_chunks``
+    micro-batches of balanced total length."""
+    mega = micro_batch_size * num_chunks
+    out = []
+    for start in range(0, len(part), mega):
+        block = part[start : start + mega]
+        block = block[np.argsort(-sizes[block], kind="stable")]
+        out.append(np.asarray([i for c in split_to_even_chunks(block, sizes, num_chunks) for i in c], dtype=np.int64))
+    return out
+
+
 def group_by_modality_length(
+    order: np.ndarray, lengths: Sequence[int], micro_batch_size: int, num_chunks: int, seed: int, epoch: int
+) -> np.ndarray:
+    """LLaVA's ``get_modality_length_grouped_indices`` (``llava/train/llava_trainer.py``) over an existing order.
+
+    ``lengths`` are signed (negative = text-only). Each modality's samples, in ``order`` (LLaVA: a random
+    permutation), are cut into megabatches of one global batch (``micro_batch_size × num_chunks``, ``num_chunks`` =
+    data-parallel size × accumulation, LLaVA's ``world_size × gradient_accumulation_steps``); inside one, the samples
+    are dealt longest first to the ``num_chunks`` micro-batches so that their total lengths balance (rank r of
+    micro-step k gets micro-batch ``k·dp + r``, as HF's sharded batch sampler hands them out). The megabatches of both
+    modalities except each one's last are shuffled together; the two last ones follow as one tail sorted by index
+    (mixed, up to two global batches; the sampler drops a partial one). So every global batch but the tail is one
+    modality, its contents a random draw (not length-sorted: only the split across micro-batches depends on length).
+    When only one modality is present there is no tail: the megabatches stay in ``order``'s order.
+    """
+    lengths = np.asarray(lengths)
+    sizes = np.abs(lengths)
+    image = lengths[order] > 0
+    if image.all() or not image.any():
+        parts = _balanced_megabatches(order, sizes, micro_batch_size, num_chunks)
+        return np.concatenate(parts) if parts else order[:0]
+    mm = _balanced_megabatches(order[image], sizes, micro_batch_size, num_chunks)
+    lang = _balanced_megabatches(order[~image], sizes, micro_batch_size, num_chunks)
+    tail = np.sort(np.concatenate([mm[-1], lang[-1]]), kind="stable")
+    whole = mm[:-1] + lang[:-1]
+    rng = np.random.default_rng([seed, epoch, 7])
+    return np.concatenate([*(whole[i] for i in rng.permutation(len(whole))), tail])
+
+
+def group_by_length(
     order: np.ndarray, lengths: Sequence[int], group_size: int, seed: int, epoch: int, megabatch_factor: int = 8
 ) -> np.ndarray:
-    """LLaVA's ``get_modality_length_grouped_indices`` over an existing order.
+    """neva's length grouping (``model.data.group_by_length``), for throughput rather than fidelity to LLaVA.
 
     ``lengths`` are signed (negative = text-only). Each modality's samples (in ``order``) are cut into megabatches of
     ``group_size × megabatch_factor``, sorted by length (longest first) inside, and cut into groups of
     ``group_size`` (one global batch); the groups of both modalities are then shuffled together. Every global batch
-    is therefore one modality and similar lengths. Leftover partial groups go last.
+    is therefore one modality and similar lengths (less padding), but its contents are length-correlated across 8
+    global batches, unlike LLaVA's. Leftover partial groups go last.
     """
     lengths = np.asarray(lengths)
     rng = np.random.default_rng([seed, epoch, 7])
@@ -95,6 +157,9 @@ def group_by_modality_length(
     return np.concatenate(parts) if parts else order[:0]
 
 
+GROUPINGS = ("modality_length", "length")
+
+
 class ResumableBatchSampler:
     """Yields this rank's micro-batches of dataset indices; resumable at the exact next sample.
 
@@ -107,6 +172,8 @@ class ResumableBatchSampler:
         weights: blend weights (``concat_sampling_probabilities``) or None.
         shuffle: False gives the datasets in order (validation).
         lengths: signed modality lengths for grouping (None = no grouping).
+        grouping: with ``lengths``: ``modality_length`` (LLaVA's, ``group_by_modality_length``) or ``length``
+            (neva's, ``group_by_length``).
         accumulation: micro-batches per optimizer step (each epoch holds whole steps only).
 
     Raises:
@@ -124,9 +191,13 @@ class ResumableBatchSampler:
         shuffle: bool = True,
         lengths: Sequence[int] | None = None,
         accumulation: int = 1,
+        grouping: str = "modality_length",
     ) -> None:
         if not 0 <= dp_rank < dp_world:
             raise ValueError(f"dp_rank {dp_rank} outside data-parallel size {dp_world}")
+        if grouping not in GROUPINGS:
+            raise ValueError(f"grouping {grouping!r}; choose one of {GROUPINGS}")
+        self.grouping = grouping
         self.sizes = list(sizes)
         self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank
@@ -169,11 +240,12 @@ class ResumableBatchSampler:
             order = np.arange(sum(self.sizes))
         else:
             order = blend_order(self.sizes, self.weights, self.seed, epoch)
-        if self.lengths is not None:
-            order = group_by_modality_length(
-                order, self.lengths, self.global_batch * self.accumulation, self.seed, epoch
-            )
-        return order
+        if self.lengths is None:
+            return order
+        if self.grouping == "modality_length":
+            chunks = self.dp_world * self.accumulation
+            return group_by_modality_length(order, self.lengths, self.micro_batch_size, chunks, self.seed, epoch)
+        return group_by_length(order, self.lengths, self.global_batch * self.accumulation, self.seed, epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.consumed >= self.num_steps * self.global_batch:

@@ -7,6 +7,14 @@ import torch.nn.functional as F
 
 from neva.constants import IGNORE_INDEX
 
+# How a step's summed token losses become its objective (``model.loss_normalization``):
+#   global_tokens     sum over every learned token of the global batch / their number (neva's default: gradient
+#                     accumulation and every layout then equal one process running the whole batch);
+#   micro_batch_mean  each micro-batch's mean over its own learned tokens, averaged over the micro-batches and the
+#                     data-parallel ranks (HF Trainer + DDP/DeepSpeed as LLaVA ran, and NeMo NeVA): a token of a
+#                     micro-batch with few learned tokens weighs more. Use it to reproduce their loss curves.
+LOSS_NORMALIZATIONS = ("global_tokens", "micro_batch_mean")
+
 
 def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy and the number of learned tokens.
@@ -36,6 +44,28 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
 def count_learned_tokens(labels: torch.Tensor) -> torch.Tensor:
     """Tokens ``token_cross_entropy`` will learn from in ``labels`` (the first position is never a target)."""
     return (labels[:, 1:] != IGNORE_INDEX).sum()
+
+
+def micro_batch_weight(
+    normalization: str, labels: torch.Tensor, global_tokens: torch.Tensor, micro_batches: int, dp_size: int
+) -> torch.Tensor:
+    """The factor of one micro-batch's summed token loss in the step objective (``LOSS_NORMALIZATIONS``).
+
+    Args:
+        normalization: one of ``LOSS_NORMALIZATIONS``.
+        labels: the micro-batch's labels (its own learned tokens, for ``micro_batch_mean``).
+        global_tokens: learned tokens of the whole global batch, all data-parallel ranks.
+        micro_batches: micro-batches of this rank in the step (gradient accumulation).
+        dp_size: data-parallel ranks.
+
+    A micro-batch without a learned token has weight 0 under ``micro_batch_mean`` (HF's mean would be NaN there).
+    """
+    if normalization == "global_tokens":
+        return 1.0 / global_tokens.clamp(min=1.0)
+    if normalization == "micro_batch_mean":
+        own = count_learned_tokens(labels).to(global_tokens.device, torch.float32)
+        return 1.0 / (own.clamp(min=1.0) * (micro_batches * dp_size))
+    raise ValueError(f"loss normalization {normalization!r}; choose one of {LOSS_NORMALIZATIONS}")
 
 
 def learned_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

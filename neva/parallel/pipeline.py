@@ -184,13 +184,16 @@ class PipelineRunner:
         self.holds_last = num_chunks - 1 in chunk_ids
         self.holds_first = 0 in chunk_ids
         self._schedules: dict[tuple[int, int], Any] = {}
-        self._scale = 1.0
+        self._weight: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._grad_factor = 1.0
         self._loss_sums: list[torch.Tensor] = []
 
     def _loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # The weight comes from the micro-batch's own labels: the schedule does not say which micro-batch this is.
         loss, _ = token_cross_entropy(logits, labels)
-        self._loss_sums.append(loss.detach().float())
-        return loss * self._scale
+        weight = self._weight(labels) if self._weight is not None else 1.0
+        self._loss_sums.append((loss.detach() * weight).float())
+        return loss * (weight * self._grad_factor)
 
     def _schedule(self, shape: tuple[int, ...], n: int, train: bool):
         key = (train, n, *shape)
@@ -233,15 +236,21 @@ class PipelineRunner:
             targets.append(mb["labels"].to(self.device))
         return args, kwargs, targets
 
-    def forward_backward(self, micro_batches: list[dict[str, Any]], scale: torch.Tensor, multiple: int = 1):
-        """Run the schedule (forward + backward of every micro-batch); returns the summed token loss on every
-        pipeline rank."""
-        return self._run(micro_batches, scale, multiple, train=True)
+    def forward_backward(
+        self,
+        micro_batches: list[dict[str, Any]],
+        weight: Callable[[torch.Tensor], torch.Tensor],
+        grad_factor: float,
+        multiple: int = 1,
+    ):
+        """Run the schedule (forward + backward of every micro-batch); returns the weighted sum of the micro-batches'
+        token losses (``weight(labels)`` each; backward of that times ``grad_factor``) on every pipeline rank."""
+        return self._run(micro_batches, weight, grad_factor, multiple, train=True)
 
     @torch.no_grad()
     def evaluate(self, micro_batches: list[dict[str, Any]], multiple: int = 1) -> torch.Tensor:
         """Forward only; the summed token loss on every pipeline rank."""
-        return self._run(micro_batches, 1.0, multiple, train=False)
+        return self._run(micro_batches, None, 1.0, multiple, train=False)
 
     def _agreed_shape(self, micro_batches: list[dict[str, Any]], multiple: int) -> tuple[int, int]:
         """The step's padded shape, the largest over the data-parallel replicas.
@@ -257,7 +266,7 @@ class PipelineRunner:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.dp_group)
         return int(agreed[0]), int(agreed[1])
 
-    def _run(self, micro_batches, scale, multiple: int, train: bool) -> torch.Tensor:
+    def _run(self, micro_batches, weight, grad_factor: float, multiple: int, train: bool) -> torch.Tensor:
         micro_batches = pad_micro_batches(micro_batches, shape=self._agreed_shape(micro_batches, multiple))
         n = len(micro_batches)
         schedule, stages = self._schedule(tuple(micro_batches[0]["input_ids"].shape), n, train)
@@ -266,7 +275,7 @@ class PipelineRunner:
         for stage in stages:
             stage.has_backward = train
             stage.clear_runtime_states()
-        self._scale = scale
+        self._weight, self._grad_factor = weight, grad_factor
         self._loss_sums = []
         args, kwargs, targets = self._inputs(micro_batches)
         ctx = self.autocast() if self.autocast is not None else contextlib.nullcontext()

@@ -1,14 +1,17 @@
 """One optimizer step's worth of forward/backward over this rank's parts, the same code for every layout.
 
-The loss of a step is the sum of token cross-entropies over all micro-batches of all data-parallel ranks divided
-by the number of learned tokens in that whole global batch. Gradient accumulation and every parallel layout then
-compute the same update as one process running the whole global batch (a per-micro-batch mean would weight
-tokens differently whenever micro-batches hold different numbers of learned tokens).
+By default (``model.loss_normalization=global_tokens``) the loss of a step is the sum of token cross-entropies over
+all micro-batches of all data-parallel ranks divided by the number of learned tokens in that whole global batch.
+Gradient accumulation and every parallel layout then compute the same update as one process running the whole global
+batch (a per-micro-batch mean would weight tokens differently whenever micro-batches hold different numbers of learned
+tokens). ``micro_batch_mean`` is that per-micro-batch mean, as LLaVA (HF Trainer) and NeMo compute it, for
+reproducing their curves (``neva.models.loss.micro_batch_weight``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +24,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from neva.checkpoint.names import named_parameters
 from neva.models.lora import LoRALinear, token_dropout_keys
-from neva.models.loss import count_learned_tokens, learned_positions, token_cross_entropy
+from neva.models.loss import count_learned_tokens, learned_positions, micro_batch_weight, token_cross_entropy
 from neva.parallel.data_parallel import all_reduce_gradients
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
@@ -53,10 +56,19 @@ class Engine:
         precision: fp32 / bf16 autocast / bf16 O2.
         device: where inputs go.
         packed: batches are packed rows (keep ``segment_ids``).
+        loss_normalization: ``model.loss_normalization`` (``neva.models.loss.LOSS_NORMALIZATIONS``).
     """
 
-    def __init__(self, parallel: ParallelModel, precision: Precision, device: torch.device, packed: bool) -> None:
+    def __init__(
+        self,
+        parallel: ParallelModel,
+        precision: Precision,
+        device: torch.device,
+        packed: bool,
+        loss_normalization: str = "global_tokens",
+    ) -> None:
         self.parallel = parallel
+        self.loss_normalization = loss_normalization
         self.parts = parallel.parts
         self.master = parallel.master
         self.precision = precision
@@ -126,7 +138,8 @@ class Engine:
     def forward_backward(
         self, micro_batches: list[dict[str, Any]], step: int = 0, n_tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Backward of the step loss over ``micro_batches``; returns (global loss, global learned tokens).
+        """Backward of the step loss over ``micro_batches``; returns (the step objective over all ranks, global
+        learned tokens).
 
         Gradients are left in ``.grad`` (fp32 master ``.grad`` under O2), ready for clipping and the optimizer.
         ``step`` (the optimizer step) varies the LoRA dropout masks from step to step. ``n_tokens``: the batch's
@@ -139,18 +152,26 @@ class Engine:
             ]
         if n_tokens is None:
             n_tokens = self.global_tokens(micro_batches)
-        # Data-parallel wrappers average gradients over replicas; scaling by dp_size turns that into the sum.
-        scale = self.dp_size / n_tokens.clamp(min=1.0)
+        # Each micro-batch's summed loss enters the step objective with its weight (model.loss_normalization).
+        # Data-parallel wrappers average gradients over replicas; backward scales by dp_size to make that the sum.
+        weight = functools.partial(
+            micro_batch_weight,
+            self.loss_normalization,
+            global_tokens=n_tokens,
+            micro_batches=len(micro_batches),
+            dp_size=self.dp_size,
+        )
         with self._loss_context():
             if self.parallel.runner is not None:
-                local = self.parallel.runner.forward_backward(micro_batches, scale, self.sp_multiple)
+                local = self.parallel.runner.forward_backward(micro_batches, weight, self.dp_size, self.sp_multiple)
             else:
                 local = torch.zeros((), device=self.device)
                 for i, mb in enumerate(micro_batches):
+                    w = weight(mb["labels"])
                     with self.parallel.sync_context(i == len(micro_batches) - 1):
                         loss = self.loss_sum(mb)
-                        (loss * scale).backward()
-                    local += loss.detach()
+                        (loss * (w * self.dp_size)).backward()
+                    local += loss.detach() * w
                     if self.master is not None:
                         self.master.accumulate()
         if self.parallel.manual_dp_sync:
@@ -158,7 +179,7 @@ class Engine:
         total = local.detach().float().clone()
         if self.dp_group is not None:
             dist.all_reduce(total, group=self.dp_group)
-        return total / n_tokens.clamp(min=1.0), n_tokens
+        return total, n_tokens
 
     @torch.no_grad()
     def evaluate(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,7 +201,7 @@ class Engine:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip by the global gradient norm over every rank's shards (tensor, data and pipeline parallel); returns
-        the norm before clipping."""
+        the norm before clipping. ``max_norm`` <= 0 only measures it."""
         grads = [p.grad for p in self.grad_params()]
         sq = torch.zeros((), device=self.device, dtype=torch.float32)
         for g in grads:
@@ -192,6 +213,8 @@ class Engine:
         if pp_group is not None:
             dist.all_reduce(sq, group=pp_group)
         norm = sq.sqrt()
+        if max_norm <= 0:  # gradient_clip_val 0 = no clipping (LLaVA-1.5); a 0 coefficient would erase the gradients
+            return float(norm)
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype) if not isinstance(g, DTensor) else coef.item())

@@ -8,6 +8,7 @@ keeps everything it wrote (checkpoints, ``metrics.csv``) and writes no ``final``
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -16,7 +17,10 @@ from neva.data.skips import SkipTracker
 from neva.typed import ConfigError
 
 if TYPE_CHECKING:
+    from neva.config import TrainerConfig
     from neva.data.datamodule import NevaDataModule
+
+log = logging.getLogger("neva.train")
 
 
 class NothingTrained(RuntimeError):
@@ -33,6 +37,24 @@ def plan_training_data(data: NevaDataModule) -> None:
         data.train_dataloader()
     except ValueError as err:
         raise ConfigError(f"model.data.data_path={data.cfg.data_path!r}: {err}") from err
+
+
+def plan_steps(trainer: TrainerConfig, data: NevaDataModule) -> int:
+    """Optimizer steps the run takes (``TrainerConfig.steps_to_train`` over the planned epoch), logged.
+
+    Call after ``plan_training_data``: an epoch of the data holds at least one whole step (the sampler refuses less),
+    so a run asked for epochs never trains 0 steps.
+    """
+    per_epoch = data.train_sampler.num_steps // data.accumulation
+    steps = trainer.steps_to_train(per_epoch)
+    if trainer.max_epochs > 0:
+        log.info(
+            "one epoch = %d optimizer steps (%d samples, global batch %d); trainer.max_epochs=%d, "
+            "trainer.max_steps=%d -> %d steps (whichever limit comes first)",
+            per_epoch, sum(data.train_sampler.sizes), data.train_sampler.global_batch * data.accumulation,
+            trainer.max_epochs, trainer.max_steps, steps,
+        )  # fmt: skip
+    return steps
 
 
 def check_trained(trainer: Any, data: NevaDataModule, dp: int) -> None:

@@ -155,7 +155,13 @@ class NevaModule(pl.LightningModule):
             self.precision_policy,
             getattr(strategy, "dims", None),
         )
-        self.engine = Engine(parallel, self.precision_policy, device, packed=self.cfg.model.data.packing)
+        self.engine = Engine(
+            parallel,
+            self.precision_policy,
+            device,
+            packed=self.cfg.model.data.packing,
+            loss_normalization=self.cfg.model.loss_normalization,
+        )
         self.model = self.engine.model
         self.trainable_params = counts["trainable"]
 

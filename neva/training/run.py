@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.strategy import build_strategy
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints
 from neva.training.export import save_final
-from neva.training.guards import check_trained, plan_training_data
+from neva.training.guards import check_trained, plan_steps, plan_training_data
 from neva.training.module import NevaModule
 from neva.training.stop_signal import StopOnSignal
 
@@ -49,6 +50,8 @@ def run(cfg: TrainConfig) -> Path | None:
         accumulation=layout.grad_accum,
     )
     plan_training_data(data)
+    # Epochs become steps here, so the learning-rate schedule, resume and Lightning all see one step count.
+    cfg = replace(cfg, trainer=replace(cfg.trainer, max_steps=plan_steps(cfg.trainer, data)))
     timeout = timedelta(minutes=cfg.model.distributed_timeout_minutes)
     strategy = build_strategy(layout, timeout)
     is_writer = int(os.environ.get("RANK", "0")) == 0
@@ -76,7 +79,7 @@ def run(cfg: TrainConfig) -> Path | None:
         devices=layout.world // cfg.trainer.num_nodes if layout.is_distributed else 1,
         num_nodes=cfg.trainer.num_nodes,
         max_steps=cfg.trainer.max_steps,
-        max_epochs=cfg.trainer.max_epochs,
+        max_epochs=-1,  # max_steps already holds trainer.max_epochs (plan_steps)
         val_check_interval=cfg.trainer.val_check_interval,
         check_val_every_n_epoch=None,
         limit_val_batches=cfg.trainer.limit_val_batches,

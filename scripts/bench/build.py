@@ -36,7 +36,10 @@ def build_engine(model_cfg: NevaConfig, cfg: TrainConfig, device: torch.device) 
     model = build_meta_model(model_cfg, cfg.model.trainable_policy())
     flops = SampleFlops.of(model)
     parallel = parallelize(model, ModelSource(model_cfg, tokenizer=None), layout, cfg.model, device, precision)
-    return Engine(parallel, precision, device, packed=cfg.model.data.packing), flops
+    engine = Engine(
+        parallel, precision, device, packed=cfg.model.data.packing, loss_normalization=cfg.model.loss_normalization
+    )
+    return engine, flops
 
 
 def step_flops(flops: SampleFlops, samples: list[dict[str, Any]]) -> float:

@@ -158,7 +158,8 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     def step(batch: dict) -> float:
         loss = model(**batch).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, train_cfg.trainer.gradient_clip_val)
+        if train_cfg.trainer.gradient_clip_val > 0:  # 0 = no clipping (a 0 norm bound would erase the gradients)
+            torch.nn.utils.clip_grad_norm_(params, train_cfg.trainer.gradient_clip_val)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())

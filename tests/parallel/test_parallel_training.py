@@ -95,7 +95,12 @@ def llava_dir(tmp_path_factory):
 # modality.
 LLAVA_CASES = {
     "padded": (["model.data.group_by_modality_length=false"], False, list(LLAVA_FOUR_RANK_LAYOUTS), 10),
-    "packed_grouped": ([], True, ["pp2_dp2_zero3", "tp2_dp2", "pp2_tp2"], STEPS),
+    "packed_grouped": (
+        ["model.data.group_by_modality_length=true"],
+        True,
+        ["pp2_dp2_zero3", "tp2_dp2", "pp2_tp2"],
+        STEPS,
+    ),
 }
 
 
@@ -124,6 +129,7 @@ def test_projector_only_training_with_text_only_batches_matches_one_process(refe
     empty optimizer, a text-only micro-batch enters the pipeline with an empty image batch."""
     restore, _ = reference
     data = restore + llava_overrides(llava_dir, False) + ["model.mm_cfg.llm.freeze=true"]
+    data.append("model.data.group_by_modality_length=true")
     steps = 8  # the whole epoch (64 samples, global batch 8): the text-only group is in it
     ref = train_losses(data, steps)["losses"]
     results = run_layouts(2, [(n, data + o, steps) for n, o in PRETRAIN_LAYOUTS.items()], tmp_path)

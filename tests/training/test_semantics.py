@@ -20,7 +20,9 @@ def make_engine(cfg, source, precision: Precision | None = None):
     cpu = torch.device("cpu")
     model = build_meta_model(source.cfg, cfg.model.trainable_policy())
     parallel = parallelize(model, source, Layout.from_config(cfg.model, world=1), cfg.model, cpu, precision)
-    return Engine(parallel, precision, cpu, packed=cfg.model.data.packing)
+    return Engine(
+        parallel, precision, cpu, packed=cfg.model.data.packing, loss_normalization=cfg.model.loss_normalization
+    )
 
 
 def trainable_parts(model):
