@@ -1,6 +1,8 @@
-"""``python -m neva.train +stage=pretrain|finetune [overrides]``: the main job.
+"""``python -m neva.train +stage=pretrain|finetune [overrides]`` (or ``neva-train``): the main job.
 
 The last line printed on stdout is the path of the stage's consolidated checkpoint, so scripts can chain stages.
+NeMo NeVA keys on the command line are rewritten or refused with a reason before Hydra reads them
+(``neva.nemo_keys``, docs/NEMO.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from neva.config import to_train_config
+from neva.nemo_keys import rewrite_overrides
 from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")
@@ -50,5 +53,15 @@ def main(dcfg: DictConfig) -> None:
         print(os.fspath(Path(final).resolve()), flush=True)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line: NeMo keys first (Hydra would refuse them with "use +key"), then Hydra."""
+    try:
+        sys.argv[1:] = rewrite_overrides(sys.argv[1:])
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()
