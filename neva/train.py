@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neva.config import to_train_config
+from neva.config import CONFIG_DIR, to_train_config
 from neva.nemo_keys import rewrite_overrides
 from neva.typed import ConfigError
 
@@ -27,7 +27,9 @@ STAGE_HELP = (
 )
 
 
-@hydra.main(config_path="configs", config_name="neva", version_base=None)
+# An absolute path: a console script (`neva-train`) runs this module as an installed app, where Hydra would look for
+# the configs as a Python package (neva.configs is a data directory, not a package).
+@hydra.main(config_path=CONFIG_DIR, config_name="neva", version_base=None)
 def main(dcfg: DictConfig) -> None:
     if dcfg.get("stage") is None:
         print(STAGE_HELP, file=sys.stderr)
