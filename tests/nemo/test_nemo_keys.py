@@ -60,6 +60,8 @@ def test_every_key_of_nemo_neva_configs_has_an_entry(neva_keys):
                     break
             else:
                 assert target in neva_keys or target in PENDING or target.startswith("exp_manager.wandb"), key
+    doc = (HERE.parents[1] / "docs" / "NEMO.md").read_text()
+    assert not [k for k in [*NEMO_KEYS, *SUBTREES] if f"`{k}" not in doc]  # docs/NEMO.md shows the whole table
     kinds = {type(e) for e in NEMO_KEYS.values()}
     assert kinds == {Same, Alias, Fixed, Derived, Ignored, Unsupported}
 
