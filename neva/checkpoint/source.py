@@ -123,8 +123,26 @@ def check_restore_settings(mm: MMConfig, ckpt: NevaConfig, restore: str) -> None
         )
         if value not in (None, "") and value != have
     ]
+    for key, part, table, cls, have in (
+        ("model.mm_cfg.llm.preset", mm.llm, LLM_PRESETS, LLMConfig, ckpt.llm),
+        ("model.mm_cfg.vision_encoder.preset", v, VISION_PRESETS, VisionConfig, ckpt.vision),
+    ):
+        if part.from_pretrained or part.preset not in table:
+            continue  # from_pretrained is named above; an unknown preset name has no shape to compare
+        arch = {**table[part.preset], **part.arch_overrides}
+        if cls is LLMConfig:
+            arch["vocab_size"] = have.vocab_size  # the tokenizer sizes it
+        arch = to_dict(build(cls, arch, key + "."))
+        differ = [
+            f"{k}={getattr(have, k)!r}"
+            for k, val in arch.items()
+            if k not in ("vision_select_layer", "vision_select_feature", "image_mean", "image_std")
+            and val != getattr(have, k, val)
+        ]
+        if differ:
+            ignored.append((key, part.preset, ", ".join(differ[:4])))
     for key, value, have in ignored:
-        held = "" if have is None else f" (the checkpoint has {have!r})"
+        held = "" if have is None else f" (the checkpoint has {have if 'preset' in key else repr(have)})"
         log.warning(
             "%s=%r is ignored: model.restore_from_path=%s gives the weights, architecture and tokenizer%s",
             key, value, restore, held,

@@ -134,13 +134,15 @@ def test_settings_replaced_by_restore_from_path_are_named(caplog):
     mm = compose_config(
         [*STAGE, "model.mm_cfg.mm_mlp_adapter_type=linear", "model.mm_cfg.vision_encoder.vision_select_layer=-1"]
     ).model.mm_cfg
-    mm.llm.from_pretrained = "/models/llama"
+    mm.vision_encoder.from_pretrained = "/models/clip"
+    mm.llm.preset = "llama2_13b"
     with caplog.at_level(logging.WARNING, logger="neva.checkpoint.source"):
         check_restore_settings(mm, ckpt, "/ckpt")
     text = caplog.text
     assert "model.mm_cfg.mm_mlp_adapter_type='linear' is ignored" in text and "'mlp2x_gelu'" in text
     assert "model.mm_cfg.vision_encoder.vision_select_layer=-1 is ignored" in text
-    assert "model.mm_cfg.llm.from_pretrained='/models/llama' is ignored" in text
+    assert "model.mm_cfg.vision_encoder.from_pretrained='/models/clip' is ignored" in text
+    assert "model.mm_cfg.llm.preset='llama2_13b' is ignored" in text and "hidden_size=128" in text
     caplog.clear()
     check_restore_settings(cfg.model.mm_cfg, ckpt, "/ckpt")  # settings equal to the checkpoint's: nothing to say
     assert not caplog.text
