@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from neva.data.config import DataConfig
 from neva.models.loss import LOSS_NORMALIZATIONS
 from neva.models.trainable import LoraSpec, TrainablePolicy
+from neva.nemo_keys import rewrite_overrides, template_for_model_type
 from neva.typed import ConfigError, build
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
@@ -70,7 +71,9 @@ class LLMSettings:
 
     from_pretrained: str | None = None  # local HF Llama directory
     freeze: bool = True
-    model_type: str = "llama_2"
+    # NeMo's model_type: picks model.data.conv_template when that is null (neva.nemo_keys.MODEL_TYPE_TEMPLATES);
+    # v1 (Vicuna v1, LLaVA-1.5's template) where NeMo's file says llama_2, so neva's default template stays vicuna_v1
+    model_type: str = "v1"
     preset: str = "tiny"  # architecture when not loading from_pretrained (neva.models.presets.LLM_PRESETS)
     arch_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -217,6 +220,9 @@ class ModelConfig:
             raise ValueError(f"distributed_timeout_minutes must be > 0, got {self.distributed_timeout_minutes}")
         if self.zero_stage not in (2, 3):
             raise ValueError(f"zero_stage must be 2 or 3, got {self.zero_stage}")
+        template = template_for_model_type(self.mm_cfg.llm.model_type)
+        if self.data.conv_template is None:
+            self.data.conv_template = template
         if self.activations_checkpoint_granularity not in (None, "full", "selective"):
             raise ValueError(
                 f"activations_checkpoint_granularity must be full, selective or null, "
@@ -318,4 +324,4 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
 def compose_config(overrides: list[str] | None = None, config_name: str = "neva") -> TrainConfig:
     """The validated config for ``overrides`` (as on the command line, e.g. ``["+stage=pretrain"]``)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return to_train_config(compose(config_name, overrides=overrides or []))
+        return to_train_config(compose(config_name, overrides=rewrite_overrides(overrides or [])))

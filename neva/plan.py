@@ -108,7 +108,11 @@ def run(req: Request) -> list[Plan]:
 
 def main(argv: list[str] | None = None) -> list[Plan]:
     """Entry point; prints the table and the JSON line and returns the plans."""
-    req = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return []
+    req = parse_args(argv)
     plans = run(req)
     print(format_table(plans))
     line = to_json(plans)
@@ -119,5 +123,10 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     return plans
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console script ``neva-plan`` (``main`` returns the plans, which ``sys.exit`` would print)."""
     main()
+
+
+if __name__ == "__main__":
+    cli()

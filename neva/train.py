@@ -1,6 +1,8 @@
-"""``python -m neva.train +stage=pretrain|finetune [overrides]``: the main job.
+"""``python -m neva.train +stage=pretrain|finetune [overrides]`` (or ``neva-train``): the main job.
 
 The last line printed on stdout is the path of the stage's consolidated checkpoint, so scripts can chain stages.
+NeMo NeVA keys on the command line are rewritten or refused with a reason before Hydra reads them
+(``neva.nemo_keys``, docs/NEMO.md).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neva.config import to_train_config
+from neva.config import CONFIG_DIR, to_train_config
+from neva.nemo_keys import rewrite_overrides
 from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")
@@ -24,7 +27,9 @@ STAGE_HELP = (
 )
 
 
-@hydra.main(config_path="configs", config_name="neva", version_base=None)
+# An absolute path: a console script (`neva-train`) runs this module as an installed app, where Hydra would look for
+# the configs as a Python package (neva.configs is a data directory, not a package).
+@hydra.main(config_path=CONFIG_DIR, config_name="neva", version_base=None)
 def main(dcfg: DictConfig) -> None:
     if dcfg.get("stage") is None:
         print(STAGE_HELP, file=sys.stderr)
@@ -50,5 +55,15 @@ def main(dcfg: DictConfig) -> None:
         print(os.fspath(Path(final).resolve()), flush=True)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line: NeMo keys first (Hydra would refuse them with "use +key"), then Hydra."""
+    try:
+        sys.argv[1:] = rewrite_overrides(sys.argv[1:])
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -16,6 +16,7 @@ ROOT = Path(neva.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
     ("neva", "neva.constants", "neva.typed", "neva.hf_local"),
+    ("neva.nemo_keys",),
     ("neva.models",),
     ("neva.data",),
     ("neva.config",),

@@ -168,6 +168,8 @@ def read_config_file(directory: str | os.PathLike) -> dict[str, Any]:
     Raises:
         ValueError: not a neva checkpoint, or a newer format version.
     """
+    if note := nemo_checkpoint_note(directory):
+        raise ValueError(note)
     path = Path(directory) / CONFIG_NAME
     data = json.loads(path.read_text())
     if data.get("format") != FORMAT_NAME:
@@ -177,6 +179,20 @@ def read_config_file(directory: str | os.PathLike) -> dict[str, Any]:
     if int(data.get("version", 0)) > FORMAT_VERSION:
         raise ValueError(f"{path}: format version {data['version']} is newer than this neva ({FORMAT_VERSION})")
     return data
+
+
+def nemo_checkpoint_note(path: str | os.PathLike) -> str | None:
+    """What to do with a NeMo checkpoint (a ``.nemo`` file, or one extracted: ``model_config.yaml`` inside) given
+    where neva expects its own or HF files; None when ``path`` is not one."""
+    p = Path(path)
+    if not (p.suffix == ".nemo" or (p / "model_config.yaml").is_file()):
+        return None
+    return (
+        f"{path} is a NeMo checkpoint (.nemo), which neva does not read. Convert it to HF with NeMo's "
+        "scripts/checkpoint_converters/convert_llava_nemo_to_hf.py (a NeVA model), then "
+        "`python -m neva.convert hf-to-neva` and pass the output as model.restore_from_path; or, for a NeMo LLM, "
+        "convert_llama_nemo_to_hf.py and pass the HF directory as model.mm_cfg.llm.from_pretrained"
+    )
 
 
 def is_neva_checkpoint(directory: str | os.PathLike) -> bool:

@@ -67,14 +67,19 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
             "model.mm_cfg.llm.from_pretrained)."
         )
     if restore is not None:
+        if note := neva_format.nemo_checkpoint_note(restore):
+            raise ConfigError(f"model.restore_from_path: {note}")
         if not neva_format.is_neva_checkpoint(restore):
             raise ConfigError(f"model.restore_from_path={restore!r} is not a neva checkpoint directory")
         log.info("starting from neva checkpoint %s", restore)
-        return ModelSource(neva_format.load_config(restore), neva_format.load_tokenizer(restore), checkpoint=restore)
+        ckpt_cfg = neva_format.load_config(restore)
+        check_restore_settings(cfg.model.mm_cfg, ckpt_cfg, restore)
+        return ModelSource(ckpt_cfg, neva_format.load_tokenizer(restore), checkpoint=restore)
     mm = cfg.model.mm_cfg
     if mm.llm.from_pretrained:
         from neva.checkpoint.hf import prepare_tokenizer
 
+        _read_hf_config(mm.llm.from_pretrained, "model.mm_cfg.llm")  # a .nemo, neva or LLaVA path: say so first
         try:
             tokenizer = prepare_tokenizer(mm.llm.from_pretrained)
         except LocalModelError as err:
@@ -95,6 +100,68 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
     tokenizer = build_tokenizer()
     neva_cfg = neva_config_from_mm(mm, vocab_size=len(tokenizer), image_token_id=tokenizer_image_token_id(tokenizer))
     return ModelSource(neva_cfg, tokenizer, projector_weights=adapter)
+
+
+def check_restore_settings(mm: MMConfig, ckpt: NevaConfig, restore: str) -> None:
+    """A checkpoint brings its architecture, weights and tokenizer: the settings that choose them otherwise are not
+    applied. An explicit architecture override that contradicts the checkpoint is refused; the other settings are
+    named in a warning when they would have given something else.
+
+    Raises:
+        ConfigError: an ``arch_overrides`` entry differs from the checkpoint's value.
+    """
+    conflicts = [
+        f"model.mm_cfg.{part}.arch_overrides.{key}={value!r} (the checkpoint has {getattr(have, key, None)!r})"
+        for part, overrides, have in (("llm", mm.llm.arch_overrides, ckpt.llm), ("vision_encoder",
+                                      mm.vision_encoder.arch_overrides, ckpt.vision))
+        for key, value in overrides.items()
+        if getattr(have, key, None) != value
+    ]  # fmt: skip
+    if conflicts:
+        raise ConfigError(
+            f"model.restore_from_path={restore!r} gives the architecture, so {'; '.join(conflicts)} cannot apply; "
+            "remove the override (or start from HF weights without restore_from_path)"
+        )
+    v = mm.vision_encoder
+    ignored = [
+        (key, value, have)
+        for key, value, have in (
+            ("model.mm_cfg.llm.from_pretrained", mm.llm.from_pretrained, None),
+            ("model.mm_cfg.vision_encoder.from_pretrained", v.from_pretrained, None),
+            ("model.mm_cfg.mm_mlp_adapter_type", mm.mm_mlp_adapter_type, ckpt.projector.type),
+            ("model.mm_cfg.vision_encoder.vision_select_layer", v.vision_select_layer, ckpt.vision.vision_select_layer),
+            (
+                "model.mm_cfg.vision_encoder.vision_select_feature",
+                v.vision_select_feature,
+                ckpt.vision.vision_select_feature,
+            ),
+        )
+        if value not in (None, "") and value != have
+    ]
+    for key, part, table, cls, have in (
+        ("model.mm_cfg.llm.preset", mm.llm, LLM_PRESETS, LLMConfig, ckpt.llm),
+        ("model.mm_cfg.vision_encoder.preset", v, VISION_PRESETS, VisionConfig, ckpt.vision),
+    ):
+        if part.from_pretrained or part.preset not in table:
+            continue  # from_pretrained is named above; an unknown preset name has no shape to compare
+        arch = {**table[part.preset], **part.arch_overrides}
+        if cls is LLMConfig:
+            arch["vocab_size"] = have.vocab_size  # the tokenizer sizes it
+        arch = to_dict(build(cls, arch, key + "."))
+        differ = [
+            f"{k}={getattr(have, k)!r}"
+            for k, val in arch.items()
+            if k not in ("vision_select_layer", "vision_select_feature", "image_mean", "image_std")
+            and val != getattr(have, k, val)
+        ]
+        if differ:
+            ignored.append((key, part.preset, ", ".join(differ[:4])))
+    for key, value, have in ignored:
+        held = "" if have is None else f" (the checkpoint has {have if 'preset' in key else repr(have)})"
+        log.warning(
+            "%s=%r is ignored: model.restore_from_path=%s gives the weights, architecture and tokenizer%s",
+            key, value, restore, held,
+        )  # fmt: skip
 
 
 @torch.no_grad()
@@ -229,15 +296,28 @@ def _hf_dir(path: str, what: str) -> str:
 
 
 def _read_hf_config(path: str, what: str) -> dict:
+    if note := neva_format.nemo_checkpoint_note(path):
+        raise ConfigError(f"{what}.from_pretrained: {note}")
     path = _hf_dir(path, what)
+    if neva_format.is_neva_checkpoint(path):
+        raise ConfigError(
+            f"{what}.from_pretrained={path!r} is a neva checkpoint; start from it with model.restore_from_path"
+        )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"{what}.from_pretrained={path!r}: no config.json there (expected a local HF directory)")
     from neva.checkpoint.hf import load_hf_config
 
     try:
-        return load_hf_config(path)
+        hf = load_hf_config(path)
     except LocalModelError as err:
         raise ConfigError(f"{what}.from_pretrained: {err}") from err
+    if what.endswith(".llm") and "text_config" in hf:
+        raise ConfigError(
+            f"{what}.from_pretrained={path!r} is a whole vision-language model (model_type "
+            f"{hf.get('model_type')!r}), not a Llama LLM: convert it with `python -m neva.convert hf-to-neva` and "
+            "pass the output as model.restore_from_path (or give the LLM's own HF directory here)"
+        )
+    return hf
 
 
 def neva_config_from_mm(mm: MMConfig, vocab_size: int | None = None, image_token_id: int | None = None) -> NevaConfig:

@@ -25,7 +25,8 @@ class DataConfig:
         data_path: LLaVA JSON/JSONL file(s), ``.tar`` shards (``/data/llava-{000000..000123}.tar``, streamed; see
             ``neva.data.shards``), or ``"synthetic"`` for the built-in shapes set. A list is a blend.
         image_folder: directory or ``.tar`` of images that records' ``image`` paths are relative to.
-        conv_template: one of ``TEMPLATES``.
+        conv_template: one of ``TEMPLATES``; None in a run config = from ``model.mm_cfg.llm.model_type`` (NeMo's
+            default), resolved by ``neva.config.ModelConfig``.
         image_aspect_ratio: ``square`` (CLIP resize + centre crop), ``pad`` (centre on a mean-colour square first,
             as LLaVA-1.5) or ``keep`` (whole image, longer side resized, mean-colour borders; no crop).
         concat_sampling_probabilities: blend weights, one per ``data_path`` entry (None = proportional to size).
@@ -58,7 +59,7 @@ class DataConfig:
 
     data_path: str | list[str] = SYNTHETIC
     image_folder: str | None = None
-    conv_template: str = "vicuna_v1"
+    conv_template: str | None = "vicuna_v1"
     image_aspect_ratio: str = "square"
     concat_sampling_probabilities: list[float] | None = None
     max_skip_fraction: float = 0.01
@@ -82,7 +83,7 @@ class DataConfig:
     max_image_pixels: int = MAX_IMAGE_PIXELS
 
     def __post_init__(self) -> None:
-        if self.conv_template not in TEMPLATES:
+        if self.conv_template is not None and self.conv_template not in TEMPLATES:
             raise ValueError(f"model.data.conv_template={self.conv_template!r} is unknown; choose one of {TEMPLATES}")
         if self.image_aspect_ratio not in ASPECT_RATIOS:
             raise ValueError(

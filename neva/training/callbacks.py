@@ -1,4 +1,4 @@
-"""Run outputs: ``metrics.csv`` that survives resume, and verified checkpoint files."""
+"""Run outputs: ``metrics.csv`` that survives resume, verified checkpoint files, the progress bar."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from lightning_fabric.plugins import CheckpointIO
 from lightning_fabric.utilities.types import _PATH
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from neva.checkpoint import verified
 from neva.checkpoint.atomic import atomic_write
@@ -109,3 +109,22 @@ class MetricsCSV:
         writer.writeheader()
         writer.writerows(self.rows[s] for s in sorted(self.rows))
         atomic_write(self.path, lambda f: f.write(buf.getvalue().encode()))
+
+
+class StepProgressBar(TQDMProgressBar):
+    """One bar over the whole run: optimizer steps towards ``trainer.max_steps`` (its ETA is the run's), from the
+    resumed step; Lightning's bar counts the batches of one epoch and restarts at each epoch."""
+
+    def on_train_epoch_start(self, trainer: Any, *_: Any) -> None:
+        bar = self.train_progress_bar
+        if bar.total != trainer.max_steps:  # the first epoch of this process
+            bar.reset(total=trainer.max_steps)
+            bar.initial = bar.n = trainer.global_step
+        bar.set_description(f"Epoch {trainer.current_epoch}")
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        bar = self.train_progress_bar
+        step = trainer.global_step
+        if bar is not None and not bar.disable and self._should_update(step, bar.total):
+            bar.n = step
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # refreshes the bar

@@ -252,9 +252,8 @@ class NevaModule(pl.LightningModule):
                 metrics["mfu"] = tflops / peak
         metrics.update(self.data.skip_tracker.metrics())
         step = self.global_step
-        if self.metrics is not None and (loss is None or step % max(1, self.cfg.trainer.log_every_n_steps) == 0):
-            self.metrics.record(step, metrics)
-        self.log_dict(metrics, on_step=True, prog_bar=False, logger=bool(self.trainer.loggers), rank_zero_only=True)
+        if loss is None or step % max(1, self.cfg.trainer.log_every_n_steps) == 0:
+            self._record(step, metrics)
         if loss is not None:
             self.log("loss", metrics["train_loss"], prog_bar=True, logger=False)
         self.log("samples/s", metrics["samples_per_sec"], prog_bar=True, logger=False)
@@ -270,9 +269,20 @@ class NevaModule(pl.LightningModule):
         total = torch.stack(self._val_sums).sum(0)
         self._val_sums.clear()
         val_loss = (total[0] / total[1].clamp(min=1)).item()
-        self.log("val_loss", val_loss, prog_bar=True, rank_zero_only=True)
-        if self.metrics is not None and not self.trainer.sanity_checking:
-            self.metrics.record(self.global_step, {"val_loss": val_loss})
+        self.log("val_loss", val_loss, prog_bar=True, logger=False, rank_zero_only=True)
+        if not self.trainer.sanity_checking:
+            self._record(self.global_step, {"val_loss": val_loss})
+
+    def _record(self, step: int, metrics: dict[str, float]) -> None:
+        """One row of ``metrics.csv`` and the same values at the same step in every logger (TensorBoard, W&B).
+
+        Not through ``self.log``: Lightning's logger connector would log at the count of steps *before* this one and
+        by its own ``log_every_n_steps`` rule, so TensorBoard's steps would be one less than ``metrics.csv``'s.
+        """
+        if self.metrics is not None:
+            self.metrics.record(step, metrics)
+        for logger in self.trainer.loggers:
+            logger.log_metrics(metrics, step=step)  # rank zero only (Lightning's loggers)
 
     # -- checkpoint extras ---------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import TQDMProgressBar
+from pytorch_lightning.loggers import TensorBoardLogger
+from torch.utils.tensorboard.summary import hparams
 
 from neva.checkpoint import verified
 from neva.checkpoint.neva_format import run_metadata
@@ -20,7 +23,7 @@ from neva.data.datamodule import NevaDataModule
 from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.strategy import build_strategy
-from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints
+from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints, StepProgressBar
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_steps, plan_training_data
 from neva.training.module import NevaModule
@@ -31,6 +34,29 @@ log = logging.getLogger("neva.train")
 # With manual optimization Lightning cannot tell that neva checkpoints at step boundaries (after the optimizer step,
 # which is what resume needs) and warns on every run.
 warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys; values TensorBoard's hparams take (numbers, strings, booleans; others as text)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return out
+
+
+def log_config(loggers: list[Any], cfg: TrainConfig) -> None:
+    """The resolved config as the loggers' hyperparameters (TensorBoard's HPARAMS tab, W&B's config)."""
+    params = _flat(dataclasses.asdict(cfg))
+    for logger in loggers:
+        logger.log_hyperparams(params)  # TensorBoard: hparams.yaml; W&B: the run config
+        if isinstance(logger, TensorBoardLogger):
+            # Lightning writes TensorBoard's hparams event only together with metric values; the metric columns are
+            # declared here and their values are the run's own scalars.
+            for summary in hparams(params, {"train_loss": 0.0, "val_loss": 0.0}):
+                logger.experiment.file_writer.add_summary(summary)
 
 
 def run(cfg: TrainConfig) -> Path | None:
@@ -64,12 +90,11 @@ def run(cfg: TrainConfig) -> Path | None:
         StopOnSignal(ckpt_dir / "last.ckpt"),  # SIGTERM / SIGINT: checkpoint, then exit 128 + signal, no final
     ]
     if cfg.trainer.enable_progress_bar:
-        callbacks.append(TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps // 2)))
+        callbacks.append(StepProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps // 2)))
     loggers = []
     if cfg.exp_manager.create_tensorboard_logger:
-        from pytorch_lightning.loggers import TensorBoardLogger
-
-        loggers.append(TensorBoardLogger(str(exp_dir), name="tensorboard", version=""))
+        # no placeholder hp_metric: the hyperparameters below are the resolved config, the metrics the run's own
+        loggers.append(TensorBoardLogger(str(exp_dir), name="tensorboard", version="", default_hp_metric=False))
     if cfg.exp_manager.create_wandb_logger:
         from pytorch_lightning.loggers import WandbLogger
 
@@ -94,6 +119,8 @@ def run(cfg: TrainConfig) -> Path | None:
         default_root_dir=str(exp_dir),
         use_distributed_sampler=False,
     )
+    if is_writer:
+        log_config(trainer.loggers, cfg)
     if is_writer:
         verified.remove_stale_temp(ckpt_dir)
     resume = verified.find_resume(ckpt_dir) if cfg.exp_manager.resume_if_exists else None
