@@ -10,11 +10,11 @@
 # Packages the GPU image lacks (hydra-core, omegaconf, antlr4-python3-runtime, webdataset, braceexpand) come as
 # wheels from $NEVA_WHEELS (default: shared/wheels in the checkout), installed with --no-deps into a temporary
 # directory put on PYTHONPATH; nothing is installed when python3 already imports them. Fetch the wheels on a machine
-# with network access, inside the checkout:
+# with network access, inside the checkout (all pure Python, so any platform's pip fetches the right ones; hydra 1.3
+# needs antlr4 4.9, which PyPI has as an sdist only, hence `pip wheel`):
 #
-#   python3 -m pip download hydra-core omegaconf antlr4-python3-runtime webdataset braceexpand --no-deps -d shared/wheels
-#
-# (all five are pure-Python wheels, so any platform's pip fetches the right ones).
+#   python3 -m pip download hydra-core==1.3.2 omegaconf==2.3.0 webdataset braceexpand --no-deps -d shared/wheels
+#   python3 -m pip wheel antlr4-python3-runtime==4.9.3 --no-deps -w shared/wheels
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,7 +25,8 @@ if ! "$PYTHON" -c "import hydra, omegaconf, webdataset" 2>/dev/null; then
     WHEELS=${NEVA_WHEELS:-shared/wheels}
     if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         echo "gpu_check: $PYTHON lacks hydra-core/omegaconf/webdataset and $WHEELS holds no wheels; fetch them with:" >&2
-        echo "  python3 -m pip download hydra-core omegaconf antlr4-python3-runtime webdataset braceexpand --no-deps -d $WHEELS" >&2
+        echo "  python3 -m pip download hydra-core==1.3.2 omegaconf==2.3.0 webdataset braceexpand --no-deps -d $WHEELS" >&2
+        echo "  python3 -m pip wheel antlr4-python3-runtime==4.9.3 --no-deps -w $WHEELS" >&2
         exit 2
     fi
     SITE=$(mktemp -d)/site

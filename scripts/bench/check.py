@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 ONE_B = [
     "model=llama2_7b",
     "vision=clip_vit_l14_224",
-    "model.mm_cfg.llm.arch_overrides={hidden_size:2048,intermediate_size:5632,num_layers:22,num_heads:32,num_kv_heads:4}",
+    *(
+        f"+model.mm_cfg.llm.arch_overrides.{k}={v}"
+        for k, v in dict(hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32, num_kv_heads=4).items()
+    ),
     "trainer.precision=bf16",
     "model.megatron_amp_O2=true",
     "model.micro_batch_size=16",
