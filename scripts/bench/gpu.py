@@ -148,9 +148,7 @@ def _composed(case: Case, args: Any) -> TrainConfig:
 _COMPOSED: dict[tuple, TrainConfig] = {}
 
 
-def choose_micro_batch(
-    case: Case, args: Any, cfg: NevaConfig, memory_gib: float, peak: float
-) -> tuple[int, Plan | None]:
+def choose_micro_batch(case: Case, args: Any, cfg: NevaConfig, memory_gib: float, peak: float) -> tuple[int, Plan]:
     """The largest micro-batch within the token budget that the planner's memory model fits in ``--memory-fraction``
     of the device (``--micro-batch-size`` fixes it instead); ``(0, plan of 1)`` when not even one sample fits."""
     budget = memory_gib * args.memory_fraction

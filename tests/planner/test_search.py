@@ -98,3 +98,4 @@ def test_cli_search_honours_command_line_constraints(capsys) -> None:
     req, constraints = split_constraints(parse_args(["model.micro_batch_size=2,4", "+preset=nemo_llama2_7b_pretrain"]))
     assert constraints == {"micro_batch_size": [2, 4]} and req.sweeps == []
     assert req.fixed == ["+preset=nemo_llama2_7b_pretrain"]  # a preset selects the stage: none is added
+    assert main(["--help"]) == [] and "plan.search" in capsys.readouterr().out
