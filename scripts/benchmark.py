@@ -7,8 +7,10 @@ AdamW loop on padded batches; same sample stream, same weights, same training se
 child process, so peak memory is per side.
 
 GPU mode (``--device cuda``): Llama-2 7B/13B-shaped NeVA with random weights on one GPU, bf16 O2: pretrain and
-finetune samples/s, tokens/s, TFLOP/s and MFU at 224 px (256 image tokens) and 336 px (576). ``--gpu-shapes-smoke``
-runs the same code path with tiny shapes (on CPU too), to test it without a GPU.
+finetune samples/s, tokens/s, TFLOP/s and MFU (against the datasheet peak and a bf16 matmul peak measured in the run)
+at 224 px (256 image tokens) and 336 px (576); micro-batches from a token budget that the planner's memory model
+fits in the device. ``--gpu-shapes-smoke`` runs the same code path with tiny shapes (on CPU too), to test it without
+a GPU.
 
 Either mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
 
@@ -62,15 +64,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="13b-pretrain-224,7b-finetune-224,13b-pretrain-336,7b-finetune-336",
         help="GPU mode: comma-separated <7b|13b>-<pretrain|finetune>-<224|336>",
     )
-    p.add_argument("--pretrain-mbs", type=int, default=32, help="GPU mode: pretrain micro-batch size")
-    p.add_argument("--finetune-mbs", type=int, default=8, help="GPU mode: finetune micro-batch size")
+    p.add_argument(
+        "--tokens-per-microbatch",
+        type=int,
+        default=0,
+        help="GPU mode: token budget of a micro-batch (0 = 12288, NVIDIA's 13B pretrain 32 x 384); lowered until the "
+        "planner's memory model fits it",
+    )
+    p.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=0.9,
+        help="GPU mode: share of the device memory the planned peak may use (the activation estimate's ~10%% margin)",
+    )
+    p.add_argument("--memory-gib", type=float, default=0.0, help="GPU mode: device memory (0 = what the GPU reports)")
+    p.add_argument(
+        "--micro-batch-size", type=int, default=0, help="GPU mode: fix the micro-batch (0 = from the budget)"
+    )
+    p.add_argument("--json-lines", action="store_true", help="GPU mode: one JSON line per case as it finishes")
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="GPU mode: print each case's micro-batch and planned memory, run nothing",
+    )
     p.add_argument("--accum", type=int, default=2, help="GPU mode: micro-batches per optimizer step")
     p.add_argument("--text-tokens", type=int, default=100, help="GPU mode: mean text tokens per sample (±20%%)")
     p.add_argument("--compile", action="store_true", help="GPU mode: torch.compile every transformer block")
     p.add_argument("--peak-tflops", type=float, default=None, help="GPU mode: bf16 peak for MFU (default by GPU name)")
     p.add_argument("--gpu-shapes-smoke", action="store_true", help="GPU mode code path with tiny shapes (CPU works)")
     args = p.parse_args(argv)
-    gpu_path = args.device == "cuda" or args.gpu_shapes_smoke
+    gpu_path = args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only
     if args.steps is None:
         args.steps = 4 if gpu_path else 3
     if args.warmup is None:
@@ -86,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
 
         print(json.dumps(run_side(args.child, args)))
         return
-    if args.device == "cuda" or args.gpu_shapes_smoke:
+    if args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only:
         from bench.gpu import run_gpu
 
         summary = run_gpu(args)

@@ -80,6 +80,20 @@ def uses_fsdp(layout: Layout, precision: Precision) -> bool:
     return layout.data_parallel == "fsdp" and (layout.dp > 1 or (precision.master_weights and layout.is_distributed))
 
 
+def check_precision_layout(layout: Layout, precision: Precision) -> None:
+    """O2 in a distributed run keeps its fp32 masters in FSDP2's sharded parameters, so it needs ``fsdp`` (the planner
+    applies the same rule).
+
+    Raises:
+        ConfigError: O2 with DDP in a distributed run.
+    """
+    if precision.master_weights and layout.is_distributed and layout.data_parallel == "ddp":
+        raise ConfigError(
+            "model.megatron_amp_O2=true keeps fp32 master weights through FSDP2's mixed-precision policy; use "
+            "model.data_parallel=fsdp (the default) with O2"
+        )
+
+
 def parallelize(
     meta_model: NevaModel,
     source: ModelSource,
@@ -104,11 +118,7 @@ def parallelize(
         ConfigError: a combination the layout cannot run (O2 with DDP; TP sizes that do not divide the model, from
             ``apply_tensor_parallel``).
     """
-    if precision.master_weights and layout.is_distributed and layout.data_parallel == "ddp":
-        raise ConfigError(
-            "model.megatron_amp_O2=true keeps fp32 master weights through FSDP2's mixed-precision policy; use "
-            "model.data_parallel=fsdp (the default) with O2"
-        )
+    check_precision_layout(layout, precision)
     if m.sequence_parallel and layout.tp == 1:
         log.warning("model.sequence_parallel=true has no effect without tensor parallelism")
     if layout.is_distributed and dims is None:

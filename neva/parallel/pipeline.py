@@ -138,6 +138,20 @@ def pad_micro_batches(
     return out
 
 
+def check_microbatches(schedule: str, pp: int, n_microbatches: int) -> None:
+    """A 1F1B schedule needs at least one micro-batch per pipeline stage in flight (the planner applies it too).
+
+    Raises:
+        ConfigError: fewer micro-batches per step than pipeline stages under ``1f1b`` / ``interleaved_1f1b``.
+    """
+    if pp > 1 and schedule != "gpipe" and n_microbatches < pp:
+        raise ConfigError(
+            f"{schedule} needs at least pipeline_model_parallel_size={pp} micro-batches per step, got "
+            f"{n_microbatches} (global_batch_size / (micro_batch_size × data-parallel size)); raise "
+            "model.global_batch_size or use model.pipeline_schedule=gpipe"
+        )
+
+
 class PipelineRunner:
     """Runs one step's micro-batches through this rank's stages with the configured schedule.
 
@@ -167,13 +181,7 @@ class PipelineRunner:
         autocast: Callable[[], Any] | None = None,
         dp_group: dist.ProcessGroup | None = None,
     ) -> None:
-        pp = dist.get_world_size(pp_group)
-        if schedule != "gpipe" and n_microbatches < pp:
-            raise ConfigError(
-                f"{schedule} needs at least pipeline_model_parallel_size={pp} micro-batches per step, got "
-                f"{n_microbatches} (global_batch_size / (micro_batch_size × data-parallel size)); raise "
-                "model.global_batch_size or use model.pipeline_schedule=gpipe"
-            )
+        check_microbatches(schedule, dist.get_world_size(pp_group), n_microbatches)
         if schedule == "interleaved_1f1b" and len(chunks) < 2:
             raise ConfigError("interleaved_1f1b needs model.virtual_pipeline_model_parallel_size >= 2")
         self.chunks, self.chunk_ids, self.num_chunks = chunks, chunk_ids, num_chunks

@@ -6,6 +6,7 @@ a DP group's members are ``tp`` ranks apart, and pipeline neighbours ``dp × tp`
 
 from __future__ import annotations
 
+import functools
 import math
 
 from neva.planner.deployment import Deployment
@@ -55,8 +56,10 @@ def p2p_time(size: float, dep: Deployment, hw: Hardware) -> float:
     return size / bw + hw.eff.latency_us * 1e-6
 
 
+@functools.cache
 def expected_max_normal(n: int) -> float:
-    """E[max of n independent standard normals] (0 for n = 1), by numerical integration."""
+    """E[max of n independent standard normals] (0 for n = 1), by numerical integration (memoised: a layout search
+    asks for the same few ``n`` hundreds of times)."""
     if n <= 1:
         return 0.0
     steps, lo, hi = 4000, -8.0, 8.0

@@ -48,7 +48,7 @@ def stage_flops(
     infos: list[ParamInfo], cfg: NevaConfig, layout: Layout, seq_len: int, layers: list[list[int]]
 ) -> list[StageFlops]:
     """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each."""
-    terms = flop_terms([(p.name, p.shape, p.trainable) for p in infos], cfg)
+    terms = _terms(infos, cfg)
     units = {"token": seq_len, "token2": seq_len * seq_len, "image": 1}
     params = {p.name: p for p in infos}
     model = [0.0] * len(layers)
@@ -70,6 +70,18 @@ def stage_flops(
                     mine = [t for t in mine if t.name.endswith(".core")]
                 per_gpu[stage] += sum(t.forward * units[t.per] * share[t.name] for t in mine)
     return [StageFlops(m, g, b) for m, g, b in zip(model, per_gpu, backward)]
+
+
+def _terms(infos: list[ParamInfo], cfg: NevaConfig) -> list[FlopTerm]:
+    """``flop_terms`` of the inventory, memoised: they do not depend on the layout, which a search varies."""
+    params = tuple((p.name, p.shape, p.trainable) for p in infos)
+    key = (repr(cfg), params)
+    if key not in _TERMS:
+        _TERMS[key] = flop_terms(params, cfg)
+    return _TERMS[key]
+
+
+_TERMS: dict[tuple, list[FlopTerm]] = {}
 
 
 def checkpointed_layers(layout: Layout, num_layers: int) -> frozenset[int]:

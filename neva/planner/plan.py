@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 from neva.checkpoint.source import neva_config_from_mm
 from neva.config import TrainConfig
+from neva.models.config import NevaConfig
+from neva.parallel.tensor_parallel import check_divisibility
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import stage_flops
@@ -100,6 +102,7 @@ def plan_run(
     text_tokens: int | None = None,
     global_batch_size: int | None = None,
     grad_reduce: str | None = None,
+    model: NevaConfig | None = None,
 ) -> Plan:
     """Predict memory and throughput of ``cfg`` without allocating the model.
 
@@ -108,10 +111,17 @@ def plan_run(
         text_tokens: mean text tokens per sample (default: ``TEXT_TOKENS[cfg.stage]``).
         global_batch_size: overrides ``cfg.model.global_batch_size`` (weak-scaling sweeps).
         grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Deployment``).
+        model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (the benchmark's own shapes).
+
+    Raises:
+        ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
+            pipeline chunks without a layer).
     """
-    ncfg = neva_config_from_mm(cfg.model.mm_cfg)
+    ncfg = model or neva_config_from_mm(cfg.model.mm_cfg)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
     layout = dep.layout
+    if layout.tp > 1:
+        check_divisibility(ncfg, layout.tp)
     hw = hardware_from_config(cfg.cluster)
     infos = model_inventory(ncfg, cfg.model.trainable_policy())
     layers = stage_layers(ncfg.llm.num_layers, layout)
