@@ -23,7 +23,7 @@ from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoi
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_training_data
 from neva.training.module import NevaModule
-from neva.training.stop_signal import StopOnSignal
+from neva.training.stop_signal import StopOnSignal, StoppedBySignal, ignore_further_signals
 from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")
@@ -107,7 +107,11 @@ def run(cfg: TrainConfig) -> Path | None:
                 log.info("resuming from %s at step %d", ckpt_path, verified.read_manifest(resume)["step"])
                 # Lightning warns whenever the checkpoint directory is not empty; resuming from it is the point.
                 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-            trainer.fit(module, ckpt_path=ckpt_path)
+            try:
+                trainer.fit(module, ckpt_path=ckpt_path)
+            except StoppedBySignal:
+                ignore_further_signals()
+                raise
         check_trained(trainer, data, layout.dp)
         save_final(
             module.engine, source, final, is_writer=trainer.is_global_zero, stage=cfg.stage,

@@ -47,10 +47,8 @@ class StopOnSignal(pl.Callback):
         self._previous: dict[int, Any] = {}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # Installed before Lightning registers its handlers, so that Lightning's teardown "restores" these: a rank that
-        # stopped keeps ignoring further copies of the signal while it exits (srun --kill-on-bad-exit sends SIGTERM to
-        # the ranks still exiting when the first one is gone, which would otherwise turn exit 138 into 143). A signal
-        # that comes while the model is being built is acted on after the first step.
+        # Installed already here, before the first step: a signal that comes while the model is being built is acted
+        # on after the first step instead of killing the process without a checkpoint.
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
             for signum in SIGNALS:
@@ -92,3 +90,13 @@ class StopOnSignal(pl.Callback):
                 128 + signum,
             )
         raise StoppedBySignal(signum)
+
+
+def ignore_further_signals() -> None:
+    """Called once ``StoppedBySignal`` has left ``trainer.fit`` (Lightning has restored the handlers it found): the
+    rank exits after the shared checkpoint, and a further copy of the signal must not turn its documented status into
+    143 (srun --kill-on-bad-exit sends SIGTERM to the ranks still exiting once the first one is gone). ``SIG_IGN``, not
+    a Python handler: Python resets its handlers to the default action while the interpreter shuts down."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)

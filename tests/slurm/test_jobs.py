@@ -62,7 +62,7 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     """What --signal=B:USR1@600 does ten minutes before the limit, sent now: the batch shell forwards it to the tasks,
     they stop after one step k with a checkpoint (no periodic one in this run), the job is requeued, and the next
     attempt resumes at k and finishes. Both attempts' batch output stays in one file (--open-mode=append)."""
-    job = slurm.submit("pretrain.sbatch", tmp_path, *TRAIN, "trainer.max_steps=40", NO_PERIODIC)
+    job = slurm.submit("pretrain.sbatch", tmp_path, *TRAIN, "trainer.max_steps=24", NO_PERIODIC)
     exp_dir = tmp_path / "pretrain"
     wait_for_steps(exp_dir, 3, slurm, job)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm.env(tmp_path), check=True, timeout=60)
@@ -74,13 +74,13 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     stopped = re.search(r"stopped by SIGUSR1 after step (\d+)", first)
     assert stopped, first[-3000:]
     k = int(stopped.group(1))
-    assert 3 <= k < 40
+    assert 3 <= k < 24
     for line in ("attempt 1 (restart count 0)", "SIGUSR1: forwarding", "tasks exited with status 138",
                  f"requeueing job {job}", "attempt 2 (restart count 1)", "tasks exited with status 0"):  # fmt: skip
         assert line in batch, batch[-3000:]
     second = task_log(tmp_path, job, 1, 0)
     assert f"resuming from {exp_dir / 'checkpoints' / 'last.ckpt'} at step {k}" in second, second[-3000:]
-    assert sorted(read_losses(exp_dir)) == list(range(1, 41))  # no step lost, none trained twice
+    assert sorted(read_losses(exp_dir)) == list(range(1, 25))  # no step lost, none trained twice
     assert (exp_dir / "final").is_dir()
 
 
@@ -99,7 +99,7 @@ def training_pid(job: str, task: int) -> int:
 
 def test_a_killed_task_ends_the_job_and_a_resubmission_resumes(slurm, tmp_path):
     every = "exp_manager.checkpoint_callback_params.every_n_train_steps=2"
-    job = slurm.submit("pretrain.sbatch", tmp_path, *TRAIN, "trainer.max_steps=40", every)
+    job = slurm.submit("pretrain.sbatch", tmp_path, *TRAIN, "trainer.max_steps=24", every)
     exp_dir = tmp_path / "pretrain"
     wait_for_steps(exp_dir, 5, slurm, job)
     os.kill(training_pid(job, 1), signal.SIGKILL)
@@ -113,11 +113,11 @@ def test_a_killed_task_ends_the_job_and_a_resubmission_resumes(slurm, tmp_path):
     assert "requeueing" not in batch
     assert not (exp_dir / "final").exists()
 
-    again = slurm.submit("pretrain.sbatch", tmp_path, *TRAIN, "trainer.max_steps=40", every)
+    again = slurm.submit("pretrain.sbatch", tmp_path, *TRAIN, "trainer.max_steps=24", every)
     info = slurm.wait(again)
     assert info["JobState"] == "COMPLETED", (tmp_path / f"batch-{again}.out").read_text()[-3000:]
     log = task_log(tmp_path, again, 0, 0)
     resumed = re.search(r"resuming from \S+ at step (\d+)", log)
     assert resumed and int(resumed.group(1)) >= 4 and int(resumed.group(1)) % 2 == 0, log[-3000:]
-    assert sorted(read_losses(exp_dir)) == list(range(1, 41))
+    assert sorted(read_losses(exp_dir)) == list(range(1, 25))
     assert (exp_dir / "final").is_dir()
