@@ -126,18 +126,26 @@ def run(cfg: TrainConfig) -> Path | None:
 
 
 def resume_checkpoint(cfg: TrainConfig, ckpt_dir: Path) -> Path | None:
-    """``exp_manager.resume_from_checkpoint`` when set (verified against its manifest), else the newest intact
-    checkpoint in ``ckpt_dir`` when ``exp_manager.resume_if_exists``, else None.
+    """``exp_manager.resume_from_checkpoint`` when set (verified against its manifest; once the run has checkpoints
+    of its own in ``ckpt_dir``, a chosen one outside it gives way to them), else the newest intact checkpoint in
+    ``ckpt_dir`` when ``exp_manager.resume_if_exists``, else None.
 
     Raises:
         ConfigError: ``resume_from_checkpoint`` names nothing that exists.
         CheckpointError: it exists but does not verify.
     """
     chosen = cfg.exp_manager.resume_from_checkpoint
+    own = verified.find_resume(ckpt_dir) if cfg.exp_manager.resume_if_exists else None
     if chosen:
         path = Path(chosen)
         if not path.exists():
             raise ConfigError(f"exp_manager.resume_from_checkpoint={chosen!r}: no such checkpoint file or directory")
+        # A run that started from another run's checkpoint and has saved its own since (then was preempted and
+        # requeued with the same arguments) continues from its own: starting over would lose its steps. A chosen
+        # checkpoint inside exp_dir (going back to an earlier step) is taken as asked.
+        if own is not None and path.resolve().parent != ckpt_dir.resolve():
+            log.info("exp_manager.resume_from_checkpoint=%s: this run has saved its own checkpoints since", chosen)
+            return own
         verified.verify(path)
         return path
-    return verified.find_resume(ckpt_dir) if cfg.exp_manager.resume_if_exists else None
+    return own
