@@ -253,6 +253,8 @@ class ExpManagerConfig:
     # resume although the config changed what is trained (model, stage, data, global batch, seed, LoRA); by default
     # such a resume stops and lists the changes (neva.training.resume_check)
     resume_ignore_config_changes: bool = False
+    # a step checkpoint (file or DCP directory) to resume from instead of the newest one in exp_dir
+    resume_from_checkpoint: str | None = None
     create_tensorboard_logger: bool = True
     create_wandb_logger: bool = False
     wandb_logger_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -27,6 +27,35 @@ STAGE_HELP = (
 )
 
 
+def sweep_job_exp_dir(dcfg: DictConfig) -> None:
+    """Under ``-m`` (Hydra multirun), each job trains into its own ``<hydra.sweep.dir>/<its swept values>`` (e.g.
+    ``outputs/pretrain/sweep/model.optim.lr-0.001``), so that jobs never resume or overwrite each other's checkpoints
+    and rerunning the same sweep resumes each job from its own. A job whose overrides set ``exp_manager.exp_dir``
+    keeps it."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    hc = HydraConfig.get()
+
+    def key(override: str) -> str:
+        return override.lstrip("+~").split("=", 1)[0]
+
+    if any(key(o) == "exp_manager.exp_dir" for o in hc.overrides.task):
+        return
+    # The swept keys are those given several values on the command line; the job's value of each names its folder
+    # (not every override: the name must stay a short, valid file name).
+    parsed = OverridesParser.create().parse_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    # `key-value` joined by `_`: no `=` or `,`, which a Hydra override of a path (resume_from_checkpoint, exp_dir,
+    # restore_from_path) could only hold quoted.
+    values = sorted(o.lstrip("+~").replace("=", "-", 1) for o in hc.overrides.task if key(o) in swept)
+    name = "_".join(values).replace(os.sep, "_")
+    dcfg.exp_manager.exp_dir = os.path.join(hc.sweep.dir, name or f"job{hc.job.num}")
+
+
 # An absolute path: a console script (`neva-train`) runs this module as an installed app, where Hydra would look for
 # the configs as a Python package (neva.configs is a data directory, not a package).
 @hydra.main(config_path=CONFIG_DIR, config_name="neva", version_base=None)
@@ -39,6 +68,7 @@ def main(dcfg: DictConfig) -> None:
     from neva.training.guards import NothingTrained
 
     try:
+        sweep_job_exp_dir(dcfg)
         cfg = to_train_config(dcfg)
         from neva.training.run import run
 

@@ -52,6 +52,18 @@ APPLIED = (
 )
 """Keys (``.``-terminated: every key below) whose change a resume applies; any other change alters what is trained."""
 
+TRAINING_SETTINGS = (
+    "model.optim.",
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.gradient_clip_val",
+    "trainer.precision",
+    "model.megatron_amp_O2",
+)
+"""Applied keys that set how the steps train: a finished run (nothing left to train) refuses their change too, since
+resuming it would train nothing under them and rewrite its ``final`` as if it had (a sweep over the learning rate into
+one ``exp_dir`` did exactly that)."""
+
 NOT_COMPARED = ("recipe.",)
 """The stage file interpolates the recipe into ``model.*`` and ``trainer.*``, where its values are compared."""
 
@@ -100,9 +112,22 @@ def check_resume(checkpoint: dict[str, Any], cfg: TrainConfig, path: str | Path,
         if log_changes:
             log.warning("%s records no config (written by an older neva): changes since then are not checked", path)
         return
-    changes = config_changes(json.loads(record), cfg)
+    saved = json.loads(record)
+    changes = config_changes(saved, cfg)
     altering = [c for c in changes if not _is(c[0], APPLIED)]
     ignore = cfg.exp_manager.resume_ignore_config_changes
+    step = checkpoint.get("global_step", 0)
+    extended = cfg.trainer.max_steps > saved.get("trainer", {}).get("max_steps", cfg.trainer.max_steps)
+    finished = not extended and (step >= cfg.trainer.max_steps or (Path(cfg.exp_manager.exp_dir) / "final").is_dir())
+    settings = [c for c in changes if _is(c[0], TRAINING_SETTINGS)]
+    if finished and settings and not altering and not ignore:
+        lines = "\n".join(f"  {_line(*c)}" for c in settings)
+        raise ConfigError(
+            f"{path} belongs to a finished run (checkpoint at step {step}, trainer.max_steps={cfg.trainer.max_steps}, "
+            f"final checkpoint in {cfg.exp_manager.exp_dir}): resuming it with these changes would not train them:\n"
+            f"{lines}\nTrain into a new exp_manager.exp_dir (a Hydra multirun gives each job its own), raise "
+            "trainer.max_steps to continue training, or set exp_manager.resume_ignore_config_changes=true."
+        )
     if altering and not ignore:
         lines = "\n".join(f"  {_line(*c)}" for c in altering)
         raise ConfigError(
@@ -112,7 +137,6 @@ def check_resume(checkpoint: dict[str, Any], cfg: TrainConfig, path: str | Path,
         )
     if not log_changes:
         return
-    step = checkpoint.get("global_step", "?")
     for change in changes:
         if _is(change[0], APPLIED):
             log.info("resume at step %s, changed since the checkpoint and applied: %s", step, _line(*change))

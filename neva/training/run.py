@@ -13,6 +13,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import TensorBoardLogger
+from pytorch_lightning.plugins.environments import SLURMEnvironment
 from torch.utils.tensorboard.summary import hparams
 
 from neva.checkpoint import verified
@@ -27,7 +28,8 @@ from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoi
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_steps, plan_training_data
 from neva.training.module import NevaModule
-from neva.training.stop_signal import StopOnSignal
+from neva.training.stop_signal import StopOnSignal, StoppedBySignal, ignore_further_signals
+from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")
 
@@ -87,7 +89,7 @@ def run(cfg: TrainConfig) -> Path | None:
     params = cfg.exp_manager.checkpoint_callback_params
     callbacks = [
         StepCheckpoints(ckpt_dir, params.every_n_train_steps, params.save_last, params.save_top_k),
-        StopOnSignal(ckpt_dir / "last.ckpt"),  # SIGTERM / SIGINT: checkpoint, then exit 128 + signal, no final
+        StopOnSignal(ckpt_dir / "last.ckpt"),  # SIGTERM / SIGINT / SIGUSR1: checkpoint, exit 128 + signal, no final
     ]
     if cfg.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps // 2)))
@@ -115,7 +117,9 @@ def run(cfg: TrainConfig) -> Path | None:
         deterministic=cfg.trainer.deterministic,
         logger=loggers or False,
         callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
+        # Under SLURM, Lightning's own SIGUSR1 handler would requeue the job without neva's stop checkpoint;
+        # scripts/slurm/launch.sh requeues once the tasks stopped with it (StopOnSignal).
+        plugins=[AtomicCheckpointIO(), *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [])],
         default_root_dir=str(exp_dir),
         use_distributed_sampler=False,
     )
@@ -123,16 +127,22 @@ def run(cfg: TrainConfig) -> Path | None:
         log_config(trainer.loggers, cfg)
     if is_writer:
         verified.remove_stale_temp(ckpt_dir)
-    resume = verified.find_resume(ckpt_dir) if cfg.exp_manager.resume_if_exists else None
+    resume = resume_checkpoint(cfg, ckpt_dir)
     ckpt_path = str(resume) if resume else None
     final = exp_dir / "final"
     try:
         with warnings.catch_warnings():
             if ckpt_path:
-                log.info("resuming from %s", ckpt_path)
+                # The step comes from the verified manifest; SLURM users read this line to see where a requeued
+                # attempt continues (scripts/slurm/README.md).
+                log.info("resuming from %s at step %d", ckpt_path, verified.read_manifest(resume)["step"])
                 # Lightning warns whenever the checkpoint directory is not empty; resuming from it is the point.
                 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-            trainer.fit(module, ckpt_path=ckpt_path)
+            try:
+                trainer.fit(module, ckpt_path=ckpt_path)
+            except StoppedBySignal:
+                ignore_further_signals()
+                raise
         check_trained(trainer, data, layout.dp)
         save_final(module.engine, source, final, is_writer=trainer.is_global_zero, **run_metadata(cfg))
     except Exception as err:
@@ -141,3 +151,29 @@ def run(cfg: TrainConfig) -> Path | None:
             err.add_note(note)
         raise
     return final if trainer.is_global_zero else None
+
+
+def resume_checkpoint(cfg: TrainConfig, ckpt_dir: Path) -> Path | None:
+    """``exp_manager.resume_from_checkpoint`` when set (verified against its manifest; once the run has checkpoints
+    of its own in ``ckpt_dir``, a chosen one outside it gives way to them), else the newest intact checkpoint in
+    ``ckpt_dir`` when ``exp_manager.resume_if_exists``, else None.
+
+    Raises:
+        ConfigError: ``resume_from_checkpoint`` names nothing that exists.
+        CheckpointError: it exists but does not verify.
+    """
+    chosen = cfg.exp_manager.resume_from_checkpoint
+    own = verified.find_resume(ckpt_dir) if cfg.exp_manager.resume_if_exists else None
+    if chosen:
+        path = Path(chosen)
+        if not path.exists():
+            raise ConfigError(f"exp_manager.resume_from_checkpoint={chosen!r}: no such checkpoint file or directory")
+        # A run that started from another run's checkpoint and has saved its own since (then was preempted and
+        # requeued with the same arguments) continues from its own: starting over would lose its steps. A chosen
+        # checkpoint inside exp_dir (going back to an earlier step) is taken as asked.
+        if own is not None and path.resolve().parent != ckpt_dir.resolve():
+            log.info("exp_manager.resume_from_checkpoint=%s: this run has saved its own checkpoints since", chosen)
+            return own
+        verified.verify(path)
+        return path
+    return own

@@ -19,7 +19,6 @@ from neva.typed import ConfigError
 HERE = Path(__file__).parent
 NEMO_FILES = [HERE / "neva_config.yaml", HERE / "neva_finetune.yaml"]  # NeMo 1.x, source named in each file
 # Same-named keys whose schema entry lands with a parallel branch (remove once merged into main).
-PENDING = {"exp_manager.resume_from_checkpoint"}  # the SLURM branch adds it
 
 
 def leaves(tree: dict, prefix: str = "") -> list[str]:
@@ -50,7 +49,7 @@ def test_every_key_of_nemo_neva_configs_has_an_entry(neva_keys):
     # ... and the table says nothing about keys NeMo does not have (no stale entries)
     assert set(NEMO_KEYS) <= keys and all(any(k.startswith(p + ".") for k in keys) for p in SUBTREES)
     for key, entry in NEMO_KEYS.items():
-        if isinstance(entry, Same) and key not in PENDING:
+        if isinstance(entry, Same):
             assert key in neva_keys, key
         if isinstance(entry, Alias):
             target = entry.target.lstrip("+")
@@ -59,7 +58,7 @@ def test_every_key_of_nemo_neva_configs_has_an_entry(neva_keys):
                     assert target.rpartition(".")[2] in {f.name for f in dataclasses.fields(cls)}, key
                     break
             else:
-                assert target in neva_keys or target in PENDING or target.startswith("exp_manager.wandb"), key
+                assert target in neva_keys or target.startswith("exp_manager.wandb"), key
     doc = (HERE.parents[1] / "docs" / "NEMO.md").read_text()
     assert not [k for k in [*NEMO_KEYS, *SUBTREES] if f"`{k}" not in doc]  # docs/NEMO.md shows the whole table
     kinds = {type(e) for e in NEMO_KEYS.values()}

@@ -119,3 +119,15 @@ def test_older_checkpoints_are_resumed_with_a_warning(lean_cfg, caplog):
     saved = json.loads(config_record(lean_cfg()))
     del saved["model"]["data"]["num_workers"], saved["model"]["seed"]
     check_resume({CONFIG_KEY: json.dumps(saved)}, lean_cfg("model.seed=7"), "older.ckpt")
+
+
+def test_a_finished_run_refuses_changed_training_settings_unless_training_continues(lean_cfg):
+    """Resuming a run that reached max_steps with another learning rate would train nothing under it and rewrite its
+    final checkpoint: refused. Raising max_steps continues the training, and the new rate is applied."""
+    saved = lean_cfg("trainer.max_steps=6")
+    with pytest.raises(ConfigError, match=r"belongs to a finished run \(checkpoint at step 6, trainer.max_steps=6"):
+        check_resume(_checkpoint(saved), lean_cfg("trainer.max_steps=6", "model.optim.lr=1e-4"), "last.ckpt")
+    check_resume(_checkpoint(saved), lean_cfg("trainer.max_steps=12", "model.optim.lr=1e-4"), "last.ckpt")
+    check_resume(_checkpoint(saved), lean_cfg("trainer.max_steps=6", "trainer.devices=2"), "last.ckpt")  # runtime
+    accepted = lean_cfg("trainer.max_steps=6", "model.optim.lr=1e-4", "exp_manager.resume_ignore_config_changes=true")
+    check_resume(_checkpoint(saved), accepted, "last.ckpt")

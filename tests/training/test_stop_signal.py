@@ -1,4 +1,4 @@
-"""SIGTERM / SIGINT to a running ``python -m neva.train`` (one process, and every rank under torchrun): the run stops at
+"""SIGTERM / SIGINT / SIGUSR1 to a running ``python -m neva.train`` (one process, and every rank under torchrun): the run stops at
 a step boundary with a checkpoint, exits 128 + the signal, writes no ``final``, and a rerun continues the curve."""
 
 import os
@@ -78,7 +78,9 @@ def reference(tmp_path_factory):
     return losses
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1], ids=["SIGTERM", "SIGINT", "SIGUSR1"]
+)
 def test_signal_stops_at_a_step_with_a_checkpoint_and_the_rerun_continues_the_curve(reference, tmp_path, signum):
     exp_dir = tmp_path / "run"
     code, output, took = interrupt(exp_dir, signum)
