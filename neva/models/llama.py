@@ -110,7 +110,7 @@ class LlamaDecoder(nn.Module):
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
-        output_mask: torch.Tensor | None = None,
+        output_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -120,11 +120,12 @@ class LlamaDecoder(nn.Module):
             segment_ids: ``[B, K]`` sample id per key position (0 = padding); attention stays within a segment.
                 With a cache, K covers the cached tokens plus the new ones. None = plain causal attention.
             cache: one ``KVCache`` per layer of this stage, for incremental decoding.
-            output_mask: ``[B, S]`` bool; only these positions go through the final norm and LM head (training
-                needs logits only where a label is learned), returned flattened as ``[N, V]``.
+            output_positions: ``[N, 2]`` (row, column); only these positions go through the final norm and LM head
+                (training needs logits only where a label is learned), returned as ``[N, V]``. An index, not a
+                boolean mask: the output size is known on the host, so selecting costs no sync.
 
         Returns:
-            Logits ``[B, S, V]`` (``[N, V]`` with ``output_mask``) if this stage owns ``output``, else hidden states.
+            Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
         """
         b, s, _ = h.shape
         offset = 0 if cache is None else cache[0].length
@@ -135,8 +136,9 @@ class LlamaDecoder(nn.Module):
         attn = plan_attention(segment_ids, s, offset, h.device)
         for i, layer in enumerate(self.layers.values()):
             h = layer(h, cos, sin, attn, None if cache is None else cache[i])
-        if output_mask is not None:
-            h = h[output_mask]
+        if output_positions is not None:
+            output_positions = output_positions.to(h.device)
+            h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
