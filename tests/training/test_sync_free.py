@@ -50,7 +50,6 @@ def test_collated_positions_are_the_model_s_and_the_step_has_no_sync(lean_cfg):
         engine.forward_backward([batch], n_tokens=n_tokens)
     assert len(rec.ops) > 100
     assert not SYNCING & set(rec.ops), SYNCING & set(rec.ops)
-    with OpRecorder() as rec:  # the recorder does see the old path's syncs
-        with torch.no_grad():
-            engine.loss_sum(plain)
+    with OpRecorder() as rec, torch.no_grad():  # the recorder does see the old path's syncs
+        engine.loss_sum(plain)
     assert SYNCING & set(rec.ops)
