@@ -34,7 +34,9 @@ def _flex_attention():
     if _COMPILED_FLEX is None:
         from torch.nn.attention.flex_attention import flex_attention
 
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        # Default (automatic) dynamic shapes: packed rows change length from batch to batch (multiples of 64), and a
+        # static compile per length would soon hit the recompile limit and fall back to the score-materialising path.
+        _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
 
 
@@ -104,6 +106,18 @@ def _flex(q, k, v, block_mask, gqa: bool) -> torch.Tensor:
 
 @torch.compiler.disable  # the span list changes every batch: compiling it would recompile per batch
 def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
+    if q.shape[2] == k.shape[2]:
+        # No cache: each row's spans tile it, for queries and keys alike. ``split`` (not slicing) keeps backward to
+        # one concatenation per row instead of a zero-filled full-size gradient per segment.
+        rows = []
+        for q_r, k_r, v_r, row_spans in zip(q.unbind(0), k.unbind(0), v.unbind(0), spans):
+            sizes = [qe - qs for qs, qe, _, _ in row_spans]
+            outs = [
+                F.scaled_dot_product_attention(qi[None], ki[None], vi[None], is_causal=True, enable_gqa=gqa)
+                for qi, ki, vi in zip(q_r.split(sizes, 1), k_r.split(sizes, 1), v_r.split(sizes, 1))
+            ]
+            rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
+        return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
     rows = []
     for r, row_spans in enumerate(spans):
         outs = []
