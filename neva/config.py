@@ -173,7 +173,8 @@ class ModelConfig:
     megatron_amp_O2: bool = False
     activations_checkpoint_granularity: str | None = None  # full | selective
     activations_checkpoint_num_layers: int | None = None
-    compile: bool = False
+    # per-block torch.compile: auto = on for CUDA, off elsewhere (CPU compiles slowly and gains little); true | false
+    compile: bool | str = "auto"
     meta_init: bool = False  # distributed: allocate and load only each rank's shards (models too large for one rank)
     # Megatron-LM's --distributed-timeout-minutes (default 10): how long any collective or point-to-point transfer
     # waits for its peers before the run fails; fractions allowed (0.1 = 6 s)
@@ -216,6 +217,8 @@ class ModelConfig:
             )
         if self.data_parallel not in ("fsdp", "ddp"):
             raise ValueError(f"data_parallel must be fsdp or ddp, got {self.data_parallel!r}")
+        if isinstance(self.compile, str) and self.compile != "auto":
+            raise ValueError(f"compile must be auto, true or false, got {self.compile!r}")
         if not self.distributed_timeout_minutes > 0:
             raise ValueError(f"distributed_timeout_minutes must be > 0, got {self.distributed_timeout_minutes}")
         if self.zero_stage not in (2, 3):

@@ -55,7 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="CPU mode: neva packs samples (model.data.packing=true); --no-packing pads like HF",
     )
-    p.add_argument("--compare-padding", action="store_true", help="CPU mode: also run neva with the other batching")
+    p.add_argument(
+        "--compare-padding",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU mode: also run neva with the other batching, on the same stream (packed and padded side by side)",
+    )
     p.add_argument("--child", choices=["neva", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
     # GPU mode

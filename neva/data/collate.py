@@ -8,11 +8,18 @@ Batch contract (both modes)::
     segment_ids  LongTensor [B, S]   1..k for the k samples of a row, 0 on padding
     pixel_values FloatTensor [N, 3, H, W] | None   all images, in row order then position order
     image_counts LongTensor [B]      images per row
+    image_positions LongTensor [M, 2] | None   (row, column) of every image-token position, in the order the image
+                                     features fill them (None when a sample did not say where its images are)
+    output_positions LongTensor [T, 2]   (row, column) of every position whose logits predict a learned label
+    targets      LongTensor [T]      the label each of those positions predicts
     num_samples  int                 samples in the batch (skipped ones excluded)
     skipped      dict[str, int]      skip reasons counted in this batch
     truncated    int                 samples of the batch cut to the maximum length (kept, not skipped)
     dropped_leading_reply int        samples whose leading assistant turn was dropped (kept, LLaVA's rule)
     ids          list               sample ids, in the order they appear in the rows
+
+``image_positions``, ``output_positions`` and ``targets`` are found here, on the host (in the loader workers), so the
+model splices image features and picks the LM-head positions with index ops: no host-device sync per micro-batch.
 
 When every sample of a micro-batch was skipped the batch has one row of padding with ``segment_ids`` 1 and no
 learned tokens (``num_samples`` 0): every data-parallel rank still runs forward/backward, so collectives stay in step.
@@ -27,6 +34,7 @@ import torch
 
 from neva.constants import IGNORE_INDEX
 from neva.data.dataset import is_skipped
+from neva.models.loss import learned_positions
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -69,7 +77,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
     position_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     segment_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     image_counts = torch.zeros(bsz, dtype=torch.long)
-    pixels, ids = [], []
+    pixels, ids, image_positions = [], [], []
     for r, row in enumerate(rows):
         pos = 0
         for seg, sample in enumerate(row, start=1):
@@ -84,11 +92,17 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
             image_counts[r] += sample["pixel_values"].shape[0]
             if sample["pixel_values"].shape[0]:
                 pixels.append(sample["pixel_values"])
+            if image_positions is not None and "image_positions" in sample:
+                cols = sample["image_positions"] + pos - n
+                image_positions.append(torch.stack([torch.full_like(cols, r), cols], dim=1))
+            else:
+                image_positions = None
             ids.append(sample["id"])
     if not rows:
         segment_ids[0] = 1  # an all-skipped micro-batch: one inert row (see module docstring)
         position_ids[0] = torch.arange(row_len)
     num_samples = sum(len(row) for row in rows)
+    output_positions, targets = learned_positions(labels)
     return {
         "input_ids": input_ids,
         "labels": labels,
@@ -96,12 +110,19 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "segment_ids": segment_ids,
         "pixel_values": torch.cat(pixels) if pixels else None,
         "image_counts": image_counts,
+        "image_positions": torch.cat(image_positions) if image_positions else _no_positions(image_positions),
+        "output_positions": output_positions,
+        "targets": targets,
         "num_samples": num_samples,
         "skipped": dict(skipped),
         "truncated": sum(bool(s.get("truncated")) for row in rows for s in row),
         "dropped_leading_reply": sum(bool(s.get("dropped_leading_reply")) for row in rows for s in row),
         "ids": ids,
     }
+
+
+def _no_positions(image_positions: list | None) -> torch.Tensor | None:
+    return None if image_positions is None else torch.zeros(0, 2, dtype=torch.long)
 
 
 def _split(batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Counter]:

@@ -113,8 +113,8 @@ def process_record(
     image_source: ImageSource,
     image_processor: ImageProcessor | None,
 ) -> dict[str, Any]:
-    """One record → ``{"id", "input_ids", "labels", "pixel_values", "truncated", "dropped_leading_reply"}`` or a
-    skip marker.
+    """One record → ``{"id", "input_ids", "image_positions", "labels", "pixel_values", "truncated",
+    "dropped_leading_reply"}`` or a skip marker.
 
     ``truncated`` (the sample was cut to the maximum length) is not a skip; the collate functions count it.
     """
@@ -127,9 +127,13 @@ def process_record(
     except SampleError as exc:
         return skip_marker(sample_id, exc.reason, exc.detail)
     size = image_processor.size if image_processor is not None else 0
+    input_ids = torch.tensor(enc.input_ids, dtype=torch.long)
     return {
         "id": sample_id,
-        "input_ids": torch.tensor(enc.input_ids, dtype=torch.long),
+        "input_ids": input_ids,
+        # Where the image features go (``encode`` checked their number): the collator turns them into batch
+        # positions, so the model splices by index without counting on the device.
+        "image_positions": (input_ids == settings.image_token_id).nonzero().flatten(),
         "labels": torch.tensor(enc.labels, dtype=torch.long),
         "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
         "truncated": enc.truncated_from is not None,

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
-from neva.models.layers import RMSNorm, build_attention_mask
+from neva.models.layers import RMSNorm
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
@@ -48,7 +49,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        attn: AttentionPlan,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
@@ -59,8 +60,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v)
-        gqa = q.shape[1] != k.shape[1]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+        out = attn.attend(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -85,8 +85,8 @@ class DecoderBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)
+    def forward(self, x, cos, sin, attn: AttentionPlan, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, attn, cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -110,7 +110,7 @@ class LlamaDecoder(nn.Module):
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
-        output_mask: torch.Tensor | None = None,
+        output_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -120,27 +120,25 @@ class LlamaDecoder(nn.Module):
             segment_ids: ``[B, K]`` sample id per key position (0 = padding); attention stays within a segment.
                 With a cache, K covers the cached tokens plus the new ones. None = plain causal attention.
             cache: one ``KVCache`` per layer of this stage, for incremental decoding.
-            output_mask: ``[B, S]`` bool; only these positions go through the final norm and LM head (training
-                needs logits only where a label is learned), returned flattened as ``[N, V]``.
+            output_positions: ``[N, 2]`` (row, column); only these positions go through the final norm and LM head
+                (training needs logits only where a label is learned), returned as ``[N, V]``. An index, not a
+                boolean mask: the output size is known on the host, so selecting costs no sync.
 
         Returns:
-            Logits ``[B, S, V]`` (``[N, V]`` with ``output_mask``) if this stage owns ``output``, else hidden states.
+            Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
         """
         b, s, _ = h.shape
         offset = 0 if cache is None else cache[0].length
         if position_ids is None:
             position_ids = torch.arange(offset, offset + s, device=h.device).expand(b, s)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, h.dtype)
-        mask = None
-        if segment_ids is not None:
-            mask = build_attention_mask(segment_ids, s, offset)
-        elif offset > 0:
-            # SDPA's is_causal aligns the mask top-left, which is wrong once queries start after cached keys.
-            mask = build_attention_mask(torch.ones(b, offset + s, dtype=torch.long, device=h.device), s, offset)
+        # One plan for every layer: segment boundaries / the BlockMask are found once per forward.
+        attn = plan_attention(segment_ids, s, offset, h.device)
         for i, layer in enumerate(self.layers.values()):
-            h = layer(h, cos, sin, mask, None if cache is None else cache[i])
-        if output_mask is not None:
-            h = h[output_mask]
+            h = layer(h, cos, sin, attn, None if cache is None else cache[i])
+        if output_positions is not None:
+            output_positions = output_positions.to(h.device)
+            h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

@@ -69,14 +69,13 @@ def micro_batch_weight(
 
 
 def learned_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where logits are needed and what they predict: ``(output_mask [B, S], targets [N])``.
+    """Where logits are needed and what they predict: ``(positions [N, 2] (row, column), targets [N])``.
 
     Position t predicts label t + 1, so t is needed iff label t + 1 is learned. Running the LM head (and the
     vocabulary-wide softmax) only there skips the prompt, image and padding positions, which are most of a LLaVA
-    batch; the loss is the same as ``token_cross_entropy`` on full logits.
+    batch; the loss is the same as ``token_cross_entropy`` on full logits. Call it on host labels (the collator
+    does): the number of positions is data-dependent, which on a device would be a sync.
     """
     next_labels = labels[:, 1:]
-    learned = next_labels != IGNORE_INDEX
-    output_mask = torch.zeros_like(labels, dtype=torch.bool)
-    output_mask[:, :-1] = learned
-    return output_mask, next_labels[learned]
+    positions = (next_labels != IGNORE_INDEX).nonzero()
+    return positions, next_labels[positions[:, 0], positions[:, 1]]

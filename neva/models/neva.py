@@ -40,6 +40,7 @@ class NevaModel(nn.Module):
         input_ids: torch.Tensor,
         pixel_values: torch.Tensor | None = None,
         image_counts: torch.Tensor | None = None,
+        image_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token embeddings with image features written over the image-token positions.
 
@@ -47,22 +48,22 @@ class NevaModel(nn.Module):
             input_ids: ``[B, S]``; each image occupies ``num_image_tokens`` consecutive ``image_token_id`` positions.
             pixel_values: ``[N, C, H, W]``, all images of the batch in row order, or None.
             image_counts: ``[B]`` images per row; None infers it from the image-token counts.
+            image_positions: ``[M, 2]`` (row, column) of every image-token position in feature order, as the
+                collator finds them on the host: the splice is then an index op, with no host-device sync (the
+                checks below read device values). None finds and checks the positions here.
 
         Raises:
             ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
         """
         h_BSD = self.llm.tok_embeddings(input_ids)
+        if image_positions is not None:
+            return self._splice(h_BSD, pixel_values, image_positions)
         is_image_BS = input_ids == self.cfg.image_token_id
         if pixel_values is None or pixel_values.shape[0] == 0:
             if is_image_BS.any():
                 rows = is_image_BS.any(dim=1).nonzero().flatten().tolist()
                 raise ValueError(f"sample(s) {rows} contain image tokens but no images were given")
-            if self.projector is not None and torch.is_grad_enabled():
-                # A text-only batch keeps the projector in the graph with an empty input (LLaVA's ``[0:0]`` image
-                # slice): in pretraining it is all that trains, and the loss must still reach it (zero gradients).
-                empty = h_BSD.new_zeros(0, self.cfg.projector.input_size)
-                h_BSD = h_BSD + self.projector(empty).sum().to(h_BSD.dtype)
-            return h_BSD
+            return self._keep_projector(h_BSD)
         per_image = self.cfg.num_image_tokens
         found_B = is_image_BS.sum(dim=1)
         if image_counts is None:
@@ -78,30 +79,54 @@ class NevaModel(nn.Module):
         feats_NTD = self.image_features(pixel_values).to(h_BSD.dtype)
         return h_BSD.masked_scatter(is_image_BS[..., None], feats_NTD.reshape(-1, feats_NTD.shape[-1]))
 
+    def _keep_projector(self, h_BSD: torch.Tensor) -> torch.Tensor:
+        if self.projector is not None and torch.is_grad_enabled():
+            # A text-only batch keeps the projector in the graph with an empty input (LLaVA's ``[0:0]`` image
+            # slice): in pretraining it is all that trains, and the loss must still reach it (zero gradients).
+            empty = h_BSD.new_zeros(0, self.cfg.projector.input_size)
+            h_BSD = h_BSD + self.projector(empty).sum().to(h_BSD.dtype)
+        return h_BSD
+
+    def _splice(self, h_BSD: torch.Tensor, pixel_values: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        images = 0 if pixel_values is None else pixel_values.shape[0]
+        if positions.shape[0] != images * self.cfg.num_image_tokens:  # shapes only: no sync
+            raise ValueError(
+                f"{positions.shape[0]} image positions given for {images} images × {self.cfg.num_image_tokens} tokens"
+            )
+        if images == 0:
+            return self._keep_projector(h_BSD)
+        feats_MD = self.image_features(pixel_values).to(h_BSD.dtype).flatten(0, 1)
+        positions = positions.to(h_BSD.device)
+        return h_BSD.index_put((positions[:, 0], positions[:, 1]), feats_MD)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         pixel_values: torch.Tensor | None = None,
         image_counts: torch.Tensor | None = None,
+        image_positions: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
-        output_mask: torch.Tensor | None = None,
+        output_positions: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
-        ``output_mask`` ``[B, S]`` limits the LM head to the masked positions (logits ``[N, V]``).
+        ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions (logits ``[N, V]``).
+        ``image_positions``: see ``embed``.
         ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
         if self.llm.tok_embeddings is not None:
-            h = self.embed(input_ids, pixel_values, image_counts)
+            h = self.embed(input_ids, pixel_values, image_counts, image_positions)
         else:
             h = input_ids
         with lora_dropout_keys(dropout_keys):
-            return self.llm(h, position_ids=position_ids, segment_ids=segment_ids, cache=cache, output_mask=output_mask)
+            return self.llm(
+                h, position_ids=position_ids, segment_ids=segment_ids, cache=cache, output_positions=output_positions
+            )
 
     def tie_weights(self) -> None:
         """Share the LM head with the token embedding when configured (``to_empty`` breaks the sharing)."""

@@ -140,7 +140,7 @@ def parallelize(
     for part in parts:
         if layout.tp > 1:
             apply_tensor_parallel(part, dims.tp_mesh, layout.sp, vocab_parallel)
-        apply_compute_plans(part, m)
+        apply_compute_plans(part, m, device)
     fsdp = uses_fsdp(layout, precision)
     out = ParallelModel(
         parts, layout, dims, parts[0], vocab_parallel=vocab_parallel, export_keys=export_keys, key_stage=key_stage

@@ -234,7 +234,10 @@ class PipelineRunner:
         for mb in micro_batches:
             pixels = mb.get("pixel_values")
             pixels = pixels.to(self.device) if pixels is not None else torch.zeros(no_images, device=self.device)
-            args.append((mb["input_ids"].to(self.device), pixels, mb["image_counts"].to(self.device)))
+            arg = (mb["input_ids"].to(self.device), pixels, mb["image_counts"].to(self.device))
+            if mb.get("image_positions") is not None:  # the collator's: the first stage splices without a sync
+                arg += (mb["image_positions"].to(self.device),)
+            args.append(arg)
             kw = {"position_ids": mb["position_ids"].to(self.device)}
             if self.packed:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)

@@ -30,7 +30,15 @@ from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
 
-MODEL_INPUTS = ("input_ids", "pixel_values", "image_counts", "position_ids", "segment_ids", "dropout_keys")
+MODEL_INPUTS = (
+    "input_ids",
+    "pixel_values",
+    "image_counts",
+    "image_positions",
+    "position_ids",
+    "segment_ids",
+    "dropout_keys",
+)
 
 
 def model_inputs(batch: dict[str, Any], device: torch.device, packed: bool = True) -> dict[str, Any]:
@@ -117,15 +125,20 @@ class Engine:
         if self.sp_multiple > 1:
             batch = pad_micro_batches([batch], self.sp_multiple)[0]
         inputs = model_inputs(batch, self.device, self.packed)
-        labels = batch["labels"].to(self.device)
         if not self.learned_only_head:
+            labels = batch["labels"].to(self.device)
             with self._autocast():
                 logits = self.model(**inputs)
             loss = token_cross_entropy(logits, labels)[0]
             return loss.to_local() if isinstance(loss, DTensor) else loss
-        output_mask, targets = learned_positions(labels)
+        if "output_positions" in batch:  # the collator's (no sync)
+            positions, targets = batch["output_positions"], batch["targets"]
+        else:  # a hand-built batch: found from its host labels (still no device sync)
+            positions, targets = learned_positions(batch["labels"])
+        positions = positions.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
         with self._autocast():
-            logits = self.model(**inputs, output_mask=output_mask)
+            logits = self.model(**inputs, output_positions=positions)
         return F.cross_entropy(logits.float(), targets, reduction="sum")
 
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:

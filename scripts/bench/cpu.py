@@ -378,4 +378,7 @@ def run_cpu(args: Any) -> dict[str, Any]:
     if extra is not None:
         summary["neva_alt_samples_per_sec"] = round(extra["samples_per_sec"], 4)
         summary["neva_alt_peak_mb"] = round(extra["peak_mb"], 1)
+        summary["neva_alt_tokens_per_step"] = extra["computed_tokens_per_step"]
+        packed, padded = (neva, extra) if args.packing else (extra, neva)
+        summary["packed_vs_padded"] = round(packed["samples_per_sec"] / padded["samples_per_sec"], 4)
     return summary

@@ -71,7 +71,14 @@ def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
     labels[1 + n_img + n_prompt :] = input_ids[1 + n_img + n_prompt :]
     gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + index)
     pixels = torch.randn((1 if has_image else 0, 3, spec.image_size, spec.image_size), generator=gen)
-    return {"id": index, "input_ids": input_ids, "labels": labels, "pixel_values": pixels}
+    image_positions = torch.arange(1, 1 + n_img)  # as neva's dataset gives them (the collator offsets them)
+    return {
+        "id": index,
+        "input_ids": input_ids,
+        "image_positions": image_positions,
+        "labels": labels,
+        "pixel_values": pixels,
+    }
 
 
 def make_batches(spec: StreamSpec, batch_size: int, num_batches: int) -> list[list[dict[str, Any]]]:

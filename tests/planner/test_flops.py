@@ -61,6 +61,8 @@ def test_checkpointed_layers_are_the_blocks_training_wraps(vpp, first, num):
     """The planner's recomputed layers equal the blocks ``apply_compute_plans`` wraps in each real pipeline chunk."""
     import copy
 
+    import torch
+
     from neva.config import ModelConfig
     from neva.parallel.compute_plans import apply_compute_plans
     from neva.parallel.pipeline import build_chunks
@@ -72,7 +74,7 @@ def test_checkpointed_layers_are_the_blocks_training_wraps(vpp, first, num):
     wrapped = set()
     for rank in range(2):
         for chunk in build_chunks(copy.deepcopy(model), rank, 2, vpp, first):
-            apply_compute_plans(chunk, m)
+            apply_compute_plans(chunk, m, torch.device("cpu"))
             wrapped |= {int(k) for k, b in chunk.llm.layers.items() if hasattr(b, "_checkpoint_wrapped_module")}
     layout = Layout(pp=2, vpp=vpp, first_stage_layers=first, ac="full", ac_num_layers=num)
     assert checkpointed_layers(layout, 6) == wrapped

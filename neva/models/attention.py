@@ -1,0 +1,153 @@
+"""Attention core without dense masks: which kernel attends, decided once per forward and shared by every layer.
+
+Packed rows hold several samples; each must attend causally within itself only. A dense ``[B, 1, S, S]`` mask would
+rule out the flash kernels, make SDPA compute every block (other samples' and the upper triangle included) and, with
+GQA, fall to the math kernel that materialises ``[B, H, S, S]``. Instead:
+
+- no segments, no cache: SDPA ``is_causal`` (right padding needs nothing more: a real token never sits after padding,
+  so its causal window holds real tokens only — padded positions carry no loss);
+- no segments, with a cache: no mask for one new query, else a lower-right causal ``[Sq, Sk]`` mask (``is_causal``
+  aligns top-left, wrong once queries start after cached keys);
+- segments on CUDA without a cache (training): FlexAttention with a document-causal ``BlockMask`` (blocks outside
+  a sample are skipped, not computed and masked);
+- segments otherwise (CPU, where FlexAttention has no fused backward; cached prefill): causal SDPA per segment;
+- a single new query with segments (decoding a left-padded batch): a key-padding mask ``[B, 1, 1, K]``, linear in K.
+
+Segments are the maximal runs of equal ``segment_ids`` in a row (the collator writes each sample contiguously;
+padding is a run of 0s that attends causally within itself, exactly as the dense mask had it). Every path computes
+the same function as a dense segment-causal mask + SDPA (the reference in tests/models/test_attention.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+_COMPILED_FLEX = None
+
+
+def _flex_attention():
+    """``flex_attention`` compiled once (uncompiled it runs a reference path that materialises the scores)."""
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        # Default (automatic) dynamic shapes: packed rows change length from batch to batch (multiples of 64), and a
+        # static compile per length would soon hit the recompile limit and fall back to the score-materialising path.
+        _COMPILED_FLEX = torch.compile(flex_attention)
+    return _COMPILED_FLEX
+
+
+def document_causal_block_mask(segment_ids: torch.Tensor, q_len: int, offset: int = 0, compile_mask: bool = True):
+    """FlexAttention ``BlockMask``: query ``offset + q`` sees key ``k`` iff ``k <= offset + q`` and both lie in the
+    same segment. Built on ``segment_ids``' device without a host sync."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, keys = segment_ids.shape
+
+    def mask_mod(batch, head, q, kv):
+        q_abs = q + offset
+        return (segment_ids[batch, q_abs] == segment_ids[batch, kv]) & (kv <= q_abs)
+
+    # _compile: the eager builder evaluates mask_mod on the whole [B, S, S] grid at once.
+    return create_block_mask(mask_mod, b, None, q_len, keys, device=segment_ids.device, _compile=compile_mask)
+
+
+def segment_runs(segment_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """``[(start, end), ...]`` per row: the maximal runs of equal segment id (host-side; a CPU tensor costs no sync)."""
+    seg = segment_ids.cpu()
+    b, keys = seg.shape
+    change = (seg[:, 1:] != seg[:, :-1]).nonzero().tolist()
+    starts: list[list[int]] = [[0] for _ in range(b)]
+    for row, col in change:
+        starts[row].append(col + 1)
+    return [list(zip(s, s[1:] + [keys])) for s in starts]
+
+
+@dataclass
+class AttentionPlan:
+    """How every layer of one forward attends. Build with ``plan_attention``; call ``attend(q, k, v)``.
+
+    q ``[B, H, Sq, D]``, k/v ``[B, Hkv, Sk, D]`` (Hkv may divide H: GQA, never expanded to H here).
+    """
+
+    kind: str  # causal | causal_lower_right | flex | segments | key_padding
+    block_mask: object | None = None  # flex
+    spans: list[list[tuple[int, int, int, int]]] | None = None  # segments: per row, (q0, q1, k0, k1)
+    mask: torch.Tensor | None = None  # key_padding: [B, 1, 1, K] bool
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        gqa = q.shape[1] != k.shape[1]
+        if self.kind == "causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if self.kind == "causal_lower_right":
+            q_len, k_len = q.shape[2], k.shape[2]
+            if q_len == 1:  # one query after the cache sees every key
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+            # A [Sq, Sk] mask broadcast over batch and heads (cached chunked prefill only; never [B, H, S, S]).
+            tril = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(diagonal=k_len - q_len)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=tril, enable_gqa=gqa)
+        if self.kind == "key_padding":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
+        if self.kind == "flex":
+            return _flex(q, k, v, self.block_mask, gqa)
+        return _per_segment(q, k, v, self.spans, gqa)
+
+
+def _flex(q, k, v, block_mask, gqa: bool) -> torch.Tensor:
+    if torch.is_autocast_enabled(q.device.type):
+        # SDPA casts under autocast; FlexAttention does not, and wants one dtype for q, k and v.
+        dtype = torch.get_autocast_dtype(q.device.type)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    return _flex_attention()(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
+@torch.compiler.disable  # the span list changes every batch: compiling it would recompile per batch
+def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
+    if q.shape[2] == k.shape[2]:
+        # No cache: each row's spans tile it, for queries and keys alike. ``split`` (not slicing) keeps backward to
+        # one concatenation per row instead of a zero-filled full-size gradient per segment.
+        rows = []
+        for q_r, k_r, v_r, row_spans in zip(q.unbind(0), k.unbind(0), v.unbind(0), spans):
+            sizes = [qe - qs for qs, qe, _, _ in row_spans]
+            outs = [
+                F.scaled_dot_product_attention(qi[None], ki[None], vi[None], is_causal=True, enable_gqa=gqa)
+                for qi, ki, vi in zip(q_r.split(sizes, 1), k_r.split(sizes, 1), v_r.split(sizes, 1))
+            ]
+            rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
+        return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
+    rows = []
+    for r, row_spans in enumerate(spans):
+        outs = []
+        for qs, qe, ks, ke in row_spans:
+            qi, ki, vi = q[r : r + 1, :, qs:qe], k[r : r + 1, :, ks:ke], v[r : r + 1, :, ks:ke]
+            if qe - qs == ke - ks:
+                outs.append(F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=gqa))
+            else:  # queries after cached keys of their segment
+                outs.append(AttentionPlan("causal_lower_right").attend(qi, ki, vi))
+        rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
+    return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
+
+
+def plan_attention(segment_ids: torch.Tensor | None, q_len: int, offset: int, device: torch.device) -> AttentionPlan:
+    """The attention of one forward over ``q_len`` new tokens after ``offset`` cached ones.
+
+    Args:
+        segment_ids: ``[B, offset + q_len]`` sample id per key position (0 = padding), or None (one causal sequence
+            per row; right padding allowed).
+        device: where the activations are; CUDA training takes FlexAttention.
+    """
+    if segment_ids is None:
+        return AttentionPlan("causal" if offset == 0 else "causal_lower_right")
+    if q_len == 1:
+        seg = segment_ids
+        return AttentionPlan("key_padding", mask=(seg == seg[:, -1:])[:, None, None, :])
+    if device.type == "cuda" and offset == 0:
+        return AttentionPlan("flex", block_mask=document_causal_block_mask(segment_ids, q_len))
+    spans = []
+    for runs in segment_runs(segment_ids):
+        # Keys of a run up to the last query in it; queries are the run's positions at or after ``offset``.
+        spans.append([(max(s, offset) - offset, e - offset, s, e) for s, e in runs if e > offset])
+    return AttentionPlan("segments", spans=spans)
