@@ -128,7 +128,7 @@ def process_record(
         "id": sample_id,
         "input_ids": torch.tensor(enc.input_ids, dtype=torch.long),
         "labels": torch.tensor(enc.labels, dtype=torch.long),
-        "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
+        "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size, dtype=torch.uint8),
         "truncated": enc.truncated_from is not None,
     }
 

@@ -46,6 +46,7 @@ def run(cfg: TrainConfig) -> Path | None:
         dp_world=layout.dp,
         seed=cfg.model.seed,
         accumulation=layout.grad_accum,
+        device_type=layout.device_type,
     )
     plan_training_data(data)
     timeout = timedelta(minutes=cfg.model.distributed_timeout_minutes)
