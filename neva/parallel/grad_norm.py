@@ -59,7 +59,9 @@ def _counted_here(g: torch.Tensor, coords: dict[str, int]) -> bool:
     sharded = set()
     if isinstance(g, DTensor):
         names = g.device_mesh.mesh_dim_names
-        sharded = {names[d] for d, p in enumerate(g.placements) if p.is_shard()}
+        # Every placement but Replicate and Partial splits the tensor (Shard, and FSDP2's _StridedShard on TP
+        # parameters, whose is_shard() is False).
+        sharded = {names[d] for d, p in enumerate(g.placements) if not (p.is_replicate() or p.is_partial())}
     return all(coords[name] == 0 for name in coords if name != "pp" and name not in sharded)
 
 
