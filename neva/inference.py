@@ -104,7 +104,8 @@ class PromptBuilder:
 
 
 def load_pixels(images: Sequence[ImageInput], processor: ImageProcessor | None) -> torch.Tensor | None:
-    """Images (PIL or paths) → ``[N, 3, H, W]`` with neva's CLIP preprocessing; None for no images.
+    """Images (PIL or paths) → uint8 ``[N, 3, H, W]`` with neva's CLIP preprocessing (the model normalises them);
+    None for no images.
 
     Raises:
         ValueError: images for a checkpoint without a vision tower (``processor`` None).

@@ -12,13 +12,17 @@ at 224 px (256 image tokens) and 336 px (576); micro-batches from a token budget
 fits in the device. ``--gpu-shapes-smoke`` runs the same code path with tiny shapes (on CPU too), to test it without
 a GPU.
 
-Either mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
+Input-pipeline mode (``--input-pipeline``): decoded-and-preprocessed images/s of one loader worker, neva against
+HF ``CLIPImageProcessor`` on the same locally generated JPEGs, and the workers a DGX node needs to feed 8 GPUs.
+
+Every mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
 
 Examples::
 
     python scripts/benchmark.py --device cpu
     python scripts/benchmark.py --device cuda                 # all GPU cases, ~4 minutes on one H200
     python scripts/benchmark.py --device cpu --gpu-shapes-smoke
+    python scripts/benchmark.py --input-pipeline              # ~30 s of CPU
 """
 
 from __future__ import annotations
@@ -97,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="GPU mode: torch.compile every transformer block")
     p.add_argument("--peak-tflops", type=float, default=None, help="GPU mode: bf16 peak for MFU (default by GPU name)")
     p.add_argument("--gpu-shapes-smoke", action="store_true", help="GPU mode code path with tiny shapes (CPU works)")
+    # Input-pipeline mode
+    p.add_argument("--input-pipeline", action="store_true", help="images/s per loader worker, neva vs HF")
+    p.add_argument("--images", type=int, default=48, help="input-pipeline mode: JPEG files per pass")
+    p.add_argument("--repeats", type=int, default=5, help="input-pipeline mode: measured passes (median)")
     args = p.parse_args(argv)
     gpu_path = args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only
     if args.steps is None:
@@ -114,7 +122,11 @@ def main(argv: list[str] | None = None) -> None:
 
         print(json.dumps(run_side(args.child, args)))
         return
-    if args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only:
+    if args.input_pipeline:
+        from bench.input_pipeline import run_input_pipeline
+
+        summary = run_input_pipeline(args)
+    elif args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only:
         from bench.gpu import run_gpu
 
         summary = run_gpu(args)

@@ -38,7 +38,10 @@ class DataConfig:
             modality (but a last mixed one), its contents random, lengths balanced across its micro-batches.
         group_by_length: neva's sampler: every global batch one modality and similar lengths (sorted within 8
             global batches; less padding, length-correlated batches). Not both.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes per rank, or ``auto``: on CUDA the CPUs this rank may use (its
+            affinity divided among the node's ranks) minus one for the training loop, at most 8; on CPU 0, since the
+            model computes on the same cores. Workers persist across epochs and validations.
+        prefetch_factor: micro-batches each worker prepares ahead (with workers only).
         image_token_placement: ``front`` moves ``<image>`` tags to the start of their turn followed by a newline
             (LLaVA); ``inline`` leaves them where the data put them.
         validation_data_path: optional held-out file(s); synthetic data has its own held-out split.
@@ -68,7 +71,8 @@ class DataConfig:
     packing: bool = False
     group_by_modality_length: bool = False
     group_by_length: bool = False
-    num_workers: int = 0
+    num_workers: int | str = "auto"
+    prefetch_factor: int = 2
     image_token_placement: str = "front"
     validation_data_path: str | list[str] | None = None
     val_fraction: float = 0.0
@@ -105,6 +109,10 @@ class DataConfig:
             raise ValueError(f"model.data.seq_length must be >= 2, got {self.seq_length}")
         if self.max_image_pixels < 1:
             raise ValueError(f"model.data.max_image_pixels must be >= 1, got {self.max_image_pixels}")
+        if self.num_workers != "auto" and (not isinstance(self.num_workers, int) or self.num_workers < 0):
+            raise ValueError(f"model.data.num_workers must be auto or an integer >= 0, got {self.num_workers!r}")
+        if self.prefetch_factor < 1:
+            raise ValueError(f"model.data.prefetch_factor must be >= 1, got {self.prefetch_factor}")
         if self.shard_shuffle_buffer < 0:
             raise ValueError(f"model.data.shard_shuffle_buffer must be >= 0, got {self.shard_shuffle_buffer}")
         if self.group_by_modality_length and self.group_by_length:

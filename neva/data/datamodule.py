@@ -10,6 +10,7 @@ loader raises ``DataQualityError`` when more than ``max_skip_fraction`` of the s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +70,23 @@ def tokenizer_image_token_id(tokenizer: Any) -> int:
     return ids[0]
 
 
+# More workers than this rarely help one GPU (LLaVA used 4): each holds a process's memory.
+MAX_AUTO_WORKERS = 8
+
+
+def resolve_num_workers(num_workers: int | str, device_type: str) -> int:
+    """``model.data.num_workers`` as a number: ``auto`` is 0 on CPU (the model computes on the same cores; workers
+    would take them from it) and on CUDA the CPUs this rank may use (its affinity shared with the node's other
+    ranks, ``LOCAL_WORLD_SIZE``) minus one for the training loop, at most ``MAX_AUTO_WORKERS``."""
+    if num_workers != "auto":
+        return int(num_workers)
+    if device_type != "cuda":
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    per_rank = cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(0, min(MAX_AUTO_WORKERS, per_rank - 1))
+
+
 def pad_token_id(tokenizer: Any) -> int:
     """Padding id (pad, else eos, else 0): its value never matters, labels there are ignored."""
     for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
@@ -93,6 +111,8 @@ class NevaDataModule:
         seed: sampling seed.
         val_micro_batch_size: defaults to ``micro_batch_size``.
         accumulation: micro-batches per optimizer step; each epoch holds whole steps only.
+        device_type: where training runs (``cuda`` pins batches in page-locked memory, and ``num_workers: auto``
+            starts workers only there).
 
     Raises:
         ValueError: inconsistent config (image token id, lengths, ``<image>`` not a special token).
@@ -112,6 +132,7 @@ class NevaDataModule:
         seed: int = 1234,
         val_micro_batch_size: int | None = None,
         accumulation: int = 1,
+        device_type: str = "cpu",
     ) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -136,6 +157,8 @@ class NevaDataModule:
         self.val_micro_batch_size = val_micro_batch_size or micro_batch_size
         self.dp_rank, self.dp_world, self.seed = dp_rank, dp_world, seed
         self.accumulation = accumulation
+        self.num_workers = resolve_num_workers(cfg.num_workers, device_type)
+        self.pin_memory = device_type == "cuda"
         self.settings = EncoderSettings(
             tokenizer=tokenizer,
             template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template, cfg.system_prompt),
@@ -151,6 +174,7 @@ class NevaDataModule:
         self.train_datasets: list[Dataset] = []
         self.val_datasets: list[Dataset] = []
         self.train_sampler: ResumableBatchSampler | None = None
+        self._val_loader: ResumableLoader | None = None
         self._pending_state: dict[str, Any] | None = None
 
     # -- datasets -------------------------------------------------------------------------------------------------
@@ -204,13 +228,17 @@ class NevaDataModule:
 
     def _loader(self, datasets: list[Dataset], sampler: ResumableBatchSampler, tracker: SkipTracker | None):
         dataset = datasets[0] if len(datasets) == 1 else ConcatDataset(datasets)
+        workers = self.num_workers
+        # Persistent workers: later epochs and every validation reuse the processes instead of forking new ones
+        # (the batch sampler runs in this process, so restarting or resuming it still works).
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
             collate_fn=self.collator,
-            num_workers=self.cfg.num_workers,
-            persistent_workers=False,
-            pin_memory=False,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            prefetch_factor=self.cfg.prefetch_factor if workers > 0 else None,
+            pin_memory=self.pin_memory,
         )
         return ResumableLoader(loader, sampler, tracker)
 
@@ -250,11 +278,13 @@ class NevaDataModule:
         self.setup()
         if not self.val_datasets:
             return []
-        sampler = ResumableBatchSampler(
-            [len(d) for d in self.val_datasets], self.val_micro_batch_size, self.dp_rank, self.dp_world, self.seed,
-            shuffle=False,
-        )  # fmt: skip
-        return _RestartingLoader(self._loader(self.val_datasets, sampler, None))
+        if self._val_loader is None:  # one loader, so its persistent workers serve every validation
+            sampler = ResumableBatchSampler(
+                [len(d) for d in self.val_datasets], self.val_micro_batch_size, self.dp_rank, self.dp_world, self.seed,
+                shuffle=False,
+            )  # fmt: skip
+            self._val_loader = _RestartingLoader(self._loader(self.val_datasets, sampler, None))
+        return self._val_loader
 
     # -- state ----------------------------------------------------------------------------------------------------
 

@@ -135,7 +135,7 @@ def process_record(
         # positions, so the model splices by index without counting on the device.
         "image_positions": (input_ids == settings.image_token_id).nonzero().flatten(),
         "labels": torch.tensor(enc.labels, dtype=torch.long),
-        "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
+        "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size, dtype=torch.uint8),
         "truncated": enc.truncated_from is not None,
         "dropped_leading_reply": enc.dropped_leading_reply,
     }

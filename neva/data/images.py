@@ -2,6 +2,8 @@
 
 CLIP's recipe: RGB → bicubic resize of the shortest edge to ``image_size`` (PIL, long edge ``int(size*long/short)``)
 → centre crop ``image_size`` × ``image_size`` (top/left = ``(dim - size) // 2``) → ``/255`` → ``(x - mean) / std``.
+The geometric part runs here, in the loader's workers, and yields uint8 pixels; ``/255`` and the mean/std
+normalisation run on the device, in fp32, inside the vision tower (``neva.models.vision.normalize_pixels``).
 """
 
 from __future__ import annotations
@@ -36,19 +38,17 @@ class ImageProcessor:
             raise ValueError(f"image_aspect_ratio must be square, pad or keep, got {aspect_ratio!r}")
         self.size = vision.image_size
         self.aspect_ratio = aspect_ratio
-        self.mean = np.asarray(vision.image_mean, dtype=np.float32)
-        self.std = np.asarray(vision.image_std, dtype=np.float32)
         # LLaVA's expand2square fills with tuple(int(x * 255) for x in image_mean): truncation, not rounding.
         self.fill = tuple(int(x * 255) for x in vision.image_mean)
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        """PIL image (any mode) → normalised float32 ``[3, size, size]``."""
+        """PIL image (any mode) → uint8 ``[3, size, size]`` (resized and cropped, not yet normalised)."""
         image = image.convert("RGB")
         if self.aspect_ratio == "pad":
             image = expand_to_square(image, self.fill)
         elif self.aspect_ratio == "keep":
-            return self._normalize(self._keep(image))
-        return self._normalize(self._resize_crop(image))
+            return _chw(self._keep(image))
+        return _chw(self._resize_crop(image))
 
     def _resize_crop(self, image: Image.Image) -> np.ndarray:
         w, h = image.size
@@ -70,11 +70,10 @@ class ImageProcessor:
         )
         return np.asarray(canvas)
 
-    def _normalize(self, arr: np.ndarray) -> torch.Tensor:
-        # float64 rescale then float32, as transformers' rescale does, so values match bit for bit.
-        x = (arr.astype(np.float64) * (1 / 255)).astype(np.float32)
-        x = (x - self.mean) / self.std
-        return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1), dtype=np.float32))
+
+def _chw(arr: np.ndarray) -> torch.Tensor:
+    """``[H, W, 3]`` uint8 array → contiguous uint8 ``[3, H, W]`` tensor."""
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
 
 
 def expand_to_square(image: Image.Image, fill: tuple[int, int, int]) -> Image.Image:

@@ -10,6 +10,17 @@ from neva.models.config import VisionConfig
 from neva.models.layers import ACTIVATIONS
 
 
+def normalize_pixels(pixels: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """uint8 ``[N, C, H, W]`` → CLIP-normalised fp32 ``(x / 255 - mean) / std``, on the pixels' device.
+
+    Data loaders hand over uint8 pixels (a quarter of fp32's bytes through workers, pinned memory and the host-device
+    copy); the arithmetic runs here in fp32, where it equals the CPU recipe of ``transformers.CLIPImageProcessor`` to
+    fp32 rounding. Per-channel Python scalars keep it free of host-device copies.
+    """
+    x = pixels.float().div_(255.0)
+    return torch.stack([(x[:, c] - mean[c]) / std[c] for c in range(x.shape[1])], dim=1)
+
+
 class VisionAttention(nn.Module):
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
@@ -68,7 +79,12 @@ class VisionTower(nn.Module):
         self.post_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def hidden_states(self, pixel_values: torch.Tensor, num_layers: int | None = None) -> list[torch.Tensor]:
-        """HF ``hidden_states``: index 0 = embeddings after pre-LN, index i = output of layer i (up to ``num_layers``)."""
+        """HF ``hidden_states``: index 0 = embeddings after pre-LN, index i = output of layer i (up to ``num_layers``).
+
+        ``pixel_values``: uint8 pixels (normalised here with the config's mean/std) or already normalised floats.
+        """
+        if pixel_values.dtype == torch.uint8:
+            pixel_values = normalize_pixels(pixel_values, self.cfg.image_mean, self.cfg.image_std)
         dtype = self.patch_embed.weight.dtype
         patches = self.patch_embed(pixel_values.to(dtype)).flatten(2).transpose(1, 2)
         cls = self.cls_token.to(patches.dtype).expand(patches.shape[0], 1, -1)

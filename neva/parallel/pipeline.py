@@ -233,8 +233,9 @@ class PipelineRunner:
         no_images = (0, vision.num_channels, vision.image_size, vision.image_size) if vision is not None else (0,)
         for mb in micro_batches:
             pixels = mb.get("pixel_values")
-            pixels = pixels.to(self.device) if pixels is not None else torch.zeros(no_images, device=self.device)
-            arg = (mb["input_ids"].to(self.device), pixels, mb["image_counts"].to(self.device))
+            if pixels is None:  # the loader's dtype (uint8) for every micro-batch's stage input
+                pixels = torch.zeros(no_images, dtype=torch.uint8)
+            arg = (mb["input_ids"].to(self.device), pixels.to(self.device), mb["image_counts"].to(self.device))
             if mb.get("image_positions") is not None:  # the collator's: the first stage splices without a sync
                 arg += (mb["image_positions"].to(self.device),)
             args.append(arg)

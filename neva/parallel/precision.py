@@ -38,31 +38,52 @@ class Precision:
 
 
 class MasterWeights:
-    """fp32 master copies of bf16 parameters, so the optimizer state and accumulation stay in fp32.
+    """fp32 master copies of bf16 parameters and one flat fp32 main-grad buffer (Megatron's O2 bookkeeping).
 
-    After each micro-batch's backward, ``accumulate()`` moves the bf16 gradients into fp32 ``.grad`` of the master
-    copies (so accumulation over micro-batches is exact in fp32); after the optimizer step, ``publish()`` writes the
-    updated master values back into the bf16 model parameters.
+    A post-accumulate-grad hook on each bf16 parameter adds its gradient into the parameter's slice of the flat fp32
+    buffer as soon as autograd has finished it, and frees the bf16 gradient at once: bf16 gradients never pile up
+    until the end of backward, and accumulation over micro-batches is exact in fp32. The master's ``.grad`` is that
+    slice. A master whose ``.grad`` is None (after ``zero_grad(set_to_none=True)``) has its slice overwritten by the
+    next gradient instead of added to, so the buffer needs no zeroing pass, and a parameter that received no gradient
+    in a step keeps ``.grad`` None (AdamW leaves it, and its state, alone) — the per-parameter semantics of an fp32
+    ``.grad`` per master. ``publish()`` writes the stepped masters back into the bf16 parameters with one foreach copy.
+
+    Args:
+        named_params: the trained parameters (one process: plain tensors on one device).
     """
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]]) -> None:
         self.model_params = [p for _, p in named_params]
         self.named_master = [(n, nn.Parameter(p.detach().float().clone())) for n, p in named_params]
+        device = self.model_params[0].device if self.model_params else torch.device("cpu")
+        self.main_grad = torch.zeros(sum(p.numel() for p in self.model_params), dtype=torch.float32, device=device)
+        self.main_grads: list[torch.Tensor] = []
+        offset = 0
+        for p in self.model_params:
+            self.main_grads.append(self.main_grad[offset : offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._accumulate_hook(m, g))
+            for p, (_, m), g in zip(self.model_params, self.named_master, self.main_grads)
+        ]
 
-    def accumulate(self) -> None:
-        for p, (_, m) in zip(self.model_params, self.named_master):
-            if p.grad is None:
-                continue
-            if m.grad is None:
-                m.grad = p.grad.float()
+    @staticmethod
+    def _accumulate_hook(master: nn.Parameter, main_grad: torch.Tensor):
+        @torch.no_grad()
+        def hook(param: nn.Parameter) -> None:
+            if master.grad is None:
+                main_grad.copy_(param.grad)
+                master.grad = main_grad
             else:
-                m.grad.add_(p.grad.float())
-            p.grad = None
+                master.grad.add_(param.grad)
+            param.grad = None
+
+        return hook
 
     @torch.no_grad()
     def publish(self) -> None:
-        for p, (_, m) in zip(self.model_params, self.named_master):
-            p.copy_(m)
+        if self.model_params:
+            torch._foreach_copy_(self.model_params, [m for _, m in self.named_master])
 
 
 @torch.no_grad()

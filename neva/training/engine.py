@@ -26,6 +26,7 @@ from neva.checkpoint.names import named_parameters
 from neva.models.lora import LoRALinear, token_dropout_keys
 from neva.models.loss import count_learned_tokens, learned_positions, micro_batch_weight, token_cross_entropy
 from neva.parallel.data_parallel import all_reduce_gradients
+from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
@@ -154,7 +155,8 @@ class Engine:
         """Backward of the step loss over ``micro_batches``; returns (the step objective over all ranks, global
         learned tokens).
 
-        Gradients are left in ``.grad`` (fp32 master ``.grad`` under O2), ready for clipping and the optimizer.
+        Gradients are left in ``.grad`` (under one-process O2 the fp32 masters' ``.grad``, slices of the main-grad
+        buffer that ``MasterWeights``' hooks fill during backward), ready for clipping and the optimizer.
         ``step`` (the optimizer step) varies the LoRA dropout masks from step to step. ``n_tokens``: the batch's
         ``global_tokens`` when the caller already counted them.
         """
@@ -185,8 +187,6 @@ class Engine:
                         loss = self.loss_sum(mb)
                         (loss * (w * self.dp_size)).backward()
                     local += loss.detach() * w
-                    if self.master is not None:
-                        self.master.accumulate()
         if self.parallel.manual_dp_sync:
             all_reduce_gradients((p for _, p in self.named_trainable_parameters()), self.dp_group)
         total = local.detach().float().clone()
@@ -212,23 +212,13 @@ class Engine:
     def grad_params(self) -> Iterator[nn.Parameter]:
         return (p for _, p in self.named_trainable_parameters() if p.grad is not None)
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip by the global gradient norm over every rank's shards (tensor, data and pipeline parallel); returns
-        the norm before clipping. ``max_norm`` <= 0 only measures it."""
+        the norm before clipping (a 0-dim fp32 tensor on the device: reading it is the caller's one host sync).
+
+        One foreach norm and one all-reduce for the whole model, then one foreach multiply by the clip coefficient
+        (``neva.parallel.grad_norm``). ``max_norm`` <= 0 only measures it."""
         grads = [p.grad for p in self.grad_params()]
-        sq = torch.zeros((), device=self.device, dtype=torch.float32)
-        for g in grads:
-            n = torch.linalg.vector_norm(g.float())
-            if isinstance(n, DTensor):
-                n = n.full_tensor()
-            sq += n.float() ** 2
-        pp_group = self.parallel.group("pp")
-        if pp_group is not None:
-            dist.all_reduce(sq, group=pp_group)
-        norm = sq.sqrt()
-        if max_norm <= 0:  # gradient_clip_val 0 = no clipping (LLaVA-1.5); a 0 coefficient would erase the gradients
-            return float(norm)
-        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.dtype) if not isinstance(g, DTensor) else coef.item())
-        return float(norm)
+        norm = global_grad_norm(grads, self.parallel.dims, self.device)
+        clip_grads_(grads, max_norm, norm)
+        return norm

@@ -67,6 +67,9 @@ class _Iterable:
 class StepBatches:
     """The data module's training micro-batches in lists of ``accum``: one list per optimizer step.
 
+    It measures ``wait``: the time the training loop spends blocked in the loader (Lightning fetches, and prefetches
+    the next step's batches, in the loop's own thread, so every second in here is a second the device is not fed).
+
     It is the loader Lightning sees, and it follows Lightning's resumable-loader protocol with the data module's own
     state (sampler position and skip counts): Lightning stores ``state_dict()`` with its loop state in every
     checkpoint and calls ``load_state_dict`` on resume before the first batch is drawn, so training continues at the
@@ -77,17 +80,32 @@ class StepBatches:
         self.data = data
         self.loader = data.train_dataloader()
         self.accum = accum
+        self.wait = 0.0
 
     def __len__(self) -> int:
         return len(self.loader) // self.accum
 
     def __iter__(self):
         group = []
-        for batch in self.loader:
+        start = time.perf_counter()
+        batches = iter(self.loader)  # (re)starts the workers: the loop waits for that too
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                self.wait += time.perf_counter() - start
             group.append(batch)
             if len(group) == self.accum:
                 yield group
                 group = []
+            start = time.perf_counter()
+
+    def take_wait(self) -> float:
+        """Seconds the training loop spent blocked on the loader since the last call."""
+        wait, self.wait = self.wait, 0.0
+        return wait
 
     def state_dict(self) -> dict[str, Any]:
         return self.data.state_dict()
@@ -133,6 +151,7 @@ class NevaModule(pl.LightningModule):
         self._val_sums: list[torch.Tensor] = []
         self._step_start: float | None = None
         self._flops: SampleFlops | None = None
+        self._train_batches: StepBatches | None = None
 
     # -- model ---------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -172,7 +191,8 @@ class NevaModule(pl.LightningModule):
 
     # -- data ----------------------------------------------------------------------------------------------------
     def train_dataloader(self):
-        return StepBatches(self.data, self.accum)
+        self._train_batches = StepBatches(self.data, self.accum)
+        return self._train_batches
 
     def val_dataloader(self):
         loader = self.data.val_dataloader()
@@ -235,6 +255,10 @@ class NevaModule(pl.LightningModule):
             "tokens_per_sec": tokens / max(elapsed, 1e-9),
             "step_time": elapsed,
         }
+        if self._train_batches is not None:
+            # Share of the step's wall time spent waiting for its data (the rest: forward, backward, optimizer).
+            wait = self._train_batches.take_wait()
+            metrics["data_wait_fraction"] = wait / max(wait + elapsed, 1e-9)
         if loss is not None:
             metrics["train_loss"] = loss.item()
         if grad_norm is not None:

@@ -76,6 +76,7 @@ def run(cfg: TrainConfig) -> Path | None:
         dp_world=layout.dp,
         seed=cfg.model.seed,
         accumulation=layout.grad_accum,
+        device_type=layout.device_type,
     )
     plan_training_data(data)
     # Epochs become steps here, so the learning-rate schedule, resume and Lightning all see one step count.

@@ -54,7 +54,8 @@ def make_checkpoint(directory: Path) -> Path:
 
 
 def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
-    """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses and parameter dtypes."""
+    """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses, gradient norms (before
+    clipping) and parameter dtypes."""
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.data.datamodule import NevaDataModule
@@ -76,20 +77,20 @@ def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
     engine = module.engine
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
-    losses = []
+    losses, grad_norms = [], []
     for i, micro_batches in enumerate(StepBatches(data, accum)):
         if i == steps:
             break
         engine.model.train()
         loss, _ = engine.forward_backward(micro_batches, step=i)
-        engine.clip_grad_norm(cfg.trainer.gradient_clip_val)
+        grad_norms.append(engine.clip_grad_norm(cfg.trainer.gradient_clip_val).item())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         engine.after_optimizer_step()
         scheduler.step()
         losses.append(loss.item())
     dtypes = sorted({str(p.dtype) for _, p in engine.named_trainable_parameters()})
-    return {"losses": losses, "param_dtypes": dtypes}
+    return {"losses": losses, "grad_norms": grad_norms, "param_dtypes": dtypes}
 
 
 def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, list[str], int]], out: str) -> None:

@@ -33,7 +33,10 @@ def _max_rel(a: list[float], b: list[float]) -> float:
 def reference(tmp_path_factory):
     ckpt = make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
     restore = [f"model.restore_from_path={ckpt}"]
-    return restore, train_losses(restore, STEPS)["losses"]
+    ref = train_losses(restore, STEPS)
+    # Clipping (trainer.gradient_clip_val) acts: the gradient norm, one all-reduce over every layout's shards, matters.
+    assert max(ref["grad_norms"]) > 1.0
+    return restore, ref
 
 
 TWO_RANK_LAYOUTS = {
@@ -51,25 +54,30 @@ FOUR_RANK_LAYOUTS = {
 }
 
 
+def _check_layouts(results, names, ref) -> None:
+    """Losses and gradient norms of every rank of every layout equal the one-process run's."""
+    for name in names:
+        for rank in results:
+            assert _max_rel(rank[name]["losses"], ref["losses"]) < RTOL, (name, rank[name]["losses"], ref)
+            assert _max_rel(rank[name]["grad_norms"], ref["grad_norms"]) < RTOL, (name, rank[name]["grad_norms"], ref)
+
+
 def test_two_rank_layouts_match_one_process(reference, tmp_path):
     restore, ref = reference
     jobs = [(name, restore + o, STEPS) for name, o in TWO_RANK_LAYOUTS.items()]
     jobs.append(("dp2_fsdp_o2", restore + ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"], 2))
     results = run_layouts(2, jobs, tmp_path)
-    for name in TWO_RANK_LAYOUTS:
-        for rank in results:
-            assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
+    _check_layouts(results, TWO_RANK_LAYOUTS, ref)
     for rank in results:  # O2: bf16 compute, fp32 (sharded) master weights on every rank
         assert rank["dp2_fsdp_o2"]["param_dtypes"] == ["torch.float32"]
-        assert abs(rank["dp2_fsdp_o2"]["losses"][0] - ref[0]) / ref[0] < 2e-2
+        assert abs(rank["dp2_fsdp_o2"]["losses"][0] - ref["losses"][0]) / ref["losses"][0] < 2e-2
+        assert abs(rank["dp2_fsdp_o2"]["grad_norms"][0] - ref["grad_norms"][0]) / ref["grad_norms"][0] < 2e-2
 
 
 def test_four_rank_layouts_match_one_process(reference, tmp_path):
     restore, ref = reference
     results = run_layouts(4, [(n, restore + o, STEPS) for n, o in FOUR_RANK_LAYOUTS.items()], tmp_path)
-    for name in FOUR_RANK_LAYOUTS:
-        for rank in results:
-            assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
+    _check_layouts(results, FOUR_RANK_LAYOUTS, ref)
 
 
 # On LLaVA-format data micro-batches differ in length and image count between steps and between data-parallel
@@ -109,11 +117,9 @@ def test_four_rank_layouts_match_one_process_on_llava_data(reference, llava_dir,
     restore, _ = reference
     extra, packing, names, steps = LLAVA_CASES[case]
     data = restore + llava_overrides(llava_dir, packing) + extra
-    ref = train_losses(data, steps)["losses"]
+    ref = train_losses(data, steps)
     results = run_layouts(4, [(n, data + LLAVA_FOUR_RANK_LAYOUTS[n], steps) for n in names], tmp_path)
-    for name in names:
-        for rank in results:
-            assert _max_rel(rank[name]["losses"], ref) < RTOL, (name, rank[name]["losses"], ref)
+    _check_layouts(results, names, ref)
 
 
 PRETRAIN_LAYOUTS = {
