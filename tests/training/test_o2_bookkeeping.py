@@ -15,12 +15,12 @@ CLIP = 0.05  # far below the tiny model's gradient norm: clipping acts on every 
 def _oracle_step(engine, model_params, masters, batches):
     """The previous bookkeeping: per-parameter ``p.grad.float()`` into the masters after each micro-batch, a norm
     per parameter; returns (loss, gradients, norm)."""
-    n_tokens = engine.global_tokens(batches)
+    weight = 1 / engine.global_tokens(batches).clamp(min=1.0)  # model.loss_normalization=global_tokens
     total = torch.zeros(())
     for mb in batches:
         loss = engine.loss_sum(mb)
-        (loss * (1 / n_tokens.clamp(min=1.0))).backward()
-        total += loss.detach()
+        (loss * weight).backward()
+        total += loss.detach() * weight
         for p, m in zip(model_params, masters):
             if p.grad is None:
                 continue
@@ -31,7 +31,7 @@ def _oracle_step(engine, model_params, masters, batches):
     for m in masters:
         if m.grad is not None:
             sq += torch.linalg.vector_norm(m.grad.float()) ** 2
-    return total / n_tokens, grads_before, sq.sqrt()
+    return total, grads_before, sq.sqrt()
 
 
 def _oracle_clip(masters, clip, norm):
