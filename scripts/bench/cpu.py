@@ -132,7 +132,7 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from transformers import LlavaConfig, LlavaForConditionalGeneration
 
     from neva.checkpoint.hf_config import llava_config_dict
-    from neva.checkpoint.hf_keys import neva_key_to_hf
+    from neva.checkpoint.hf_keys import MODULE_PREFIXES, neva_key_to_hf
 
     train_cfg = train_config(args)
     hf_cfg = LlavaConfig(**llava_config_dict(cfg, pad_token_id=PAD_ID))
@@ -140,7 +140,7 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     model = LlavaForConditionalGeneration(hf_cfg)
     # neva's initial weights, made by the same path as neva's side (so both start bit-identical).
     neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
-    state = {neva_key_to_hf(k): v for k, v in neva.state_dict().items()}
+    state = {neva_key_to_hf(k, MODULE_PREFIXES): v for k, v in neva.state_dict().items()}
     result = model.load_state_dict(state, strict=True)
     if result.missing_keys or result.unexpected_keys:
         raise RuntimeError(f"weight copy into HF failed: {result}")
