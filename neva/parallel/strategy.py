@@ -26,6 +26,7 @@ from pytorch_lightning.strategies import ModelParallelStrategy, SingleDeviceStra
 from neva.checkpoint import dcp, verified
 from neva.checkpoint.source import copy_full
 from neva.checkpoint.step import whole_weights
+from neva.parallel.elastic_restart import init_restarted_group
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
 
@@ -161,6 +162,9 @@ class NevaParallelStrategy(ModelParallelStrategy):
             self._accelerator = CPUAccelerator()
 
     def setup_environment(self) -> None:
+        # A group restarted by `torchrun --max-restarts` needs a fresh store namespace (Lightning's rendezvous, run by
+        # _setup_distributed, then sees the group initialised and keeps it).
+        init_restarted_group(self._process_group_backend, self._timeout, self.root_device)
         self._setup_distributed()
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)

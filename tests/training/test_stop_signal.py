@@ -31,7 +31,12 @@ def run(exp_dir: Path, *overrides: str, launcher: tuple[str, ...] = ()) -> subpr
 
 
 def interrupt(
-    exp_dir: Path, signum: int, *overrides: str, launcher: tuple[str, ...] = (), one_worker: bool = False
+    exp_dir: Path,
+    signum: int,
+    *overrides: str,
+    launcher: tuple[str, ...] = (),
+    one_worker: bool = False,
+    wait_s: float = 120,
 ) -> tuple[int, str, float]:
     """Start a 1000-step run, send ``signum`` to its whole process group once 3 steps are logged (as a terminal's
     Ctrl+C or a scheduler does), or to one worker of the launcher only; returns the exit status, the output and the
@@ -55,7 +60,7 @@ def interrupt(
         else:
             os.killpg(proc.pid, signum)
         try:
-            code = proc.wait(timeout=120)
+            code = proc.wait(timeout=wait_s)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -134,3 +139,28 @@ def test_every_torchrun_rank_stops_after_the_same_step(reference, tmp_path, one_
     assert sorted(resumed) == sorted(reference)
     for step, loss in reference.items():
         assert resumed[step] == pytest.approx(loss, rel=1e-5), step
+
+
+def test_torchrun_restarts_a_killed_group_that_resumes_and_finishes_the_curve(reference, tmp_path):
+    """kill -9 of one rank under ``torchrun --max-restarts=1``: the launcher restarts the group, which rendezvouses
+    afresh (neva/parallel/elastic_restart.py), resumes from the last periodic checkpoint and finishes with the
+    one-process curve."""
+    exp_dir = tmp_path / "run"
+    torchrun = ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1", "-m", "neva.train")
+    code, output, _ = interrupt(
+        exp_dir,
+        signal.SIGKILL,
+        "model.micro_batch_size=8",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+        f"trainer.max_steps={STEPS}",
+        launcher=torchrun,
+        one_worker=True,
+        wait_s=300,
+    )
+    assert code == 0, output[-3000:]
+    assert "resuming from" in output, output[-3000:]  # the restarted group, from a periodic checkpoint
+    resumed = read_losses(exp_dir)
+    assert sorted(resumed) == sorted(reference)
+    for step, loss in reference.items():
+        assert resumed[step] == pytest.approx(loss, rel=1e-5), step
+    assert (exp_dir / "final").is_dir()
