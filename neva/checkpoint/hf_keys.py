@@ -74,13 +74,20 @@ EXPORT_VISION_PREFIX = "vision_tower.vision_model."
 EXPORT_LLM_PREFIX = "language_model.model."
 EXPORT_PROJECTOR_PREFIX = "multi_modal_projector."
 EXPORT_LM_HEAD = "language_model.lm_head.weight"
-EXPORT_PREFIXES = {"vision": EXPORT_VISION_PREFIX, "llm": EXPORT_LLM_PREFIX, "projector": EXPORT_PROJECTOR_PREFIX}
+# Per part: the prefix of its keys ("lm_head": the head's whole key, kept outside the LLM prefix).
+EXPORT_PREFIXES = {
+    "vision": EXPORT_VISION_PREFIX,
+    "llm": EXPORT_LLM_PREFIX,
+    "projector": EXPORT_PROJECTOR_PREFIX,
+    "lm_head": EXPORT_LM_HEAD,
+}
 # Module paths inside a LlavaForConditionalGeneration built by transformers 4.52+ / 5.x (what a PEFT adapter
 # addresses: PEFT matches module names of the loaded model, not checkpoint keys).
 MODULE_PREFIXES = {
     "vision": "model.vision_tower.",
     "llm": "model.language_model.",
     "projector": "model.multi_modal_projector.",
+    "lm_head": "lm_head.weight",
 }
 
 
@@ -123,7 +130,7 @@ def neva_key_to_hf(key: str, prefixes: dict[str, str] = EXPORT_PREFIXES) -> str:
     transformers 4.x and 5.x); with ``MODULE_PREFIXES``, the parameter's name in a transformers 5 model."""
     part, rest = key.split(".", 1)
     if part == "llm" and rest == LM_HEAD:
-        return EXPORT_LM_HEAD if prefixes is EXPORT_PREFIXES else "lm_head.weight"
+        return prefixes["lm_head"]
     return prefixes[part] + part_key_to_hf(rest, part)
 
 

@@ -73,6 +73,14 @@ def saved_step(last: Path) -> int:
     return torch.load(state, map_location="cpu", weights_only=False)["global_step"]
 
 
+def assert_same_curve(exp_dir: Path, reference: dict[int, float], rel: float) -> None:
+    """Every step of ``reference`` trained once in ``exp_dir``, with the same loss."""
+    resumed = read_losses(exp_dir)
+    assert sorted(resumed) == sorted(reference)
+    for step, loss in reference.items():
+        assert resumed[step] == pytest.approx(loss, rel=rel), step
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     exp_dir = tmp_path_factory.mktemp("reference") / "run"
@@ -102,10 +110,7 @@ def test_signal_stops_at_a_step_with_a_checkpoint_and_the_rerun_continues_the_cu
 
     again = run(exp_dir)
     assert again.returncode == 0, again.stderr[-2000:]
-    resumed = read_losses(exp_dir)
-    assert sorted(resumed) == sorted(reference)
-    for step, loss in reference.items():
-        assert resumed[step] == pytest.approx(loss, rel=1e-6), step
+    assert_same_curve(exp_dir, reference, rel=1e-6)
     assert (exp_dir / "final").is_dir()
 
 
@@ -135,10 +140,7 @@ def test_every_torchrun_rank_stops_after_the_same_step(reference, tmp_path, one_
 
     again = run(exp_dir)
     assert again.returncode == 0, again.stderr[-2000:]
-    resumed = read_losses(exp_dir)
-    assert sorted(resumed) == sorted(reference)
-    for step, loss in reference.items():
-        assert resumed[step] == pytest.approx(loss, rel=1e-5), step
+    assert_same_curve(exp_dir, reference, rel=1e-5)
 
 
 def test_torchrun_restarts_a_killed_group_that_resumes_and_finishes_the_curve(reference, tmp_path):
@@ -159,8 +161,5 @@ def test_torchrun_restarts_a_killed_group_that_resumes_and_finishes_the_curve(re
     )
     assert code == 0, output[-3000:]
     assert "resuming from" in output, output[-3000:]  # the restarted group, from a periodic checkpoint
-    resumed = read_losses(exp_dir)
-    assert sorted(resumed) == sorted(reference)
-    for step, loss in reference.items():
-        assert resumed[step] == pytest.approx(loss, rel=1e-5), step
+    assert_same_curve(exp_dir, reference, rel=1e-5)
     assert (exp_dir / "final").is_dir()
