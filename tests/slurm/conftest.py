@@ -53,17 +53,24 @@ class Cluster:
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
     def wait(self, job: str, until: set[str] | None = None, timeout: float = 600) -> dict[str, str]:
-        """Poll the job until its state is in ``until`` (default: any final state); a requeued job is released from
-        the two minutes SLURM holds it before it may start again (as an admin would: `scontrol update StartTime=now`)."""
+        """Poll the job until its state is in ``until`` (default: any final state).
+
+        A requeued job is released early from the two minutes SLURM holds it, but not at once: slurmd refuses a
+        job whose credential was issued in the same second as the previous attempt's revocation ("Killing
+        non-startable batch job: Job credential revoked", the job ends FAILED). ``now+3`` (seconds) clears that second.
+        """
         until = until or DONE
         deadline = time.time() + timeout
+        released = set()  # restart counts whose hold was shortened (once each: a repeat would push the start back)
         while time.time() < deadline:
             info = self.show(job)
             if info.get("JobState") in until:
                 return info
-            if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+            held = info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
+            if held and info.get("Restarts") not in released:
+                released.add(info.get("Restarts"))
                 subprocess.run(
-                    ["scontrol", "update", f"JobId={job}", "StartTime=now"], env=self.env(Path("/")), timeout=60
+                    ["scontrol", "update", f"JobId={job}", "StartTime=now+3"], env=self.env(Path("/")), timeout=60
                 )
             time.sleep(0.5)
         subprocess.run(["scancel", job], env=self.env(Path("/")), timeout=60)
