@@ -56,6 +56,13 @@ def sweep_job_exp_dir(dcfg: DictConfig) -> None:
     dcfg.exp_manager.exp_dir = os.path.join(hc.sweep.dir, name or f"job{hc.job.num}")
 
 
+def _command_line() -> list[str]:
+    """The overrides Hydra applied to this job (NeMo keys rewritten; a multirun job's own values)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 # An absolute path: a console script (`neva-train`) runs this module as an installed app, where Hydra would look for
 # the configs as a Python package (neva.configs is a data directory, not a package).
 @hydra.main(config_path=CONFIG_DIR, config_name="neva", version_base=None)
@@ -69,7 +76,7 @@ def main(dcfg: DictConfig) -> None:
 
     try:
         sweep_job_exp_dir(dcfg)
-        cfg = to_train_config(dcfg)
+        cfg = to_train_config(dcfg, _command_line())
         from neva.training.run import run
 
         final = run(cfg)

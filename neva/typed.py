@@ -40,6 +40,23 @@ def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
         raise ConfigError(f"{where}: {err}") from err
 
 
+def unknown_keys(cls: type, data: dict[str, Any], path: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every key in ``data`` that dataclass ``cls`` (its nested dataclasses included) has
+    no field for: what ``build`` would refuse. Mappings typed ``dict`` take any key."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    out = []
+    for key, value in data.items():
+        if key not in fields:
+            out.append((f"{path}{key}", value))
+            continue
+        options = typing.get_args(hints[key]) or (hints[key],)
+        nested = next((o for o in options if dataclasses.is_dataclass(o)), None)
+        if nested is not None and isinstance(value, dict):
+            out += unknown_keys(nested, value, f"{path}{key}.")
+    return out
+
+
 def _coerce(hint: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(hint)
     if hint is Any:

@@ -177,3 +177,37 @@ def test_nemo_and_llava_paths_say_what_to_do(tmp_path):
     cfg.model.mm_cfg.llm.from_pretrained = str(tmp_path / "llava")
     with pytest.raises(ConfigError, match=r"whole vision-language model \(model_type 'llava'\).*hf-to-neva"):
         resolve_source(cfg)
+
+
+def test_nemo_keys_in_yaml_files_act_as_on_the_command_line(tmp_path):
+    """A preset or a user's own config file with NeMo keys: aliases give the command line's config (a command-line
+    override of the target still wins over the file), a refused key stops with the command line's message."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "preset").mkdir()
+    (tmp_path / "preset" / "nemo_user.yaml").write_text(
+        "# @package _global_\n"
+        "model:\n  data: {packed_sequence: true}\n  num_layers: 3\n  mcore_gpt: true\n"
+        "  mm_cfg: {vision_encoder: {crop_size: [56, 56]}}\n"
+        "exp_manager: {explicit_log_dir: /tmp/run}\n"
+    )
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    cli = ["model.data.packed_sequence=true", "model.num_layers=3", "model.mcore_gpt=true",
+           "model.mm_cfg.vision_encoder.crop_size=[56,56]", "exp_manager.explicit_log_dir=/tmp/run"]  # fmt: skip
+    assert compose_config([search, *STAGE, "+preset=nemo_user"]) == compose_config([*STAGE, *cli])
+    assert not compose_config([search, *STAGE, "+preset=nemo_user", "model.data.packing=false"]).model.data.packing
+
+    # A user's primary config (--config-dir/--config-name) through the real command line: exit 2, the same message.
+    (tmp_path / "mine.yaml").write_text(
+        "defaults: [neva, _self_]\nstage: pretrain\nmodel:\n  data: {packed_sequence: true}\n"
+        "  context_parallel_size: 2\n"
+    )
+    with pytest.raises(ConfigError) as refused:
+        compose_config([*STAGE, "model.data.packed_sequence=true", "model.context_parallel_size=2"])
+    cmd = [sys.executable, "-m", "neva.train", "--config-dir", str(tmp_path), "--config-name", "mine"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"config error: {refused.value}"
+    assert "context parallelism is not implemented" in proc.stderr
