@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from neva.config import CONFIG_DIR, to_train_config
 from neva.nemo_keys import rewrite_overrides
-from neva.typed import ConfigError
+from neva.typed import exit_on_config_error
 
 log = logging.getLogger("neva.train")
 
@@ -75,14 +75,12 @@ def main(dcfg: DictConfig) -> None:
     from neva.training.guards import NothingTrained
 
     try:
-        sweep_job_exp_dir(dcfg)
-        cfg = to_train_config(dcfg, _command_line())
-        from neva.training.run import run
+        with exit_on_config_error():
+            sweep_job_exp_dir(dcfg)
+            cfg = to_train_config(dcfg, _command_line())
+            from neva.training.run import run
 
-        final = run(cfg)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
+            final = run(cfg)
     except (DataQualityError, NothingTrained, CheckpointError) as err:
         # The run did not train what was asked (or cannot trust what it would resume): no final checkpoint; what it
         # wrote before stays.
@@ -94,11 +92,8 @@ def main(dcfg: DictConfig) -> None:
 
 def cli() -> None:
     """The command line: NeMo keys first (Hydra would refuse them with "use +key"), then Hydra."""
-    try:
+    with exit_on_config_error():
         sys.argv[1:] = rewrite_overrides(sys.argv[1:])
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
     main()
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import sys
 import types
 import typing
+from collections.abc import Iterator
 from typing import Any, TypeVar, Union
 
 T = TypeVar("T")
@@ -13,6 +16,17 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration problem, reported before any work starts."""
+
+
+@contextlib.contextmanager
+def exit_on_config_error() -> Iterator[None]:
+    """An entry point's body: a ``ConfigError`` ends the command with its message alone on stderr (no traceback) and
+    exit status 2, as every neva command reports bad input."""
+    try:
+        yield
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:

@@ -67,8 +67,7 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
             "model.mm_cfg.llm.from_pretrained)."
         )
     if restore is not None:
-        if note := neva_format.nemo_checkpoint_note(restore):
-            raise ConfigError(f"model.restore_from_path: {note}")
+        neva_format.refuse_nemo_checkpoint(restore, "model.restore_from_path")
         if not neva_format.is_neva_checkpoint(restore):
             raise ConfigError(f"model.restore_from_path={restore!r} is not a neva checkpoint directory")
         log.info("starting from neva checkpoint %s", restore)
@@ -298,8 +297,7 @@ def _hf_dir(path: str, what: str) -> str:
 
 
 def _read_hf_config(path: str, what: str) -> dict:
-    if note := neva_format.nemo_checkpoint_note(path):
-        raise ConfigError(f"{what}.from_pretrained: {note}")
+    neva_format.refuse_nemo_checkpoint(path, f"{what}.from_pretrained")
     path = _hf_dir(path, what)
     if neva_format.is_neva_checkpoint(path):
         raise ConfigError(

@@ -211,3 +211,35 @@ def test_nemo_keys_in_yaml_files_act_as_on_the_command_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"config error: {refused.value}"
     assert "context parallelism is not implemented" in proc.stderr
+
+
+def test_a_nemo_file_given_to_convert_generate_evaluate_is_one_message(tmp_path, capsys):
+    """A .nemo (a tar file) where a checkpoint is expected: exit status 2 and one line naming the option, the file and
+    what to do; no traceback."""
+    import tarfile
+
+    from neva.convert import main as convert_main
+    from neva.evaluate import main as evaluate_main
+    from neva.generate import main as generate_main
+
+    (tmp_path / "model_config.yaml").write_text("mm_cfg: {}\n")
+    nemo = tmp_path / "neva_7b.nemo"
+    with tarfile.open(nemo, "w") as tar:
+        tar.add(tmp_path / "model_config.yaml", arcname="model_config.yaml")
+    out = str(tmp_path / "out")
+    calls = [
+        (convert_main, ["neva-to-hf", "--ckpt", str(nemo), "--out", out], "--ckpt"),
+        (convert_main, ["neva-to-neva", "--ckpt", str(nemo), "--out", out], "--ckpt"),
+        (convert_main, ["hf-to-neva", "--hf", str(nemo), "--out", out], "--hf"),
+        (generate_main, ["--checkpoint", str(nemo), "--prompt", "hi"], "--checkpoint"),
+        (evaluate_main, ["--checkpoint", str(nemo)], "--checkpoint"),
+    ]
+    for main, argv, option in calls:
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(f"config error: {option}: {nemo} is a NeMo checkpoint (.nemo)")
+        assert "convert_llava_nemo_to_hf.py" in err and "neva.convert hf-to-neva" in err
+    assert not (tmp_path / "out").exists()
