@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 @contextlib.contextmanager
 def exit_on_config_error() -> Iterator[None]:
     """An entry point's body: a ``ConfigError`` ends the command with its message alone on stderr (no traceback) and
-    exit status 2, as every neva command reports bad input."""
+    exit status 2 (argparse's status for bad arguments; neva.train's for a bad config)."""
     try:
         yield
     except ConfigError as err:
