@@ -2,7 +2,8 @@
 
 Hydra composes YAML from ``neva/configs``; the result is validated here with ``neva.typed.build``, so a misspelled
 key in a YAML file or preset fails at start naming the key (a misspelled command-line override is already refused by
-Hydra's struct mode, since every key has a default in ``neva.yaml``).
+Hydra's struct mode, since every key has a default in ``neva.yaml``). NeMo NeVA keys in YAML files get the command
+line's treatment first (``apply_nemo_keys``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from neva.data.config import DataConfig
 from neva.models.loss import LOSS_NORMALIZATIONS
 from neva.models.trainable import LoraSpec, TrainablePolicy
-from neva.nemo_keys import rewrite_overrides, template_for_model_type
-from neva.typed import ConfigError, build
+from neva.nemo_keys import Same, lookup, rewrite_config_keys, rewrite_overrides, split_override, template_for_model_type
+from neva.typed import ConfigError, build, unknown_keys
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
 
@@ -314,8 +315,59 @@ class TrainConfig:
             raise ValueError(f"stage must be pretrain or finetune, got {self.stage!r}")
 
 
-def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Resolve interpolations and validate against the typed schema."""
+def _leaves(key: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{key}.{k}", v)]
+    return [(key, value)]
+
+
+def _pop(data: dict[str, Any], key: str) -> None:
+    """Remove dotted ``key`` from ``data`` and the mappings it leaves empty."""
+    head, _, rest = key.partition(".")
+    if rest:
+        _pop(data[head], rest)
+        if data[head]:
+            return
+    del data[head]
+
+
+def _put(data: dict[str, Any], key: str, value: Any) -> None:
+    head, _, rest = key.partition(".")
+    if rest:
+        _put(data.setdefault(head, {}), rest, value)
+    else:
+        data[head] = value
+
+
+def apply_nemo_keys(data: dict[str, Any], command_line: list[str] | tuple[str, ...] = ()) -> None:
+    """NeMo keys that YAML files (a user's ``--config-name``, a preset) brought into the composed ``data`` get the
+    command line's treatment (``neva.nemo_keys``): an alias sets its neva key, with its notice, unless the command
+    line sets that key itself (the command line wins over files, as in Hydra); a refused key stops with the table's
+    reason. Keys the schema has no field for that are not NeMo keys are left for ``build`` to refuse.
+
+    Raises:
+        ConfigError: as ``neva.nemo_keys.rewrite_overrides``.
+    """
+    # Same-named keys are the schema's own; the rest of the table's keys are what it would refuse.
+    found = {
+        leaf: v
+        for key, value in unknown_keys(TrainConfig, data)
+        for leaf, v in _leaves(key, value)
+        if not isinstance(lookup(leaf), Same | None)
+    }
+    if not found:
+        return
+    given = {split_override(o)[1] for o in command_line}
+    for key, value in rewrite_config_keys(found).items():
+        if key not in given:
+            _put(data, key, value)
+    for key in found:
+        _pop(data, key)
+
+
+def to_train_config(cfg: DictConfig, command_line: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Resolve interpolations, apply the NeMo key table to keys the YAML files brought, validate against the typed
+    schema. ``command_line``: the overrides Hydra applied (NeMo keys already rewritten)."""
     missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra."))
     if missing:
         raise ConfigError(
@@ -323,10 +375,12 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
         )
     data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     data.pop("hydra", None)
+    apply_nemo_keys(data, command_line)
     return build(TrainConfig, data)
 
 
 def compose_config(overrides: list[str] | None = None, config_name: str = "neva") -> TrainConfig:
     """The validated config for ``overrides`` (as on the command line, e.g. ``["+stage=pretrain"]``)."""
+    overrides = rewrite_overrides(overrides or [])
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return to_train_config(compose(config_name, overrides=rewrite_overrides(overrides or [])))
+        return to_train_config(compose(config_name, overrides=overrides), overrides)

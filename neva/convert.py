@@ -27,9 +27,10 @@ from collections.abc import Sequence
 import torch
 
 from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision
-from neva.checkpoint.neva_format import is_neva_checkpoint
+from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.checkpoint.step import as_neva_checkpoint, export_peft, is_step_checkpoint, materialize
+from neva.typed import exit_on_config_error
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,6 +89,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run one conversion and print ``{"command", "out"}`` as JSON."""
     args = parse_args(argv)
+    with exit_on_config_error():
+        for option in ("ckpt", "hf", "llm", "vision"):
+            if getattr(args, option, None) is not None:
+                refuse_nemo_checkpoint(getattr(args, option), f"--{option}")
+        _convert(args)
+
+
+def _convert(args: argparse.Namespace) -> None:
     common = dict(dtype=DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite)
     if args.command == "neva-to-hf" and args.peft_adapter:
         if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):

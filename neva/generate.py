@@ -35,8 +35,10 @@ from typing import Any
 
 import torch
 
+from neva.checkpoint.neva_format import refuse_nemo_checkpoint
 from neva.inference import Answerer, Item, read_jsonl, record_image_paths
 from neva.models.generation import GenerationConfig
+from neva.typed import exit_on_config_error
 
 NEMO_SAMPLING = dict(temperature=0.2, top_p=0.9, top_k=0, repetition_penalty=1.2)
 
@@ -84,16 +86,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: answer one prompt (printed) or a JSONL file of them."""
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    answerer = Answerer(
-        args.checkpoint,
-        decoding(args),
-        template=args.template,
-        raw=args.raw,
-        system=args.system,
-        aspect_ratio=args.image_aspect_ratio,
-        device=args.device,
-        dtype=None if args.dtype == "auto" else getattr(torch, args.dtype),
-    )
+    with exit_on_config_error():
+        refuse_nemo_checkpoint(args.checkpoint, "--checkpoint")
+        answerer = Answerer(
+            args.checkpoint,
+            decoding(args),
+            template=args.template,
+            raw=args.raw,
+            system=args.system,
+            aspect_ratio=args.image_aspect_ratio,
+            device=args.device,
+            dtype=None if args.dtype == "auto" else getattr(torch, args.dtype),
+        )
     if args.prompt is not None:
         print(answerer.answer([(args.prompt, [Path(p) for p in args.image])])[0])
         return

@@ -6,15 +6,18 @@ always has (accepted when the command line asks for that value), a value derived
 effect on what is trained (accepted with a warning), or a key neva does not support (refused, saying why).
 
 ``rewrite_overrides`` applies the table to Hydra command-line overrides *before* Hydra sees them, because Hydra's
-struct mode refuses an unknown key with "use +key" and would hide the explanation. docs/NEMO.md is the same table
-in prose.
+struct mode refuses an unknown key with "use +key" and would hide the explanation. ``rewrite_config_keys`` applies it,
+through ``rewrite_overrides``, to NeMo keys that YAML files bring (``neva.config.apply_nemo_keys``). docs/NEMO.md is
+the same table in prose.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
@@ -360,7 +363,7 @@ def lookup(key: str) -> Entry | None:
     return None
 
 
-def _split(override: str) -> tuple[str, str, str | None]:
+def split_override(override: str) -> tuple[str, str, str | None]:
     """``'+a.b=1'`` → ``('+', 'a.b', '1')``; a deletion ``~a.b`` has no value."""
     prefix = override[: len(override) - len(override.lstrip("+~"))]
     key, eq, value = override[len(prefix) :].partition("=")
@@ -380,7 +383,7 @@ def rewrite_overrides(overrides: list[str]) -> list[str]:
         if override.startswith("-"):
             out.append(override)
             continue
-        _, key, value = _split(override)
+        _, key, value = split_override(override)
         entry = lookup(key)
         if entry is None or isinstance(entry, Same) or value is None:
             new = override
@@ -405,10 +408,46 @@ def rewrite_overrides(overrides: list[str]) -> list[str]:
         else:
             raise ConfigError(f"{key} (a NeMo NeVA key) is not supported: {entry.reason}; see docs/NEMO.md")
         # An alias and its target in one command line must agree (Hydra would silently keep the last).
-        _, neva_key, neva_value = _split(new)
+        _, neva_key, neva_value = split_override(new)
         aliased = new != override
         if neva_key in given and given[neva_key][0] != neva_value and (aliased or given[neva_key][2]):
             raise ConfigError(f"{given[neva_key][1]} and {override} set {neva_key} to different values")
         given[neva_key] = (neva_value or "", override, aliased)
         out.append(new)
     return out
+
+
+def override_text(value: Any) -> str:
+    """``value`` (as read from YAML) written as a Hydra command-line override value that parses back to it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{override_text(v)}" for k, v in value.items()) + "}"
+    # Hydra's quoted strings: a quote is escaped, and so is each backslash before a quote (the closing one included).
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", str(value))
+    trailing = len(text) - len(text.rstrip("\\"))
+    return "'" + text + "\\" * trailing + "'"
+
+
+def rewrite_config_keys(found: dict[str, Any]) -> dict[str, Any]:
+    """Apply the table to NeMo keys found in composed YAML files (dotted key → value) exactly as on the command line:
+    each becomes the override that would set it and goes through ``rewrite_overrides`` (the same notices, refusals
+    and messages), so a NeMo key means one thing wherever it is written.
+
+    Returns:
+        The neva keys and values the aliases set; keys accepted with a fixed value, dropped or ignored give none.
+
+    Raises:
+        ConfigError: as ``rewrite_overrides``.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    rewritten = rewrite_overrides([f"{key}={override_text(value)}" for key, value in found.items()])
+    parsed = OverridesParser.create().parse_overrides(rewritten)
+    return {o.key_or_group: o.value() for o in parsed}

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from neva.config import CONFIG_DIR, to_train_config
 from neva.nemo_keys import rewrite_overrides
-from neva.typed import ConfigError
+from neva.typed import exit_on_config_error
 
 log = logging.getLogger("neva.train")
 
@@ -56,6 +56,13 @@ def sweep_job_exp_dir(dcfg: DictConfig) -> None:
     dcfg.exp_manager.exp_dir = os.path.join(hc.sweep.dir, name or f"job{hc.job.num}")
 
 
+def _command_line() -> list[str]:
+    """The overrides Hydra applied to this job (NeMo keys rewritten; a multirun job's own values)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 # An absolute path: a console script (`neva-train`) runs this module as an installed app, where Hydra would look for
 # the configs as a Python package (neva.configs is a data directory, not a package).
 @hydra.main(config_path=CONFIG_DIR, config_name="neva", version_base=None)
@@ -68,14 +75,12 @@ def main(dcfg: DictConfig) -> None:
     from neva.training.guards import NothingTrained
 
     try:
-        sweep_job_exp_dir(dcfg)
-        cfg = to_train_config(dcfg)
-        from neva.training.run import run
+        with exit_on_config_error():
+            sweep_job_exp_dir(dcfg)
+            cfg = to_train_config(dcfg, _command_line())
+            from neva.training.run import run
 
-        final = run(cfg)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
+            final = run(cfg)
     except (DataQualityError, NothingTrained, CheckpointError) as err:
         # The run did not train what was asked (or cannot trust what it would resume): no final checkpoint; what it
         # wrote before stays.
@@ -87,11 +92,8 @@ def main(dcfg: DictConfig) -> None:
 
 def cli() -> None:
     """The command line: NeMo keys first (Hydra would refuse them with "use +key"), then Hydra."""
-    try:
+    with exit_on_config_error():
         sys.argv[1:] = rewrite_overrides(sys.argv[1:])
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
     main()
 
 

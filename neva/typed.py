@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import sys
 import types
 import typing
+from collections.abc import Iterator
 from typing import Any, TypeVar, Union
 
 T = TypeVar("T")
@@ -13,6 +16,17 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration problem, reported before any work starts."""
+
+
+@contextlib.contextmanager
+def exit_on_config_error() -> Iterator[None]:
+    """An entry point's body: a ``ConfigError`` ends the command with its message alone on stderr (no traceback) and
+    exit status 2 (argparse's status for bad arguments; neva.train's for a bad config)."""
+    try:
+        yield
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
@@ -38,6 +52,23 @@ def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
     except (ValueError, TypeError, FileNotFoundError) as err:
         where = path.rstrip(".") or cls.__name__
         raise ConfigError(f"{where}: {err}") from err
+
+
+def unknown_keys(cls: type, data: dict[str, Any], path: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every key in ``data`` that dataclass ``cls`` (its nested dataclasses included) has
+    no field for: what ``build`` would refuse. Mappings typed ``dict`` take any key."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    out = []
+    for key, value in data.items():
+        if key not in fields:
+            out.append((f"{path}{key}", value))
+            continue
+        options = typing.get_args(hints[key]) or (hints[key],)
+        nested = next((o for o in options if dataclasses.is_dataclass(o)), None)
+        if nested is not None and isinstance(value, dict):
+            out += unknown_keys(nested, value, f"{path}{key}.")
+    return out
 
 
 def _coerce(hint: Any, value: Any, path: str) -> Any:

@@ -98,7 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--accum", type=int, default=2, help="GPU mode: micro-batches per optimizer step")
     p.add_argument("--text-tokens", type=int, default=100, help="GPU mode: mean text tokens per sample (±20%%)")
-    p.add_argument("--compile", action="store_true", help="GPU mode: torch.compile every transformer block")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="GPU mode: torch.compile every transformer block (default: model.compile=auto, as training: on CUDA only)",
+    )
     p.add_argument("--peak-tflops", type=float, default=None, help="GPU mode: bf16 peak for MFU (default by GPU name)")
     p.add_argument("--gpu-shapes-smoke", action="store_true", help="GPU mode code path with tiny shapes (CPU works)")
     # Input-pipeline mode

@@ -41,6 +41,24 @@ def test_benchmark_micro_batches_fit_an_h200() -> None:
         assert plan.peak.total / 2**30 > H200_GIB
 
 
+def test_benchmark_compiles_as_training_does_unless_told() -> None:
+    """No flag: ``model.compile=auto``, resolved by training's own rule (on for CUDA, off on the CPU)."""
+    import torch
+
+    from neva.parallel.compute_plans import compile_enabled
+
+    benchmark, gpu = _bench()
+    case = gpu.Case.parse("7b-finetune-224")
+    settings = {}
+    for flags in ([], ["--compile"], ["--no-compile"]):
+        args = benchmark.parse_args(["--plan-only", *flags])
+        settings[tuple(flags)] = gpu.case_train_config(case, args, 1).model.compile
+    assert settings == {(): "auto", ("--compile",): True, ("--no-compile",): False}
+    assert compile_enabled(settings[()], torch.device("cuda")) and not compile_enabled(
+        settings[()], torch.device("cpu")
+    )
+
+
 @pytest.mark.slow
 def test_gpu_check_script_runs_tiny_on_cpu(tmp_path) -> None:
     env = {

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Iterator
 
 from torch import nn
 
+from neva.models.lora import LoRALinear
+
 # Wrappers that insert a module level into parameter names; checkpoints never contain them.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
@@ -29,3 +31,8 @@ def named_parameters(parts: Iterable[nn.Module]) -> Iterator[tuple[str, nn.Param
             if id(p) not in seen:
                 seen.add(id(p))
                 yield canonical_name(name), p
+
+
+def lora_layers(parts: Iterable[nn.Module]) -> dict[str, LoRALinear]:
+    """The LoRA layers of ``parts`` by plain module name (the owners ``neva.models.lora.plain_key`` takes)."""
+    return {canonical_name(n): m for part in parts for n, m in part.named_modules() if isinstance(m, LoRALinear)}

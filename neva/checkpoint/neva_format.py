@@ -35,6 +35,7 @@ from neva.hf_local import from_local
 from neva.models.config import NevaConfig, from_dict, to_dict
 from neva.models.neva import NevaModel
 from neva.models.rope import rope_inv_freq
+from neva.typed import ConfigError
 
 FORMAT_NAME = "neva"
 FORMAT_VERSION = 1
@@ -166,10 +167,9 @@ def read_config_file(directory: str | os.PathLike) -> dict[str, Any]:
     """The raw ``config.json`` of a neva checkpoint, format and version checked.
 
     Raises:
-        ValueError: not a neva checkpoint, or a newer format version.
+        ValueError: not a neva checkpoint, or a newer format version (ConfigError: a NeMo checkpoint).
     """
-    if note := nemo_checkpoint_note(directory):
-        raise ValueError(note)
+    refuse_nemo_checkpoint(directory)
     path = Path(directory) / CONFIG_NAME
     data = json.loads(path.read_text())
     if data.get("format") != FORMAT_NAME:
@@ -190,9 +190,21 @@ def nemo_checkpoint_note(path: str | os.PathLike) -> str | None:
     return (
         f"{path} is a NeMo checkpoint (.nemo), which neva does not read. Convert it to HF with NeMo's "
         "scripts/checkpoint_converters/convert_llava_nemo_to_hf.py (a NeVA model), then "
-        "`python -m neva.convert hf-to-neva` and pass the output as model.restore_from_path; or, for a NeMo LLM, "
-        "convert_llama_nemo_to_hf.py and pass the HF directory as model.mm_cfg.llm.from_pretrained"
+        "`python -m neva.convert hf-to-neva` and pass the output as model.restore_from_path (or as the checkpoint of "
+        "neva.convert, neva.generate, neva.evaluate); or, for a NeMo LLM, convert_llama_nemo_to_hf.py and pass the "
+        "HF directory as model.mm_cfg.llm.from_pretrained"
     )
+
+
+def refuse_nemo_checkpoint(path: str | os.PathLike, what: str = "") -> None:
+    """Stop with what to do when ``path`` (given as ``what``: a config key or a command-line option) is a NeMo
+    checkpoint.
+
+    Raises:
+        ConfigError: ``path`` is a ``.nemo`` file or an extracted one.
+    """
+    if note := nemo_checkpoint_note(path):
+        raise ConfigError(f"{what}: {note}" if what else note)
 
 
 def is_neva_checkpoint(directory: str | os.PathLike) -> bool:

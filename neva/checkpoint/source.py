@@ -14,12 +14,12 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from neva.checkpoint import neva_format
 from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
-from neva.checkpoint.names import named_parameters
+from neva.checkpoint.names import lora_layers, named_parameters
 from neva.config import MMConfig, TrainConfig
 from neva.data.datamodule import tokenizer_image_token_id
 from neva.hf_local import LocalModelError, model_dir
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
-from neva.models.lora import LoRALinear
+from neva.models.lora import LoRALinear, plain_key
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
 from neva.typed import ConfigError, build
 
@@ -67,8 +67,7 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
             "model.mm_cfg.llm.from_pretrained)."
         )
     if restore is not None:
-        if note := neva_format.nemo_checkpoint_note(restore):
-            raise ConfigError(f"model.restore_from_path: {note}")
+        neva_format.refuse_nemo_checkpoint(restore, "model.restore_from_path")
         if not neva_format.is_neva_checkpoint(restore):
             raise ConfigError(f"model.restore_from_path={restore!r} is not a neva checkpoint directory")
         log.info("starting from neva checkpoint %s", restore)
@@ -221,9 +220,11 @@ class _Targets:
     def __init__(self, parts: list[nn.Module]) -> None:
         self.cfg = parts[0].cfg
         self.slots = {}
+        lora = lora_layers(parts)
         for name, p in named_parameters(parts):
-            key = name.replace(".base.", ".")
-            self.slots[key] = _Slot(p, key)
+            key = plain_key(name, lora)
+            if key is not None:  # None: a LoRA adapter's own tensor, which starts fresh
+                self.slots[key] = _Slot(p, key)
 
     def state_dict(self) -> dict[str, _Slot]:
         return dict(self.slots)
@@ -241,7 +242,7 @@ def load_source_weights(parts: list[nn.Module], source: ModelSource) -> None:
     targets = _Targets(parts)
     if source.checkpoint is not None:
         shapes = neva_format.tensor_shapes(source.checkpoint)
-        missing = sorted(k for k in set(targets.slots) - set(shapes) if ".lora_" not in k)
+        missing = sorted(set(targets.slots) - set(shapes))
         if missing:
             raise KeyError(f"{len(missing)} model tensor(s) not in {source.checkpoint}, e.g. {missing[:5]}")
         for key, slot in targets.slots.items():
@@ -296,8 +297,7 @@ def _hf_dir(path: str, what: str) -> str:
 
 
 def _read_hf_config(path: str, what: str) -> dict:
-    if note := neva_format.nemo_checkpoint_note(path):
-        raise ConfigError(f"{what}.from_pretrained: {note}")
+    neva_format.refuse_nemo_checkpoint(path, f"{what}.from_pretrained")
     path = _hf_dir(path, what)
     if neva_format.is_neva_checkpoint(path):
         raise ConfigError(

@@ -101,11 +101,13 @@ def load_step_model(path: str | os.PathLike) -> StepModel:
     """Verify step checkpoint ``path``, rebuild the run's model from the config it records and load its tensors.
 
     Raises:
+        ConfigError: ``path`` is a NeMo checkpoint (``.nemo``), with what to do.
         verified.CheckpointError: no or wrong manifest (an interrupted save, a corrupt file), no recorded config, or
             content other than tensors and plain data.
         KeyError: a model tensor the checkpoint lacks.
         ValueError: a tensor whose shape is not the model's.
     """
+    neva_format.refuse_nemo_checkpoint(path)
     path = Path(path)
     step = verified.verify(path)
     loop = verified.load_state(path if path.is_file() else path / DCP_LOOP_STATE)
@@ -181,7 +183,12 @@ def export_peft(
 @contextlib.contextmanager
 def as_neva_checkpoint(path: str | os.PathLike) -> Iterator[Path]:
     """``path`` itself when it is a neva checkpoint directory, else the step checkpoint materialised in a temporary
-    directory (removed on exit)."""
+    directory (removed on exit).
+
+    Raises:
+        ConfigError: ``path`` is a NeMo checkpoint.
+    """
+    neva_format.refuse_nemo_checkpoint(path)
     if not is_step_checkpoint(path) or neva_format.is_neva_checkpoint(path):
         yield Path(path)
         return

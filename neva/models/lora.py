@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import math
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -126,17 +126,37 @@ def apply_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, dr
     return wrapped
 
 
+def plain_key(key: str, lora_owners: Collection[str]) -> str | None:
+    """The plain key of model tensor ``key`` (the merged export's, the HF tables' and a checkpoint's name for it).
+
+    ``lora_owners``: the plain module names of the model's LoRA layers. A LoRA layer's base tensors
+    ``<owner>.base.<t>`` are ``<owner>.<t>`` (the merged weight of ``<owner>.base.weight``); the adapters' own tensors
+    (``<owner>.lora_a.weight``, ``<owner>.lora_b.weight``) have no plain key (None): they are merged into the base
+    weight or exported apart. Every other key is its own plain key. The one place this rule lives: the export's
+    consolidation, step-checkpoint conversion, the PEFT export and the weight loaders all call it.
+    """
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        owner = ".".join(parts[:i])
+        if owner in lora_owners:
+            return f"{owner}.{'.'.join(parts[i + 1 :])}" if parts[i] == "base" else None
+    return key
+
+
+def merged_key(owner: str) -> str:
+    """The plain key of LoRA layer ``owner``'s merged weight ``W + scale · B A``."""
+    return f"{owner}.weight"
+
+
 def split_state_dict(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, LoRALinear]]:
     """The base model's state dict under plain (un-wrapped) keys, LoRA not applied, and the LoRA layers by their plain
     module name: what a merged export folds together and a PEFT adapter export keeps apart."""
-    base = {}
     lora_layers = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    base = {}
     for key, value in model.state_dict().items():
-        owner = next((p for p in lora_layers if key.startswith(p + ".")), None)
-        if owner is None:
-            base[key] = value
-        elif key.startswith(f"{owner}.base."):
-            base[f"{owner}.{key[len(owner) + 6 :]}"] = value
+        plain = plain_key(key, lora_layers)
+        if plain is not None:
+            base[plain] = value
     return base, lora_layers
 
 
@@ -144,6 +164,6 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """State dict with every LoRA layer folded into its base weight, under the plain (un-wrapped) key names."""
     merged, lora_layers = split_state_dict(model)
     for owner, layer in lora_layers.items():
-        key = f"{owner}.weight"
+        key = merged_key(owner)
         merged[key] = layer.merged_weight().to(merged[key].dtype)
     return merged

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from neva.checkpoint.names import canonical_name
-from neva.models.lora import LoRALinear
+from neva.checkpoint.names import canonical_name, lora_layers
+from neva.models.lora import merged_key, plain_key
 from neva.parallel.parallelize import ParallelModel
 
 
@@ -26,18 +26,14 @@ def _local_getters(model: ParallelModel) -> dict[str, Callable[[], torch.Tensor]
 
     out: dict[str, Callable[[], torch.Tensor]] = {}
     for part in model.parts:
-        lora = {canonical_name(n): m for n, m in part.named_modules() if isinstance(m, LoRALinear)}
+        lora = lora_layers([part])
         # Tied weights appear under each of their names (the export writes both, as the state dict does).
         for wrapped, p in part.named_parameters(remove_duplicate=False):
-            name = canonical_name(wrapped)
-            owner = next((k for k in lora if name.startswith(k + ".")), None)
-            if owner is None:
-                out[name] = lambda p=p: full(p)
-            elif name == f"{owner}.base.weight":
-                m = lora[owner]
-                out[f"{owner}.weight"] = lambda m=m: m.merged_weight(full)
-            elif name.startswith(f"{owner}.base."):
-                out[f"{owner}.{name[len(owner) + 6 :]}"] = lambda p=p: full(p)
+            key = plain_key(canonical_name(wrapped), lora)
+            if key is not None:
+                out[key] = lambda p=p: full(p)
+        for owner, m in lora.items():
+            out[merged_key(owner)] = lambda m=m: m.merged_weight(full)
     return out
 
 

@@ -32,6 +32,7 @@ from neva.config import ClusterConfig, TrainConfig
 from neva.models.config import NevaConfig
 from neva.models.flops import device_peak_tflops
 from neva.models.presets import build_config
+from neva.parallel.compute_plans import compile_enabled
 from neva.planner.plan import GiB, Plan, plan_run
 
 # Targets on one H200 (issues #6 and #13; NVIDIA's published H100 per-GPU figures in brackets). MFU at 336 px is
@@ -93,8 +94,13 @@ def case_train_config(case: Case, args: Any, micro_batch_size: int) -> TrainConf
         f"model.global_batch_size={micro_batch_size * args.accum}",
         f"model.optim.lr={2e-3 if case.stage == 'pretrain' else 2e-5}",
         f"model.seed={args.seed}",
-        f"model.compile={'true' if args.compile else 'false'}",
+        f"model.compile={compile_setting(args)}",
     )
+
+
+def compile_setting(args: Any) -> str:
+    """``model.compile`` as ``--compile`` / ``--no-compile`` set it; neither gives training's default, ``auto``."""
+    return "auto" if args.compile is None else str(bool(args.compile)).lower()
 
 
 def text_spec(case: Case, args: Any, cfg: NevaConfig) -> StreamSpec:
@@ -336,13 +342,15 @@ def run_gpu(args: Any) -> dict[str, Any]:
     cases = [Case.parse(c) for c in args.cases.split(",") if c.strip()]
     if args.plan_only:
         return plan_cases(cases, args, device)
+    # Resolved as training resolves model.compile (the engine below applies the same setting).
+    compiled = compile_enabled(_composed(cases[0], args).model.compile, device) if cases else False
     peaks = {
         "table": peak_tflops(device, args.peak_tflops),
         "measured": matmul_peak_tflops(device, args.gpu_shapes_smoke),
     }
     print(
         f"# GPU benchmark on {name}{' (tiny smoke shapes)' if args.gpu_shapes_smoke else ''}: {args.warmup} warm-up + "
-        f"{args.steps} steps, accum {args.accum}, compile={args.compile}; bf16 peak: table {_fmt(peaks['table'], '.0f')}, "
+        f"{args.steps} steps, accum {args.accum}, compile={compiled}; bf16 peak: table {_fmt(peaks['table'], '.0f')}, "
         f"measured matmul {peaks['measured']:.1f} TFLOP/s; memory {device_memory_gib(device, args):.1f} GiB",
         flush=True,
     )
@@ -379,7 +387,7 @@ def run_gpu(args: Any) -> dict[str, Any]:
         "mode": "gpu",
         "device": name,
         "smoke": bool(args.gpu_shapes_smoke),
-        "compile": bool(args.compile),
+        "compile": compiled,
         "peak_tflops": peaks["table"],
         "matmul_peak_tflops": peaks["measured"],
     }

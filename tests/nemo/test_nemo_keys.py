@@ -177,3 +177,69 @@ def test_nemo_and_llava_paths_say_what_to_do(tmp_path):
     cfg.model.mm_cfg.llm.from_pretrained = str(tmp_path / "llava")
     with pytest.raises(ConfigError, match=r"whole vision-language model \(model_type 'llava'\).*hf-to-neva"):
         resolve_source(cfg)
+
+
+def test_nemo_keys_in_yaml_files_act_as_on_the_command_line(tmp_path):
+    """A preset or a user's own config file with NeMo keys: aliases give the command line's config (a command-line
+    override of the target still wins over the file), a refused key stops with the command line's message."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "preset").mkdir()
+    (tmp_path / "preset" / "nemo_user.yaml").write_text(
+        "# @package _global_\n"
+        "model:\n  data: {packed_sequence: true}\n  num_layers: 3\n  mcore_gpt: true\n"
+        "  mm_cfg: {vision_encoder: {crop_size: [56, 56]}}\n"
+        "exp_manager: {explicit_log_dir: /tmp/run}\n"
+    )
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    cli = ["model.data.packed_sequence=true", "model.num_layers=3", "model.mcore_gpt=true",
+           "model.mm_cfg.vision_encoder.crop_size=[56,56]", "exp_manager.explicit_log_dir=/tmp/run"]  # fmt: skip
+    assert compose_config([search, *STAGE, "+preset=nemo_user"]) == compose_config([*STAGE, *cli])
+    assert not compose_config([search, *STAGE, "+preset=nemo_user", "model.data.packing=false"]).model.data.packing
+
+    # A user's primary config (--config-dir/--config-name) through the real command line: exit 2, the same message.
+    (tmp_path / "mine.yaml").write_text(
+        "defaults: [neva, _self_]\nstage: pretrain\nmodel:\n  data: {packed_sequence: true}\n"
+        "  context_parallel_size: 2\n"
+    )
+    with pytest.raises(ConfigError) as refused:
+        compose_config([*STAGE, "model.data.packed_sequence=true", "model.context_parallel_size=2"])
+    cmd = [sys.executable, "-m", "neva.train", "--config-dir", str(tmp_path), "--config-name", "mine"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"config error: {refused.value}"
+    assert "context parallelism is not implemented" in proc.stderr
+
+
+def test_a_nemo_file_given_to_convert_generate_evaluate_is_one_message(tmp_path, capsys):
+    """A .nemo (a tar file) where a checkpoint is expected: exit status 2 and one line naming the option, the file and
+    what to do; no traceback."""
+    import tarfile
+
+    from neva.convert import main as convert_main
+    from neva.evaluate import main as evaluate_main
+    from neva.generate import main as generate_main
+
+    (tmp_path / "model_config.yaml").write_text("mm_cfg: {}\n")
+    nemo = tmp_path / "neva_7b.nemo"
+    with tarfile.open(nemo, "w") as tar:
+        tar.add(tmp_path / "model_config.yaml", arcname="model_config.yaml")
+    out = str(tmp_path / "out")
+    calls = [
+        (convert_main, ["neva-to-hf", "--ckpt", str(nemo), "--out", out], "--ckpt"),
+        (convert_main, ["neva-to-neva", "--ckpt", str(nemo), "--out", out], "--ckpt"),
+        (convert_main, ["hf-to-neva", "--hf", str(nemo), "--out", out], "--hf"),
+        (generate_main, ["--checkpoint", str(nemo), "--prompt", "hi"], "--checkpoint"),
+        (evaluate_main, ["--checkpoint", str(nemo)], "--checkpoint"),
+    ]
+    for main, argv, option in calls:
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(f"config error: {option}: {nemo} is a NeMo checkpoint (.nemo)")
+        assert "convert_llava_nemo_to_hf.py" in err and "neva.convert hf-to-neva" in err
+    assert not (tmp_path / "out").exists()
