@@ -51,6 +51,9 @@ export NCCL_NET_GDR_LEVEL=${NCCL_NET_GDR_LEVEL:-PHB}
 # Set NCCL_SOCKET_IFNAME / NCCL_IB_HCA in the environment when the cluster needs them (site-specific).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-8}}
 export PYTHONUNBUFFERED=1
+# A crash in native code (abort, segfault: e.g. "terminate called …") then prints every thread's Python stack into the
+# task log, which would otherwise hold one C++ line and no hint of where it happened.
+export PYTHONFAULTHANDLER=${PYTHONFAULTHANDLER:-1}
 export HYDRA_FULL_ERROR=1
 
 # --- preemption: signals are forwarded to the tasks, which stop with a checkpoint; USR1 then requeues ------------------

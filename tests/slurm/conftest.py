@@ -108,3 +108,9 @@ def wait_for_steps(exp_dir: Path, steps: int, cluster: Cluster, job: str, timeou
 
 def task_log(output_root: Path, job: str, restart: int, task: int, name: str = "neva-pretrain") -> str:
     return (output_root / "logs" / f"{name}-{job}-r{restart}-{task}.log").read_text()
+
+
+def job_report(output_root: Path, job: str) -> str:
+    """The end of the job's batch output and of every task log of every attempt: what a failed assertion shows."""
+    files = [output_root / f"batch-{job}.out", *sorted((output_root / "logs").glob(f"*-{job}-r*-*.log"))]
+    return "\n".join(f"--- {f.name}\n{f.read_text()[-2000:]}" for f in files if f.exists())

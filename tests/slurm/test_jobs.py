@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import TRAIN, read_losses, task_log, wait_for_steps
+from tests.slurm.conftest import TRAIN, job_report, read_losses, task_log, wait_for_steps
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def chained(slurm, tmp_path_factory):
 
 def test_two_node_pretrain_has_the_one_process_curve(chained):
     root, pre, _, pre_info, _, reference = chained
-    assert pre_info["JobState"] == "COMPLETED", (root / f"batch-{pre}.out").read_text()[-3000:]
+    assert pre_info["JobState"] == "COMPLETED", job_report(root, pre)
     batch = (root / f"batch-{pre}.out").read_text()
     assert "2 node(s) x 1 task(s), cpu" in batch, batch  # devices from the allocation: no GPU allocated → CPU
     losses = read_losses(root / "pretrain")
@@ -50,7 +50,7 @@ def test_two_node_pretrain_has_the_one_process_curve(chained):
 
 def test_finetune_after_pretrain_starts_from_its_final(chained):
     root, _, fine, pre_info, fine_info, _ = chained
-    assert fine_info["JobState"] == "COMPLETED", (root / f"batch-{fine}.out").read_text()[-3000:]
+    assert fine_info["JobState"] == "COMPLETED", job_report(root, fine)
     assert fine_info["StartTime"] >= pre_info["EndTime"]  # held by --dependency=afterok until pretrain completed
     log = task_log(root, fine, 0, 0, name="neva-finetune")
     assert f"starting from neva checkpoint {root / 'pretrain' / 'final'}" in log, log[-3000:]
@@ -68,7 +68,7 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm.env(tmp_path), check=True, timeout=60)
     info = slurm.wait(job)
     batch = (tmp_path / f"batch-{job}.out").read_text()
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", batch[-3000:]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job_report(tmp_path, job)
 
     first = task_log(tmp_path, job, 0, 0)
     stopped = re.search(r"stopped by SIGUSR1 after step (\d+)", first)
@@ -108,14 +108,14 @@ def test_a_killed_task_ends_the_job_and_a_resubmission_resumes(slurm, tmp_path):
     # here only tells a hang from an end (a hang would wait out model.distributed_timeout_minutes).
     info = slurm.wait(job, timeout=240)
     batch = (tmp_path / f"batch-{job}.out").read_text()
-    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", batch[-3000:]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", job_report(tmp_path, job)
     assert time.time() - killed < 240
     assert "requeueing" not in batch
     assert not (exp_dir / "final").exists()
 
     again = slurm.submit("pretrain.sbatch", tmp_path, *TRAIN, "trainer.max_steps=24", every)
     info = slurm.wait(again)
-    assert info["JobState"] == "COMPLETED", (tmp_path / f"batch-{again}.out").read_text()[-3000:]
+    assert info["JobState"] == "COMPLETED", job_report(tmp_path, again)
     log = task_log(tmp_path, again, 0, 0)
     resumed = re.search(r"resuming from \S+ at step (\d+)", log)
     assert resumed and int(resumed.group(1)) >= 4 and int(resumed.group(1)) % 2 == 0, log[-3000:]
