@@ -131,6 +131,11 @@ def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
     return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
 
 
+def attends_per_segment(device: torch.device) -> bool:
+    """Whether packed training rows attend by causal SDPA per segment on ``device`` (FlexAttention on CUDA)."""
+    return device.type != "cuda"
+
+
 def plan_attention(segment_ids: torch.Tensor | None, q_len: int, offset: int, device: torch.device) -> AttentionPlan:
     """The attention of one forward over ``q_len`` new tokens after ``offset`` cached ones.
 
@@ -144,7 +149,7 @@ def plan_attention(segment_ids: torch.Tensor | None, q_len: int, offset: int, de
     if q_len == 1:
         seg = segment_ids
         return AttentionPlan("key_padding", mask=(seg == seg[:, -1:])[:, None, None, :])
-    if device.type == "cuda" and offset == 0:
+    if not attends_per_segment(device) and offset == 0:
         return AttentionPlan("flex", block_mask=document_causal_block_mask(segment_ids, q_len))
     spans = []
     for runs in segment_runs(segment_ids):
