@@ -41,6 +41,53 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
     return loss_sum, (shift_labels != IGNORE_INDEX).sum()
 
 
+# Rows of logits per pass of ``summed_cross_entropy``: a few MiB at Llama's 32000 classes, so the passes over a chunk
+# (max, exp, sum, normalise) find it in cache.
+_CE_CHUNK_ROWS = 64
+
+
+class _SummedCrossEntropy(torch.autograd.Function):
+    """Forward computes the loss and, in the same pass over the logits, its gradient ``softmax - one_hot``."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        grad = torch.empty_like(logits)
+        total = logits.new_zeros((), dtype=torch.float32)
+        for start in range(0, logits.shape[0], _CE_CHUNK_ROWS):
+            end = start + _CE_CHUNK_ROWS
+            x, t, g = logits[start:end], targets[start:end, None], grad[start:end]
+            peak = x.amax(dim=1, keepdim=True)
+            torch.sub(x, peak, out=g).exp_()
+            norm = g.sum(dim=1, keepdim=True)
+            total += (peak + norm.log() - x.gather(1, t)).sum()
+            g.div_(norm).scatter_add_(1, t, torch.full(t.shape, -1.0, dtype=g.dtype))
+        ctx.save_for_backward(grad)
+        ctx.used = False
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        if ctx.used:
+            raise RuntimeError("summed_cross_entropy: its backward scales the saved gradient in place and runs once")
+        ctx.used = True
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_out), None
+
+
+def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``F.cross_entropy(logits, targets, reduction="sum")`` for fp32 ``[N, V]`` logits whose every target counts
+    (no ignore index): the LM head's loss at learned positions.
+
+    ``F.cross_entropy`` passes over the ``[N, V]`` logits about eight times between forward and backward
+    (log-softmax, a zero-filled gradient, the backward's second exp); here the softmax gradient is made in the forward,
+    chunk by chunk while the rows are in cache, and backward scales it in place: half the time on the CPU benchmark,
+    no second ``[N, V]`` buffer. Equal to float rounding (the gradient is closer to a float64 reference).
+    """
+    if logits.dtype != torch.float32:
+        raise TypeError(f"summed_cross_entropy takes fp32 logits, got {logits.dtype}")
+    return _SummedCrossEntropy.apply(logits, targets)
+
+
 def count_learned_tokens(labels: torch.Tensor) -> torch.Tensor:
     """Tokens ``token_cross_entropy`` will learn from in ``labels`` (the first position is never a target)."""
     return (labels[:, 1:] != IGNORE_INDEX).sum()

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
@@ -26,7 +25,13 @@ from neva.checkpoint.names import named_parameters
 from neva.data.collate import join_rows
 from neva.models.attention import attends_per_segment
 from neva.models.lora import LoRALinear, token_dropout_keys
-from neva.models.loss import count_learned_tokens, learned_positions, micro_batch_weight, token_cross_entropy
+from neva.models.loss import (
+    count_learned_tokens,
+    learned_positions,
+    micro_batch_weight,
+    summed_cross_entropy,
+    token_cross_entropy,
+)
 from neva.parallel.data_parallel import all_reduce_gradients
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
@@ -148,7 +153,7 @@ class Engine:
         targets = batch["targets"].to(self.device, non_blocking=True)
         with self._autocast():
             logits = self.model(**inputs, output_positions=positions)
-        return F.cross_entropy(logits.float(), targets, reduction="sum")
+        return summed_cross_entropy(logits.float(), targets)
 
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:
         """Learned tokens of the whole global batch (all micro-batches, all data-parallel ranks)."""
