@@ -55,13 +55,19 @@ class _Rope(torch.autograd.Function):
         out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
         out[..., half:].addcmul_(x[..., :half], sin[..., half:])
         ctx.save_for_backward(cos, sin)
+        # The gradient goes back in x's memory layout (q/k are head views of a [B, S, H*D] projection): the
+        # backward of that view is then free instead of a copy.
+        ctx.token_major = x.dim() == 4 and x.transpose(1, 2).is_contiguous()
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         cos, sin = ctx.saved_tensors
         half = grad.shape[-1] // 2
-        grad_x = grad * cos
+        if ctx.token_major:
+            grad_x = torch.mul(grad, cos, out=grad.new_empty(grad.transpose(1, 2).shape).transpose(1, 2))
+        else:
+            grad_x = grad * cos
         grad_x[..., :half].addcmul_(grad[..., half:], sin[..., half:])
         grad_x[..., half:].addcmul_(grad[..., :half], sin[..., :half], value=-1)
         return grad_x, None, None
