@@ -39,6 +39,10 @@ sys.path.insert(0, _HERE)
 sys.path.insert(1, os.path.dirname(_HERE))
 
 
+# CPU mode's row capacity under --smoke (its samples are at most 1 + 16 image + 64 text tokens long).
+SMOKE_SEQ_LENGTH = 128
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of both modes."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,8 +124,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.warmup is None:
         args.warmup = 2 if gpu_path else 1
     if args.seq_length is None:
-        from bench.cpu import SMOKE_SEQ_LENGTH
-
         args.seq_length = SMOKE_SEQ_LENGTH if args.smoke else 1024
     return args
 

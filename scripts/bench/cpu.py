@@ -49,7 +49,6 @@ CPU_LLM = dict(
 
 # --smoke: the same code path with the embedded tiny model (16 image tokens, GQA) and short samples, in seconds.
 SMOKE_TEXT = dict(text_median=24.0, text_min=8, text_max=64)
-SMOKE_SEQ_LENGTH = 128
 
 
 def cpu_model_config(smoke: bool = False) -> NevaConfig:
