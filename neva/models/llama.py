@@ -95,7 +95,7 @@ class DecoderBlock(nn.Module):
     ) -> torch.Tensor:
         """``rows`` ``[N, 2]`` (row, column): return only these positions, ``[N, D]``. Keys and values still come
         from every position; the output projection, residual and feed-forward run on the N rows only."""
-        attended = self.attention(self.attention_norm(x), cos, sin, attn, cache, rows)
+        attended = self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
         if rows is None:
             x = x + attended
             return x + self.feed_forward(self.ffn_norm(x))
