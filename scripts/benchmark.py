@@ -21,6 +21,7 @@ Examples::
 
     python scripts/benchmark.py --device cpu
     python scripts/benchmark.py --device cuda                 # all GPU cases, ~4 minutes on one H200
+    python scripts/benchmark.py --device cpu --smoke           # CPU mode's code path with tiny shapes (CI)
     python scripts/benchmark.py --device cpu --gpu-shapes-smoke
     python scripts/benchmark.py --input-pipeline              # ~30 s of CPU
 """
@@ -38,6 +39,10 @@ sys.path.insert(0, _HERE)
 sys.path.insert(1, os.path.dirname(_HERE))
 
 
+# CPU mode's row capacity under --smoke (its samples are at most 1 + 16 image + 64 text tokens long).
+SMOKE_SEQ_LENGTH = 128
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of both modes."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,7 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--batch-size", type=int, default=16, help="CPU mode: samples per optimizer step, both sides (LLaVA-1.5's 16)"
     )
-    p.add_argument("--seq-length", type=int, default=1024, help="CPU mode: neva's packed row capacity (tokens)")
+    p.add_argument(
+        "--seq-length", type=int, default=None, help="CPU mode: neva's packed row capacity (tokens; default 1024)"
+    )
     p.add_argument("--lr", type=float, default=2e-5, help="CPU mode: AdamW learning rate (both sides)")
     p.add_argument("--threads", type=int, default=0, help="CPU mode: torch threads (0 = torch's default)")
     p.add_argument(
@@ -64,6 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="CPU mode: also run neva with the other batching, on the same stream (packed and padded side by side)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU mode with the tiny model and short samples (rows of 128): the code path in seconds, for CI",
     )
     p.add_argument("--child", choices=["neva", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
@@ -116,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps = 4 if gpu_path else 3
     if args.warmup is None:
         args.warmup = 2 if gpu_path else 1
+    if args.seq_length is None:
+        args.seq_length = SMOKE_SEQ_LENGTH if args.smoke else 1024
     return args
 
 

@@ -109,6 +109,8 @@ def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
     if q.shape[2] == k.shape[2]:
         # No cache: each row's spans tile it, for queries and keys alike. ``split`` (not slicing) keeps backward to
         # one concatenation per row instead of a zero-filled full-size gradient per segment.
+        # Outputs are concatenated token-major ([B, S, H, D] memory, returned as its [B, H, S, D] view): the caller's
+        # transpose back to tokens and merge of the heads is then a view, not another copy.
         rows = []
         for q_r, k_r, v_r, row_spans in zip(q.unbind(0), k.unbind(0), v.unbind(0), spans):
             sizes = [qe - qs for qs, qe, _, _ in row_spans]
@@ -116,8 +118,8 @@ def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
                 F.scaled_dot_product_attention(qi[None], ki[None], vi[None], is_causal=True, enable_gqa=gqa)
                 for qi, ki, vi in zip(q_r.split(sizes, 1), k_r.split(sizes, 1), v_r.split(sizes, 1))
             ]
-            rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
-        return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
+            rows.append(torch.cat([o.transpose(1, 2) for o in outs], dim=1))
+        return (rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)).transpose(1, 2)
     rows = []
     for r, row_spans in enumerate(spans):
         outs = []
@@ -129,6 +131,11 @@ def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
                 outs.append(AttentionPlan("causal_lower_right").attend(qi, ki, vi))
         rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
     return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
+
+
+def attends_per_segment(device: torch.device) -> bool:
+    """Whether packed training rows attend by causal SDPA per segment on ``device`` (FlexAttention on CUDA)."""
+    return device.type != "cuda"
 
 
 def plan_attention(segment_ids: torch.Tensor | None, q_len: int, offset: int, device: torch.device) -> AttentionPlan:
@@ -144,7 +151,7 @@ def plan_attention(segment_ids: torch.Tensor | None, q_len: int, offset: int, de
     if q_len == 1:
         seg = segment_ids
         return AttentionPlan("key_padding", mask=(seg == seg[:, -1:])[:, None, None, :])
-    if device.type == "cuda" and offset == 0:
+    if not attends_per_segment(device) and offset == 0:
         return AttentionPlan("flex", block_mask=document_causal_block_mask(segment_ids, q_len))
     spans = []
     for runs in segment_runs(segment_ids):

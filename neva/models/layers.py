@@ -7,6 +7,29 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class _RMSNormFP32(torch.autograd.Function):
+    """fp32 RMSNorm with a hand-written backward: one ``[.., D]`` allocation forward (the composite makes four), the
+    row statistic from one norm pass, and the backward's products in place (about half the time per call on the CPU
+    benchmark). Plain tensors only: sharded (DTensor) and low-precision inputs take the composite."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dim = x.shape[-1]
+        rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(dim).add_(eps).rsqrt_()
+        ctx.save_for_backward(x, weight, rstd)
+        return torch.mul(x, rstd).mul_(weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        normed = x * rstd
+        grad_weight = (grad * normed).sum(dim=tuple(range(grad.dim() - 1)))
+        grad_normed = grad * weight
+        # d/dx of x * rstd(x): rstd * (g - x_hat * mean(g * x_hat)).
+        mean = (grad_normed * normed).sum(dim=-1, keepdim=True).div_(x.shape[-1])
+        return normed.mul_(mean.neg_()).add_(grad_normed).mul_(rstd), grad_weight, None
+
+
 class RMSNorm(nn.Module):
     """Llama RMSNorm: normalise in fp32, cast back, then scale (HF ``LlamaRMSNorm`` order, so bf16 results match)."""
 
@@ -16,6 +39,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            type(x) is torch.Tensor
+            and type(self.weight.data) is torch.Tensor
+            and x.dtype == self.weight.dtype == torch.float32
+        ):
+            return _RMSNormFP32.apply(x, self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         return self.weight * normed
 

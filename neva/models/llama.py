@@ -16,6 +16,7 @@ from torch import nn
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.layers import RMSNorm
+from neva.models.lora import dropout_keys_at
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
@@ -51,6 +52,7 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         attn: AttentionPlan,
         cache: KVCache | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the (kv) heads.
@@ -60,8 +62,11 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v)
-        out = attn.attend(q, k, v)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        out = attn.attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
+        if rows is None:
+            return self.wo(out)
+        with dropout_keys_at(rows):
+            return self.wo(out[rows[:, 0], rows[:, 1]])
 
 
 class FeedForward(nn.Module):
@@ -85,9 +90,18 @@ class DecoderBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x, cos, sin, attn: AttentionPlan, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, attn, cache)
-        return x + self.feed_forward(self.ffn_norm(x))
+    def forward(
+        self, x, cos, sin, attn: AttentionPlan, cache: KVCache | None = None, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``rows`` ``[N, 2]`` (row, column): return only these positions, ``[N, D]``. Keys and values still come
+        from every position; the output projection, residual and feed-forward run on the N rows only."""
+        attended = self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
+        if rows is None:
+            x = x + attended
+            return x + self.feed_forward(self.ffn_norm(x))
+        x = x[rows[:, 0], rows[:, 1]] + attended
+        with dropout_keys_at(rows):
+            return x + self.feed_forward(self.ffn_norm(x))
 
 
 class LlamaDecoder(nn.Module):
@@ -134,10 +148,15 @@ class LlamaDecoder(nn.Module):
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, h.dtype)
         # One plan for every layer: segment boundaries / the BlockMask are found once per forward.
         attn = plan_attention(segment_ids, s, offset, h.device)
-        for i, layer in enumerate(self.layers.values()):
-            h = layer(h, cos, sin, attn, None if cache is None else cache[i])
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
+        layers = list(self.layers.values())
+        for i, layer in enumerate(layers):
+            # Only the output positions' final states are read: the last layer computes just those (its keys and
+            # values still cover every position), skipping most of its work at prompt, image and padding positions.
+            rows = output_positions if i == len(layers) - 1 else None
+            h = layer(h, cos, sin, attn, None if cache is None else cache[i], rows=rows)
+        if output_positions is not None and not layers:
             h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:
             h = self.norm(h)

@@ -64,6 +64,18 @@ def current_dropout_keys() -> torch.Tensor | None:
     return _DROPOUT_KEYS.get()
 
 
+@contextlib.contextmanager
+def dropout_keys_at(rows: torch.Tensor) -> Iterator[None]:
+    """Inside, adapters see the keys of ``rows`` ``[N, 2]`` (row, column) only: for activations narrowed to those
+    positions (``[N, features]``). A no-op without keys."""
+    keys = current_dropout_keys()
+    if keys is None:
+        yield
+        return
+    with dropout_keys(keys[rows[:, 0], rows[:, 1]]):
+        yield
+
+
 def keyed_dropout_mask(keys: torch.Tensor, features: int, salt: int, p: float) -> torch.Tensor:
     """Keep-mask ``[B, S, features]`` with keep probability ``1 - p``, a pure function of keys, feature and salt."""
     feature = _mix(torch.arange(features, device=keys.device) + salt * 0x1000193)

@@ -41,6 +41,58 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
     return loss_sum, (shift_labels != IGNORE_INDEX).sum()
 
 
+# Rows of logits per pass of ``summed_cross_entropy``: a few MiB at Llama's 32000 classes, so the passes over a chunk
+# (max, exp, sum, normalise) find it in cache.
+_CE_CHUNK_ROWS = 64
+
+
+class _SummedCrossEntropy(torch.autograd.Function):
+    """Forward computes the loss and, in the same pass over the logits, its gradient ``softmax - one_hot``."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # The gradient overwrites the logits (``summed_cross_entropy`` consumes them): no second [N, V] buffer, whose
+        # fresh pages alone cost about a third of F.cross_entropy's time at the benchmark's 137 MB.
+        grad = logits.detach()
+        total = logits.new_zeros((), dtype=torch.float32)
+        for start in range(0, logits.shape[0], _CE_CHUNK_ROWS):
+            end = start + _CE_CHUNK_ROWS
+            g, t = grad[start:end], targets[start:end, None]
+            peak = g.amax(dim=1, keepdim=True)
+            total += (peak - g.gather(1, t)).sum()
+            g.sub_(peak).exp_()
+            norm = g.sum(dim=1, keepdim=True)
+            total += norm.log().sum()
+            g.div_(norm).scatter_add_(1, t, torch.full(t.shape, -1.0, dtype=g.dtype))
+        ctx.save_for_backward(grad)
+        ctx.used = False
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        if ctx.used:
+            raise RuntimeError("summed_cross_entropy: its backward scales the saved gradient in place and runs once")
+        ctx.used = True
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_out), None
+
+
+def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``F.cross_entropy(logits, targets, reduction="sum")`` for fp32 ``[N, V]`` logits whose every target counts
+    (no ignore index): the LM head's loss at learned positions. **Consumes ``logits``**: they are overwritten with
+    the loss's gradient (pass logits nothing else reads; an autograd node that saved them would fail loudly).
+
+    ``F.cross_entropy`` passes over the ``[N, V]`` logits about eight times between forward and backward
+    (log-softmax, a zero-filled gradient, the backward's second exp) and allocates two more ``[N, V]`` buffers; here
+    the softmax gradient is made in the forward, chunk by chunk while the rows are in cache, in the logits' own
+    memory, and backward scales it in place: under half the time on the CPU benchmark. Equal to float rounding (the
+    gradient is closer to a float64 reference).
+    """
+    if logits.dtype != torch.float32:
+        raise TypeError(f"summed_cross_entropy takes fp32 logits, got {logits.dtype}")
+    return _SummedCrossEntropy.apply(logits, targets)
+
+
 def count_learned_tokens(labels: torch.Tensor) -> torch.Tensor:
     """Tokens ``token_cross_entropy`` will learn from in ``labels`` (the first position is never a target)."""
     return (labels[:, 1:] != IGNORE_INDEX).sum()

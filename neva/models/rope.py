@@ -41,7 +41,41 @@ def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, dtype: torc
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class _Rope(torch.autograd.Function):
+    """``x * cos + rotate_half(x) * sin`` in one allocation; backward applies the transposed rotation.
+
+    The composite (neg, cat, two products, a sum, and their backward) made five ``[B, H, S, D]`` tensors per call
+    for q and for k, each layer; here one, with the rotation as two in-place multiply-adds on the halves.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        out = x * cos
+        out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
+        out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+        ctx.save_for_backward(cos, sin)
+        # The gradient goes back in x's memory layout (q/k are head views of a [B, S, H*D] projection): the
+        # backward of that view is then free instead of a copy.
+        ctx.token_major = x.dim() == 4 and x.transpose(1, 2).is_contiguous()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        half = grad.shape[-1] // 2
+        if ctx.token_major:
+            grad_x = torch.mul(grad, cos, out=grad.new_empty(grad.transpose(1, 2).shape).transpose(1, 2))
+        else:
+            grad_x = grad * cos
+        grad_x[..., :half].addcmul_(grad[..., half:], sin[..., half:])
+        grad_x[..., half:].addcmul_(grad[..., :half], sin[..., :half], value=-1)
+        return grad_x, None, None
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """Rotate ``x`` ``[B, H, S, D]`` by the angles whose ``cos, sin`` (``[B, 1, S, D]``) ``rope_cos_sin`` made."""
+    if cos.requires_grad or sin.requires_grad:  # angles are buffers, never trained; keep autograd exact if they were
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    return _Rope.apply(x, cos, sin)

@@ -17,14 +17,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from neva.checkpoint.names import named_parameters
+from neva.data.collate import join_rows
+from neva.models.attention import attends_per_segment
 from neva.models.lora import LoRALinear, token_dropout_keys
-from neva.models.loss import count_learned_tokens, learned_positions, micro_batch_weight, token_cross_entropy
+from neva.models.loss import (
+    count_learned_tokens,
+    learned_positions,
+    micro_batch_weight,
+    summed_cross_entropy,
+    token_cross_entropy,
+)
 from neva.parallel.data_parallel import all_reduce_gradients
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
@@ -93,6 +100,10 @@ class Engine:
         self.learned_only_head = layout.tp == 1
         # Sequence parallelism splits the sequence over tp ranks: pad to a multiple of tp.
         self.sp_multiple = layout.tp if layout.sp else 1
+        # Packed rows attended per segment: one row of real tokens computes the same loss without the rows' padding
+        # (``neva.data.collate.join_rows``). Not under pipeline parallelism (its stages pass fixed [B, S] shapes)
+        # nor tensor parallelism (full logits at every position).
+        self.join_rows = packed and attends_per_segment(device) and parallel.runner is None
         # LoRA dropout masks keyed by sample and position (the same in every layout) need per-token keys.
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
 
@@ -125,22 +136,24 @@ class Engine:
         """Summed token loss of one micro-batch (forward only)."""
         if self.sp_multiple > 1:
             batch = pad_micro_batches([batch], self.sp_multiple)[0]
-        inputs = model_inputs(batch, self.device, self.packed)
         if not self.learned_only_head:
+            inputs = model_inputs(batch, self.device, self.packed)
             labels = batch["labels"].to(self.device)
             with self._autocast():
                 logits = self.model(**inputs)
             loss = token_cross_entropy(logits, labels)[0]
             return loss.to_local() if isinstance(loss, DTensor) else loss
-        if "output_positions" in batch:  # the collator's (no sync)
-            positions, targets = batch["output_positions"], batch["targets"]
-        else:  # a hand-built batch: found from its host labels (still no device sync)
+        if "output_positions" not in batch:  # a hand-built batch: found from its host labels (still no device sync)
             positions, targets = learned_positions(batch["labels"])
-        positions = positions.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
+            batch = {**batch, "output_positions": positions, "targets": targets}
+        if self.join_rows and batch.get("segment_ids") is not None:
+            batch = join_rows(batch)
+        inputs = model_inputs(batch, self.device, self.packed)
+        positions = batch["output_positions"].to(self.device, non_blocking=True)
+        targets = batch["targets"].to(self.device, non_blocking=True)
         with self._autocast():
             logits = self.model(**inputs, output_positions=positions)
-        return F.cross_entropy(logits.float(), targets, reduction="sum")
+        return summed_cross_entropy(logits.float(), targets)
 
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:
         """Learned tokens of the whole global batch (all micro-batches, all data-parallel ranks)."""

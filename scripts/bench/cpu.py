@@ -30,7 +30,7 @@ from bench.build import build_engine, stage_config
 from bench.data import PAD_ID, StreamSpec, collate_hf, make_batches, real_tokens
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
-from neva.models.presets import build_config
+from neva.models.presets import LLM_PRESETS, VISION_PRESETS, build_config
 from neva.models.trainable import TrainablePolicy
 
 # Mid-size shapes: small enough for 2 CPU cores, but with Llama-2's 32000 vocabulary (its LM head is a real part
@@ -47,18 +47,26 @@ CPU_LLM = dict(
 )
 
 
-def cpu_model_config() -> NevaConfig:
-    """The CPU benchmark's NeVA: 4-layer ViT (64 image tokens), 8-layer Llama of width 384, vocab 32000."""
+# --smoke: the same code path with the embedded tiny model (16 image tokens, GQA) and short samples, in seconds.
+SMOKE_TEXT = dict(text_median=24.0, text_min=8, text_max=64)
+
+
+def cpu_model_config(smoke: bool = False) -> NevaConfig:
+    """The CPU benchmark's NeVA: 4-layer ViT (64 image tokens), 8-layer Llama of width 384, vocab 32000 (``smoke``:
+    the tiny presets)."""
+    if smoke:
+        return build_config("tiny", "tiny")
     return build_config(llm=dict(CPU_LLM), vision=dict(CPU_VISION))
 
 
-def stream_spec(cfg: NevaConfig, seed: int) -> StreamSpec:
+def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False) -> StreamSpec:
     return StreamSpec(
         vocab_size=cfg.llm.vocab_size,
         image_token_id=cfg.image_token_id,
         num_image_tokens=cfg.num_image_tokens,
         image_size=cfg.vision.image_size,
         seed=seed,
+        **(SMOKE_TEXT if smoke else {}),
     )
 
 
@@ -103,9 +111,9 @@ def _apply_policy_hf(model: torch.nn.Module, policy: TrainablePolicy) -> None:
         p.requires_grad_(getattr(policy, _hf_part(name)))
 
 
-def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any]]:
+def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any], list[int]]:
     """neva.train's step: Collator (packed or padded), Engine.forward_backward, clip, AdamW (foreach on CPU)."""
-    from neva.data.collate import Collator
+    from neva.data.collate import Collator, join_rows
     from neva.training.optim import build_optimizer
 
     train_cfg = train_config(args)
@@ -124,10 +132,12 @@ def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[A
         engine.after_optimizer_step()
         return float(loss)
 
-    return step, collated
+    # Positions the decoder computes: packed rows that the engine joins lose their padding (neva.data.collate.join_rows).
+    computed = [int((join_rows(b) if engine.join_rows else b)["input_ids"].numel()) for b in collated]
+    return step, collated, computed
 
 
-def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any]]:
+def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any], list[int]]:
     """A plain HF loop: padded batches, ``model(**batch).loss``, backward, clip, ``torch.optim.AdamW``."""
     from transformers import LlavaConfig, LlavaForConditionalGeneration
 
@@ -164,7 +174,7 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    return step, collated
+    return step, collated, [int(b["input_ids"].numel()) for b in collated]
 
 
 def run_side(side: str, args: Any) -> dict[str, Any]:
@@ -179,14 +189,14 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = cpu_model_config()
-    spec = stream_spec(cfg, args.seed)
+    cfg = cpu_model_config(args.smoke)
+    spec = stream_spec(cfg, args.seed, args.smoke)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
     gc.collect()
     baseline = _rss_bytes()
     build = _neva_side if side == "neva" else _hf_side
     t0 = time.perf_counter()
-    step, collated = build(args, cfg, batches)
+    step, collated, computed = build(args, cfg, batches)
     build_s = time.perf_counter() - t0
     if args.lockstep:
         _say({"ready": True})
@@ -205,7 +215,6 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     if args.lockstep and sys.stdin.readline().strip() != "done":
         raise RuntimeError("lockstep protocol: expected 'done'")
     med = statistics.median(times[args.warmup :])
-    computed = [int(b["input_ids"].numel()) for b in collated]
     return {
         "side": side,
         "packing": bool(args.packing) if side == "neva" else False,
@@ -257,6 +266,7 @@ def _child_cmd(side: str, args: Any, packing: bool) -> list[str]:
         "--threads",
         str(args.threads),
         "--packing" if packing else "--no-packing",
+        *(["--smoke"] if args.smoke else []),
     ]
 
 
@@ -322,7 +332,7 @@ def _row(name: str, r: dict[str, Any], base: dict[str, Any]) -> str:
 
 def run_cpu(args: Any) -> dict[str, Any]:
     """Run the sides in child processes, print the table, return the summary (printed as JSON by the caller)."""
-    cfg = cpu_model_config()
+    cfg = cpu_model_config(args.smoke)
     sides: list[tuple[str, dict[str, Any]]] = []
     print(
         f"# CPU benchmark: stage={args.stage}, {args.batch_size} samples/step, {args.warmup} warm-up + {args.steps} steps",
@@ -372,8 +382,14 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "steps": args.steps,
         "warmup": args.warmup,
         "threads": hf["threads"],
-        "model": {"llm": CPU_LLM, "vision": CPU_VISION, "image_tokens": cfg.num_image_tokens},
-        "stream": asdict(stream_spec(cfg, args.seed)),
+        "smoke": bool(args.smoke),
+        "seq_length": args.seq_length,
+        "model": {
+            "llm": LLM_PRESETS["tiny"] if args.smoke else CPU_LLM,
+            "vision": VISION_PRESETS["tiny"] if args.smoke else CPU_VISION,
+            "image_tokens": cfg.num_image_tokens,
+        },
+        "stream": asdict(stream_spec(cfg, args.seed, args.smoke)),
     }
     if extra is not None:
         summary["neva_alt_samples_per_sec"] = round(extra["samples_per_sec"], 4)

@@ -138,6 +138,29 @@ def test_head_on_learned_positions_only_gives_the_full_logits_loss(lean_cfg):
     assert sparse.item() == pytest.approx(full.item(), rel=1e-6)
 
 
+def test_learned_positions_path_keeps_lora_dropout_masks_and_gradients(lean_cfg):
+    """The last decoder layer runs its output projection and MLP at learned positions only (``rows``): with keyed
+    LoRA dropout the adapters there see those positions' masks, so loss and gradients equal the full-logits path."""
+    cfg = lean_cfg(
+        "model.restore_from_path=null",
+        "model.mm_cfg.llm.freeze=false",
+        "model.data.conv_template=vicuna_v1",
+        "model.peft.peft_scheme=lora",
+        "model.peft.lora_tuning.adapter_dropout=0.3",
+    )
+    source, batches = micro_batches(cfg, 1, 4)
+    results = []
+    for learned_only in (True, False):
+        engine = make_engine(cfg, source)
+        engine.learned_only_head = learned_only
+        loss, _ = engine.forward_backward(batches)
+        results.append((loss.item(), {n: p.grad for n, p in engine.named_trainable_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grad, grads_b[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("granularity", ["full", "selective"])
 def test_activation_checkpointing_changes_memory_not_numbers(lean_cfg, granularity, lora):
