@@ -102,15 +102,37 @@ class MMConfig:
     pretrain_mm_mlp_adapter: str | None = None  # LLaVA's mm_projector.bin / .safetensors: the projector's start
 
 
+# Whose warmup / cosine formula ``model.optim.sched.formula`` selects (neva/training/optim.py, docs/PRESETS.md):
+#   neva  neva's own: ceil(ratio * max) warmup steps at (s + 1) / warmup, a hold at the peak for constant_steps,
+#         cosine to min_lr;
+#   hf    HF's get_cosine_schedule_with_warmup with TrainingArguments' ceil(ratio * max) warmup steps, s / warmup
+#         (lr 0 at the first step), cosine to 0 (LLaVA's trainer; no min_lr, no constant steps);
+#   nemo  NeMo's CosineAnnealing (WarmupAnnealHoldPolicy): int(ratio * max) warmup steps at (s + 1) / (warmup + 1),
+#         cosine to min_lr; with constant_steps > 0 Megatron's variant: s / warmup, cosine over
+#         max - warmup - constant steps, then min_lr for the constant steps.
+SCHED_FORMULAS = ("neva", "hf", "nemo")
+
+
 @dataclass
 class SchedConfig:
-    """``model.optim.sched``: cosine annealing with linear warmup (NeMo ``CosineAnnealing``)."""
+    """``model.optim.sched``: cosine annealing with linear warmup, by the formula of ``formula``."""
 
     name: str = "CosineAnnealing"
     warmup_steps: int | None = None
     warmup_ratio: float | None = 0.03  # used when warmup_steps is None (LLaVA's 3%)
     min_lr: float = 0.0
     constant_steps: int = 0
+    formula: str = "neva"
+
+    def __post_init__(self) -> None:
+        if self.formula not in SCHED_FORMULAS:
+            raise ValueError(f"model.optim.sched.formula={self.formula!r}; choose one of {SCHED_FORMULAS}")
+        if self.formula == "hf" and (self.min_lr or self.constant_steps):
+            raise ValueError(
+                "model.optim.sched.formula=hf (HF's get_cosine_schedule_with_warmup) decays to 0 with no constant "
+                f"steps; got min_lr={self.min_lr}, constant_steps={self.constant_steps}: set them to 0 or use "
+                "formula=nemo"
+            )
 
 
 @dataclass

@@ -4,6 +4,9 @@
 
     # llava-hf (current or legacy layout, safetensors or .bin) → neva
     python -m neva.convert hf-to-neva --hf llava-1.5-7b-hf --out ckpt/llava7b
+    # LLaVA's own layout (llava_llama / llava_mistral / llava_qwen config.json; --vision: the local tower directory
+    # when mm_vision_tower names a Hub id; --llm: the decoder of a pretrain stage's config.json + mm_projector.bin)
+    python -m neva.convert hf-to-neva --hf llava-v1.5-7b --vision clip-vit-large-patch14-336 --out ckpt/llava7b
     # new model from an HF Llama + an HF CLIP (projector freshly initialised; <image> added to the tokenizer)
     python -m neva.convert hf-to-neva --llm Llama-2-7b-chat-hf --vision clip-vit-large-patch14-336 --out ckpt/neva7b
     # neva → llava-hf (loads in LlavaForConditionalGeneration / AutoProcessor under transformers 4.4x and 5.x, with
@@ -27,9 +30,11 @@ from collections.abc import Sequence
 import torch
 
 from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision
+from neva.checkpoint.llava_original import import_llava_original, read_llava_config
 from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.checkpoint.step import as_neva_checkpoint, export_peft, is_step_checkpoint, materialize
+from neva.hf_local import model_dir
 from neva.typed import exit_on_config_error
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,9 +51,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m neva.convert", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("hf-to-neva", help="HF llava-hf dir, or HF Llama + HF CLIP dirs → neva checkpoint")
-    imp.add_argument("--hf", help="llava-hf directory")
-    imp.add_argument("--llm", help="HF Llama directory (with --vision)")
-    imp.add_argument("--vision", help="HF CLIPVisionModel or CLIPModel directory (with --llm)")
+    imp.add_argument("--hf", help="llava-hf directory, or a LLaVA-original one (llava_llama config.json)")
+    imp.add_argument("--llm", help="HF Llama directory (with --vision; with --hf: a LLaVA pretrain output's decoder)")
+    imp.add_argument("--vision", help="HF CLIPVisionModel or CLIPModel directory (with --llm; with --hf: the tower)")
     imp.add_argument("--vision-select-layer", type=_select_layer, default=-2, help="e.g. -2, or -2,-5 to concat")
     imp.add_argument("--vision-select-feature", choices=("patch", "cls_patch"), default="patch")
     imp.add_argument("--projector-type", default="mlp2x_gelu", help="linear, identity or mlp<N>x_gelu")
@@ -81,7 +86,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         sp.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
         sp.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
-    if args.command == "hf-to-neva" and (args.hf is None) == (args.llm is None or args.vision is None):
+    if args.command == "hf-to-neva" and args.hf is None and (args.llm is None or args.vision is None):
         p.error("give either --hf, or both --llm and --vision")
     return args
 
@@ -119,7 +124,12 @@ def _convert(args: argparse.Namespace) -> None:
             for k, v in (("image_aspect_ratio", args.image_aspect_ratio), ("conv_template", args.conv_template))
             if v
         }
-        if args.hf is not None:
+        if args.hf is not None and read_llava_config(model_dir(args.hf)) is not None:
+            # LLaVA's own layout: --vision overrides mm_vision_tower, --llm gives a pretrain output's decoder.
+            out = import_llava_original(args.hf, args.out, vision=args.vision, llm=args.llm, metadata=meta, **common)
+        elif args.hf is not None:
+            if args.llm is not None or args.vision is not None:
+                sys.exit("--llm/--vision go with --hf only for a LLaVA-original directory (llava_llama config.json)")
             out = import_llava(args.hf, args.out, metadata=meta, **common)
         else:
             out = import_llm_and_vision(

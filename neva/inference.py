@@ -30,6 +30,7 @@ from neva.data.conversation import (
     get_template,
     stop_strings,
 )
+from neva.data.encoding import tokenize_text
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.records import record_images
 from neva.models.config import NevaConfig
@@ -55,10 +56,12 @@ class PromptBuilder:
         template: str | None,
         system: str | None = None,
         use_chat_template: bool = True,
+        image_tokenization: str = "whole",
     ) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.system = system
+        self.image_tokenization = image_tokenization
         self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
 
     def ids(self, prompt: str, num_images: int) -> list[int]:
@@ -76,10 +79,11 @@ class PromptBuilder:
             prompt = (IMAGE_TOKEN + "\n") * num_images + prompt
         self._check_tags(prompt, num_images)
         text = self.template.render_prompt([Message("user", prompt)], system_prompt=self.system)
-        # Same tokenization as training (neva.data.encoding): one call on the rendered text, then expand images.
+        # Same tokenization as training (neva.data.encoding, the checkpoint's image_tokenization), then expand images.
         add_special = not isinstance(self.template, ChatTemplateRenderer)
+        ids, _ = tokenize_text(text, self.tokenizer, add_special, self.cfg.image_token_id, self.image_tokenization)
         out: list[int] = []
-        for tok in self.tokenizer(text, add_special_tokens=add_special).input_ids:
+        for tok in ids:
             out += [tok] * per_image if tok == self.cfg.image_token_id else [tok]
         return out
 
@@ -168,7 +172,8 @@ class Answerer:
         # Served as trained: the run's system prompt and its choice of the tokenizer's chat template.
         system = system if system is not None else meta.get("system_prompt")
         use_chat = bool(meta.get("use_chat_template", True))
-        self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system, use_chat)
+        tokenization = meta.get("image_tokenization", "whole")  # checkpoints before the key: one tokenizer call
+        self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system, use_chat, tokenization)
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
         self.processor = ImageProcessor(vision, aspect_ratio) if vision is not None else None

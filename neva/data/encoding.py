@@ -1,9 +1,16 @@
-"""Rendered conversation → ``input_ids`` and ``labels``: one tokenizer call, labels from character offsets.
+"""Rendered conversation → ``input_ids`` and ``labels``: tokenized text, labels from character offsets.
 
 A token is learned iff its character offsets overlap a learned span (an assistant reply or the end-of-turn text
 right after it). Zero-width tokens (BOS added by the tokenizer) never are. Each ``<image>`` token is then expanded to
 the image's ``num_image_tokens`` positions, all ignored. Nothing here counts tokens per turn, so the result cannot
 drift from what the tokenizer produces at inference.
+
+Two ways to tokenize (``model.data.image_tokenization``, recorded in checkpoints; training and serving share
+``tokenize_text``): ``whole`` calls the tokenizer once on the rendering (``<image>`` a special token: what HF's
+``LlavaProcessor`` does); ``llava`` is LLaVA's ``tokenizer_image_token``: the text is split at ``<image>`` and each
+chunk tokenized on its own, so a chunk after an image starts with the tokenizer's dummy-prefix piece (``<image>\n``
+is ``[image, ▁, <0x0A>]`` with Llama's tokenizer), BOS kept only on the first chunk. Offsets are shifted to the whole
+text, so labels stay exact under both.
 """
 
 from __future__ import annotations
@@ -11,9 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from neva.constants import IGNORE_INDEX
+from neva.constants import IGNORE_INDEX, IMAGE_TOKEN
 from neva.data.conversation import Rendered
 from neva.data.errors import SampleError
+
+IMAGE_TOKENIZATIONS = ("whole", "llava")
 
 
 class EncodingError(SampleError):
@@ -44,6 +53,36 @@ def token_labels(offsets: list[tuple[int, int]], ids: list[int], spans: tuple[tu
     return labels
 
 
+def tokenize_text(
+    text: str, tokenizer: Any, add_special_tokens: bool, image_token_id: int, image_tokenization: str = "whole"
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of ``text`` and their ``[start, end)`` character offsets in it, one id per ``<image>`` tag.
+
+    ``image_tokenization`` is one of ``IMAGE_TOKENIZATIONS`` (see the module docstring).
+    """
+    if image_tokenization == "whole":
+        enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    if image_tokenization != "llava":
+        raise ValueError(f"image tokenization {image_tokenization!r}; choose one of {IMAGE_TOKENIZATIONS}")
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    pos = 0
+    for k, chunk in enumerate(text.split(IMAGE_TOKEN)):
+        if k:  # the tag between two chunks
+            ids.append(image_token_id)
+            offsets.append((pos, pos + len(IMAGE_TOKEN)))
+            pos += len(IMAGE_TOKEN)
+        enc = tokenizer(chunk, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        chunk_ids, chunk_offsets = list(enc["input_ids"]), [(pos + s, pos + e) for s, e in enc["offset_mapping"]]
+        # LLaVA keeps the first chunk's BOS and cuts it from every later chunk (``x[offset:]``).
+        skip = 1 if k and chunk_ids and chunk_ids[0] == tokenizer.bos_token_id else 0
+        ids += chunk_ids[skip:]
+        offsets += chunk_offsets[skip:]
+        pos += len(chunk)
+    return ids, offsets
+
+
 def encode(
     rendered: Rendered,
     tokenizer: Any,
@@ -51,8 +90,9 @@ def encode(
     num_image_tokens: int,
     num_images: int,
     max_length: int | None = None,
+    image_tokenization: str = "whole",
 ) -> Encoded:
-    """Tokenize ``rendered.text`` once and build aligned labels, expanding and length-checking image spans.
+    """Tokenize ``rendered.text`` and build aligned labels, expanding and length-checking image spans.
 
     Args:
         rendered: text and learned spans from a template.
@@ -61,6 +101,7 @@ def encode(
         num_image_tokens: LLM positions per image.
         num_images: images the sample has (must equal the ``<image>`` tokens found).
         max_length: truncate to this many tokens; never inside an image span (the result records the cut).
+        image_tokenization: ``whole`` or ``llava`` (``tokenize_text``).
 
     Returns:
         The encoded sample.
@@ -69,9 +110,10 @@ def encode(
         EncodingError: ``image_count_mismatch``, ``too_long`` (an image span does not fit) or
             ``no_learned_tokens`` (nothing left to learn, e.g. after truncation).
     """
-    enc = tokenizer(rendered.text, add_special_tokens=rendered.add_special_tokens, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    labels = token_labels([tuple(o) for o in enc["offset_mapping"]], ids, rendered.learned_spans)
+    ids, offsets = tokenize_text(
+        rendered.text, tokenizer, rendered.add_special_tokens, image_token_id, image_tokenization
+    )
+    labels = token_labels(offsets, ids, rendered.learned_spans)
     found = ids.count(image_token_id)
     if found != num_images:
         raise EncodingError(

@@ -170,9 +170,16 @@ class NevaConfig:
                 raise ValueError(
                     f"projector output_size {self.projector.output_size} != LLM hidden_size {self.llm.hidden_size}"
                 )
-        if not 0 <= self.image_token_id < self.llm.vocab_size:
+        # image_token_id == vocab_size: the image token has no embedding or LM-head row (LLaVA's own models splice at
+        # id -200 and have none), so the softmax has exactly the source model's classes (docs/INTEROP.md).
+        if not 0 <= self.image_token_id <= self.llm.vocab_size:
             raise ValueError(f"image_token_id {self.image_token_id} outside vocab of size {self.llm.vocab_size}")
 
     @property
     def num_image_tokens(self) -> int:
         return 0 if self.vision is None else self.vision.num_image_tokens
+
+    @property
+    def image_token_has_row(self) -> bool:
+        """Whether ``image_token_id`` has its own embedding and LM-head row (False: it is ``vocab_size``)."""
+        return self.image_token_id < self.llm.vocab_size

@@ -158,7 +158,9 @@ def generate(
     vocab = model.cfg.llm.vocab_size
     seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
     for row, prompt in enumerate(prompts):
-        seen[row, torch.as_tensor(list(prompt), device=device)] = True
+        ids = torch.as_tensor(list(prompt), device=device)
+        # An image token without a vocabulary row (image_token_id == vocab) is never generated: not a class here.
+        seen[row, ids[ids < vocab]] = True
     eos = torch.tensor(cfg.eos_token_ids or [-1], device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     lengths = torch.tensor(batch.lengths, device=device)

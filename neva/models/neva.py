@@ -55,7 +55,7 @@ class NevaModel(nn.Module):
         Raises:
             ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
         """
-        h_BSD = self.llm.tok_embeddings(input_ids)
+        h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
         if image_positions is not None:
             return self._splice(h_BSD, pixel_values, image_positions)
         is_image_BS = input_ids == self.cfg.image_token_id
@@ -78,6 +78,12 @@ class NevaModel(nn.Module):
             )
         feats_NTD = self.image_features(pixel_values).to(h_BSD.dtype)
         return h_BSD.masked_scatter(is_image_BS[..., None], feats_NTD.reshape(-1, feats_NTD.shape[-1]))
+
+    def _embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Ids to look up: an image token without its own row reads row 0 (the splice overwrites it)."""
+        if self.cfg.image_token_has_row:
+            return input_ids
+        return input_ids.masked_fill(input_ids == self.cfg.image_token_id, 0)
 
     def _keep_projector(self, h_BSD: torch.Tensor) -> torch.Tensor:
         if self.projector is not None and torch.is_grad_enabled():

@@ -1,4 +1,4 @@
-"""AdamW with NeMo/LLaVA conventions, and the cosine schedule with linear warmup."""
+"""AdamW with NeMo/LLaVA conventions, and the cosine schedule with linear warmup by neva's, HF's or NeMo's formula."""
 
 from __future__ import annotations
 
@@ -46,31 +46,70 @@ def build_optimizer(named_params: list[tuple[str, nn.Parameter]], cfg: OptimConf
 
 
 def warmup_steps(cfg: OptimConfig, max_steps: int) -> int:
+    """Warmup steps: ``warmup_steps``, else the ratio of ``max_steps``, rounded as the formula's source rounds it
+    (HF's ``TrainingArguments.get_warmup_steps`` and neva: up; NeMo's ``int(warmup_ratio * max_steps)``: down)."""
     if cfg.sched.warmup_steps is not None:
         return cfg.sched.warmup_steps
-    return math.ceil((cfg.sched.warmup_ratio or 0.0) * max_steps)
+    ratio = cfg.sched.warmup_ratio or 0.0
+    return int(ratio * max_steps) if cfg.sched.formula == "nemo" else math.ceil(ratio * max_steps)
 
 
-def cosine_lr_lambda(cfg: OptimConfig, max_steps: int, base_lr: float):
-    """Multiplier for step ``s``: linear warmup, constant hold, cosine decay to ``min_lr`` (NeMo CosineAnnealing)."""
-    warm = warmup_steps(cfg, max_steps)
-    hold = cfg.sched.constant_steps
-    min_ratio = cfg.sched.min_lr / base_lr if base_lr > 0 else 0.0
+def _cosine(progress: float) -> float:
+    return 0.5 * (1 + math.cos(math.pi * progress))
 
-    def factor(step: int) -> float:
+
+def cosine_lr_lambda(cfg: OptimConfig, max_steps: int, base_lr: float, first_base_lr: float | None = None):
+    """Multiplier of ``base_lr`` for the optimizer step that follows ``s`` earlier steps (``s`` from 0), by
+    ``cfg.sched.formula`` (``neva.config.SCHED_FORMULAS``).
+
+    ``first_base_lr`` is the first parameter group's rate: NeMo's Megatron variant (``constant_steps > 0``) schedules
+    every group by it (``max_lr=self.base_lrs[0]``); None = ``base_lr``.
+    """
+    formula, warm, hold, min_lr = (
+        cfg.sched.formula,
+        warmup_steps(cfg, max_steps),
+        cfg.sched.constant_steps,
+        cfg.sched.min_lr,
+    )
+    min_ratio = min_lr / base_lr if base_lr > 0 else 0.0
+
+    def neva(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
         if step < warm + hold:
             return 1.0
         decay_steps = max(1, max_steps - warm - hold)
         progress = min(1.0, (step - warm - hold) / decay_steps)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return min_ratio + (1 - min_ratio) * _cosine(progress)
 
-    return factor
+    def hf(step: int) -> float:  # transformers' _get_cosine_schedule_with_warmup_lr_lambda, num_cycles 0.5
+        if step < warm:
+            return step / max(1, warm)
+        return max(0.0, _cosine((step - warm) / max(1, max_steps - warm)))
+
+    def nemo(step: int) -> float:  # nemo/core/optim/lr_scheduler.py: CosineAnnealing.get_lr at last_epoch=step
+        if hold == 0:
+            if warm > 0 and step <= warm:
+                return (step + 1) / (warm + 1)
+            if step > max_steps:
+                return min_ratio
+            return min_ratio + (1 - min_ratio) * _cosine((step - warm) / (max_steps - warm))
+        top = first_base_lr if first_base_lr is not None else base_lr
+        decay = max_steps - hold - warm
+        if warm > 0 and step <= warm:
+            lr = top * step / warm
+        elif step > warm + decay:
+            lr = min_lr
+        else:
+            lr = min_lr + (top - min_lr) * _cosine((step - warm) / decay)
+        return lr / base_lr if base_lr > 0 else 0.0
+
+    return {"neva": neva, "hf": hf, "nemo": nemo}[formula]
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int):
     if cfg.sched.name not in ("CosineAnnealing", "cosine"):
         raise ValueError(f"model.optim.sched.name={cfg.sched.name!r}: only CosineAnnealing is supported")
-    lambdas = [cosine_lr_lambda(cfg, max_steps, g["base_lr"]) for g in optimizer.param_groups]
+    first = optimizer.param_groups[0]["base_lr"]
+    lambdas = [cosine_lr_lambda(cfg, max_steps, g["base_lr"], first) for g in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)

@@ -26,6 +26,7 @@ from neva.inference import Answerer
 from neva.models.generation import GenerationConfig, generate
 from tests.checkpoint.tiny_hf import make_llava_dir, one_thread
 from tests.data import official_templates as official
+from tests.pip_site import CACHE, cached_site
 
 REPO = Path(__file__).resolve().parents[2]
 U, A, S = "user", "assistant", "system"
@@ -33,7 +34,7 @@ IMAGE = Image.new("RGB", (40, 30), (200, 30, 30))
 # transformers 4.x as many vLLM / SGLang / lmms-eval installs pin it; tokenizers and hub versions it accepts.
 T4_PINS = ("transformers==4.46.3", "tokenizers==0.20.3", "huggingface_hub==0.26.5", "requests", "urllib3", "idna",
            "certifi", "charset_normalizer")  # fmt: skip
-T4_CACHE = Path(os.environ.get("NEVA_TEST_CACHE", Path.home() / ".cache" / "neva-tests")) / "transformers-4.46.3"
+T4_CACHE = CACHE / "transformers-4.46.3"
 
 
 def conversation(name: str) -> tuple[list[dict], list[Message]]:
@@ -159,26 +160,7 @@ def test_tokenizer_own_chat_template_is_exported(ckpt, tmp_path):
 
 def transformers_4_site() -> Path:
     """A transformers 4.46 install (``pip --target``), built once per cache directory; skip when pip cannot."""
-    marker = T4_CACHE / ".complete"
-    if not marker.is_file():
-        tmp = T4_CACHE.with_name(T4_CACHE.name + f".tmp{os.getpid()}")
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--retries", "1", "--timeout", "20",
-               "--target", str(tmp), *T4_PINS]  # fmt: skip
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            error = proc.stderr[-300:] if proc.returncode else ""
-        except subprocess.TimeoutExpired:
-            error = "pip did not finish in 300 s"
-        if error:
-            shutil.rmtree(tmp, ignore_errors=True)
-            pytest.skip(f"cannot build a transformers 4.46 environment (no package index?): {error}")
-        (tmp / ".complete").write_text("")
-        if marker.is_file():  # another process built it meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            shutil.rmtree(T4_CACHE, ignore_errors=True)
-            tmp.rename(T4_CACHE)
-    return T4_CACHE
+    return cached_site(T4_CACHE.name, T4_PINS)
 
 
 T4_SCRIPT = r"""

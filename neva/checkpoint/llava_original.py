@@ -1,0 +1,255 @@
+"""LLaVA's own checkpoints (haotian-liu/LLaVA's ``llava_llama``, LLaVA-NeXT's ``llava_mistral`` / ``llava_qwen``) →
+neva checkpoints that train and serve as LLaVA's trainer does.
+
+transformers knows none of these model types, so ``config.json`` is read as it is: its ``mm_*`` keys are each mapped
+or refused (``MM_KEYS``), the rest is the decoder's config, handed to ``llm_config_from_hf`` under the family's own
+model type. The vision tower is the one ``mm_vision_tower`` names (a local directory; a Hub id only when its snapshot
+is in the local HF cache), as LLaVA's loader takes it (it ignores tower weights saved in the checkpoint). The
+projector is ``model.mm_projector.*`` in the weights, or the pretrain stage's ``mm_projector.bin`` beside them.
+
+Exactness (docs/INTEROP.md): LLaVA splices images at id -200 and its vocabulary has no ``<image>`` row; the import
+adds ``<image>`` to the tokenizer only (``image_token_id == vocab_size``: no embedding or LM-head row, so the softmax
+has LLaVA's classes), pads with ``<unk>`` as LLaVA's trainer does, and records ``image_tokenization: llava`` (LLaVA's
+``tokenizer_image_token`` ids) and the checkpoint's ``image_aspect_ratio``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neva.checkpoint.hf import (
+    _cast,
+    _check_complete,
+    _has_tokenizer,
+    _map_keys,
+    _with_image_stats,
+    hf_tensor_shapes,
+    hf_weight_files,
+    iter_hf_tensors,
+    load_hf_config,
+    read_projector_file,
+)
+from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
+from neva.checkpoint.hf_keys import detect_prefixes
+from neva.checkpoint.neva_format import save_checkpoint
+from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
+from neva.constants import IMAGE_TOKEN
+from neva.hf_local import LocalModelError, from_local, model_dir
+from neva.models.config import NevaConfig, ProjectorConfig
+
+# LLaVA model type → the decoder family whose HF config the rest of config.json is.
+LLAVA_MODEL_TYPES = {"llava_llama": "llama", "llava_mistral": "mistral", "llava_qwen": "qwen2"}
+PROJECTOR_FILE = "mm_projector.bin"  # what LLaVA's pretrain stage (tune_mm_mlp_adapter) saves
+_TOWER_PREFIX = "model.vision_tower."  # tower weights a LLaVA checkpoint may hold; LLaVA loads mm_vision_tower's
+
+# Every multimodal key of a LLaVA config.json: how the import treats it. "map": read below; "ignore": training
+# bookkeeping that changes nothing a neva checkpoint holds; a tuple: the only values the import accepts (else refused).
+MM_KEYS: dict[str, Any] = {
+    "mm_vision_tower": "map",
+    "mm_hidden_size": "map",  # checked against the tower's feature size
+    "mm_projector_type": "map",
+    "mm_vision_select_layer": "map",
+    "mm_vision_select_feature": "map",
+    "image_aspect_ratio": ("square", "pad"),  # LLaVA-NeXT's anyres tiling is not LLaVA-1.5's preprocessing
+    "mm_patch_merge_type": ("flat",),
+    "mm_use_im_start_end": (False,),
+    "mm_use_im_patch_token": (False, True),  # a row LLaVA adds for <im_patch> is in the weights; never emitted
+    "image_grid_pinpoints": "ignore",  # used only by anyres (refused above)
+    "mm_projector_lr": "ignore",
+    "mm_vision_tower_lr": "ignore",
+    "tune_mm_mlp_adapter": "ignore",
+    "freeze_mm_mlp_adapter": "ignore",
+    "use_mm_proj": "ignore",
+    "tokenizer_padding_side": "ignore",
+    "tokenizer_model_max_length": "ignore",
+    "mm_resampler_type": (None,),
+    "mm_spatial_pool_mode": (None,),
+    "mm_spatial_pool_stride": (None,),
+    "mm_newline_position": (None,),
+}
+
+
+def read_llava_config(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """A LLaVA-original ``config.json`` as it is, or None when the directory is not one (another model type)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    return config if config.get("model_type") in LLAVA_MODEL_TYPES else None
+
+
+def split_llava_config(config: dict[str, Any], source: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(decoder config dict with defaults filled, multimodal keys)``; a multimodal setting neva cannot reproduce is
+    refused naming the key.
+
+    Raises:
+        ValueError: an unknown ``mm_*`` key, or a value outside ``MM_KEYS``' accepted ones.
+    """
+    from transformers import AutoConfig
+
+    family = LLAVA_MODEL_TYPES[config["model_type"]]
+    mm = {k: v for k, v in config.items() if k in MM_KEYS or k.startswith("mm_")}
+    for key, value in mm.items():
+        rule = MM_KEYS.get(key)
+        if rule is None:
+            raise ValueError(f"{source}: config.json key {key}={value!r} is not known to neva's LLaVA import")
+        if isinstance(rule, tuple) and value not in rule:
+            raise ValueError(f"{source}: config.json {key}={value!r} is not supported (neva reproduces {list(rule)})")
+    text = {k: v for k, v in config.items() if k not in mm and k not in ("model_type", "architectures", "auto_map")}
+    # transformers' defaults of the decoder family, as AutoConfig fills them for a plain checkpoint of that family.
+    return AutoConfig.for_model(family, **text).to_dict(), mm
+
+
+def projector_config(mm: dict[str, Any], feature_size: int, hidden_size: int, source: str | os.PathLike):
+    """LLaVA's ``mm_projector_type`` (``linear``, ``mlp{N}x_gelu``, ``identity``) as a ``ProjectorConfig``."""
+    kind = mm.get("mm_projector_type", "linear")
+    if mm.get("mm_hidden_size", feature_size) != feature_size:
+        raise ValueError(
+            f"{source}: mm_hidden_size={mm['mm_hidden_size']} but the vision tower's selected features have "
+            f"{feature_size} channels"
+        )
+    try:
+        return ProjectorConfig(type=kind, input_size=feature_size, output_size=hidden_size)
+    except ValueError as err:
+        raise ValueError(f"{source}: mm_projector_type={kind!r}: {err}") from None
+
+
+def tower_dir(mm: dict[str, Any], vision: str | os.PathLike | None, source: str | os.PathLike) -> Path:
+    """The vision tower's local directory: ``vision`` if given, else the one ``mm_vision_tower`` names."""
+    name = vision if vision is not None else mm.get("mm_vision_tower")
+    if name is None:
+        raise ValueError(f"{source}: config.json has no mm_vision_tower; pass the tower directory (--vision)")
+    try:
+        return Path(model_dir(name))
+    except LocalModelError as err:
+        raise LocalModelError(
+            f"{source}: mm_vision_tower: {err} Or pass the tower directory as --vision DIR."
+        ) from None
+
+
+def import_llava_original(
+    directory: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    vision: str | os.PathLike | None = None,
+    llm: str | os.PathLike | None = None,
+    dtype: torch.dtype | None = None,
+    metadata: dict[str, Any] | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """Convert a LLaVA-original directory to a neva checkpoint.
+
+    Args:
+        directory: LLaVA's output: ``config.json`` (``llava_llama`` / ``llava_mistral`` / ``llava_qwen``) with the
+            decoder weights and ``model.mm_projector.*``, or a pretrain stage's ``config.json`` + ``mm_projector.bin``.
+        out: neva checkpoint directory to create.
+        vision: the vision tower's directory, overriding ``mm_vision_tower`` (which often names a Hub id).
+        llm: the decoder's HF directory when ``directory`` holds no decoder weights (a pretrain stage's output).
+        dtype, metadata, max_shard_bytes, overwrite: as ``import_llava``.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: not a LLaVA-original config, an unsupported ``mm_*`` setting, tensors that map nowhere or are
+            missing, a tokenizer that does not fit the vocabulary.
+        LocalModelError: the tower (or decoder) is not a local directory; the message says what to pass.
+    """
+    directory = Path(model_dir(directory))
+    config = read_llava_config(directory)
+    if config is None:
+        raise ValueError(f"{directory}: config.json model_type is not one of {sorted(LLAVA_MODEL_TYPES)}")
+    text, mm = split_llava_config(config, directory)
+    vision_dir = tower_dir(mm, vision, directory)
+    vision_cfg = vision_config_from_hf(
+        load_hf_config(vision_dir), mm.get("mm_vision_select_layer", -1), mm.get("mm_vision_select_feature", "patch")
+    )
+    llm_cfg = llm_config_from_hf(text)
+    projector = projector_config(mm, vision_cfg.feature_size, llm_cfg.hidden_size, directory)
+
+    has_llm = _has_weights(directory)
+    llm_dir = directory if has_llm else Path(model_dir(llm)) if llm is not None else None
+    if llm_dir is None:
+        raise ValueError(f"{directory} holds no decoder weights (a pretrain stage's output): pass the decoder's HF "
+                         "directory (--llm DIR)")  # fmt: skip
+    tok_dir = directory if _has_tokenizer(directory) else llm_dir
+    tokenizer = _llava_tokenizer(tok_dir, llm_cfg.vocab_size)
+    cfg = NevaConfig(
+        llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    )
+    cfg = _with_image_stats(cfg, vision_dir)
+
+    vision_shapes, llm_shapes = hf_tensor_shapes(vision_dir), hf_tensor_shapes(llm_dir)
+    llm_shapes = {k: s for k, s in llm_shapes.items() if not k.startswith(_TOWER_PREFIX)}
+    vision_map = _map_keys(list(vision_shapes), detect_prefixes(list(vision_shapes), parts=("vision",)), vision_dir)
+    parts = ("llm", "projector") if has_llm else ("llm",)
+    llm_map = _map_keys(list(llm_shapes), detect_prefixes(list(llm_shapes), parts=parts), llm_dir)
+    projector_file = None
+    if not any(name.startswith("projector.") for name in llm_map.values()):
+        projector_file = directory / PROJECTOR_FILE
+        if not projector_file.is_file():
+            raise ValueError(f"{directory}: no model.mm_projector.* weights and no {PROJECTOR_FILE}")
+    projector_tensors = read_projector_file(projector_file) if projector_file is not None else {}
+    produced = {vision_map[k]: vision_shapes[k] for k in vision_map}
+    produced.update({llm_map[k]: llm_shapes[k] for k in llm_map})
+    produced.update({f"projector.{k}": tuple(t.shape) for k, t in projector_tensors.items()})
+    _check_complete(cfg, produced, f"{directory} + {vision_dir}")
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for key, tensor in iter_hf_tensors(vision_dir):
+            if key in vision_map:
+                yield vision_map[key], _cast(tensor, dtype)
+        for key, tensor in iter_hf_tensors(llm_dir):
+            if key in llm_map:
+                yield llm_map[key], _cast(tensor, dtype)
+        for key, tensor in projector_tensors.items():
+            yield f"projector.{key}", _cast(tensor, dtype)
+
+    source = {"kind": "llava-original", "path": str(directory), "vision": str(vision_dir)}
+    if not has_llm:
+        source["llm"] = str(llm_dir)
+    meta = {"source": source, "image_tokenization": "llava", "image_aspect_ratio": mm.get("image_aspect_ratio",
+            "square"), **(metadata or {})}  # fmt: skip
+    if "conv_template" not in meta:
+        warnings.warn(
+            f"{directory}: LLaVA's config.json does not record its conversation template and no --conv-template was "
+            "given: neva.generate will render prompts as vicuna_v1 (LLaVA-1.5's v1)",
+            stacklevel=2,
+        )
+    return save_checkpoint(
+        out, cfg, tensors(), tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
+    )
+
+
+def _has_weights(directory: Path) -> bool:
+    try:
+        hf_weight_files(directory)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _llava_tokenizer(directory: Path, vocab_size: int) -> Any:
+    """The checkpoint's tokenizer with ``<image>`` added after the vocabulary (no row) and LLaVA's ``<unk>`` padding.
+
+    Raises:
+        ValueError: the tokenizer is larger than the model's vocabulary.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = from_local(AutoTokenizer, directory)
+    if len(tokenizer) > vocab_size:
+        raise ValueError(f"{directory}: tokenizer has {len(tokenizer)} tokens, the model's vocabulary {vocab_size}")
+    if tokenizer.pad_token is None and tokenizer.unk_token is not None:
+        tokenizer.pad_token = tokenizer.unk_token  # train.py: tokenizer.pad_token = tokenizer.unk_token
+    if IMAGE_TOKEN not in tokenizer.get_vocab():
+        tokenizer.add_special_tokens({"extra_special_tokens": [IMAGE_TOKEN]}, replace_extra_special_tokens=False)
+    return tokenizer
