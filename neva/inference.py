@@ -56,12 +56,12 @@ class PromptBuilder:
         template: str | None,
         system: str | None = None,
         use_chat_template: bool = True,
-        image_tokenization: str = "whole",
+        tokenization: str = "neva",
     ) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.system = system
-        self.image_tokenization = image_tokenization
+        self.tokenization = tokenization
         self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
 
     def ids(self, prompt: str, num_images: int) -> list[int]:
@@ -79,9 +79,9 @@ class PromptBuilder:
             prompt = (IMAGE_TOKEN + "\n") * num_images + prompt
         self._check_tags(prompt, num_images)
         text = self.template.render_prompt([Message("user", prompt)], system_prompt=self.system)
-        # Same tokenization as training (neva.data.encoding, the checkpoint's image_tokenization), then expand images.
+        # Same tokenization as training (neva.data.encoding, the checkpoint's tokenization), then expand images.
         add_special = not isinstance(self.template, ChatTemplateRenderer)
-        ids, _ = tokenize_text(text, self.tokenizer, add_special, self.cfg.image_token_id, self.image_tokenization)
+        ids, _ = tokenize_text(text, self.tokenizer, add_special, self.cfg.image_token_id, self.tokenization)
         out: list[int] = []
         for tok in ids:
             out += [tok] * per_image if tok == self.cfg.image_token_id else [tok]
@@ -172,7 +172,7 @@ class Answerer:
         # Served as trained: the run's system prompt and its choice of the tokenizer's chat template.
         system = system if system is not None else meta.get("system_prompt")
         use_chat = bool(meta.get("use_chat_template", True))
-        tokenization = meta.get("image_tokenization", "whole")  # checkpoints before the key: one tokenizer call
+        tokenization = meta.get("tokenization", "neva")  # checkpoints before the key: one tokenizer call
         self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system, use_chat, tokenization)
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")

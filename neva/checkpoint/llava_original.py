@@ -9,7 +9,7 @@ projector is ``model.mm_projector.*`` in the weights, or the pretrain stage's ``
 
 Exactness (docs/INTEROP.md): LLaVA splices images at id -200 and its vocabulary has no ``<image>`` row; the import
 adds ``<image>`` to the tokenizer only (``image_token_id == vocab_size``: no embedding or LM-head row, so the softmax
-has LLaVA's classes), pads with ``<unk>`` as LLaVA's trainer does, and records ``image_tokenization: llava`` (LLaVA's
+has LLaVA's classes), pads with ``<unk>`` as LLaVA's trainer does, and records ``tokenization: llava`` (LLaVA's
 ``tokenizer_image_token`` ids) and the checkpoint's ``image_aspect_ratio``.
 """
 
@@ -216,7 +216,7 @@ def import_llava_original(
     source = {"kind": "llava-original", "path": str(directory), "vision": str(vision_dir)}
     if not has_llm:
         source["llm"] = str(llm_dir)
-    meta = {"source": source, "image_tokenization": "llava", "image_aspect_ratio": mm.get("image_aspect_ratio",
+    meta = {"source": source, "tokenization": "llava", "image_aspect_ratio": mm.get("image_aspect_ratio",
             "square"), **(metadata or {})}  # fmt: skip
     if "conv_template" not in meta:
         warnings.warn(

@@ -43,7 +43,7 @@ CONFIG_NAME = "config.json"
 TIED_HEAD_KEY = "llm.output.weight"
 _RESERVED = {"format", "version", "model", "dtype"}
 # The data settings a checkpoint records for inference and export (template, system prompt, image handling).
-RUN_DATA_KEYS = ("conv_template", "system_prompt", "use_chat_template", "image_aspect_ratio", "image_tokenization")
+RUN_DATA_KEYS = ("conv_template", "system_prompt", "use_chat_template", "image_aspect_ratio", "tokenization")
 
 TensorSource = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 

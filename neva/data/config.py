@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from neva.constants import MAX_IMAGE_PIXELS
-from neva.data.encoding import IMAGE_TOKENIZATIONS
+from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
 
 TEMPLATES = ("plain", "vicuna_v1", "llama_2", "mistral", "llama_3", "chatml")
@@ -45,10 +45,11 @@ class DataConfig:
         prefetch_factor: micro-batches each worker prepares ahead (with workers only).
         image_token_placement: ``front`` moves ``<image>`` tags to the start of their turn followed by a newline
             (LLaVA); ``inline`` leaves them where the data put them.
-        image_tokenization: ``whole`` (one tokenizer call on the rendering, as HF's ``LlavaProcessor``) or ``llava``
-            (LLaVA's ``tokenizer_image_token``: each chunk after ``<image>`` tokenized on its own, so it starts with
-            the dummy-prefix piece, ``<image>\n`` → ``[image, ▁, <0x0A>]``; what LLaVA's trainer fed its models).
-            Recorded in checkpoints; ``neva.generate`` and the export serve with the same ids (docs/DATA.md).
+        tokenization: ``neva`` (one tokenizer call on the rendering, as HF's ``LlavaProcessor``; learned = replies
+            and end-of-turn text) or ``llava`` (what LLaVA's trainer feeds its models: ``tokenizer_image_token`` ids,
+            each chunk after ``<image>`` tokenized on its own so it starts with the dummy-prefix piece, and the space
+            before each reply learned too). Recorded in checkpoints; ``neva.generate`` serves with the same ids
+            (docs/DATA.md).
         validation_data_path: optional held-out file(s); synthetic data has its own held-out split.
         val_fraction: fraction of the training records held out when no validation path is given (0 = none).
         synthetic_task: ``caption`` (pretraining), ``qa`` (multi-turn instructions) or ``auto``
@@ -79,7 +80,7 @@ class DataConfig:
     num_workers: int | str = "auto"
     prefetch_factor: int = 2
     image_token_placement: str = "front"
-    image_tokenization: str = "whole"
+    tokenization: str = "neva"
     validation_data_path: str | list[str] | None = None
     val_fraction: float = 0.0
     synthetic_task: str = "auto"
@@ -103,10 +104,8 @@ class DataConfig:
             raise ValueError(
                 f"model.data.image_token_placement={self.image_token_placement!r}; choose one of {IMAGE_TOKEN_PLACEMENTS}"
             )
-        if self.image_tokenization not in IMAGE_TOKENIZATIONS:
-            raise ValueError(
-                f"model.data.image_tokenization={self.image_tokenization!r}; choose one of {IMAGE_TOKENIZATIONS}"
-            )
+        if self.tokenization not in TOKENIZATIONS:
+            raise ValueError(f"model.data.tokenization={self.tokenization!r}; choose one of {TOKENIZATIONS}")
         if self.synthetic_task not in ("auto", "caption", "qa"):
             raise ValueError(f"model.data.synthetic_task={self.synthetic_task!r}; choose auto, caption or qa")
         if not 0.0 <= self.max_skip_fraction <= 1.0:

@@ -167,7 +167,7 @@ class NevaDataModule:
             max_length=self.seq_length,
             image_token_placement=cfg.image_token_placement,
             system_prompt=cfg.system_prompt,
-            image_tokenization=cfg.image_tokenization,
+            tokenization=cfg.tokenization,
         )
         self.image_processor = ImageProcessor(vision, cfg.image_aspect_ratio) if vision is not None else None
         self.collator = Collator(pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing)

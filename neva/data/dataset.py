@@ -49,7 +49,7 @@ class EncoderSettings:
     max_length: int | None
     image_token_placement: str = "front"
     system_prompt: str | None = None
-    image_tokenization: str = "whole"
+    tokenization: str = "neva"
 
 
 def is_skipped(sample: dict[str, Any]) -> bool:
@@ -104,7 +104,7 @@ def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[En
         settings.num_image_tokens,
         len(images),
         settings.max_length,
-        settings.image_tokenization,
+        settings.tokenization,
     )
     return (dataclasses.replace(enc, dropped_leading_reply=True) if dropped else enc), names
 

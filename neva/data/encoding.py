@@ -5,12 +5,19 @@ right after it). Zero-width tokens (BOS added by the tokenizer) never are. Each 
 the image's ``num_image_tokens`` positions, all ignored. Nothing here counts tokens per turn, so the result cannot
 drift from what the tokenizer produces at inference.
 
-Two ways to tokenize (``model.data.image_tokenization``, recorded in checkpoints; training and serving share
-``tokenize_text``): ``whole`` calls the tokenizer once on the rendering (``<image>`` a special token: what HF's
-``LlavaProcessor`` does); ``llava`` is LLaVA's ``tokenizer_image_token``: the text is split at ``<image>`` and each
-chunk tokenized on its own, so a chunk after an image starts with the tokenizer's dummy-prefix piece (``<image>\n``
-is ``[image, ▁, <0x0A>]`` with Llama's tokenizer), BOS kept only on the first chunk. Offsets are shifted to the whole
-text, so labels stay exact under both.
+Two conventions (``model.data.tokenization``, recorded in checkpoints; training and serving share
+``tokenize_text``):
+
+- ``neva``: one tokenizer call on the rendering (``<image>`` a special token: what HF's ``LlavaProcessor`` does);
+  learned = the replies and their end-of-turn text.
+- ``llava``: what LLaVA's trainer (``llava/train/train.py``) feeds its models. Ids: ``tokenizer_image_token``, the
+  text split at ``<image>`` and each chunk tokenized on its own, so a chunk after an image starts with the
+  tokenizer's dummy-prefix piece (``<image>\n`` is ``[image, ▁, <0x0A>]`` with Llama's tokenizer), BOS kept only on
+  the first chunk. Labels: ``preprocess_v1`` / ``preprocess_llama_2`` mask a round's instruction up to its cue minus
+  the cue's trailing space (``len(tokenizer_image_token(parts[0])) - 2``), so the separator space before each reply
+  is learned too; with a Llama vocabulary it is mostly merged into the reply's first token (``▁A``) and changes
+  nothing, but a reply opening with a digit or a newline (``▁``, ``2``) learns the lone ``▁`` in LLaVA. Offsets are
+  shifted to the whole text and that space joins the learned span, so labels stay exact character overlaps.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from neva.constants import IGNORE_INDEX, IMAGE_TOKEN
 from neva.data.conversation import Rendered
 from neva.data.errors import SampleError
 
-IMAGE_TOKENIZATIONS = ("whole", "llava")
+TOKENIZATIONS = ("neva", "llava")
 
 
 class EncodingError(SampleError):
@@ -54,17 +61,17 @@ def token_labels(offsets: list[tuple[int, int]], ids: list[int], spans: tuple[tu
 
 
 def tokenize_text(
-    text: str, tokenizer: Any, add_special_tokens: bool, image_token_id: int, image_tokenization: str = "whole"
+    text: str, tokenizer: Any, add_special_tokens: bool, image_token_id: int, tokenization: str = "neva"
 ) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of ``text`` and their ``[start, end)`` character offsets in it, one id per ``<image>`` tag.
 
-    ``image_tokenization`` is one of ``IMAGE_TOKENIZATIONS`` (see the module docstring).
+    ``tokenization`` is one of ``TOKENIZATIONS`` (see the module docstring).
     """
-    if image_tokenization == "whole":
+    if tokenization == "neva":
         enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
-    if image_tokenization != "llava":
-        raise ValueError(f"image tokenization {image_tokenization!r}; choose one of {IMAGE_TOKENIZATIONS}")
+    if tokenization != "llava":
+        raise ValueError(f"image tokenization {tokenization!r}; choose one of {TOKENIZATIONS}")
     ids: list[int] = []
     offsets: list[tuple[int, int]] = []
     pos = 0
@@ -83,6 +90,11 @@ def tokenize_text(
     return ids, offsets
 
 
+def llava_learned_spans(text: str, spans: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """LLaVA's label rule on character spans: a reply's span also takes the space that separates it from its cue."""
+    return tuple((start - 1 if start > 0 and text[start - 1] == " " else start, end) for start, end in spans)
+
+
 def encode(
     rendered: Rendered,
     tokenizer: Any,
@@ -90,7 +102,7 @@ def encode(
     num_image_tokens: int,
     num_images: int,
     max_length: int | None = None,
-    image_tokenization: str = "whole",
+    tokenization: str = "neva",
 ) -> Encoded:
     """Tokenize ``rendered.text`` and build aligned labels, expanding and length-checking image spans.
 
@@ -101,7 +113,7 @@ def encode(
         num_image_tokens: LLM positions per image.
         num_images: images the sample has (must equal the ``<image>`` tokens found).
         max_length: truncate to this many tokens; never inside an image span (the result records the cut).
-        image_tokenization: ``whole`` or ``llava`` (``tokenize_text``).
+        tokenization: ``neva`` or ``llava`` (the module docstring).
 
     Returns:
         The encoded sample.
@@ -110,10 +122,11 @@ def encode(
         EncodingError: ``image_count_mismatch``, ``too_long`` (an image span does not fit) or
             ``no_learned_tokens`` (nothing left to learn, e.g. after truncation).
     """
-    ids, offsets = tokenize_text(
-        rendered.text, tokenizer, rendered.add_special_tokens, image_token_id, image_tokenization
-    )
-    labels = token_labels(offsets, ids, rendered.learned_spans)
+    ids, offsets = tokenize_text(rendered.text, tokenizer, rendered.add_special_tokens, image_token_id, tokenization)
+    spans = rendered.learned_spans
+    if tokenization == "llava":
+        spans = llava_learned_spans(rendered.text, spans)
+    labels = token_labels(offsets, ids, spans)
     found = ids.count(image_token_id)
     if found != num_images:
         raise EncodingError(

@@ -16,7 +16,7 @@ from typing import Any
 from neva.data.config import SYNTHETIC, TEMPLATES
 from neva.data.conversation import count_image_tags, parse_conversations, place_image_tags
 from neva.data.dataset import EncoderSettings, encode_record
-from neva.data.encoding import IMAGE_TOKENIZATIONS
+from neva.data.encoding import TOKENIZATIONS
 from neva.data.errors import SampleError
 from neva.data.images import image_source_for
 from neva.data.records import load_records
@@ -86,7 +86,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         num_image_tokens=num_image_tokens,
         max_length=args.max_length or ckpt_len,
         image_token_placement=args.image_token_placement,
-        image_tokenization=args.image_tokenization,
+        tokenization=args.tokenization,
     )
     source = image_source_for(args.image_folder) if args.image_folder else None
     records = _records(args.data_path, args.conv_template)
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-image-tokens", type=int, default=576, help="used unless --tokenizer is a neva checkpoint")
     p.add_argument("--max-length", type=int, default=None, help="truncate / skip as training would")
     p.add_argument("--image-token-placement", choices=("front", "inline"), default="front")
-    p.add_argument("--image-tokenization", choices=IMAGE_TOKENIZATIONS, default="whole")
+    p.add_argument("--tokenization", choices=TOKENIZATIONS, default="neva")
     p.add_argument("--color", action=argparse.BooleanOptionalAction, default=None, help="ANSI highlight")
     return p
 

@@ -10,13 +10,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+import sentencepiece as spm
 import torch
 from PIL import Image
 from safetensors.torch import save_file
 from torch import nn
 from transformers import CLIPVisionConfig, CLIPVisionModel, LlamaConfig, LlamaForCausalLM
 
-from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
+from tests.checkpoint.tiny_hf import LINES, SP_VOCAB
 from tests.hf_oracle import VISION_KW
 
 # LLaVA-1.5's shape of things at toy size: Llama 64 wide, 3 layers; CLIP 28 px, patch 7 (16 image tokens).
@@ -52,6 +53,10 @@ def make_tower(directory: Path, seed: int = 2) -> Path:
                 p.add_(torch.randn_like(p) * 0.1)
             p.copy_(p.half().float())
     model.save_pretrained(str(directory))
+    # The Hub's CLIP layout (openai/clip-vit-*: ``vision_model.*``), which transformers 4.x loads; 5.x saves the keys
+    # of a CLIPVisionModel without the prefix, and 4.x would initialise such a tower afresh.
+    state = {f"vision_model.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
     size = VISION_KW["image_size"]
     processor = {"image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": size},
                  "resample": 3, "do_center_crop": True, "crop_size": {"height": size, "width": size},
@@ -62,10 +67,18 @@ def make_tower(directory: Path, seed: int = 2) -> Path:
 
 
 def write_tokenizer(directory: Path) -> None:
-    """Vicuna's tokenizer files at toy size: sentencepiece model, no pad token (LLaVA pads with ``<unk>``)."""
-    sp = directory.with_name(directory.name + "_sp")
-    make_tokenizer(sp, vision_tokens=False)
-    (directory / "tokenizer.model").write_bytes((sp / "tokenizer.model").read_bytes())
+    """Vicuna's tokenizer files at toy size: a sentencepiece BPE model normalised as Llama's is (identity rules, a
+    dummy prefix, whitespace kept: what transformers' fast conversion assumes, so the slow tokenizer LLaVA loads and
+    neva's fast one give the same ids), no pad token (LLaVA pads with ``<unk>``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    prefix = directory.with_name(directory.name + "_sp")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(LINES * 10), model_prefix=str(prefix), vocab_size=SP_VOCAB, model_type="bpe",
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, character_coverage=1.0,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True, split_digits=True,
+        allow_whitespace_only_pieces=True, minloglevel=2,
+    )  # fmt: skip
+    (directory / "tokenizer.model").write_bytes(prefix.with_suffix(".model").read_bytes())
     config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": False,
               "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": None,
               "model_max_length": 2048, "clean_up_tokenization_spaces": False, "sp_model_kwargs": {}}  # fmt: skip

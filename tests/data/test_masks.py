@@ -131,7 +131,7 @@ def test_preview_text_mode(tmp_path, synthetic_tokenizer):
     out = io.StringIO()
     args = Namespace(
         data_path=str(path), image_folder=None, conv_template="vicuna_v1", tokenizer="synthetic", limit=None,
-        json=False, num_image_tokens=4, max_length=None, image_token_placement="front", image_tokenization="whole",
+        json=False, num_image_tokens=4, max_length=None, image_token_placement="front", tokenization="neva",
         color=False,
     )  # fmt: skip
     assert preview(args, out) == 1
