@@ -200,7 +200,7 @@ def import_llava_original(
     projector_tensors = read_projector_file(projector_file) if projector_file is not None else {}
     produced = {vision_map[k]: vision_shapes[k] for k in vision_map}
     produced.update({llm_map[k]: llm_shapes[k] for k in llm_map})
-    produced.update({f"projector.{k}": tuple(t.shape) for k, t in projector_tensors.items()})
+    produced.update({k: tuple(t.shape) for k, t in projector_tensors.items()})
     _check_complete(cfg, produced, f"{directory} + {vision_dir}")
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
@@ -211,7 +211,7 @@ def import_llava_original(
             if key in llm_map:
                 yield llm_map[key], _cast(tensor, dtype)
         for key, tensor in projector_tensors.items():
-            yield f"projector.{key}", _cast(tensor, dtype)
+            yield key, _cast(tensor, dtype)
 
     source = {"kind": "llava-original", "path": str(directory), "vision": str(vision_dir)}
     if not has_llm:

@@ -53,3 +53,52 @@ def get_prompt(template: str, values: list[str]) -> str:
                 ret += " " + message + " " + sep2
         return ret.lstrip(sep)
     raise KeyError(template)
+
+
+IMAGE_TOKEN_INDEX = -200
+
+
+def tokenizer_image_token(prompt: str, tokenizer) -> list[int]:
+    """``llava/mm_utils.py: tokenizer_image_token``: chunks between ``<image>`` tags tokenized one by one (BOS of the
+    first chunk kept, every later chunk's first token cut when the first chunk began with BOS), -200 between them."""
+    chunks = [tokenizer(chunk).input_ids for chunk in prompt.split("<image>")]
+    offset = 1 if chunks and chunks[0] and chunks[0][0] == tokenizer.bos_token_id else 0
+    ids = [chunks[0][0]] if offset else []
+    separator = [IMAGE_TOKEN_INDEX] * (offset + 1)
+    separated = [piece for chunk in chunks for piece in (chunk, separator)][:-1]  # insert_separator
+    for piece in separated:
+        ids.extend(piece[offset:])
+    return ids
+
+
+def _tokens(text: str, tokenizer, has_image: bool) -> list[int]:
+    return tokenizer_image_token(text, tokenizer) if has_image else tokenizer(text).input_ids
+
+
+def llava_labels(template: str, prompt: str, values: list[str], tokenizer, has_image: bool) -> list[int]:
+    """The targets of ``preprocess_plain`` / ``preprocess_v1`` / ``preprocess_llama_2`` (llava-torch 1.2.2.post1)."""
+    ids = _tokens(prompt, tokenizer, has_image)
+    target = list(ids)
+    if template == "plain":
+        masked = len(tokenizer_image_token("<image>", tokenizer))
+        return [-100] * masked + target[masked:]
+    sep, sep2 = {"vicuna_v1": (" ASSISTANT: ", "</s>"), "llama_2": ("[/INST] ", "</s>")}[template]
+    cur = 1
+    target[:cur] = [-100] * cur
+    for i, rou in enumerate(prompt.split(sep2)):
+        if rou == "":
+            break
+        parts = rou.split(sep)
+        if len(parts) != 2:
+            break
+        parts[0] += sep
+        round_len = len(_tokens(rou, tokenizer, has_image))
+        instruction_len = len(_tokens(parts[0], tokenizer, has_image)) - 2
+        if template == "vicuna_v1" and i != 0 and not tokenizer.legacy:  # tokenizers >= 0.14
+            round_len -= 1
+            instruction_len -= 1
+        target[cur : cur + instruction_len] = [-100] * instruction_len
+        cur += round_len
+    target[cur:] = [-100] * (len(target) - cur)
+    assert cur == len(ids), f"LLaVA's tokenization mismatch: {cur} vs. {len(ids)}"
+    return target
