@@ -522,6 +522,15 @@ def save_llava_hf(
     return Path(out)
 
 
+def _with_image_row(
+    cfg: NevaConfig, tensors: Iterator[tuple[str, torch.Tensor]]
+) -> tuple[NevaConfig, Iterator[tuple[str, torch.Tensor]]]:
+    """``cfg`` and ``tensors`` with one more vocabulary row, the image token's, set to the mean of the others."""
+    grown = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, vocab_size=cfg.llm.vocab_size + 1))
+    rows = grown.llm.vocab_size
+    return grown, ((k, _grow_rows(t, rows) if k in _GROWN else t) for k, t in tensors)
+
+
 def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any, chat_template: str) -> None:
     import copy
 
@@ -581,6 +590,13 @@ def export_llava(
             f"checkpoint uses image_aspect_ratio={aspect!r}; the exported CLIPImageProcessor resizes and crops",
             stacklevel=2,
         )
+    if meta.get("tokenization", "neva") == "llava":
+        warnings.warn(
+            f"{ckpt} was trained with model.data.tokenization=llava (LLaVA's tokenizer_image_token ids); transformers' "
+            "LlavaProcessor tokenizes the whole prompt once, so served prompts lack the dummy-prefix token after each "
+            "image (docs/INTEROP.md); neva.generate serves this checkpoint with its trained ids",
+            stacklevel=2,
+        )
     template = template_settings(meta, conv_template)
     if tokenizer is not None and not (conv_template or meta.get("conv_template")):
         warnings.warn(
@@ -588,10 +604,15 @@ def export_llava(
             "neva.generate uses for this checkpoint); pass --conv-template to choose another",
             stacklevel=2,
         )
+    tensors: Iterator[tuple[str, torch.Tensor]] = iter_tensors(ckpt)
+    if not cfg.image_token_has_row:
+        # LLaVA-original imports have no <image> row (LLaVA splices at -200); llava-hf embeds image_token_index, so
+        # the export appends one mean row (an extra class in the served softmax: docs/INTEROP.md).
+        cfg, tensors = _with_image_row(cfg, tensors)
     return save_llava_hf(
         out,
         cfg,
-        iter_tensors(ckpt),
+        tensors,
         tokenizer,
         dtype=dtype if dtype is not None else export_dtype(meta),
         max_shard_bytes=max_shard_bytes,

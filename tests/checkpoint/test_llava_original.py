@@ -110,3 +110,41 @@ def test_llava_next_model_types_hand_their_decoder_family_the_text_config(tmp_pa
     text, mm = split_llava_config(config, tmp_path)
     assert text["model_type"] == family and text["hidden_size"] == TEXT["hidden_size"]
     assert not any(k.startswith("mm_") for k in text) and mm["mm_projector_type"] == "mlp2x_gelu"
+
+
+def test_export_to_llava_hf_serves_whole_prompt_ids(llava_dirs, tmp_path):
+    """The llava-hf export of a LLaVA-original import: one mean ``<image>`` row is appended (llava-hf embeds
+    ``image_token_index``); transformers' processor tokenizes the prompt once, so its ids are neva's ``neva``
+    convention: one token fewer after each image than the checkpoint's trained (``llava``) ids, which
+    ``neva.generate`` serves."""
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from neva.checkpoint.hf import export_llava
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+
+    root, state, _ = llava_dirs
+    src = quiet_import(root / "llava", tmp_path / "ckpt", metadata={"conv_template": "vicuna_v1"})
+    with pytest.warns(UserWarning, match="tokenization=llava"):
+        out = export_llava(src, tmp_path / "hf")
+    model = LlavaForConditionalGeneration.from_pretrained(out)
+    head = model.lm_head.weight.detach()
+    assert head.shape[0] == TEXT["vocab_size"] + 1 == model.config.image_token_index + 1
+    torch.testing.assert_close(head[:-1], state["lm_head.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(head[-1], state["lm_head.weight"].mean(0), rtol=1e-6, atol=1e-7)
+
+    image = Image.new("RGB", (40, 30), (200, 30, 30))
+    answerer = Answerer(src, GenerationConfig(max_new_tokens=1))
+    trained, _ = answerer.prepare(("What is it?", [image]))
+    assert isinstance(answerer.answer([("What is it?", [image])])[0], str)  # generates without an <image> row
+    processor = AutoProcessor.from_pretrained(out)
+    prompt = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}],
+        add_generation_prompt=True,
+    )
+    served = processor(images=[image], text=prompt, return_tensors="pt").input_ids[0].tolist()
+    image_id = model.config.image_token_index
+    after = len(served) - served[::-1].index(image_id)  # first position after the image
+    assert trained[:after] == served[:after] and trained[after + 1 :] == served[after:]
+    assert load_tokenizer(src).convert_ids_to_tokens(trained[after]) == "▁"  # the dummy prefix LLaVA trained on

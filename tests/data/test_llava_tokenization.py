@@ -81,7 +81,9 @@ def test_generate_builds_the_trained_ids(llama_tokenizer):
     template = get_template("vicuna_v1")
     text = template.render_prompt(read_conversation(RECORDS[0]["conversations"])[0][:1])
     for tokenization in ("neva", "llava"):
-        built = PromptBuilder(llama_tokenizer, cfg, "vicuna_v1", tokenization=tokenization).ids("What is in the image?", 1)
+        built = PromptBuilder(llama_tokenizer, cfg, "vicuna_v1", tokenization=tokenization).ids(
+            "What is in the image?", 1
+        )
         ids, _ = tokenize_text(text, llama_tokenizer, True, image_id, tokenization)
         assert built == [t for i in ids for t in ([i] * per_image if i == image_id else [i])]
     llava = PromptBuilder(llama_tokenizer, cfg, "vicuna_v1", tokenization="llava").ids("What is in the image?", 1)
