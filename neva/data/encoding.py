@@ -71,7 +71,7 @@ def tokenize_text(
         enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
     if tokenization != "llava":
-        raise ValueError(f"image tokenization {tokenization!r}; choose one of {TOKENIZATIONS}")
+        raise ValueError(f"tokenization {tokenization!r}; choose one of {TOKENIZATIONS}")
     ids: list[int] = []
     offsets: list[tuple[int, int]] = []
     pos = 0

@@ -65,12 +65,7 @@ def cosine_lr_lambda(cfg: OptimConfig, max_steps: int, base_lr: float, first_bas
     ``first_base_lr`` is the first parameter group's rate: NeMo's Megatron variant (``constant_steps > 0``) schedules
     every group by it (``max_lr=self.base_lrs[0]``); None = ``base_lr``.
     """
-    formula, warm, hold, min_lr = (
-        cfg.sched.formula,
-        warmup_steps(cfg, max_steps),
-        cfg.sched.constant_steps,
-        cfg.sched.min_lr,
-    )
+    warm, hold, min_lr = warmup_steps(cfg, max_steps), cfg.sched.constant_steps, cfg.sched.min_lr
     min_ratio = min_lr / base_lr if base_lr > 0 else 0.0
 
     def neva(step: int) -> float:
@@ -104,7 +99,7 @@ def cosine_lr_lambda(cfg: OptimConfig, max_steps: int, base_lr: float, first_bas
             lr = min_lr + (top - min_lr) * _cosine((step - warm) / decay)
         return lr / base_lr if base_lr > 0 else 0.0
 
-    return {"neva": neva, "hf": hf, "nemo": nemo}[formula]
+    return {"neva": neva, "hf": hf, "nemo": nemo}[cfg.sched.formula]
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int):
