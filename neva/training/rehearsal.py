@@ -48,13 +48,13 @@ from neva.training.optim import build_optimizer
 
 # The tracker's categories, grouped as the planner reports memory (``neva.planner.plan.StageMemory``).
 CATEGORIES = {
-    "params": ("Parameter", "Buffer", "Sharded Param"),
+    "params": ("Parameter", "Sharded Param"),
     "grads": ("Gradient", "Sharded Grad"),
     "optimizer": ("Optstate", "OptState"),
     "activations": ("Activation",),
     "temporaries": ("Temp",),
     "working": ("Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"),
-    "other": ("Other", "Inputs"),
+    "other": ("Buffer", "Other", "Inputs"),  # RoPE tables; the step's input batches; one-process O2's masters
 }
 
 
