@@ -11,6 +11,7 @@ import neva
 from neva.checkpoint.source import neva_config_from_mm
 from neva.config import compose_config
 from neva.parallel.layout import Layout
+from neva.plan import main
 from neva.planner.plan import TEXT_TOKENS, plan_run
 from neva.training.rehearsal import CATEGORIES, rehearse, shallow
 from neva.typed import ConfigError
@@ -78,3 +79,24 @@ def test_every_preset_layout_runs_its_step(preset: str) -> None:
     measured = rehearse(cfg, TEXT_TOKENS[cfg.stage], model=model, micro_batches=2)
     assert [r.stage for r in measured] == list(range(layout.pp))
     assert all(r.peak == sum(r.categories.values()) > 0 for r in measured)
+
+
+TINY_PLAN = ["+stage=finetune", "cluster=dgx_a100", "trainer.devices=2", "model.global_batch_size=2",
+             "model.micro_batch_size=1", "plan.rehearse=true"]  # fmt: skip
+
+
+def test_plan_rehearse_prints_the_measured_peak_beside_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    main(TINY_PLAN)
+    out = capsys.readouterr().out
+    assert "# rehearsal: one real optimizer step per rank role" in out
+    rehearsed = next(line for line in out.splitlines() if " rehearsed " in line)
+    assert "micro-batch" in rehearsed  # where the peak fell
+    assert any(line.lstrip().startswith("planned") for line in out.splitlines())
+
+
+def test_plan_rehearse_exits_non_zero_when_the_real_path_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    """LoRA under TP: the planner predicts its shards, training's plan refuses it; the pre-flight says so."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(TINY_PLAN + ["model.tensor_model_parallel_size=2", "model.peft.peft_scheme=lora"])
+    assert exit_info.value.code == 1
+    assert "rehearsal failed: ConfigError: LoRA" in capsys.readouterr().err
