@@ -34,7 +34,7 @@ from neva.config import TrainConfig, compose_config
 from neva.planner.plan import LEARNED_FRACTION, TEXT_TOKENS, GiB, Plan, plan_run
 from neva.planner.report import format_table, to_json
 from neva.planner.search import SEARCHED, search
-from neva.training.rehearsal import RankMemory, RehearsalUnavailable, rehearse
+from neva.training.rehearsal import ENOUGH_MICRO_BATCHES, RankMemory, RehearsalUnavailable, rehearse
 from neva.typed import ConfigError
 
 SWEEPABLE = (
@@ -227,7 +227,7 @@ def rehearse_against_plan(cfg: TrainConfig, plan: Plan, text_tokens: int | None)
     status 2 and one line (``neva.training.rehearsal.RehearsalUnavailable``)."""
     tokens = text_tokens if text_tokens is not None else TEXT_TOKENS[cfg.stage]
     try:
-        measured = rehearse(cfg, tokens, LEARNED_FRACTION[cfg.stage])
+        measured = rehearse(cfg, tokens, LEARNED_FRACTION[cfg.stage], micro_batches=ENOUGH_MICRO_BATCHES)
     except RehearsalUnavailable as err:
         print(f"rehearsal unavailable: {err}", file=sys.stderr)
         raise SystemExit(2) from None

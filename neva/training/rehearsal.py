@@ -57,6 +57,10 @@ CATEGORIES = {
     "other": ("Buffer", "Other", "Inputs"),  # RoPE tables; the step's input batches; one-process O2's masters
 }
 
+# Micro-batches that show every memory state of a step without pipelining: the first (no gradient yet), one in the
+# middle (gradients accumulating) and the last (gradients reduced). See ``rehearse(micro_batches=...)``.
+ENOUGH_MICRO_BATCHES = 3
+
 
 class RehearsalUnavailable(RuntimeError):
     """This torch lacks (or changed) a private API the rehearsal needs."""
@@ -183,10 +187,13 @@ class _PeakLocator:
                             depth = mod_stats.mod_fqn.count(".")
                             phase = "backward" if "Backward" in name or "BW" in name else "forward"
                             if best is None or depth > best[0]:
-                                best = (depth, f"micro-batch {mb + 1}, {phase} of {mod_stats.mod_fqn}")
+                                module = mod_stats.mod_fqn.partition(".")[2] or "the root (embedding, head, vision)"
+                                best = (depth, f"micro-batch {mb + 1}, {phase} of {module}")
         if best is not None:
             return best[1]
-        return "optimizer step" if peak > self.peak_before_optimizer else "gradient clipping"
+        if peak > self.peak_before_optimizer:
+            return "optimizer step"
+        return "outside the model's modules (the loss, its backward, or clipping)"
 
 
 def rehearse(
