@@ -63,7 +63,7 @@ ENOUGH_MICRO_BATCHES = 3
 
 
 class RehearsalUnavailable(RuntimeError):
-    """This torch lacks (or changed) a private API the rehearsal needs."""
+    """This torch lacks (or changed) a private API the rehearsal needs, or the layout is one it cannot run yet."""
 
 
 def _torch_tools() -> dict[str, Any]:
@@ -220,13 +220,19 @@ def rehearse(
             check that fake and real storage agree byte for byte, at tiny sizes.
 
     Raises:
-        RehearsalUnavailable: this torch lacks a private API the rehearsal needs.
+        RehearsalUnavailable: this torch lacks a private API the rehearsal needs, or the layout is pipelined.
         Exception: whatever the real path raises for this layout (the pre-flight's answer).
     """
     tools = _torch_tools()
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
+    if layout.pp > 1:
+        # torch's schedules vote on their warm-up with ``.item()`` and infer stage shapes over the wire: neither runs
+        # on fake tensors and the fake process group without static stage shapes and a locally decided warm-up.
+        raise RehearsalUnavailable(
+            f"pipeline-parallel layouts (model.pipeline_model_parallel_size={layout.pp}) cannot be rehearsed yet"
+        )
     batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction)
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
         batches = batches[: micro_batches - 1] + batches[-1:]
