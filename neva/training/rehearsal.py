@@ -77,10 +77,15 @@ def _torch_tools() -> dict[str, Any]:
         from torch.testing._internal.distributed.fake_pg import FakeStore
     except ImportError as e:
         raise RehearsalUnavailable(f"torch {torch.__version__} lacks an API the rehearsal needs: {e}") from e
-    for cls, attrs in ((MemTracker, ("get_tracker_snapshot", "reset_mod_stats", "memory_tracking")),):
-        missing = [a for a in attrs if not hasattr(cls, a) and a != "memory_tracking"]
-        if missing:
-            raise RehearsalUnavailable(f"torch {torch.__version__}: MemTracker has no {', '.join(missing)}")
+    # Private members used besides the public ones: the peak so far, and the per-parameter gradient hooks.
+    for cls, attr in ((MemTracker, "reset_mod_stats"), (MemTracker, "get_tracker_snapshot"),
+                      (FSDPMemTracker, "track_inputs")):  # fmt: skip
+        if not hasattr(cls, attr):
+            raise RehearsalUnavailable(f"torch {torch.__version__}: {cls.__name__} has no {attr}")
+    probe = MemTracker()
+    for attr in ("_peak_mem", "_param_to_grad_hook_handles", "memory_tracking"):
+        if not hasattr(probe, attr):
+            raise RehearsalUnavailable(f"torch {torch.__version__}: MemTracker has no {attr}")
     return {
         "FakeTensorMode": FakeTensorMode,
         "FSDPMemTracker": FSDPMemTracker,
@@ -200,7 +205,6 @@ def rehearse(
     cfg: TrainConfig,
     text_tokens: int,
     learned_fraction: float = 0.5,
-    stages: list[int] | None = None,
     model: NevaConfig | None = None,
     micro_batches: int | None = None,
     fake: bool = True,
@@ -211,7 +215,6 @@ def rehearse(
         cfg: the composed run config (the world is ``trainer.devices × trainer.num_nodes``).
         text_tokens: text tokens per sample (the planner's ``plan.text_tokens``); each sample has one image.
         learned_fraction: share of the text tokens that are learned (LM-head positions when ``tp == 1``).
-        stages: pipeline stages to rehearse (default: all).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (tests' tiny shapes).
         micro_batches: without pipelining, run only the first ``micro_batches - 1`` and the last micro-batch of the
             step. The step's micro-batches are identical, and from the second to the one before the last each sees
@@ -236,11 +239,7 @@ def rehearse(
     batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction)
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
         batches = batches[: micro_batches - 1] + batches[-1:]
-    out = []
-    for stage, rank in rank_roles(layout):
-        if stages is None or stage in stages:
-            out.append(_rehearse_rank(cfg, ncfg, layout, rank, stage, batches, tools, fake))
-    return out
+    return [_rehearse_rank(cfg, ncfg, layout, rank, stage, batches, tools, fake) for stage, rank in rank_roles(layout)]
 
 
 class _NoHook:
