@@ -16,7 +16,9 @@ values::
 Planner options (not training config): ``plan.text_tokens=N`` (mean text tokens per sample), ``plan.scaling=weak``
 (default: the configured global batch is the one of the smallest node count, and grows with the nodes) or
 ``strong`` (fixed global batch), ``plan.grad_reduce=fp32|bf16``, ``plan.json=PATH`` (also write the JSON there),
-``plan.search=N``. Without ``+stage=`` or ``+preset=`` the stage is pretrain.
+``plan.search=N``, ``plan.rehearse=true`` (pre-flight: also run one real optimizer step of every rank role at full size on
+fake tensors and print its measured memory beside the prediction; exits non-zero when the real path fails, 2 when
+this torch cannot rehearse). Without ``+stage=`` or ``+preset=`` the stage is pretrain.
 Prints one table row per layout and a final JSON line (the list of rows). See docs/PLANNER.md.
 """
 
@@ -24,13 +26,15 @@ from __future__ import annotations
 
 import itertools
 import sys
+import traceback
 from dataclasses import dataclass, field
 from dataclasses import replace as field_replace
 
-from neva.config import compose_config
-from neva.planner.plan import Plan, plan_run
+from neva.config import TrainConfig, compose_config
+from neva.planner.plan import LEARNED_FRACTION, TEXT_TOKENS, GiB, Plan, plan_run
 from neva.planner.report import format_table, to_json
 from neva.planner.search import SEARCHED, search
+from neva.training.rehearsal import ENOUGH_MICRO_BATCHES, RankMemory, RehearsalUnavailable, rehearse
 from neva.typed import ConfigError
 
 SWEEPABLE = (
@@ -62,6 +66,7 @@ class Request:
     grad_reduce: str | None = None
     json_path: str | None = None
     search: int = 0  # > 0: list this many of the fastest fitting layouts instead of planning the given one
+    rehearse: bool = False  # also run the real step of every rank role on fake tensors (neva.training.rehearsal)
 
 
 def parse_args(argv: list[str]) -> Request:
@@ -85,11 +90,14 @@ def parse_args(argv: list[str]) -> Request:
                 req.grad_reduce = value
             elif option == "json":
                 req.json_path = value
+            elif option == "rehearse" and value.lower() in ("true", "false"):
+                req.rehearse = value.lower() == "true"
             elif option == "search":
                 req.search = 10 if value.lower() == "true" else 0 if value.lower() == "false" else int(value)
             else:
                 raise ConfigError(
-                    f"unknown planner option {arg!r} (text_tokens, scaling=weak|strong, grad_reduce, json, search=N)"
+                    f"unknown planner option {arg!r} (text_tokens, scaling=weak|strong, grad_reduce, json, search=N, "
+                    "rehearse=true|false)"
                 )
         elif "," in value and not value.startswith(("[", "{")):
             if key.lstrip("+") not in SWEEPABLE:
@@ -140,11 +148,16 @@ def split_constraints(req: Request) -> tuple[Request, dict[str, list]]:
     return field_replace(req, fixed=fixed, sweeps=sweeps), constraints
 
 
-def run(req: Request) -> list[Plan]:
-    """One plan per point of the sweep (cartesian product, in command-line order)."""
+def configs_of(req: Request) -> list[TrainConfig]:
+    """The composed config of every point of the sweep (cartesian product, in command-line order)."""
     keys = [k for k, _ in req.sweeps]
     points = list(itertools.product(*(v for _, v in req.sweeps))) or [()]
-    configs = [compose_config(req.fixed + [f"{k}={v}" for k, v in zip(keys, point)]) for point in points]
+    return [compose_config(req.fixed + [f"{k}={v}" for k, v in zip(keys, point)]) for point in points]
+
+
+def run(req: Request) -> list[Plan]:
+    """One plan per point of the sweep (cartesian product, in command-line order)."""
+    configs = configs_of(req)
     base_nodes = min(c.trainer.num_nodes for c in configs)
     plans = []
     for cfg in configs:
@@ -192,14 +205,60 @@ def main(argv: list[str] | None = None) -> list[Plan]:
         print(__doc__)
         return []
     req = parse_args(args)
+    if req.rehearse and req.search > 0:
+        raise ConfigError("plan.rehearse=true rehearses the configured layout; it cannot be combined with plan.search")
     plans = run_search(req) if req.search > 0 else run(req)
     print(format_table(plans))
+    if req.rehearse:
+        for cfg, plan in zip(configs_of(req), plans):
+            print(rehearse_against_plan(cfg, plan, req.text_tokens))
     line = to_json(plans)
     print(line)
     if req.json_path:
         with open(req.json_path, "w") as f:
             f.write(line + "\n")
     return plans
+
+
+def rehearse_against_plan(cfg: TrainConfig, plan: Plan, text_tokens: int | None) -> str:
+    """Rehearse ``cfg``'s layout and format the measured memory of every rank role beside ``plan``'s prediction.
+
+    A failure of the real path ends the command with exit status 1 and the error; a torch that cannot rehearse with
+    status 2 and one line (``neva.training.rehearsal.RehearsalUnavailable``)."""
+    tokens = text_tokens if text_tokens is not None else TEXT_TOKENS[cfg.stage]
+    try:
+        measured = rehearse(cfg, tokens, LEARNED_FRACTION[cfg.stage], micro_batches=ENOUGH_MICRO_BATCHES)
+    except RehearsalUnavailable as err:
+        print(f"rehearsal unavailable: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as err:
+        traceback.print_exc()
+        print(f"rehearsal failed: {type(err).__name__}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return format_rehearsal(plan, measured)
+
+
+def format_rehearsal(plan: Plan, measured: list[RankMemory]) -> str:
+    """Measured (fake-tensor step) and planned GiB per rank role; totals exclude the planner's overhead term."""
+    head = ("stage", "rank", "", "params", "grads", "optim", "activ", "temp", "work", "total_GiB", "dev", "peak at")
+    rows = [head]
+    for r in measured:
+        s = plan.stages[r.stage]
+        c = {k: v / GiB for k, v in r.categories.items()}
+        planned = (s.total - s.overhead) / GiB
+        got = r.peak / GiB
+        rows.append((str(r.stage), str(r.rank), "rehearsed", f"{c['params']:.2f}", f"{c['grads']:.2f}",
+                     f"{c['optimizer']:.2f}", f"{c['activations']:.2f}", f"{c['temporaries']:.2f}",
+                     f"{c['working'] + c['other']:.2f}", f"{got:.2f}", "", r.where))  # fmt: skip
+        rows.append(("", "", "planned", f"{s.params / GiB:.2f}", f"{s.grads / GiB:.2f}", f"{s.optimizer / GiB:.2f}",
+                     f"{s.activations / GiB:.2f}", "-", f"{s.working / GiB:.2f}", f"{planned:.2f}",
+                     f"{100 * (planned - got) / max(got, 1e-9):+.1f}%", ""))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    title = (
+        f"# rehearsal: one real optimizer step per rank role on fake tensors (tensor storage; the planner's "
+        f"{plan.stages[0].overhead / GiB:g} GiB overhead is not included in either total)"
+    )
+    return "\n".join([title, *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)])
 
 
 def cli() -> None:

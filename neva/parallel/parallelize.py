@@ -102,6 +102,7 @@ def parallelize(
     device: torch.device,
     precision: Precision,
     dims: ParallelDims | None = None,
+    allocation: contextlib.AbstractContextManager | None = None,
 ) -> ParallelModel:
     """Materialise and parallelize ``meta_model`` (built by ``neva.models.trainable.build_meta_model``) for this rank.
 
@@ -113,6 +114,9 @@ def parallelize(
         device: this rank's device.
         precision: fp32, bf16 autocast or bf16 O2.
         dims: the device mesh the strategy built (distributed runs build one here when None).
+        allocation: a context every allocation of this rank's tensors runs under, entered after the plans are
+            applied on the meta device (needs ``m.meta_init``). The full-size rehearsal
+            (``neva.training.rehearsal``) passes its ``FakeTensorMode`` here; training passes nothing.
 
     Raises:
         ConfigError: a combination the layout cannot run (O2 with DDP; TP sizes that do not divide the model, from
@@ -150,6 +154,26 @@ def parallelize(
         for part in parts:
             apply_fsdp(part, dims.dp_mesh, param_dtype, reshard=layout.zero_stage == 3)
         out.sync_context = fsdp_sync_context(parts)
+    if allocation is not None and not m.meta_init:
+        raise ValueError("parallelize(allocation=...) needs model.meta_init=true (plans are applied on meta first)")
+    with allocation or contextlib.nullcontext():
+        _materialize(out, parts, chunk_ids, source, layout, m, device, precision, fsdp)
+    return out
+
+
+def _materialize(
+    out: ParallelModel,
+    parts: list[NevaModel],
+    chunk_ids: list[int],
+    source: ModelSource,
+    layout: Layout,
+    m: ModelConfig,
+    device: torch.device,
+    precision: Precision,
+    fsdp: bool,
+) -> None:
+    """The allocating tail of ``parallelize``: weights (meta_init), DDP, O2 master weights, the pipeline runner."""
+    dims = out.dims
     if m.meta_init:
         # Only this rank's shards are allocated: fresh init shard by shard (statistically the same init, not
         # bit-identical to one process), then checkpoint / HF tensors read one at a time, each rank copying its slice.
@@ -176,4 +200,3 @@ def parallelize(
             parts, chunk_ids, layout.num_chunks, dims.group("pp"), device, layout.schedule,
             n_microbatches=layout.grad_accum, packed=m.data.packing, autocast=autocast, dp_group=out.group("dp"),
         )  # fmt: skip
-    return out

@@ -44,8 +44,12 @@ def stage_activation_bytes(
     layers: list[int],
     backward: bool,
     in_flight: float,
+    learned_tokens: float | None = None,
 ) -> float:
-    """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive."""
+    """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive.
+
+    ``learned_tokens``: learned tokens per sample; without TP the engine runs the LM head only at their positions
+    (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it)."""
     if not backward:
         return 0.0
     layout = dep.layout
@@ -60,7 +64,8 @@ def stage_activation_bytes(
     last = stage == layout.pp - 1
     if last:
         # Vocab-parallel logits: bf16 output plus the fp32 copy the cross-entropy keeps for its backward.
-        per_mb += tokens * cfg.llm.vocab_size / layout.tp * (e + 4)
+        head = tokens if layout.tp > 1 or learned_tokens is None else b * learned_tokens
+        per_mb += head * cfg.llm.vocab_size / layout.tp * (e + 4)
     if stage == 0 and cfg.vision is not None:
         per_mb += _vision_bytes(cfg, infos, dep)
     # Layer inputs in flight between stages (the received activation) are part of each stage's saved set.

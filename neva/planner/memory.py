@@ -9,7 +9,8 @@ precision     parameters at rest                       grads     AdamW state
 ``o2``        bf16 + fp32 master (6) / bf16 (2);        fp32 (4)  2 × fp32 (8)
               under FSDP the sharded fp32 master is
               the parameter (4) and the bf16 copy is a
-              transient all-gather buffer
+              transient all-gather buffer; FSDP keeps
+              frozen shards fp32 too (4)
 ``fp32``      fp32 (4) / fp32 (4)                       fp32 (4)  2 × fp32 (8)
 ``half``      fp16 (2) / fp16 (2)                       fp16 (2)  2 × fp16 (4)
 ============  =======================================  ========  ===========================
@@ -42,7 +43,8 @@ def bytes_per_element(dep: Deployment, trainable: bool) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer) bytes per locally stored element."""
     if dep.precision == "o2":
         if not trainable:
-            return 2, 0, 0
+            # FSDP2's mixed precision gathers bf16 from fp32 shards, frozen or not (measured by the rehearsal).
+            return (4 if dep.fsdp else 2), 0, 0
         return (4 if dep.fsdp else 6), 4, 8
     size = 4 if dep.precision == "fp32" else 2
     return (size, size, 2 * size) if trainable else (size, 0, 0)
@@ -74,6 +76,24 @@ def _grad_numel(info: ParamInfo, layout: Layout, local: int) -> int:
     if info.part == "embedding" and layout.tp > 1 and not layout.sharded:
         return info.numel
     return local
+
+
+def peak_grad_bytes(
+    infos: list[ParamInfo], dep: Deployment, stage: int, layers: list[list[int]], at_rest: int, in_backward: float
+) -> float:
+    """Gradient bytes at the stage's peak, which falls early in a backward (measured by ``neva.plan
+    plan.rehearse=true``). Under FSDP2 no gradient exists yet in the first micro-batch's backward (the previous
+    step's were freed), and in every later micro-batch the unsharded fp32 gradients accumulated without reduction
+    (``set_requires_gradient_sync(False)``) do: the whole TP-local trained stage, not a dp shard. The sharded
+    ``at_rest`` gradients count instead when they outweigh the backward's ``in_backward`` bytes. Without FSDP the
+    gradients of the previous micro-batch (or O2's persistent main-grad buffer) are there: ``at_rest``."""
+    if not dep.fsdp:
+        return at_rest
+    accumulated = 0.0
+    if dep.layout.grad_accum > 1:
+        grad = 2 if dep.precision == "half" else 4
+        accumulated = grad * sum(tp_numel(p, dep.layout) for p in infos if p.trainable and on_stage(p, stage, layers))
+    return accumulated if accumulated + in_backward >= at_rest else at_rest
 
 
 def working_bytes(infos: list[ParamInfo], dep: Deployment, stage: int, layers: list[list[int]]) -> float:

@@ -12,13 +12,16 @@ from neva.planner.activations import in_flight_microbatches, stage_activation_by
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import stage_flops
 from neva.planner.hardware import hardware_from_config
-from neva.planner.memory import rank_state_bytes, working_bytes
+from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
 
 # Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
 # after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
 TEXT_TOKENS = {"pretrain": 100, "finetune": 450}
+# Share of those text tokens that are learned: a pretrain sample's text is its caption, about half of a finetune
+# conversation's is the assistant's replies (the rest prompt and template). The LM head runs only there without TP.
+LEARNED_FRACTION = {"pretrain": 1.0, "finetune": 0.5}
 
 GiB = 1024**3
 
@@ -126,22 +129,24 @@ def plan_run(
     infos = model_inventory(ncfg, cfg.model.trainable_policy())
     layers = stage_layers(ncfg.llm.num_layers, layout)
     seq = sample_tokens(cfg, ncfg.num_image_tokens, text_tokens)
+    learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
     flops = stage_flops(infos, ncfg, layout, seq, layers)
     stages = []
     for s in range(layout.pp):
         state = rank_state_bytes(infos, dep, s, layers)
         acts = stage_activation_bytes(
-            ncfg, infos, dep, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s)
+            ncfg, infos, dep, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s), learned
         )
+        working = working_bytes(infos, dep, s, layers)
         stages.append(
             StageMemory(
                 stage=s,
                 layers=len(layers[s]),
                 params=state.params,
-                grads=state.grads,
+                grads=peak_grad_bytes(infos, dep, s, layers, state.grads, acts + working),
                 optimizer=state.optimizer,
                 activations=acts,
-                working=working_bytes(infos, dep, s, layers),
+                working=working,
                 overhead=hw.eff.memory_overhead_gb * GiB,
             )
         )

@@ -222,6 +222,24 @@ class Engine:
             dist.all_reduce(total, group=self.dp_group)
         return total / n_tokens.clamp(min=1.0), n_tokens
 
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        micro_batches: list[dict[str, Any]],
+        clip: float | None,
+        step: int = 0,
+        n_tokens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One optimizer step over ``micro_batches``: forward/backward, clipping by the global norm when ``clip`` > 0,
+        the optimizer step and the O2 publish. Returns (step objective, global learned tokens, norm before clipping
+        or None). Reads no value on the host (the full-size rehearsal runs it on fake tensors)."""
+        loss, n_tokens = self.forward_backward(micro_batches, step=step, n_tokens=n_tokens)
+        grad_norm = self.clip_grad_norm(clip) if clip and clip > 0 else None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.after_optimizer_step()
+        return loss, n_tokens, grad_norm
+
     def grad_params(self) -> Iterator[nn.Parameter]:
         return (p for _, p in self.named_trainable_parameters() if p.grad is not None)
 

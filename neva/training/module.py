@@ -210,14 +210,9 @@ class NevaModule(pl.LightningModule):
         if n_tokens.item() == 0:
             self._skip_step(optimizer, micro_batches)
             return None
-        loss, n_tokens = self.engine.forward_backward(micro_batches, step=self.global_step, n_tokens=n_tokens)
-        clip = self.cfg.trainer.gradient_clip_val
-        grad_norm = None
-        if clip and clip > 0:
-            grad_norm = self.engine.clip_grad_norm(clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        self.engine.after_optimizer_step()
+        loss, n_tokens, grad_norm = self.engine.optimizer_step(
+            optimizer, micro_batches, self.cfg.trainer.gradient_clip_val, step=self.global_step, n_tokens=n_tokens
+        )
         lr = optimizer.param_groups[-1]["lr"]
         scheduler.step()
         self._log_step(micro_batches, loss, n_tokens, lr, grad_norm)

@@ -1,0 +1,358 @@
+"""Full-size rehearsal: one real optimizer step of a layout's rank, at real size, on fake tensors, on this CPU.
+
+For each distinct rank role of the layout (every pipeline stage; TP and DP ranks are symmetric, so the stage's
+``(dp 0, tp 0)`` rank stands for them: it holds the largest ``torch.chunk`` pieces) the run's own path is executed:
+``build_meta_model`` → ``parallelize`` → ``Engine`` with the run's precision, O2 bookkeeping, activation
+checkpointing, sequence length and micro-batches, then gradient clipping and the AdamW step — under
+``FakeTensorMode`` (tensors carry shapes, dtypes and storage sizes, no data) and torch's fake process group (every
+collective returns at once). torch's memory trackers (``FSDPMemTracker``, ``MemTracker``) count every storage the
+step allocates, so the result is the rank's peak tensor memory and its split by category, with the place in the step
+where the peak falls. A layout the code cannot run fails here with the code's own exception.
+
+Why it lives in ``training/``: it runs training's ``Engine`` and optimizer, and the planner (a sibling package) must not
+import training; ``neva.plan`` (an entry point) puts the two side by side.
+
+What it cannot see (the planner's ``memory_overhead_gb`` covers them): the CUDA context, NCCL and cuBLAS workspaces,
+allocator fragmentation and rounding. It runs the CPU code path at the real shapes (CUDA cannot be faked on a CPU
+build), so kernels that differ between devices (FlexAttention for packed rows on CUDA) are not rehearsed.
+
+The private APIs it relies on (``torch._subclasses``, ``torch.distributed._tools``, ``torch.testing._internal``'s fake
+process group) are imported in ``_torch_tools``; on a torch where they differ ``RehearsalUnavailable`` says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from neva.checkpoint.source import ModelSource, neva_config_from_mm
+from neva.config import TrainConfig
+from neva.constants import IGNORE_INDEX
+from neva.data.collate import Collator
+from neva.models.config import NevaConfig
+from neva.models.trainable import build_meta_model
+from neva.parallel.layout import Layout
+from neva.parallel.mesh import MESH_DIMS, build_mesh
+from neva.parallel.parallelize import parallelize
+from neva.parallel.precision import Precision
+from neva.training.engine import Engine
+from neva.training.optim import build_optimizer
+
+# The tracker's categories, grouped as the planner reports memory (``neva.planner.plan.StageMemory``).
+CATEGORIES = {
+    "params": ("Parameter", "Sharded Param"),
+    "grads": ("Gradient", "Sharded Grad"),
+    "optimizer": ("Optstate", "OptState"),
+    "activations": ("Activation",),
+    "temporaries": ("Temp",),
+    "working": ("Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"),
+    "other": ("Buffer", "Other", "Inputs"),  # RoPE tables; the step's input batches; one-process O2's masters
+}
+
+# Micro-batches that show every memory state of a step without pipelining: the first (no gradient yet), one in the
+# middle (gradients accumulating) and the last (gradients reduced). See ``rehearse(micro_batches=...)``.
+ENOUGH_MICRO_BATCHES = 3
+
+
+class RehearsalUnavailable(RuntimeError):
+    """This torch lacks (or changed) a private API the rehearsal needs, or the layout is one it cannot run yet."""
+
+
+def _torch_tools() -> dict[str, Any]:
+    """The private torch pieces, imported together so that a torch without them fails in one place."""
+    try:
+        from torch._guards import TracingContext, tracing
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        from torch.distributed._tools.mem_tracker import MemTracker
+        from torch.distributed.fsdp import FSDPModule
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as e:
+        raise RehearsalUnavailable(f"torch {torch.__version__} lacks an API the rehearsal needs: {e}") from e
+    # Private members used besides the public ones: the peak so far, and the per-parameter gradient hooks.
+    for cls, attr in ((MemTracker, "reset_mod_stats"), (MemTracker, "get_tracker_snapshot"),
+                      (FSDPMemTracker, "track_inputs")):  # fmt: skip
+        if not hasattr(cls, attr):
+            raise RehearsalUnavailable(f"torch {torch.__version__}: {cls.__name__} has no {attr}")
+    probe = MemTracker()
+    for attr in ("_peak_mem", "_param_to_grad_hook_handles", "memory_tracking"):
+        if not hasattr(probe, attr):
+            raise RehearsalUnavailable(f"torch {torch.__version__}: MemTracker has no {attr}")
+    return {
+        "FakeTensorMode": FakeTensorMode,
+        "FSDPMemTracker": FSDPMemTracker,
+        "MemTracker": MemTracker,
+        "FSDPModule": FSDPModule,
+        "FakeStore": FakeStore,
+        "tracing": tracing,
+        "TracingContext": TracingContext,
+    }
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """The measured peak of one rank role: bytes per category at the moment of the peak, and where it fell."""
+
+    stage: int
+    rank: int
+    peak: int
+    categories: dict[str, int]
+    where: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def rank_roles(layout: Layout) -> list[tuple[int, int]]:
+    """``(pipeline stage, global rank)`` of each distinct rank role: the (dp 0, tp 0) rank of every stage."""
+    return [(s, s * layout.dp * layout.tp) for s in range(layout.pp)]
+
+
+def synthetic_micro_batches(
+    cfg: TrainConfig, ncfg: NevaConfig, layout: Layout, text_tokens: int, learned_fraction: float
+) -> list[list[dict[str, Any]]]:
+    """One step's micro-batches through the run's own collator: samples of one image and ``text_tokens`` text tokens
+    (BOS included; the last ``learned_fraction`` of them learned), ``micro_batch_size`` per micro-batch (host
+    tensors, as the loader gives them)."""
+    n_img = ncfg.num_image_tokens if ncfg.vision is not None else 0
+    learned = max(1, round(text_tokens * learned_fraction))
+    ids = torch.full((n_img + text_tokens,), 5, dtype=torch.long)
+    ids[0] = 1
+    ids[1 : 1 + n_img] = ncfg.image_token_id
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[-learned:] = ids[-learned:]
+    size = ncfg.vision.image_size if ncfg.vision is not None else 0
+    sample = {
+        "input_ids": ids,
+        "labels": labels,
+        "image_positions": torch.arange(1, 1 + n_img),
+        "pixel_values": torch.zeros((1 if n_img else 0, 3, size, size), dtype=torch.uint8),
+    }
+    data = cfg.model.data
+    collate = Collator(0, data.seq_length, data.pad_to_multiple_of, data.packing)
+    return [
+        collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])
+        for m in range(layout.grad_accum)
+    ]
+
+
+class _PeakLocator:
+    """Keeps each micro-batch's module statistics (the trackers accept one root forward per iteration: their
+    statistics are archived and reset before every further micro-batch's root forward) and names the module, phase
+    and micro-batch of the peak afterwards."""
+
+    def __init__(self, tracker: Any, root: nn.Module) -> None:
+        self.tracker, self.root = tracker, root
+        self.archive: list[tuple[int, dict]] = []
+        self.micro_batch = 0
+        self.peak_before_optimizer = 0
+        self._handle = None
+
+    def _pre_forward(self, module: nn.Module, args: Any) -> None:
+        # Outside backward (not an activation-checkpointing recomputation) and seen before: a new micro-batch.
+        in_backward = torch._C._current_graph_task_id() != -1
+        if module is self.root and not in_backward and module in self.tracker.memory_tracking:
+            self.archive.append((self.micro_batch, dict(self.tracker.memory_tracking)))
+            self.tracker.reset_mod_stats()
+            self.micro_batch += 1
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        # A global hook registered before the tracker's own runs first (FSDPMemTracker's are per module).
+        self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre_forward)
+        try:
+            yield
+        finally:
+            self._handle.remove()
+
+    def before_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.peak_before_optimizer = max((v for v in self.tracker._peak_mem.values()), default=0)
+
+    def where(self, peak: int) -> str:
+        """The deepest module whose own peak snapshot equals ``peak``: ``"micro-batch 3, backward of llm.layers.0"``."""
+        stats = [*self.archive, (self.micro_batch, dict(self.tracker.memory_tracking))]
+        best = None
+        for mb, tracking in stats:
+            for mod_stats in tracking.values():
+                for state, snaps in mod_stats.snapshots.items():
+                    name = str(getattr(state, "value", state))
+                    if "Peak" not in name:
+                        continue
+                    for snap in snaps:
+                        if any(d.get("Total", 0) == peak for d in snap.values()):
+                            depth = mod_stats.mod_fqn.count(".")
+                            phase = "backward" if "Backward" in name or "BW" in name else "forward"
+                            if best is None or depth > best[0]:
+                                module = mod_stats.mod_fqn.partition(".")[2] or "the root (embedding, head, vision)"
+                                best = (depth, f"micro-batch {mb + 1}, {phase} of {module}")
+        if best is not None:
+            return best[1]
+        if peak > self.peak_before_optimizer:
+            return "optimizer step"
+        return "outside the model's modules (the loss, its backward, or clipping)"
+
+
+def rehearse(
+    cfg: TrainConfig,
+    text_tokens: int,
+    learned_fraction: float = 0.5,
+    model: NevaConfig | None = None,
+    micro_batches: int | None = None,
+    fake: bool = True,
+) -> list[RankMemory]:
+    """Run one optimizer step of every rank role of ``cfg``'s layout on fake tensors and measure its memory.
+
+    Args:
+        cfg: the composed run config (the world is ``trainer.devices × trainer.num_nodes``).
+        text_tokens: text tokens per sample (the planner's ``plan.text_tokens``); each sample has one image.
+        learned_fraction: share of the text tokens that are learned (LM-head positions when ``tp == 1``).
+        model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (tests' tiny shapes).
+        micro_batches: without pipelining, run only the first ``micro_batches - 1`` and the last micro-batch of the
+            step. The step's micro-batches are identical, and from the second to the one before the last each sees
+            the same tensors (gradients accumulating, no reduction), so 3 give the whole step's peak in less time.
+        fake: False runs the same step on real tensors (the fake process group still moves no data): the tests'
+            check that fake and real storage agree byte for byte, at tiny sizes.
+
+    Raises:
+        RehearsalUnavailable: this torch lacks a private API the rehearsal needs, or the layout is pipelined.
+        Exception: whatever the real path raises for this layout (the pre-flight's answer).
+    """
+    tools = _torch_tools()
+    ncfg = model or neva_config_from_mm(cfg.model.mm_cfg)
+    world = _world(cfg)
+    layout = Layout.from_config(cfg.model, world, "cpu")
+    if layout.pp > 1:
+        # torch's schedules vote on their warm-up with ``.item()`` and infer stage shapes over the wire: neither runs
+        # on fake tensors and the fake process group without static stage shapes and a locally decided warm-up.
+        raise RehearsalUnavailable(
+            f"pipeline-parallel layouts (model.pipeline_model_parallel_size={layout.pp}) cannot be rehearsed yet"
+        )
+    batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction)
+    if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
+        batches = batches[: micro_batches - 1] + batches[-1:]
+    return [_rehearse_rank(cfg, ncfg, layout, rank, stage, batches, tools, fake) for stage, rank in rank_roles(layout)]
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _skip_frozen_grad_hooks(tracker: Any, parts: list[nn.Module]) -> None:
+    """MemTracker registers a gradient hook on every parameter of a module it meets, which fails on frozen ones (the
+    vision tower): mark those as hooked already, with handles that remove nothing."""
+    for part in parts:
+        for p in part.parameters():
+            if not p.requires_grad:
+                tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+
+
+@torch.no_grad()
+def _warm_optimizer(engine: Engine, optimizer: torch.optim.Optimizer) -> None:
+    """Give AdamW the state every step after the first holds (it allocates it lazily in its first step): one step on
+    zero gradients, before tracking starts, so the rehearsed step is a steady-state one."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _world(cfg: TrainConfig) -> int:
+    devices = cfg.trainer.devices
+    if not isinstance(devices, int):
+        raise ValueError(f"the rehearsal needs trainer.devices as a number of GPUs per node, got {devices!r}")
+    return devices * cfg.trainer.num_nodes
+
+
+def _rehearse_rank(
+    cfg: TrainConfig,
+    ncfg: NevaConfig,
+    layout: Layout,
+    rank: int,
+    stage: int,
+    micro_batches: list[dict[str, Any]],
+    tools: dict[str, Any],
+    fake: bool = True,
+) -> RankMemory:
+    start = time.perf_counter()
+    device = torch.device("cpu")
+    precision = Precision.from_config(cfg.trainer.precision, cfg.model.megatron_amp_O2)
+    # Plans are applied on the meta device first and only this rank's shards are allocated (in fake mode).
+    m = dataclasses.replace(cfg.model, meta_init=True, compile=False)
+    mode = tools["FakeTensorMode"](allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    # DTensor's sharding propagation computes output metadata in the fake mode it detects; a TracingContext with a
+    # second mode gives it its own, which the trackers skip (they count only ops of the mode active at entry).
+    propagation = (
+        tools["tracing"](tools["TracingContext"](tools["FakeTensorMode"]())) if fake else contextlib.nullcontext()
+    )
+    initialized = False
+    if layout.is_distributed:
+        dist.init_process_group("fake", rank=rank, world_size=layout.world, store=tools["FakeStore"]())
+        initialized = True
+    try:
+        # The mesh and its sub-meshes are built outside fake mode (their coordinates are computed from tensors).
+        dims = build_mesh(layout) if layout.is_distributed else None
+        if dims is not None:
+            for name in MESH_DIMS:
+                dims.group(name)
+        meta_model = build_meta_model(ncfg, cfg.model.trainable_policy())
+        source = ModelSource(cfg=ncfg, tokenizer=None)
+        parallel = parallelize(meta_model, source, layout, m, device, precision, dims, allocation=mode)
+        with mode, propagation:
+            engine = Engine(parallel, precision, device, packed=m.data.packing, loss_normalization=m.loss_normalization)
+            optimizer = build_optimizer(engine.named_trainable_parameters(), m.optim)
+            _warm_optimizer(engine, optimizer)
+            # The step's inputs as the device holds them (a GPU run copies each micro-batch over; on the CPU path
+            # ``.to(device)`` would alias the loader's tensors, which the trackers then count only through views).
+            inputs = [
+                {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in mb.items()} for mb in micro_batches
+            ]
+            tensors = [v for mb in inputs for v in mb.values() if isinstance(v, torch.Tensor)]
+            root = parallel.parts[0]
+            if isinstance(root, tools["FSDPModule"]) and len(parallel.parts) == 1:
+                tracker = tools["FSDPMemTracker"](root, optimizer)
+                tracker.track_inputs(tuple(tensors))
+            else:
+                tracker = tools["MemTracker"]()
+                _skip_frozen_grad_hooks(tracker, parallel.parts)
+                tracker.track_external(*parallel.parts, optimizer, *tensors)
+                if parallel.master is not None:
+                    tracker.track_external(parallel.master.main_grad, *(p for _, p in parallel.master.named_master))
+            locator = _PeakLocator(tracker, root)
+            optimizer.register_step_pre_hook(locator.before_optimizer)
+            with locator.installed(), tracker:
+                engine.optimizer_step(optimizer, inputs, cfg.trainer.gradient_clip_val)
+            peak_snap = tracker.get_tracker_snapshot("peak")
+    finally:
+        if initialized:
+            dist.destroy_process_group()
+    snap = next(iter(peak_snap.values()), {})
+    categories = {k: sum(v for key, v in snap.items() if str(getattr(key, "value", key)) in names)
+                  for k, names in CATEGORIES.items()}  # fmt: skip
+    peak = snap.get("Total", 0)
+    where = locator.where(peak)
+    return RankMemory(stage, rank, peak, categories, where, time.perf_counter() - start)
+
+
+def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> NevaConfig:
+    """``ncfg`` with every width kept and the depth cut to ``layers_per_chunk`` decoder layers per pipeline chunk (the
+    first chunk keeps ``model.pipeline_first_stage_layers`` when set) and two vision layers: a quick pre-flight of a
+    layout's shapes, plans and schedule (CI rehearses every preset so), not of its memory."""
+    first = layout.first_stage_layers
+    num_layers = layers_per_chunk * layout.num_chunks
+    if first is not None:
+        num_layers = first + layers_per_chunk * (layout.num_chunks - 1)
+    vision = ncfg.vision
+    if vision is not None:
+        vision = dataclasses.replace(vision, num_layers=2, vision_select_layer=-2)
+    return dataclasses.replace(ncfg, llm=dataclasses.replace(ncfg.llm, num_layers=num_layers), vision=vision)
