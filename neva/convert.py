@@ -51,7 +51,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     imp.add_argument("--vision", help="HF CLIPVisionModel or CLIPModel directory (with --llm)")
     imp.add_argument("--vision-select-layer", type=_select_layer, default=-2, help="e.g. -2, or -2,-5 to concat")
     imp.add_argument("--vision-select-feature", choices=("patch", "cls_patch"), default="patch")
-    imp.add_argument("--projector-type", default="mlp2x_gelu", help="linear, identity or mlp<N>x_gelu")
+    imp.add_argument("--projector-type", default="mlp2x_gelu", help="linear, identity, mlp<N>x_gelu or mlp_downsample")
     imp.add_argument("--pad-vocab-multiple", type=int, default=1, help="round the grown vocab up (llava-hf: 64)")
     imp.add_argument("--seed", type=int, default=0, help="projector initialisation seed")
     imp.add_argument("--image-aspect-ratio", choices=("square", "pad", "keep"), help="stored as inference default")
