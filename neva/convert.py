@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     imp = sub.add_parser("hf-to-neva", help="HF llava-hf dir, or HF Llama + HF CLIP dirs → neva checkpoint")
     imp.add_argument("--hf", help="llava-hf directory")
     imp.add_argument("--llm", help="HF Llama directory (with --vision)")
-    imp.add_argument("--vision", help="HF CLIPVisionModel or CLIPModel directory (with --llm)")
+    imp.add_argument("--vision", help="HF CLIP or SigLIP directory (vision model or whole model; with --llm)")
     imp.add_argument("--vision-select-layer", type=_select_layer, default=-2, help="e.g. -2, or -2,-5 to concat")
     imp.add_argument("--vision-select-feature", choices=("patch", "cls_patch"), default="patch")
     imp.add_argument("--projector-type", default="mlp2x_gelu", help="linear, identity, mlp<N>x_gelu or mlp_downsample")

@@ -67,8 +67,10 @@ class VisionConfig:
         kind = TOWER_KINDS[self.kind]
         self.image_mean = kind["mean"] if self.image_mean is None else tuple(self.image_mean)
         self.image_std = kind["std"] if self.image_std is None else tuple(self.image_std)
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        # The patch convolution (no padding) drops a remainder, as HF's does: SigLIP so400m/14 at 384 px sees 27×27
+        # patches (378 px); the image is still resized to image_size.
+        if self.image_size < self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is smaller than patch_size {self.patch_size}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"vision hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.hidden_act not in kind["acts"]:

@@ -168,6 +168,11 @@ def test_mlp_downsample_equals_nemo(grid):
 
 
 def test_mlp_downsample_token_count_reaches_the_model():
+    so400m = build_config("llama2_7b", vision="siglip_so400m_384")
+    assert so400m.vision.seq_len == so400m.num_image_tokens == 729  # 384 // 14 = 27 per side, no class token
+    assert (
+        build_config("llama2_7b", vision="siglip_so400m_384", projector_type="mlp_downsample").num_image_tokens == 196
+    )
     cfg = build_config(vision="tiny_siglip", projector_type="mlp_downsample")
     assert cfg.vision.num_image_tokens == 16 and cfg.num_image_tokens == 4  # 4×4 grid → 2×2 merged tokens
     model = NevaModel(cfg)

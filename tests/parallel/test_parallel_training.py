@@ -343,17 +343,17 @@ FAMILY_LAYOUTS = {
 def test_family_layouts_match_one_process_and_resume_across_layouts(family, llava_dir, tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpt", family)
     data = [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)]
-    ref = train_losses(data, STEPS)
-    results = run_layouts(2, [(n, data + o, STEPS) for n, o in FAMILY_LAYOUTS.items()], tmp_path / "layouts")
+    ref = train_losses(data, 3)
+    results = run_layouts(2, [(n, data + o, 3) for n, o in FAMILY_LAYOUTS.items()], tmp_path / "layouts")
     _check_layouts(results, FAMILY_LAYOUTS, ref)
 
     e2e = _tiny_checkpoint(tmp_path / "e2e_ckpt", *FAMILIES[family])
-    run = [*FLAT_LR, *llava_overrides(llava_dir, False)]
-    tp = _train(tmp_path / "run", e2e, 2, *run, *FAMILY_LAYOUTS["tp2_sp"])
+    run = [*FLAT_LR, *llava_overrides(llava_dir, False), "trainer.max_steps=3"]
+    tp = _train(tmp_path / "run", e2e, 2, *run, *FAMILY_LAYOUTS["tp2_sp"], every=2)
     checkpoints = tmp_path / "run" / "finetune" / "checkpoints"
     import shutil
 
     shutil.rmtree(checkpoints / "last.ckpt")
-    shutil.copytree(checkpoints / "step=3.ckpt", checkpoints / "last.ckpt")  # DCP, written under TP2+SP
-    resumed = _train(tmp_path / "run", e2e, 1, *run)
-    assert _max_rel(resumed, tp) < RTOL, (resumed, tp)
+    shutil.copytree(checkpoints / "step=2.ckpt", checkpoints / "last.ckpt")  # DCP, written under TP2+SP
+    resumed = _train(tmp_path / "run", e2e, 1, *run, every=2)
+    assert len(resumed) == 3 and _max_rel(resumed, tp) < RTOL, (resumed, tp)
