@@ -52,7 +52,7 @@ class VisionConfig:
     num_heads: int = 16
     layer_norm_eps: float = 1e-5
     hidden_act: str = "quick_gelu"
-    # Hidden-state index as in HF ``output_hidden_states`` (0 = embeddings after pre-LN, -1 = last layer); a list
+    # Hidden-state index as in HF ``output_hidden_states`` (0 = embeddings, after CLIP's pre-LN; -1 = last layer); a list
     # concatenates several layers along the feature dimension (HF ``vision_feature_layer`` as a list).
     vision_select_layer: int | list[int] = -2
     # "patch": the patch tokens (CLIP drops its CLS: HF "default"; SigLIP has none to drop: HF "full");
