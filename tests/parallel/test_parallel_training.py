@@ -329,8 +329,8 @@ def test_hf_weights_load_straight_into_the_sharded_model(tmp_path):
 
 
 # Families with new parameter kinds, each once on LLaVA data: TP2+SP (sharded projector around a replicated LayerNorm,
-# replicated tower with its patch bias), PP2 (the tower on stage 0), DP2 ZeRO-3; then a checkpoint written under TP2+SP
-# resumes in one process. One spawn and two launches per family.
+# replicated tower with its patch bias), PP2 (the tower on stage 0), DP2 ZeRO-3, one bf16 O2 step; then a checkpoint
+# written under TP2+SP resumes in one process. One spawn and two launches per family.
 FAMILY_CASES = ["llama_siglip_downsample"]
 FAMILY_LAYOUTS = {
     "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
@@ -344,8 +344,16 @@ def test_family_layouts_match_one_process_and_resume_across_layouts(family, llav
     ckpt = make_checkpoint(tmp_path / "ckpt", family)
     data = [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)]
     ref = train_losses(data, 3)
-    results = run_layouts(2, [(n, data + o, 3) for n, o in FAMILY_LAYOUTS.items()], tmp_path / "layouts")
+    jobs = [(n, data + o, 3) for n, o in FAMILY_LAYOUTS.items()]
+    jobs.append(("dp2_fsdp_o2", data + ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"], 1))
+    results = run_layouts(2, jobs, tmp_path / "layouts")
     _check_layouts(results, FAMILY_LAYOUTS, ref)
+    for rank in results:  # O2: bf16 compute, fp32 (sharded) master weights, the projector's LayerNorm included
+        o2 = rank["dp2_fsdp_o2"]
+        assert (
+            o2["param_dtypes"] == ["torch.float32"]
+            and abs(o2["losses"][0] - ref["losses"][0]) < 2e-2 * ref["losses"][0]
+        )
 
     e2e = _tiny_checkpoint(tmp_path / "e2e_ckpt", *FAMILIES[family])
     run = [*FLAT_LR, *llava_overrides(llava_dir, False), "trainer.max_steps=3"]
