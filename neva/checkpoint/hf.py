@@ -318,7 +318,7 @@ def load_hf_weights(model: Any, llm_dir: str | os.PathLike, vision_dir: str | os
     Args:
         model: a ``NevaModel`` (or any object with ``cfg`` and ``state_dict()`` under neva keys) on a real device.
         llm_dir: HF ``LlamaForCausalLM`` directory.
-        vision_dir: HF ``CLIPVisionModel`` / ``CLIPModel`` directory, or None to keep the vision tower as is.
+        vision_dir: HF CLIP or SigLIP directory (vision model or whole model), or None to keep the vision tower as is.
 
     Raises:
         ValueError: unknown HF tensors, LLM/vision tensors the directories lack, or a tensor whose shape is not the
@@ -373,14 +373,15 @@ def import_llm_and_vision(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
 ) -> Path:
-    """Assemble a new neva checkpoint from an HF Llama and an HF CLIP (vision model or full CLIPModel).
+    """Assemble a new neva checkpoint from an HF Llama and an HF CLIP or SigLIP (vision model or whole model).
 
     The projector is freshly initialised (seeded). ``<image>`` (and ``<pad>`` if missing) join the tokenizer as
     special tokens; the embedding and LM head grow to the new vocabulary, new rows set to the mean of the old ones.
 
     Args:
         llm_dir: HF ``LlamaForCausalLM`` directory with its tokenizer.
-        vision_dir: HF ``CLIPVisionModel`` or ``CLIPModel`` directory (the text tower is skipped).
+        vision_dir: HF ``CLIPVisionModel`` / ``CLIPModel`` / ``SiglipVisionModel`` / ``SiglipModel`` directory (the text
+            tower, contrastive heads and SigLIP's pooling head are skipped).
         out: neva checkpoint directory to create.
         vision_select_layer: CLIP hidden state(s) fed to the projector (LLaVA ``mm_vision_select_layer``).
         vision_select_feature: ``patch`` (drop CLS) or ``cls_patch``.

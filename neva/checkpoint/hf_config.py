@@ -1,4 +1,5 @@
-"""Config translation between HF (``LlamaConfig``, ``CLIPVisionConfig``, ``LlavaConfig`` dicts) and neva configs."""
+"""Config translation between HF (``LlamaConfig``, ``CLIPVisionConfig`` / ``SiglipVisionConfig``, ``LlavaConfig``
+dicts) and neva configs."""
 
 from __future__ import annotations
 
