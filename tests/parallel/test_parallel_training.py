@@ -329,13 +329,15 @@ def test_hf_weights_load_straight_into_the_sharded_model(tmp_path):
 
 
 # Families with new parameter kinds, each once on LLaVA data: TP2+SP (sharded projector around a replicated LayerNorm,
-# replicated tower with its patch bias), PP2 (the tower on stage 0), DP2 ZeRO-3, one bf16 O2 step; then a checkpoint
-# written under TP2+SP resumes in one process. One spawn and two launches per family.
+# replicated tower with its patch bias), PP2 (the tower on stage 0), DP2 ZeRO-3 from a sharded (meta) initialisation,
+# one bf16 O2 step; then a checkpoint written under TP2+SP resumes in one process. One spawn and two launches per
+# family.
 FAMILY_CASES = ["llama_siglip_downsample"]
 FAMILY_LAYOUTS = {
     "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
     "pp2": ["model.pipeline_model_parallel_size=2"],
-    "dp2_zero3": ["model.data_parallel=fsdp", "model.zero_stage=3"],
+    # sharded initialisation: each rank allocates and loads only its shards of the checkpoint
+    "dp2_zero3_meta": ["model.data_parallel=fsdp", "model.zero_stage=3", "model.meta_init=true"],
 }
 
 
