@@ -16,8 +16,8 @@ class Downsample2x2(nn.Module):
 
     ``[N, g², C]`` → ``[N, ceil(g/2)², 4C]``. An odd grid gets one zero row at the bottom and one zero column at the
     right first. Token ``t = j · ceil(g/2) + i`` is the block of row pair ``i`` and column pair ``j`` (column pairs
-    outer, NeMo's order; VILA's later ``DownSample2x2BlockFix`` transposes it back to row-major), its features
-    ``[x[2i, 2j], x[2i, 2j+1], x[2i+1, 2j], x[2i+1, 2j+1]]``.
+    outer: NeMo's order, and VILA's until its NVILA release of December 2024, whose ``mlp_downsample`` adds a final
+    permute to row-major order, another model), its features ``[x[2i, 2j], x[2i, 2j+1], x[2i+1, 2j], x[2i+1, 2j+1]]``.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
