@@ -83,11 +83,13 @@ class LLMSettings:
 class VisionSettings:
     """``model.mm_cfg.vision_encoder``."""
 
-    from_pretrained: str | None = None  # local HF CLIP directory
+    from_pretrained: str | None = None  # local HF CLIP or SigLIP directory (vision model or the whole CLIP/SigLIP)
     freeze: bool = True
     preset: str = "tiny"
     vision_select_layer: int = -2
     vision_select_feature: str = "patch"
+    # NeMo's class_token_length: None = the tower's (CLIP 1, SigLIP 0); a value is checked against the tower at start
+    class_token_length: int | None = None
     arch_overrides: dict[str, Any] = field(default_factory=dict)
 
 

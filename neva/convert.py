@@ -53,10 +53,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     imp = sub.add_parser("hf-to-neva", help="HF llava-hf dir, or HF Llama + HF CLIP dirs → neva checkpoint")
     imp.add_argument("--hf", help="llava-hf directory, or a LLaVA-original one (llava_llama config.json)")
     imp.add_argument("--llm", help="HF Llama directory (with --vision; with --hf: a LLaVA pretrain output's decoder)")
-    imp.add_argument("--vision", help="HF CLIPVisionModel or CLIPModel directory (with --llm; with --hf: the tower)")
+    imp.add_argument(
+        "--vision", help="HF CLIP or SigLIP directory (vision model or whole model; with --llm; with --hf: the tower)"
+    )
     imp.add_argument("--vision-select-layer", type=_select_layer, default=-2, help="e.g. -2, or -2,-5 to concat")
     imp.add_argument("--vision-select-feature", choices=("patch", "cls_patch"), default="patch")
-    imp.add_argument("--projector-type", default="mlp2x_gelu", help="linear, identity or mlp<N>x_gelu")
+    imp.add_argument("--projector-type", default="mlp2x_gelu", help="linear, identity, mlp<N>x_gelu or mlp_downsample")
     imp.add_argument("--pad-vocab-multiple", type=int, default=1, help="round the grown vocab up (llava-hf: 64)")
     imp.add_argument("--seed", type=int, default=0, help="projector initialisation seed")
     imp.add_argument("--image-aspect-ratio", choices=("square", "pad", "keep"), help="stored as inference default")

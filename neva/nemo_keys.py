@@ -93,7 +93,7 @@ def _square_crop(value: str) -> str | None:
         return str(size)
     if isinstance(size, list) and len(size) == 2 and size[0] == size[1]:
         return str(size[0])
-    raise ConfigError(f"model.mm_cfg.vision_encoder.crop_size={value}: neva's CLIP takes square images only")
+    raise ConfigError(f"model.mm_cfg.vision_encoder.crop_size={value}: neva's towers take square images only")
 
 
 # Keys whose whole subtree has one meaning.
@@ -194,18 +194,25 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.mm_cfg.llm.from_pretrained": Same("a local HF Llama directory (NeMo: a .nemo file)"),
     "model.mm_cfg.llm.freeze": Same(),
     "model.mm_cfg.llm.model_type": Same("selects model.data.conv_template when that is null, as in NeMo"),
-    "model.mm_cfg.vision_encoder.from_pretrained": Same("a local HF CLIP directory"),
-    "model.mm_cfg.vision_encoder.from_hf": Fixed(("true",), "the vision encoder is read from HF CLIP files only"),
+    "model.mm_cfg.vision_encoder.from_pretrained": Same("a local HF CLIP or SigLIP directory"),
+    "model.mm_cfg.vision_encoder.from_hf": Fixed(("true",), "the vision encoder is read from HF CLIP / SigLIP files"),
     "model.mm_cfg.vision_encoder.patch_dim": Alias(_VISION_ARCH + "patch_size", _ARCH_NOTE),
     "model.mm_cfg.vision_encoder.crop_size": Alias(_VISION_ARCH + "image_size", _ARCH_NOTE, _square_crop),
     "model.mm_cfg.vision_encoder.hidden_size": Derived(
-        "the CLIP config (model.mm_cfg.vision_encoder.from_pretrained or .preset)"
+        "the tower's config (model.mm_cfg.vision_encoder.from_pretrained or .preset)"
     ),
     "model.mm_cfg.vision_encoder.vision_select_layer": Same(),
-    "model.mm_cfg.vision_encoder.class_token_length": Fixed(("1",), "CLIP has one class token"),
+    # SigLIP towers and NeMo's VILA projector (neva_mixtral_config.yaml: class_token_length 0, mlp_downsample)
+    "model.mm_cfg.vision_encoder.class_token_length": Same(
+        "checked against the tower at start: 1 for CLIP, 0 for SigLIP (no class token); the tower itself comes from "
+        "vision_encoder.from_pretrained or .preset"
+    ),
     "model.mm_cfg.vision_encoder.freeze": Same(),
     "model.mm_cfg.pretrain_mm_mlp_adapter": Same("LLaVA's mm_projector.bin / safetensors projector weights"),
-    "model.mm_cfg.mm_mlp_adapter_type": Same("linear, identity or mlp<N>x_gelu"),
+    "model.mm_cfg.mm_mlp_adapter_type": Same(
+        "linear, identity, mlp<N>x_gelu or mlp_downsample (NeMo's VILA 2x2 merge: ceil(side / 2)² tokens per image; "
+        "no HF export)"
+    ),
     "model.mm_cfg.use_im_start_end": Fixed(
         ("false",), "no <im_start>/<im_end> tokens (LLaVA-1.5 and NeMo's Llama recipes use none)"
     ),
@@ -316,7 +323,8 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.data.image_folder": Same(),
     "model.data.image_aspect_ratio": Same("square, pad or keep"),
     "model.data.image_token_len": Derived(
-        "the vision encoder: (image_size / patch_size)², plus one with vision_select_feature=cls_patch"
+        "the vision encoder: (image_size / patch_size)², plus one with vision_select_feature=cls_patch (CLIP); "
+        "ceil(image_size / patch_size / 2)² with mm_mlp_adapter_type=mlp_downsample"
     ),
     # model.optim
     "model.optim.name": Same("adamw (fused_adam and adam mean AdamW, as NeMo's fused_adam)"),

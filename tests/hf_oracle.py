@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig
 
 from neva.checkpoint.hf_config import neva_config_from_llava
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva
@@ -11,6 +11,11 @@ from neva.models.neva import NevaModel
 
 VISION_KW = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=28, patch_size=7
+)
+# A SigLIP tower on an odd patch grid (5×5: mlp_downsample pads it), the attention-pooling head kept as hub
+# checkpoints have it (LLaVA never runs it; import drops it).
+SIGLIP_KW = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=35, patch_size=7
 )
 TEXT_KW = dict(
     vocab_size=99,
@@ -23,15 +28,25 @@ TEXT_KW = dict(
 )
 
 
-def tiny_llava(seed: int = 0, text_kw: dict | None = None, **llava_kw) -> LlavaForConditionalGeneration:
-    """A random LlavaForConditionalGeneration (fp32, eval mode); image token = last id of the vocab."""
+def tiny_llava(
+    seed: int = 0, text_kw: dict | None = None, tower: str = "clip", **llava_kw
+) -> LlavaForConditionalGeneration:
+    """A random LlavaForConditionalGeneration (fp32, eval mode); image token = last id of the vocab.
+
+    ``tower="siglip"``: a SigLIP vision config (``SIGLIP_KW``) fed in full (``vision_feature_select_strategy=full``,
+    as llava-hf's SigLIP checkpoints do)."""
     torch.manual_seed(seed)
     text = {**TEXT_KW, **(text_kw or {})}
+    if tower == "siglip":
+        vision, vision_kw = SiglipVisionConfig(**SIGLIP_KW), SIGLIP_KW
+        llava_kw.setdefault("vision_feature_select_strategy", "full")
+    else:
+        vision, vision_kw = CLIPVisionConfig(**VISION_KW), VISION_KW
     cfg = LlavaConfig(
-        vision_config=CLIPVisionConfig(**VISION_KW),
+        vision_config=vision,
         text_config=LlamaConfig(**text),
         image_token_index=text["vocab_size"] - 1,
-        image_seq_length=(VISION_KW["image_size"] // VISION_KW["patch_size"]) ** 2,
+        image_seq_length=(vision_kw["image_size"] // vision_kw["patch_size"]) ** 2,
         **llava_kw,
     )
     model = LlavaForConditionalGeneration(cfg).eval()

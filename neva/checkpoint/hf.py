@@ -21,6 +21,7 @@ import torch
 
 from neva.checkpoint.atomic import atomic_directory
 from neva.checkpoint.hf_config import (
+    hf_select_strategy,
     llava_config_dict,
     llm_config_from_hf,
     neva_config_from_llava,
@@ -65,9 +66,11 @@ PAD_TOKEN = "<pad>"
 BIN_NAME = "pytorch_model.bin"
 BIN_INDEX_NAME = "pytorch_model.bin.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-# HF tensors neva does not keep: rotary buffers of old checkpoints, CLIP's text tower and contrastive heads.
+# HF tensors neva does not keep: rotary buffers of old checkpoints, CLIP's / SigLIP's text tower and contrastive heads,
+# SigLIP's attention-pooling head (its contrastive image embedding; LLaVA reads hidden states and never runs it).
 _IGNORED = re.compile(
-    r"(rotary_emb\.inv_freq$|position_ids$|^text_model\.|^logit_scale$|^text_projection\.|^visual_projection\.)"
+    r"(rotary_emb\.inv_freq$|position_ids$|^text_model\.|^logit_scale$|^logit_bias$|^text_projection\.|"
+    r"^visual_projection\.|^(model\.)?(vision_tower\.|vision_model\.)*head\.)"
 )
 
 
@@ -315,7 +318,7 @@ def load_hf_weights(model: Any, llm_dir: str | os.PathLike, vision_dir: str | os
     Args:
         model: a ``NevaModel`` (or any object with ``cfg`` and ``state_dict()`` under neva keys) on a real device.
         llm_dir: HF ``LlamaForCausalLM`` directory.
-        vision_dir: HF ``CLIPVisionModel`` / ``CLIPModel`` directory, or None to keep the vision tower as is.
+        vision_dir: HF CLIP or SigLIP directory (vision model or whole model), or None to keep the vision tower as is.
 
     Raises:
         ValueError: unknown HF tensors, LLM/vision tensors the directories lack, or a tensor whose shape is not the
@@ -370,14 +373,15 @@ def import_llm_and_vision(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
 ) -> Path:
-    """Assemble a new neva checkpoint from an HF Llama and an HF CLIP (vision model or full CLIPModel).
+    """Assemble a new neva checkpoint from an HF Llama and an HF CLIP or SigLIP (vision model or whole model).
 
     The projector is freshly initialised (seeded). ``<image>`` (and ``<pad>`` if missing) join the tokenizer as
     special tokens; the embedding and LM head grow to the new vocabulary, new rows set to the mean of the old ones.
 
     Args:
         llm_dir: HF ``LlamaForCausalLM`` directory with its tokenizer.
-        vision_dir: HF ``CLIPVisionModel`` or ``CLIPModel`` directory (the text tower is skipped).
+        vision_dir: HF ``CLIPVisionModel`` / ``CLIPModel`` / ``SiglipVisionModel`` / ``SiglipModel`` directory (the text
+            tower, contrastive heads and SigLIP's pooling head are skipped).
         out: neva checkpoint directory to create.
         vision_select_layer: CLIP hidden state(s) fed to the projector (LLaVA ``mm_vision_select_layer``).
         vision_select_feature: ``patch`` (drop CLS) or ``cls_patch``.
@@ -534,30 +538,38 @@ def _with_image_row(
 def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any, chat_template: str) -> None:
     import copy
 
-    from transformers import CLIPImageProcessor, LlavaProcessor
+    from transformers import LlavaProcessor
 
     tokenizer = copy.copy(tokenizer)  # the caller's tokenizer keeps its own chat template
     tokenizer.chat_template = chat_template
 
     v = cfg.vision
-    image_processor = CLIPImageProcessor(
-        size={"shortest_edge": v.image_size},
-        crop_size={"height": v.image_size, "width": v.image_size},
-        image_mean=list(v.image_mean),
-        image_std=list(v.image_std),
-    )
+    image_processor = hf_image_processor(v)
     processor = LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
         patch_size=v.patch_size,
-        vision_feature_select_strategy="default" if v.vision_select_feature == "patch" else "full",
-        num_additional_image_tokens=1,  # CLIP's CLS; "default" removes it again
+        vision_feature_select_strategy=hf_select_strategy(v),
+        num_additional_image_tokens=v.class_tokens,  # CLIP's CLS ("default" removes it again); SigLIP has none
         image_token=tokenizer.convert_ids_to_tokens(cfg.image_token_id),
         chat_template=chat_template,
     )
     processor.save_pretrained(str(directory))
     # transformers 4.x reads the image processor from its own file; 5.x from processor_config.json.
     image_processor.save_pretrained(str(directory))
+
+
+def hf_image_processor(v: Any) -> Any:
+    """The transformers image processor doing what neva's does for tower ``v`` (``square`` aspect ratio): CLIP
+    resizes the short side and centre-crops, SigLIP resizes to the square (``neva.data.images``)."""
+    from transformers import CLIPImageProcessor, SiglipImageProcessor
+
+    stats = dict(image_mean=list(v.image_mean), image_std=list(v.image_std))
+    if v.kind == "siglip":
+        return SiglipImageProcessor(size={"height": v.image_size, "width": v.image_size}, **stats)
+    return CLIPImageProcessor(
+        size={"shortest_edge": v.image_size}, crop_size={"height": v.image_size, "width": v.image_size}, **stats
+    )
 
 
 def export_llava(
@@ -587,7 +599,8 @@ def export_llava(
     aspect = meta.get("image_aspect_ratio", "square")
     if aspect != "square":
         warnings.warn(
-            f"checkpoint uses image_aspect_ratio={aspect!r}; the exported CLIPImageProcessor resizes and crops",
+            f"checkpoint uses image_aspect_ratio={aspect!r}; the exported "
+            f"{type(hf_image_processor(cfg.vision)).__name__} does not pad as the run did",
             stacklevel=2,
         )
     if meta.get("tokenization", "neva") == "llava":

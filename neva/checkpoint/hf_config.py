@@ -1,4 +1,5 @@
-"""Config translation between HF (``LlamaConfig``, ``CLIPVisionConfig``, ``LlavaConfig`` dicts) and neva configs."""
+"""Config translation between HF (``LlamaConfig``, ``CLIPVisionConfig`` / ``SiglipVisionConfig``, ``LlavaConfig``
+dicts) and neva configs."""
 
 from __future__ import annotations
 
@@ -30,24 +31,77 @@ def llm_config_from_hf(hf: dict[str, Any]) -> LLMConfig:
     )
 
 
+# HF vision ``model_type`` → neva tower kind (``VisionConfig.kind``), and what a dict without a field means.
+TOWER_MODEL_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
+_TOWER_DEFAULTS = {
+    "clip": dict(patch_size=32, layer_norm_eps=1e-5, hidden_act="quick_gelu"),
+    "siglip": dict(patch_size=16, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
+}
+# LLaVA's vision_feature_select_strategy per tower: "default" drops the first token (CLIP's CLS), "full" keeps all.
+_SELECT_FROM_HF = {"clip": {"default": "patch", "full": "cls_patch"}, "siglip": {"full": "patch"}}
+_SELECT_TO_HF = {kind: {v: k for k, v in table.items()} for kind, table in _SELECT_FROM_HF.items()}
+
+
+def tower_kind(hf: dict[str, Any]) -> str:
+    """The neva tower kind of an HF vision config dict (a full CLIPConfig / SiglipConfig: its ``vision_config``).
+
+    Raises:
+        ValueError: a ``model_type`` neva has no tower for, named with the supported ones.
+    """
+    hf = hf.get("vision_config", hf)
+    model_type = hf.get("model_type")
+    if model_type not in TOWER_MODEL_TYPES:
+        why = (
+            " (SigLIP2's NaFlex variable-resolution tower; fixed-resolution SigLIP2 checkpoints are siglip)"
+            if (model_type == "siglip2_vision_model")
+            else ""
+        )
+        raise ValueError(
+            f"vision config model_type={model_type!r}{why} is not a supported tower; supported: "
+            + ", ".join(f"{k} ({v})" for k, v in TOWER_MODEL_TYPES.items())
+        )
+    return TOWER_MODEL_TYPES[model_type]
+
+
 def vision_config_from_hf(
     hf: dict[str, Any], select_layer: int | list[int] = -2, select: str = "patch"
 ) -> VisionConfig:
-    """VisionConfig from an HF CLIP vision config dict (or a full CLIPConfig dict: its ``vision_config`` is used)."""
+    """VisionConfig from an HF CLIP / SigLIP vision config dict (or a full CLIPConfig / SiglipConfig dict: its
+    ``vision_config`` is used). The kind comes from ``model_type`` (``tower_kind``)."""
+    kind = tower_kind(hf)
     hf = hf.get("vision_config", hf)
+    defaults = _TOWER_DEFAULTS[kind]
     return VisionConfig(
+        kind=kind,
         image_size=hf.get("image_size", 224),
-        patch_size=hf.get("patch_size", 32),
+        patch_size=hf.get("patch_size", defaults["patch_size"]),
         num_channels=hf.get("num_channels", 3),
         hidden_size=hf.get("hidden_size", 768),
         intermediate_size=hf.get("intermediate_size", 3072),
         num_layers=hf.get("num_hidden_layers", 12),
         num_heads=hf.get("num_attention_heads", 12),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-5),
-        hidden_act=hf.get("hidden_act", "quick_gelu"),
+        layer_norm_eps=hf.get("layer_norm_eps", defaults["layer_norm_eps"]),
+        hidden_act=hf.get("hidden_act", defaults["hidden_act"]),
         vision_select_layer=select_layer,
         vision_select_feature=select,
     )
+
+
+def select_feature_from_hf(kind: str, strategy: str) -> str:
+    """neva's ``vision_select_feature`` for llava-hf's ``vision_feature_select_strategy`` on a ``kind`` tower.
+
+    Raises:
+        ValueError: ``default`` on a tower without a class token: transformers then drops the first *patch*
+            (``hidden_states[:, 1:]``), a model neva does not build.
+    """
+    table = _SELECT_FROM_HF[kind]
+    if strategy not in table:
+        raise ValueError(
+            f"vision_feature_select_strategy={strategy!r} on a {kind} tower: transformers drops the first token as if "
+            f"it were CLIP's class token, but a {kind} tower has none, so a real patch would be dropped; neva supports "
+            + " or ".join(repr(k) for k in table)
+        )
+    return table[strategy]
 
 
 def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
@@ -58,7 +112,7 @@ def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
     vision = vision_config_from_hf(
         hf["vision_config"],
         select_layer=hf.get("vision_feature_layer", -2),
-        select={"default": "patch", "full": "cls_patch"}[strategy],
+        select=select_feature_from_hf(tower_kind(hf["vision_config"]), strategy),
     )
     text = dict(hf["text_config"])
     text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
@@ -75,6 +129,12 @@ def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
 
 def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[str, Any]:
     """``LlavaConfig`` kwargs (vision_config/text_config as dicts) for a NevaConfig; only ``mlp2x_gelu`` exports."""
+    if cfg.projector is not None and cfg.projector.type == "mlp_downsample":
+        raise ValueError(
+            "mlp_downsample cannot be exported to HF LlavaForConditionalGeneration: transformers has no llava-hf class "
+            "with NeMo's 2x2 patch merge and LayerNorm projector, and dropping them would be a different model; keep "
+            "the neva checkpoint"
+        )
     if cfg.vision is None or cfg.projector is None or cfg.projector.type != "mlp2x_gelu":
         raise ValueError("HF LlavaForConditionalGeneration needs a vision tower and an mlp2x_gelu projector")
     v, t = cfg.vision, cfg.llm
@@ -82,7 +142,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
     select = v.vision_select_layer
     return dict(
         vision_config=dict(
-            model_type="clip_vision_model",
+            model_type={kind: model_type for model_type, kind in TOWER_MODEL_TYPES.items()}[v.kind],
             image_size=v.image_size,
             patch_size=v.patch_size,
             num_channels=v.num_channels,
@@ -92,6 +152,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             num_attention_heads=v.num_heads,
             layer_norm_eps=v.layer_norm_eps,
             hidden_act=v.hidden_act,
+            **({"vision_use_head": False} if v.kind == "siglip" else {}),  # LLaVA never runs SigLIP's pooling head
         ),
         text_config=dict(
             model_type="llama",
@@ -110,9 +171,14 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
         ),
         image_token_index=cfg.image_token_id,
         projector_hidden_act="gelu",
-        vision_feature_select_strategy="default" if v.vision_select_feature == "patch" else "full",
+        vision_feature_select_strategy=hf_select_strategy(v),
         vision_feature_layer=list(select) if isinstance(select, (list, tuple)) else select,
         image_seq_length=v.num_image_tokens,
         multimodal_projector_bias=cfg.projector.bias,
         tie_word_embeddings=t.tie_word_embeddings,
     )
+
+
+def hf_select_strategy(vision: VisionConfig) -> str:
+    """llava-hf's ``vision_feature_select_strategy`` for a neva tower (SigLIP's ``patch`` is HF's ``full``)."""
+    return _SELECT_TO_HF[vision.kind][vision.vision_select_feature]

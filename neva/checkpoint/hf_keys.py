@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 
-VISION_TABLE = {  # neva (under "vision.") : HF CLIP vision (under the vision prefix)
+VISION_TABLE = {  # neva (under "vision.") : HF CLIP / SigLIP vision (under the vision prefix)
     "patch_embed.weight": "embeddings.patch_embedding.weight",
+    "patch_embed.bias": "embeddings.patch_embedding.bias",  # SigLIP only (CLIP's has none; SigLIP has no cls/pre_norm)
     "cls_token": "embeddings.class_embedding",
     "pos_embed.weight": "embeddings.position_embedding.weight",
     "pre_norm.weight": "pre_layrnorm.weight",
@@ -62,8 +63,8 @@ VISION_PREFIXES = (
     "model.vision_tower.",
     "vision_tower.vision_model.",
     "vision_tower.",
-    "vision_model.",  # standalone CLIPVisionModel / CLIPModel
-    "",  # bare CLIPVisionTransformer
+    "vision_model.",  # standalone CLIPVisionModel / CLIPModel / SiglipModel
+    "",  # bare CLIPVisionTransformer; SiglipVisionModel saved by transformers 5
 )
 LLM_PREFIXES = ("model.language_model.model.", "model.language_model.", "language_model.model.", "model.")
 LM_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight", "model.language_model.lm_head.weight")

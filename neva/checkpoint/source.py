@@ -352,6 +352,11 @@ def neva_config_from_mm(mm: MMConfig, vocab_size: int | None = None, image_token
     vision.update(vision_select_layer=v.vision_select_layer, vision_select_feature=v.vision_select_feature)
     vision.update(v.arch_overrides)
     vision_cfg = build(VisionConfig, vision, "model.mm_cfg.vision_encoder.")
+    if v.class_token_length is not None and v.class_token_length != vision_cfg.class_tokens:
+        raise ConfigError(
+            f"model.mm_cfg.vision_encoder.class_token_length={v.class_token_length}, but the {vision_cfg.kind} tower "
+            f"has {vision_cfg.class_tokens} class token(s) (CLIP 1, SigLIP 0); remove the key or choose the tower"
+        )
     projector = build(
         ProjectorConfig,
         dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size),

@@ -137,8 +137,11 @@ class NevaDataModule:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.image_token_id = tokenizer_image_token_id(tokenizer)
+        # LLM positions per image: after the projector (mlp_downsample merges 2×2 patches) when the model is known.
+        image_tokens = vision.num_image_tokens if vision is not None else 0
         if model_config is not None:
             vision = model_config.vision
+            image_tokens = model_config.num_image_tokens
             if model_config.image_token_id != self.image_token_id:
                 raise ValueError(
                     f"model image_token_id {model_config.image_token_id} != tokenizer's {IMAGE_TOKEN} id "
@@ -163,7 +166,7 @@ class NevaDataModule:
             tokenizer=tokenizer,
             template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template, cfg.system_prompt),
             image_token_id=self.image_token_id,
-            num_image_tokens=vision.num_image_tokens if vision is not None else 0,
+            num_image_tokens=image_tokens,
             max_length=self.seq_length,
             image_token_placement=cfg.image_token_placement,
             system_prompt=cfg.system_prompt,

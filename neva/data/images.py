@@ -1,9 +1,16 @@
-"""Image decoding and CLIP preprocessing, pixel-identical to ``transformers.CLIPImageProcessor``.
+"""Image decoding and per-tower preprocessing, pixel-identical to the tower's transformers image processor.
 
-CLIP's recipe: RGB → bicubic resize of the shortest edge to ``image_size`` (PIL, long edge ``int(size*long/short)``)
-→ centre crop ``image_size`` × ``image_size`` (top/left = ``(dim - size) // 2``) → ``/255`` → ``(x - mean) / std``.
-The geometric part runs here, in the loader's workers, and yields uint8 pixels; ``/255`` and the mean/std
-normalisation run on the device, in fp32, inside the vision tower (``neva.models.vision.normalize_pixels``).
+Each tower kind brings its own fit to the square input (``FITS``):
+
+* CLIP (``CLIPImageProcessor``): RGB → bicubic resize of the shortest edge to ``image_size`` (PIL, long edge
+  ``int(size*long/short)``) → centre crop ``image_size`` × ``image_size`` (top/left = ``(dim - size) // 2``).
+* SigLIP (``SiglipImageProcessor``): RGB → bicubic resize of the whole image to ``image_size`` × ``image_size`` (the
+  aspect ratio is not kept; no crop).
+
+then ``/255`` → ``(x - mean) / std`` with the tower's statistics (CLIP's, SigLIP's 0.5). The geometric part runs
+here, in the loader's workers, and yields uint8 pixels; ``/255`` and the mean/std normalisation run on the device, in
+fp32, inside the vision tower (``neva.models.vision.normalize_pixels``). ``image_aspect_ratio=pad`` (LLaVA's
+``expand2square``) fills with the tower's own mean colour before the fit; ``keep`` letterboxes with it instead.
 """
 
 from __future__ import annotations
@@ -30,14 +37,35 @@ class ImageError(SampleError):
     """An image that cannot be used."""
 
 
+def resize_shortest_and_crop(image: Image.Image, size: int) -> np.ndarray:
+    """CLIP's fit: bicubic resize of the shortest edge to ``size``, then the centre ``size`` × ``size`` crop."""
+    w, h = image.size
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = size, int(size * long / short)
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    arr = np.asarray(image.resize((new_w, new_h), resample=Image.BICUBIC))
+    top, left = (new_h - size) // 2, (new_w - size) // 2
+    return arr[top : top + size, left : left + size]
+
+
+def resize_square(image: Image.Image, size: int) -> np.ndarray:
+    """SigLIP's fit: bicubic resize of the whole image to ``size`` × ``size``."""
+    return np.asarray(image.resize((size, size), resample=Image.BICUBIC))
+
+
+FITS: dict[str, Callable[[Image.Image, int], np.ndarray]] = {"clip": resize_shortest_and_crop, "siglip": resize_square}
+"""Per tower kind (``VisionConfig.kind``): RGB image → uint8 ``[size, size, 3]`` as its HF image processor."""
+
+
 class ImageProcessor:
-    """CLIP preprocessing for one vision config and ``image_aspect_ratio``."""
+    """One tower's preprocessing (``FITS[vision.kind]``, its mean as fill colour) for one ``image_aspect_ratio``."""
 
     def __init__(self, vision: VisionConfig, aspect_ratio: str = "square") -> None:
         if aspect_ratio not in ("square", "pad", "keep"):
             raise ValueError(f"image_aspect_ratio must be square, pad or keep, got {aspect_ratio!r}")
         self.size = vision.image_size
         self.aspect_ratio = aspect_ratio
+        self.fit = FITS[vision.kind]
         # LLaVA's expand2square fills with tuple(int(x * 255) for x in image_mean): truncation, not rounding.
         self.fill = tuple(int(x * 255) for x in vision.image_mean)
 
@@ -48,16 +76,7 @@ class ImageProcessor:
             image = expand_to_square(image, self.fill)
         elif self.aspect_ratio == "keep":
             return _chw(self._keep(image))
-        return _chw(self._resize_crop(image))
-
-    def _resize_crop(self, image: Image.Image) -> np.ndarray:
-        w, h = image.size
-        short, long = (w, h) if w <= h else (h, w)
-        new_short, new_long = self.size, int(self.size * long / short)
-        new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
-        arr = np.asarray(image.resize((new_w, new_h), resample=Image.BICUBIC))
-        top, left = (new_h - self.size) // 2, (new_w - self.size) // 2
-        return arr[top : top + self.size, left : left + self.size]
+        return _chw(self.fit(image, self.size))
 
     def _keep(self, image: Image.Image) -> np.ndarray:
         # The whole image stays visible: longer side → size, the rest filled with the mean colour (no crop).

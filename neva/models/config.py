@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from neva.constants import CLIP_MEAN, CLIP_STD
+from neva.constants import CLIP_MEAN, CLIP_STD, SIGLIP_MEAN, SIGLIP_STD
 from neva.typed import build
 
 T = TypeVar("T")
@@ -27,10 +27,22 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+# Per tower kind: the activations its MLP may use, its class tokens, and its image statistics when none are given.
+TOWER_KINDS = {
+    "clip": dict(acts=("quick_gelu", "gelu"), class_tokens=1, mean=CLIP_MEAN, std=CLIP_STD),
+    "siglip": dict(acts=("gelu_pytorch_tanh",), class_tokens=0, mean=SIGLIP_MEAN, std=SIGLIP_STD),
+}
+
+
 @dataclass
 class VisionConfig:
-    """CLIP ViT vision encoder (HF ``CLIPVisionConfig`` fields under LLaVA/NeMo names)."""
+    """ViT vision encoder (HF ``CLIPVisionConfig`` / ``SiglipVisionConfig`` fields under LLaVA/NeMo names).
 
+    ``kind`` picks the tower (``neva.models.towers``): ``clip`` (class token, pre-LN, quick-GELU) or ``siglip``
+    (SigLIP / SigLIP2 at a fixed resolution: no class token, no pre-LN, tanh-GELU, biased patch embedding).
+    """
+
+    kind: str = "clip"
     image_size: int = 336
     patch_size: int = 14
     num_channels: int = 3
@@ -40,22 +52,35 @@ class VisionConfig:
     num_heads: int = 16
     layer_norm_eps: float = 1e-5
     hidden_act: str = "quick_gelu"
-    # Hidden-state index as in HF ``output_hidden_states`` (0 = embeddings after pre-LN, -1 = last layer); a list
+    # Hidden-state index as in HF ``output_hidden_states`` (0 = embeddings, after CLIP's pre-LN; -1 = last layer); a list
     # concatenates several layers along the feature dimension (HF ``vision_feature_layer`` as a list).
     vision_select_layer: int | list[int] = -2
-    vision_select_feature: str = "patch"  # "patch" drops CLS (HF "default"), "cls_patch" keeps it (HF "full")
-    image_mean: tuple[float, float, float] = CLIP_MEAN
-    image_std: tuple[float, float, float] = CLIP_STD
+    # "patch": the patch tokens (CLIP drops its CLS: HF "default"; SigLIP has none to drop: HF "full");
+    # "cls_patch": CLIP's CLS and patches (HF "full"), not for a tower without a class token.
+    vision_select_feature: str = "patch"
+    image_mean: tuple[float, float, float] | None = None  # None: the tower kind's (CLIP's, or SigLIP's 0.5)
+    image_std: tuple[float, float, float] | None = None
 
     def __post_init__(self) -> None:
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.kind not in TOWER_KINDS:
+            raise ValueError(f"vision kind must be one of {sorted(TOWER_KINDS)}, got {self.kind!r}")
+        kind = TOWER_KINDS[self.kind]
+        self.image_mean = kind["mean"] if self.image_mean is None else tuple(self.image_mean)
+        self.image_std = kind["std"] if self.image_std is None else tuple(self.image_std)
+        # The patch convolution (no padding) drops a remainder, as HF's does: SigLIP so400m/14 at 384 px sees 27×27
+        # patches (378 px); the image is still resized to image_size.
+        if self.image_size < self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is smaller than patch_size {self.patch_size}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"vision hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.hidden_act not in ("quick_gelu", "gelu"):
-            raise ValueError(f"vision hidden_act must be quick_gelu or gelu, got {self.hidden_act!r}")
+        if self.hidden_act not in kind["acts"]:
+            raise ValueError(
+                f"{self.kind} vision hidden_act must be {' or '.join(kind['acts'])}, got {self.hidden_act!r}"
+            )
         if self.vision_select_feature not in ("patch", "cls_patch"):
             raise ValueError(f"vision_select_feature must be patch or cls_patch, got {self.vision_select_feature!r}")
+        if self.vision_select_feature == "cls_patch" and not self.class_tokens:
+            raise ValueError(f"vision_select_feature=cls_patch: a {self.kind} tower has no class token to keep")
         for layer in self.select_layers:
             if not -(self.num_layers + 1) <= layer <= self.num_layers:
                 raise ValueError(f"vision_select_layer {layer} out of range for {self.num_layers} layers")
@@ -76,13 +101,28 @@ class VisionConfig:
         return max(self.select_indices)
 
     @property
+    def grid(self) -> int:
+        """Patches per side."""
+        return self.image_size // self.patch_size
+
+    @property
     def num_patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        return self.grid**2
+
+    @property
+    def class_tokens(self) -> int:
+        """Class tokens the tower prepends to its patches (CLIP 1, SigLIP 0)."""
+        return TOWER_KINDS[self.kind]["class_tokens"]
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens inside the tower (patches and class tokens): the rows its blocks multiply."""
+        return self.num_patches + self.class_tokens
 
     @property
     def num_image_tokens(self) -> int:
-        """LLM positions one image occupies after the projector."""
-        return self.num_patches + (1 if self.vision_select_feature == "cls_patch" else 0)
+        """Feature tokens per image handed to the projector (``NevaConfig.num_image_tokens``: after it)."""
+        return self.num_patches + (self.class_tokens if self.vision_select_feature == "cls_patch" else 0)
 
     @property
     def feature_size(self) -> int:
@@ -126,12 +166,13 @@ class LLMConfig:
             raise ValueError(f"unsupported rope_scaling {self.rope_scaling}; supported: linear, llama3")
 
 
-_PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu)$")
+_PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$")
 
 
 @dataclass
 class ProjectorConfig:
-    """Vision→LLM projector: ``linear``, ``identity`` or ``mlp{N}x_gelu`` (LLaVA's ``mm_projector_type``)."""
+    """Vision→LLM projector: ``linear``, ``identity``, ``mlp{N}x_gelu`` (LLaVA's ``mm_projector_type``) or
+    ``mlp_downsample`` (NeMo's, from VILA: 2×2 neighbouring patches merged into one token, LayerNorm, 2-layer MLP)."""
 
     type: str = "mlp2x_gelu"
     input_size: int = 1024
@@ -140,7 +181,9 @@ class ProjectorConfig:
 
     def __post_init__(self) -> None:
         if not _PROJECTOR_TYPE.match(self.type):
-            raise ValueError(f"projector type must be linear, identity or mlp<N>x_gelu, got {self.type!r}")
+            raise ValueError(
+                f"projector type must be linear, identity, mlp<N>x_gelu or mlp_downsample, got {self.type!r}"
+            )
         if self.type == "identity" and self.input_size != self.output_size:
             raise ValueError("identity projector needs input_size == output_size")
 
@@ -148,7 +191,16 @@ class ProjectorConfig:
     def depth(self) -> int:
         """Number of Linear layers."""
         match = _PROJECTOR_TYPE.match(self.type)
+        if self.type == "mlp_downsample":
+            return 2
         return int(match.group(2)) if match.group(2) else (0 if self.type == "identity" else 1)
+
+    def num_tokens(self, vision: VisionConfig) -> int:
+        """LLM positions one image occupies after this projector: the tower's feature tokens, or for
+        ``mlp_downsample`` one per 2×2 block of the patch grid, an odd side padded up (NeMo: ceil(side / 2)²)."""
+        if self.type == "mlp_downsample":
+            return (-(-vision.grid // 2)) ** 2
+        return vision.num_image_tokens
 
 
 @dataclass
@@ -162,6 +214,11 @@ class NevaConfig:
 
     def __post_init__(self) -> None:
         if self.vision is not None and self.projector is not None:
+            if self.projector.type == "mlp_downsample" and self.vision.vision_select_feature == "cls_patch":
+                raise ValueError(
+                    "mlp_downsample merges 2x2 blocks of the patch grid: vision_select_feature=cls_patch adds a "
+                    "class token outside the grid (use patch)"
+                )
             if self.projector.input_size != self.vision.feature_size:
                 raise ValueError(
                     f"projector input_size {self.projector.input_size} != vision feature size {self.vision.feature_size}"
@@ -177,7 +234,9 @@ class NevaConfig:
 
     @property
     def num_image_tokens(self) -> int:
-        return 0 if self.vision is None else self.vision.num_image_tokens
+        if self.vision is None:
+            return 0
+        return self.vision.num_image_tokens if self.projector is None else self.projector.num_tokens(self.vision)
 
     @property
     def image_token_has_row(self) -> bool:

@@ -83,7 +83,7 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
             layer = int(pieces[2])
             return None if layer >= cfg.vision.layers_run else (0, 2 + layer, _step(pieces[3:], _VISION_STEPS))
         if pieces[1] == "post_norm":
-            return None  # LLaVA's features skip it
+            return None  # LLaVA's features skip it (CLIP and SigLIP alike)
         return (0, 0 if pieces[1] == "patch_embed" else 1, 0)
     if pieces[0] == "projector":
         return (1, int(pieces[1]), 0)
@@ -101,7 +101,7 @@ def _rows(name: str, shape: tuple[int, ...], cfg: NevaConfig) -> tuple[str, int]
     if len(shape) != 2:
         return None  # norms, biases, the CLS token
     if name.startswith("vision.layers."):
-        return "image", cfg.vision.num_patches + 1
+        return "image", cfg.vision.seq_len
     if name.startswith("projector."):
         return "image", cfg.num_image_tokens
     if name.startswith(("llm.layers.", "llm.output.")):
@@ -144,7 +144,7 @@ def _attention_cores(cfg: NevaConfig, upstream_trains: Callable[[tuple], bool]) 
     terms = []
     if cfg.vision is not None:
         v = cfg.vision
-        tokens = v.num_patches + 1
+        tokens = v.seq_len
         for i in range(cfg.vision.layers_run):
             forward = 4 * tokens * tokens * v.hidden_size
             backward = 2 * forward if upstream_trains((0, 2 + i, _VISION_STEPS["core"])) else 0

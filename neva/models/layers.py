@@ -57,4 +57,9 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
-ACTIVATIONS = {"quick_gelu": quick_gelu, "gelu": F.gelu, "silu": F.silu}
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """HF ``gelu_pytorch_tanh`` (SigLIP's MLP)."""
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"quick_gelu": quick_gelu, "gelu": F.gelu, "silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}

@@ -9,7 +9,7 @@ from neva.models.config import NevaConfig
 from neva.models.llama import KVCache, LlamaDecoder
 from neva.models.lora import dropout_keys as lora_dropout_keys
 from neva.models.projector import build_projector, init_projector
-from neva.models.vision import VisionTower
+from neva.models.towers import build_tower
 
 
 class NevaModel(nn.Module):
@@ -22,7 +22,7 @@ class NevaModel(nn.Module):
     def __init__(self, cfg: NevaConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.vision: VisionTower | None = VisionTower(cfg.vision) if cfg.vision is not None else None
+        self.vision: nn.Module | None = build_tower(cfg.vision) if cfg.vision is not None else None
         self.projector: nn.Sequential | None = build_projector(cfg.projector) if cfg.projector is not None else None
         self.llm = LlamaDecoder(cfg.llm)
 

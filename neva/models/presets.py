@@ -1,4 +1,5 @@
-"""Published model shapes (Llama-2 7B/13B/70B, CLIP ViT-L/14 at 224 and 336 px) and the tiny embedded default."""
+"""Published model shapes (Llama-2 7B/13B/70B, CLIP ViT-L/14 at 224 and 336 px, SigLIP so400m/14 at 384 px) and the
+tiny embedded default (CLIP or SigLIP tower)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,30 @@ VISION_PRESETS: dict[str, dict] = {
     "tiny": dict(image_size=32, patch_size=8, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4),
     "clip_vit_l14_224": dict(image_size=224, patch_size=14),
     "clip_vit_l14_336": dict(image_size=336, patch_size=14),
+    # The tiny tower as SigLIP (no class token: 16 image tokens, 4 with mlp_downsample).
+    "tiny_siglip": dict(
+        kind="siglip",
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        layer_norm_eps=1e-6,
+        hidden_act="gelu_pytorch_tanh",
+    ),
+    # google/siglip-so400m-patch14-384 (config.json vision_config): 27×27 = 729 patches, width 1152, 27 layers.
+    "siglip_so400m_384": dict(
+        kind="siglip",
+        image_size=384,
+        patch_size=14,
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_layers=27,
+        num_heads=16,
+        layer_norm_eps=1e-6,
+        hidden_act="gelu_pytorch_tanh",
+    ),
 }
 
 LLM_PRESETS: dict[str, dict] = {

@@ -1,20 +1,55 @@
-"""Vision→LLM projector (LLaVA ``mm_projector``)."""
+"""Vision→LLM projector (LLaVA ``mm_projector``; NeMo's ``mlp_downsample``)."""
 
 from __future__ import annotations
 
+import math
+
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from neva.models.config import ProjectorConfig
 
 
+class Downsample2x2(nn.Module):
+    """NeMo NeVA's ``DownSampleBlock`` (from VILA): each 2×2 block of the square patch grid becomes one token.
+
+    ``[N, g², C]`` → ``[N, ceil(g/2)², 4C]``. An odd grid gets one zero row at the bottom and one zero column at the
+    right first. Token ``t = j · ceil(g/2) + i`` is the block of row pair ``i`` and column pair ``j`` (column pairs
+    outer: NeMo's order, and VILA's until its NVILA release of December 2024, whose ``mlp_downsample`` adds a final
+    permute to row-major order, another model), its features ``[x[2i, 2j], x[2i, 2j+1], x[2i+1, 2j], x[2i+1, 2j+1]]``.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, tokens, c = x.shape
+        g = math.isqrt(tokens)
+        if g * g != tokens:
+            raise ValueError(f"mlp_downsample needs a square patch grid, got {tokens} tokens per image")
+        pad = g % 2
+        grid = F.pad(x.view(n, g, g, c), (0, 0, 0, pad, 0, pad))
+        half = (g + pad) // 2
+        blocks = grid.view(n, half, 2, half, 2, c).permute(0, 3, 1, 2, 4, 5)  # (n, j, i, di, dj, c)
+        return blocks.reshape(n, half * half, 4 * c)
+
+
 def build_projector(cfg: ProjectorConfig) -> nn.Sequential:
-    """``linear``, ``identity`` or ``mlp{N}x_gelu`` as an ``nn.Sequential``.
+    """``linear``, ``identity``, ``mlp{N}x_gelu`` or ``mlp_downsample`` as an ``nn.Sequential``.
 
     A Sequential keeps LLaVA's own key names (``0``, ``2``, ... for the Linear layers of ``mlp2x_gelu``), so the
-    original LLaVA ``model.mm_projector.{i}`` keys map one to one.
+    original LLaVA ``model.mm_projector.{i}`` keys map one to one; ``mlp_downsample`` is NeMo's / VILA's Sequential
+    (``0`` the merge, ``1`` the LayerNorm over ``4 × input_size``, ``2`` and ``4`` the Linear layers).
     """
     if cfg.type == "identity":
         return nn.Sequential(nn.Identity())
+    if cfg.type == "mlp_downsample":
+        width = 4 * cfg.input_size
+        return nn.Sequential(
+            Downsample2x2(),
+            nn.LayerNorm(width),
+            nn.Linear(width, cfg.output_size, bias=cfg.bias),
+            nn.GELU(),
+            nn.Linear(cfg.output_size, cfg.output_size, bias=cfg.bias),
+        )
     layers: list[nn.Module] = [nn.Linear(cfg.input_size, cfg.output_size, bias=cfg.bias)]
     for _ in range(1, cfg.depth):
         layers += [nn.GELU(), nn.Linear(cfg.output_size, cfg.output_size, bias=cfg.bias)]
@@ -23,5 +58,5 @@ def build_projector(cfg: ProjectorConfig) -> nn.Sequential:
 
 def init_projector(projector: nn.Sequential) -> None:
     for module in projector:
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.LayerNorm)):
             module.reset_parameters()

@@ -1,4 +1,5 @@
-"""CLIP ViT vision encoder (the HF ``CLIPVisionModel`` computation, pre-LN, without the projection head)."""
+"""CLIP ViT vision encoder (the HF ``CLIPVisionModel`` computation, pre-LN, without the projection head), and the
+pieces every ViT tower shares (pixel normalisation, the pre-LN block, hidden states, LLaVA's feature selection)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,46 @@ class VisionBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+def encoder_states(x: torch.Tensor, layers: nn.ModuleDict, num_layers: int) -> list[torch.Tensor]:
+    """HF ``hidden_states`` of a ViT encoder from its embeddings ``x``: index 0 = ``x``, i = output of layer i."""
+    states = [x]
+    for i in range(num_layers):
+        x = layers[str(i)](x)
+        states.append(x)
+    return states
+
+
+def select_features(tower: nn.Module, pixel_values: torch.Tensor) -> torch.Tensor:
+    """What LLaVA feeds the projector (HF ``LlavaModel.get_image_features``): the selected hidden state(s) before any
+    post-LayerNorm, concatenated along the features, the class tokens dropped for ``patch`` (a tower without one keeps
+    every patch); ``[N, cfg.num_image_tokens, cfg.feature_size]``."""
+    cfg = tower.cfg
+    states = tower.hidden_states(pixel_values, num_layers=cfg.layers_run)
+    feats = torch.cat([states[i] for i in cfg.select_indices], dim=-1)
+    return feats[:, cfg.class_tokens :] if cfg.vision_select_feature == "patch" else feats
+
+
+def as_pixels(pixel_values: torch.Tensor, cfg: VisionConfig, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 pixels normalised with the tower's mean/std (float input is taken as normalised), in ``dtype``."""
+    if pixel_values.dtype == torch.uint8:
+        pixel_values = normalize_pixels(pixel_values, cfg.image_mean, cfg.image_std)
+    return pixel_values.to(dtype)
+
+
+def init_vit_weights(tower: nn.Module) -> None:
+    """Linear layers normal(0.02) with zero biases, LayerNorms reset, positions and patches normal(0.02)."""
+    nn.init.normal_(tower.pos_embed.weight, std=0.02)
+    nn.init.normal_(tower.patch_embed.weight, std=0.02)
+    if tower.patch_embed.bias is not None:
+        nn.init.zeros_(tower.patch_embed.bias)
+    for module in tower.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            module.reset_parameters()
+
+
 class VisionTower(nn.Module):
     """CLIP ViT. ``features`` returns what LLaVA feeds the projector: the selected hidden state(s), CLS dropped or kept."""
 
@@ -83,33 +124,16 @@ class VisionTower(nn.Module):
 
         ``pixel_values``: uint8 pixels (normalised here with the config's mean/std) or already normalised floats.
         """
-        if pixel_values.dtype == torch.uint8:
-            pixel_values = normalize_pixels(pixel_values, self.cfg.image_mean, self.cfg.image_std)
-        dtype = self.patch_embed.weight.dtype
-        patches = self.patch_embed(pixel_values.to(dtype)).flatten(2).transpose(1, 2)
+        pixel_values = as_pixels(pixel_values, self.cfg, self.patch_embed.weight.dtype)
+        patches = self.patch_embed(pixel_values).flatten(2).transpose(1, 2)
         cls = self.cls_token.to(patches.dtype).expand(patches.shape[0], 1, -1)
         x = torch.cat([cls, patches], dim=1) + self.pos_embed.weight.to(patches.dtype)
-        x = self.pre_norm(x)
-        states = [x]
-        for i in range(self.cfg.num_layers if num_layers is None else num_layers):
-            x = self.layers[str(i)](x)
-            states.append(x)
-        return states
+        return encoder_states(self.pre_norm(x), self.layers, self.cfg.num_layers if num_layers is None else num_layers)
 
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """``[N, num_image_tokens, feature_size]`` image features for the projector."""
-        states = self.hidden_states(pixel_values, num_layers=self.cfg.layers_run)
-        feats = torch.cat([states[i] for i in self.cfg.select_indices], dim=-1)
-        return feats[:, 1:] if self.cfg.vision_select_feature == "patch" else feats
+        return select_features(self, pixel_values)
 
     def init_weights(self) -> None:
-        std = self.cfg.hidden_size**-0.5
-        nn.init.normal_(self.cls_token, std=std)
-        nn.init.normal_(self.pos_embed.weight, std=0.02)
-        nn.init.normal_(self.patch_embed.weight, std=0.02)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=0.02)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                module.reset_parameters()
+        nn.init.normal_(self.cls_token, std=self.cfg.hidden_size**-0.5)
+        init_vit_weights(self)

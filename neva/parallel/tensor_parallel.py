@@ -2,8 +2,8 @@
 
 Megatron-style sharding: q/k/v and the SwiGLU gate/up projections column-wise (each rank owns whole heads / a slice
 of the FFN width), the attention output and down projections row-wise, the token embedding and the LM head over
-the vocabulary, the projector column- then row-wise. The vision tower stays replicated (it is small and frozen in
-both LLaVA stages).
+the vocabulary, the projector column- then row-wise (``mlp_downsample``'s LayerNorm replicated). The vision tower stays replicated,
+CLIP or SigLIP (its patch-embedding bias included: it is small and frozen in both LLaVA stages).
 
 With sequence parallelism the residual stream between blocks holds ``S / tp`` positions per rank; the norms run on
 those shards and the all-reduces of the row-wise layers become reduce-scatters. A stage's input and output stay
@@ -108,7 +108,10 @@ def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
 
 def _projector_plan(projector: nn.Sequential) -> dict[str, ParallelStyle]:
     linears = [name for name, m in projector.named_children() if isinstance(m, nn.Linear)]
-    plan: dict[str, ParallelStyle] = {}
+    # mlp_downsample's LayerNorm runs before the first Linear, on replicated features: replicated DTensor weights.
+    plan: dict[str, ParallelStyle] = {
+        name: NoParallel() for name, m in projector.named_children() if isinstance(m, nn.LayerNorm)
+    }
     for i, name in enumerate(linears):
         if i % 2 == 0:
             last = i == len(linears) - 1

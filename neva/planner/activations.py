@@ -84,7 +84,7 @@ def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment) -> f
     images_tokens = b * cfg.num_image_tokens
     total = 0.0
     if any(p.trainable for p in infos if p.part == "vision"):
-        tokens = b * (vision.num_patches + 1)
+        tokens = b * vision.seq_len
         # Per block: two LayerNorm inputs, q/k/v/out, o_proj and fc1 inputs, fc1 output and activation output.
         per_layer = e * tokens * (8 * vision.hidden_size + 2 * vision.intermediate_size)
         total += per_layer * vision.num_layers

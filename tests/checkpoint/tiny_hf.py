@@ -17,9 +17,12 @@ from transformers import (
     LlamaTokenizer,
     LlavaForConditionalGeneration,
     LlavaProcessor,
+    SiglipConfig,
+    SiglipImageProcessor,
+    SiglipModel,
 )
 
-from tests.hf_oracle import TEXT_KW, VISION_KW, tiny_llava
+from tests.hf_oracle import SIGLIP_KW, TEXT_KW, VISION_KW, tiny_llava
 
 SP_VOCAB = 320  # 3 specials + 256 byte-fallback pieces + merges
 LINES = [
@@ -55,25 +58,31 @@ def make_tokenizer(directory: Path, vision_tokens: bool = True) -> LlamaTokenize
 
 
 def processor_for(model: LlavaForConditionalGeneration, tokenizer: LlamaTokenizer) -> LlavaProcessor:
-    """The LlavaProcessor llava-hf ships for this model's vision config."""
+    """The LlavaProcessor llava-hf ships for this model's vision config (CLIP or SigLIP)."""
     v = model.config.vision_config
-    image_processor = CLIPImageProcessor(
-        size={"shortest_edge": v.image_size}, crop_size={"height": v.image_size, "width": v.image_size}
-    )
+    siglip = v.model_type == "siglip_vision_model"
+    if siglip:
+        image_processor = SiglipImageProcessor(size={"height": v.image_size, "width": v.image_size})
+    else:
+        image_processor = CLIPImageProcessor(
+            size={"shortest_edge": v.image_size}, crop_size={"height": v.image_size, "width": v.image_size}
+        )
     return LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
         patch_size=v.patch_size,
         vision_feature_select_strategy=model.config.vision_feature_select_strategy,
-        num_additional_image_tokens=1,
+        num_additional_image_tokens=0 if siglip else 1,
     )
 
 
-def make_llava_dir(directory: Path, seed: int = 0) -> tuple[LlavaForConditionalGeneration, LlamaTokenizer]:
+def make_llava_dir(
+    directory: Path, seed: int = 0, tower: str = "clip"
+) -> tuple[LlavaForConditionalGeneration, LlamaTokenizer]:
     """Save a tiny random llava-hf model (transformers' own layout), its tokenizer and processor to ``directory``."""
     tokenizer = make_tokenizer(directory / "_sp")
     assert tokenizer.convert_tokens_to_ids("<image>") == SP_VOCAB + 1
-    model = tiny_llava(seed, text_kw={"vocab_size": SP_VOCAB + 2, "pad_token_id": SP_VOCAB})
+    model = tiny_llava(seed, text_kw={"vocab_size": SP_VOCAB + 2, "pad_token_id": SP_VOCAB}, tower=tower)
     model.save_pretrained(str(directory))
     processor_for(model, tokenizer).save_pretrained(str(directory))
     return model, tokenizer
@@ -107,3 +116,15 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def make_siglip_dir(directory: Path, seed: int = 4) -> SiglipModel:
+    """A tiny random full SiglipModel (text tower and the vision pooling head included: the import must skip both)."""
+    torch.manual_seed(seed)
+    text = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=50)
+    model = SiglipModel(SiglipConfig(text_config=text, vision_config=SIGLIP_KW)).eval()
+    model.save_pretrained(str(directory))
+    SiglipImageProcessor(size={"height": SIGLIP_KW["image_size"], "width": SIGLIP_KW["image_size"]}).save_pretrained(
+        str(directory)
+    )
+    return model

@@ -147,3 +147,22 @@ def test_pixel_cap_skips_before_decoding(tmp_path):
     with pytest.raises(ImageError) as e:
         FolderImageSource(str(folder), max_pixels=1000).load("small.png")
     assert e.value.reason == "image_too_large" and "1,200 pixels > model.data.max_image_pixels 1,000" in e.value.detail
+
+
+@pytest.mark.parametrize("wh", [(50, 37), (37, 50), (64, 64), (17, 9)])
+def test_pixel_parity_with_siglip_image_processor(wh):
+    """SigLIP: resize to the square (no crop), mean/std 0.5; ``pad`` fills with SigLIP's mean (127), not CLIP's."""
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    vision = VisionConfig(kind="siglip", hidden_act="gelu_pytorch_tanh", image_size=32, patch_size=8)
+    ref = SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    img = Image.fromarray(np.random.default_rng(sum(wh)).integers(0, 256, (wh[1], wh[0], 3), dtype=np.uint8))
+    for mode, given in (("square", img), ("pad", expand_to_square(img, (127, 127, 127)))):
+        ours = ImageProcessor(vision, mode)(img)
+        theirs = torch.from_numpy(np.asarray(ref(given, return_tensors="np")["pixel_values"][0]))
+        assert ours.dtype == torch.uint8 and ours.shape == (3, 32, 32)
+        torch.testing.assert_close(_normalized(ours, vision), theirs, rtol=0, atol=1e-6)
+    assert ImageProcessor(vision, "pad").fill == (127, 127, 127)
+    if wh[0] != wh[1]:  # keep: letterboxed with SigLIP's mean, the whole image visible
+        kept = ImageProcessor(vision, "keep")(img)
+        assert kept[:, 0, 0].tolist() == [127, 127, 127] or kept[:, -1, -1].tolist() == [127, 127, 127]

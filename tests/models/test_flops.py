@@ -116,3 +116,25 @@ def test_peak_table():
     assert device_peak_tflops(None, configured=5.0) == 5.0
     assert device_peak_tflops("Some Other GPU") is None
     assert device_peak_tflops(None) is None
+
+
+def test_siglip_tower_and_mlp_downsample_count_their_own_tokens():
+    """SigLIP: 16 ViT tokens (no CLS) in every block; mlp_downsample: its Linears (4·24 → 32, 32 → 32) over the 4
+    merged tokens, which are also the sample's image positions (4 + 24 text = 28); both cost 6 per weight, since
+    the LayerNorm in front of them trains."""
+    import dataclasses
+
+    cfg = small_config()
+    vision = dataclasses.replace(cfg.vision, kind="siglip", hidden_act="gelu_pytorch_tanh")
+    projector = dataclasses.replace(cfg.projector, type="mlp_downsample")
+    cfg = dataclasses.replace(cfg, vision=vision, projector=projector)
+    assert cfg.num_image_tokens == 4
+    s = 4 + 24
+    vit_layer, vit_core = (4 * 24 * 24 + 2 * 24 * 40) * 16, 4 * 16 * 16 * 24
+    expected = (
+        s * 4 * (2 * LAYER + HEAD)
+        + 3 * 2 * 4 * s * s * 32
+        + 4 * 6 * (96 * 32 + 32 * 32)  # the trained LayerNorm before the first Linear: it needs input gradients
+        + 2 * PATCH + 2 * 2 * vit_layer + 2 * vit_core
+    )  # fmt: skip
+    assert SampleFlops.of(build_meta_model(cfg, TrainablePolicy())).sample(s, 1) == expected

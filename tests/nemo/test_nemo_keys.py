@@ -243,3 +243,19 @@ def test_a_nemo_file_given_to_convert_generate_evaluate_is_one_message(tmp_path,
         assert err.startswith(f"config error: {option}: {nemo} is a NeMo checkpoint (.nemo)")
         assert "convert_llava_nemo_to_hf.py" in err and "neva.convert hf-to-neva" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_class_token_length_and_mlp_downsample_follow_the_tower():
+    """NeMo's SigLIP recipe keys: class_token_length 0 with a SigLIP tower and mlp_downsample (4 image tokens on the
+    tiny tower); 0 with CLIP (or 1 with SigLIP) is refused at start naming both."""
+
+    siglip = ["model.mm_cfg.vision_encoder.preset=tiny_siglip", "model.mm_cfg.mm_mlp_adapter_type=mlp_downsample"]
+    cfg = neva_config_from_mm(
+        compose_config([*STAGE, *siglip, "model.mm_cfg.vision_encoder.class_token_length=0"]).model.mm_cfg
+    )
+    assert (cfg.vision.kind, cfg.projector.type, cfg.num_image_tokens) == ("siglip", "mlp_downsample", 4)
+    for tower, length in (("tiny", 0), ("tiny_siglip", 1)):
+        mm = compose_config([*STAGE, f"model.mm_cfg.vision_encoder.preset={tower}",
+                             f"model.mm_cfg.vision_encoder.class_token_length={length}"]).model.mm_cfg  # fmt: skip
+        with pytest.raises(ConfigError, match=f"class_token_length={length}, but the .* tower has {1 - length}"):
+            neva_config_from_mm(mm)

@@ -32,20 +32,32 @@ BASE = [
 ]
 
 
+# Model families of the layout cases: architecture overrides on top of ``BASE`` (a checkpoint made with them gives
+# the architecture to every run restored from it). Decoder families join here; a case names one.
+FAMILIES: dict[str, list[str]] = {
+    "llama_clip": [],
+    # SigLIP tower (patch-embedding bias, no CLS) and NeMo's mlp_downsample projector (its LayerNorm): 4 image tokens
+    "llama_siglip_downsample": [
+        "model.mm_cfg.vision_encoder.preset=tiny_siglip",
+        "model.mm_cfg.mm_mlp_adapter_type=mlp_downsample",
+    ],
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def make_checkpoint(directory: Path) -> Path:
-    """A seeded tiny neva checkpoint matching ``BASE`` (the finetune stage's starting point)."""
+def make_checkpoint(directory: Path, family: str = "llama_clip", base: list[str] | None = None) -> Path:
+    """A seeded tiny neva checkpoint of ``family`` matching ``base`` (default ``BASE``; the finetune stage's start)."""
     from neva.checkpoint.neva_format import save_checkpoint
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.models.neva import NevaModel
 
-    cfg = compose_config([o.replace("+stage=finetune", "+stage=pretrain") for o in BASE])
+    cfg = compose_config([o.replace("+stage=finetune", "+stage=pretrain") for o in (base or BASE)] + FAMILIES[family])
     source = resolve_source(cfg)
     torch.manual_seed(0)
     model = NevaModel(source.cfg)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .harness import make_checkpoint, run_layouts, train_losses
+from .harness import FAMILIES, make_checkpoint, run_layouts, train_losses
 from .llava_data import llava_overrides, write_llava_set
 
 STEPS = 5
@@ -195,7 +195,7 @@ def _train(
         return [float(r[column]) for r in csv.DictReader(f)]
 
 
-def _tiny_checkpoint(directory: Path) -> Path:
+def _tiny_checkpoint(directory: Path, *overrides: str) -> Path:
     import torch
 
     from neva.checkpoint.neva_format import save_checkpoint
@@ -203,7 +203,8 @@ def _tiny_checkpoint(directory: Path) -> Path:
     from neva.config import compose_config
     from neva.models.neva import NevaModel
 
-    source = resolve_source(compose_config(["+stage=pretrain", "++model.mm_cfg.llm.arch_overrides={num_layers:2}"]))
+    base = ["+stage=pretrain", "++model.mm_cfg.llm.arch_overrides={num_layers:2}", *overrides]
+    source = resolve_source(compose_config(base))
     torch.manual_seed(0)
     model = NevaModel(source.cfg)
     model.init_weights()
@@ -325,3 +326,44 @@ def test_hf_weights_load_straight_into_the_sharded_model(tmp_path):
     # Pretraining froze the LLM: the gathered weights are HF's, whichever rank held which slice.
     assert torch.equal(weights["llm.layers.1.feed_forward.w2.weight"], hf["model.layers.1.mlp.down_proj.weight"])
     assert torch.equal(weights["llm.output.weight"][: hf["lm_head.weight"].shape[0]], hf["lm_head.weight"])
+
+
+# Families with new parameter kinds, each once on LLaVA data: TP2+SP (sharded projector around a replicated LayerNorm,
+# replicated tower with its patch bias), PP2 (the tower on stage 0), DP2 ZeRO-3 from a sharded (meta) initialisation,
+# one bf16 O2 step; then a checkpoint written under TP2+SP resumes in one process. One spawn and two launches per
+# family.
+FAMILY_CASES = ["llama_siglip_downsample"]
+FAMILY_LAYOUTS = {
+    "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    "pp2": ["model.pipeline_model_parallel_size=2"],
+    # sharded initialisation: each rank allocates and loads only its shards of the checkpoint
+    "dp2_zero3_meta": ["model.data_parallel=fsdp", "model.zero_stage=3", "model.meta_init=true"],
+}
+
+
+@pytest.mark.parametrize("family", FAMILY_CASES)
+def test_family_layouts_match_one_process_and_resume_across_layouts(family, llava_dir, tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpt", family)
+    data = [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)]
+    ref = train_losses(data, 3)
+    jobs = [(n, data + o, 3) for n, o in FAMILY_LAYOUTS.items()]
+    jobs.append(("dp2_fsdp_o2", data + ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"], 1))
+    results = run_layouts(2, jobs, tmp_path / "layouts")
+    _check_layouts(results, FAMILY_LAYOUTS, ref)
+    for rank in results:  # O2: bf16 compute, fp32 (sharded) master weights, the projector's LayerNorm included
+        o2 = rank["dp2_fsdp_o2"]
+        assert (
+            o2["param_dtypes"] == ["torch.float32"]
+            and abs(o2["losses"][0] - ref["losses"][0]) < 2e-2 * ref["losses"][0]
+        )
+
+    e2e = _tiny_checkpoint(tmp_path / "e2e_ckpt", *FAMILIES[family])
+    run = [*FLAT_LR, *llava_overrides(llava_dir, False), "trainer.max_steps=3"]
+    tp = _train(tmp_path / "run", e2e, 2, *run, *FAMILY_LAYOUTS["tp2_sp"], every=2)
+    checkpoints = tmp_path / "run" / "finetune" / "checkpoints"
+    import shutil
+
+    shutil.rmtree(checkpoints / "last.ckpt")
+    shutil.copytree(checkpoints / "step=2.ckpt", checkpoints / "last.ckpt")  # DCP, written under TP2+SP
+    resumed = _train(tmp_path / "run", e2e, 1, *run, every=2)
+    assert len(resumed) == 3 and _max_rel(resumed, tp) < RTOL, (resumed, tp)
