@@ -23,13 +23,16 @@ TEXT_KW = dict(
 )
 
 
-def tiny_llava(seed: int = 0, text_kw: dict | None = None, **llava_kw) -> LlavaForConditionalGeneration:
-    """A random LlavaForConditionalGeneration (fp32, eval mode); image token = last id of the vocab."""
+def tiny_llava(
+    seed: int = 0, text_kw: dict | None = None, text_cls: type = LlamaConfig, **llava_kw
+) -> LlavaForConditionalGeneration:
+    """A random LlavaForConditionalGeneration (fp32, eval mode); image token = last id of the vocab. ``text_cls``:
+    the decoder family's HF config class (LlamaConfig, MistralConfig, Qwen2Config)."""
     torch.manual_seed(seed)
     text = {**TEXT_KW, **(text_kw or {})}
     cfg = LlavaConfig(
         vision_config=CLIPVisionConfig(**VISION_KW),
-        text_config=LlamaConfig(**text),
+        text_config=text_cls(**text),
         image_token_index=text["vocab_size"] - 1,
         image_seq_length=(VISION_KW["image_size"] // VISION_KW["patch_size"]) ** 2,
         **llava_kw,
