@@ -254,8 +254,6 @@ NEMO_KEYS: dict[str, Entry] = {
         _LLM_ARCH + "rope_scaling", "linear RoPE scaling by this factor; " + _ARCH_NOTE, _rope_linear
     ),
     "model.num_query_groups": Alias(_LLM_ARCH + "num_kv_heads", _ARCH_NOTE),
-    # decoder families (issue 20): NeMo's Mistral / Llama-3 keys
-    "model.rotary_base": Alias(_LLM_ARCH + "rope_theta", _ARCH_NOTE),
     "model.use_flash_attention": Ignored("attention runs through PyTorch SDPA, which picks flash kernels itself"),
     "model.activations_checkpoint_granularity": Same(),
     "model.activations_checkpoint_method": Fixed(
