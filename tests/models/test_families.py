@@ -126,3 +126,21 @@ def test_fields_neva_would_not_honour_are_refused_by_name(fields, message):
         hf = {**Qwen2Config(num_hidden_layers=2).to_dict(), **fields}
     with pytest.raises(ValueError, match=message):
         llm_config_from_hf(hf)
+
+
+def test_lora_leaves_biases_frozen_and_merges_them_as_they_are(family):
+    """LoRA adapts the weights only: a biased layer's bias stays frozen under the adapter, and the merged state dict
+    names it plainly (what the export and the HF tables read)."""
+    import copy
+
+    from neva.models.lora import apply_lora, merged_state_dict
+    from neva.models.trainable import LoraSpec, TrainablePolicy, apply_policy
+
+    _, _, ours = family
+    model = copy.deepcopy(ours)
+    apply_lora(model, ["wq", "wk", "wv", "wo"], rank=2, alpha=4.0, dropout=0.0)
+    apply_policy(model, TrainablePolicy(lora=LoraSpec(2, 4.0, 0.0, ("wq", "wk", "wv", "wo"))))
+    biases = [n for n, p in model.named_parameters() if n.endswith("bias") and n.startswith("llm.")]
+    assert all(not p.requires_grad for n, p in model.named_parameters() if n in biases)
+    assert bool(biases) == (ours.cfg.llm.qkv_bias or ours.cfg.llm.o_bias)
+    assert set(merged_state_dict(model)) == set(ours.state_dict())

@@ -38,14 +38,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_checkpoint(directory: Path) -> Path:
-    """A seeded tiny neva checkpoint matching ``BASE`` (the finetune stage's starting point)."""
+def make_checkpoint(directory: Path, family: list[str] | tuple[str, ...] = ()) -> Path:
+    """A seeded tiny neva checkpoint matching ``BASE`` (the finetune stage's starting point); ``family``: overrides
+    that choose the model family (e.g. ``model=tiny_qwen2``)."""
     from neva.checkpoint.neva_format import save_checkpoint
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.models.neva import NevaModel
 
-    cfg = compose_config([o.replace("+stage=finetune", "+stage=pretrain") for o in BASE])
+    cfg = compose_config([o.replace("+stage=finetune", "+stage=pretrain") for o in BASE] + list(family))
     source = resolve_source(cfg)
     torch.manual_seed(0)
     model = NevaModel(source.cfg)

@@ -122,6 +122,33 @@ def test_four_rank_layouts_match_one_process_on_llava_data(reference, llava_dir,
     _check_layouts(results, names, ref)
 
 
+# Decoder families with new parameter kinds, each layout once on LLaVA-format data (padded, modality-grouped): Qwen2's
+# q/k/v biases (sharded with their columns under TP) untied, and tied embeddings (one tensor, vocab-sharded for both
+# the embedding and the head under TP; refused with PP). The case names the family by its overrides.
+FAMILY_CASES = {
+    "qwen2": (["model=tiny_qwen2", "++model.mm_cfg.llm.arch_overrides={num_layers:4,tie_word_embeddings:false}"],
+              ["tp2_sp", "pp2", "dp2_zero3"]),
+    "qwen2_tied": (["model=tiny_qwen2"], ["tp2_sp", "dp2_zero3"]),
+}  # fmt: skip
+FAMILY_LAYOUTS = {
+    "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    "pp2": ["model.pipeline_model_parallel_size=2"],
+    "dp2_zero3": ["model.data_parallel=fsdp"],
+}
+
+
+def test_family_layouts_match_one_process_on_llava_data(llava_dir, tmp_path):
+    jobs, refs = [], {}
+    for family, (overrides, names) in FAMILY_CASES.items():
+        ckpt = make_checkpoint(tmp_path / family, overrides)
+        data = [f"model.restore_from_path={ckpt}", *overrides, *llava_overrides(llava_dir, False)]
+        refs[family] = train_losses(data, STEPS)
+        jobs += [(f"{family}/{n}", data + FAMILY_LAYOUTS[n], STEPS) for n in names]
+    results = run_layouts(2, jobs, tmp_path / "runs")
+    for name, _, _ in jobs:
+        _check_layouts(results, [name], refs[name.split("/")[0]])
+
+
 PRETRAIN_LAYOUTS = {
     "pp2": ["model.pipeline_model_parallel_size=2"],
     "tp2": ["model.tensor_model_parallel_size=2"],
