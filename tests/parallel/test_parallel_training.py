@@ -256,6 +256,20 @@ def test_resume_scales_out_and_back_one_process_dp2_tp2_one_process(tmp_path):
     assert _max_rel(resumed, ref) < RTOL, (resumed, ref)
 
 
+def test_qwen2_checkpoint_of_tp2_sp_resumes_in_one_process(tmp_path):
+    """Qwen2's new parameter kinds in a DCP checkpoint: q/k/v biases sharded with their columns and tied embeddings
+    (one vocab-sharded tensor) written under TP2+SP at step 2; one process resumes and continues the uninterrupted
+    one-process curve."""
+    family = ["model=tiny_qwen2", "++model.mm_cfg.llm.arch_overrides={num_layers:2}"]
+    ckpt = make_checkpoint(tmp_path / "ckpt", family)
+    ref = _train(tmp_path / "one", ckpt, 1, *FLAT_LR, *family, "trainer.max_steps=4", every=1)
+    tp = ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]
+    _train(tmp_path / "chain", ckpt, 2, *FLAT_LR, *family, *tp, "trainer.max_steps=2", every=1)
+    assert (tmp_path / "chain" / "finetune" / "checkpoints" / "last.ckpt").is_dir()
+    resumed = _train(tmp_path / "chain", ckpt, 1, *FLAT_LR, *family, "trainer.max_steps=4", every=1)
+    assert _max_rel(resumed, ref) < RTOL, (resumed, ref)
+
+
 def test_o2_checkpoint_of_fsdp_resumes_in_one_process(tmp_path):
     """bf16 O2 under DP2 (FSDP2's fp32 sharded parameters) saves a DCP directory; one process with O2 (fp32 master
     copies of bf16 parameters) resumes it and steps like the DP2 run does (bf16 compute: a loose tolerance)."""
