@@ -1,16 +1,18 @@
 """Which HF decoder configs neva reads, field by field: every field is read, known not to change the computation, or
 refused naming the field and its value.
 
-One table per ``model_type`` (``FAMILIES``), each a dict ``field -> rule``. A rule is ``Read`` (translated into an
-``LLMConfig`` field by ``llm_config_from_hf``), ``INERT`` (does not change what the forward computes: ids, bookkeeping,
-generation defaults, initialisation), or ``Needs(value, why)`` (only this value is implemented; any other is refused).
+One entry per ``model_type`` (``FAMILIES``): a dict ``field -> rule``, how its fields become ``LLMConfig``'s and how an
+export writes them back. A rule is ``READ`` (translated into an ``LLMConfig`` field by ``llm_config_from_hf``),
+``INERT`` (does not change what the forward computes: ids, bookkeeping, generation defaults, initialisation), or
+``Needs(values, why)`` (only these values are implemented; any other is refused).
 A field in no table is refused too: an unknown field may change the computation, and guessing would train another
-model than the one asked for. A new family is one more table (built from ``COMMON`` and its own fields); a family
-named in ``NOT_YET`` is refused with its reason.
+model than the one asked for. A new family is one more entry (its fields built from ``COMMON``); a family named in
+``NOT_YET`` is refused with its reason.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,7 @@ class Read:
 
 @dataclass(frozen=True)
 class Needs:
-    """Only ``value`` (or one of ``values``) is implemented; anything else is refused with ``why``."""
+    """Only one of ``values`` is implemented; anything else is refused with ``why``."""
 
     values: tuple[Any, ...]
     why: str
@@ -77,17 +79,55 @@ COMMON: dict[str, Any] = {
     "attention_dropout": Needs((0.0, 0), "neva's decoder has no attention dropout"),
 }
 
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {**COMMON, "attention_bias": READ, "mlp_bias": READ},
-    "mistral": {**COMMON, "sliding_window": READ},
-    "qwen2": {
-        **COMMON,
-        "use_sliding_window": Needs((False,), "Qwen2's per-layer sliding windows are not implemented"),
-        # Only read with use_sliding_window (refused above): the layers all attend fully.
-        "sliding_window": INERT,
-        "max_window_layers": INERT,
-        "layer_types": READ,  # checked: every layer full attention
-    },
+
+def _llama_read(hf: dict[str, Any]) -> dict[str, Any]:
+    bias = bool(hf.get("attention_bias", False))
+    return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)))
+
+
+def _llama_write(llm: Any) -> dict[str, Any] | None:
+    if llm.qkv_bias != llm.o_bias or llm.sliding_window is not None:
+        return None
+    return dict(attention_bias=llm.qkv_bias, mlp_bias=llm.mlp_bias)
+
+
+def _mistral_write(llm: Any) -> dict[str, Any] | None:
+    biased = llm.qkv_bias or llm.o_bias or llm.mlp_bias
+    return None if biased else dict(sliding_window=llm.sliding_window)
+
+
+def _qwen2_write(llm: Any) -> dict[str, Any] | None:
+    expressible = (llm.qkv_bias, llm.o_bias, llm.mlp_bias) == (True, False, False) and llm.sliding_window is None
+    return dict(use_sliding_window=False) if expressible else None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One HF ``model_type``: its fields' rules, its ``LLMConfig`` family fields from a checked config (``read``), and
+    the HF fields an export writes for an ``LLMConfig`` (``write``; None: the HF class cannot express it)."""
+
+    fields: dict[str, Any]
+    read: Callable[[dict[str, Any]], dict[str, Any]]
+    write: Callable[[Any], dict[str, Any] | None]
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family({**COMMON, "attention_bias": READ, "mlp_bias": READ}, _llama_read, _llama_write),
+    "mistral": Family(
+        {**COMMON, "sliding_window": READ}, lambda hf: dict(sliding_window=hf.get("sliding_window")), _mistral_write
+    ),
+    "qwen2": Family(
+        {
+            **COMMON,
+            "use_sliding_window": Needs((False,), "Qwen2's per-layer sliding windows are not implemented"),
+            # Only read with use_sliding_window (refused above): the layers all attend fully.
+            "sliding_window": INERT,
+            "max_window_layers": INERT,
+            "layer_types": READ,  # checked: every layer full attention
+        },
+        lambda hf: dict(qkv_bias=True),  # q/k/v biased, o_proj not
+        _qwen2_write,
+    ),
 }
 
 NOT_YET = {
@@ -110,7 +150,7 @@ def check_fields(hf: dict[str, Any], where: str = "LLM config") -> str:
         raise ValueError(f"{where}: model_type {family!r} is not supported yet ({NOT_YET[family]})")
     if family not in FAMILIES:
         raise ValueError(f"{where}: model_type {family!r} is not a supported decoder family ({sorted(FAMILIES)})")
-    table, problems = FAMILIES[family], []
+    table, problems = FAMILIES[family].fields, []
     for name, value in hf.items():
         rule = table.get(name)
         if rule is None:
@@ -127,31 +167,16 @@ def check_fields(hf: dict[str, Any], where: str = "LLM config") -> str:
 
 def family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     """The ``LLMConfig`` family fields of a checked HF config (``check_fields``)."""
-    if family == "llama":
-        bias = bool(hf.get("attention_bias", False))
-        return dict(family=family, qkv_bias=bias, o_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)))
-    if family == "mistral":
-        return dict(family=family, sliding_window=hf.get("sliding_window"))
-    return dict(family=family, qkv_bias=True)  # qwen2: q/k/v biased, o_proj not
+    return dict(family=family, **FAMILIES[family].read(hf))
 
 
 def hf_family_fields(llm: Any) -> dict[str, Any]:
     """The HF text-config fields that make transformers compute what ``llm`` (an ``LLMConfig``) computes; raises
     ``ValueError`` for a combination the family's HF class cannot express."""
-    family = llm.family
-    biases = (llm.qkv_bias, llm.o_bias, llm.mlp_bias)
-    expressible = {
-        "llama": llm.qkv_bias == llm.o_bias and llm.sliding_window is None,
-        "mistral": biases == (False, False, False),
-        "qwen2": biases == (True, False, False) and llm.sliding_window is None,
-    }[family]
-    if not expressible:
+    written = FAMILIES[llm.family].write(llm)
+    if written is None:
         raise ValueError(
-            f"HF {family} cannot express qkv_bias={llm.qkv_bias}, o_bias={llm.o_bias}, mlp_bias={llm.mlp_bias}, "
+            f"HF {llm.family} cannot express qkv_bias={llm.qkv_bias}, o_bias={llm.o_bias}, mlp_bias={llm.mlp_bias}, "
             f"sliding_window={llm.sliding_window}"
         )
-    if family == "llama":
-        return dict(model_type=family, attention_bias=llm.qkv_bias, mlp_bias=llm.mlp_bias)
-    if family == "mistral":
-        return dict(model_type=family, sliding_window=llm.sliding_window)
-    return dict(model_type=family, use_sliding_window=False)
+    return dict(model_type=llm.family, **written)
