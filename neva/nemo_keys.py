@@ -242,7 +242,12 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.pre_process": Fixed(("true",), "pipeline stages get their embedding/head from neva's layout"),
     "model.post_process": Fixed(("true",), "pipeline stages get their embedding/head from neva's layout"),
     "model.persist_layer_norm": Ignored(_FUSION),
-    "model.bias": Fixed(("false",), "neva's decoder is Llama (no linear biases)"),
+    "model.bias": Fixed(
+        ("false",),
+        "NeMo's bias=true biases every linear layer (q/k/v, o, fc1, fc2: HF Llama attention_bias + mlp_bias), not "
+        "Qwen2's q/k/v-only biases; neva's biased decoders come from llm.from_pretrained's HF config or llm.preset "
+        "(arch_overrides qkv_bias / o_bias / mlp_bias)",
+    ),
     "model.activation": Fixed(("fast-swiglu", "swiglu"), "neva's decoder is Llama (SwiGLU)"),
     "model.headscale": Fixed(("false",), "not part of Llama"),
     "model.transformer_block_type": Fixed(("pre_ln",), "neva's decoder is Llama (pre-norm)"),

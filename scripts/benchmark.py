@@ -77,6 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="CPU mode with the tiny model and short samples (rows of 128): the code path in seconds, for CI",
     )
+    p.add_argument(
+        "--family",
+        default="llama",
+        help="CPU mode: the model family of both sides (bench/cpu.py FAMILIES: qwen2 = q/k/v biases, tied embeddings)",
+    )
     p.add_argument("--child", choices=["neva", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
     # GPU mode

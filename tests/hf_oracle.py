@@ -29,9 +29,10 @@ TEXT_KW = dict(
 
 
 def tiny_llava(
-    seed: int = 0, text_kw: dict | None = None, tower: str = "clip", **llava_kw
+    seed: int = 0, text_kw: dict | None = None, tower: str = "clip", text_cls: type = LlamaConfig, **llava_kw
 ) -> LlavaForConditionalGeneration:
-    """A random LlavaForConditionalGeneration (fp32, eval mode); image token = last id of the vocab.
+    """A random LlavaForConditionalGeneration (fp32, eval mode); image token = last id of the vocab. ``text_cls``:
+    the decoder family's HF config class (LlamaConfig, MistralConfig, Qwen2Config).
 
     ``tower="siglip"``: a SigLIP vision config (``SIGLIP_KW``) fed in full (``vision_feature_select_strategy=full``,
     as llava-hf's SigLIP checkpoints do)."""
@@ -44,7 +45,7 @@ def tiny_llava(
         vision, vision_kw = CLIPVisionConfig(**VISION_KW), VISION_KW
     cfg = LlavaConfig(
         vision_config=vision,
-        text_config=LlamaConfig(**text),
+        text_config=text_cls(**text),
         image_token_index=text["vocab_size"] - 1,
         image_seq_length=(vision_kw["image_size"] // vision_kw["patch_size"]) ** 2,
         **llava_kw,

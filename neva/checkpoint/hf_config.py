@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from neva.checkpoint.hf_families import check_fields, family_fields, hf_family_fields
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 
 
-def llm_config_from_hf(hf: dict[str, Any]) -> LLMConfig:
-    """LLMConfig from an HF Llama/Mistral config dict (transformers 4.x ``rope_scaling`` or 5.x ``rope_parameters``)."""
+def llm_config_from_hf(hf: dict[str, Any], where: str = "LLM config") -> LLMConfig:
+    """LLMConfig from an HF Llama / Mistral / Qwen2 config dict (transformers 4.x ``rope_scaling`` or 5.x
+    ``rope_parameters``). Every field is honoured or refused (``hf_families``: ``ValueError`` naming it)."""
+    family = check_fields(hf, where)
     rope = dict(hf.get("rope_parameters") or {})
     theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
     scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ValueError("Llama checkpoints with attention/MLP biases are not supported")
     return LLMConfig(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -28,6 +29,7 @@ def llm_config_from_hf(hf: dict[str, Any]) -> LLMConfig:
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         max_seq_len=hf.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        **family_fields(hf, family),
     )
 
 
@@ -116,7 +118,7 @@ def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
     )
     text = dict(hf["text_config"])
     text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
-    llm = llm_config_from_hf(text)
+    llm = llm_config_from_hf(text, "text_config")
     projector = ProjectorConfig(
         type="mlp2x_gelu",
         input_size=vision.feature_size,
@@ -155,7 +157,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             **({"vision_use_head": False} if v.kind == "siglip" else {}),  # LLaVA never runs SigLIP's pooling head
         ),
         text_config=dict(
-            model_type="llama",
+            **hf_family_fields(t),
             vocab_size=t.vocab_size,
             hidden_size=t.hidden_size,
             intermediate_size=t.intermediate_size,

@@ -50,6 +50,14 @@ LLM_TABLE = {  # neva (under "llm.") : HF Llama model (under the LLM prefix)
     "layers.{}.feed_forward.w1.weight": "layers.{}.mlp.gate_proj.weight",
     "layers.{}.feed_forward.w3.weight": "layers.{}.mlp.up_proj.weight",
     "layers.{}.feed_forward.w2.weight": "layers.{}.mlp.down_proj.weight",
+    # Biases of the families that have them (Qwen2: q/k/v; HF Llama attention_bias: q/k/v/o, mlp_bias: the MLP).
+    "layers.{}.attention.wq.bias": "layers.{}.self_attn.q_proj.bias",
+    "layers.{}.attention.wk.bias": "layers.{}.self_attn.k_proj.bias",
+    "layers.{}.attention.wv.bias": "layers.{}.self_attn.v_proj.bias",
+    "layers.{}.attention.wo.bias": "layers.{}.self_attn.o_proj.bias",
+    "layers.{}.feed_forward.w1.bias": "layers.{}.mlp.gate_proj.bias",
+    "layers.{}.feed_forward.w3.bias": "layers.{}.mlp.up_proj.bias",
+    "layers.{}.feed_forward.w2.bias": "layers.{}.mlp.down_proj.bias",
 }
 
 LM_HEAD = "output.weight"  # neva (under "llm."); HF keeps the head outside the LLM prefix

@@ -13,6 +13,11 @@ GQA, fall to the math kernel that materialises ``[B, H, S, S]``. Instead:
 - segments otherwise (CPU, where FlexAttention has no fused backward; cached prefill): causal SDPA per segment;
 - a single new query with segments (decoding a left-padded batch): a key-padding mask ``[B, 1, 1, K]``, linear in K.
 
+A sliding window (Mistral v0.1: a query sees itself and the ``window - 1`` tokens before it) narrows every path
+exactly: where some query could see more than ``window`` keys, the causal SDPA calls take a lower-right banded
+``[Sq, Sk]`` mask (per segment, broadcast over batch and heads), the key-padding mask drops keys further back, and
+the BlockMask's ``mask_mod`` adds the distance. Generation keeps the whole cache and masks what lies outside.
+
 Segments are the maximal runs of equal ``segment_ids`` in a row (the collator writes each sample contiguously;
 padding is a run of 0s that attends causally within itself, exactly as the dense mask had it). Every path computes
 the same function as a dense segment-causal mask + SDPA (the reference in tests/models/test_attention.py).
@@ -40,9 +45,12 @@ def _flex_attention():
     return _COMPILED_FLEX
 
 
-def document_causal_block_mask(segment_ids: torch.Tensor, q_len: int, offset: int = 0, compile_mask: bool = True):
+def document_causal_block_mask(
+    segment_ids: torch.Tensor, q_len: int, offset: int = 0, compile_mask: bool = True, window: int | None = None
+):
     """FlexAttention ``BlockMask``: query ``offset + q`` sees key ``k`` iff ``k <= offset + q`` and both lie in the
-    same segment. Built on ``segment_ids``' device without a host sync."""
+    same segment (and, with ``window``, ``offset + q - k < window``). Built on ``segment_ids``' device without a host
+    sync."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, keys = segment_ids.shape
@@ -50,6 +58,12 @@ def document_causal_block_mask(segment_ids: torch.Tensor, q_len: int, offset: in
     def mask_mod(batch, head, q, kv):
         q_abs = q + offset
         return (segment_ids[batch, q_abs] == segment_ids[batch, kv]) & (kv <= q_abs)
+
+    if window is not None:
+        document_causal = mask_mod
+
+        def mask_mod(batch, head, q, kv):
+            return document_causal(batch, head, q, kv) & (q + offset - kv < window)
 
     # _compile: the eager builder evaluates mask_mod on the whole [B, S, S] grid at once.
     return create_block_mask(mask_mod, b, None, q_len, keys, device=segment_ids.device, _compile=compile_mask)
@@ -76,24 +90,35 @@ class AttentionPlan:
     kind: str  # causal | causal_lower_right | flex | segments | key_padding
     block_mask: object | None = None  # flex
     spans: list[list[tuple[int, int, int, int]]] | None = None  # segments: per row, (q0, q1, k0, k1)
-    mask: torch.Tensor | None = None  # key_padding: [B, 1, 1, K] bool
+    mask: torch.Tensor | None = None  # key_padding: [B, 1, 1, K] bool (the window already applied)
+    window: int | None = None  # sliding window in tokens (None: no limit)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
-        if self.kind == "causal":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        if self.kind == "causal_lower_right":
-            q_len, k_len = q.shape[2], k.shape[2]
-            if q_len == 1:  # one query after the cache sees every key
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-            # A [Sq, Sk] mask broadcast over batch and heads (cached chunked prefill only; never [B, H, S, S]).
-            tril = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(diagonal=k_len - q_len)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=tril, enable_gqa=gqa)
+        if self.kind in ("causal", "causal_lower_right"):
+            return _causal(q, k, v, gqa, self.window)
         if self.kind == "key_padding":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
         if self.kind == "flex":
             return _flex(q, k, v, self.block_mask, gqa)
-        return _per_segment(q, k, v, self.spans, gqa)
+        return _per_segment(q, k, v, self.spans, gqa, self.window)
+
+
+def _causal(q, k, v, gqa: bool, window: int | None) -> torch.Tensor:
+    """Causal attention of the last ``Sq`` of ``Sk`` positions (lower-right aligned; top-left when Sq == Sk), within
+    ``window``."""
+    q_len, k_len = q.shape[2], k.shape[2]
+    if window is None or k_len <= window:  # no query can see more than the window
+        if q_len == k_len:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if q_len == 1:  # one query after the cache sees every key
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    # A [Sq, Sk] mask broadcast over batch and heads (cached chunked prefill, or a window; never [B, H, S, S]).
+    ones = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device)
+    mask = ones.tril(diagonal=k_len - q_len)
+    if window is not None:
+        mask &= ~ones.tril(diagonal=k_len - q_len - window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 def _flex(q, k, v, block_mask, gqa: bool) -> torch.Tensor:
@@ -105,7 +130,7 @@ def _flex(q, k, v, block_mask, gqa: bool) -> torch.Tensor:
 
 
 @torch.compiler.disable  # the span list changes every batch: compiling it would recompile per batch
-def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
+def _per_segment(q, k, v, spans, gqa: bool, window: int | None = None) -> torch.Tensor:
     if q.shape[2] == k.shape[2]:
         # No cache: each row's spans tile it, for queries and keys alike. ``split`` (not slicing) keeps backward to
         # one concatenation per row instead of a zero-filled full-size gradient per segment.
@@ -115,7 +140,7 @@ def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
         for q_r, k_r, v_r, row_spans in zip(q.unbind(0), k.unbind(0), v.unbind(0), spans):
             sizes = [qe - qs for qs, qe, _, _ in row_spans]
             outs = [
-                F.scaled_dot_product_attention(qi[None], ki[None], vi[None], is_causal=True, enable_gqa=gqa)
+                _causal(qi[None], ki[None], vi[None], gqa, window)
                 for qi, ki, vi in zip(q_r.split(sizes, 1), k_r.split(sizes, 1), v_r.split(sizes, 1))
             ]
             rows.append(torch.cat([o.transpose(1, 2) for o in outs], dim=1))
@@ -125,10 +150,8 @@ def _per_segment(q, k, v, spans, gqa: bool) -> torch.Tensor:
         outs = []
         for qs, qe, ks, ke in row_spans:
             qi, ki, vi = q[r : r + 1, :, qs:qe], k[r : r + 1, :, ks:ke], v[r : r + 1, :, ks:ke]
-            if qe - qs == ke - ks:
-                outs.append(F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=gqa))
-            else:  # queries after cached keys of their segment
-                outs.append(AttentionPlan("causal_lower_right").attend(qi, ki, vi))
+            # Queries after cached keys of their segment align lower-right.
+            outs.append(_causal(qi, ki, vi, gqa, window))
         rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
     return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
 
@@ -138,23 +161,31 @@ def attends_per_segment(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
-def plan_attention(segment_ids: torch.Tensor | None, q_len: int, offset: int, device: torch.device) -> AttentionPlan:
+def plan_attention(
+    segment_ids: torch.Tensor | None, q_len: int, offset: int, device: torch.device, window: int | None = None
+) -> AttentionPlan:
     """The attention of one forward over ``q_len`` new tokens after ``offset`` cached ones.
 
     Args:
         segment_ids: ``[B, offset + q_len]`` sample id per key position (0 = padding), or None (one causal sequence
             per row; right padding allowed).
         device: where the activations are; CUDA training takes FlexAttention.
+        window: sliding window (a query sees itself and ``window - 1`` earlier keys), or None.
     """
     if segment_ids is None:
-        return AttentionPlan("causal" if offset == 0 else "causal_lower_right")
+        return AttentionPlan("causal" if offset == 0 else "causal_lower_right", window=window)
     if q_len == 1:
         seg = segment_ids
-        return AttentionPlan("key_padding", mask=(seg == seg[:, -1:])[:, None, None, :])
+        mask = seg == seg[:, -1:]
+        if window is not None and seg.shape[1] > window:
+            mask[:, : seg.shape[1] - window] = False
+        return AttentionPlan("key_padding", mask=mask[:, None, None, :], window=window)
     if not attends_per_segment(device) and offset == 0:
-        return AttentionPlan("flex", block_mask=document_causal_block_mask(segment_ids, q_len))
+        return AttentionPlan(
+            "flex", block_mask=document_causal_block_mask(segment_ids, q_len, window=window), window=window
+        )
     spans = []
     for runs in segment_runs(segment_ids):
         # Keys of a run up to the last query in it; queries are the run's positions at or after ``offset``.
         spans.append([(max(s, offset) - offset, e - offset, s, e) for s, e in runs if e > offset])
-    return AttentionPlan("segments", spans=spans)
+    return AttentionPlan("segments", spans=spans, window=window)

@@ -132,7 +132,7 @@ class VisionConfig:
 
 @dataclass
 class LLMConfig:
-    """Llama-family decoder (Llama-2 / Llama-3 / Mistral shapes)."""
+    """The one Llama-family decoder; families (Llama-2/3, Mistral, Qwen2) differ only in these fields."""
 
     vocab_size: int = 32000
     hidden_size: int = 4096
@@ -148,8 +148,19 @@ class LLMConfig:
     rms_norm_eps: float = 1e-5
     max_seq_len: int = 4096
     tie_word_embeddings: bool = False
+    # Family variations (HF ``model_type`` and the fields that set them: docs/INTEROP.md "Decoder families").
+    family: str = "llama"  # llama | mistral | qwen2: the HF model_type an export writes
+    qkv_bias: bool = False  # biased q/k/v projections (Qwen2; HF Llama ``attention_bias``)
+    o_bias: bool = False  # biased attention output projection (HF Llama ``attention_bias``)
+    mlp_bias: bool = False  # biased gate/up/down projections (HF Llama ``mlp_bias``)
+    # Each query attends to itself and the window - 1 tokens before it (Mistral v0.1 ``sliding_window``); None = all.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
+        if self.family not in LLM_FAMILIES:
+            raise ValueError(f"LLM family must be one of {sorted(LLM_FAMILIES)}, got {self.family!r}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive number of tokens or None, got {self.sliding_window}")
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
         if self.head_dim is None:
@@ -165,6 +176,8 @@ class LLMConfig:
         ):
             raise ValueError(f"unsupported rope_scaling {self.rope_scaling}; supported: linear, llama3")
 
+
+LLM_FAMILIES = ("llama", "mistral", "qwen2")
 
 _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$")
 

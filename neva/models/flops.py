@@ -10,7 +10,9 @@ FLOPs and the benchmark's MFU. Rules, per matmul:
   projector Linear over a frozen tower 4n, a frozen tower first in line 2n (forward only).
 * The attention core (scores and weighted values) costs ``4·S·d`` per row in the forward (``S`` = the sample's own
   length, ``d`` = heads × head dim; the causal half is not discounted, as in Megatron's count), ×3 when a trained
-  parameter sits upstream of it (its backward is input gradients only: two forwards).
+  parameter sits upstream of it (its backward is input gradients only: two forwards). Under a sliding window ``W``
+  the square ``S²`` becomes the same count over the pairs a query sees: ``W² + 2W(S - W)`` once ``S > W``
+  (``attended_square``).
 * Only vision layers up to the deepest selected hidden state run; the patch convolution multiplies ``num_patches``
   rows. Embedding lookups, norms, biases and elementwise ops are not counted. The LM head counts at every position
   (Megatron's convention), although the one-process engine runs it on learned positions only.
@@ -157,6 +159,15 @@ def _attention_cores(cfg: NevaConfig, upstream_trains: Callable[[tuple], bool]) 
     return terms
 
 
+def attended_square(seq_len: int, window: int | None) -> int:
+    """The ``S²`` of the attention core's count for a sample of ``seq_len`` positions: ``S²`` (the full square, as
+    Megatron counts causal attention), or under a sliding ``window`` the same convention over the band of keys each
+    query sees (``W²`` for the first ``W`` queries' triangle counted as a square, ``2W`` per later query)."""
+    if window is None or seq_len <= window:
+        return seq_len * seq_len
+    return window * window + 2 * window * (seq_len - window)
+
+
 @dataclass(frozen=True)
 class SampleFlops:
     """Training FLOPs of a sample of ``S`` LLM positions (image positions included) and ``images`` images:
@@ -165,26 +176,28 @@ class SampleFlops:
     per_token: float
     per_token2: float
     per_image: float
+    window: int | None = None  # the decoder's sliding window (``attended_square``)
 
     @classmethod
-    def from_terms(cls, terms: Iterable[FlopTerm]) -> SampleFlops:
+    def from_terms(cls, terms: Iterable[FlopTerm], window: int | None = None) -> SampleFlops:
         totals = {"token": 0.0, "token2": 0.0, "image": 0.0}
         for term in terms:
             totals[term.per] += term.total
-        return cls(totals["token"], totals["token2"], totals["image"])
+        return cls(totals["token"], totals["token2"], totals["image"], window)
 
     @classmethod
     def of(cls, model: nn.Module) -> SampleFlops:
         """The counts of ``model`` (whole, unsharded, its trainable policy applied; ``build_meta_model`` gives one)."""
-        return cls.from_terms(flop_terms(model_params(model), model.cfg))
+        return cls.from_terms(flop_terms(model_params(model), model.cfg), model.cfg.llm.sliding_window)
 
     def sample(self, seq_len: int, images: int) -> float:
-        return self.per_token * seq_len + self.per_token2 * seq_len * seq_len + self.per_image * images
+        return self.batch([seq_len], images)
 
     def batch(self, seq_lens: Iterable[int], images: int) -> float:
         """FLOPs of samples of lengths ``seq_lens`` (padding excluded) holding ``images`` images in all."""
         lens = list(seq_lens)
-        return self.per_token * sum(lens) + self.per_token2 * sum(s * s for s in lens) + self.per_image * images
+        square = sum(attended_square(s, self.window) for s in lens)
+        return self.per_token * sum(lens) + self.per_token2 * square + self.per_image * images
 
 
 # Dense bf16 tensor-core peaks (datasheets), TFLOP/s, found by substring in a device name

@@ -40,10 +40,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: LLMConfig) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
 
     def forward(
         self,
@@ -74,9 +74,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: LLMConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -147,7 +147,7 @@ class LlamaDecoder(nn.Module):
             position_ids = torch.arange(offset, offset + s, device=h.device).expand(b, s)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, h.dtype)
         # One plan for every layer: segment boundaries / the BlockMask are found once per forward.
-        attn = plan_attention(segment_ids, s, offset, h.device)
+        attn = plan_attention(segment_ids, s, offset, h.device, window=self.cfg.sliding_window)
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
         layers = list(self.layers.values())
@@ -173,6 +173,8 @@ class LlamaDecoder(nn.Module):
             for module in layer.modules():
                 if isinstance(module, nn.Linear):
                     nn.init.normal_(module.weight, std=std)
+                    if module.bias is not None:  # HF's init: zero biases
+                        nn.init.zeros_(module.bias)
                 elif isinstance(module, RMSNorm):
                     module.reset_parameters()
         if self.norm is not None:

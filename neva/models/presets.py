@@ -1,5 +1,6 @@
-"""Published model shapes (Llama-2 7B/13B/70B, CLIP ViT-L/14 at 224 and 336 px, SigLIP so400m/14 at 384 px) and the
-tiny embedded default (CLIP or SigLIP tower)."""
+"""Published model shapes (Llama-2 7B/13B/70B, Llama-3-8B, Mistral-7B v0.1, Qwen2-7B, CLIP ViT-L/14 at 224 and 336 px,
+SigLIP so400m/14 at 384 px) and the tiny embedded default (CLIP or SigLIP tower; Llama, and a Qwen2 twin: q/k/v
+biases, tied embeddings)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,48 @@ LLM_PRESETS: dict[str, dict] = {
         num_heads=4,
         num_kv_heads=2,
         max_seq_len=512,
+    ),
+    # Decoder families (shapes: /work/shared/REFERENCES.md "Other model families", from the released config.json).
+    "tiny_qwen2": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen2",
+        qkv_bias=True,
+        tie_word_embeddings=True,
+    ),
+    "qwen2_7b": dict(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        max_seq_len=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen2",
+        qkv_bias=True,
+    ),
+    "llama3_8b": dict(
+        vocab_size=128256,
+        intermediate_size=14336,
+        num_kv_heads=8,
+        max_seq_len=8192,
+        rope_theta=500000.0,
+    ),
+    "mistral_7b": dict(
+        intermediate_size=14336,
+        num_kv_heads=8,
+        max_seq_len=32768,
+        family="mistral",
+        sliding_window=4096,
     ),
     "llama2_7b": dict(),
     "llama2_13b": dict(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40),

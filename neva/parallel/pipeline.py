@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from neva.constants import IGNORE_INDEX
+from neva.models.config import NevaConfig
 from neva.models.loss import token_cross_entropy
 from neva.models.neva import NevaModel
 from neva.typed import ConfigError
@@ -83,10 +84,15 @@ def prune_to_chunk(model: NevaModel, layers: list[int], first: bool, last: bool)
     return model
 
 
+def check_splittable(cfg: NevaConfig, pp: int) -> None:
+    """Refuse a model that cannot be split over ``pp`` stages (training and the planner both ask)."""
+    if pp > 1 and cfg.llm.tie_word_embeddings:
+        raise ConfigError("tied word embeddings cannot be split over pipeline stages (first and last stage share them)")
+
+
 def build_chunks(model: NevaModel, pp_rank: int, pp: int, virtual: int, first_layers: int | None) -> list[NevaModel]:
     """This rank's chunk models cut from ``model`` (the last one reuses ``model`` itself)."""
-    if model.cfg.llm.tie_word_embeddings:
-        raise ConfigError("tied word embeddings cannot be split over pipeline stages (first and last stage share them)")
+    check_splittable(model.cfg, pp)
     chunks = pp * virtual
     layer_split = split_layers(model.cfg.llm.num_layers, chunks, first_layers)
     ids = local_chunks(pp_rank, pp, virtual)

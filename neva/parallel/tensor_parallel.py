@@ -144,6 +144,9 @@ def apply_tensor_parallel(
             "supported yet; the tower stays replicated and frozen under TP"
         )
     parallelize_module(model, tp_mesh, tensor_parallel_plan(model, sequence_parallel, vocab_parallel_loss))
+    # Each style distributes its module's parameters on its own, which unties a shared embedding / LM head (two
+    # tensors that then train apart). Both are sharded on the vocabulary (dim 0): share the embedding's again.
+    model.tie_weights()
 
 
 def tensor_parallel_plan(

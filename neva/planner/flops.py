@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neva.models.config import NevaConfig
-from neva.models.flops import FlopTerm, flop_terms
+from neva.models.flops import FlopTerm, attended_square, flop_terms
 from neva.parallel.compute_plans import checkpointed_blocks
 from neva.parallel.layout import Layout
 from neva.parallel.pipeline import split_layers
@@ -49,7 +49,7 @@ def stage_flops(
 ) -> list[StageFlops]:
     """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each."""
     terms = _terms(infos, cfg)
-    units = {"token": seq_len, "token2": seq_len * seq_len, "image": 1}
+    units = {"token": seq_len, "token2": attended_square(seq_len, cfg.llm.sliding_window), "image": 1}
     params = {p.name: p for p in infos}
     model = [0.0] * len(layers)
     per_gpu = [0.0] * len(layers)

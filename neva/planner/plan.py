@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from neva.checkpoint.source import neva_config_from_mm
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
+from neva.parallel.pipeline import check_splittable
 from neva.parallel.tensor_parallel import check_divisibility
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
 from neva.planner.deployment import Deployment, deployment_from_config
@@ -125,6 +126,7 @@ def plan_run(
     layout = dep.layout
     if layout.tp > 1:
         check_divisibility(ncfg, layout.tp)
+    check_splittable(ncfg, layout.pp)
     hw = hardware_from_config(cfg.cluster)
     infos = model_inventory(ncfg, cfg.model.trainable_policy())
     layers = stage_layers(ncfg.llm.num_layers, layout)

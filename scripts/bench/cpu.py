@@ -51,12 +51,28 @@ CPU_LLM = dict(
 SMOKE_TEXT = dict(text_median=24.0, text_min=8, text_max=64)
 
 
-def cpu_model_config(smoke: bool = False) -> NevaConfig:
-    """The CPU benchmark's NeVA: 4-layer ViT (64 image tokens), 8-layer Llama of width 384, vocab 32000 (``smoke``:
-    the tiny presets)."""
-    if smoke:
-        return build_config("tiny", "tiny")
-    return build_config(llm=dict(CPU_LLM), vision=dict(CPU_VISION))
+# --family: what each model family changes in the shapes above (and in the tiny ones under --smoke); the HF side
+# builds the same family from the export's config (``llava_config_dict``). One entry per family.
+FAMILIES: dict[str, dict[str, dict]] = {
+    "llama": {"llm": {}, "vision": {}},
+    # Qwen2's q/k/v biases, tied embeddings (as its small models) and rope θ 1e6 (the tiny_qwen2 preset's).
+    "qwen2": {"llm": dict(family="qwen2", qkv_bias=True, tie_word_embeddings=True, rope_theta=1e6), "vision": {}},
+}
+
+
+def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
+    """The LLM and vision fields of the benchmark's model."""
+    if family not in FAMILIES:
+        raise SystemExit(f"--family {family!r}: choose one of {sorted(FAMILIES)}")
+    llm, vision = (LLM_PRESETS["tiny"], VISION_PRESETS["tiny"]) if smoke else (CPU_LLM, CPU_VISION)
+    return {"llm": {**llm, **FAMILIES[family]["llm"]}, "vision": {**vision, **FAMILIES[family]["vision"]}}
+
+
+def cpu_model_config(smoke: bool = False, family: str = "llama") -> NevaConfig:
+    """The CPU benchmark's NeVA: 4-layer ViT (64 image tokens), 8-layer decoder of width 384, vocab 32000 (``smoke``:
+    the tiny presets), of the given ``family`` (``FAMILIES``)."""
+    shapes = cpu_shapes(smoke, family)
+    return build_config(llm=shapes["llm"], vision=shapes["vision"])
 
 
 def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False) -> StreamSpec:
@@ -189,7 +205,7 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = cpu_model_config(args.smoke)
+    cfg = cpu_model_config(args.smoke, args.family)
     spec = stream_spec(cfg, args.seed, args.smoke)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
     gc.collect()
@@ -267,6 +283,8 @@ def _child_cmd(side: str, args: Any, packing: bool) -> list[str]:
         str(args.threads),
         "--packing" if packing else "--no-packing",
         *(["--smoke"] if args.smoke else []),
+        "--family",
+        args.family,
     ]
 
 
@@ -332,7 +350,7 @@ def _row(name: str, r: dict[str, Any], base: dict[str, Any]) -> str:
 
 def run_cpu(args: Any) -> dict[str, Any]:
     """Run the sides in child processes, print the table, return the summary (printed as JSON by the caller)."""
-    cfg = cpu_model_config(args.smoke)
+    cfg = cpu_model_config(args.smoke, args.family)
     sides: list[tuple[str, dict[str, Any]]] = []
     print(
         f"# CPU benchmark: stage={args.stage}, {args.batch_size} samples/step, {args.warmup} warm-up + {args.steps} steps",
@@ -383,10 +401,10 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "warmup": args.warmup,
         "threads": hf["threads"],
         "smoke": bool(args.smoke),
+        "family": args.family,
         "seq_length": args.seq_length,
         "model": {
-            "llm": LLM_PRESETS["tiny"] if args.smoke else CPU_LLM,
-            "vision": VISION_PRESETS["tiny"] if args.smoke else CPU_VISION,
+            **cpu_shapes(args.smoke, args.family),
             "image_tokens": cfg.num_image_tokens,
         },
         "stream": asdict(stream_spec(cfg, args.seed, args.smoke)),

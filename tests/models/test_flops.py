@@ -138,3 +138,17 @@ def test_siglip_tower_and_mlp_downsample_count_their_own_tokens():
         + 2 * PATCH + 2 * 2 * vit_layer + 2 * vit_core
     )  # fmt: skip
     assert SampleFlops.of(build_meta_model(cfg, TrainablePolicy())).sample(s, 1) == expected
+
+
+def test_sliding_window_counts_the_band_and_biases_no_flops():
+    """A window of 8: the core's square counts the pairs each query sees (8² for the first 8, 2·8 per later query),
+    exactly as the attention computes them; q/k/v biases add parameters but no matmul."""
+    import dataclasses
+
+    cfg = small_config()
+    windowed = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, sliding_window=8, qkv_bias=True))
+    policy = TrainablePolicy(llm=True)
+    full, band = (SampleFlops.of(build_meta_model(c, policy)) for c in (cfg, windowed))
+    assert (band.per_token, band.per_token2) == (full.per_token, full.per_token2)
+    assert band.sample(S, 1) - full.sample(S, 1) == full.per_token2 * ((8 * 8 + 2 * 8 * (S - 8)) - S * S)
+    assert band.sample(8, 0) == full.sample(8, 0)  # within the window nothing changes

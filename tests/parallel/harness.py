@@ -37,7 +37,17 @@ BASE = [
 FAMILIES: dict[str, list[str]] = {
     "llama_clip": [],
     # SigLIP tower (patch-embedding bias, no CLS) and NeMo's mlp_downsample projector (its LayerNorm): 4 image tokens
-    "llama_siglip_downsample": [
+    # SigLIP tower (patch-embedding bias, no CLS), NeMo's mlp_downsample projector (its LayerNorm; 4 image tokens) and
+    # a Qwen2 decoder (q/k/v biases sharded with their columns), untied so that PP2 applies
+    "siglip_qwen2_downsample": [
+        "model=tiny_qwen2",
+        "++model.mm_cfg.llm.arch_overrides={num_layers:4,tie_word_embeddings:false}",
+        "model.mm_cfg.vision_encoder.preset=tiny_siglip",
+        "model.mm_cfg.mm_mlp_adapter_type=mlp_downsample",
+    ],
+    # the same with Qwen2's tied embeddings (one tensor, vocab-sharded for the embedding and the head under TP)
+    "siglip_qwen2_tied_downsample": [
+        "model=tiny_qwen2",
         "model.mm_cfg.vision_encoder.preset=tiny_siglip",
         "model.mm_cfg.mm_mlp_adapter_type=mlp_downsample",
     ],

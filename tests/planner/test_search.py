@@ -99,3 +99,13 @@ def test_cli_search_honours_command_line_constraints(capsys) -> None:
     assert constraints == {"micro_batch_size": [2, 4]} and req.sweeps == []
     assert req.fixed == ["+preset=nemo_llama2_7b_pretrain"]  # a preset selects the stage: none is added
     assert main(["--help"]) == [] and "plan.search" in capsys.readouterr().out
+
+
+def test_tied_embeddings_are_never_proposed_with_pipeline_stages() -> None:
+    """Qwen2's tied embeddings (one tensor for the first and the last stage): training refuses PP for them, so the
+    search never offers a PP layout, and the biased, tied model is planned for the others."""
+    cfg = compose_config(["+stage=finetune", "model=tiny_qwen2", "cluster=dgx_h100", "trainer.devices=8", *O2])
+    result = search(cfg, top=0)
+    layouts = [p.deployment.layout for p in result.plans]
+    assert layouts and all(lay.pp == 1 for lay in layouts)
+    assert any(lay.tp > 1 for lay in layouts)

@@ -1,0 +1,182 @@
+"""Which HF decoder configs neva reads, field by field: every field is read, known not to change the computation, or
+refused naming the field and its value.
+
+One entry per ``model_type`` (``FAMILIES``): a dict ``field -> rule``, how its fields become ``LLMConfig``'s and how an
+export writes them back. A rule is ``READ`` (translated into an ``LLMConfig`` field by ``llm_config_from_hf``),
+``INERT`` (does not change what the forward computes: ids, bookkeeping, generation defaults, initialisation), or
+``Needs(values, why)`` (only these values are implemented; any other is refused).
+A field in no table is refused too: an unknown field may change the computation, and guessing would train another
+model than the one asked for. A new family is one more entry (its fields built from ``COMMON``); a family named in
+``NOT_YET`` is refused with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Read:
+    """Translated by ``llm_config_from_hf``."""
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Only one of ``values`` is implemented; anything else is refused with ``why``."""
+
+    values: tuple[Any, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Inert:
+    """Known not to change the forward computation."""
+
+
+READ, INERT = Read(), Inert()
+
+# transformers' PretrainedConfig fields (4.x and 5.x) and common bookkeeping: none changes a decoder's forward.
+_CONFIG_BOOKKEEPING = (
+    "_name_or_path", "architectures", "transformers_version", "model_type", "dtype", "torch_dtype", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "initializer_range",
+    "id2label", "label2id", "problem_type", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params",
+    "return_dict", "output_attentions", "output_hidden_states", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
+    "tie_encoder_decoder", "pruned_heads",
+    # generation defaults a 4.x config still carries (generation is configured by neva.generate's own flags)
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    # Llama's tensor-parallel pretraining split: the same product computed in slices (HF 4.x only, same result).
+    "pretraining_tp",
+)  # fmt: skip
+
+COMMON: dict[str, Any] = {
+    **{name: INERT for name in _CONFIG_BOOKKEEPING},
+    **{
+        name: READ
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rope_theta",
+            "rope_scaling",
+            "rope_parameters",
+            "rms_norm_eps",
+            "max_position_embeddings",
+            "tie_word_embeddings",
+        )
+    },
+    "hidden_act": Needs(("silu",), "neva's decoder MLP is SwiGLU (silu)"),
+    "attention_dropout": Needs((0.0, 0), "neva's decoder has no attention dropout"),
+}
+
+
+def _llama_read(hf: dict[str, Any]) -> dict[str, Any]:
+    bias = bool(hf.get("attention_bias", False))
+    return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)))
+
+
+def _llama_write(llm: Any) -> dict[str, Any] | None:
+    if llm.qkv_bias != llm.o_bias or llm.sliding_window is not None:
+        return None
+    return dict(attention_bias=llm.qkv_bias, mlp_bias=llm.mlp_bias)
+
+
+def _mistral_write(llm: Any) -> dict[str, Any] | None:
+    biased = llm.qkv_bias or llm.o_bias or llm.mlp_bias
+    return None if biased else dict(sliding_window=llm.sliding_window)
+
+
+def _qwen2_write(llm: Any) -> dict[str, Any] | None:
+    expressible = (llm.qkv_bias, llm.o_bias, llm.mlp_bias) == (True, False, False) and llm.sliding_window is None
+    return dict(use_sliding_window=False) if expressible else None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One HF ``model_type``: its fields' rules, its ``LLMConfig`` family fields from a checked config (``read``), and
+    the HF fields an export writes for an ``LLMConfig`` (``write``; None: the HF class cannot express it)."""
+
+    fields: dict[str, Any]
+    read: Callable[[dict[str, Any]], dict[str, Any]]
+    write: Callable[[Any], dict[str, Any] | None]
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family({**COMMON, "attention_bias": READ, "mlp_bias": READ}, _llama_read, _llama_write),
+    "mistral": Family(
+        {**COMMON, "sliding_window": READ}, lambda hf: dict(sliding_window=hf.get("sliding_window")), _mistral_write
+    ),
+    "qwen2": Family(
+        {
+            **COMMON,
+            "use_sliding_window": Needs((False,), "Qwen2's per-layer sliding windows are not implemented"),
+            # Only read with use_sliding_window (refused above): the layers all attend fully.
+            "sliding_window": INERT,
+            "max_window_layers": INERT,
+            "layer_types": READ,  # checked: every layer full attention
+        },
+        lambda hf: dict(qkv_bias=True),  # q/k/v biased, o_proj not
+        _qwen2_write,
+    ),
+}
+
+NOT_YET = {
+    "mixtral": "MoE decoders are not implemented yet",
+    "qwen2_moe": "MoE decoders are not implemented yet",
+    "qwen3": "Qwen3's q/k norms are not implemented",
+    "gemma": "Gemma's GeGLU MLP, scaled embeddings and (1 + w) RMSNorm are not implemented",
+    "gemma2": "Gemma-2's soft-capping, GeGLU and alternating windows are not implemented",
+    "phi3": "Phi-3's fused qkv / gate_up projections are not implemented",
+}
+
+
+def check_fields(hf: dict[str, Any], where: str = "LLM config") -> str:
+    """The family of an HF decoder config dict; raises ``ValueError`` naming every field neva would not honour.
+
+    ``model_type`` missing is read as ``llama`` (old Llama ``config.json`` files and NeMo/LLaVA dicts without it).
+    """
+    family = hf.get("model_type") or "llama"
+    if family in NOT_YET:
+        raise ValueError(f"{where}: model_type {family!r} is not supported yet ({NOT_YET[family]})")
+    if family not in FAMILIES:
+        raise ValueError(f"{where}: model_type {family!r} is not a supported decoder family ({sorted(FAMILIES)})")
+    table, problems = FAMILIES[family].fields, []
+    for name, value in hf.items():
+        rule = table.get(name)
+        if rule is None:
+            problems.append(f"{name}={value!r} (unknown to neva: it may change the computation)")
+        elif isinstance(rule, Needs) and value not in rule.values:
+            problems.append(f"{name}={value!r} ({rule.why})")
+    layer_types = hf.get("layer_types")
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        problems.append(f"layer_types={layer_types!r} (only full_attention layers are implemented)")
+    if problems:
+        raise ValueError(f"{where} ({family}): refused field(s): " + "; ".join(problems))
+    return family
+
+
+def family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """The ``LLMConfig`` family fields of a checked HF config (``check_fields``)."""
+    return dict(family=family, **FAMILIES[family].read(hf))
+
+
+def hf_family_fields(llm: Any) -> dict[str, Any]:
+    """The HF text-config fields that make transformers compute what ``llm`` (an ``LLMConfig``) computes; raises
+    ``ValueError`` for a combination the family's HF class cannot express."""
+    written = FAMILIES[llm.family].write(llm)
+    if written is None:
+        raise ValueError(
+            f"HF {llm.family} cannot express qkv_bias={llm.qkv_bias}, o_bias={llm.o_bias}, mlp_bias={llm.mlp_bias}, "
+            f"sliding_window={llm.sliding_window}"
+        )
+    return dict(model_type=llm.family, **written)
