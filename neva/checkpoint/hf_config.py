@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from neva.checkpoint.hf_moe import moe_fields_from_hf, moe_text_config
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 
 
@@ -27,6 +28,7 @@ def llm_config_from_hf(hf: dict[str, Any]) -> LLMConfig:
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         max_seq_len=hf.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        **moe_fields_from_hf(hf),
     )
 
 
@@ -107,7 +109,8 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             rope_parameters=rope,
             tie_word_embeddings=t.tie_word_embeddings,
             pad_token_id=pad_token_id,
-        ),
+        )
+        | moe_text_config(t),
         image_token_index=cfg.image_token_id,
         projector_hidden_act="gelu",
         vision_feature_select_strategy="default" if v.vision_select_feature == "patch" else "full",

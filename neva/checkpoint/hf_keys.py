@@ -49,6 +49,12 @@ LLM_TABLE = {  # neva (under "llm.") : HF Llama model (under the LLM prefix)
     "layers.{}.feed_forward.w1.weight": "layers.{}.mlp.gate_proj.weight",
     "layers.{}.feed_forward.w3.weight": "layers.{}.mlp.up_proj.weight",
     "layers.{}.feed_forward.w2.weight": "layers.{}.mlp.down_proj.weight",
+    # Mixtral (num_moe_experts): the router, and the experts in hf_moe's canonical stacked form (reading stacks HF's
+    # per-expert tensors into it, writing unstacks it; neva/checkpoint/hf_moe.py).
+    "layers.{}.feed_forward.router.weight": "layers.{}.block_sparse_moe.gate.weight",
+    "layers.{}.feed_forward.experts.w1": "layers.{}.block_sparse_moe.experts.w1",
+    "layers.{}.feed_forward.experts.w3": "layers.{}.block_sparse_moe.experts.w3",
+    "layers.{}.feed_forward.experts.w2": "layers.{}.block_sparse_moe.experts.w2",
 }
 
 LM_HEAD = "output.weight"  # neva (under "llm."); HF keeps the head outside the LLM prefix

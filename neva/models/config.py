@@ -108,8 +108,18 @@ class LLMConfig:
     rms_norm_eps: float = 1e-5
     max_seq_len: int = 4096
     tie_word_embeddings: bool = False
+    # Mixture of experts (NeMo / Megatron-Core names; neva/models/moe.py). None = a dense SwiGLU feed-forward in
+    # every block; N = every block's feed-forward is N SwiGLU experts of width ``intermediate_size`` behind a router.
+    num_moe_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float | None = None
+    # Which load-balancing loss ``moe_aux_loss_coeff`` scales: ``megatron`` (Megatron-Core's Switch loss, NeMo's) or
+    # ``hf`` (transformers' ``load_balancing_loss_func``); formulas in neva/models/moe.py.
+    moe_aux_loss_formula: str = "megatron"
 
     def __post_init__(self) -> None:
+        self._check_moe()
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
         if self.head_dim is None:
@@ -124,6 +134,21 @@ class LLMConfig:
             "llama3",
         ):
             raise ValueError(f"unsupported rope_scaling {self.rope_scaling}; supported: linear, llama3")
+
+    def _check_moe(self) -> None:
+        if self.num_moe_experts is None:
+            return
+        if self.num_moe_experts < 1 or not 1 <= self.moe_router_topk <= self.num_moe_experts:
+            raise ValueError(
+                f"num_moe_experts {self.num_moe_experts} and moe_router_topk {self.moe_router_topk}: need "
+                "1 <= moe_router_topk <= num_moe_experts"
+            )
+        if self.moe_aux_loss_formula not in ("megatron", "hf"):
+            raise ValueError(f"moe_aux_loss_formula must be megatron or hf, got {self.moe_aux_loss_formula!r}")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_experts is not None
 
 
 _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu)$")
