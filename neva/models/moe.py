@@ -92,18 +92,25 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, h, i))
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """``x`` [N, H]: rows grouped by expert, ``counts`` [E] rows per expert of these weights (in order)."""
-        w1, w3, w2 = self.w1, self.w3, self.w2
-        if _grouped_mm_supported(x):
-            offs = torch.cumsum(counts, 0, dtype=torch.int32)
-            gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-            up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
-            return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
-        out = []
-        for e, rows in enumerate(x.split(counts.tolist())):
-            if rows.shape[0]:
-                out.append(F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e]))
-        return torch.cat(out) if out else x.new_zeros(x.shape)
+        """``x`` [N, H]: rows grouped by expert, ``counts`` [E] rows per expert (in order)."""
+        return run_experts(self.w1, self.w3, self.w2, x, counts)
+
+
+def run_experts(
+    w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """SwiGLU experts ``w1``/``w3`` [E, I, H], ``w2`` [E, H, I] on rows ``x`` [N, H] grouped by expert, ``counts``
+    [E] rows each: one grouped GEMM per projection where torch has one for the device, else a loop over experts."""
+    if _grouped_mm_supported(x):
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+        up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
+        return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+    out = []
+    for e, rows in enumerate(x.split(counts.tolist())):
+        if rows.shape[0]:
+            out.append(F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e]))
+    return torch.cat(out) if out else x.new_zeros(x.shape)
 
 
 # (experts, rows grouped by expert, rows per expert [E]) -> the experts' outputs in the same order.
