@@ -10,13 +10,14 @@ Dispatch (``AllToAllDispatch``, installed as each MoE layer's ``dispatcher``: th
 hands over its tokens already grouped by global expert, with per-expert counts. Counts go first (one all-to-all of
 ``[ep, E/ep]`` integers), then the tokens (``all_to_all_single`` with uneven splits: each destination gets the
 contiguous run of tokens for its experts); received tokens are regrouped by local expert, run through the local
-experts (grouped GEMM or loop, ``neva.models.moe.run_experts``) and travel back the same way, so the layer combines
+experts (the ``Experts`` module: grouped GEMM or loop, on its local shard) and travel back the same way, so the layer combines
 them exactly as in one process. Both all-to-alls are autograd functions whose backward is the reverse all-to-all.
 
 Gradients. The engine scales every backward by dp (data-parallel wrappers average over dp). An expert's gradient
 arrives, through the all-to-all's backward, from the tokens of every rank of its expert group, and FSDP2 (over
 ``edp``, when ``dp > ep``) averages it over the group's replicas: ``dp / edp = ep`` times the true gradient, so the
-local expert weights' gradient is scaled by ``1 / ep`` (Megatron-Core scales expert gradients by ``edp / dp``).
+local expert weights' gradient is scaled by ``1 / ep`` (Megatron-Core scales expert gradients by ``edp / dp``):
+the gradient reaching the experts' outputs is divided by ep and the one leaving their inputs multiplied back.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import Shard, distribute_tensor
 
-from neva.models.moe import Experts, MoEFeedForward, run_experts
+from neva.models.moe import Experts, MoEFeedForward
 from neva.typed import ConfigError
 
 
@@ -60,10 +61,6 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _local(w: torch.Tensor) -> torch.Tensor:
-    return w.to_local() if isinstance(w, DTensor) else w
-
-
 class AllToAllDispatch:
     """A MoE layer's dispatcher under expert parallelism (module docstring)."""
 
@@ -81,8 +78,10 @@ class AllToAllDispatch:
         local_experts = recv.shape[1]
         segment = torch.repeat_interleave(torch.arange(recv.numel(), device=x.device), recv.flatten())
         order = (segment % local_experts * ep + segment // local_experts).argsort(stable=True)
-        w1, w3, w2 = (_ScaleGrad.apply(_local(w), 1.0 / ep) for w in (experts.w1, experts.w3, experts.w2))
-        y = run_experts(w1, w3, w2, received[order], recv.sum(0))
+        # The experts' weight gradients scaled by 1 / ep (module docstring): the gradient reaching their outputs is
+        # scaled, the one leaving their inputs scaled back (exact for a power-of-two ep).
+        rows = _ScaleGrad.apply(received[order], float(ep))
+        y = _ScaleGrad.apply(experts(rows, recv.sum(0)), 1.0 / ep)  # a module call: FSDP2's hooks gather its shards
         y = y[order.argsort()]  # back to (source rank, local expert) order
         return _AllToAll.apply(y, in_splits, out_splits, self.group)
 

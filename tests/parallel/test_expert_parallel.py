@@ -19,7 +19,7 @@ from .llava_data import llava_overrides, write_llava_set
 
 pytestmark = pytest.mark.slow
 
-STEPS = 3
+STEPS = 2
 RTOL = 1e-5
 MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
 WATCHED = ("llm.layers.1.feed_forward.router.weight", "llm.layers.1.feed_forward.experts.w1")
@@ -163,3 +163,13 @@ def test_expert_parallel_two_ranks_match_one_process(setup, tmp_path):
     data, ref = setup
     results = run(2, [(n, data + o, STEPS) for n, o in TWO_RANK.items()], tmp_path)
     check(results, TWO_RANK, ref)
+
+
+FOUR_RANK = {"ep2_dp2": ["model.expert_model_parallel_size=2"]}
+
+
+def test_expert_parallel_with_expert_data_parallel_replicas_matches_one_process(setup, tmp_path):
+    """4 ranks, EP2: two expert groups, each expert sharded over its two replicas by FSDP2 (edp)."""
+    data, ref = setup
+    results = run(4, [(n, data + o, STEPS) for n, o in FOUR_RANK.items()], tmp_path)
+    check(results, FOUR_RANK, ref)
