@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from .llava_data import llava_overrides, write_llava_set
 
 pytestmark = pytest.mark.slow
 
-STEPS = 2
+STEPS = 2  # per layout; the checkpoint chain continues to RESUMED_STEPS
+RESUMED_STEPS = 4
 RTOL = 1e-5
 MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
 WATCHED = ("llm.layers.1.feed_forward.router.weight", "llm.layers.1.feed_forward.experts.w1")
@@ -55,9 +57,11 @@ def _full(t: torch.Tensor) -> list:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().flatten().tolist()
 
 
-def train(overrides: list[str], steps: int) -> dict:
-    """``NevaModule``'s training step without Lightning; per step the loss, MoE metrics and gradient norm, and the
-    first step's gradients of ``WATCHED``."""
+def train(overrides: list[str], steps: int, start: int = 0, load: str | None = None, save: str | None = None) -> dict:
+    """``NevaModule``'s training step without Lightning, steps ``start`` to ``steps - 1``; per step the loss, MoE
+    metrics and gradient norm, and the first step's gradients of ``WATCHED``. ``load`` / ``save``: a DCP checkpoint
+    (parameters and AdamW state) read before the first step / written after the last."""
+    from neva.checkpoint import dcp
     from neva.checkpoint.names import canonical_name
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
@@ -79,13 +83,22 @@ def train(overrides: list[str], steps: int) -> dict:
     engine = module.engine
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
+    if load is not None:
+        dcp.load(load, engine.checkpoint_parameters(), optimizer)
+        engine.after_optimizer_step()
+    with warnings.catch_warnings():  # the schedule advanced to the resumed step before any optimizer step
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(start):
+            scheduler.step()
     out = {"losses": [], "grad_norms": [], "metrics": [], "grads": {}}
     for i, micro_batches in enumerate(StepBatches(data, layout.grad_accum)):
         if i == steps:
             break
+        if i < start:
+            continue
         engine.model.train()
         loss, _ = engine.forward_backward(micro_batches, step=i)
-        if i == 0:
+        if i == start:
             for name, p in engine.named_trainable_parameters():
                 if canonical_name(name) in WATCHED:
                     out["grads"][canonical_name(name)] = _full(p.grad)
@@ -96,6 +109,8 @@ def train(overrides: list[str], steps: int) -> dict:
         scheduler.step()
         out["losses"].append(loss.item())
         out["metrics"].append(dict(engine.moe_metrics))
+    if save is not None:
+        dcp.save(save, engine.checkpoint_parameters(), optimizer)
     return out
 
 
@@ -107,8 +122,8 @@ def _worker(rank: int, world: int, port: int, jobs: list, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = {}
     try:
-        for name, overrides, steps in jobs:
-            results[name] = train(overrides, steps)
+        for name, overrides, kwargs in jobs:
+            results[name] = train(overrides, **kwargs)
             dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -136,33 +151,43 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
     ckpt = make_uneven_checkpoint(root / "ckpt")
     write_llava_set(root / "llava")
+    # Global batches of 4 single-sample micro-batches (one per rank under 4-rank layouts): the least work per step.
     data = [f"model.restore_from_path={ckpt}", *llava_overrides(root / "llava", False)]
-    ref = train(data, STEPS)
+    data += ["model.micro_batch_size=1", "model.global_batch_size=4"]
+    ref = train(data, RESUMED_STEPS)
     first = ref["metrics"][0]
     for layer in (0, 1):  # the uneven batch: expert 0 idle, expert 1 at the top of every token's choice
         assert first[f"moe_load_min_layer{layer}"] == 0.0 and first[f"moe_load_max_layer{layer}"] >= 0.5
     return data, ref
 
 
-def check(results: list[dict], names, ref: dict) -> None:
-    for name in names:
-        for rank in results:
-            got = rank[name]
-            assert _max_rel(got["losses"], ref["losses"]) < RTOL, (name, got["losses"], ref["losses"])
-            assert _max_rel(got["grad_norms"], ref["grad_norms"]) < RTOL, (name, got["grad_norms"])
-            aux = [m["moe_aux_loss"] for m in got["metrics"]]
-            assert _max_rel(aux, [m["moe_aux_loss"] for m in ref["metrics"]]) < RTOL, (name, aux)
-            for key in WATCHED:
-                assert _rel(got["grads"][key], ref["grads"][key]) < RTOL, (name, key)
+def check(got: dict, ref: dict, name: str, start: int = 0) -> None:
+    """``got`` (steps ``start``...) equals the one-process ``ref`` on the same steps."""
+    n = len(got["losses"])
+    assert _max_rel(got["losses"], ref["losses"][start : start + n]) < RTOL, (name, got["losses"], ref["losses"])
+    assert _max_rel(got["grad_norms"], ref["grad_norms"][start : start + n]) < RTOL, (name, got["grad_norms"])
+    aux = [m["moe_aux_loss"] for m in got["metrics"]]
+    assert _max_rel(aux, [m["moe_aux_loss"] for m in ref["metrics"][start : start + n]]) < RTOL, (name, aux)
+    if start == 0:
+        for key in WATCHED:
+            assert _rel(got["grads"][key], ref["grads"][key]) < RTOL, (name, key)
 
 
-TWO_RANK = {"ep2": ["model.expert_model_parallel_size=2"]}
-
-
-def test_expert_parallel_two_ranks_match_one_process(setup, tmp_path):
+def test_expert_parallel_two_ranks_and_resume_across_ep_sizes(setup, tmp_path):
+    """EP2 (its two steps against one process) writes a DCP checkpoint; EP1×DP2 resumes it for a step and writes
+    another; one process resumes that: every step on the uninterrupted one-process curve."""
     data, ref = setup
-    results = run(2, [(n, data + o, STEPS) for n, o in TWO_RANK.items()], tmp_path)
-    check(results, TWO_RANK, ref)
+    ep2, dp2 = str(tmp_path / "ep2.dcp"), str(tmp_path / "dp2.dcp")
+    jobs = [
+        ("ep2", data + ["model.expert_model_parallel_size=2"], dict(steps=STEPS, save=ep2)),
+        ("ep1_dp2", data, dict(steps=STEPS + 1, start=STEPS, load=ep2, save=dp2)),
+    ]
+    results = run(2, jobs, tmp_path / "out")
+    for rank in results:
+        check(rank["ep2"], ref, "ep2")
+        check(rank["ep1_dp2"], ref, "ep1_dp2", start=STEPS)
+    one = train(data, RESUMED_STEPS, start=STEPS + 1, load=dp2)
+    check(one, ref, "one process", start=STEPS + 1)
 
 
 FOUR_RANK = {"ep2_dp2": ["model.expert_model_parallel_size=2"]}
@@ -171,5 +196,7 @@ FOUR_RANK = {"ep2_dp2": ["model.expert_model_parallel_size=2"]}
 def test_expert_parallel_with_expert_data_parallel_replicas_matches_one_process(setup, tmp_path):
     """4 ranks, EP2: two expert groups, each expert sharded over its two replicas by FSDP2 (edp)."""
     data, ref = setup
-    results = run(4, [(n, data + o, STEPS) for n, o in FOUR_RANK.items()], tmp_path)
-    check(results, FOUR_RANK, ref)
+    results = run(4, [(n, data + o, dict(steps=STEPS)) for n, o in FOUR_RANK.items()], tmp_path)
+    for rank in results:
+        for name in FOUR_RANK:
+            check(rank[name], ref, name)
