@@ -86,22 +86,29 @@ class AllToAllDispatch:
         return _AllToAll.apply(y, in_splits, out_splits, self.group)
 
 
-def check_expert_parallel_layout(layout, llm, fsdp: bool) -> None:
-    """What expert parallelism composes with today.
+def check_expert_parallel_layout(layout, llm, fsdp: bool, precision) -> None:
+    """What an MoE model and expert parallelism compose with today.
 
     Raises:
-        ConfigError: a dense model, or EP with pipeline or tensor parallelism, DDP, or one-process O2 master weights
-            (not yet implemented: each would need its own handling of the sharded experts).
+        ConfigError: EP on a dense model; an MoE model with tensor parallelism (no TP plan for the experts yet); EP
+            with DDP or bf16 O2 (neither tested with the sharded experts).
     """
     ep = layout.ep
+    if llm.is_moe and layout.tp > 1:
+        raise ConfigError(
+            "num_moe_experts with model.tensor_model_parallel_size > 1 is not supported yet (no tensor-parallel plan "
+            "for the router and experts)"
+        )
+    if ep == 1:
+        return
     if not llm.is_moe:
         raise ConfigError(f"model.expert_model_parallel_size={ep} needs an MoE model (num_moe_experts)")
     if llm.num_moe_experts % ep:
         raise ConfigError(f"num_moe_experts={llm.num_moe_experts} is not divisible by expert_model_parallel_size={ep}")
     unsupported = {
         "model.pipeline_model_parallel_size > 1": layout.pp > 1,
-        "model.tensor_model_parallel_size > 1": layout.tp > 1,
         "model.data_parallel=ddp (use fsdp)": not fsdp,
+        "model.megatron_amp_O2=true": precision.master_weights,
     }
     named = [k for k, v in unsupported.items() if v]
     if named:

@@ -138,8 +138,8 @@ def parallelize(
     else:
         chunk_ids, parts = [0], [meta_model]
     vocab_parallel = layout.tp > 1 and layout.pp == 1
-    if layout.ep > 1:
-        check_expert_parallel_layout(layout, meta_model.cfg.llm, uses_fsdp(layout, precision))
+    if layout.ep > 1 or meta_model.cfg.llm.is_moe:
+        check_expert_parallel_layout(layout, meta_model.cfg.llm, uses_fsdp(layout, precision), precision)
     for part in parts:
         if layout.tp > 1:
             apply_tensor_parallel(part, dims.tp_mesh, layout.sp, vocab_parallel)

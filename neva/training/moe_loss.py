@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from neva.models.moe import MoEFeedForward, aux_objective
+from neva.typed import ConfigError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -40,15 +41,15 @@ class MoEAuxLoss:
         """The helper for this rank's parts, or None for a dense model.
 
         Raises:
-            ValueError: an MoE model under pipeline parallelism (its routers' objective is not yet carried across
+            ConfigError: an MoE model under pipeline parallelism (its routers' objective is not yet carried across
                 stages).
         """
         named = [(n, m) for part in parts for n, m in part.named_modules() if isinstance(m, MoEFeedForward)]
         if not named:
             return None
         if layout.pp > 1:
-            raise ValueError(
-                "num_moe_experts with pipeline_model_parallel_size > 1 is not supported yet: the routers' "
+            raise ConfigError(
+                "num_moe_experts with model.pipeline_model_parallel_size > 1 is not supported yet: the routers' "
                 "load-balancing objective is not carried across pipeline stages"
             )
         ids = [int(_LAYER.search(n).group(1)) for n, _ in named]
