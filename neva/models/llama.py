@@ -172,12 +172,7 @@ class LlamaDecoder(nn.Module):
         last_rows = output_positions is not None and bool(layers) and not self.cfg.is_moe
         for i, layer in enumerate(layers):
             rows = output_positions if last_rows and i == len(layers) - 1 else None
-            kv = None if cache is None else cache[i]
-            h = (
-                layer(h, cos, sin, attn, kv, rows=rows)
-                if token_mask is None
-                else layer(h, cos, sin, attn, kv, rows=rows, token_mask=token_mask)
-            )
+            h = layer(h, cos, sin, attn, None if cache is None else cache[i], rows=rows, token_mask=token_mask)
         if output_positions is not None and not last_rows:
             h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:
