@@ -193,6 +193,9 @@ class ModelConfig:
     pipeline_schedule: str = "1f1b"  # 1f1b | interleaved_1f1b | gpipe
     pipeline_first_stage_layers: int | None = None  # fewer decoder layers on the stage that also runs vision
     sequence_parallel: bool = False
+    # MoE experts split over this many data-parallel ranks (Megatron-Core's EP, carved from dp; neva/parallel/
+    # expert_parallel.py)
+    expert_model_parallel_size: int = 1
     data_parallel: str = "fsdp"  # fsdp | ddp
     zero_stage: int = 3  # FSDP2: 3 reshards parameters after forward, 2 keeps them
     megatron_amp_O2: bool = False

@@ -342,6 +342,34 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.optim.sched.min_lr": Same(),
 }
 
+# Mixture of experts (NeMo's neva_mixtral_config.yaml: Megatron-Core's MoE keys; neva/models/moe.py,
+# neva/parallel/expert_parallel.py). NeMo's z-loss (moe_z_loss_coeff) and neva's choice of load-balancing formula
+# (moe_aux_loss_formula) are architecture keys: model.mm_cfg.llm.arch_overrides.
+_MOE = "MoE decoder (neva/models/moe.py); " + _ARCH_NOTE
+NEMO_KEYS.update(
+    {
+        "model.num_moe_experts": Alias(_LLM_ARCH + "num_moe_experts", _MOE),
+        "model.moe_router_topk": Alias(_LLM_ARCH + "moe_router_topk", _MOE),
+        "model.moe_aux_loss_coeff": Alias(
+            _LLM_ARCH + "moe_aux_loss_coeff",
+            "Megatron-Core's Switch load-balancing loss per layer, summed over layers, mean over micro-batches; "
+            + _MOE,
+        ),
+        "model.expert_model_parallel_size": Same("carved from data parallelism, as Megatron-Core"),
+        "model.moe_token_dispatcher_type": Fixed(
+            ("alltoall",), "under expert parallelism tokens travel by all-to-all (NeMo's Mixtral setting)"
+        ),
+        "model.moe_grouped_gemm": Ignored(
+            "the experts always run as one grouped GEMM where torch has one for the device (CUDA bf16, sm90+), "
+            "elsewhere as a loop over experts: the same numbers either way"
+        ),
+        "model.rotary_base": Alias(_LLM_ARCH + "rope_theta", _ARCH_NOTE),
+        "model.make_vocab_size_divisible_by": Ignored(
+            "the vocabulary size comes from the tokenizer or the checkpoint (HF import pads it: pad_vocab_multiple)"
+        ),
+    }
+)
+
 # NeMo's mm_cfg.llm.model_type → neva's conversation template (NeMo's conv_template defaults to the model_type).
 MODEL_TYPE_TEMPLATES: dict[str, str] = {
     "v1": "vicuna_v1",

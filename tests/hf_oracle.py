@@ -7,6 +7,7 @@ from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForCon
 
 from neva.checkpoint.hf_config import neva_config_from_llava
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva
+from neva.checkpoint.hf_moe import canonical_tensors, expert_groups
 from neva.models.neva import NevaModel
 
 VISION_KW = dict(
@@ -63,6 +64,7 @@ def neva_from_hf(hf_model: LlavaForConditionalGeneration) -> NevaModel:
     cfg = neva_config_from_llava(hf_model.config.to_dict())
     model = NevaModel(cfg).eval()
     sd = hf_model.state_dict()
+    sd = dict(canonical_tensors(sd.items(), expert_groups(sd)))  # Mixtral experts: one tensor per layer
     prefixes = detect_prefixes(sd.keys())
     ours = {}
     for key, value in sd.items():

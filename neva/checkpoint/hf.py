@@ -37,6 +37,7 @@ from neva.checkpoint.hf_files import (
     write_chat_template_files,
 )
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva, neva_key_to_hf
+from neva.checkpoint.hf_moe import canonical_shapes, canonical_tensors, expert_groups, per_expert_tensors
 from neva.checkpoint.neva_format import (
     TIED_HEAD_KEY,
     TensorSource,
@@ -101,7 +102,13 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
 
 
 def iter_hf_tensors(directory: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(HF key, tensor)`` from an HF directory, one file open at a time."""
+    """Yield ``(HF key, tensor)`` from an HF directory, one file open at a time (Mixtral experts stacked:
+    ``hf_moe``)."""
+    groups = expert_groups(_raw_shapes(directory))
+    yield from canonical_tensors(_raw_tensors(directory), groups)
+
+
+def _raw_tensors(directory: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
     files = hf_weight_files(directory)
     if files[0].suffix == ".safetensors":
         yield from iter_safetensors(files)
@@ -115,7 +122,12 @@ def iter_hf_tensors(directory: str | os.PathLike) -> Iterator[tuple[str, torch.T
 
 
 def hf_tensor_shapes(directory: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """Every tensor's name and shape in an HF directory (safetensors headers; ``.bin`` files are memory-mapped)."""
+    """Every tensor's name and shape in an HF directory (safetensors headers; ``.bin`` files are memory-mapped), as
+    ``iter_hf_tensors`` yields them."""
+    return canonical_shapes(_raw_shapes(directory))
+
+
+def _raw_shapes(directory: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     files = hf_weight_files(directory)
     if files[0].suffix == ".safetensors":
         return safetensors_shapes(files)
@@ -505,7 +517,7 @@ def save_llava_hf(
                 tensor = _cast(tensor, dtype)
                 if tensor.is_floating_point():
                     dtypes.add(tensor.dtype)
-                yield neva_key_to_hf(key), tensor
+                yield from per_expert_tensors(neva_key_to_hf(key), tensor)
 
         write_safetensors(tmp, hf_tensors(), max_shard_bytes)
         config = LlavaConfig(**config_kw)

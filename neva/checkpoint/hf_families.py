@@ -86,18 +86,38 @@ def _llama_read(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llama_write(llm: Any) -> dict[str, Any] | None:
-    if llm.qkv_bias != llm.o_bias or llm.sliding_window is not None:
+    if llm.qkv_bias != llm.o_bias or llm.sliding_window is not None or llm.is_moe:
         return None
     return dict(attention_bias=llm.qkv_bias, mlp_bias=llm.mlp_bias)
 
 
 def _mistral_write(llm: Any) -> dict[str, Any] | None:
     biased = llm.qkv_bias or llm.o_bias or llm.mlp_bias
-    return None if biased else dict(sliding_window=llm.sliding_window)
+    return None if biased or llm.is_moe else dict(sliding_window=llm.sliding_window)
+
+
+def _mixtral_read(hf: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        sliding_window=hf.get("sliding_window"),
+        num_moe_experts=hf["num_local_experts"],
+        moe_router_topk=hf.get("num_experts_per_tok", 2),
+    )
+
+
+def _mixtral_write(llm: Any) -> dict[str, Any] | None:
+    if llm.qkv_bias or llm.o_bias or llm.mlp_bias:
+        return None
+    return dict(
+        sliding_window=llm.sliding_window,
+        num_local_experts=llm.num_moe_experts,
+        num_experts_per_tok=llm.moe_router_topk,
+        router_jitter_noise=0.0,
+    )
 
 
 def _qwen2_write(llm: Any) -> dict[str, Any] | None:
     expressible = (llm.qkv_bias, llm.o_bias, llm.mlp_bias) == (True, False, False) and llm.sliding_window is None
+    expressible = expressible and not llm.is_moe
     return dict(use_sliding_window=False) if expressible else None
 
 
@@ -128,11 +148,26 @@ FAMILIES: dict[str, Family] = {
         lambda hf: dict(qkv_bias=True),  # q/k/v biased, o_proj not
         _qwen2_write,
     ),
+    # Mixtral: Mistral's attention with a sparse MoE feed-forward (neva/models/moe.py).
+    "mixtral": Family(
+        {
+            **COMMON,
+            "sliding_window": READ,
+            "num_local_experts": READ,
+            "num_experts_per_tok": READ,
+            "router_jitter_noise": Needs((0, 0.0), "router jitter (training-time input noise) is not implemented"),
+            # transformers adds the aux loss only with output_router_logits; a neva run's coefficient is its own
+            # moe_aux_loss_coeff (neva/models/moe.py), so neither changes the forward.
+            "router_aux_loss_coef": INERT,
+            "output_router_logits": INERT,
+        },
+        _mixtral_read,
+        _mixtral_write,
+    ),
 }
 
 NOT_YET = {
-    "mixtral": "MoE decoders are not implemented yet",
-    "qwen2_moe": "MoE decoders are not implemented yet",
+    "qwen2_moe": "Qwen2-MoE's shared experts are not implemented",
     "qwen3": "Qwen3's q/k norms are not implemented",
     "gemma": "Gemma's GeGLU MLP, scaled embeddings and (1 + w) RMSNorm are not implemented",
     "gemma2": "Gemma-2's soft-capping, GeGLU and alternating windows are not implemented",

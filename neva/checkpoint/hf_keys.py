@@ -58,6 +58,12 @@ LLM_TABLE = {  # neva (under "llm.") : HF Llama model (under the LLM prefix)
     "layers.{}.feed_forward.w1.bias": "layers.{}.mlp.gate_proj.bias",
     "layers.{}.feed_forward.w3.bias": "layers.{}.mlp.up_proj.bias",
     "layers.{}.feed_forward.w2.bias": "layers.{}.mlp.down_proj.bias",
+    # Mixtral (num_moe_experts): the router, and the experts in hf_moe's canonical stacked form (reading stacks HF's
+    # per-expert tensors into it, writing unstacks it; neva/checkpoint/hf_moe.py).
+    "layers.{}.feed_forward.router.weight": "layers.{}.block_sparse_moe.gate.weight",
+    "layers.{}.feed_forward.experts.w1": "layers.{}.block_sparse_moe.experts.w1",
+    "layers.{}.feed_forward.experts.w3": "layers.{}.block_sparse_moe.experts.w3",
+    "layers.{}.feed_forward.experts.w2": "layers.{}.block_sparse_moe.experts.w2",
 }
 
 LM_HEAD = "output.weight"  # neva (under "llm."); HF keeps the head outside the LLM prefix

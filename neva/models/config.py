@@ -149,18 +149,30 @@ class LLMConfig:
     max_seq_len: int = 4096
     tie_word_embeddings: bool = False
     # Family variations (HF ``model_type`` and the fields that set them: docs/INTEROP.md "Decoder families").
-    family: str = "llama"  # llama | mistral | qwen2: the HF model_type an export writes
+    family: str = "llama"  # llama | mistral | qwen2 | mixtral (MoE): the HF model_type an export writes
     qkv_bias: bool = False  # biased q/k/v projections (Qwen2; HF Llama ``attention_bias``)
     o_bias: bool = False  # biased attention output projection (HF Llama ``attention_bias``)
     mlp_bias: bool = False  # biased gate/up/down projections (HF Llama ``mlp_bias``)
     # Each query attends to itself and the window - 1 tokens before it (Mistral v0.1 ``sliding_window``); None = all.
     sliding_window: int | None = None
+    # Mixture of experts (NeMo / Megatron-Core names; neva/models/moe.py). None = a dense SwiGLU feed-forward in
+    # every block; N = every block's feed-forward is N SwiGLU experts of width ``intermediate_size`` behind a router.
+    num_moe_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float | None = None
+    # Which load-balancing loss ``moe_aux_loss_coeff`` scales: ``megatron`` (Megatron-Core's Switch loss, NeMo's) or
+    # ``hf`` (transformers' ``load_balancing_loss_func``); formulas in neva/models/moe.py.
+    moe_aux_loss_formula: str = "megatron"
 
     def __post_init__(self) -> None:
         if self.family not in LLM_FAMILIES:
             raise ValueError(f"LLM family must be one of {sorted(LLM_FAMILIES)}, got {self.family!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive number of tokens or None, got {self.sliding_window}")
+        if self.family == "mixtral" and not self.is_moe:
+            raise ValueError("LLM family mixtral needs num_moe_experts")
+        self._check_moe()
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
         if self.head_dim is None:
@@ -176,8 +188,23 @@ class LLMConfig:
         ):
             raise ValueError(f"unsupported rope_scaling {self.rope_scaling}; supported: linear, llama3")
 
+    def _check_moe(self) -> None:
+        if self.num_moe_experts is None:
+            return
+        if self.num_moe_experts < 1 or not 1 <= self.moe_router_topk <= self.num_moe_experts:
+            raise ValueError(
+                f"num_moe_experts {self.num_moe_experts} and moe_router_topk {self.moe_router_topk}: need "
+                "1 <= moe_router_topk <= num_moe_experts"
+            )
+        if self.moe_aux_loss_formula not in ("megatron", "hf"):
+            raise ValueError(f"moe_aux_loss_formula must be megatron or hf, got {self.moe_aux_loss_formula!r}")
 
-LLM_FAMILIES = ("llama", "mistral", "qwen2")
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_experts is not None
+
+
+LLM_FAMILIES = ("llama", "mistral", "qwen2", "mixtral")
 
 _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$")
 

@@ -16,6 +16,8 @@ FLOPs and the benchmark's MFU. Rules, per matmul:
 * Only vision layers up to the deepest selected hidden state run; the patch convolution multiplies ``num_patches``
   rows. Embedding lookups, norms, biases and elementwise ops are not counted. The LM head counts at every position
   (Megatron's convention), although the one-process engine runs it on learned positions only.
+* MoE: the router is a ``[E, H]`` weight like any other; the stacked experts count the k of E each token runs
+  (active FLOPs, Megatron's MoE count): ``k / E`` of the stacked tensors per token.
 * Padding is not counted (FLOPs spent on padding are waste), nor activation-checkpoint recomputation (the planner
   adds it to the FLOPs a GPU executes, not to model FLOPs).
 """
@@ -39,6 +41,7 @@ _VISION_STEPS = {
 }  # fmt: skip
 _DECODER_STEPS = {
     "attention_norm": 0, "wq": 1, "wk": 1, "wv": 1, "core": 2, "wo": 3, "ffn_norm": 4, "w1": 5, "w3": 5, "w2": 6,
+    "router": 4.5,
 }  # fmt: skip
 
 
@@ -100,6 +103,8 @@ def _rows(name: str, shape: tuple[int, ...], cfg: NevaConfig) -> tuple[str, int]
     """``(per, rows)``: the rows a weight multiplies per unit, or None for a parameter that is no matmul weight."""
     if name == "vision.patch_embed.weight":
         return "image", cfg.vision.num_patches
+    if ".experts." in name:  # MoE experts [E, ., .]: a token runs k of the E (active FLOPs)
+        return "token", cfg.llm.moe_router_topk / cfg.llm.num_moe_experts
     if len(shape) != 2:
         return None  # norms, biases, the CLS token
     if name.startswith("vision.layers."):

@@ -17,6 +17,7 @@ from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.layers import RMSNorm
 from neva.models.lora import dropout_keys_at
+from neva.models.moe import MoEFeedForward
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
@@ -88,16 +89,27 @@ class DecoderBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        # The MLP kind is configuration: dense SwiGLU, or Mixtral's experts (``cfg.num_moe_experts``).
+        self.feed_forward = MoEFeedForward(cfg) if cfg.is_moe else FeedForward(cfg)
 
     def forward(
-        self, x, cos, sin, attn: AttentionPlan, cache: KVCache | None = None, rows: torch.Tensor | None = None
+        self,
+        x,
+        cos,
+        sin,
+        attn: AttentionPlan,
+        cache: KVCache | None = None,
+        rows: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``rows`` ``[N, 2]`` (row, column): return only these positions, ``[N, D]``. Keys and values still come
-        from every position; the output projection, residual and feed-forward run on the N rows only."""
+        from every position; the output projection, residual and feed-forward run on the N rows only.
+        ``token_mask`` ``[B, S]``: the tokens an MoE router's load-balancing statistics count (None: all)."""
         attended = self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
         if rows is None:
             x = x + attended
+            if token_mask is not None:
+                return x + self.feed_forward(self.ffn_norm(x), token_mask=token_mask)
             return x + self.feed_forward(self.ffn_norm(x))
         x = x[rows[:, 0], rows[:, 1]] + attended
         with dropout_keys_at(rows):
@@ -125,6 +137,7 @@ class LlamaDecoder(nn.Module):
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
         output_positions: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -137,6 +150,8 @@ class LlamaDecoder(nn.Module):
             output_positions: ``[N, 2]`` (row, column); only these positions go through the final norm and LM head
                 (training needs logits only where a label is learned), returned as ``[N, V]``. An index, not a
                 boolean mask: the output size is known on the host, so selecting costs no sync.
+            token_mask: ``[B, S]`` True where a token counts in MoE routers' load-balancing statistics (padding
+                does not); None = every position. Ignored by dense blocks.
 
         Returns:
             Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
@@ -151,12 +166,14 @@ class LlamaDecoder(nn.Module):
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
         layers = list(self.layers.values())
+        # Only the output positions' final states are read: the last layer computes just those (its keys and values
+        # still cover every position), skipping most of its work at prompt, image and padding positions. Not an MoE
+        # layer: its router's load-balancing statistics cover every token.
+        last_rows = output_positions is not None and bool(layers) and not self.cfg.is_moe
         for i, layer in enumerate(layers):
-            # Only the output positions' final states are read: the last layer computes just those (its keys and
-            # values still cover every position), skipping most of its work at prompt, image and padding positions.
-            rows = output_positions if i == len(layers) - 1 else None
-            h = layer(h, cos, sin, attn, None if cache is None else cache[i], rows=rows)
-        if output_positions is not None and not layers:
+            rows = output_positions if last_rows and i == len(layers) - 1 else None
+            h = layer(h, cos, sin, attn, None if cache is None else cache[i], rows=rows, token_mask=token_mask)
+        if output_positions is not None and not last_rows:
             h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:
             h = self.norm(h)
@@ -175,6 +192,8 @@ class LlamaDecoder(nn.Module):
                     nn.init.normal_(module.weight, std=std)
                     if module.bias is not None:  # HF's init: zero biases
                         nn.init.zeros_(module.bias)
+                elif isinstance(module, MoEFeedForward):
+                    module.reset_parameters(std)
                 elif isinstance(module, RMSNorm):
                     module.reset_parameters()
         if self.norm is not None:

@@ -116,12 +116,14 @@ class NevaModel(nn.Module):
         cache: list[KVCache] | None = None,
         output_positions: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
         ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions (logits ``[N, V]``).
         ``image_positions``: see ``embed``.
         ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
+        ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing (``LlamaDecoder.forward``).
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
@@ -131,7 +133,12 @@ class NevaModel(nn.Module):
             h = input_ids
         with lora_dropout_keys(dropout_keys):
             return self.llm(
-                h, position_ids=position_ids, segment_ids=segment_ids, cache=cache, output_positions=output_positions
+                h,
+                position_ids=position_ids,
+                segment_ids=segment_ids,
+                cache=cache,
+                output_positions=output_positions,
+                token_mask=token_mask,
             )
 
     def tie_weights(self) -> None:

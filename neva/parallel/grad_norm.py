@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
-from neva.parallel.mesh import MESH_DIMS, ParallelDims
+from neva.parallel.mesh import EXPERT_DIMS, MESH_DIMS, ParallelDims
 
 
 def _local(g: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,9 @@ def _counted_here(g: torch.Tensor, coords: dict[str, int]) -> bool:
         # Every placement but Replicate and Partial splits the tensor (Shard, and FSDP2's _StridedShard on TP
         # parameters, whose is_shard() is False).
         sharded = {names[d] for d, p in enumerate(g.placements) if not (p.is_replicate() or p.is_partial())}
-    return all(coords[name] == 0 for name in coords if name != "pp" and name not in sharded)
+    # An expert tensor lives on dp's factors (edp, ep); every other tensor on dp itself.
+    other = {"dp"} if sharded & set(EXPERT_DIMS) else set(EXPERT_DIMS)
+    return all(coords[name] == 0 for name in coords if name not in ("pp", *sharded, *other))
 
 
 @torch.no_grad()
@@ -76,6 +78,8 @@ def global_grad_norm(grads: Sequence[torch.Tensor], dims: ParallelDims | None, d
         local = [_local(g) for g in grads]
     else:
         coords = dict(zip(MESH_DIMS, dims.mesh.get_coordinate()))
+        if dims.expert_mesh is not None:
+            coords.update(zip(EXPERT_DIMS, dims.expert_mesh.get_coordinate()))
         full = _resolve_partial(grads, dims)
         local = [full.get(i, _local(g)) for i, g in enumerate(grads) if _counted_here(g, coords)]
     sq = torch.zeros((), device=device, dtype=torch.float32)

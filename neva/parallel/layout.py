@@ -31,6 +31,8 @@ class Layout:
         micro_batch_size / global_batch_size: samples per micro-batch and per optimizer step.
         device_type: ``cuda`` (one GPU per process, NCCL) or ``cpu`` (gloo).
         dp_rank: this process's data-parallel rank.
+        ep: expert-parallel size (MoE experts split over groups of ``ep`` consecutive data-parallel ranks; the
+            ``dp / ep`` groups hold replicas of them), carved from dp as Megatron-Core does.
     """
 
     tp: int = 1
@@ -48,6 +50,7 @@ class Layout:
     global_batch_size: int = 1
     device_type: str = "cpu"
     dp_rank: int = 0
+    ep: int = 1
 
     @property
     def world(self) -> int:
@@ -102,6 +105,12 @@ class Layout:
             raise ConfigError("model.virtual_pipeline_model_parallel_size needs model.pipeline_model_parallel_size > 1")
         if pp == 1 and m.pipeline_schedule == "interleaved_1f1b":
             raise ConfigError("model.pipeline_schedule=interleaved_1f1b needs model.pipeline_model_parallel_size > 1")
+        ep = m.expert_model_parallel_size
+        if ep < 1 or dp % ep:
+            raise ConfigError(
+                f"model.expert_model_parallel_size={ep} must divide the data-parallel size {dp} (experts are split "
+                "over data-parallel ranks)"
+            )
         schedule = "interleaved_1f1b" if vpp > 1 and m.pipeline_schedule == "1f1b" else m.pipeline_schedule
         return cls(
             tp=tp,
@@ -119,6 +128,7 @@ class Layout:
             global_batch_size=m.global_batch_size,
             device_type=device_type,
             dp_rank=dp_rank,
+            ep=ep,
         )
 
 

@@ -12,6 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from neva.parallel.layout import Layout
 
 MESH_DIMS = ("pp", "dp", "tp")
+EXPERT_DIMS = ("edp", "ep")  # dp as expert-parallel groups: (replicas of an expert group, ranks within one)
 
 
 @dataclass
@@ -20,6 +21,9 @@ class ParallelDims:
 
     mesh: DeviceMesh
     layout: Layout
+    # ``dp`` unflattened into ``("edp", "ep")`` (ep fastest: an expert group is ep consecutive dp ranks), with
+    # expert parallelism only (``layout.ep > 1``).
+    expert_mesh: DeviceMesh | None = None
 
     @property
     def tp_mesh(self) -> DeviceMesh:
@@ -56,14 +60,18 @@ def build_mesh(layout: Layout, timeout: timedelta | None = None) -> ParallelDims
     given here: ``init_device_mesh`` creates its sub-groups with torch's default timeout (30 min under gloo), not the
     default group's.
     """
-    override = None
+    override = options = None
     if timeout is not None:
         options = _group_options("nccl" if layout.is_cuda else "gloo", timeout)
         override = dict.fromkeys(MESH_DIMS, options)
     mesh = init_device_mesh(
         layout.device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS, backend_override=override
     )
-    return ParallelDims(mesh, layout)
+    expert_mesh = None
+    if layout.ep > 1:
+        expert_override = None if options is None else dict.fromkeys(EXPERT_DIMS, options)
+        expert_mesh = mesh["dp"]._unflatten(0, (layout.dp // layout.ep, layout.ep), EXPERT_DIMS, expert_override)
+    return ParallelDims(mesh, layout, expert_mesh)
 
 
 def _group_options(backend: str, timeout: timedelta) -> Any:

@@ -21,6 +21,7 @@ from neva.models.lora import merged_state_dict
 from neva.models.neva import NevaModel
 from neva.parallel.compute_plans import apply_compute_plans
 from neva.parallel.data_parallel import apply_fsdp, ddp_sync_context, fsdp_sync_context
+from neva.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel_layout
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
 from neva.parallel.pipeline import PipelineRunner, build_chunks, chunk_of_key, local_chunks, split_layers
@@ -141,9 +142,13 @@ def parallelize(
     else:
         chunk_ids, parts = [0], [meta_model]
     vocab_parallel = layout.tp > 1 and layout.pp == 1
+    if layout.ep > 1 or meta_model.cfg.llm.is_moe:
+        check_expert_parallel_layout(layout, meta_model.cfg.llm, uses_fsdp(layout, precision), precision)
     for part in parts:
         if layout.tp > 1:
             apply_tensor_parallel(part, dims.tp_mesh, layout.sp, vocab_parallel)
+        if layout.ep > 1:
+            apply_expert_parallel(part, dims.expert_mesh["ep"])
         apply_compute_plans(part, m, device)
     fsdp = uses_fsdp(layout, precision)
     out = ParallelModel(
@@ -152,7 +157,7 @@ def parallelize(
     if fsdp:
         param_dtype = precision.param_dtype if precision.master_weights else None
         for part in parts:
-            apply_fsdp(part, dims.dp_mesh, param_dtype, reshard=layout.zero_stage == 3)
+            apply_fsdp(part, dims.dp_mesh, param_dtype, reshard=layout.zero_stage == 3, expert_mesh=dims.expert_mesh)
         out.sync_context = fsdp_sync_context(parts)
     if allocation is not None and not m.meta_init:
         raise ValueError("parallelize(allocation=...) needs model.meta_init=true (plans are applied on meta first)")

@@ -119,19 +119,34 @@ def on_stage(info: ParamInfo, stage: int, layers: list[list[int]]) -> bool:
     return chunk_of_key(info.name, layers) == stage
 
 
+def is_expert(info: ParamInfo) -> bool:
+    """A stacked MoE expert tensor ``[E, ., .]`` (``feed_forward.experts.w1|w3|w2``)."""
+    return ".experts." in info.name
+
+
 def local_numel(info: ParamInfo, layout: Layout, tp_rank: int = 0, dp_rank: int = 0) -> int:
-    """Elements of ``info`` stored at rest on the rank at (tp_rank, dp_rank) of a stage holding it."""
+    """Elements of ``info`` stored at rest on the rank at (tp_rank, dp_rank) of a stage holding it.
+
+    Expert tensors under expert parallelism: ``E / ep`` experts per rank, FSDP2-sharded over the ``dp / ep``
+    replicas of the expert group (``neva.parallel.data_parallel.apply_fsdp``)."""
     shape = list(info.shape)
     if info.tp_dim is not None and layout.tp > 1:
         shape[info.tp_dim] = chunk_len(shape[info.tp_dim], layout.tp, tp_rank)
-    if layout.sharded:
-        shape[0] = chunk_len(shape[0], layout.dp, dp_rank)
+    shards = layout.dp
+    if is_expert(info) and layout.ep > 1:
+        shape[0] = chunk_len(shape[0], layout.ep, dp_rank % layout.ep)
+        shards, dp_rank = layout.dp // layout.ep, dp_rank // layout.ep
+    if layout.sharded and shards > 1:
+        shape[0] = chunk_len(shape[0], shards, dp_rank)
     return math.prod(shape)
 
 
 def tp_numel(info: ParamInfo, layout: Layout, tp_rank: int = 0) -> int:
-    """Elements of ``info`` after tensor parallelism only (what a rank computes with, FSDP all-gathered)."""
+    """Elements of ``info`` after tensor parallelism only (what a rank computes with, FSDP all-gathered; a rank's own
+    ``E / ep`` experts under expert parallelism)."""
     shape = list(info.shape)
     if info.tp_dim is not None and layout.tp > 1:
         shape[info.tp_dim] = chunk_len(shape[info.tp_dim], layout.tp, tp_rank)
+    if is_expert(info) and layout.ep > 1:
+        shape[0] = chunk_len(shape[0], layout.ep, 0)
     return math.prod(shape)

@@ -14,6 +14,7 @@ from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import stage_flops
 from neva.planner.hardware import hardware_from_config
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
+from neva.planner.moe import moe_facts
 from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
 
@@ -156,4 +157,7 @@ def plan_run(
     per_sample = sum(f.model for f in flops)
     samples = layout.global_batch_size / time.step
     mfu = per_sample * samples / (layout.world * hw.peak_flops)
-    return Plan(dep, seq, hw.gpu_memory_gb, stages, time, per_sample, samples, mfu)
+    # The dispatched hidden states are the feed-forward norm's output: fp32 under autocast, the parameters' dtype else.
+    moe = moe_facts(ncfg, infos, layout, layers, seq, 2 if dep.precision in ("o2", "half") else 4)
+    extra = {} if moe is None else {"moe": moe}
+    return Plan(dep, seq, hw.gpu_memory_gb, stages, time, per_sample, samples, mfu, extra)

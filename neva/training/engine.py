@@ -37,6 +37,7 @@ from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
+from neva.training.moe_loss import MoEAuxLoss
 
 MODEL_INPUTS = (
     "input_ids",
@@ -46,6 +47,7 @@ MODEL_INPUTS = (
     "position_ids",
     "segment_ids",
     "dropout_keys",
+    "token_mask",
 )
 
 
@@ -106,6 +108,9 @@ class Engine:
         self.join_rows = packed and attends_per_segment(device) and parallel.runner is None
         # LoRA dropout masks keyed by sample and position (the same in every layout) need per-token keys.
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
+        # MoE routers: their load-balancing objective joins each micro-batch's loss (neva/training/moe_loss.py).
+        self.moe = MoEAuxLoss.of(self.parts, layout)
+        self.moe_metrics: dict[str, float] = {}
 
     # -- what the optimizer sees -------------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -136,6 +141,8 @@ class Engine:
         """Summed token loss of one micro-batch (forward only)."""
         if self.sp_multiple > 1:
             batch = pad_micro_batches([batch], self.sp_multiple)[0]
+        if self.moe is not None:
+            batch = self.moe.with_token_mask(batch)
         if not self.learned_only_head:
             inputs = model_inputs(batch, self.device, self.packed)
             labels = batch["labels"].to(self.device)
@@ -148,6 +155,8 @@ class Engine:
             batch = {**batch, "output_positions": positions, "targets": targets}
         if self.join_rows and batch.get("segment_ids") is not None:
             batch = join_rows(batch)
+            if self.moe is not None:
+                batch = self.moe.with_token_mask(batch)
         inputs = model_inputs(batch, self.device, self.packed)
         positions = batch["output_positions"].to(self.device, non_blocking=True)
         targets = batch["targets"].to(self.device, non_blocking=True)
@@ -198,12 +207,19 @@ class Engine:
                     w = weight(mb["labels"])
                     with self.parallel.sync_context(i == len(micro_batches) - 1):
                         loss = self.loss_sum(mb)
-                        (loss * (w * self.dp_size)).backward()
+                        if self.moe is None:
+                            (loss * (w * self.dp_size)).backward()
+                        else:  # + the routers' objective of this forward, weighted 1 / (micro-batches x dp)
+                            loss = loss * w + self.moe.take(len(micro_batches) * self.dp_size)
+                            (loss * self.dp_size).backward()
+                            w = 1.0
                     local += loss.detach() * w
         if self.parallel.manual_dp_sync:
             all_reduce_gradients((p for _, p in self.named_trainable_parameters()), self.dp_group)
         total = local.detach().float().clone()
-        if self.dp_group is not None:
+        if self.moe is not None:
+            total, self.moe_metrics = self.moe.step_total(total, self.dp_group)
+        elif self.dp_group is not None:
             dist.all_reduce(total, group=self.dp_group)
         return total, n_tokens
 

@@ -258,6 +258,8 @@ class NevaModule(pl.LightningModule):
             metrics["train_loss"] = loss.item()
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
+        if loss is not None:
+            metrics.update(self.engine.moe_metrics)  # MoE: the routers' loss term and per-layer expert loads
         if seq_lens:
             # Model FLOPs of the step on all ranks (the other replicas' batches taken to be like this one's).
             flops = self._flops.batch(seq_lens, images // dp) * dp

@@ -18,6 +18,7 @@ from neva.typed import ConfigError
 
 HERE = Path(__file__).parent
 NEMO_FILES = [HERE / "neva_config.yaml", HERE / "neva_finetune.yaml"]  # NeMo 1.x, source named in each file
+NEMO_FILES.append(HERE / "neva_mixtral_config.yaml")  # NeMo 1.x's Mixtral NeVA (the MoE keys)
 # Same-named keys whose schema entry lands with a parallel branch (remove once merged into main).
 
 

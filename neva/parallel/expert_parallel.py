@@ -1,0 +1,130 @@
+"""Expert parallelism: each MoE layer's experts split over ``ep`` data-parallel ranks, tokens sent to them and back.
+
+The mesh's ``dp`` dimension is unflattened into ``("edp", "ep")`` (``mesh.EXPERT_DIMS``; ep fastest, as Megatron-Core
+carves EP from DP). Rank ``r`` of an expert group owns experts ``[r E/ep, (r+1) E/ep)``: the stacked expert tensors
+become ``DTensor``\\ s sharded on dim 0 over ``ep`` (checkpoints keep the whole tensors' names and shapes, so a run
+resumes under another EP size or in one process). Routers, attention and every other parameter stay data-parallel
+over all of dp as before.
+
+Dispatch (``AllToAllDispatch``, installed as each MoE layer's ``dispatcher``: the model code is unchanged). The layer
+hands over its tokens already grouped by global expert, with per-expert counts. Counts go first (one all-to-all of
+``[ep, E/ep]`` integers), then the tokens (``all_to_all_single`` with uneven splits: each destination gets the
+contiguous run of tokens for its experts); received tokens are regrouped by local expert, run through the local
+experts (the ``Experts`` module: grouped GEMM or loop, on its local shard) and travel back the same way, so the layer combines
+them exactly as in one process. Both all-to-alls are autograd functions whose backward is the reverse all-to-all.
+
+Gradients. The engine scales every backward by dp (data-parallel wrappers average over dp). An expert's gradient
+arrives, through the all-to-all's backward, from the tokens of every rank of its expert group, and FSDP2 (over
+``edp``, when ``dp > ep``) averages it over the group's replicas: ``dp / edp = ep`` times the true gradient, so the
+local expert weights' gradient is scaled by ``1 / ep`` (Megatron-Core scales expert gradients by ``edp / dp``):
+the gradient reaching the experts' outputs is divided by ep and the one leaving their inputs multiplied back.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+from neva.models.moe import Experts, MoEFeedForward
+from neva.typed import ConfigError
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with uneven splits; backward sends the gradients back along the reverse splits."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+        ctx.splits, ctx.group = (in_splits, out_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        back_out, back_in = ctx.splits
+        out = grad.new_empty((sum(back_out), *grad.shape[1:]))
+        dist.all_to_all_single(out, grad.contiguous(), back_out, back_in, group=ctx.group)
+        return out, None, None, None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+class AllToAllDispatch:
+    """A MoE layer's dispatcher under expert parallelism (module docstring)."""
+
+    def __init__(self, group: dist.ProcessGroup, ep: int) -> None:
+        self.group, self.ep = group, ep
+
+    def __call__(self, experts: Experts, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ep = self.ep
+        send = counts.view(ep, -1)  # [destination rank, its local expert]: my tokens for each
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send.contiguous(), group=self.group)  # [source rank, my local expert]
+        in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
+        received = _AllToAll.apply(x, out_splits, in_splits, self.group)
+        # Received rows come grouped by source rank, then local expert: regroup them by local expert.
+        local_experts = recv.shape[1]
+        segment = torch.repeat_interleave(torch.arange(recv.numel(), device=x.device), recv.flatten())
+        order = (segment % local_experts * ep + segment // local_experts).argsort(stable=True)
+        # The experts' weight gradients scaled by 1 / ep (module docstring): the gradient reaching their outputs is
+        # scaled, the one leaving their inputs scaled back (exact for a power-of-two ep).
+        rows = _ScaleGrad.apply(received[order], float(ep))
+        y = _ScaleGrad.apply(experts(rows, recv.sum(0)), 1.0 / ep)  # a module call: FSDP2's hooks gather its shards
+        y = y[order.argsort()]  # back to (source rank, local expert) order
+        return _AllToAll.apply(y, in_splits, out_splits, self.group)
+
+
+def check_expert_parallel_layout(layout, llm, fsdp: bool, precision) -> None:
+    """What an MoE model and expert parallelism compose with today.
+
+    Raises:
+        ConfigError: EP on a dense model; an MoE model with tensor parallelism (no TP plan for the experts yet); EP
+            with DDP or bf16 O2 (neither tested with the sharded experts).
+    """
+    ep = layout.ep
+    if llm.is_moe and layout.tp > 1:
+        raise ConfigError(
+            "num_moe_experts with model.tensor_model_parallel_size > 1 is not supported yet (no tensor-parallel plan "
+            "for the router and experts)"
+        )
+    if ep == 1:
+        return
+    if not llm.is_moe:
+        raise ConfigError(f"model.expert_model_parallel_size={ep} needs an MoE model (num_moe_experts)")
+    if llm.num_moe_experts % ep:
+        raise ConfigError(f"num_moe_experts={llm.num_moe_experts} is not divisible by expert_model_parallel_size={ep}")
+    unsupported = {
+        "model.pipeline_model_parallel_size > 1": layout.pp > 1,
+        "model.data_parallel=ddp (use fsdp)": not fsdp,
+        "model.megatron_amp_O2=true": precision.master_weights,
+    }
+    named = [k for k, v in unsupported.items() if v]
+    if named:
+        raise ConfigError(f"model.expert_model_parallel_size={ep} does not yet combine with {', '.join(named)}")
+
+
+def expert_params(module: nn.Module) -> list[nn.Parameter]:
+    return [p for m in module.modules() if isinstance(m, Experts) for p in m.parameters()]
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
+    """Shard every MoE layer's experts over ``ep_mesh`` (dim 0) and install the all-to-all dispatcher (the layout
+    passed ``check_expert_parallel_layout``)."""
+    ep = ep_mesh.size()
+    for moe in (m for m in model.modules() if isinstance(m, MoEFeedForward)):
+        for name, p in list(moe.experts.named_parameters(recurse=False)):
+            sharded = distribute_tensor(p.detach(), ep_mesh, [Shard(0)])
+            setattr(moe.experts, name, nn.Parameter(sharded, requires_grad=p.requires_grad))
+        moe.dispatcher = AllToAllDispatch(ep_mesh.get_group(), ep)

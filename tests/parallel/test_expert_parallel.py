@@ -1,0 +1,202 @@
+"""Expert parallelism on LLaVA-format data against one process, step by step (gloo, CPU): the loss with the routers'
+objective, the gradient norm, and the gradients of a router and of an expert tensor; on a batch whose routing is
+uneven (one expert receives no token, one receives most), so the all-to-all runs with empty and lopsided splits."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+
+from .harness import BASE, free_port
+from .llava_data import llava_overrides, write_llava_set
+
+pytestmark = pytest.mark.slow
+
+STEPS = 2  # per layout; the checkpoint chain continues to RESUMED_STEPS
+RESUMED_STEPS = 4
+RTOL = 1e-5
+MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
+WATCHED = ("llm.layers.1.feed_forward.router.weight", "llm.layers.1.feed_forward.experts.w1")
+
+
+def make_uneven_checkpoint(directory: Path) -> Path:
+    """A tiny MoE checkpoint whose routers send every token to expert 1 first and never to expert 0: every hidden
+    state carries a large common direction u (added to the token embeddings and the projector's output bias), and
+    each router's rows for experts 1 and 0 are +u and -u."""
+    from neva.checkpoint.neva_format import save_checkpoint
+    from neva.checkpoint.source import resolve_source
+    from neva.config import compose_config
+    from neva.models.neva import NevaModel
+
+    cfg = compose_config([o.replace("+stage=finetune", "+stage=pretrain") for o in BASE] + [MOE])
+    source = resolve_source(cfg)
+    torch.manual_seed(0)
+    model = NevaModel(source.cfg)
+    model.init_weights()
+    d = source.cfg.llm.hidden_size
+    u = torch.nn.functional.normalize(torch.randn(d, generator=torch.Generator().manual_seed(7)), dim=0)
+    with torch.no_grad():
+        model.llm.tok_embeddings.weight.add_(0.5 * u)
+        model.projector[-1].bias.add_(0.5 * u)
+        for layer in model.llm.layers.values():
+            router = layer.feed_forward.router.weight
+            router[1] = 2.0 * u
+            router[0] = -2.0 * u
+    return save_checkpoint(directory, source.cfg, model.state_dict(), source.tokenizer, overwrite=True)
+
+
+def _full(t: torch.Tensor) -> list:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().flatten().tolist()
+
+
+def train(overrides: list[str], steps: int, start: int = 0, load: str | None = None, save: str | None = None) -> dict:
+    """``NevaModule``'s training step without Lightning, steps ``start`` to ``steps - 1``; per step the loss, MoE
+    metrics and gradient norm, and the first step's gradients of ``WATCHED``. ``load`` / ``save``: a DCP checkpoint
+    (parameters and AdamW state) read before the first step / written after the last."""
+    from neva.checkpoint import dcp
+    from neva.checkpoint.names import canonical_name
+    from neva.checkpoint.source import resolve_source
+    from neva.config import compose_config
+    from neva.data.datamodule import NevaDataModule
+    from neva.parallel.layout import resolve_layout
+    from neva.training.module import NevaModule, StepBatches
+    from neva.training.optim import build_optimizer, build_scheduler
+
+    cfg = compose_config(BASE + [MOE] + overrides)
+    layout = resolve_layout(cfg)
+    source = resolve_source(cfg)
+    data = NevaDataModule(
+        cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=cfg.model.micro_batch_size,
+        dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed, accumulation=layout.grad_accum,
+    )  # fmt: skip
+    data.setup("fit")
+    module = NevaModule(cfg, source, data, layout)
+    module.configure_model()
+    engine = module.engine
+    optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
+    scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
+    if load is not None:
+        dcp.load(load, engine.checkpoint_parameters(), optimizer)
+        engine.after_optimizer_step()
+    with warnings.catch_warnings():  # the schedule advanced to the resumed step before any optimizer step
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(start):
+            scheduler.step()
+    out = {"losses": [], "grad_norms": [], "metrics": [], "grads": {}}
+    for i, micro_batches in enumerate(StepBatches(data, layout.grad_accum)):
+        if i == steps:
+            break
+        if i < start:
+            continue
+        engine.model.train()
+        loss, _ = engine.forward_backward(micro_batches, step=i)
+        if i == start:
+            for name, p in engine.named_trainable_parameters():
+                if canonical_name(name) in WATCHED:
+                    out["grads"][canonical_name(name)] = _full(p.grad)
+        out["grad_norms"].append(engine.clip_grad_norm(cfg.trainer.gradient_clip_val).item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        engine.after_optimizer_step()
+        scheduler.step()
+        out["losses"].append(loss.item())
+        out["metrics"].append(dict(engine.moe_metrics))
+    if save is not None:
+        dcp.save(save, engine.checkpoint_parameters(), optimizer)
+    return out
+
+
+def _worker(rank: int, world: int, port: int, jobs: list, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    try:
+        for name, overrides, kwargs in jobs:
+            results[name] = train(overrides, **kwargs)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def run(world: int, jobs: list, out: Path) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_worker, args=(world, free_port(), jobs, str(out)), nprocs=world, join=True)
+    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _rel(a: list[float], b: list[float]) -> float:
+    a, b = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _max_rel(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    ckpt = make_uneven_checkpoint(root / "ckpt")
+    write_llava_set(root / "llava")
+    # Global batches of 4 single-sample micro-batches (one per rank under 4-rank layouts): the least work per step.
+    data = [f"model.restore_from_path={ckpt}", *llava_overrides(root / "llava", False)]
+    data += ["model.micro_batch_size=1", "model.global_batch_size=4"]
+    ref = train(data, RESUMED_STEPS)
+    first = ref["metrics"][0]
+    for layer in (0, 1):  # the uneven batch: expert 0 idle, expert 1 at the top of every token's choice
+        assert first[f"moe_load_min_layer{layer}"] == 0.0 and first[f"moe_load_max_layer{layer}"] >= 0.5
+    return data, ref
+
+
+def check(got: dict, ref: dict, name: str, start: int = 0) -> None:
+    """``got`` (steps ``start``...) equals the one-process ``ref`` on the same steps."""
+    n = len(got["losses"])
+    assert _max_rel(got["losses"], ref["losses"][start : start + n]) < RTOL, (name, got["losses"], ref["losses"])
+    assert _max_rel(got["grad_norms"], ref["grad_norms"][start : start + n]) < RTOL, (name, got["grad_norms"])
+    aux = [m["moe_aux_loss"] for m in got["metrics"]]
+    assert _max_rel(aux, [m["moe_aux_loss"] for m in ref["metrics"][start : start + n]]) < RTOL, (name, aux)
+    if start == 0:
+        for key in WATCHED:
+            assert _rel(got["grads"][key], ref["grads"][key]) < RTOL, (name, key)
+
+
+def test_expert_parallel_two_ranks_and_resume_across_ep_sizes(setup, tmp_path):
+    """EP2 (its two steps against one process) writes a DCP checkpoint; EP1×DP2 resumes it for a step and writes
+    another; one process resumes that: every step on the uninterrupted one-process curve."""
+    data, ref = setup
+    ep2, dp2 = str(tmp_path / "ep2.dcp"), str(tmp_path / "dp2.dcp")
+    jobs = [
+        ("ep2", data + ["model.expert_model_parallel_size=2"], dict(steps=STEPS, save=ep2)),
+        ("ep1_dp2", data, dict(steps=STEPS + 1, start=STEPS, load=ep2, save=dp2)),
+    ]
+    results = run(2, jobs, tmp_path / "out")
+    for rank in results:
+        check(rank["ep2"], ref, "ep2")
+        check(rank["ep1_dp2"], ref, "ep1_dp2", start=STEPS)
+    one = train(data, RESUMED_STEPS, start=STEPS + 1, load=dp2)
+    check(one, ref, "one process", start=STEPS + 1)
+
+
+FOUR_RANK = {"ep2_dp2": ["model.expert_model_parallel_size=2"]}
+
+
+def test_expert_parallel_with_expert_data_parallel_replicas_matches_one_process(setup, tmp_path):
+    """4 ranks, EP2: two expert groups, each expert sharded over its two replicas by FSDP2 (edp)."""
+    data, ref = setup
+    results = run(4, [(n, data + o, dict(steps=STEPS)) for n, o in FOUR_RANK.items()], tmp_path)
+    for rank in results:
+        for name in FOUR_RANK:
+            check(rank[name], ref, name)
