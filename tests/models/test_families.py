@@ -109,7 +109,7 @@ def test_export_reloads_in_transformers_with_identical_logits(family, tmp_path):
 @pytest.mark.parametrize(
     "fields, message",
     [
-        (dict(model_type="mixtral"), "'mixtral' is not supported yet"),
+        (dict(model_type="qwen2_moe"), "'qwen2_moe' is not supported yet"),
         (dict(model_type="gemma"), "'gemma' is not supported yet"),
         (dict(model_type="falcon"), "'falcon' is not a supported decoder family"),
         (dict(model_type="qwen2", use_sliding_window=True), "use_sliding_window=True"),
