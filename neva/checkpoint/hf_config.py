@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 
 
@@ -124,7 +125,15 @@ def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
         bias=hf.get("multimodal_projector_bias", True),
     )
     token = hf.get("image_token_index", hf.get("image_token_id", 32000))
-    return NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=token)
+    return NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=token, anyres=anyres_from_hf(hf))
+
+
+def anyres_from_hf(hf: dict[str, Any]) -> AnyResConfig | None:
+    """``LlavaNextConfig``'s AnyRes (transformers lays tiles out only as ``spatial_unpad``); None for ``llava``."""
+    if hf.get("model_type") != "llava_next":
+        return None
+    image_size = hf["vision_config"].get("image_size", 224)
+    return AnyResConfig(grid_pinpoints=parse_grid_pinpoints(hf["image_grid_pinpoints"], image_size))
 
 
 def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ its pinpoints as ``(width, height)``; the range form ``(1x1),...,(3x3)`` is symm
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -120,16 +121,16 @@ def unpadded_bounds(size: tuple[int, int], grid_hw: tuple[int, int]) -> tuple[in
 
 
 def feature_index(
-    cfg: AnyResConfig, side: int, image_size: int, size: tuple[int, int] | None
+    cfg: AnyResConfig, per_tile: int, image_size: int, size: tuple[int, int] | None
 ) -> tuple[torch.Tensor, int]:
     """One image's layout: ``(index [T] into its tiles' flattened features, NEWLINE for image_newline; tiles)``.
 
     Args:
-        side: the per-tile feature grid side ``t``.
+        per_tile: features per tile after the projector (``NevaConfig.num_image_tokens``; ``t²`` for the spatial
+            layouts).
         image_size: the tower's input side (the tile size in pixels).
         size: the image's ``(height, width)``; None for a fixed-size (single-tile) image.
     """
-    per_tile = side * side
     base = torch.arange(per_tile)
     if size is None:
         parts = [base, torch.tensor([NEWLINE])] if cfg.has_newline else [base]
@@ -138,6 +139,7 @@ def feature_index(
     tiles = 1 + rows * cols
     if cfg.patch_merge_type == "flat":
         return torch.arange(tiles * per_tile), tiles
+    side = math.isqrt(per_tile)
     y = torch.arange(rows * side)[:, None]
     x = torch.arange(cols * side)[None, :]
     big = (1 + (y // side) * cols + x // side) * per_tile + (y % side) * side + (x % side)
@@ -148,9 +150,9 @@ def feature_index(
     return torch.cat([base, big.flatten()]), tiles
 
 
-def image_token_count(cfg: AnyResConfig, side: int, image_size: int, size: tuple[int, int] | None) -> int:
+def image_token_count(cfg: AnyResConfig, per_tile: int, image_size: int, size: tuple[int, int] | None) -> int:
     """Decoder positions of one image: the length of its ``feature_index`` (the one rule)."""
-    return feature_index(cfg, side, image_size, size)[0].shape[0]
+    return feature_index(cfg, per_tile, image_size, size)[0].shape[0]
 
 
 class AnyResMerge(nn.Module):
@@ -174,3 +176,16 @@ class AnyResMerge(nn.Module):
         # LLaVA-NeXT: randn(hidden) * 1/sqrt(hidden).
         if self.image_newline is not None:
             self.image_newline.normal_(0.0, self.image_newline.shape[0] ** -0.5)
+
+
+def batch_feature_index(
+    cfg: AnyResConfig, per_tile: int, image_size: int, sizes: Sequence[tuple[int, int] | None]
+) -> tuple[torch.Tensor, list[int]]:
+    """Several images' layouts over their tiles concatenated in order: ``(index [M], tokens per image)``."""
+    parts, counts, first = [], [], 0
+    for size in sizes:
+        index, tiles = feature_index(cfg, per_tile, image_size, size)
+        parts.append(torch.where(index >= 0, index + first * per_tile, index))
+        counts.append(index.shape[0])
+        first += tiles
+    return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)), counts
