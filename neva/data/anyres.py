@@ -18,12 +18,14 @@ does the same (black padding, squashed overview).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
-from neva.models.anyres import AnyResConfig, select_best_resolution
+from neva.models.anyres import AnyResConfig, concat_layouts, feature_index, select_best_resolution
+from neva.models.config import NevaConfig
 
 
 def resize_and_pad(image: Image.Image, target_hw: tuple[int, int]) -> np.ndarray:
@@ -50,3 +52,37 @@ def tile_image(image: Image.Image, cfg: AnyResConfig, image_size: int) -> torch.
     tiles = tiles.permute(1, 3, 0, 2, 4).flatten(0, 1)  # [rows·cols, 3, s, s], row-major
     overview = torch.from_numpy(np.array(image.resize((image_size, image_size), resample=Image.BICUBIC)))
     return torch.cat([overview.permute(2, 0, 1)[None], tiles]).contiguous()
+
+
+class AnyResProcessor:
+    """``image_aspect_ratio: anyres``: the ``ImageProcessor`` interface for tiled images of varying token counts.
+
+    ``__call__`` gives an image's tiles (``tile_image``); ``layout`` its feature index over them
+    (``neva.models.anyres.feature_index``: its length is the image's decoder positions), from the image's size only,
+    so the dataset knows every sample's real length before the tower runs.
+    """
+
+    variable_tokens = True
+
+    def __init__(self, model: NevaConfig) -> None:
+        if model.anyres is None or model.vision is None:
+            raise ValueError(
+                "image_aspect_ratio=anyres needs a model with AnyRes (image_grid_pinpoints) and a vision tower"
+            )
+        self.cfg = model.anyres
+        self.size = model.vision.image_size
+        self.tile_tokens = model.num_image_tokens
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return tile_image(image.convert("RGB"), self.cfg, self.size)
+
+    def layout(self, image: Image.Image) -> tuple[torch.Tensor, int]:
+        """``(feature index, tiles)`` of one image (index over its own tiles; -1 = newline)."""
+        w, h = image.size
+        return feature_index(self.cfg, self.tile_tokens, self.size, (h, w))
+
+
+def anyres_sample_fields(layouts: list[tuple[torch.Tensor, int]], tile_tokens: int) -> dict[str, Any]:
+    """A sample's AnyRes fields: its images' feature index over the sample's tiles, and the features per tile (the
+    collator offsets the index by the tiles before the sample)."""
+    return {"image_feature_index": concat_layouts(layouts, tile_tokens), "tile_tokens": tile_tokens}

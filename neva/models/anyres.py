@@ -178,14 +178,18 @@ class AnyResMerge(nn.Module):
             self.image_newline.normal_(0.0, self.image_newline.shape[0] ** -0.5)
 
 
+def concat_layouts(layouts: Sequence[tuple[torch.Tensor, int]], per_tile: int) -> torch.Tensor:
+    """``(index, tiles)`` layouts of consecutive images (or samples) → one index over their tiles concatenated."""
+    parts, first = [], 0
+    for index, tiles in layouts:
+        parts.append(torch.where(index >= 0, index + first * per_tile, index))
+        first += tiles
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
 def batch_feature_index(
     cfg: AnyResConfig, per_tile: int, image_size: int, sizes: Sequence[tuple[int, int] | None]
 ) -> tuple[torch.Tensor, list[int]]:
     """Several images' layouts over their tiles concatenated in order: ``(index [M], tokens per image)``."""
-    parts, counts, first = [], [], 0
-    for size in sizes:
-        index, tiles = feature_index(cfg, per_tile, image_size, size)
-        parts.append(torch.where(index >= 0, index + first * per_tile, index))
-        counts.append(index.shape[0])
-        first += tiles
-    return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)), counts
+    layouts = [feature_index(cfg, per_tile, image_size, size) for size in sizes]
+    return concat_layouts(layouts, per_tile), [index.shape[0] for index, _ in layouts]

@@ -73,3 +73,85 @@ def test_pinpoint_range_form_is_llava_next():
         AnyResConfig(grid_pinpoints=[[20, 30]]).check_tile(16)
     with pytest.raises(ValueError, match="anyres_max"):
         AnyResConfig(max_tiles=9)
+
+
+def _record(i: int, images: list[str]) -> dict:
+    tags = "".join("<image>\n" for _ in images)
+    rec = {"id": i, "conversations": [{"from": "human", "value": tags + "how many"}, {"from": "gpt", "value": "two"}]}
+    if images:
+        rec["images" if len(images) > 1 else "image"] = images if len(images) > 1 else images[0]
+    return rec
+
+
+@pytest.mark.parametrize("vision", ["tiny", "tiny_siglip"])
+def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokenizer, vision):
+    """AnyRes samples of different grids, two images, text only: real lengths before the tower, one packed batch
+    whose forward equals each sample's own forward (tiles of the micro-batch in one tower call)."""
+    import dataclasses
+
+    from neva.data.anyres import AnyResProcessor
+    from neva.data.collate import Collator
+    from neva.data.conversation import get_template
+    from neva.data.dataset import ConversationDataset, EncoderSettings
+    from neva.data.images import CallableImageSource
+    from neva.models.neva import NevaModel
+    from neva.models.presets import build_config
+
+    image_id = synthetic_tokenizer.convert_tokens_to_ids("<image>")
+    base = build_config(vision=vision, image_token_id=image_id)
+    pins = parse_grid_pinpoints("(1x1),...,(2x3)", base.vision.image_size)
+    cfg = dataclasses.replace(base, anyres=AnyResConfig(grid_pinpoints=pins))
+    rng = np.random.default_rng(3)
+    shapes = {"wide.png": (90, 30), "tall.png": (30, 70), "square.png": (32, 32), "tiny.png": (5, 9)}
+    pics = {k: Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for k, (w, h) in shapes.items()}
+    records = [
+        _record(0, ["wide.png"]),
+        _record(1, []),
+        _record(2, ["tall.png", "tiny.png"]),
+        _record(3, ["square.png"]),
+    ]
+    settings = EncoderSettings(
+        tokenizer=synthetic_tokenizer,
+        template=get_template("vicuna_v1", synthetic_tokenizer),
+        image_token_id=image_id,
+        num_image_tokens=cfg.num_image_tokens,
+        max_length=1024,
+    )
+    ds = ConversationDataset(records, settings, CallableImageSource(pics.__getitem__), AnyResProcessor(cfg))
+    samples = [ds[i] for i in range(len(ds))]
+    for rec, s in zip(records, samples):
+        names = [rec["image"]] if "image" in rec else rec.get("images", [])
+        expected = sum(cfg.image_tokens((pics[n].size[1], pics[n].size[0])) for n in names)
+        assert (
+            int((s["input_ids"] == image_id).sum()) == expected == s.get("image_feature_index", torch.zeros(0)).numel()
+        )
+    assert len({int((s["input_ids"] == image_id).sum()) for s in samples}) == 4  # real lengths differ
+
+    torch.manual_seed(0)
+    model = NevaModel(cfg).eval()
+    model.init_weights()
+    packed = Collator(0, 1024, 8, packing=True)(samples)
+    assert packed["input_ids"].shape[0] == 1 and packed["image_counts"].tolist() == [4]
+    with torch.no_grad():
+        got = model(
+            packed["input_ids"],
+            packed["pixel_values"],
+            packed["image_counts"],
+            packed["image_positions"],
+            packed["image_feature_index"],
+            position_ids=packed["position_ids"],
+            segment_ids=packed["segment_ids"],
+        )[0]
+        start = 0
+        for s in samples:
+            alone = Collator(0, 1024, 1)([s])
+            ref = model(
+                alone["input_ids"],
+                alone["pixel_values"],
+                alone["image_counts"],
+                alone["image_positions"],
+                alone["image_feature_index"],
+            )[0]
+            n = s["input_ids"].numel()
+            torch.testing.assert_close(got[start : start + n], ref[:n], rtol=1e-5, atol=1e-5)
+            start += n
