@@ -144,6 +144,11 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             "with NeMo's 2x2 patch merge and LayerNorm projector, and dropping them would be a different model; keep "
             "the neva checkpoint"
         )
+    if cfg.anyres is not None and cfg.anyres.patch_merge_type != "spatial_unpad":
+        raise ValueError(
+            f"mm_patch_merge_type={cfg.anyres.patch_merge_type} cannot be exported: transformers' "
+            "LlavaNextForConditionalGeneration lays tiles out only as spatial_unpad (with image_newline)"
+        )
     if cfg.vision is None or cfg.projector is None or cfg.projector.type != "mlp2x_gelu":
         raise ValueError("HF LlavaForConditionalGeneration needs a vision tower and an mlp2x_gelu projector")
     v, t = cfg.vision, cfg.llm
@@ -185,6 +190,8 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
         image_seq_length=v.num_image_tokens,
         multimodal_projector_bias=cfg.projector.bias,
         tie_word_embeddings=t.tie_word_embeddings,
+        # LlavaNextConfig (AnyRes); the config class follows from the key (checkpoint.hf: hf_classes)
+        **({"image_grid_pinpoints": [list(p) for p in cfg.anyres.grid_pinpoints]} if cfg.anyres is not None else {}),
     )
 
 

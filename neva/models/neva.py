@@ -136,6 +136,7 @@ class NevaModel(nn.Module):
         image_counts: torch.Tensor | None = None,
         image_positions: torch.Tensor | None = None,
         image_feature_index: torch.Tensor | None = None,
+        image_tokens: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
@@ -145,13 +146,13 @@ class NevaModel(nn.Module):
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
         ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions (logits ``[N, V]``).
-        ``image_positions``, ``image_feature_index``: see ``embed``.
+        ``image_positions``, ``image_feature_index``, ``image_tokens``: see ``embed``.
         ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
         if self.llm.tok_embeddings is not None:
-            h = self.embed(input_ids, pixel_values, image_counts, image_positions, image_feature_index)
+            h = self.embed(input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens)
         else:
             h = input_ids
         with lora_dropout_keys(dropout_keys):

@@ -7,32 +7,15 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
 
 from neva.data.anyres import tile_image
 from neva.models.anyres import AnyResConfig, batch_feature_index, feature_index, grid_shape
-from tests.hf_oracle import TEXT_KW, VISION_KW, neva_from_hf
+from tests.hf_oracle import VISION_KW, neva_from_hf, tiny_llava_next
 
 S = VISION_KW["image_size"]  # 28 px tiles, 4x4 patches
 PINPOINTS = [[S, 2 * S], [2 * S, S], [2 * S, 2 * S], [3 * S, S], [S, 3 * S]]
 # (width, height) of images that land on different grids and unpad rows or columns
 SIZES = [(60, 30), (30, 75), (41, 43), (100, 20), (9, 7)]
-
-
-def tiny_llava_next(seed: int = 0) -> LlavaNextForConditionalGeneration:
-    torch.manual_seed(seed)
-    cfg = LlavaNextConfig(
-        vision_config=CLIPVisionConfig(**VISION_KW),
-        text_config=LlamaConfig(**TEXT_KW),
-        image_token_index=TEXT_KW["vocab_size"] - 1,
-        image_grid_pinpoints=PINPOINTS,
-    )
-    model = LlavaNextForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
 
 
 def images(sizes=SIZES):

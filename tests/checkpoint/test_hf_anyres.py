@@ -1,0 +1,120 @@
+"""HF interop of AnyRes: llava-hf LlavaNextForConditionalGeneration (tiny random, built with transformers' classes)
+in and out with LlavaNextProcessor, CLIP and SigLIP: logits, greedy generation with the KV cache, export → reload."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoProcessor, LlavaNextForConditionalGeneration, LlavaNextProcessor
+
+from neva.checkpoint.hf import export_llava, import_llava
+from neva.checkpoint.hf_config import llava_config_dict
+from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
+from neva.data.anyres import tile_image
+from neva.models.generation import GenerationConfig, generate
+from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
+from tests.hf_oracle import tiny_llava_next
+
+# two images of different grids (wide: 1x2 or 1x3, tall: 2x1 / 3x1), not multiples of the tile
+SIZES = [(70, 26), (24, 61)]
+
+
+def _images():
+    rng = np.random.default_rng(5)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in SIZES]
+
+
+def _hf_dir(root, tower: str):
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    tokenizer = make_tokenizer(root / "_sp")
+    model = tiny_llava_next(7, text_kw={"vocab_size": SP_VOCAB + 2, "pad_token_id": SP_VOCAB}, tower=tower)
+    v = model.config.vision_config
+    stats = {} if tower == "clip" else dict(image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": v.image_size},
+        crop_size={"height": v.image_size, "width": v.image_size},
+        image_grid_pinpoints=model.config.image_grid_pinpoints,
+        **stats,
+    )
+    processor = LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=v.patch_size,
+        vision_feature_select_strategy=model.config.vision_feature_select_strategy,
+        num_additional_image_tokens=0 if tower == "siglip" else 1,
+    )
+    model.save_pretrained(str(root / "hf"))
+    processor.save_pretrained(str(root / "hf"))
+    return model, processor
+
+
+@pytest.mark.parametrize("tower", ["clip", "siglip"])
+def test_llava_next_import_generate_export_reload(tmp_path, tower):
+    hf, processor = _hf_dir(tmp_path, tower)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no neva chat template in the source
+        ckpt = import_llava(tmp_path / "hf", tmp_path / "ckpt", metadata={"conv_template": "vicuna_v1"})
+    cfg = load_config(ckpt)
+    assert cfg.anyres is not None and cfg.anyres.grid_pinpoints == hf.config.image_grid_pinpoints
+    model = load_model(ckpt).eval()
+    imgs = _images()
+    inputs = processor(images=imgs, text="USER: <image>\n<image>\nWhat is it? ASSISTANT:", return_tensors="pt")
+    sizes = [(im.size[1], im.size[0]) for im in imgs]
+    assert int((inputs.input_ids == cfg.image_token_id).sum()) == sum(cfg.image_tokens(s) for s in sizes)
+    tiles = torch.cat([tile_image(im, cfg.anyres, cfg.vision.image_size) for im in imgs])  # uint8, neva's tiling
+    with torch.no_grad():
+        expected = hf(**inputs).logits
+        got = model(inputs.input_ids, tiles, torch.tensor([2]), (inputs.input_ids == cfg.image_token_id).nonzero(),
+                    _index(cfg, sizes))  # fmt: skip
+    assert ((got - expected).norm() / expected.norm()).item() <= 1e-5
+
+    # greedy generation with the KV cache: the same new tokens as transformers' generate
+    with torch.no_grad():
+        theirs = hf.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False)[
+            0, inputs.input_ids.shape[1] :
+        ]
+    ours = generate(
+        model, [inputs.input_ids[0].tolist()], tiles, [2], GenerationConfig(max_new_tokens=6), image_sizes=sizes
+    )[0]
+    assert ours == theirs.tolist()
+
+    # export: LlavaNext config, processor and weights; transformers reloads identical logits
+    out = export_llava(ckpt, tmp_path / "hf2")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlavaNextForConditionalGeneration"] and config["model_type"] == "llava_next"
+    reloaded, info = LlavaNextForConditionalGeneration.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    processor2 = AutoProcessor.from_pretrained(out)
+    assert isinstance(processor2, LlavaNextProcessor)
+    inputs2 = processor2(images=imgs, text="USER: <image>\n<image>\nWhat is it? ASSISTANT:", return_tensors="pt")
+    assert torch.equal(inputs2.input_ids, inputs.input_ids)
+    torch.testing.assert_close(inputs2.pixel_values, inputs.pixel_values, rtol=0, atol=0)
+    with torch.no_grad():
+        assert torch.equal(reloaded.eval()(**inputs2).logits, expected)
+    again = dict(iter_tensors(import_llava(out, tmp_path / "ckpt2")))
+    for key, tensor in iter_tensors(ckpt):
+        assert torch.equal(tensor, again.pop(key)), key
+    assert not again
+
+
+def _index(cfg, sizes):
+    from neva.models.anyres import batch_feature_index
+
+    return batch_feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, sizes)[0]
+
+
+def test_export_refuses_layouts_transformers_lacks():
+    from neva.models.anyres import AnyResConfig
+    from neva.models.presets import build_config
+
+    base = build_config()
+    cfg = dataclasses.replace(base, anyres=AnyResConfig(grid_pinpoints=[[32, 64]], patch_merge_type="spatial"))
+    with pytest.raises(ValueError, match="spatial_unpad"):
+        llava_config_dict(cfg)
