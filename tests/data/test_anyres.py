@@ -83,10 +83,13 @@ def _record(i: int, images: list[str]) -> dict:
     return rec
 
 
-@pytest.mark.parametrize("vision", ["tiny", "tiny_siglip"])
-def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokenizer, vision):
+@pytest.mark.parametrize(
+    "vision,projector", [("tiny", "mlp2x_gelu"), ("tiny_siglip", "mlp_downsample")], ids=["clip", "siglip_downsample"]
+)
+def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokenizer, vision, projector):
     """AnyRes samples of different grids, two images, text only: real lengths before the tower, one packed batch
-    whose forward equals each sample's own forward (tiles of the micro-batch in one tower call)."""
+    whose forward equals each sample's own forward (tiles of the micro-batch in one tower call); mlp_downsample
+    merges 2x2 patches per tile (a 2x2 feature grid per tile of SigLIP's 4x4)."""
     import dataclasses
 
     from neva.data.anyres import AnyResProcessor
@@ -98,7 +101,7 @@ def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokeni
     from neva.models.presets import build_config
 
     image_id = synthetic_tokenizer.convert_tokens_to_ids("<image>")
-    base = build_config(vision=vision, image_token_id=image_id)
+    base = build_config(vision=vision, projector_type=projector, image_token_id=image_id)
     pins = parse_grid_pinpoints("(1x1),...,(2x3)", base.vision.image_size)
     cfg = dataclasses.replace(base, anyres=AnyResConfig(grid_pinpoints=pins))
     rng = np.random.default_rng(3)
