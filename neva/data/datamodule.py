@@ -172,6 +172,12 @@ class NevaDataModule:
             image_token_placement=cfg.image_token_placement,
             system_prompt=cfg.system_prompt,
         )
+        if (cfg.image_aspect_ratio == "anyres") != (model_config is not None and model_config.anyres is not None):
+            raise ValueError(
+                "model.data.image_aspect_ratio=anyres and the model's AnyRes (model.mm_cfg.image_grid_pinpoints) go "
+                f"together: image_aspect_ratio={cfg.image_aspect_ratio!r}, pinpoints "
+                f"{getattr(getattr(model_config, 'anyres', None), 'grid_pinpoints', None)}"
+            )
         if cfg.image_aspect_ratio == "anyres":
             if model_config is None:
                 raise ValueError(
