@@ -17,6 +17,7 @@ from neva.checkpoint.hf import export_llava, import_llava
 from neva.checkpoint.hf_config import llava_config_dict
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
 from neva.data.anyres import tile_image
+from neva.inference import Answerer
 from neva.models.generation import GenerationConfig, generate
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
 from tests.hf_oracle import tiny_llava_next
@@ -84,6 +85,11 @@ def test_llava_next_import_generate_export_reload(tmp_path, tower):
         model, [inputs.input_ids[0].tolist()], tiles, [2], GenerationConfig(max_new_tokens=6), image_sizes=sizes
     )[0]
     assert ours == theirs.tolist()
+    # the inference front end (neva.generate / neva.evaluate): LlavaNextProcessor's ids, neva's tiles, the same answer
+    answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=6), raw=True)
+    prepared = answerer.prepare(("USER: <image>\n<image>\nWhat is it? ASSISTANT:", imgs))
+    assert prepared[0] == inputs.input_ids[0].tolist() and prepared[2] == sizes and torch.equal(prepared[1], tiles)
+    assert answerer._generate([prepared]) == [answerer.tokenizer.decode(theirs, skip_special_tokens=True)]
 
     # export: LlavaNext config, processor and weights; transformers reloads identical logits
     out = export_llava(ckpt, tmp_path / "hf2")
