@@ -82,6 +82,8 @@ class NevaModel(nn.Module):
             expected_B = image_counts.to(found_B.device) * per_image
             images, given = int(image_counts.sum()), pixel_values.shape[0]
         else:  # variable positions per image (AnyRes): each row's images' counts summed
+            if image_counts is None:
+                raise ValueError("image_tokens (positions per image) need image_counts (images per row)")
             rows_N = torch.repeat_interleave(torch.arange(len(image_counts)), image_counts.cpu()).to(found_B.device)
             expected_B = torch.zeros_like(found_B).index_add_(0, rows_N, image_tokens.to(found_B.device))
             per_image, images, given = image_tokens.tolist(), int(image_counts.sum()), len(image_tokens)

@@ -369,7 +369,11 @@ def test_family_layouts_match_one_process_and_resume_across_layouts(family, llav
 
 # AnyRes: packed micro-batches mixing grids (LLaVA data: 40x30, 32x32, 64x48, 20x50, 50x20 images), two-image and
 # text-only samples, each image its own token count; TP2+SP, PP2 (the tiles on stage 0), DP2 ZeRO-3 = one process.
-ANYRES_LAYOUTS = {n: FAMILY_LAYOUTS[n] for n in ("tp2_sp", "pp2", "dp2_zero3")}
+ANYRES_LAYOUTS = {
+    "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    "pp2": ["model.pipeline_model_parallel_size=2"],
+    "dp2_zero3": ["model.data_parallel=fsdp", "model.zero_stage=3"],
+}
 
 
 def test_anyres_mixed_packed_batches_match_one_process(llava_dir, tmp_path):
