@@ -91,6 +91,8 @@ def test_llava_next_import_generate_export_reload(tmp_path, tower):
     assert prepared[0] == inputs.input_ids[0].tolist() and prepared[2] == sizes and torch.equal(prepared[1], tiles)
     assert answerer._generate([prepared]) == [answerer.tokenizer.decode(theirs, skip_special_tokens=True)]
 
+    _check_preview(tmp_path, ckpt, imgs, cfg)
+
     # export: LlavaNext config, processor and weights; transformers reloads identical logits
     out = export_llava(ckpt, tmp_path / "hf2")
     config = json.loads((out / "config.json").read_text())
@@ -124,3 +126,40 @@ def test_export_refuses_layouts_transformers_lacks():
     cfg = dataclasses.replace(base, anyres=AnyResConfig(grid_pinpoints=[[32, 64]], patch_merge_type="spatial"))
     with pytest.raises(ValueError, match="spatial_unpad"):
         llava_config_dict(cfg)
+
+
+def _check_preview(tmp_path, ckpt, imgs, cfg):
+    """``neva.data.preview`` on the AnyRes checkpoint: each image's grid, tiles and positions, as training encodes."""
+    import io
+
+    from neva.data.preview import build_parser, preview
+    from neva.models.anyres import grid_shape
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for k, im in enumerate(imgs):
+        im.save(folder / f"{k}.png")
+    record = {"id": "a", "image": ["0.png", "1.png"], "conversations": [
+        {"from": "human", "value": "<image>\n<image>\nWhat is it?"}, {"from": "gpt", "value": "a test"}]}  # fmt: skip
+    (tmp_path / "d.json").write_text(json.dumps([record]))
+    args = build_parser().parse_args(
+        ["--data-path", str(tmp_path / "d.json"), "--image-folder", str(folder), "--conv-template", "vicuna_v1",
+         "--tokenizer", str(ckpt), "--json"]
+    )  # fmt: skip
+    out = io.StringIO()
+    assert preview(args, out) == 0
+    row = json.loads(out.getvalue())
+    for image, im in zip(row["images"], imgs):
+        size = (im.size[1], im.size[0])
+        assert image["size"] == list(size) and image["grid"] == list(
+            grid_shape(size, cfg.anyres.grid_pinpoints, cfg.vision.image_size)
+        )
+        assert image["tiles"] == 1 + image["grid"][0] * image["grid"][1] and image["tokens"] == cfg.image_tokens(size)
+        start, end = image["positions"]
+        assert set(row["input_ids"][start:end]) == {cfg.image_token_id} and end - start == image["tokens"]
+    assert row["input_ids"].count(cfg.image_token_id) == sum(i["tokens"] for i in row["images"])
+    args.json = False
+    args.color = False
+    out = io.StringIO()
+    preview(args, out)
+    assert "grid" in out.getvalue() and "positions [" in out.getvalue()
