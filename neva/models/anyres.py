@@ -16,7 +16,7 @@ The layouts are transformers' ``LlavaNextModel.pack_image_features`` / ``unpad_i
 * ``spatial_unpad``: the overview, then that big grid with the rows (or columns) that only saw the resize-and-pad
   padding removed, each remaining row followed by the learned ``image_newline`` (transformers' only layout).
 
-A fixed-size image (one tile, ``image_size`` None) is its tile's features, plus one newline under ``spatial_unpad``
+A fixed-size image (one tile; ``size`` None below) is its tile's features, plus one newline under ``spatial_unpad``
 (LLaVA-NeXT's rule for a single-tile image).
 
 Sizes are ``(height, width)`` throughout, as in transformers (LLaVA-NeXT's own code passes ``(width, height)`` and
@@ -43,23 +43,18 @@ class AnyResConfig:
     """The model side of AnyRes (LLaVA-NeXT's ``image_grid_pinpoints`` / ``mm_patch_merge_type``).
 
     ``grid_pinpoints``: candidate resolutions ``[height, width]`` in pixels, each a multiple of the tower's
-    ``image_size``. ``max_tiles``: OneVision's ``anyres_max_N`` (recorded; its feature pooling is not implemented).
+    ``image_size``. OneVision's ``anyres_max_N`` (pooling the features above N tiles) is not implemented: the data
+    config refuses it.
     """
 
     grid_pinpoints: list[list[int]] = field(default_factory=lambda: [[336, 672], [672, 336], [672, 672]])
     patch_merge_type: str = "spatial_unpad"
-    max_tiles: int | None = None
 
     def __post_init__(self) -> None:
         if self.patch_merge_type not in MERGE_TYPES:
             raise ValueError(f"mm_patch_merge_type must be one of {MERGE_TYPES}, got {self.patch_merge_type!r}")
         if not self.grid_pinpoints or any(len(p) != 2 or min(p) <= 0 for p in self.grid_pinpoints):
             raise ValueError(f"image_grid_pinpoints must be [height, width] pairs, got {self.grid_pinpoints!r}")
-        if self.max_tiles is not None:
-            raise ValueError(
-                "anyres_max_N (OneVision's feature pooling above N tiles) is not implemented: use image_aspect_ratio "
-                "anyres"
-            )
 
     @property
     def has_newline(self) -> bool:

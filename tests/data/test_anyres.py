@@ -71,8 +71,10 @@ def test_pinpoint_range_form_is_llava_next():
         parse_grid_pinpoints("1x1..3x3", 10)
     with pytest.raises(ValueError, match="multiples"):
         AnyResConfig(grid_pinpoints=[[20, 30]]).check_tile(16)
-    with pytest.raises(ValueError, match="anyres_max"):
-        AnyResConfig(max_tiles=9)
+    from neva.data.config import DataConfig
+
+    with pytest.raises(ValueError, match="anyres_max_9"):
+        DataConfig(image_aspect_ratio="anyres_max_9")
 
 
 def _record(i: int, images: list[str]) -> dict:
