@@ -163,3 +163,55 @@ def _check_preview(tmp_path, ckpt, imgs, cfg):
     out = io.StringIO()
     preview(args, out)
     assert "grid" in out.getvalue() and "positions [" in out.getvalue()
+
+
+T4_LLAVA_NEXT_SCRIPT = r"""
+import json, sys
+import torch, transformers
+from PIL import Image
+from transformers import AutoProcessor, LlavaNextForConditionalGeneration
+assert transformers.__version__.startswith("4.46"), transformers.__version__
+out, root, text = sys.argv[1:4]
+torch.set_num_threads(1)
+model, info = LlavaNextForConditionalGeneration.from_pretrained(out, output_loading_info=True)
+assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+proc = AutoProcessor.from_pretrained(out)
+inputs = proc(images=[Image.open(f"{root}/{k}.png") for k in range(2)], text=text, return_tensors="pt")
+with torch.no_grad():
+    gen = model.eval().generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+print(json.dumps({"processor": type(proc.image_processor).__name__, "ids": inputs.input_ids[0].tolist(),
+                  "new": gen[0, inputs.input_ids.shape[1]:].tolist()}))
+"""
+
+
+def test_llava_next_export_generates_the_same_under_transformers_4(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.checkpoint.test_hf_export_template import transformers_4_site
+
+    site = transformers_4_site()
+    hf, processor = _hf_dir(tmp_path, "clip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ckpt = import_llava(tmp_path / "hf", tmp_path / "ckpt", metadata={"conv_template": "vicuna_v1"})
+    out = export_llava(ckpt, tmp_path / "hf2")
+    imgs = _images()
+    for k, im in enumerate(imgs):
+        im.save(tmp_path / f"{k}.png")
+    text = "USER: <image>\n<image>\nWhat is it? ASSISTANT:"
+    inputs = processor(images=imgs, text=text, return_tensors="pt")
+    with torch.no_grad():
+        theirs = hf.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False)[
+            0, inputs.input_ids.shape[1] :
+        ]
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", T4_LLAVA_NEXT_SCRIPT, str(out), str(tmp_path), text],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["processor"] == "LlavaNextImageProcessor"
+    assert got["ids"] == inputs.input_ids[0].tolist() and got["new"] == theirs.tolist()
