@@ -102,6 +102,10 @@ class MMConfig:
     mm_mlp_adapter_type: str = "mlp2x_gelu"
     freeze_projector: bool = False
     pretrain_mm_mlp_adapter: str | None = None  # LLaVA's mm_projector.bin / .safetensors: the projector's start
+    # LLaVA-NeXT AnyRes (with model.data.image_aspect_ratio=anyres): candidate resolutions, the list of
+    # [height, width] or LLaVA's "(1x1),...,(3x3)" range in tiles; null = one fixed-size image
+    image_grid_pinpoints: list | str | None = None
+    mm_patch_merge_type: str = "spatial_unpad"  # flat, spatial or spatial_unpad (with the learned image_newline)
 
 
 # Whose warmup / cosine formula ``model.optim.sched.formula`` selects (neva/training/optim.py, docs/PRESETS.md):

@@ -22,6 +22,7 @@ from PIL import Image
 from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
 from neva.checkpoint.step import as_neva_checkpoint
 from neva.constants import IMAGE_TOKEN
+from neva.data.anyres import AnyResProcessor
 from neva.data.conversation import (
     DEFAULT_TEMPLATE,
     ChatTemplateRenderer,
@@ -64,17 +65,20 @@ class PromptBuilder:
         self.tokenization = tokenization
         self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
 
-    def ids(self, prompt: str, num_images: int) -> list[int]:
-        """Token ids of the full model input.
+    def ids(self, prompt: str, num_images: int, image_tokens: Sequence[int] | None = None) -> list[int]:
+        """Token ids of the full model input; ``image_tokens``: each image's positions (AnyRes), else
+        ``num_image_tokens`` each.
 
         Raises:
             ValueError: the number of ``<image>`` tags differs from the number of images.
         """
-        per_image = self.cfg.num_image_tokens
+        counts = iter(image_tokens if image_tokens is not None else [self.cfg.num_image_tokens] * num_images)
         if self.template is None:
             self._check_tags(prompt, num_images)
             # LlavaProcessor: expand the text, then one tokenizer call with special tokens (BOS).
-            return list(self.tokenizer(prompt.replace(IMAGE_TOKEN, IMAGE_TOKEN * per_image)).input_ids)
+            pieces = prompt.split(IMAGE_TOKEN)
+            text = pieces[0] + "".join(IMAGE_TOKEN * next(counts) + piece for piece in pieces[1:])
+            return list(self.tokenizer(text).input_ids)
         if num_images and IMAGE_TOKEN not in prompt:
             prompt = (IMAGE_TOKEN + "\n") * num_images + prompt
         self._check_tags(prompt, num_images)
@@ -84,7 +88,7 @@ class PromptBuilder:
         ids, _ = tokenize_text(text, self.tokenizer, add_special, self.cfg.image_token_id, self.tokenization)
         out: list[int] = []
         for tok in ids:
-            out += [tok] * per_image if tok == self.cfg.image_token_id else [tok]
+            out += [tok] * next(counts) if tok == self.cfg.image_token_id else [tok]
         return out
 
     @staticmethod
@@ -107,24 +111,29 @@ class PromptBuilder:
         return 0 if pad is None or pad == self.cfg.image_token_id else pad
 
 
-def load_pixels(images: Sequence[ImageInput], processor: ImageProcessor | None) -> torch.Tensor | None:
-    """Images (PIL or paths) → uint8 ``[N, 3, H, W]`` with neva's CLIP preprocessing (the model normalises them);
-    None for no images.
+def load_images(images: Sequence[ImageInput], processor: Any) -> list[Image.Image]:
+    """Images (PIL or paths) decoded by the training loader's rules (regular files only, the pixel cap checked before
+    decoding).
 
     Raises:
         ValueError: images for a checkpoint without a vision tower (``processor`` None).
     """
-    if not images:
-        return None
-    if processor is None:
+    if images and processor is None:
         raise ValueError("this checkpoint has no vision tower; drop the images")
-    tensors = []
-    for image in images:
-        if isinstance(image, Image.Image):
-            tensors.append(processor(image))
-        else:  # the training loader's rules: regular files only, the pixel cap checked before decoding
-            tensors.append(processor(decode_image(read_regular_file(str(image), str(image)), str(image))))
-    return torch.stack(tensors)
+    return [
+        image if isinstance(image, Image.Image) else decode_image(read_regular_file(str(image), str(image)), str(image))
+        for image in images
+    ]
+
+
+def load_pixels(images: Sequence[ImageInput], processor: Any) -> torch.Tensor | None:
+    """Images → uint8 ``[N, 3, H, W]`` with neva's preprocessing (the model normalises them), AnyRes: every image's
+    tiles; None for no images."""
+    loaded = load_images(images, processor)
+    if not loaded:
+        return None
+    tensors = [processor(image) for image in loaded]
+    return torch.cat(tensors) if getattr(processor, "variable_tokens", False) else torch.stack(tensors)
 
 
 def decode_answer(tokenizer: Any, ids: list[int], stops: Sequence[str]) -> str:
@@ -176,7 +185,10 @@ class Answerer:
         self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system, use_chat, tokenization)
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
-        self.processor = ImageProcessor(vision, aspect_ratio) if vision is not None else None
+        if self.model.cfg.anyres is not None:  # the model lays out AnyRes tiles: its images are tiled, always
+            self.processor = AnyResProcessor(self.model.cfg)
+        else:
+            self.processor = ImageProcessor(vision, aspect_ratio) if vision is not None else None
         self.generation = dataclasses.replace(
             decoding,
             eos_token_ids=self.builder.eos_ids(),
@@ -184,8 +196,8 @@ class Answerer:
             pad_token_id=self.builder.pad_id(),
         )
 
-    def prepare(self, item: Item) -> tuple[list[int], torch.Tensor | None]:
-        """One item's token ids and pixels.
+    def prepare(self, item: Item) -> tuple[list[int], torch.Tensor | None, list[tuple[int, int]] | None]:
+        """One item's token ids, pixels and, for an AnyRes model, each image's ``(height, width)`` (else None).
 
         Raises:
             ValueError: a prompt that is not a string, whose ``<image>`` tags do not match its images, or that fills
@@ -195,11 +207,14 @@ class Answerer:
         prompt, images = item
         if not isinstance(prompt, str):
             raise ValueError(f"no prompt: expected a string, got {type(prompt).__name__}")
-        ids = self.builder.ids(prompt, len(images))
-        context = self.model.cfg.llm.max_seq_len
+        loaded = load_images(images, self.processor)
+        cfg = self.model.cfg
+        sizes = [(im.size[1], im.size[0]) for im in loaded] if cfg.anyres is not None else None
+        ids = self.builder.ids(prompt, len(images), None if sizes is None else [cfg.image_tokens(s) for s in sizes])
+        context = cfg.llm.max_seq_len
         if len(ids) >= context:
             raise ValueError(f"the prompt is {len(ids)} tokens, which fills the model's context of {context}")
-        return ids, load_pixels(images, self.processor)
+        return ids, load_pixels(loaded, self.processor), sizes
 
     def answer(self, items: Sequence[Item]) -> list[str]:
         """Answer ``items`` as one left-padded batch: texts without special tokens, cut at the first stop string.
@@ -209,13 +224,15 @@ class Answerer:
         """
         return self._generate([self.prepare(item) for item in items])
 
-    def _generate(self, prepared: list[tuple[list[int], torch.Tensor | None]]) -> list[str]:
-        pixels = [p for _, p in prepared if p is not None]
-        counts = [0 if p is None else len(p) for _, p in prepared]
+    def _generate(self, prepared: list[tuple[list[int], torch.Tensor | None, list | None]]) -> list[str]:
+        pixels = [p for _, p, _ in prepared if p is not None]
+        anyres = self.model.cfg.anyres is not None
+        counts = [len(s) if anyres else 0 if p is None else len(p) for _, p, s in prepared]
+        sizes = [size for _, _, s in prepared for size in s] if anyres else None
         # Stop strings are looked for in the text with special tokens kept, as HF's StopStringCriteria sees tokens.
         outs = generate(
-            self.model, [ids for ids, _ in prepared], torch.cat(pixels) if pixels else None, counts, self.generation,
-            decode=self.tokenizer.decode,
+            self.model, [ids for ids, _, _ in prepared], torch.cat(pixels) if pixels else None, counts,
+            self.generation, decode=self.tokenizer.decode, image_sizes=sizes,
         )  # fmt: skip
         return [decode_answer(self.tokenizer, ids, self.generation.stop_strings) for ids in outs]
 

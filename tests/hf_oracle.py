@@ -74,3 +74,28 @@ def neva_from_hf(hf_model: LlavaForConditionalGeneration) -> NevaModel:
     missing, unexpected = model.load_state_dict(ours, strict=True)
     assert not missing and not unexpected
     return model
+
+
+def tiny_llava_next(seed: int = 0, text_kw: dict | None = None, tower: str = "clip", pinpoints=None):
+    """A random LlavaNextForConditionalGeneration (fp32, eval) on the towers of ``tiny_llava``; pinpoints default to
+    1x2, 2x1, 2x2, 3x1, 1x3 tiles."""
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = {**TEXT_KW, **(text_kw or {})}
+    vision_kw = SIGLIP_KW if tower == "siglip" else VISION_KW
+    vision = SiglipVisionConfig(**SIGLIP_KW) if tower == "siglip" else CLIPVisionConfig(**VISION_KW)
+    s = vision_kw["image_size"]
+    cfg = LlavaNextConfig(
+        vision_config=vision,
+        text_config=LlamaConfig(**text),
+        image_token_index=text["vocab_size"] - 1,
+        image_grid_pinpoints=pinpoints or [[s, 2 * s], [2 * s, s], [2 * s, 2 * s], [3 * s, s], [s, 3 * s]],
+        vision_feature_select_strategy="full" if tower == "siglip" else "default",
+    )
+    model = LlavaNextForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias") or "image_newline" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model

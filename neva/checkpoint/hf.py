@@ -499,9 +499,10 @@ def save_llava_hf(
     Returns:
         ``out``.
     """
-    from transformers import GenerationConfig, LlavaConfig
+    from transformers import GenerationConfig
 
     template = template or template_settings({})
+    config_class, architecture, _ = hf_classes(cfg)
 
     pad_id = getattr(tokenizer, "pad_token_id", None)
     config_kw = llava_config_dict(cfg, pad_token_id=pad_id)
@@ -520,8 +521,8 @@ def save_llava_hf(
                 yield from per_expert_tensors(neva_key_to_hf(key), tensor)
 
         write_safetensors(tmp, hf_tensors(), max_shard_bytes)
-        config = LlavaConfig(**config_kw)
-        config.architectures = ["LlavaForConditionalGeneration"]
+        config = config_class(**config_kw)
+        config.architectures = [architecture]
         if len(dtypes) == 1:
             config.dtype = next(iter(dtypes))
         config.save_pretrained(str(tmp))
@@ -550,14 +551,12 @@ def _with_image_row(
 def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any, chat_template: str) -> None:
     import copy
 
-    from transformers import LlavaProcessor
-
     tokenizer = copy.copy(tokenizer)  # the caller's tokenizer keeps its own chat template
     tokenizer.chat_template = chat_template
 
     v = cfg.vision
-    image_processor = hf_image_processor(v)
-    processor = LlavaProcessor(
+    image_processor = hf_image_processor(v, cfg.anyres)
+    processor = hf_classes(cfg)[2](
         image_processor=image_processor,
         tokenizer=tokenizer,
         patch_size=v.patch_size,
@@ -571,12 +570,32 @@ def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any, chat_templ
     image_processor.save_pretrained(str(directory))
 
 
-def hf_image_processor(v: Any) -> Any:
+def hf_classes(cfg: NevaConfig) -> tuple[type, str, type]:
+    """``(config class, architecture, processor class)`` of the llava-hf export: LLaVA-NeXT's with AnyRes."""
+    import transformers as tf
+
+    if cfg.anyres is not None:
+        return tf.LlavaNextConfig, "LlavaNextForConditionalGeneration", tf.LlavaNextProcessor
+    return tf.LlavaConfig, "LlavaForConditionalGeneration", tf.LlavaProcessor
+
+
+def hf_image_processor(v: Any, anyres: Any = None) -> Any:
     """The transformers image processor doing what neva's does for tower ``v`` (``square`` aspect ratio): CLIP
-    resizes the short side and centre-crops, SigLIP resizes to the square (``neva.data.images``)."""
+    resizes the short side and centre-crops, SigLIP resizes to the square (``neva.data.images``). With AnyRes,
+    ``LlavaNextImageProcessor`` (its PIL backend where torchvision is absent) over the model's pinpoints, its
+    per-tile resize and crop no-ops on tiles of the tower's size, as ``neva.data.anyres`` tiles (for both towers)."""
     from transformers import CLIPImageProcessor, SiglipImageProcessor
 
     stats = dict(image_mean=list(v.image_mean), image_std=list(v.image_std))
+    if anyres is not None:
+        from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+        return LlavaNextImageProcessorPil(
+            size={"shortest_edge": v.image_size},
+            crop_size={"height": v.image_size, "width": v.image_size},
+            image_grid_pinpoints=[list(p) for p in anyres.grid_pinpoints],
+            **stats,
+        )
     if v.kind == "siglip":
         return SiglipImageProcessor(size={"height": v.image_size, "width": v.image_size}, **stats)
     return CLIPImageProcessor(
@@ -609,7 +628,7 @@ def export_llava(
 
         tokenizer = from_local(AutoTokenizer, ckpt)
     aspect = meta.get("image_aspect_ratio", "square")
-    if aspect != "square":
+    if aspect not in ("square", "anyres"):  # anyres: LlavaNextImageProcessor tiles as the run did
         warnings.warn(
             f"checkpoint uses image_aspect_ratio={aspect!r}; the exported "
             f"{type(hf_image_processor(cfg.vision)).__name__} does not pad as the run did",

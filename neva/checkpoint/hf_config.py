@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from neva.checkpoint.hf_families import check_fields, family_fields, hf_family_fields
+from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 
 
@@ -126,7 +127,15 @@ def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
         bias=hf.get("multimodal_projector_bias", True),
     )
     token = hf.get("image_token_index", hf.get("image_token_id", 32000))
-    return NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=token)
+    return NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=token, anyres=anyres_from_hf(hf))
+
+
+def anyres_from_hf(hf: dict[str, Any]) -> AnyResConfig | None:
+    """``LlavaNextConfig``'s AnyRes (transformers lays tiles out only as ``spatial_unpad``); None for ``llava``."""
+    if hf.get("model_type") != "llava_next":
+        return None
+    image_size = hf["vision_config"].get("image_size", 224)
+    return AnyResConfig(grid_pinpoints=parse_grid_pinpoints(hf["image_grid_pinpoints"], image_size))
 
 
 def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[str, Any]:
@@ -136,6 +145,11 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             "mlp_downsample cannot be exported to HF LlavaForConditionalGeneration: transformers has no llava-hf class "
             "with NeMo's 2x2 patch merge and LayerNorm projector, and dropping them would be a different model; keep "
             "the neva checkpoint"
+        )
+    if cfg.anyres is not None and cfg.anyres.patch_merge_type != "spatial_unpad":
+        raise ValueError(
+            f"mm_patch_merge_type={cfg.anyres.patch_merge_type} cannot be exported: transformers' "
+            "LlavaNextForConditionalGeneration lays tiles out only as spatial_unpad (with image_newline)"
         )
     if cfg.vision is None or cfg.projector is None or cfg.projector.type != "mlp2x_gelu":
         raise ValueError("HF LlavaForConditionalGeneration needs a vision tower and an mlp2x_gelu projector")
@@ -178,6 +192,8 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
         image_seq_length=v.num_image_tokens,
         multimodal_projector_bias=cfg.projector.bias,
         tie_word_embeddings=t.tie_word_embeddings,
+        # LlavaNextConfig (AnyRes); the config class follows from the key (checkpoint.hf: hf_classes)
+        **({"image_grid_pinpoints": [list(p) for p in cfg.anyres.grid_pinpoints]} if cfg.anyres is not None else {}),
     )
 
 

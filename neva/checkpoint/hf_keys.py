@@ -95,6 +95,7 @@ EXPORT_PREFIXES = {
     "llm": EXPORT_LLM_PREFIX,
     "projector": EXPORT_PROJECTOR_PREFIX,
     "lm_head": EXPORT_LM_HEAD,
+    "anyres": "",  # LLaVA-NeXT's image_newline sits at the top (legacy llava-hf LlavaNext layout)
 }
 # Module paths inside a LlavaForConditionalGeneration built by transformers 4.52+ / 5.x (what a PEFT adapter
 # addresses: PEFT matches module names of the loaded model, not checkpoint keys).
@@ -103,7 +104,11 @@ MODULE_PREFIXES = {
     "llm": "model.language_model.",
     "projector": "model.multi_modal_projector.",
     "lm_head": "lm_head.weight",
+    "anyres": "model.",
 }
+
+# AnyRes (LLaVA-NeXT): the learned row-end embedding; legacy llava-hf, transformers 5, original LLaVA-NeXT keys.
+ANYRES_KEYS = {"image_newline": "anyres.image_newline", "model.image_newline": "anyres.image_newline"}
 
 
 def _compile(table: dict[str, str]) -> list[tuple[re.Pattern, str]]:
@@ -146,6 +151,8 @@ def neva_key_to_hf(key: str, prefixes: dict[str, str] = EXPORT_PREFIXES) -> str:
     part, rest = key.split(".", 1)
     if part == "llm" and rest == LM_HEAD:
         return prefixes["lm_head"]
+    if part == "anyres":
+        return prefixes["anyres"] + rest
     return prefixes[part] + part_key_to_hf(rest, part)
 
 
@@ -156,6 +163,8 @@ def hf_key_to_neva(key: str, prefixes: dict[str, str]) -> str | None:
     """
     if key in LM_HEAD_KEYS:
         return "llm." + LM_HEAD
+    if key in ANYRES_KEYS:
+        return ANYRES_KEYS[key]
     for part in ("projector", "vision", "llm"):  # projector/vision first: "model." also prefixes them
         prefix = prefixes.get(part)
         if prefix is None or not key.startswith(prefix):

@@ -18,6 +18,7 @@ from neva.checkpoint.names import lora_layers, named_parameters
 from neva.config import MMConfig, TrainConfig
 from neva.data.datamodule import tokenizer_image_token_id
 from neva.hf_local import LocalModelError, model_dir
+from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
 from neva.models.lora import LoRALinear, plain_key
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
@@ -363,4 +364,10 @@ def neva_config_from_mm(mm: MMConfig, vocab_size: int | None = None, image_token
         "model.mm_cfg.mm_mlp_adapter_type.",
     )
     token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
-    return NevaConfig(llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=token)
+    anyres = None
+    if mm.image_grid_pinpoints is not None:
+        pins = parse_grid_pinpoints(mm.image_grid_pinpoints, vision_cfg.image_size)
+        anyres = build(
+            AnyResConfig, dict(grid_pinpoints=pins, patch_merge_type=mm.mm_patch_merge_type), "model.mm_cfg."
+        )
+    return NevaConfig(llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=token, anyres=anyres)

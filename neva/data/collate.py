@@ -10,6 +10,9 @@ Batch contract (both modes)::
     image_counts LongTensor [B]      images per row
     image_positions LongTensor [M, 2] | None   (row, column) of every image-token position, in the order the image
                                      features fill them (None when a sample did not say where its images are)
+    image_feature_index LongTensor [M] | None   AnyRes: the row of the batch's flattened tile features for each of
+                                     those positions, -1 = image_newline (``neva.models.anyres``); pixel_values then
+                                     holds tiles and image_counts counts images
     output_positions LongTensor [T, 2]   (row, column) of every position whose logits predict a learned label
     targets      LongTensor [T]      the label each of those positions predicts
     num_samples  int                 samples in the batch (skipped ones excluded)
@@ -34,6 +37,7 @@ import torch
 
 from neva.constants import IGNORE_INDEX
 from neva.data.dataset import is_skipped
+from neva.models.anyres import concat_layouts
 from neva.models.loss import learned_positions
 
 
@@ -77,7 +81,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
     position_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     segment_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     image_counts = torch.zeros(bsz, dtype=torch.long)
-    pixels, ids, image_positions = [], [], []
+    pixels, ids, image_positions, layouts, tile_tokens = [], [], [], [], None
     for r, row in enumerate(rows):
         pos = 0
         for seg, sample in enumerate(row, start=1):
@@ -89,9 +93,12 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
             position_ids[r, pos : pos + n] = torch.arange(n)
             segment_ids[r, pos : pos + n] = seg
             pos += n
-            image_counts[r] += sample["pixel_values"].shape[0]
+            image_counts[r] += sample.get("image_count", sample["pixel_values"].shape[0])
             if sample["pixel_values"].shape[0]:
                 pixels.append(sample["pixel_values"])
+            if "image_feature_index" in sample:  # AnyRes: offset by the tiles of the samples before
+                layouts.append((sample["image_feature_index"], sample["pixel_values"].shape[0]))
+                tile_tokens = sample["tile_tokens"]
             if image_positions is not None and "image_positions" in sample:
                 cols = sample["image_positions"] + pos - n
                 image_positions.append(torch.stack([torch.full_like(cols, r), cols], dim=1))
@@ -111,6 +118,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "pixel_values": torch.cat(pixels) if pixels else None,
         "image_counts": image_counts,
         "image_positions": torch.cat(image_positions) if image_positions else _no_positions(image_positions),
+        "image_feature_index": concat_layouts(layouts, tile_tokens) if tile_tokens is not None else None,
         "output_positions": output_positions,
         "targets": targets,
         "num_samples": num_samples,

@@ -10,7 +10,7 @@ from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
 
 TEMPLATES = ("plain", "vicuna_v1", "llama_2", "mistral", "llama_3", "chatml")
-ASPECT_RATIOS = ("square", "pad", "keep")
+ASPECT_RATIOS = ("square", "pad", "keep", "anyres")  # anyres: LLaVA-NeXT tiles (the model's image_grid_pinpoints)
 IMAGE_TOKEN_PLACEMENTS = ("front", "inline")
 SYNTHETIC = "synthetic"
 
@@ -96,6 +96,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.conv_template is not None and self.conv_template not in TEMPLATES:
             raise ValueError(f"model.data.conv_template={self.conv_template!r} is unknown; choose one of {TEMPLATES}")
+        if self.image_aspect_ratio.startswith("anyres_max_"):
+            raise ValueError(
+                f"model.data.image_aspect_ratio={self.image_aspect_ratio!r}: OneVision's feature pooling above N tiles "
+                "is not implemented; use anyres"
+            )
         if self.image_aspect_ratio not in ASPECT_RATIOS:
             raise ValueError(
                 f"model.data.image_aspect_ratio={self.image_aspect_ratio!r}; choose one of {ASPECT_RATIOS}"

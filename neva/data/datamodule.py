@@ -18,6 +18,7 @@ import numpy as np
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from neva.constants import IMAGE_TOKEN
+from neva.data.anyres import AnyResProcessor
 from neva.data.collate import Collator
 from neva.data.config import SYNTHETIC, DataConfig
 from neva.data.conversation import get_template
@@ -172,7 +173,20 @@ class NevaDataModule:
             system_prompt=cfg.system_prompt,
             tokenization=cfg.tokenization,
         )
-        self.image_processor = ImageProcessor(vision, cfg.image_aspect_ratio) if vision is not None else None
+        if (cfg.image_aspect_ratio == "anyres") != (model_config is not None and model_config.anyres is not None):
+            raise ValueError(
+                "model.data.image_aspect_ratio=anyres and the model's AnyRes (model.mm_cfg.image_grid_pinpoints) go "
+                f"together: image_aspect_ratio={cfg.image_aspect_ratio!r}, pinpoints "
+                f"{getattr(getattr(model_config, 'anyres', None), 'grid_pinpoints', None)}"
+            )
+        if cfg.image_aspect_ratio == "anyres":
+            if model_config is None:
+                raise ValueError(
+                    "model.data.image_aspect_ratio=anyres needs the model config (its image_grid_pinpoints)"
+                )
+            self.image_processor = AnyResProcessor(model_config)
+        else:
+            self.image_processor = ImageProcessor(vision, cfg.image_aspect_ratio) if vision is not None else None
         self.collator = Collator(pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing)
         self.skip_tracker = SkipTracker(cfg.max_skip_fraction, cfg.skip_check_min_samples)
         self.train_datasets: list[Dataset] = []

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from neva.constants import IMAGE_TOKEN
+from neva.data.anyres import anyres_sample_fields
 from neva.data.conversation import (
     ASSISTANT,
     ConversationError,
@@ -77,8 +78,12 @@ class SkipLogger:
                 log.warning("further '%s' skips are counted but not logged", reason)
 
 
-def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[Encoded, list[str]]:
+def encode_record(
+    record: dict[str, Any], settings: EncoderSettings, image_tokens: list[int] | None = None
+) -> tuple[Encoded, list[str]]:
     """Text side of a record: validated, rendered, tokenized; returns ``(encoded, image_names)``.
+
+    ``image_tokens``: positions of each image when they vary (AnyRes); None: ``settings.num_image_tokens`` each.
 
     Raises:
         SampleError: with the skip reason (``ConversationError``, ``EncodingError`` or ``ImageError``).
@@ -101,7 +106,7 @@ def encode_record(record: dict[str, Any], settings: EncoderSettings) -> tuple[En
         rendered,
         settings.tokenizer,
         settings.image_token_id,
-        settings.num_image_tokens,
+        settings.num_image_tokens if image_tokens is None else image_tokens,
         len(images),
         settings.max_length,
         settings.tokenization,
@@ -121,23 +126,38 @@ def process_record(
     ``truncated`` (the sample was cut to the maximum length) is not a skip; the collate functions count it.
     """
     sample_id = record.get("id") if isinstance(record, dict) else None
+    layout = None
     try:
-        enc, names = encode_record(record, settings)
-        if names and image_processor is None:
-            raise ImageError("missing_image", "the model has no vision encoder")
-        pixels = [image_processor(image_source.load(name)) for name in names]
+        if getattr(image_processor, "variable_tokens", False):
+            # AnyRes: an image's positions follow from its size, so images are decoded before the text is encoded
+            # (their count checks and paths are then checked by the decode, before the conversation's).
+            loaded = [image_source.load(safe_relative_path(name)) for name in record_images(record)]
+            layout = [image_processor.layout(image) for image in loaded]
+            enc, names = encode_record(record, settings, [index.shape[0] for index, _ in layout])
+            pixels = [image_processor(image) for image in loaded]
+        else:
+            enc, names = encode_record(record, settings)
+            if names and image_processor is None:
+                raise ImageError("missing_image", "the model has no vision encoder")
+            pixels = [image_processor(image_source.load(name)) for name in names]
     except SampleError as exc:
         return skip_marker(sample_id, exc.reason, exc.detail)
     size = image_processor.size if image_processor is not None else 0
     input_ids = torch.tensor(enc.input_ids, dtype=torch.long)
+    extra = {} if layout is None else anyres_sample_fields(layout, image_processor.tile_tokens)
     return {
+        **extra,
         "id": sample_id,
         "input_ids": input_ids,
         # Where the image features go (``encode`` checked their number): the collator turns them into batch
         # positions, so the model splices by index without counting on the device.
         "image_positions": (input_ids == settings.image_token_id).nonzero().flatten(),
         "labels": torch.tensor(enc.labels, dtype=torch.long),
-        "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size, dtype=torch.uint8),
+        # fixed-size: one [3, s, s] per image; AnyRes: [tiles, 3, s, s] per image, all tiles in image order
+        "pixel_values": (torch.stack(pixels) if layout is None else torch.cat(pixels))
+        if pixels
+        else torch.zeros(0, 3, size, size, dtype=torch.uint8),
+        "image_count": len(pixels),
         "truncated": enc.truncated_from is not None,
         "dropped_leading_reply": enc.dropped_leading_reply,
     }

@@ -22,6 +22,7 @@ Two conventions (``model.data.tokenization``, recorded in checkpoints; training 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,7 @@ def encode(
     rendered: Rendered,
     tokenizer: Any,
     image_token_id: int,
-    num_image_tokens: int,
+    num_image_tokens: int | Sequence[int],
     num_images: int,
     max_length: int | None = None,
     tokenization: str = "neva",
@@ -110,7 +111,7 @@ def encode(
         rendered: text and learned spans from a template.
         tokenizer: HF fast tokenizer in which ``<image>`` is a special token with id ``image_token_id``.
         image_token_id: id of ``<image>``; also the id every expanded image position carries.
-        num_image_tokens: LLM positions per image.
+        num_image_tokens: LLM positions per image, or one count per image (AnyRes: each image's own).
         num_images: images the sample has (must equal the ``<image>`` tokens found).
         max_length: truncate to this many tokens; never inside an image span (the result records the cut).
         tokenization: ``neva`` or ``llava`` (the module docstring).
@@ -132,13 +133,15 @@ def encode(
         raise EncodingError(
             "image_count_mismatch", f"{found} <image> tokens after tokenization for {num_images} images"
         )
+    counts = [num_image_tokens] * num_images if isinstance(num_image_tokens, int) else list(num_image_tokens)
     out_ids: list[int] = []
     out_labels: list[int] = []
     image_ends = []
     for tok_id, label in zip(ids, labels):
         if tok_id == image_token_id:
-            out_ids += [image_token_id] * num_image_tokens
-            out_labels += [IGNORE_INDEX] * num_image_tokens
+            n = counts[len(image_ends)]
+            out_ids += [image_token_id] * n
+            out_labels += [IGNORE_INDEX] * n
             image_ends.append(len(out_ids))
         else:
             out_ids.append(tok_id)

@@ -2,7 +2,8 @@
 
 Without ``--json``: each sample's rendered prompt with the learned spans highlighted. With ``--json``: one object per
 line, ``{"id", "input_ids", "labels"}`` (aligned; -100 = not learned; image positions expanded to the image token id)
-or ``{"id", "skipped": reason}``.
+or ``{"id", "skipped": reason}``. With an AnyRes checkpoint as ``--tokenizer`` (``--image-folder`` required), each
+image's size, tile grid, tiles and decoder positions too (``"images"``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from neva.data.dataset import EncoderSettings, encode_record
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.errors import SampleError
 from neva.data.images import image_source_for
-from neva.data.records import load_records
+from neva.data.records import load_records, record_images
 from neva.hf_local import from_local
 
 _GREEN, _RESET = "\033[32m", "\033[0m"
@@ -37,19 +38,36 @@ def load_tokenizer(path: str) -> Any:
     return from_local(AutoTokenizer, path)
 
 
-def checkpoint_model_info(path: str) -> tuple[int | None, int | None]:
-    """``(num_image_tokens, max_seq_len)`` from a neva checkpoint's ``config.json`` (``model`` key), else Nones."""
+def checkpoint_config(path: str) -> Any:
+    """The ``NevaConfig`` of a neva checkpoint's ``config.json`` (``model`` key), else None."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
-        return None, None
+        return None
     with open(cfg_path) as f:
         data = json.load(f)
     if not isinstance(data, dict) or "model" not in data:
-        return None, None
+        return None
     from neva.models.config import NevaConfig, from_dict
 
-    cfg = from_dict(NevaConfig, data["model"])
-    return cfg.num_image_tokens, cfg.llm.max_seq_len
+    return from_dict(NevaConfig, data["model"])
+
+
+def anyres_images(record: dict[str, Any], source: Any, cfg: Any) -> list[dict[str, Any]]:
+    """Per image of an AnyRes model: its size, grid, tiles and decoder positions (``neva.models.anyres``).
+
+    Raises:
+        SampleError: an image that cannot be loaded.
+    """
+    from neva.data.images import safe_relative_path
+    from neva.models.anyres import feature_index, grid_shape
+
+    out = []
+    for name in record_images(record):
+        w, h = source.load(safe_relative_path(name)).size
+        index, tiles = feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, (h, w))
+        grid = grid_shape((h, w), cfg.anyres.grid_pinpoints, cfg.vision.image_size)
+        out.append({"name": name, "size": [h, w], "grid": list(grid), "tiles": tiles, "tokens": index.shape[0]})
+    return out
 
 
 def _records(data_path: str, template: str) -> list[dict[str, Any]]:
@@ -77,8 +95,12 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     from neva.data.datamodule import tokenizer_image_token_id
 
     tokenizer = load_tokenizer(args.tokenizer)
-    ckpt_tokens, ckpt_len = checkpoint_model_info(args.tokenizer) if os.path.isdir(args.tokenizer) else (None, None)
-    num_image_tokens = ckpt_tokens if ckpt_tokens is not None else args.num_image_tokens
+    cfg = checkpoint_config(args.tokenizer) if os.path.isdir(args.tokenizer) else None
+    ckpt_len = cfg.llm.max_seq_len if cfg is not None else None
+    num_image_tokens = cfg.num_image_tokens if cfg is not None else args.num_image_tokens
+    anyres = cfg is not None and cfg.anyres is not None
+    if anyres and not args.image_folder:
+        raise SystemExit("an AnyRes checkpoint's image token counts follow from the images' sizes: pass --image-folder")
     settings = EncoderSettings(
         tokenizer=tokenizer,
         template=get_template(args.conv_template, tokenizer),
@@ -94,9 +116,10 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     for record in records[: args.limit] if args.limit else records:
         rid = record.get("id")
         try:
-            enc, names = encode_record(record, settings)
+            images = anyres_images(record, source, cfg) if anyres else None
+            enc, names = encode_record(record, settings, None if images is None else [i["tokens"] for i in images])
             input_ids, labels = enc.input_ids, enc.labels
-            if source is not None:
+            if source is not None and not anyres:
                 for name in names:
                     source.load(name)
         except SampleError as exc:
@@ -106,17 +129,32 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
             else:
                 out.write(f"=== {rid}: SKIPPED ({exc.reason}: {exc.detail})\n\n")
             continue
+        if images is not None:  # where each image's positions lie in the encoded sample (spans follow each other)
+            pos = 0
+            for image in images:
+                pos = input_ids.index(settings.image_token_id, pos)
+                image["positions"] = [pos, pos + image["tokens"]]
+                pos += image["tokens"]
         if args.json:
-            out.write(json.dumps({"id": rid, "input_ids": input_ids, "labels": labels}) + "\n")
+            row = {"id": rid, "input_ids": input_ids, "labels": labels}
+            out.write(json.dumps(row if images is None else {**row, "images": images}) + "\n")
             continue
         messages = place_image_tags(parse_conversations(record.get("conversations")), settings.image_token_placement)
         rendered = settings.template.render(messages, settings.system_prompt)
         learned = sum(label != -100 for label in labels)
         cut = f" (truncated from {enc.truncated_from})" if enc.truncated_from is not None else ""
         cut += " (leading gpt turn dropped)" if enc.dropped_leading_reply else ""
+        per_image = f"× {num_image_tokens} tokens" if images is None else "(AnyRes)"
         out.write(
             f"=== {rid}: {len(input_ids)} tokens{cut}, {learned} learned, {count_image_tags(messages)} image(s) "
-            f"× {num_image_tokens} tokens\n{highlight(rendered.text, rendered.learned_spans, args.color)}\n\n"
+            f"{per_image}\n"
+            + "".join(
+                f"    {i['name']}: {i['size'][1]}x{i['size'][0]} px → grid {i['grid'][0]}x{i['grid'][1]} (rows x cols), "
+                f"{i['tiles']} tiles with the overview, {i['tokens']} positions [{i['positions'][0]}, "
+                f"{i['positions'][1]})\n"
+                for i in images or []
+            )
+            + f"{highlight(rendered.text, rendered.learned_spans, args.color)}\n\n"
         )
     if not args.json:
         out.write(f"{skipped} of {min(len(records), args.limit or len(records))} samples skipped\n")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neva.constants import CLIP_MEAN, CLIP_STD, SIGLIP_MEAN, SIGLIP_STD
+from neva.models.anyres import AnyResConfig, image_token_count
 from neva.typed import build
 
 T = TypeVar("T")
@@ -251,8 +252,19 @@ class NevaConfig:
     vision: VisionConfig | None = field(default_factory=VisionConfig)
     projector: ProjectorConfig | None = field(default_factory=ProjectorConfig)
     image_token_id: int = 32000
+    # LLaVA-NeXT dynamic resolution (image_grid_pinpoints / mm_patch_merge_type); None: one fixed-size tile per image.
+    anyres: AnyResConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.anyres is not None:
+            if self.vision is None:
+                raise ValueError("anyres needs a vision tower")
+            self.anyres.check_tile(self.vision.image_size)
+            if self.anyres.patch_merge_type != "flat" and self.vision.vision_select_feature != "patch":
+                raise ValueError(
+                    f"mm_patch_merge_type={self.anyres.patch_merge_type} lays each tile's patch grid out in space: "
+                    "vision_select_feature must be patch (a class token has no place in the grid)"
+                )
         if self.vision is not None and self.projector is not None:
             if self.projector.type == "mlp_downsample" and self.vision.vision_select_feature == "cls_patch":
                 raise ValueError(
@@ -282,3 +294,10 @@ class NevaConfig:
     def image_token_has_row(self) -> bool:
         """Whether ``image_token_id`` has its own embedding and LM-head row (False: it is ``vocab_size``)."""
         return self.image_token_id < self.llm.vocab_size
+
+    def image_tokens(self, size: tuple[int, int] | None) -> int:
+        """Decoder positions of one image of ``size`` (height, width); None = a fixed-size image. Without AnyRes,
+        every image takes ``num_image_tokens``; with it, ``neva.models.anyres.image_token_count`` (the one rule)."""
+        if self.anyres is None:
+            return self.num_image_tokens
+        return image_token_count(self.anyres, self.num_image_tokens, self.vision.image_size, size)

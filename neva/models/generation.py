@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from neva.models.anyres import batch_feature_index
 from neva.models.neva import NevaModel
 
 
@@ -126,6 +127,7 @@ def generate(
     config: GenerationConfig | None = None,
     decode: Callable[[list[int]], str] | None = None,
     generator: torch.Generator | None = None,
+    image_sizes: Sequence[tuple[int, int] | None] | None = None,
 ) -> list[list[int]]:
     """Generate continuations for a batch of prompts.
 
@@ -137,6 +139,8 @@ def generate(
         config: decoding settings (default: greedy, 256 new tokens, no EOS).
         decode: ids → text, needed for ``stop_strings``.
         generator: RNG for sampling (default: the global one).
+        image_sizes: AnyRes models: each image's ``(height, width)`` (None: a fixed-size one); ``pixel_values`` then
+            holds every image's tiles (``neva.data.anyres.tile_image``) and each image takes its own positions.
 
     Returns:
         The new token ids of each prompt, ending with the EOS / stop token that ended it, if any.
@@ -154,6 +158,11 @@ def generate(
     if pixel_values is not None:
         pixel_values = pixel_values.to(device)
     counts = None if image_counts is None else torch.as_tensor(list(image_counts), device=device)
+    anyres = {}
+    if image_sizes is not None:
+        mc = model.cfg
+        index, tokens = batch_feature_index(mc.anyres, mc.num_image_tokens, mc.vision.image_size, image_sizes)
+        anyres = dict(image_feature_index=index.to(device), image_tokens=torch.tensor(tokens, device=device))
 
     vocab = model.cfg.llm.vocab_size
     seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
@@ -170,6 +179,7 @@ def generate(
         batch.input_ids,
         pixel_values,
         counts,
+        **anyres,
         position_ids=batch.position_ids,
         segment_ids=batch.segment_ids[:, :width],
         cache=cache,

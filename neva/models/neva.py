@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from neva.models.anyres import AnyResMerge
 from neva.models.config import NevaConfig
 from neva.models.llama import KVCache, LlamaDecoder
 from neva.models.lora import dropout_keys as lora_dropout_keys
@@ -25,6 +26,8 @@ class NevaModel(nn.Module):
         self.vision: nn.Module | None = build_tower(cfg.vision) if cfg.vision is not None else None
         self.projector: nn.Sequential | None = build_projector(cfg.projector) if cfg.projector is not None else None
         self.llm = LlamaDecoder(cfg.llm)
+        # AnyRes: the tile-feature layout and its learned newline (None: one fixed-size tile per image).
+        self.anyres: AnyResMerge | None = AnyResMerge(cfg.anyres, cfg.llm.hidden_size) if cfg.anyres else None
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Projected features ``[N, num_image_tokens, llm_hidden]``; a frozen tower runs without autograd."""
@@ -41,6 +44,8 @@ class NevaModel(nn.Module):
         pixel_values: torch.Tensor | None = None,
         image_counts: torch.Tensor | None = None,
         image_positions: torch.Tensor | None = None,
+        image_feature_index: torch.Tensor | None = None,
+        image_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token embeddings with image features written over the image-token positions.
 
@@ -51,13 +56,18 @@ class NevaModel(nn.Module):
             image_positions: ``[M, 2]`` (row, column) of every image-token position in feature order, as the
                 collator finds them on the host: the splice is then an index op, with no host-device sync (the
                 checks below read device values). None finds and checks the positions here.
+            image_feature_index: AnyRes only: ``[M]`` row of the batch's flattened tile features for every image
+                position (``neva.models.anyres.feature_index``, offset per image by the collator), -1 the newline;
+                ``pixel_values`` then holds every tile.
+            image_tokens: ``[N]`` positions per image (AnyRes: the length of its feature index); None: every image
+                takes ``num_image_tokens``.
 
         Raises:
             ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
         """
         h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
         if image_positions is not None:
-            return self._splice(h_BSD, pixel_values, image_positions)
+            return self._splice(h_BSD, pixel_values, image_positions, image_feature_index)
         is_image_BS = input_ids == self.cfg.image_token_id
         if pixel_values is None or pixel_values.shape[0] == 0:
             if is_image_BS.any():
@@ -66,18 +76,33 @@ class NevaModel(nn.Module):
             return self._keep_projector(h_BSD)
         per_image = self.cfg.num_image_tokens
         found_B = is_image_BS.sum(dim=1)
-        if image_counts is None:
-            image_counts = torch.div(found_B, per_image, rounding_mode="floor")
-        expected_B = image_counts.to(found_B.device) * per_image
-        if not torch.equal(found_B, expected_B) or int(image_counts.sum()) != pixel_values.shape[0]:
+        if image_tokens is None:
+            if image_counts is None:
+                image_counts = torch.div(found_B, per_image, rounding_mode="floor")
+            expected_B = image_counts.to(found_B.device) * per_image
+            images, given = int(image_counts.sum()), pixel_values.shape[0]
+        else:  # variable positions per image (AnyRes): each row's images' counts summed
+            if image_counts is None:
+                raise ValueError("image_tokens (positions per image) need image_counts (images per row)")
+            rows_N = torch.repeat_interleave(torch.arange(len(image_counts)), image_counts.cpu()).to(found_B.device)
+            expected_B = torch.zeros_like(found_B).index_add_(0, rows_N, image_tokens.to(found_B.device))
+            per_image, images, given = image_tokens.tolist(), int(image_counts.sum()), len(image_tokens)
+        if not torch.equal(found_B, expected_B) or images != given:
             bad = (found_B != expected_B).nonzero().flatten().tolist()
             raise ValueError(
                 f"image token count mismatch in sample(s) {bad}: found {found_B.tolist()} image positions, expected "
                 f"{expected_B.tolist()} ({image_counts.tolist()} images × {per_image} tokens); "
                 f"{pixel_values.shape[0]} images given"
             )
-        feats_NTD = self.image_features(pixel_values).to(h_BSD.dtype)
-        return h_BSD.masked_scatter(is_image_BS[..., None], feats_NTD.reshape(-1, feats_NTD.shape[-1]))
+        feats_MD = self._features(pixel_values, image_feature_index).to(h_BSD.dtype)
+        return h_BSD.masked_scatter(is_image_BS[..., None], feats_MD)
+
+    def _features(self, pixel_values: torch.Tensor, image_feature_index: torch.Tensor | None) -> torch.Tensor:
+        """``[M, D]``: the features of every image position, in position order."""
+        feats_NTD = self.image_features(pixel_values)
+        if image_feature_index is None:
+            return feats_NTD.flatten(0, 1)
+        return self.anyres(feats_NTD, image_feature_index)
 
     def _embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Ids to look up: an image token without its own row reads row 0 (the splice overwrites it)."""
@@ -93,15 +118,22 @@ class NevaModel(nn.Module):
             h_BSD = h_BSD + self.projector(empty).sum().to(h_BSD.dtype)
         return h_BSD
 
-    def _splice(self, h_BSD: torch.Tensor, pixel_values: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+    def _splice(
+        self,
+        h_BSD: torch.Tensor,
+        pixel_values: torch.Tensor | None,
+        positions: torch.Tensor,
+        feature_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         images = 0 if pixel_values is None else pixel_values.shape[0]
-        if positions.shape[0] != images * self.cfg.num_image_tokens:  # shapes only: no sync
+        expected = images * self.cfg.num_image_tokens if feature_index is None else feature_index.shape[0]
+        if positions.shape[0] != expected:  # shapes only: no sync
             raise ValueError(
-                f"{positions.shape[0]} image positions given for {images} images × {self.cfg.num_image_tokens} tokens"
+                f"{positions.shape[0]} image positions given for {expected} image features ({images} tiles or images)"
             )
         if images == 0:
             return self._keep_projector(h_BSD)
-        feats_MD = self.image_features(pixel_values).to(h_BSD.dtype).flatten(0, 1)
+        feats_MD = self._features(pixel_values, feature_index).to(h_BSD.dtype)
         positions = positions.to(h_BSD.device)
         return h_BSD.index_put((positions[:, 0], positions[:, 1]), feats_MD)
 
@@ -111,6 +143,8 @@ class NevaModel(nn.Module):
         pixel_values: torch.Tensor | None = None,
         image_counts: torch.Tensor | None = None,
         image_positions: torch.Tensor | None = None,
+        image_feature_index: torch.Tensor | None = None,
+        image_tokens: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
@@ -121,14 +155,14 @@ class NevaModel(nn.Module):
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
         ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions (logits ``[N, V]``).
-        ``image_positions``: see ``embed``.
+        ``image_positions``, ``image_feature_index``, ``image_tokens``: see ``embed``.
         ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
         ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing (``LlamaDecoder.forward``).
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
         if self.llm.tok_embeddings is not None:
-            h = self.embed(input_ids, pixel_values, image_counts, image_positions)
+            h = self.embed(input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens)
         else:
             h = input_ids
         with lora_dropout_keys(dropout_keys):
@@ -154,6 +188,8 @@ class NevaModel(nn.Module):
             self.vision.init_weights()
         if self.projector is not None:
             init_projector(self.projector)
+        if self.anyres is not None:
+            self.anyres.init_weights()
         self.llm.init_weights()
 
     def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[KVCache]:

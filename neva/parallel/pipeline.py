@@ -77,6 +77,7 @@ def prune_to_chunk(model: NevaModel, layers: list[int], first: bool, last: bool)
     if not first:
         model.vision = None
         model.projector = None
+        model.anyres = None  # the image_newline: spliced with the image features, on the first stage
         model.llm.tok_embeddings = None
     if not last:
         model.llm.norm = None
@@ -244,6 +245,8 @@ class PipelineRunner:
             arg = (mb["input_ids"].to(self.device), pixels.to(self.device), mb["image_counts"].to(self.device))
             if mb.get("image_positions") is not None:  # the collator's: the first stage splices without a sync
                 arg += (mb["image_positions"].to(self.device),)
+                if mb.get("image_feature_index") is not None:  # AnyRes: NevaModel.forward's next positional input
+                    arg += (mb["image_feature_index"].to(self.device),)
             args.append(arg)
             kw = {"position_ids": mb["position_ids"].to(self.device)}
             if self.packed:

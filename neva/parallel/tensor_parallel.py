@@ -160,6 +160,8 @@ def tensor_parallel_plan(
         plan["llm.tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if model.projector is not None:
         plan.update({f"projector.{k}": v for k, v in _projector_plan(model.projector).items()})
+    if model.anyres is not None and model.anyres.image_newline is not None:
+        plan["anyres"] = NoParallel()  # the newline: a replicated DTensor, the gather on replicated features
     layer_ids = list(llm.layers.keys())
     for name in layer_ids:
         plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel).items()})

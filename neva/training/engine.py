@@ -44,6 +44,7 @@ MODEL_INPUTS = (
     "pixel_values",
     "image_counts",
     "image_positions",
+    "image_feature_index",
     "position_ids",
     "segment_ids",
     "dropout_keys",

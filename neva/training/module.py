@@ -241,7 +241,9 @@ class NevaModule(pl.LightningModule):
         # A skipped step ran no model: no tokens processed, no FLOPs.
         seq_lens = [n for mb in micro_batches for n in sample_lengths(mb)] if loss is not None else []
         tokens = sum(seq_lens) * dp
-        images = sum(int(mb["image_counts"].sum()) for mb in micro_batches) * dp
+        # Tower passes: an image is one, an AnyRes image one per tile (the FLOP model's "image" unit: tower +
+        # projector of num_image_tokens); pixel_values rows count both.
+        images = sum(_tower_passes(mb) for mb in micro_batches) * dp
         metrics = {
             "lr": lr,
             "skipped_step": float(loss is None),
@@ -341,3 +343,8 @@ class NevaModule(pl.LightningModule):
     def on_train_start(self) -> None:
         if self.metrics is not None:
             self.metrics.truncate_after(self.global_step)
+
+
+def _tower_passes(mb: dict[str, Any]) -> int:
+    pixels = mb.get("pixel_values")
+    return 0 if pixels is None else int(pixels.shape[0])

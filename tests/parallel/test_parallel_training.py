@@ -374,3 +374,20 @@ def test_family_layouts_match_one_process_and_resume_across_layouts(llava_dir, t
     shutil.copytree(checkpoints / "step=2.ckpt", checkpoints / "last.ckpt")  # DCP, written under TP2+SP
     resumed = _train(tmp_path / "run", e2e, 1, *run, every=2)
     assert len(resumed) == 3 and _max_rel(resumed, tp) < RTOL, (resumed, tp)
+
+
+# AnyRes: packed micro-batches mixing grids (LLaVA data: 40x30, 32x32, 64x48, 20x50, 50x20 images), two-image and
+# text-only samples, each image its own token count; TP2+SP, PP2 (the tiles on stage 0), DP2 ZeRO-3 = one process.
+ANYRES_LAYOUTS = {
+    "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    "pp2": ["model.pipeline_model_parallel_size=2"],
+    "dp2_zero3": ["model.data_parallel=fsdp", "model.zero_stage=3"],
+}
+
+
+def test_anyres_mixed_packed_batches_match_one_process(llava_dir, tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpt", "llama_clip_anyres")
+    data = [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, True), *FAMILIES["llama_clip_anyres"][1:]]
+    ref = train_losses(data, 2)
+    results = run_layouts(2, [(n, data + o, 2) for n, o in ANYRES_LAYOUTS.items()], tmp_path / "layouts")
+    _check_layouts(results, ANYRES_LAYOUTS, ref)

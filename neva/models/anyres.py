@@ -1,0 +1,190 @@
+"""LLaVA-NeXT AnyRes: the grid geometry and the feature layout of a tiled image, one rule for data and model.
+
+An AnyRes image is cut into ``1 + rows × cols`` square tiles of the tower's ``image_size`` (the overview first, then
+the grid row-major; ``neva.data.anyres``). The tower and projector turn every tile into a ``t × t`` feature grid
+(``t`` = the patch grid, or ``ceil(grid / 2)`` after ``mlp_downsample``). How those features are laid out in the
+decoder's sequence (``mm_patch_merge_type``) is expressed here as an index map over the flattened tile features of
+one image: ``feature_index`` is computed on the host, from the image's size alone, by the dataset (its length *is*
+the image's token count, so packing, truncation and the skip rules see real lengths) and the model gathers with it
+(``AnyResMerge``), so the two cannot disagree and the step needs no host-device sync.
+
+The layouts are transformers' ``LlavaNextModel.pack_image_features`` / ``unpad_image`` and LLaVA-NeXT's
+``prepare_inputs_labels_for_multimodal``:
+
+* ``flat``: every tile's features in tile order (overview first).
+* ``spatial``: the overview, then the grid's features as one ``rows·t × cols·t`` image, row-major.
+* ``spatial_unpad``: the overview, then that big grid with the rows (or columns) that only saw the resize-and-pad
+  padding removed, each remaining row followed by the learned ``image_newline`` (transformers' only layout).
+
+A fixed-size image (one tile; ``size`` None below) is its tile's features, plus one newline under ``spatial_unpad``
+(LLaVA-NeXT's rule for a single-tile image).
+
+Sizes are ``(height, width)`` throughout, as in transformers (LLaVA-NeXT's own code passes ``(width, height)`` and
+its pinpoints as ``(width, height)``; the range form ``(1x1),...,(3x3)`` is symmetric, so it means the same).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+MERGE_TYPES = ("flat", "spatial", "spatial_unpad")
+NEWLINE = -1
+"""``feature_index`` entry meaning the learned ``image_newline`` row."""
+
+
+@dataclass
+class AnyResConfig:
+    """The model side of AnyRes (LLaVA-NeXT's ``image_grid_pinpoints`` / ``mm_patch_merge_type``).
+
+    ``grid_pinpoints``: candidate resolutions ``[height, width]`` in pixels, each a multiple of the tower's
+    ``image_size``. OneVision's ``anyres_max_N`` (pooling the features above N tiles) is not implemented: the data
+    config refuses it.
+    """
+
+    grid_pinpoints: list[list[int]] = field(default_factory=lambda: [[336, 672], [672, 336], [672, 672]])
+    patch_merge_type: str = "spatial_unpad"
+
+    def __post_init__(self) -> None:
+        if self.patch_merge_type not in MERGE_TYPES:
+            raise ValueError(f"mm_patch_merge_type must be one of {MERGE_TYPES}, got {self.patch_merge_type!r}")
+        if not self.grid_pinpoints or any(len(p) != 2 or min(p) <= 0 for p in self.grid_pinpoints):
+            raise ValueError(f"image_grid_pinpoints must be [height, width] pairs, got {self.grid_pinpoints!r}")
+
+    @property
+    def has_newline(self) -> bool:
+        """LLaVA-NeXT creates ``image_newline`` only for the ``unpad`` layouts."""
+        return "unpad" in self.patch_merge_type
+
+    def check_tile(self, image_size: int) -> None:
+        """Every pinpoint must be a whole number of tiles (transformers tiles with a step of ``image_size``)."""
+        bad = [p for p in self.grid_pinpoints if p[0] % image_size or p[1] % image_size]
+        if bad:
+            raise ValueError(f"image_grid_pinpoints {bad} are not multiples of the tower's image_size {image_size}")
+
+
+def parse_grid_pinpoints(spec: str | Sequence[Sequence[int]], image_size: int) -> list[list[int]]:
+    """``image_grid_pinpoints`` as a list of ``[height, width]`` pixels.
+
+    Takes the list, or LLaVA's range form ``"(1x1),...,(3x3)"`` (every grid from the first to the last, in tiles of
+    ``image_size``: LLaVA-NeXT's ``process_anyres_image``).
+    """
+    if isinstance(spec, str):
+        matches = re.findall(r"\((\d+)x(\d+)\)", spec)
+        if "x" not in spec or not matches:
+            raise ValueError(f"image_grid_pinpoints {spec!r}: expected a list or the form '(1x1),...,(3x3)'")
+        (a0, b0), (a1, b1) = (tuple(map(int, m)) for m in (matches[0], matches[-1]))
+        return [[i * image_size, j * image_size] for i in range(a0, a1 + 1) for j in range(b0, b1 + 1)]
+    return [[int(h), int(w)] for h, w in spec]
+
+
+def select_best_resolution(size: tuple[int, int], pinpoints: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """The pinpoint that keeps most of the image's pixels after an aspect-preserving downscale, then wastes least
+    (transformers' ``select_best_resolution``; ties keep the first). ``size`` and result are ``(height, width)``."""
+    h, w = size
+    best, best_effective, best_wasted = None, 0, float("inf")
+    for ph, pw in pinpoints:
+        scale = min(pw / w, ph / h)
+        effective = min(int(w * scale) * int(h * scale), w * h)
+        wasted = ph * pw - effective
+        if effective > best_effective or (effective == best_effective and wasted < best_wasted):
+            best, best_effective, best_wasted = (ph, pw), effective, wasted
+    return best
+
+
+def grid_shape(size: tuple[int, int], pinpoints: Sequence[Sequence[int]], image_size: int) -> tuple[int, int]:
+    """``(rows, cols)`` of tiles for an image of ``size`` (height, width)."""
+    ph, pw = select_best_resolution(size, pinpoints)
+    return ph // image_size, pw // image_size
+
+
+def unpadded_bounds(size: tuple[int, int], grid_hw: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``(top, bottom, left, right)`` of the feature grid ``grid_hw`` that saw the image, not the padding
+    (transformers' ``unpad_image``: the same rounding, the same ``// 2`` on both sides)."""
+    oh, ow = size
+    ch, cw = grid_hw
+    if ow / oh > cw / ch:
+        pad = (ch - int(round(oh * (cw / ow), 7))) // 2
+        return pad, ch - pad, 0, cw
+    pad = (cw - int(round(ow * (ch / oh), 7))) // 2
+    return 0, ch, pad, cw - pad
+
+
+def feature_index(
+    cfg: AnyResConfig, per_tile: int, image_size: int, size: tuple[int, int] | None
+) -> tuple[torch.Tensor, int]:
+    """One image's layout: ``(index [T] into its tiles' flattened features, NEWLINE for image_newline; tiles)``.
+
+    Args:
+        per_tile: features per tile after the projector (``NevaConfig.num_image_tokens``; ``t²`` for the spatial
+            layouts).
+        image_size: the tower's input side (the tile size in pixels).
+        size: the image's ``(height, width)``; None for a fixed-size (single-tile) image.
+    """
+    base = torch.arange(per_tile)
+    if size is None:
+        parts = [base, torch.tensor([NEWLINE])] if cfg.has_newline else [base]
+        return torch.cat(parts), 1
+    rows, cols = grid_shape(size, cfg.grid_pinpoints, image_size)
+    tiles = 1 + rows * cols
+    if cfg.patch_merge_type == "flat":
+        return torch.arange(tiles * per_tile), tiles
+    side = math.isqrt(per_tile)
+    y = torch.arange(rows * side)[:, None]
+    x = torch.arange(cols * side)[None, :]
+    big = (1 + (y // side) * cols + x // side) * per_tile + (y % side) * side + (x % side)
+    if cfg.has_newline:
+        top, bottom, left, right = unpadded_bounds(size, (rows * side, cols * side))
+        big = big[top:bottom, left:right]
+        big = torch.cat([big, torch.full((big.shape[0], 1), NEWLINE)], dim=1)
+    return torch.cat([base, big.flatten()]), tiles
+
+
+def image_token_count(cfg: AnyResConfig, per_tile: int, image_size: int, size: tuple[int, int] | None) -> int:
+    """Decoder positions of one image: the length of its ``feature_index`` (the one rule)."""
+    return feature_index(cfg, per_tile, image_size, size)[0].shape[0]
+
+
+class AnyResMerge(nn.Module):
+    """The learned ``image_newline`` and the gather that lays tile features out (``feature_index``)."""
+
+    def __init__(self, cfg: AnyResConfig, hidden_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.image_newline = nn.Parameter(torch.empty(hidden_size)) if cfg.has_newline else None
+
+    def forward(self, feats_NTD: torch.Tensor, index_M: torch.Tensor) -> torch.Tensor:
+        """Tile features ``[N, T, D]`` → ``[M, D]``: row ``index_M[i]`` of the flattened features, NEWLINE (-1) the
+        newline, appended as the last row so that -1 indexes it."""
+        rows = feats_NTD.flatten(0, 1)
+        if self.image_newline is not None:
+            rows = torch.cat([rows, self.image_newline.to(rows.dtype)[None]])
+        return rows[index_M.to(rows.device)]
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        # LLaVA-NeXT: randn(hidden) * 1/sqrt(hidden).
+        if self.image_newline is not None:
+            self.image_newline.normal_(0.0, self.image_newline.shape[0] ** -0.5)
+
+
+def concat_layouts(layouts: Sequence[tuple[torch.Tensor, int]], per_tile: int) -> torch.Tensor:
+    """``(index, tiles)`` layouts of consecutive images (or samples) → one index over their tiles concatenated."""
+    parts, first = [], 0
+    for index, tiles in layouts:
+        parts.append(torch.where(index >= 0, index + first * per_tile, index))
+        first += tiles
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+def batch_feature_index(
+    cfg: AnyResConfig, per_tile: int, image_size: int, sizes: Sequence[tuple[int, int] | None]
+) -> tuple[torch.Tensor, list[int]]:
+    """Several images' layouts over their tiles concatenated in order: ``(index [M], tokens per image)``."""
+    layouts = [feature_index(cfg, per_tile, image_size, size) for size in sizes]
+    return concat_layouts(layouts, per_tile), [index.shape[0] for index, _ in layouts]
