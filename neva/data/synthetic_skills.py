@@ -4,7 +4,7 @@ Today's coloured-shapes set (``neva.data.synthetic``) saturates: a tiny model an
 skills that take longer to learn, each a generator in ``SKILLS`` (the registry new tasks join, e.g. tiled detail or
 video questions, by adding a ``Skill``):
 
-- ``count``: 5–9 objects on a 3×3 grid (beyond subitising), "How many objects are there?"
+- ``count``: 5–9 objects on a 4×4 grid (beyond subitising), "How many objects are there?"
 - ``relation``: two named objects among two or three, "Is the red circle left of the blue square?" (yes / no)
 - ``binding``: three objects of distinct shapes and colours, "What color is the triangle?" / "What shape is the red
   one?"
@@ -28,7 +28,7 @@ from PIL import Image, ImageDraw
 from neva.constants import IMAGE_TOKEN
 from neva.data.synthetic import COLORS, SHAPES, SPLITS, draw_shape
 
-GRID = 3  # cells per side
+GRID = 4  # cells per side: 8 px cells at 32 px, one vision patch each
 # Numbers are answered in digits: one byte-level token each (the built-in tokenizer has no merges for "seven"), so a
 # number is one decision for the model, like the colour and shape words.
 DIGITS = tuple(str(n) for n in range(10))
@@ -160,7 +160,7 @@ def skill_sample(seed: int, split: str, index: int) -> SkillSample:
 def caption_scene(seed: int, split: str, index: int) -> Scene:
     """The scene of pretraining caption ``index`` (1–9 objects)."""
     rng = np.random.default_rng([seed, SPLITS[split], index, _SALT, 1])
-    return random_scene(rng, int(rng.integers(1, GRID * GRID + 1)))
+    return random_scene(rng, int(rng.integers(1, 10)))
 
 
 def draw_skill_scene(scene: Scene, size: int) -> Image.Image:

@@ -14,7 +14,7 @@ from neva.data.builtin_sets import BUILTIN_SETS
 from neva.data.config import DataConfig
 from neva.data.datamodule import NevaDataModule
 from neva.data.synthetic import COLORS
-from neva.data.synthetic_skills import SKILLS, SkillImages, skills_eval_records, skills_records
+from neva.data.synthetic_skills import GRID, SKILLS, SkillImages, skills_eval_records, skills_records
 from neva.models.presets import build_config
 
 WORDS = [str(n) for n in range(10)]
@@ -22,12 +22,12 @@ WORDS = [str(n) for n in range(10)]
 
 def read_objects(image) -> list[tuple[int, int, str, str]]:
     """(row, col, colour, shape) of every object, from the pixels alone: the palette colour that fills a cell of the
-    3×3 grid, and its shape from how much of its bounding box it fills (square ~1, circle ~π/4, triangle ~1/2)."""
+    grid (``GRID`` cells a side), and its shape from how much of its bounding box it fills (square ~1, circle ~π/4, triangle ~1/2)."""
     px = np.asarray(image).astype(int)
-    cell = px.shape[0] // 3
+    cell = px.shape[0] // GRID
     found = []
-    for row in range(3):
-        for col in range(3):
+    for row in range(GRID):
+        for col in range(GRID):
             block = px[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell]
             hits = {name: (block == rgb).all(-1) for name, rgb in COLORS.items()}
             hits = {name: m for name, m in hits.items() if m.sum() > 0}
@@ -68,7 +68,7 @@ def expected_answer(question: str, scenes: list[list[tuple[int, int, str, str]]]
 
 
 def test_every_answer_follows_from_the_pixels():
-    for size in (32, 96):  # the canary's resolution and a larger one
+    for size in (64, 96):  # the canary's 32 px, doubled and tripled: shapes large enough to tell apart by fill
         images = SkillImages(0, size)
         for split in ("train", "val"):
             for record in skills_records(0, split, 250, "qa"):
