@@ -1,4 +1,4 @@
-"""Built-in skills suite: synthetic questions a small model learns only partly (the quality canary's data).
+"""Built-in skills suite: synthetic questions meant to be learned only partly by a small model in a short run (the quality canary's data).
 
 Today's coloured-shapes set (``neva.data.synthetic``) saturates: a tiny model answers all of it. This suite asks for
 skills that take longer to learn, each a generator in ``SKILLS`` (the registry new tasks join, e.g. tiled detail or
