@@ -120,10 +120,21 @@ def stop_at_resume_step() -> None:
 
 
 def drop_optimizer_state() -> None:
-    """A resume that loads the weights but drops the optimizer state (fresh AdamW moments)."""
-    import torch
+    """A resume that loads the weights but drops the optimizer state (fresh AdamW moments). neva's resume copies the
+    saved state into the optimizer by parameter name (``neva.parallel.strategy``), never through
+    ``Optimizer.load_state_dict``, so the saved state is emptied as the checkpoint file is read (patching
+    ``load_state_dict`` changed nothing: bitwise the clean result, measured 2026-12-01)."""
+    from neva.checkpoint import verified
 
-    torch.optim.Optimizer.load_state_dict = lambda self, state: None
+    original = verified.load_state
+
+    def load_state(path):
+        checkpoint = original(path)
+        for saved in checkpoint.get("optimizer_states", []):
+            saved["state"] = {}
+        return checkpoint
+
+    verified.load_state = load_state
 
 
 INJECTIONS = {
