@@ -3,6 +3,8 @@
 - No arguments: the default fine-tune output (``outputs/finetune/final``) on the synthetic held-out split; prints one
   JSON line with ``accuracy``, ``n`` and per-question-kind accuracy.
 - ``--checkpoint CKPT``: another neva checkpoint.
+- ``--suite skills``: the skills suite (``neva.data.synthetic_skills``, the quality canary's): per-skill accuracy with
+  95 % Wilson intervals, and the same questions with another question's image(s) and with none (``SKILL_CONDITIONS``).
 - ``--input-file q.jsonl --output-file a.jsonl``: LLaVA ``model_vqa``-style question records
   (``{"question_id", "image", "text"}``; ``prompt`` is accepted for ``text``) answered greedily; answers are written as
   ``{"question_id", "prompt", "text", "model_id"}`` (what the LLaVA / lmms scorers read). Records carrying an
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections import defaultdict
@@ -60,6 +63,69 @@ def evaluate_synthetic(answerer: Answerer, limit: int, seed: int, batch_size: in
     }
 
 
+def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % for ``z`` 1.96): unlike ``p ± z·se`` it stays inside
+    [0, 1] and is honest at 0 and 1 correct answers, where the canary's bands live."""
+    if n == 0:
+        return 0.0, 1.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+SKILL_CONDITIONS = ("image", "swapped", "no_image")
+"""The suite's three feeds of each question: its own image(s); the image(s) of the next held-out question with as many
+images (same prompt, wrong pixels); and no image at all (the prompt without ``<image>`` tags, as a text-only sample
+is trained, so nothing stands in for the image). Where the answer depends on the image, the controls fall to chance."""
+
+
+def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
+    """Per-skill exact-match accuracy with 95 % Wilson intervals on the skills suite, and the two controls."""
+    from neva.data.synthetic_skills import SKILLS, skills_eval_records
+
+    records = skills_eval_records(answerer.model.cfg.vision.image_size, seed=seed, num_samples=limit)
+    by_count: dict[int, list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        by_count[len(r.images)].append(i)
+    swapped = list(range(len(records)))
+    for group in by_count.values():
+        for pos, i in enumerate(group):
+            swapped[i] = group[(pos + 1) % len(group)]
+    feeds = {
+        "image": [(r.question, list(r.images)) for r in records],
+        "swapped": [(r.question, list(records[j].images)) for r, j in zip(records, swapped)],
+        "no_image": [(r.question, []) for r in records],
+    }
+    right = {
+        name: [
+            normalize(a) == normalize(r.answer) for a, r in zip(stripped_answers(answerer, items, batch_size), records)
+        ]
+        for name, items in feeds.items()
+    }
+    skills: dict[str, Any] = {}
+    for name, skill in SKILLS.items():
+        idx = [i for i, r in enumerate(records) if r.skill == name]
+        if not idx:
+            continue
+        correct = sum(right["image"][i] for i in idx)
+        lo, hi = wilson_interval(correct, len(idx))
+        skills[name] = {
+            "n": len(idx),
+            "accuracy": correct / len(idx),
+            "ci95": [round(lo, 4), round(hi, 4)],
+            "chance": round(skill.chance, 4),
+            **{c: sum(right[c][i] for i in idx) / len(idx) for c in SKILL_CONDITIONS[1:]},
+        }
+    return {
+        "suite": "skills",
+        "accuracy": sum(right["image"]) / len(records),
+        "n": len(records),
+        "controls": {c: sum(right[c]) / len(records) for c in SKILL_CONDITIONS[1:]},
+        "skills": skills,
+    }
+
+
 def evaluate_file(
     answerer: Answerer, input_file: Path, output_file: Path, image_folder: Path | None, model_id: str, batch_size: int
 ) -> dict[str, Any]:
@@ -87,7 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-file", type=Path, help="where answers go (with --input-file)")
     parser.add_argument("--image-folder", type=Path, help="images of --input-file (default: its folder)")
     parser.add_argument("--template", default=None, help="conversation template (default: the checkpoint's)")
-    parser.add_argument("--limit", type=int, default=200, help="synthetic held-out questions to ask")
+    parser.add_argument(
+        "--suite",
+        choices=("shapes", "skills"),
+        default="shapes",
+        help="held-out set: the coloured shapes (default) or the skills suite (per-skill accuracy, 95%% Wilson "
+        "intervals and the swapped-image and no-image controls; the canary's measurement)",
+    )
+    parser.add_argument("--limit", type=int, default=None, help="held-out questions to ask (200; skills: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed (as model.data.synthetic_seed)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=50)
@@ -114,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
         name = Path(checkpoint).name
         result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, name, args.batch_size)
     else:
-        result = evaluate_synthetic(answerer, args.limit, args.seed, args.batch_size)
+        evaluate_suite = evaluate_skills if args.suite == "skills" else evaluate_synthetic
+        limit = args.limit or (1000 if args.suite == "skills" else 200)
+        result = evaluate_suite(answerer, limit, args.seed, args.batch_size)
     result["checkpoint"] = str(Path(checkpoint).resolve())
     print(json.dumps(result))
 

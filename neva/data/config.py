@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from neva.constants import MAX_IMAGE_PIXELS
+from neva.data.builtin_sets import BUILTIN_SETS
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
 
@@ -24,7 +25,8 @@ class DataConfig:
 
     Attributes:
         data_path: LLaVA JSON/JSONL file(s), ``.tar`` shards (``/data/llava-{000000..000123}.tar``, streamed; see
-            ``neva.data.shards``), or ``"synthetic"`` for the built-in shapes set. A list is a blend.
+            ``neva.data.shards``), or ``"synthetic"`` for the built-in shapes set (``"synthetic_skills"``: the canary's
+            skills suite; ``neva.data.builtin_sets``). A list is a blend.
         image_folder: directory or ``.tar`` of images that records' ``image`` paths are relative to.
         conv_template: one of ``TEMPLATES``; None in a run config = from ``model.mm_cfg.llm.model_type`` (NeMo's
             default), resolved by ``neva.config.ModelConfig``.
@@ -138,7 +140,7 @@ class DataConfig:
         if not paths:
             raise ValueError("model.data.data_path is empty; give a LLaVA JSON/JSONL file, shards or 'synthetic'")
         for path in [*paths, *self.validation_paths]:
-            missing = None if path == SYNTHETIC else _missing(path)
+            missing = None if path in BUILTIN_SETS else _missing(path)
             if missing is not None:
                 which = "" if missing == path else f" ({missing} is missing)"
                 raise FileNotFoundError(f"model.data.data_path entry {path!r} does not exist{which}")

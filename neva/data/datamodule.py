@@ -11,7 +11,7 @@ loader raises ``DataQualityError`` when more than ``max_skip_fraction`` of the s
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -19,8 +19,9 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from neva.constants import IMAGE_TOKEN
 from neva.data.anyres import AnyResProcessor
+from neva.data.builtin_sets import BUILTIN_SETS
 from neva.data.collate import Collator
-from neva.data.config import SYNTHETIC, DataConfig
+from neva.data.config import DataConfig
 from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings
 from neva.data.images import CallableImageSource, ImageProcessor, image_source_for
@@ -29,7 +30,6 @@ from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
-from neva.data.synthetic import SyntheticImages, synthetic_records
 from neva.models.config import NevaConfig, VisionConfig
 
 
@@ -197,10 +197,11 @@ class NevaDataModule:
 
     # -- datasets -------------------------------------------------------------------------------------------------
 
-    def _dataset(self, records: list[dict[str, Any]], synthetic: bool) -> ConversationDataset:
-        if synthetic:
+    def _dataset(self, records: list[dict[str, Any]], images: Callable[[int, int], Any] | None) -> ConversationDataset:
+        """``images``: a built-in set's image function factory (None = files under ``image_folder``)."""
+        if images is not None:
             size = self.vision.image_size if self.vision is not None else 32
-            source = CallableImageSource(SyntheticImages(self.cfg.synthetic_seed, size))
+            source = CallableImageSource(images(self.cfg.synthetic_seed, size))
         else:
             source = image_source_for(self.cfg.image_folder, self.cfg.max_image_pixels)
         return ConversationDataset(records, self.settings, source, self.image_processor)
@@ -216,15 +217,14 @@ class NevaDataModule:
         cfg = self.cfg
         task = cfg.resolved_synthetic_task
         for path in cfg.data_paths:
-            if path == SYNTHETIC:
-                self.train_datasets.append(
-                    self._dataset(
-                        synthetic_records(cfg.synthetic_seed, "train", cfg.synthetic_train_samples, task), True
-                    )
-                )
-                self.val_datasets.append(
-                    self._dataset(synthetic_records(cfg.synthetic_seed, "val", cfg.synthetic_val_samples, task), True)
-                )
+            builtin = BUILTIN_SETS.get(path)
+            if builtin is not None:
+                seed = cfg.synthetic_seed
+                for datasets, split, n in (
+                    (self.train_datasets, "train", cfg.synthetic_train_samples),
+                    (self.val_datasets, "val", cfg.synthetic_val_samples),
+                ):
+                    datasets.append(self._dataset(builtin.records(seed, split, n, task), builtin.images))
                 continue
             if is_shard_spec(path):
                 self.train_datasets.append(self._shard_dataset(path))
@@ -233,14 +233,14 @@ class NevaDataModule:
             if cfg.val_fraction > 0 and not cfg.validation_paths:
                 perm = np.random.default_rng([self.seed, 99]).permutation(len(records))
                 n_val = max(1, int(len(records) * cfg.val_fraction))
-                self.val_datasets.append(self._dataset([records[i] for i in sorted(perm[:n_val])], False))
+                self.val_datasets.append(self._dataset([records[i] for i in sorted(perm[:n_val])], None))
                 records = [records[i] for i in sorted(perm[n_val:])]
-            self.train_datasets.append(self._dataset(records, False))
+            self.train_datasets.append(self._dataset(records, None))
         for path in cfg.validation_paths:
             if is_shard_spec(path):
                 self.val_datasets.append(self._shard_dataset(path))
             else:
-                self.val_datasets.append(self._dataset(load_records(path), False))
+                self.val_datasets.append(self._dataset(load_records(path), None))
 
     # -- loaders --------------------------------------------------------------------------------------------------
 

@@ -98,15 +98,19 @@ def draw_scene(s: ShapeScene, size: int) -> Image.Image:
     for cell, (dx, dy) in zip(s.cells, s.jitter):
         x0 = (cell % 2) * half + margin + dx * size / 32
         y0 = (cell // 2) * half + margin + dy * size / 32
-        x1, y1 = x0 + half - 2 * margin, y0 + half - 2 * margin
-        color = COLORS[s.color]
-        if s.shape == "circle":
-            draw.ellipse((x0, y0, x1, y1), fill=color)
-        elif s.shape == "square":
-            draw.rectangle((x0, y0, x1, y1), fill=color)
-        else:
-            draw.polygon(((x0 + x1) / 2, y0, x1, y1, x0, y1), fill=color)
+        draw_shape(draw, s.shape, s.color, (x0, y0, x0 + half - 2 * margin, y0 + half - 2 * margin))
     return img
+
+
+def draw_shape(draw: ImageDraw.ImageDraw, shape: str, color: str, box: tuple[float, float, float, float]) -> None:
+    """Draw one filled ``shape`` of ``color`` (names from ``SHAPES`` / ``COLORS``) inside ``box`` (x0, y0, x1, y1)."""
+    x0, y0, x1, y1 = box
+    if shape == "circle":
+        draw.ellipse(box, fill=COLORS[color])
+    elif shape == "square":
+        draw.rectangle(box, fill=COLORS[color])
+    else:
+        draw.polygon(((x0 + x1) / 2, y0, x1, y1, x0, y1), fill=COLORS[color])
 
 
 def image_name(split: str, index: int) -> str:

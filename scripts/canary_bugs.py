@@ -1,0 +1,266 @@
+"""Train the quality canary under deliberately injected bugs and report, per bug, where each skill lands against the
+clean bands (tests/training/canary_bands.json). Not part of CI: one canary per bug.
+
+    python scripts/canary_bugs.py                     # every bug, 2 at a time, outputs under outputs/canary_bugs
+    python scripts/canary_bugs.py --bugs rope_bf16,no_splice --jobs 1 --markdown
+
+Each bug is injected only inside this script's own child processes (``--inject BUG -m MODULE ARGS``: patch, then run
+the module as ``__main__``), never through hooks in neva. The stages run exactly the canary's commands
+(``+preset=canary_pretrain``, ``+preset=canary_finetune``, ``neva.evaluate --suite skills``); model-level bugs are
+also active in the evaluation (the same code serves inference), data- and training-side bugs only while training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BANDS = ROOT / "tests" / "training" / "canary_bands.json"
+RESUME_AT = 120  # optimizer step at which the resume bug's finetune stops (SIGUSR1) and is resumed
+
+
+def _wrap_collator(edit) -> None:
+    from neva.data.collate import Collator
+    from neva.models.loss import learned_positions
+
+    original = Collator.__call__
+
+    def call(self, batch):
+        out = original(self, batch)
+        edit(out)
+        out["output_positions"], out["targets"] = learned_positions(out["labels"])
+        return out
+
+    Collator.__call__ = call
+
+
+def labels_shifted() -> None:
+    """Labels one position late: every target is the token at its own position instead of the next one."""
+    from neva.constants import IGNORE_INDEX
+
+    def edit(out):
+        labels = out["labels"]
+        shifted = labels.new_full(labels.shape, IGNORE_INDEX)
+        shifted[:, 1:] = labels[:, :-1]
+        out["labels"] = shifted
+
+    _wrap_collator(edit)
+
+
+def no_splice() -> None:
+    """The image features are not spliced: zeros stand at the image positions (training and evaluation)."""
+    from neva.models.neva import NevaModel
+
+    original = NevaModel.image_features
+    NevaModel.image_features = lambda self, pixels: original(self, pixels) * 0
+
+
+def positions_restart_late() -> None:
+    """Packed rows: each sample's positions restart 8 tokens late (its first tokens continue the previous count)."""
+    import torch
+
+    def edit(out):
+        seg = out["segment_ids"]
+        for r in range(seg.shape[0]):
+            starts = [0, *((seg[r, 1:] != seg[r, :-1]).nonzero().flatten() + 1).tolist()]
+            pos, last = torch.zeros(seg.shape[1], dtype=torch.long), 0
+            for start, end in zip(starts, [*starts[1:], seg.shape[1]]):
+                late = min(start + 8, end)
+                pos[start:late] = torch.arange(last, last + late - start)
+                pos[late:end] = torch.arange(end - late)
+                last = int(pos[end - 1]) + 1
+            out["position_ids"][r] = pos * (seg[r] > 0)
+
+    _wrap_collator(edit)
+
+
+def rope_bf16() -> None:
+    """RoPE inverse frequencies rounded to bf16 (the O2 bug found earlier), in training and evaluation."""
+    import torch
+
+    from neva.models import llama, rope
+
+    original = rope.rope_inv_freq
+    llama.rope_inv_freq = lambda *a, **k: original(*a, **k).to(torch.bfloat16).float()
+
+
+def loss_weights_per_micro_batch() -> None:
+    """Each micro-batch's summed loss divided by its own token count, not the global batch's: per-micro-batch means
+    summed over the accumulation (the step objective ×2 here, and tokens of short micro-batches weigh more)."""
+    from neva.models.loss import count_learned_tokens
+    from neva.training import engine
+
+    engine.micro_batch_weight = lambda norm, labels, global_tokens, micro_batches, dp_size: (
+        1.0 / (count_learned_tokens(labels).to(global_tokens.device, global_tokens.dtype).clamp(min=1.0))
+    )
+
+
+def stop_at_resume_step() -> None:
+    """(Helper of the resume bug.) SIGUSR1 to itself after optimizer step ``RESUME_AT``: the run checkpoints at that
+    step boundary and exits 138, as under SLURM's time-limit warning."""
+    from neva.training import engine
+
+    original, steps = engine.Engine.after_optimizer_step, [0]
+
+    def after(self):
+        original(self)
+        steps[0] += 1
+        if steps[0] == RESUME_AT:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    engine.Engine.after_optimizer_step = after
+
+
+def drop_optimizer_state() -> None:
+    """A resume that loads the weights but drops the optimizer state (fresh AdamW moments). neva's resume copies the
+    saved state into the optimizer by parameter name (``neva.parallel.strategy``), never through
+    ``Optimizer.load_state_dict``, so the saved state is emptied as the checkpoint file is read (patching
+    ``load_state_dict`` changed nothing: bitwise the clean result, measured 2026-12-01)."""
+    from neva.checkpoint import verified
+
+    original = verified.load_state
+
+    def load_state(path):
+        checkpoint = original(path)
+        for saved in checkpoint.get("optimizer_states", []):
+            saved["state"] = {}
+        return checkpoint
+
+    verified.load_state = load_state
+
+
+INJECTIONS = {
+    f.__name__: f
+    for f in (
+        labels_shifted,
+        no_splice,
+        positions_restart_late,
+        rope_bf16,
+        loss_weights_per_micro_batch,
+        stop_at_resume_step,
+        drop_optimizer_state,
+    )
+}
+# bug → (injections while training pretrain + finetune, injections while evaluating, extra finetune overrides)
+BUGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "clean": ((), (), ()),
+    "labels_shifted": (("labels_shifted",), (), ()),
+    "no_splice": (("no_splice",), ("no_splice",), ()),
+    "positions_restart_late": (("positions_restart_late",), (), ()),
+    "projector_frozen_in_finetune": ((), (), ("model.mm_cfg.freeze_projector=true",)),
+    "rope_bf16": (("rope_bf16",), ("rope_bf16",), ()),
+    "resume_drops_optimizer_state": ((), (), ()),  # finetune stopped at RESUME_AT, resumed with drop_optimizer_state
+    "loss_weights_per_micro_batch": (("loss_weights_per_micro_batch",), (), ()),
+}
+
+
+def _child(inject: list[str], module: str, args: list[str]) -> None:
+    for name in inject:
+        INJECTIONS[name]()
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _run(inject: tuple[str, ...], module: str, args: list[str], env: dict[str, str], log: Path, ok=(0,)) -> str:
+    cmd = [sys.executable, __file__, "--inject", ",".join(inject), "-m", module, *args]
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=f, text=True, cwd=ROOT)
+        f.write(proc.stdout)
+    if proc.returncode not in ok:
+        raise RuntimeError(f"{module} exited {proc.returncode} (see {log})")
+    return proc.stdout
+
+
+def run_bug(bug: str, out_root: Path) -> dict:
+    """Train and evaluate the canary under ``bug``; the evaluation's JSON."""
+    train_inject, eval_inject, finetune_extra = BUGS[bug]
+    root = out_root / bug
+    root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "PYTHONPATH": str(ROOT)}
+    log = root / "log.txt"
+    quiet = ["trainer.enable_progress_bar=false"]
+    _run(train_inject, "neva.train", ["+preset=canary_pretrain", *quiet], env, log)
+    finetune = ["+preset=canary_finetune", *quiet, *finetune_extra]
+    if bug == "resume_drops_optimizer_state":
+        _run(("stop_at_resume_step",), "neva.train", finetune, env, log, ok=(138,))
+        _run(("drop_optimizer_state",), "neva.train", finetune, env, log)
+    else:
+        _run(train_inject, "neva.train", finetune, env, log)
+    checkpoint = root / "canary" / "finetune" / "final"
+    out = _run(eval_inject, "neva.evaluate", ["--suite", "skills", "--checkpoint", str(checkpoint)], env, log)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def verdict(result: dict, bands: dict) -> tuple[list[str], dict[str, float]]:
+    """Skills (and ``overall``) outside their bands, and each one's accuracy minus its band's centre."""
+    values = {"overall": result["accuracy"], **{k: v["accuracy"] for k, v in result["skills"].items()}}
+    limits = {"overall": bands["overall"], **bands["skills"]}
+    outside = [k for k, (lo, hi) in limits.items() if not lo <= values[k] <= hi]
+    return outside, {k: values[k] - (lo + hi) / 2 for k, (lo, hi) in limits.items()}
+
+
+def markdown(results: dict[str, dict], bands: dict) -> str:
+    names = ["overall", *bands["skills"]]
+    head = "| bug | " + " | ".join(names) + " | caught (outside the band) |"
+    lines = [head, "|" + "---|" * (len(names) + 2)]
+    band_cells = [f"{lo:.3f}–{hi:.3f}" for lo, hi in [bands["overall"], *bands["skills"].values()]]
+    lines.append("| clean band | " + " | ".join(band_cells) + " | |")
+    for bug, result in results.items():
+        if "error" in result:
+            lines.append(f"| {bug} | " + " | ".join("–" for _ in names) + f" | run failed: {result['error']} |")
+            continue
+        outside, _ = verdict(result, bands)
+        values = [result["accuracy"], *(result["skills"][k]["accuracy"] for k in bands["skills"])]
+        cells = [f"**{v:.3f}**" if k in outside else f"{v:.3f}" for k, v in zip(names, values)]
+        lines.append(f"| {bug} | " + " | ".join(cells) + f" | {'yes: ' + ', '.join(outside) if outside else 'no'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--inject":
+        inject = [n for n in sys.argv[2].split(",") if n]
+        assert sys.argv[3] == "-m"
+        _child(inject, sys.argv[4], sys.argv[5:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bugs", default=",".join(BUGS), help=f"comma-separated, of: {', '.join(BUGS)}")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "canary_bugs")
+    parser.add_argument("--jobs", type=int, default=2, help="bugs trained at once")
+    parser.add_argument("--markdown", action="store_true", help="also print the table for docs/TRAINING.md")
+    args = parser.parse_args()
+    bugs = [b for b in args.bugs.split(",") if b]
+    unknown = [b for b in bugs if b not in BUGS]
+    if unknown:
+        sys.exit(f"unknown bug(s) {unknown}; choose from {list(BUGS)}")
+    bands = json.loads(BANDS.read_text())
+
+    def one(bug: str) -> tuple[str, dict]:
+        try:
+            return bug, run_bug(bug, args.out)
+        except RuntimeError as err:
+            return bug, {"error": str(err)}
+
+    results = {}
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for bug, result in pool.map(one, bugs):
+            results[bug] = result
+            if "error" not in result:
+                outside, delta = verdict(result, bands)
+                result["outside_band"], result["minus_band_centre"] = outside, delta
+            print(json.dumps({"bug": bug, **result}), flush=True)
+    if args.markdown:
+        print(markdown(results, bands))
+
+
+if __name__ == "__main__":
+    main()
