@@ -18,7 +18,7 @@ Planner options (not training config): ``plan.text_tokens=N`` (mean text tokens 
 ``strong`` (fixed global batch), ``plan.grad_reduce=fp32|bf16``, ``plan.json=PATH`` (also write the JSON there),
 ``plan.search=N``, ``plan.rehearse=true`` (pre-flight: also run one real optimizer step of every rank role at full size on
 fake tensors and print its measured memory beside the prediction; exits non-zero when the real path fails, 2 when
-this torch cannot rehearse). Without ``+stage=`` or ``+preset=`` the stage is pretrain.
+this torch cannot rehearse). Without ``+stage=``, ``+preset=`` or ``+canary=`` the stage is pretrain.
 Prints one table row per layout and a final JSON line (the list of rows). See docs/PLANNER.md.
 """
 
@@ -105,7 +105,7 @@ def parse_args(argv: list[str]) -> Request:
             req.sweeps.append((key, value.split(",")))
         else:
             req.fixed.append(arg)
-    if not any(a.lstrip("+").startswith(("stage=", "preset=")) for a in req.fixed):
+    if not any(a.lstrip("+").startswith(("stage=", "preset=", "canary=")) for a in req.fixed):
         req.fixed.insert(0, "+stage=pretrain")
     return req
 

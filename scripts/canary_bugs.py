@@ -6,7 +6,7 @@ clean bands (tests/training/canary_bands.json). Not part of CI: one canary per b
 
 Each bug is injected only inside this script's own child processes (``--inject BUG -m MODULE ARGS``: patch, then run
 the module as ``__main__``), never through hooks in neva. The stages run exactly the canary's commands
-(``+preset=canary_pretrain``, ``+preset=canary_finetune``, ``neva.evaluate --suite skills``); model-level bugs are
+(``+canary=pretrain``, ``+canary=finetune``, ``neva.evaluate --suite skills``); model-level bugs are
 also active in the evaluation (the same code serves inference), data- and training-side bugs only while training.
 """
 
@@ -189,8 +189,8 @@ def run_bug(bug: str, out_root: Path) -> dict:
     env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "PYTHONPATH": str(ROOT)}
     log = root / "log.txt"
     quiet = ["trainer.enable_progress_bar=false"]
-    _run(train_inject, "neva.train", ["+preset=canary_pretrain", *quiet], env, log)
-    finetune = ["+preset=canary_finetune", *quiet, *finetune_extra]
+    _run(train_inject, "neva.train", ["+canary=pretrain", *quiet], env, log)
+    finetune = ["+canary=finetune", *quiet, *finetune_extra]
     if bug == "resume_drops_optimizer_state":
         _run(("stop_at_resume_step",), "neva.train", finetune, env, log, ok=(138,))
         _run(("drop_optimizer_state",), "neva.train", finetune, env, log)

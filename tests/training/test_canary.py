@@ -25,8 +25,8 @@ def run(*args: str, env: dict[str, str]) -> str:
 def test_canary_lands_in_its_bands(tmp_path):
     env = {**ENV, "NEVA_OUTPUT_ROOT": str(tmp_path)}
     quiet = "trainer.enable_progress_bar=false"
-    run("-m", "neva.train", "+preset=canary_pretrain", quiet, env=env)
-    run("-m", "neva.train", "+preset=canary_finetune", quiet, env=env)
+    run("-m", "neva.train", "+canary=pretrain", quiet, env=env)
+    run("-m", "neva.train", "+canary=finetune", quiet, env=env)
     checkpoint = tmp_path / "canary" / "finetune" / "final"
     result = json.loads(run("-m", "neva.evaluate", "--suite", "skills", "--checkpoint", str(checkpoint), env=env))
     bands = json.loads(BANDS.read_text())
