@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from neva.constants import CLIP_MEAN, CLIP_STD, SIGLIP_MEAN, SIGLIP_STD
 from neva.models.anyres import AnyResConfig, image_token_count
+from neva.models.video import VideoConfig, video_token_count
 from neva.typed import build
 
 T = TypeVar("T")
@@ -254,8 +255,12 @@ class NevaConfig:
     image_token_id: int = 32000
     # LLaVA-NeXT dynamic resolution (image_grid_pinpoints / mm_patch_merge_type); None: one fixed-size tile per image.
     anyres: AnyResConfig | None = None
+    # Video (frames through the tower, pooled per frame); None: the model takes no video.
+    video: VideoConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.video is not None and self.vision is None:
+            raise ValueError("video needs a vision tower")
         if self.anyres is not None:
             if self.vision is None:
                 raise ValueError("anyres needs a vision tower")
@@ -301,3 +306,9 @@ class NevaConfig:
         if self.anyres is None:
             return self.num_image_tokens
         return image_token_count(self.anyres, self.num_image_tokens, self.vision.image_size, size)
+
+    def video_tokens(self, frames: int) -> int:
+        """Decoder positions of one video of ``frames`` sampled frames (``neva.models.video.video_token_count``)."""
+        if self.video is None:
+            raise ValueError("this model takes no video (model.video is not set)")
+        return video_token_count(self.video, self.vision.grid, frames)
