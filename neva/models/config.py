@@ -257,6 +257,9 @@ class NevaConfig:
     anyres: AnyResConfig | None = None
     # Video (frames through the tower, pooled per frame); None: the model takes no video.
     video: VideoConfig | None = None
+    # The id a ``<video>`` placeholder expands to (transformers' ``video_token_index``); None: ``image_token_id``
+    # (the collator's video positions tell the two kinds apart).
+    video_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.video is not None and self.vision is None:
@@ -306,6 +309,10 @@ class NevaConfig:
         if self.anyres is None:
             return self.num_image_tokens
         return image_token_count(self.anyres, self.num_image_tokens, self.vision.image_size, size)
+
+    @property
+    def video_token(self) -> int:
+        return self.image_token_id if self.video_token_id is None else self.video_token_id
 
     def video_tokens(self, frames: int) -> int:
         """Decoder positions of one video of ``frames`` sampled frames (``neva.models.video.video_token_count``)."""
