@@ -13,9 +13,9 @@ Batch contract (both modes)::
     image_feature_index LongTensor [M] | None   AnyRes: the row of the batch's flattened tile features for each of
                                      those positions, -1 = image_newline (``neva.models.anyres``); pixel_values then
                                      holds tiles and image_counts counts images
-    video_pixel_values FloatTensor [F, 3, H, W] | None   every sampled frame of every video (dtype of pixel_values), in row order then
-                                     position order (each video's frames in time order); None: no video in the batch
-    video_frames LongTensor [V] | None   frames of each of those videos, in the same order
+    video_pixel_values FloatTensor [F, 3, H, W] | None   every sampled frame of every video (pixel_values' dtype),
+                                     in row order then position order (each video's frames in time order)
+    video_frames LongTensor [V] | None   frames of each of those videos, in the same order (all three None: no video)
     video_positions LongTensor [M_v, 2] | None   (row, column) of every video-token position, in the order the
                                      frames' pooled features fill them (``NevaConfig.video_tokens(F)`` per video)
     output_positions LongTensor [T, 2]   (row, column) of every position whose logits predict a learned label
