@@ -17,11 +17,11 @@ are converted to RGB (``VideoFrame.to_image``, FFmpeg's swscale, the same call a
 
 Refused before decoding, from the file size and the header: more than ``max_bytes`` (``video_too_large``), longer
 than ``max_seconds`` (``video_too_long``), frames of more than ``max_frame_pixels`` (``video_too_large``), no video
-stream (``not_a_video``: audio only, or not a media file FFmpeg knows), no frames (``empty_video``), a single frame
+stream (``not_a_video``: audio only), no frames (``empty_video``), a single frame
 (``still_image``: a picture saved as .mp4; accepted when ``num_frames`` is 1). While decoding: FFmpeg errors
 (``corrupt_video``), a stream that ends before a frame the header promised (``truncated_video``) and a decode that
 runs past its frame or wall-clock budget (``video_decode_timeout``; checked between frames, so a file bounded in size
-cannot hold a worker).
+cannot hold a worker). A file FFmpeg cannot open at all (garbage, an mp4 cut before its index) is ``corrupt_video``.
 """
 
 from __future__ import annotations
@@ -92,19 +92,20 @@ class VideoHeader:
 
 @dataclass(frozen=True)
 class DecodedVideo:
-    """Sampled frames (RGB, time order) and the indices they are."""
+    """Sampled frames (RGB, time order), the indices they are and how many frames were decoded to get them."""
 
     frames: list[Image.Image]
     indices: list[int]
     header: VideoHeader
+    decoded: int
 
 
 def open_container(file: BinaryIO | str, name: str) -> Any:
-    """``av.open`` for reading, FFmpeg's errors as ``not_a_video`` (nothing FFmpeg can demux)."""
+    """``av.open`` for reading; a file FFmpeg cannot demux (truncated before its index, garbage) is ``corrupt_video``."""
     try:
         return av.open(file, "r")
     except av.FFmpegError as exc:
-        raise VideoError("not_a_video", f"{name}: {type(exc).__name__}: {exc}") from exc
+        raise VideoError("corrupt_video", f"{name}: {type(exc).__name__}: {exc}") from exc
 
 
 def read_header(container: Any, name: str, limits: VideoLimits) -> tuple[Any, VideoHeader]:
@@ -148,9 +149,12 @@ def _seconds(container: Any, stream: Any) -> float | None:
 
 def _count_packets(container: Any, stream: Any, name: str) -> int:
     """Frames of a stream whose header has no count (webm, raw streams): its non-empty packets, nothing decoded."""
+    n = 0
     try:
-        n = sum(1 for packet in container.demux(stream) if packet.size)
-        container.seek(0)
+        for packet in container.demux(stream):
+            n += 1 if packet.size else 0
+        if n:
+            container.seek(0)  # a stream without timestamps (raw H.264) cannot seek: corrupt_video
     except av.FFmpegError as exc:
         raise VideoError("corrupt_video", f"{name}: {type(exc).__name__}: {exc}") from exc
     return n
@@ -172,8 +176,8 @@ class _Timeline:
 
 def decode_indices(
     container: Any, stream: Any, header: VideoHeader, indices: list[int], name: str, limits: VideoLimits
-) -> list[Image.Image]:
-    """The frames at ``indices`` (any order, repeats allowed), RGB, in the order asked.
+) -> tuple[list[Image.Image], int]:
+    """The frames at ``indices`` (any order, repeats allowed), RGB, in the order asked, and the frames decoded.
 
     Raises:
         VideoError: ``corrupt_video``, ``truncated_video`` or ``video_decode_timeout``.
@@ -219,7 +223,7 @@ def decode_indices(
         raise VideoError(
             "truncated_video", f"{name}: the stream ends at frame {current} before frame {missing[0]} of {header.total}"
         )
-    return [got[i] for i in indices]
+    return [got[i] for i in indices], decoded
 
 
 def decode_video(file: BinaryIO | str, name: str, limits: VideoLimits) -> DecodedVideo:
@@ -228,6 +232,7 @@ def decode_video(file: BinaryIO | str, name: str, limits: VideoLimits) -> Decode
     try:
         stream, header = read_header(container, name, limits)
         indices = sample_indices(header.total, header.rate, limits)
-        return DecodedVideo(decode_indices(container, stream, header, indices, name, limits), indices, header)
+        frames, decoded = decode_indices(container, stream, header, indices, name, limits)
+        return DecodedVideo(frames, indices, header, decoded)
     finally:
         container.close()
