@@ -35,7 +35,8 @@ _TAGS = re.compile(f"{re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)}")
 
 def _as_video_error(exc: ImageError) -> VideoError:
     """The image path rules' errors, named for a video (``unsafe_video_path``, ``missing_video``...)."""
-    return VideoError(exc.reason.replace("image", "video"), exc.detail.replace("image folder", "video folder"))
+    detail = exc.detail.replace("image path", "video path").replace("image folder", "video folder")
+    return VideoError(exc.reason.replace("image", "video"), detail)
 
 
 def tag_kinds(messages: list[Message], num_images: int, num_videos: int) -> tuple[list[Message], list[str]]:
