@@ -104,6 +104,22 @@ class VideoSource:
         return torch.stack([self.processor(frame) for frame in video.frames])
 
 
+def check_video_model(names: list[Any], settings: Any) -> None:
+    """Raises ``video_unsupported`` when a record has videos and the model takes none."""
+    if names and settings.video_tokens is None:
+        raise VideoError("video_unsupported", f"{len(names)} video(s); the model takes no video (model.video unset)")
+
+
+def tag_spans(input_ids: list[int], image_token_id: int, tags: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    """``(kind, start, end)`` of every visual tag's positions in encoded ids (``encode_media_record``'s tags)."""
+    spans, pos = [], 0
+    for kind, n in tags:
+        pos = input_ids.index(image_token_id, pos)
+        spans.append((kind, pos, pos + n))
+        pos += n
+    return spans
+
+
 def load_videos(names: list[Any], settings: Any, source: VideoSource | None) -> list[DecodedVideo]:
     """A record's videos, decoded (``settings``: the dataset's ``EncoderSettings``).
 
@@ -113,8 +129,7 @@ def load_videos(names: list[Any], settings: Any, source: VideoSource | None) -> 
     """
     if not names:
         return []
-    if settings.video_tokens is None:
-        raise VideoError("video_unsupported", f"{len(names)} video(s); the model takes no video (model.video unset)")
+    check_video_model(names, settings)
     if source is None:
         raise VideoError("missing_video", f"{names[0]!r}: no model.data.video_folder (or image_folder) configured")
     return [source.load(name) for name in names]

@@ -198,3 +198,31 @@ def test_data_module_mixes_video_image_and_text(tmp_path, synthetic_tokenizer, c
     with pytest.raises(ValueError, match="num_frames must be > 0"):
         DataConfig(data_path=str(path), num_frames=0)
     assert np.isfinite(data.video_limits.max_seconds)
+
+
+def test_preview_shows_frames_positions_and_skips(tmp_path, folder):
+    import io
+    import json
+
+    from neva.data.preview import build_parser, preview
+
+    path = tmp_path / "data.jsonl"
+    bad = {"id": "bad", "video": "../x.mp4", "conversations": conv("<video>\nQ")}
+    write_jsonl(path, [MIXED[0], MIXED[4], bad])
+    common = ["--data-path", str(path), "--conv-template", "vicuna_v1", "--tokenizer", "synthetic", "--num-frames", "4"]
+    out = io.StringIO()
+    args = build_parser().parse_args([*common, "--json", "--video-folder", str(folder), "--video-grid", "4"])
+    assert preview(args, out) == 1
+    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    (video,) = rows[0]["videos"]
+    assert video["frames"] == 4 and video["indices"] == [0, 6, 12, 19] and video["total"] == 20
+    assert video["tokens"] == 4 * (4 // 2) ** 2  # 2x2 pooling of a 4x4 grid, per frame
+    assert rows[1]["videos"][0]["indices"] == [0, 0, 1, 2]  # 3 frames: linspace repeats
+    assert rows[2] == {
+        "id": "bad",
+        "skipped": "unsafe_video_path",
+        "detail": "video path '../x.mp4' escapes the video folder",
+    }
+    text = io.StringIO()
+    preview(build_parser().parse_args([*common, "--no-color"]), text)  # no folder: uniform frames, nothing decoded
+    assert "clip.mp4: 4 frames (uniform; not decoded), 576 positions" in text.getvalue()
