@@ -135,8 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--video-pipeline", action="store_true", help="sampled frames/s per loader worker, neva vs PyAV loop"
     )
-    p.add_argument("--videos", type=int, default=8, help="video mode: mp4 files per pass")
-    p.add_argument("--video-seconds", type=float, default=10.0, help="video mode: length of each file (30 fps)")
+    p.add_argument("--videos", type=int, default=4, help="video mode: mp4 files per pass")
+    p.add_argument("--video-seconds", type=float, default=30.0, help="video mode: length of each file (30 fps)")
     p.add_argument("--num-frames", type=int, default=8, help="video mode: frames sampled per video")
     p.add_argument("--video-size", type=int, default=336, help="video mode: the tower's input size frames are fit to")
     p.add_argument(

@@ -45,13 +45,13 @@ def tag_kinds(messages: list[Message], num_images: int, num_videos: int) -> tupl
     Raises:
         ConversationError: ``video_count_mismatch`` (placeholders and videos differ in number).
     """
-    if num_videos == 0:
-        return messages, [IMAGE] * sum(m.content.count(IMAGE_TOKEN) for m in messages)
     placeholders = sum(m.content.count(VIDEO_TOKEN) for m in messages)
+    if num_videos == 0 and placeholders == 0:
+        return messages, [IMAGE] * sum(m.content.count(IMAGE_TOKEN) for m in messages)
     images = sum(m.content.count(IMAGE_TOKEN) for m in messages)
     if placeholders == 0 and num_images == 0 and images == num_videos:
         return messages, [VIDEO] * num_videos  # LLaVA-NeXT-Video's data: <image> tags name the videos
-    if placeholders == 0:
+    if placeholders == 0:  # num_videos > 0
         first = next((i for i, m in enumerate(messages) if m.role == USER), None)
         if first is None:
             raise ConversationError("video_count_mismatch", f"no human turn for {num_videos} video(s)")

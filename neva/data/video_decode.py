@@ -189,15 +189,17 @@ def decode_indices(
     # Frames decoded, a seek's re-decode included: each seek re-decodes at most one key-frame interval.
     budget = (len(wanted) + 1) * header.total + 64
     start = time.monotonic()
-    decoded, current, gop = 0, -1, 0  # gop: the longest key-frame distance seen (what a seek may re-decode)
+    # A seek pays off when a key frame lies between the current frame and the target. ``no_key`` is the largest
+    # gap a seek crossed without finding one (it landed at or before the current frame): shorter gaps decode on.
+    decoded, current, no_key = 0, -1, 0
     frames = None
     try:
         k = 0
         while k < len(wanted):
             target = wanted[k]
-            if frames is None or target - current > gop + 1:
+            if frames is None or target - current > max(no_key, 1):
                 container.seek(timeline.pts(target), stream=stream, backward=True, any_frame=False)
-                frames, landed = container.decode(stream), None
+                frames, landed, before = container.decode(stream), None, current
             frame = next(frames, None)
             if frame is None:  # end of stream
                 break
@@ -212,7 +214,8 @@ def decode_indices(
             current = timeline.index(frame.pts) if frame.pts is not None else current + 1
             if landed is None:  # first frame after a seek: the key frame the target lies behind
                 landed = current
-                gop = max(gop, target - current)
+                if landed <= before:
+                    no_key = max(no_key, target - before)
             while k < len(wanted) and wanted[k] <= current:  # a missing index takes the next frame presented
                 got[wanted[k]] = frame.to_image()
                 k += 1
