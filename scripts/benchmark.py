@@ -27,7 +27,7 @@ Examples::
     python scripts/benchmark.py --device cpu --smoke           # CPU mode's code path with tiny shapes (CI)
     python scripts/benchmark.py --device cpu --gpu-shapes-smoke
     python scripts/benchmark.py --input-pipeline              # ~30 s of CPU
-    python scripts/benchmark.py --video-pipeline              # ~1 minute of CPU
+    python scripts/benchmark.py --video-pipeline              # a few minutes of CPU (writing the clips)
 """
 
 from __future__ import annotations
