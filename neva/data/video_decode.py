@@ -12,8 +12,9 @@ demux pass that decodes nothing):
 
 Frame ``i`` is the frame presented at ``start + i / average_rate`` (its ``pts`` maps to ``i``): the decode order
 index of decord and of a plain decode loop for constant-rate streams. To reach a frame far ahead the decoder seeks
-(to the key frame at or before it) and decodes forward from there; near frames are decoded through. Only kept frames
-are converted to RGB (``VideoFrame.to_image``, FFmpeg's swscale, the same call a plain PyAV loop makes).
+(to the key frame at or before it) and decodes forward from there; near frames are decoded through ("far": more
+frames ahead than the largest gap a seek in this file crossed without meeting a key frame). Only kept frames are
+converted to RGB (``VideoFrame.to_image``, FFmpeg's swscale, the same call a plain PyAV loop makes).
 
 Refused before decoding, from the file size and the header: more than ``max_bytes`` (``video_too_large``), longer
 than ``max_seconds`` (``video_too_long``), frames of more than ``max_frame_pixels`` (``video_too_large``), no video
