@@ -12,8 +12,8 @@ demux pass that decodes nothing):
 
 Frame ``i`` is the frame presented at ``start + i / average_rate`` (its ``pts`` maps to ``i``): the decode order
 index of decord and of a plain decode loop for constant-rate streams. To reach a frame far ahead the decoder seeks
-(to the key frame at or before it) and decodes forward from there; near frames are decoded through ("far": more
-frames ahead than the largest gap a seek in this file crossed without meeting a key frame). Only kept frames are
+(to the key frame at or before it) and decodes forward from there; near frames are decoded through (``_Seeker``: a
+seek when a key frame is due before the target, by the key-frame distance seen so far). Only kept frames are
 converted to RGB (``VideoFrame.to_image``, FFmpeg's swscale, the same call a plain PyAV loop makes).
 
 Refused before decoding, from the file size and the header: more than ``max_bytes`` (``video_too_large``), longer
@@ -175,6 +175,37 @@ class _Timeline:
         return self.start + math.floor(index * self.ticks)
 
 
+class _Seeker:
+    """When a seek pays: when a key frame lies between the current frame and the target (a seek lands on the key
+    frame at or before the target; one at or before the current frame re-decodes frames already passed).
+
+    Key frames are watched while decoding: ``interval`` is the longest distance between two key frames of one run
+    of consecutive frames. Known, a seek pays when the next key frame is due at or before the target. Unknown (one
+    long group of pictures so far), a seek is tried when the frames it may save exceed those it may waste (the run
+    since the last key frame), so a failed try at most doubles the work of that gap.
+    """
+
+    def __init__(self) -> None:
+        self.last_key: int | None = None
+        self.interval: int | None = None
+        self.after_seek = True
+
+    def pays(self, current: int, target: int) -> bool:
+        if self.last_key is None:
+            return True
+        run = current - self.last_key + 1
+        if self.interval is None:
+            return target - current > run
+        return self.last_key + max(self.interval, run) <= target
+
+    def saw(self, index: int, key: bool) -> None:
+        if key:
+            if not self.after_seek and self.last_key is not None:
+                self.interval = max(self.interval or 0, index - self.last_key)
+            self.last_key = index
+        self.after_seek = False
+
+
 def decode_indices(
     container: Any, stream: Any, header: VideoHeader, indices: list[int], name: str, limits: VideoLimits
 ) -> tuple[list[Image.Image], int]:
@@ -190,17 +221,17 @@ def decode_indices(
     # Frames decoded, a seek's re-decode included: each seek re-decodes at most one key-frame interval.
     budget = (len(wanted) + 1) * header.total + 64
     start = time.monotonic()
-    # A seek pays off when a key frame lies between the current frame and the target. ``no_key`` is the largest
-    # gap a seek crossed without finding one (it landed at or before the current frame): shorter gaps decode on.
-    decoded, current, no_key = 0, -1, 0
-    frames = None
+    decoded, current = 0, -1
+    seeker = _Seeker()
+    frames, heading = None, -1
     try:
         k = 0
         while k < len(wanted):
             target = wanted[k]
-            if frames is None or target - current > max(no_key, 1):
+            if frames is None or (target != heading and seeker.pays(current, target)):  # once per target
                 container.seek(timeline.pts(target), stream=stream, backward=True, any_frame=False)
-                frames, landed, before = container.decode(stream), None, current
+                frames, seeker.after_seek = container.decode(stream), True
+            heading = target
             frame = next(frames, None)
             if frame is None:  # end of stream
                 break
@@ -213,10 +244,7 @@ def decode_indices(
                     f"{header.total} (budget {budget} frames, {limits.decode_seconds:g} s)",
                 )
             current = timeline.index(frame.pts) if frame.pts is not None else current + 1
-            if landed is None:  # first frame after a seek: the key frame the target lies behind
-                landed = current
-                if landed <= before:
-                    no_key = max(no_key, target - before)
+            seeker.saw(current, frame.key_frame)
             while k < len(wanted) and wanted[k] <= current:  # a missing index takes the next frame presented
                 got[wanted[k]] = frame.to_image()
                 k += 1

@@ -9,7 +9,7 @@ frame every 2 s, 640×360 like much of LLaVA-Video-178K) go through
 * ``plain``: PyAV's straightforward loop — decode every frame in order, keep the sampled ones (``to_image``), and the
   same tower fit.
 
-One process, one decoder thread and one torch thread (what a DataLoader worker gets), rates per CPU second (medians
+Both sides must give the same tower inputs, pixel for pixel (checked first). One process, one decoder thread and one torch thread (what a DataLoader worker gets), rates per CPU second (medians
 of ``--repeats`` passes; wall time drifts with other load on a shared machine). From the per-worker rate it derives
 the workers one GPU and a DGX node (8 GPUs) need: frames per second per GPU (samples/s × num_frames) divided by
 frames per second per worker.
@@ -64,8 +64,8 @@ def _neva(folder: Path, num_frames: int, size: int):
 
     source = VideoSource(str(folder), VideoLimits(num_frames), VisionConfig(image_size=size, patch_size=14))
 
-    def one(path: Path) -> int:
-        return source.pixels(source.load(path.name)).shape[0]
+    def one(path: Path) -> Any:
+        return source.pixels(source.load(path.name))
 
     return one
 
@@ -79,7 +79,7 @@ def _plain(num_frames: int, size: int):
 
     fit = ImageProcessor(VisionConfig(image_size=size, patch_size=14), "square")
 
-    def one(path: Path) -> int:
+    def one(path: Path) -> Any:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             stream.codec_context.thread_count = 1
@@ -88,7 +88,7 @@ def _plain(num_frames: int, size: int):
             for i, frame in enumerate(container.decode(stream)):
                 if i in wanted:
                     kept[i] = frame.to_image()
-        return torch.stack([fit(kept[i]) for i in wanted]).shape[0]
+        return torch.stack([fit(kept[i]) for i in wanted])
 
     return one
 
@@ -100,7 +100,7 @@ def _rate(fn, paths: list[Path], repeats: int) -> tuple[float, float]:
     for _ in range(repeats):
         start, start_wall, frames = time.process_time(), time.perf_counter(), 0
         for p in paths:
-            frames += fn(p)
+            frames += fn(p).shape[0]
         cpu.append(frames / (time.process_time() - start))
         wall.append(frames / (time.perf_counter() - start_wall))
     return statistics.median(cpu), statistics.median(wall)
@@ -114,8 +114,12 @@ def run_video_pipeline(args: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_mp4s(Path(tmp), n, args.video_seconds, args.seed)
         mean_kib = sum(p.stat().st_size for p in paths) / len(paths) / 1024
-        rates = {"neva": _rate(_neva(Path(tmp), num_frames, size), paths, repeats)}
-        rates["plain"] = _rate(_plain(num_frames, size), paths, repeats)
+        neva, plain = _neva(Path(tmp), num_frames, size), _plain(num_frames, size)
+        # the same work: both sides give the same tower inputs, pixel for pixel
+        same = all(torch.equal(neva(p), plain(p)) for p in paths)
+        if not same:
+            raise SystemExit("neva's frames differ from the plain loop's: the comparison would be meaningless")
+        rates = {"neva": _rate(neva, paths, repeats), "plain": _rate(plain, paths, repeats)}
     frames_total = int(args.video_seconds * RATE)
     print(f"{n} H.264 mp4 ({WIDTH}x{HEIGHT}, {frames_total} frames at {RATE} fps, key frame every 2 s, mean "
           f"{mean_kib:.0f} KiB), {num_frames} frames sampled per video, fit to {size} px; 1 process, 1 decoder "
@@ -139,6 +143,7 @@ def run_video_pipeline(args: Any) -> dict[str, Any]:
         "repeats": repeats,
         "mean_mp4_kib": round(mean_kib, 1),
         "cpu": os.cpu_count(),
+        "same_pixels": same,
         "frames_per_s_per_worker": {side: round(cpu, 1) for side, (cpu, _) in rates.items()},
         "frames_per_wall_s": {side: round(wall, 1) for side, (_, wall) in rates.items()},
         "neva_over_plain": round(speedup, 2),
