@@ -19,6 +19,7 @@ def clips(tmp_path_factory):
         "mp4": write_video(d / "a.mp4", 30),
         "webm": write_video(d / "a.webm", 30, codec="libvpx-vp9"),  # no frame count in the header: packets counted
         "long": write_video(d / "long.mp4", 120, gop=10),
+        "one_gop": write_video(d / "one_gop.mp4", 30, gop=60),  # one key frame: seeking cannot help
     }
 
 
@@ -49,6 +50,9 @@ def test_late_frames_are_reached_by_seeking(clips):
     assert video.indices == [0, 59, 119]
     _same_pixels(video, clips["long"])
     assert video.decoded < 40  # key frames every 10 frames: three short decodes, not 120 frames
+    video = decode_video(clips["one_gop"], "one_gop", VideoLimits(8))
+    _same_pixels(video, clips["one_gop"])
+    assert video.decoded <= 31  # a seek tried once at most, not one back to frame 0 per sampled frame
 
 
 @pytest.fixture(scope="module")
