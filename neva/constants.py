@@ -3,6 +3,10 @@
 IMAGE_TOKEN = "<image>"
 """The placeholder users write in prompts; a special token of every neva tokenizer."""
 
+VIDEO_TOKEN = "<video>"
+"""A video's placeholder in a record (NeMo Video-NeVA, LLaVA-Video); the dataset turns it into an ``<image>`` tag with
+the video's positions, so tokenizers need not know it (``neva.data.video``)."""
+
 IGNORE_INDEX = -100
 """Label of positions that are not learned (HF / PyTorch cross-entropy convention)."""
 

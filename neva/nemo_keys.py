@@ -320,7 +320,10 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.data.concat_sampling_probabilities": Same(),
     "model.data.lazy_preprocess": Fixed(("true",), "samples are always tokenized lazily in the loader"),
     "model.data.is_multimodal": Fixed(("true",), "text-only samples are mixed in per record, as LLaVA does"),
-    "model.data.media_type": Fixed(("image",), "video is not supported"),
+    "model.data.media_type": Same(
+        'image or video; records are read per record (a "video" key makes a video sample), video requires a model '
+        "that takes video"
+    ),
     "model.data.sep_image_conv_front": Fixed(
         ("false",), "<image> placement is model.data.image_token_placement (front = LLaVA's)"
     ),

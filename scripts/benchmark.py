@@ -15,6 +15,9 @@ a GPU.
 Input-pipeline mode (``--input-pipeline``): decoded-and-preprocessed images/s of one loader worker, neva against
 HF ``CLIPImageProcessor`` on the same locally generated JPEGs, and the workers a DGX node needs to feed 8 GPUs.
 
+Video input-pipeline mode (``--video-pipeline``): sampled frames/s of one loader worker, neva's seeking decode against
+PyAV's plain decode-all loop on the same locally generated mp4 files, and the workers a DGX node needs.
+
 Every mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
 
 Examples::
@@ -24,6 +27,7 @@ Examples::
     python scripts/benchmark.py --device cpu --smoke           # CPU mode's code path with tiny shapes (CI)
     python scripts/benchmark.py --device cpu --gpu-shapes-smoke
     python scripts/benchmark.py --input-pipeline              # ~30 s of CPU
+    python scripts/benchmark.py --video-pipeline              # a few minutes of CPU (writing the clips)
 """
 
 from __future__ import annotations
@@ -127,6 +131,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-pipeline", action="store_true", help="images/s per loader worker, neva vs HF")
     p.add_argument("--images", type=int, default=48, help="input-pipeline mode: JPEG files per pass")
     p.add_argument("--repeats", type=int, default=5, help="input-pipeline mode: measured passes (median)")
+    # Video input-pipeline mode
+    p.add_argument(
+        "--video-pipeline", action="store_true", help="sampled frames/s per loader worker, neva vs PyAV loop"
+    )
+    p.add_argument("--videos", type=int, default=4, help="video mode: mp4 files per pass")
+    p.add_argument("--video-seconds", type=float, default=30.0, help="video mode: length of each file (30 fps)")
+    p.add_argument("--num-frames", type=int, default=8, help="video mode: frames sampled per video")
+    p.add_argument("--video-size", type=int, default=336, help="video mode: the tower's input size frames are fit to")
+    p.add_argument(
+        "--video-samples-per-gpu", type=float, default=4.0, help="video mode: samples/s per GPU the workers must feed"
+    )
     args = p.parse_args(argv)
     gpu_path = args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only
     if args.steps is None:
@@ -150,6 +165,10 @@ def main(argv: list[str] | None = None) -> None:
         from bench.input_pipeline import run_input_pipeline
 
         summary = run_input_pipeline(args)
+    elif args.video_pipeline:
+        from bench.video_pipeline import run_video_pipeline
+
+        summary = run_video_pipeline(args)
     elif args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only:
         from bench.gpu import run_gpu
 

@@ -2,7 +2,9 @@
 
 Each is a pair of pure functions of the seed: ``records(seed, split, num_samples, task)`` (LLaVA-format dicts,
 ``split`` ``train`` or ``val``, ``task`` ``caption`` or ``qa``) and ``images(seed, image_size)`` (a picklable name →
-PIL image function for the records' image names).
+PIL image function for the records' image names; None: the set has no images). A set with videos also has
+``videos(seed, records, folder)``, which writes the records' video files under ``folder`` (``model.data.video_folder``,
+else the set's ``video_folder(seed)``).
 """
 
 from __future__ import annotations
@@ -11,16 +13,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from neva.data import synthetic, synthetic_skills
+from neva.data import synthetic, synthetic_skills, synthetic_video
 
 
 @dataclass(frozen=True)
 class BuiltinSet:
     records: Callable[[int, str, int, str], list[dict[str, Any]]]
-    images: Callable[[int, int], Callable[[str], Any]]
+    images: Callable[[int, int], Callable[[str], Any]] | None
+    videos: Callable[[int, list[dict[str, Any]], str], None] | None = None
+    video_folder: Callable[[int], str] | None = None
 
 
 BUILTIN_SETS: dict[str, BuiltinSet] = {
     "synthetic": BuiltinSet(synthetic.synthetic_records, synthetic.SyntheticImages),  # coloured shapes (saturates)
     "synthetic_skills": BuiltinSet(synthetic_skills.skills_records, synthetic_skills.SkillImages),  # the canary's
+    # a moving, colour-changing shape as mp4 clips: questions one frame cannot answer
+    "synthetic_video": BuiltinSet(
+        synthetic_video.video_records, None, synthetic_video.write_videos, synthetic_video.default_folder
+    ),
 }

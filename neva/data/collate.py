@@ -13,6 +13,11 @@ Batch contract (both modes)::
     image_feature_index LongTensor [M] | None   AnyRes: the row of the batch's flattened tile features for each of
                                      those positions, -1 = image_newline (``neva.models.anyres``); pixel_values then
                                      holds tiles and image_counts counts images
+    video_pixel_values FloatTensor [F, 3, H, W] | None   every sampled frame of every video (pixel_values' dtype),
+                                     in row order then position order (each video's frames in time order)
+    video_frames LongTensor [V] | None   frames of each of those videos, in the same order (all three None: no video)
+    video_positions LongTensor [M_v, 2] | None   (row, column) of every video-token position, in the order the
+                                     frames' pooled features fill them (``NevaConfig.video_tokens(F)`` per video)
     output_positions LongTensor [T, 2]   (row, column) of every position whose logits predict a learned label
     targets      LongTensor [T]      the label each of those positions predicts
     num_samples  int                 samples in the batch (skipped ones excluded)
@@ -82,6 +87,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
     segment_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     image_counts = torch.zeros(bsz, dtype=torch.long)
     pixels, ids, image_positions, layouts, tile_tokens = [], [], [], [], None
+    video_pixels, video_frames, video_positions = [], [], []
     for r, row in enumerate(rows):
         pos = 0
         for seg, sample in enumerate(row, start=1):
@@ -104,6 +110,11 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
                 image_positions.append(torch.stack([torch.full_like(cols, r), cols], dim=1))
             else:
                 image_positions = None
+            if "video_positions" in sample:
+                cols = sample["video_positions"] + pos - n
+                video_positions.append(torch.stack([torch.full_like(cols, r), cols], dim=1))
+                video_pixels.append(sample["video_pixel_values"])
+                video_frames.append(sample["video_frames"])
             ids.append(sample["id"])
     if not rows:
         segment_ids[0] = 1  # an all-skipped micro-batch: one inert row (see module docstring)
@@ -119,6 +130,9 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "image_counts": image_counts,
         "image_positions": torch.cat(image_positions) if image_positions else _no_positions(image_positions),
         "image_feature_index": concat_layouts(layouts, tile_tokens) if tile_tokens is not None else None,
+        "video_pixel_values": torch.cat(video_pixels) if video_pixels else None,
+        "video_frames": torch.cat(video_frames) if video_frames else None,
+        "video_positions": torch.cat(video_positions) if video_positions else None,
         "output_positions": output_positions,
         "targets": targets,
         "num_samples": num_samples,
@@ -193,7 +207,7 @@ def join_rows(batch: dict[str, Any]) -> dict[str, Any]:
     starts = torch.ones(n, dtype=torch.long)
     starts[1:] = ((kept_seg[1:] != kept_seg[:-1]) | (rows[1:] != rows[:-1])).long()
     out["segment_ids"] = torch.cumsum(starts, 0)[None]
-    for key in ("image_positions", "output_positions"):
+    for key in ("image_positions", "video_positions", "output_positions"):
         pos = batch.get(key)
         if pos is not None:
             cols = new_col[pos[:, 0] * s + pos[:, 1]]

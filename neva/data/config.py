@@ -9,11 +9,13 @@ from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.builtin_sets import BUILTIN_SETS
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
+from neva.data.video_decode import MAX_FRAME_PIXELS, MAX_VIDEO_BYTES, MAX_VIDEO_SECONDS, VideoLimits
 
 TEMPLATES = ("plain", "vicuna_v1", "llama_2", "mistral", "llama_3", "chatml")
 ASPECT_RATIOS = ("square", "pad", "keep", "anyres")  # anyres: LLaVA-NeXT tiles (the model's image_grid_pinpoints)
 IMAGE_TOKEN_PLACEMENTS = ("front", "inline")
 SYNTHETIC = "synthetic"
+MEDIA_TYPES = ("image", "video")
 
 
 @dataclass
@@ -66,6 +68,17 @@ class DataConfig:
             shuffle buffer of this many samples; shards themselves are shuffled every epoch.
         max_image_pixels: an image with more pixels (width × height, read from its header) is skipped as
             ``image_too_large`` before it is decoded.
+        media_type: NeMo's key: ``image`` or ``video``. Records are read per record whatever it says (a record's
+            ``"video"`` key makes it a video sample, mixed freely with image and text-only ones); ``video`` also
+            requires a model that takes video (``neva.data.video``).
+        num_frames: frames sampled per video (NeMo's key): uniformly, LLaVA-NeXT-Video's
+            ``np.linspace(0, total - 1, num_frames)`` (``neva.data.video_decode``).
+        video_fps: one frame every ``1 / video_fps`` s instead (LLaVA-NeXT's ``video_fps``), at most ``num_frames``
+            (more → the uniform rule); None = uniform.
+        video_folder: directory that records' ``video`` paths are relative to (NeMo's key); None = ``image_folder``.
+        max_video_bytes / max_video_seconds / max_video_frame_pixels: a video file larger, longer or with larger
+            frames (from its size and header) is skipped before any frame is decoded (``video_too_large`` /
+            ``video_too_long``).
     """
 
     data_path: str | list[str] = SYNTHETIC
@@ -94,6 +107,13 @@ class DataConfig:
     skip_check_min_samples: int = 200
     shard_shuffle_buffer: int = 0
     max_image_pixels: int = MAX_IMAGE_PIXELS
+    media_type: str = "image"
+    num_frames: int = 8
+    video_fps: float | None = None
+    video_folder: str | None = None
+    max_video_bytes: int = MAX_VIDEO_BYTES
+    max_video_seconds: float = MAX_VIDEO_SECONDS
+    max_video_frame_pixels: int = MAX_FRAME_PIXELS
 
     def __post_init__(self) -> None:
         if self.conv_template is not None and self.conv_template not in TEMPLATES:
@@ -161,6 +181,7 @@ class DataConfig:
                 )
         if self.image_folder is not None and not os.path.exists(self.image_folder):
             raise FileNotFoundError(f"model.data.image_folder {self.image_folder!r} does not exist")
+        self._check_video()
         if self.concat_sampling_probabilities is not None:
             probs = list(self.concat_sampling_probabilities)
             if len(probs) != len(paths):
@@ -169,6 +190,24 @@ class DataConfig:
                 )
             if any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
                 raise ValueError(f"model.data.concat_sampling_probabilities must be >= 0 and sum to 1, got {probs}")
+
+    def _check_video(self) -> None:
+        if self.media_type not in MEDIA_TYPES:
+            raise ValueError(f"model.data.media_type={self.media_type!r}; choose one of {MEDIA_TYPES}")
+        if self.video_folder is not None and not os.path.isdir(self.video_folder):
+            raise FileNotFoundError(f"model.data.video_folder {self.video_folder!r} is not a directory")
+        for key in ("num_frames", "max_video_bytes", "max_video_seconds", "max_video_frame_pixels"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"model.data.{key} must be > 0, got {getattr(self, key)}")
+        if self.video_fps is not None and not self.video_fps > 0:
+            raise ValueError(f"model.data.video_fps must be > 0 or null, got {self.video_fps}")
+
+    @property
+    def video_limits(self) -> VideoLimits:
+        """How videos are sampled and what a video file may be."""
+        return VideoLimits(
+            self.num_frames, self.video_fps, self.max_video_bytes, self.max_video_seconds, self.max_video_frame_pixels
+        )
 
     @property
     def data_paths(self) -> list[str]:

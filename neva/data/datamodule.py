@@ -30,6 +30,7 @@ from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
+from neva.data.video import VideoSource
 from neva.models.config import NevaConfig, VisionConfig
 
 
@@ -172,6 +173,7 @@ class NevaDataModule:
             image_token_placement=cfg.image_token_placement,
             system_prompt=cfg.system_prompt,
             tokenization=cfg.tokenization,
+            **self._video_settings(cfg, model_config),
         )
         if (cfg.image_aspect_ratio == "anyres") != (model_config is not None and model_config.anyres is not None):
             raise ValueError(
@@ -195,16 +197,40 @@ class NevaDataModule:
         self._val_loader: ResumableLoader | None = None
         self._pending_state: dict[str, Any] | None = None
 
+    @staticmethod
+    def _video_settings(cfg: DataConfig, model_config: NevaConfig | None) -> dict[str, Any]:
+        """``EncoderSettings``' video fields: records with videos are skipped (``video_unsupported``) when the model
+        takes no video, unless ``media_type: video`` says video is what this run is for."""
+        video = model_config is not None and model_config.video is not None
+        if cfg.media_type == "video" and not video:
+            raise ValueError("model.data.media_type=video needs a model that takes video (model.video is not set)")
+        if not video:
+            return {}
+        return dict(video_tokens=model_config.video_tokens, video_token_id=model_config.video_token_id,
+                    num_frames=cfg.num_frames)  # fmt: skip
+
+    def _video_source(self, folder: str | None) -> VideoSource | None:
+        """Videos under ``folder``, else ``video_folder``, else ``image_folder`` when it is a directory."""
+        if self.settings.video_tokens is None:
+            return None
+        image_dir = self.cfg.image_folder if self.cfg.image_folder and os.path.isdir(self.cfg.image_folder) else None
+        return VideoSource(folder or self.cfg.video_folder or image_dir, self.cfg.video_limits, self.vision)
+
     # -- datasets -------------------------------------------------------------------------------------------------
 
-    def _dataset(self, records: list[dict[str, Any]], images: Callable[[int, int], Any] | None) -> ConversationDataset:
-        """``images``: a built-in set's image function factory (None = files under ``image_folder``)."""
+    def _dataset(
+        self, records: list[dict[str, Any]], images: Callable[[int, int], Any] | None, video_folder: str | None = None
+    ) -> ConversationDataset:
+        """``images``: a built-in set's image function factory (None = files under ``image_folder``);
+        ``video_folder``: a built-in set's (None = ``video_folder`` / ``image_folder``)."""
         if images is not None:
             size = self.vision.image_size if self.vision is not None else 32
             source = CallableImageSource(images(self.cfg.synthetic_seed, size))
         else:
             source = image_source_for(self.cfg.image_folder, self.cfg.max_image_pixels)
-        return ConversationDataset(records, self.settings, source, self.image_processor)
+        return ConversationDataset(
+            records, self.settings, source, self.image_processor, self._video_source(video_folder)
+        )
 
     def _shard_dataset(self, spec: str) -> ShardDataset:
         return ShardDataset.from_spec(spec, self.settings, self.image_processor, self.cfg.max_image_pixels)
@@ -220,11 +246,17 @@ class NevaDataModule:
             builtin = BUILTIN_SETS.get(path)
             if builtin is not None:
                 seed = cfg.synthetic_seed
+                folder = None
+                if builtin.videos is not None:  # written once, before any worker reads them
+                    folder = cfg.video_folder or builtin.video_folder(seed)
                 for datasets, split, n in (
                     (self.train_datasets, "train", cfg.synthetic_train_samples),
                     (self.val_datasets, "val", cfg.synthetic_val_samples),
                 ):
-                    datasets.append(self._dataset(builtin.records(seed, split, n, task), builtin.images))
+                    records = builtin.records(seed, split, n, task)
+                    if folder is not None:
+                        builtin.videos(seed, records, folder)
+                    datasets.append(self._dataset(records, builtin.images, folder))
                 continue
             if is_shard_spec(path):
                 self.train_datasets.append(self._shard_dataset(path))

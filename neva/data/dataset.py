@@ -12,27 +12,27 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from neva.constants import IMAGE_TOKEN
+from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
 from neva.data.anyres import anyres_sample_fields
 from neva.data.conversation import (
     ASSISTANT,
     ConversationError,
     Template,
-    count_image_tags,
     place_image_tags,
     read_conversation,
 )
 from neva.data.encoding import Encoded, encode
 from neva.data.errors import SampleError
 from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
-from neva.data.records import ERROR_KEY, approx_length, record_images
+from neva.data.records import ERROR_KEY, approx_length, record_images, record_videos
+from neva.data.video import IMAGE, VideoSource, load_videos, tag_kinds, video_sample_fields
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,11 @@ class EncoderSettings:
     image_token_placement: str = "front"
     system_prompt: str | None = None
     tokenization: str = "neva"
+    # Video (``neva.data.video``): positions of one video of F frames (``NevaConfig.video_tokens``; None: the model
+    # takes no video), the id its positions carry (None: ``image_token_id``) and the frames a video gives at most.
+    video_tokens: Callable[[int], int] | None = None
+    video_token_id: int | None = None
+    num_frames: int = 8
 
 
 def is_skipped(sample: dict[str, Any]) -> bool:
@@ -79,39 +84,63 @@ class SkipLogger:
 
 
 def encode_record(
-    record: dict[str, Any], settings: EncoderSettings, image_tokens: list[int] | None = None
+    record: dict[str, Any],
+    settings: EncoderSettings,
+    image_tokens: list[int] | None = None,
+    video_frames: list[int] | None = None,
 ) -> tuple[Encoded, list[str]]:
     """Text side of a record: validated, rendered, tokenized; returns ``(encoded, image_names)``.
 
     ``image_tokens``: positions of each image when they vary (AnyRes); None: ``settings.num_image_tokens`` each.
+    ``video_frames``: frames of each of the record's videos (``encode_media_record``).
 
     Raises:
         SampleError: with the skip reason (``ConversationError``, ``EncodingError`` or ``ImageError``).
+    """
+    enc, names, _ = encode_media_record(record, settings, image_tokens, video_frames)
+    return enc, names
+
+
+def encode_media_record(
+    record: dict[str, Any],
+    settings: EncoderSettings,
+    image_tokens: list[int] | None = None,
+    video_frames: list[int] | None = None,
+) -> tuple[Encoded, list[str], list[tuple[str, int]]]:
+    """``encode_record`` plus ``(kind, positions)`` of every visual tag in sequence order (``image`` / ``video``).
+
+    A video of F frames takes ``settings.video_tokens(F)`` positions (``neva.data.video``).
     """
     if ERROR_KEY in record:
         raise ConversationError(record[ERROR_KEY], record.get("detail", ""))
     messages, dropped = read_conversation(record.get("conversations"))
     # An image placed in a reply would sit inside the learned span: the model would be trained to emit it.
     for i, message in enumerate(messages):
-        if message.role == ASSISTANT and IMAGE_TOKEN in message.content:
-            raise ConversationError("image_in_reply", f"turn {i} (assistant) holds {IMAGE_TOKEN}")
+        for token, reason in ((IMAGE_TOKEN, "image_in_reply"), (VIDEO_TOKEN, "video_in_reply")):
+            if message.role == ASSISTANT and token in message.content:
+                raise ConversationError(reason, f"turn {i} (assistant) holds {token}")
     images = record_images(record)
-    tags = count_image_tags(messages)
+    video_frames = video_frames or []
+    messages, kinds = tag_kinds(messages, len(images), len(video_frames))
+    tags = kinds.count(IMAGE)
     if tags != len(images):
         raise ConversationError("image_count_mismatch", f"{tags} <image> tags for {len(images)} images")
     names = [safe_relative_path(name) for name in images]
+    per_image = iter([settings.num_image_tokens] * len(images) if image_tokens is None else image_tokens)
+    per_video = iter(video_frames)
+    counts = [next(per_image) if kind == IMAGE else settings.video_tokens(next(per_video)) for kind in kinds]
     messages = place_image_tags(messages, settings.image_token_placement)
     rendered = settings.template.render(messages, settings.system_prompt)
     enc = encode(
         rendered,
         settings.tokenizer,
         settings.image_token_id,
-        settings.num_image_tokens if image_tokens is None else image_tokens,
-        len(images),
+        counts,
+        len(counts),
         settings.max_length,
         settings.tokenization,
     )
-    return (dataclasses.replace(enc, dropped_leading_reply=True) if dropped else enc), names
+    return (dataclasses.replace(enc, dropped_leading_reply=True) if dropped else enc), names, list(zip(kinds, counts))
 
 
 def process_record(
@@ -119,24 +148,29 @@ def process_record(
     settings: EncoderSettings,
     image_source: ImageSource,
     image_processor: ImageProcessor | None,
+    video_source: VideoSource | None = None,
 ) -> dict[str, Any]:
     """One record → ``{"id", "input_ids", "image_positions", "labels", "pixel_values", "truncated",
-    "dropped_leading_reply"}`` or a skip marker.
+    "dropped_leading_reply"}`` (and, with videos, ``video_pixel_values``, ``video_frames``, ``video_positions``) or
+    a skip marker.
 
     ``truncated`` (the sample was cut to the maximum length) is not a skip; the collate functions count it.
+    Videos are decoded first: a video's positions follow from the frames it gives.
     """
     sample_id = record.get("id") if isinstance(record, dict) else None
     layout = None
     try:
+        videos = load_videos(record_videos(record) if isinstance(record, dict) else [], settings, video_source)
+        frames = [len(v.frames) for v in videos]
         if getattr(image_processor, "variable_tokens", False):
             # AnyRes: an image's positions follow from its size, so images are decoded before the text is encoded
             # (their count checks and paths are then checked by the decode, before the conversation's).
             loaded = [image_source.load(safe_relative_path(name)) for name in record_images(record)]
             layout = [image_processor.layout(image) for image in loaded]
-            enc, names = encode_record(record, settings, [index.shape[0] for index, _ in layout])
+            enc, names, tags = encode_media_record(record, settings, [index.shape[0] for index, _ in layout], frames)
             pixels = [image_processor(image) for image in loaded]
         else:
-            enc, names = encode_record(record, settings)
+            enc, names, tags = encode_media_record(record, settings, None, frames)
             if names and image_processor is None:
                 raise ImageError("missing_image", "the model has no vision encoder")
             pixels = [image_processor(image_source.load(name)) for name in names]
@@ -145,13 +179,20 @@ def process_record(
     size = image_processor.size if image_processor is not None else 0
     input_ids = torch.tensor(enc.input_ids, dtype=torch.long)
     extra = {} if layout is None else anyres_sample_fields(layout, image_processor.tile_tokens)
+    # Where the image features go (``encode`` checked their number): the collator turns them into batch
+    # positions, so the model splices by index without counting on the device.
+    image_positions = (input_ids == settings.image_token_id).nonzero().flatten()
+    if videos:
+        video_fields = video_sample_fields(videos, video_source, image_positions, tags)
+        image_positions = video_fields.pop("image_positions")
+        if settings.video_token_id is not None:
+            input_ids[video_fields["video_positions"]] = settings.video_token_id
+        extra.update(video_fields)
     return {
         **extra,
         "id": sample_id,
         "input_ids": input_ids,
-        # Where the image features go (``encode`` checked their number): the collator turns them into batch
-        # positions, so the model splices by index without counting on the device.
-        "image_positions": (input_ids == settings.image_token_id).nonzero().flatten(),
+        "image_positions": image_positions,
         "labels": torch.tensor(enc.labels, dtype=torch.long),
         # fixed-size: one [3, s, s] per image; AnyRes: [tiles, 3, s, s] per image, all tiles in image order
         "pixel_values": (torch.stack(pixels) if layout is None else torch.cat(pixels))
@@ -172,22 +213,28 @@ class ConversationDataset(Dataset):
         settings: EncoderSettings,
         image_source: ImageSource,
         image_processor: ImageProcessor | None,
+        video_source: VideoSource | None = None,
     ) -> None:
         self.records = records
         self.settings = settings
         self.image_source = image_source
         self.image_processor = image_processor
+        self.video_source = video_source
         self._log = SkipLogger()
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        sample = process_record(self.records[index], self.settings, self.image_source, self.image_processor)
+        sample = process_record(
+            self.records[index], self.settings, self.image_source, self.image_processor, self.video_source
+        )
         if is_skipped(sample):
             self._log(sample)
         return sample
 
     def modality_lengths(self) -> list[int]:
         """Approximate lengths, negative for text-only records (for the grouped sampler)."""
-        return [approx_length(r, self.settings.num_image_tokens) for r in self.records]
+        s = self.settings
+        per_video = s.video_tokens(s.num_frames) if s.video_tokens is not None else 0
+        return [approx_length(r, s.num_image_tokens, per_video) for r in self.records]

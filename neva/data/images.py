@@ -22,7 +22,7 @@ import tarfile
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -182,15 +182,37 @@ class FolderImageSource(ImageSource):
         Raises:
             ImageError: ``unsafe_image_path``, ``missing_image`` or ``not_regular_file``.
         """
-        rel = safe_relative_path(name)
-        path = os.path.realpath(os.path.join(self.root, rel))
-        if not path.startswith(self.root + os.sep):
-            raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
-        return read_regular_file(path, name, f" in {self.root}")
+        return read_regular_file(resolve_in_folder(self.root, name), name, f" in {self.root}")
+
+
+def resolve_in_folder(root: str, name: Any) -> str:
+    """The real path of a record's ``name`` under the real path ``root``; symlinks out of it are refused.
+
+    Raises:
+        ImageError: ``unsafe_image_path``.
+    """
+    rel = safe_relative_path(name)
+    path = os.path.realpath(os.path.join(root, rel))
+    if not path.startswith(root + os.sep):
+        raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
+    return path
 
 
 def read_regular_file(path: str, name: str, where: str = "") -> bytes:
     """The bytes of the regular file at ``path`` (``name`` and ``where`` for messages).
+
+    Raises:
+        ImageError: ``missing_image`` or ``not_regular_file``.
+    """
+    with open_regular_file(path, name, where) as f:
+        try:
+            return f.read()
+        except OSError as exc:
+            raise ImageError("missing_image", f"{name}: {exc}") from exc
+
+
+def open_regular_file(path: str, name: str, where: str = "") -> BinaryIO:
+    """The regular file at ``path``, open for binary reading (``read_regular_file``'s checks).
 
     Raises:
         ImageError: ``missing_image`` or ``not_regular_file``.
@@ -208,11 +230,7 @@ def read_regular_file(path: str, name: str, where: str = "") -> bytes:
         os.close(fd)
         kind = "directory" if stat.S_ISDIR(mode) else "named pipe" if stat.S_ISFIFO(mode) else "special file"
         raise ImageError("not_regular_file", f"{name} is a {kind}, not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return f.read()
-        except OSError as exc:
-            raise ImageError("missing_image", f"{name}: {exc}") from exc
+    return os.fdopen(fd, "rb")
 
 
 class TarImageSource(ImageSource):

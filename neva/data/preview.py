@@ -3,7 +3,9 @@
 Without ``--json``: each sample's rendered prompt with the learned spans highlighted. With ``--json``: one object per
 line, ``{"id", "input_ids", "labels"}`` (aligned; -100 = not learned; image positions expanded to the image token id)
 or ``{"id", "skipped": reason}``. With an AnyRes checkpoint as ``--tokenizer`` (``--image-folder`` required), each
-image's size, tile grid, tiles and decoder positions too (``"images"``).
+image's size, tile grid, tiles and decoder positions too (``"images"``). A record's videos: frames sampled (their
+indices and the stream's frame count with ``--video-folder``), decoder positions (``"videos"``); a video that cannot
+be used is the record's skip reason, as in training.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any
 
 from neva.data.config import SYNTHETIC, TEMPLATES
 from neva.data.conversation import count_image_tags, parse_conversations, place_image_tags
-from neva.data.dataset import EncoderSettings, encode_record
+from neva.data.dataset import EncoderSettings, encode_media_record
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.errors import SampleError
 from neva.data.images import image_source_for
-from neva.data.records import load_records, record_images
+from neva.data.records import load_records, record_images, record_videos
+from neva.data.video import VIDEO, VideoSource, check_video_model, load_videos, tag_spans
+from neva.data.video_decode import VideoLimits
 from neva.hf_local import from_local
 
 _GREEN, _RESET = "\033[32m", "\033[0m"
@@ -70,6 +74,31 @@ def anyres_images(record: dict[str, Any], source: Any, cfg: Any) -> list[dict[st
     return out
 
 
+def video_rule(cfg: Any, grid: int) -> tuple[Any, int | None]:
+    """Positions of one video of F frames and their id: the checkpoint's (``NevaConfig.video_tokens``), else
+    LLaVA-NeXT-Video's pooling (``VideoConfig()``) of a ``grid`` × ``grid`` tower."""
+    import functools
+
+    from neva.models.video import VideoConfig, video_token_count
+
+    if cfg is not None:
+        return (cfg.video_tokens if cfg.video is not None else None), cfg.video_token_id
+    return functools.partial(video_token_count, VideoConfig(), grid), None
+
+
+def record_video_info(record: dict[str, Any], settings: EncoderSettings, source: VideoSource | None) -> list[dict]:
+    """Per video: its name and frames (without a folder: ``num_frames``, what uniform sampling always gives), with a
+    folder the sampled indices and the stream's frame count too. Raises ``SampleError``."""
+    names = record_videos(record)
+    if source is None:
+        check_video_model(names, settings)
+        return [{"name": name, "frames": settings.num_frames} for name in names]
+    return [
+        {"name": name, "frames": len(v.frames), "indices": v.indices, "total": v.header.total}
+        for name, v in zip(names, load_videos(names, settings, source))
+    ]
+
+
 def _records(data_path: str, template: str) -> list[dict[str, Any]]:
     if data_path == SYNTHETIC:
         from neva.data.synthetic import synthetic_records
@@ -101,6 +130,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     anyres = cfg is not None and cfg.anyres is not None
     if anyres and not args.image_folder:
         raise SystemExit("an AnyRes checkpoint's image token counts follow from the images' sizes: pass --image-folder")
+    video_tokens, video_token_id = video_rule(cfg, args.video_grid)
     settings = EncoderSettings(
         tokenizer=tokenizer,
         template=get_template(args.conv_template, tokenizer),
@@ -109,15 +139,30 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         max_length=args.max_length or ckpt_len,
         image_token_placement=args.image_token_placement,
         tokenization=args.tokenization,
+        video_tokens=video_tokens,
+        video_token_id=video_token_id,
+        num_frames=args.num_frames,
     )
     source = image_source_for(args.image_folder) if args.image_folder else None
+    video_folder = args.video_folder or (
+        args.image_folder if args.image_folder and os.path.isdir(args.image_folder) else None
+    )
+    if args.video_fps is not None and video_folder is None:
+        raise SystemExit("--video-fps: a video's frames then follow from its header: pass --video-folder")
+    videos_from = VideoSource(video_folder, VideoLimits(args.num_frames, args.video_fps)) if video_folder else None
     records = _records(args.data_path, args.conv_template)
     skipped = 0
     for record in records[: args.limit] if args.limit else records:
         rid = record.get("id")
         try:
             images = anyres_images(record, source, cfg) if anyres else None
-            enc, names = encode_record(record, settings, None if images is None else [i["tokens"] for i in images])
+            videos = record_video_info(record, settings, videos_from)
+            enc, names, tags = encode_media_record(
+                record,
+                settings,
+                None if images is None else [i["tokens"] for i in images],
+                [v["frames"] for v in videos],
+            )
             input_ids, labels = enc.input_ids, enc.labels
             if source is not None and not anyres:
                 for name in names:
@@ -135,9 +180,15 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
                 pos = input_ids.index(settings.image_token_id, pos)
                 image["positions"] = [pos, pos + image["tokens"]]
                 pos += image["tokens"]
+        spans = [span for span in tag_spans(input_ids, settings.image_token_id, tags) if span[0] == VIDEO]
+        for video, (_, start, end) in zip(videos, spans):
+            video.update(tokens=end - start, positions=[start, end])
+            if settings.video_token_id is not None:  # the ids training sees
+                input_ids[start:end] = [settings.video_token_id] * (end - start)
         if args.json:
             row = {"id": rid, "input_ids": input_ids, "labels": labels}
-            out.write(json.dumps(row if images is None else {**row, "images": images}) + "\n")
+            row = row if images is None else {**row, "images": images}
+            out.write(json.dumps({**row, "videos": videos} if videos else row) + "\n")
             continue
         messages = place_image_tags(parse_conversations(record.get("conversations")), settings.image_token_placement)
         rendered = settings.template.render(messages, settings.system_prompt)
@@ -153,6 +204,12 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
                 f"{i['tiles']} tiles with the overview, {i['tokens']} positions [{i['positions'][0]}, "
                 f"{i['positions'][1]})\n"
                 for i in images or []
+            )
+            + "".join(
+                f"    {v['name']}: {v['frames']} frames"
+                + (f" at {v['indices']} of {v['total']}" if "indices" in v else " (uniform; not decoded)")
+                + f", {v['tokens']} positions [{v['positions'][0]}, {v['positions'][1]})\n"
+                for v in videos
             )
             + f"{highlight(rendered.text, rendered.learned_spans, args.color)}\n\n"
         )
@@ -175,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-token-placement", choices=("front", "inline"), default="front")
     p.add_argument("--tokenization", choices=TOKENIZATIONS, default="neva")
     p.add_argument("--color", action=argparse.BooleanOptionalAction, default=None, help="ANSI highlight")
+    p.add_argument("--video-folder", default=None, help="directory of the videos (default: --image-folder)")
+    p.add_argument("--num-frames", type=int, default=8, help="frames sampled per video (model.data.num_frames)")
+    p.add_argument("--video-fps", type=float, default=None, help="model.data.video_fps (needs the videos)")
+    p.add_argument(
+        "--video-grid", type=int, default=24, help="the tower's patch grid, unless --tokenizer is a neva checkpoint"
+    )
     return p
 
 

@@ -112,8 +112,18 @@ def record_images(record: dict[str, Any]) -> list[Any]:
     return list(image) if isinstance(image, (list, tuple)) else [image]
 
 
-def approx_length(record: dict[str, Any], num_image_tokens: int) -> int:
-    """LLaVA's ``modality_lengths``: word count (+ image tokens), negative for text-only records.
+def record_videos(record: dict[str, Any]) -> list[Any]:
+    """A record's video names as a list (``"video"``: one string or a list; ``"videos"`` too)."""
+    video = record.get("video", record.get("videos"))
+    if video is None:
+        return []
+    return list(video) if isinstance(video, (list, tuple)) else [video]
+
+
+def approx_length(record: dict[str, Any], num_image_tokens: int, video_tokens: int = 0) -> int:
+    """LLaVA's ``modality_lengths``: word count (+ image and video tokens), negative for text-only records.
+
+    ``video_tokens``: positions of one video at ``num_frames`` frames (the most a video takes).
 
     Cheap enough to compute for every record before training (no tokenizer, no image decode).
     """
@@ -124,6 +134,8 @@ def approx_length(record: dict[str, Any], num_image_tokens: int) -> int:
             value = turn.get("value", turn.get("content")) if isinstance(turn, dict) else None
             if isinstance(value, str):
                 words += len(value.split())
-    n_images = len(record_images(record))
+    n_images, n_videos = len(record_images(record)), len(record_videos(record))
     words = max(words, 1)
-    return words + n_images * num_image_tokens if n_images else -words
+    if n_images or n_videos:
+        return words + n_images * num_image_tokens + n_videos * video_tokens
+    return -words

@@ -132,7 +132,7 @@ def test_preview_text_mode(tmp_path, synthetic_tokenizer):
     args = Namespace(
         data_path=str(path), image_folder=None, conv_template="vicuna_v1", tokenizer="synthetic", limit=None,
         json=False, num_image_tokens=4, max_length=None, image_token_placement="front", tokenization="neva",
-        color=False,
+        color=False, video_folder=None, num_frames=8, video_fps=None, video_grid=24,
     )  # fmt: skip
     assert preview(args, out) == 1
     text = out.getvalue()
