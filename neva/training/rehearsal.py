@@ -138,7 +138,8 @@ def synthetic_micro_batches(
         "pixel_values": torch.zeros((1 if n_img else 0, 3, size, size), dtype=torch.uint8),
     }
     data = cfg.model.data
-    collate = Collator(0, data.seq_length, data.pad_to_multiple_of, data.packing)
+    # No ``model.data.seq_length``: the model's ``max_seq_len``, as the data module decides.
+    collate = Collator(0, data.seq_length or ncfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing)
     return [
         collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])
         for m in range(layout.grad_accum)
@@ -288,7 +289,11 @@ def _rehearse_rank(
     device = torch.device("cpu")
     precision = Precision.from_config(cfg.trainer.precision, cfg.model.megatron_amp_O2)
     # Plans are applied on the meta device first and only this rank's shards are allocated (in fake mode).
-    m = dataclasses.replace(cfg.model, meta_init=True, compile=False)
+    # Packed rows (collated as the run packs them) run as rows of the same shape under causal attention: the CPU's
+    # per-segment attention finds its segments from the values (which fake tensors lack), and CUDA's FlexAttention
+    # with a document mask keeps the activations of a causal attention of that shape (plus its small block mask).
+    data = dataclasses.replace(cfg.model.data, packing=False)
+    m = dataclasses.replace(cfg.model, meta_init=True, compile=False, data=data)
     mode = tools["FakeTensorMode"](allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     # DTensor's sharding propagation computes output metadata in the fake mode it detects; a TracingContext with a
     # second mode gives it its own, which the trackers skip (they count only ops of the mode active at entry).

@@ -68,6 +68,16 @@ def test_a_layout_that_cannot_run_fails_the_rehearsal() -> None:
         rehearse(cfg, text_tokens=16)
 
 
+def test_packed_rows_rehearse() -> None:
+    """The canary packs its rows and leaves ``model.data.seq_length`` to the model: both used to stop the rehearsal
+    (a ``None`` row capacity; segment values read on fake tensors)."""
+    cfg = compose_config(["+canary=pretrain", "trainer.devices=1", "model.global_batch_size=2",
+                          "model.micro_batch_size=2"])  # fmt: skip
+    assert cfg.model.data.packing and cfg.model.data.seq_length is None
+    (measured,) = rehearse(cfg, text_tokens=16)
+    assert measured.peak == sum(measured.categories.values()) > 0
+
+
 @pytest.mark.parametrize(
     "preset", [pytest.param(p, marks=pytest.mark.xfail(raises=RehearsalUnavailable, strict=True)) if p in PIPELINED
                else p for p in PRESETS]
