@@ -138,10 +138,11 @@ def rank_roles(layout: Layout, stages: list[int] | None = None) -> list[tuple[in
     return [(s, s * layout.dp * layout.tp) for s in (range(layout.pp) if stages is None else stages)]
 
 
-def bounding_stages(layout: Layout) -> list[int]:
-    """The pipeline stages that bound a 1F1B layout's peak: the first (the most micro-batches in flight, the
-    embedding and the vision tower) and the last (the LM head and the loss; the most layers when they do not divide
-    evenly). A middle stage holds fewer in flight than the first and no more layers than the last."""
+def edge_stages(layout: Layout) -> list[int]:
+    """The first and the last pipeline stage: between them every part a stage can hold (vision, embeddings and the
+    root inputs; the LM head and the loss; sends and receives). For memory a middle stage can still peak higher (one
+    more decoder layer than the first when the layers do not divide evenly, fewer micro-batches in flight): the
+    command line rehearses every stage."""
     return sorted({0, layout.pp - 1})
 
 
@@ -251,8 +252,7 @@ def rehearse(
             the same tensors (gradients accumulating, no reduction), so 3 give the whole step's peak in less time.
         fake: False runs the same step on real tensors (the fake process group still moves no data): the tests'
             check that fake and real storage agree byte for byte, at tiny sizes.
-        stages: the pipeline stages to rehearse (default: every stage; ``bounding_stages`` picks those that bound
-            the peak).
+        stages: the pipeline stages to rehearse (default: every stage; ``edge_stages``: the first and the last).
 
     Raises:
         RehearsalUnavailable: this torch lacks a private API the rehearsal needs, or the layout interleaves

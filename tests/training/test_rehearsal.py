@@ -18,7 +18,7 @@ from neva.config import compose_config
 from neva.parallel.layout import Layout
 from neva.plan import main
 from neva.planner.plan import TEXT_TOKENS, plan_run
-from neva.training.rehearsal import CATEGORIES, RehearsalUnavailable, bounding_stages, rehearse, require, shallow
+from neva.training.rehearsal import CATEGORIES, RehearsalUnavailable, edge_stages, rehearse, require, shallow
 from neva.typed import ConfigError
 
 PRESETS = sorted(p.stem for p in (Path(neva.__file__).parent / "configs" / "preset").glob("*.yaml"))
@@ -41,9 +41,12 @@ TINY_O2 = ["+stage=finetune", "trainer.precision=bf16", "model.megatron_amp_O2=t
     ids=["tp2_fsdp2_o2_ac", "one_process_o2", "pp2_o2"],
 )  # fmt: skip
 def test_fake_step_allocates_what_the_real_step_allocates(overrides: list[str]) -> None:
+    """Byte for byte, with one decoder layer per pipeline chunk (the tracker's cost is per operation)."""
     cfg = compose_config(TINY_O2 + overrides)
-    fake = rehearse(cfg, text_tokens=16)
-    real = rehearse(cfg, text_tokens=16, fake=False)
+    layout = Layout.from_config(cfg.model, cfg.trainer.devices)
+    model = shallow(neva_config_from_mm(cfg.model.mm_cfg), layout)
+    fake = rehearse(cfg, text_tokens=16, model=model)
+    real = rehearse(cfg, text_tokens=16, model=model, fake=False)
     assert [(r.peak, r.categories, r.where) for r in fake] == [(r.peak, r.categories, r.where) for r in real]
     assert [r.stage for r in fake] == list(range(cfg.model.pipeline_model_parallel_size))
     assert all(r.peak == sum(r.categories.values()) > 0 for r in fake)
@@ -90,7 +93,7 @@ def test_every_preset_layout_runs_its_step(preset: str) -> None:
     """Every width, sequence length, micro-batch size, precision and plan of the preset, with one decoder layer per
     pipeline chunk and two vision layers (the full depth is the command line's ``plan.rehearse=true``). Without
     pipelining one micro-batch (forward, backward, reduction, clipping, AdamW; a second would repeat its shapes);
-    pipelined, the stages that bound the peak with ``pp + 1`` micro-batches per step, so that every stage reaches
+    pipelined, the first and the last stage with ``pp + 1`` micro-batches per step, so that every stage reaches
     1F1B's steady phase (backward, then forward with gradients held)."""
     cfg = compose_config([f"+preset={preset}"])
     layout = Layout.from_config(cfg.model, cfg.trainer.devices * cfg.trainer.num_nodes)
@@ -98,7 +101,7 @@ def test_every_preset_layout_runs_its_step(preset: str) -> None:
         gbs = layout.micro_batch_size * layout.dp * (layout.pp + 1)
         cfg = compose_config([f"+preset={preset}", f"model.global_batch_size={gbs}"])
     model = shallow(neva_config_from_mm(cfg.model.mm_cfg), layout)
-    stages = bounding_stages(layout)
+    stages = edge_stages(layout)
     measured = rehearse(cfg, TEXT_TOKENS[cfg.stage], model=model, micro_batches=1, stages=stages)
     assert [r.stage for r in measured] == stages
     assert all(r.peak == sum(r.categories.values()) > 0 for r in measured)
