@@ -403,6 +403,9 @@ def _decide_pipeline_locally(
 ) -> None:
     """Build the schedule ``runner`` will run for ``micro_batches`` with static stage shapes, set up as its
     warm-up would set it up when every stage votes static."""
+    # The replicas agree on the step's shape by an all-reduce read on the host; every replica of the rehearsal
+    # collates the same micro-batches, so the local shape is the agreed one.
+    runner.dp_group = None
     shape = step_shape(micro_batches, multiple)
     (first,), _, _ = runner._inputs(pad_micro_batches(micro_batches[:1], shape=shape))
     hidden = torch.empty((*shape, ncfg.llm.hidden_size), dtype=precision.param_dtype, device="meta", requires_grad=True)
