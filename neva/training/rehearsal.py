@@ -180,8 +180,11 @@ class _PeakLocator:
     statistics are archived and reset before every further micro-batch's root forward) and names the module, phase
     and micro-batch of the peak afterwards."""
 
-    def __init__(self, tracker: Any, root: nn.Module) -> None:
+    def __init__(self, tracker: Any, root: nn.Module, pipelined: bool = False) -> None:
         self.tracker, self.root = tracker, root
+        # Under 1F1B a micro-batch's statistics also hold the backward of an earlier one (up to pp - stage are in
+        # flight): the place says which forward the backward followed.
+        self.pipelined = pipelined
         self.archive: list[tuple[int, dict]] = []
         self.micro_batch = 0
         self.peak_before_optimizer = 0
@@ -223,7 +226,10 @@ class _PeakLocator:
                             phase = "backward" if "Backward" in name or "BW" in name else "forward"
                             if best is None or depth > best[0]:
                                 module = mod_stats.mod_fqn.partition(".")[2] or "the root (embedding, head, vision)"
-                                best = (depth, f"micro-batch {mb + 1}, {phase} of {module}")
+                                place = f"micro-batch {mb + 1}, {phase} of {module}"
+                                if self.pipelined and phase == "backward":
+                                    place = f"backward of {module}, after micro-batch {mb + 1}'s forward"
+                                best = (depth, place)
         if best is not None:
             return best[1]
         if peak > self.peak_before_optimizer:
@@ -368,7 +374,7 @@ def _rehearse_rank(
                 tracker.track_external(*parallel.parts, optimizer, *tensors)
                 if parallel.master is not None:
                     tracker.track_external(parallel.master.main_grad, *(p for _, p in parallel.master.named_master))
-            locator = _PeakLocator(tracker, root)
+            locator = _PeakLocator(tracker, root, pipelined=parallel.runner is not None)
             optimizer.register_step_pre_hook(locator.before_optimizer)
             with locator.installed(), tracker:
                 if parallel.runner is not None:  # inside the trackers: the stage's receive buffers are its memory
