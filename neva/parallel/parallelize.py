@@ -26,7 +26,7 @@ from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
 from neva.parallel.pipeline import PipelineRunner, build_chunks, chunk_of_key, local_chunks, split_layers
 from neva.parallel.precision import MasterWeights, Precision, cast_parameters
-from neva.parallel.tensor_parallel import apply_tensor_parallel
+from neva.parallel.tensor_parallel import apply_tensor_parallel, vocab_parallel_logits
 from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def parallelize(
         parts = build_chunks(meta_model, dims.pp_rank, layout.pp, layout.vpp, layout.first_stage_layers)
     else:
         chunk_ids, parts = [0], [meta_model]
-    vocab_parallel = layout.tp > 1 and layout.pp == 1
+    vocab_parallel = vocab_parallel_logits(layout.tp, layout.pp)
     if layout.ep > 1 or meta_model.cfg.llm.is_moe:
         check_expert_parallel_layout(layout, meta_model.cfg.llm, uses_fsdp(layout, precision), precision)
     for part in parts:

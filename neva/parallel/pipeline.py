@@ -202,6 +202,10 @@ class PipelineRunner:
         self._weight: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._grad_factor = 1.0
         self._loss_sums: list[torch.Tensor] = []
+        # Static stage inputs and outputs (``PipelineStage``'s ``input_args`` / ``output_args``) per (chunk id, padded
+        # step shape), instead of inferring them over the wire: the full-size rehearsal's fake tensors and fake process
+        # group move no data (``neva.training.rehearsal``). None in training.
+        self.static_io: Callable[[int, tuple[int, ...]], dict[str, Any]] | None = None
 
     def _loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # The weight comes from the micro-batch's own labels: the schedule does not say which micro-batch this is.
@@ -213,8 +217,9 @@ class PipelineRunner:
     def _schedule(self, shape: tuple[int, ...], n: int, train: bool):
         key = (train, n, *shape)
         if key not in self._schedules:
+            static = self.static_io or (lambda cid, shape: {})
             stages = [
-                PipelineStage(chunk, cid, self.num_chunks, self.device, group=self.pp_group)
+                PipelineStage(chunk, cid, self.num_chunks, self.device, group=self.pp_group, **static(cid, shape))
                 for chunk, cid in zip(self.chunks, self.chunk_ids)
             ]
             name = self.schedule_name if train else "gpipe"  # evaluation: forward only, any micro-batch count

@@ -121,6 +121,12 @@ def _projector_plan(projector: nn.Sequential) -> dict[str, ParallelStyle]:
     return plan
 
 
+def vocab_parallel_logits(tp: int, pp: int) -> bool:
+    """Whether the LM head's logits stay vocab-sharded (``loss_parallel``): under TP without pipelining. A pipeline's
+    last stage gathers them: torch's schedule calls the loss on plain tensors, outside the engine's loss context."""
+    return tp > 1 and pp == 1
+
+
 def apply_tensor_parallel(
     model: NevaModel, tp_mesh: DeviceMesh, sequence_parallel: bool, vocab_parallel_loss: bool
 ) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from neva.models.config import NevaConfig
 from neva.parallel.layout import Layout
+from neva.parallel.pipeline import local_chunks
+from neva.parallel.tensor_parallel import vocab_parallel_logits
 from neva.planner.deployment import Deployment
 from neva.planner.flops import checkpointed_layers
 from neva.planner.params import ParamInfo
@@ -63,18 +65,34 @@ def stage_activation_bytes(
         per_mb += _layer_bytes(cfg, dep, tokens, trains[i], mode)
     last = stage == layout.pp - 1
     if last:
-        # Vocab-parallel logits: bf16 output plus the fp32 copy the cross-entropy keeps for its backward.
-        head = tokens if layout.tp > 1 or learned_tokens is None else b * learned_tokens
-        per_mb += head * cfg.llm.vocab_size / layout.tp * (e + 4)
+        # Logits (vocab-sharded under TP without PP): bf16 output plus the fp32 copy the cross-entropy keeps for its
+        # backward; at learned positions only without TP and PP (``Engine.learned_only_head``).
+        head = tokens if layout.tp > 1 or layout.pp > 1 or learned_tokens is None else b * learned_tokens
+        vocab = cfg.llm.vocab_size / layout.tp if vocab_parallel_logits(layout.tp, layout.pp) else cfg.llm.vocab_size
+        per_mb += head * vocab * (e + 4)
     if stage == 0 and cfg.vision is not None:
         per_mb += _vision_bytes(cfg, infos, dep)
-    # Layer inputs in flight between stages (the received activation) are part of each stage's saved set.
-    per_mb += e * tokens * cfg.llm.hidden_size
+    if stage == 0:  # the first stage's layer input (a later stage's is one of its receive buffers)
+        per_mb += e * tokens * cfg.llm.hidden_size
     recompute = 0.0
     if layout.ac == "full" and layers:
         # During backward, one checkpointed layer is rebuilt with all its activations.
         recompute = _layer_bytes(cfg, dep, tokens, any(trains.values()), None)
-    return in_flight * per_mb + recompute
+    return in_flight * per_mb + recompute + pipeline_buffer_bytes(cfg, dep, seq_len, stage)
+
+
+def pipeline_buffer_bytes(cfg: NevaConfig, dep: Deployment, seq_len: int, stage: int) -> float:
+    """torch's ``PipelineStage`` allocates a receive buffer per micro-batch of the step, kept from step to step: for
+    the activations of every chunk but the first and for their gradients of every chunk but the last, each
+    ``[micro_batch_size, seq_len, hidden]`` in the residual stream's dtype (the parameters': bf16 under O2, fp32
+    under autocast). Measured by the rehearsal."""
+    layout = dep.layout
+    if layout.pp == 1:
+        return 0.0
+    last = layout.num_chunks - 1
+    buffers = sum((c > 0) + (c < last) for c in local_chunks(stage, layout.pp, layout.vpp))
+    stream = 2 if dep.precision in ("o2", "half") else 4
+    return buffers * layout.grad_accum * layout.micro_batch_size * seq_len * cfg.llm.hidden_size * stream
 
 
 def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment) -> float:

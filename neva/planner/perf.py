@@ -114,7 +114,7 @@ def step_time(
         n = _tp_collectives(layout, layers[s], recomputed, s, f.backward)
         tp.append(n * all_reduce_time(act, layout.tp, tp_group_per_node(dep), hw))
         sends = 0 if layout.pp == 1 else (1 + f.backward) * layout.vpp
-        p2p.append(sends * p2p_time(act, dep, hw))
+        p2p.append(sends * p2p_time(act, dep, hw) if sends else 0.0)  # one GPU (cluster=local): no link to time
     per_mb = [c + t + p for c, t, p in zip(comp, tp, p2p)]
     worst = max(range(len(per_mb)), key=per_mb.__getitem__)
     bubble = (layout.pp - 1) / layout.vpp * sum(per_mb) / len(per_mb) if layout.pp > 1 else 0.0

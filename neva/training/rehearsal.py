@@ -42,6 +42,7 @@ from neva.models.trainable import build_meta_model
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import MESH_DIMS, build_mesh
 from neva.parallel.parallelize import parallelize
+from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer
@@ -74,27 +75,46 @@ def _torch_tools() -> dict[str, Any]:
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         from torch.distributed._tools.mem_tracker import MemTracker
         from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining._utils import InferenceMode
+        from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+        from torch.distributed.tensor.debug import (
+            _clear_fast_path_sharding_prop_cache,
+            _clear_python_sharding_prop_cache,
+        )
         from torch.testing._internal.distributed.fake_pg import FakeStore
     except ImportError as e:
         raise RehearsalUnavailable(f"torch {torch.__version__} lacks an API the rehearsal needs: {e}") from e
-    # Private members used besides the public ones: the peak so far, and the per-parameter gradient hooks.
-    for cls, attr in ((MemTracker, "reset_mod_stats"), (MemTracker, "get_tracker_snapshot"),
-                      (FSDPMemTracker, "track_inputs")):  # fmt: skip
-        if not hasattr(cls, attr):
-            raise RehearsalUnavailable(f"torch {torch.__version__}: {cls.__name__} has no {attr}")
-    probe = MemTracker()
-    for attr in ("_peak_mem", "_param_to_grad_hook_handles", "memory_tracking"):
-        if not hasattr(probe, attr):
-            raise RehearsalUnavailable(f"torch {torch.__version__}: MemTracker has no {attr}")
+    # Private members used besides the public ones: the peak so far, the per-parameter gradient hooks, the pipeline
+    # stages' set-up (``_decide_pipeline_locally`` checks the instance attributes it sets where it sets them).
+    require(MemTracker, "reset_mod_stats", "get_tracker_snapshot")
+    require(MemTracker(), "_peak_mem", "_param_to_grad_hook_handles", "memory_tracking")
+    require(FSDPMemTracker, "track_inputs")
+    require(PipelineStage, "_prepare_forward_infra", "_prepare_backward_infra")
+    require(PipelineScheduleSingle, "_initialize_stage")
+    require(InferenceMode, "STATIC")
     return {
         "FakeTensorMode": FakeTensorMode,
         "FSDPMemTracker": FSDPMemTracker,
         "MemTracker": MemTracker,
         "FSDPModule": FSDPModule,
         "FakeStore": FakeStore,
+        "InferenceMode": InferenceMode,
+        # DTensor caches sharding decisions by mesh shape; another rank role's mesh of the same shape has other
+        # process groups, so the cache is emptied after every rank role.
+        "clear_sharding_caches": lambda: (_clear_python_sharding_prop_cache(), _clear_fast_path_sharding_prop_cache()),
         "tracing": tracing,
         "TracingContext": TracingContext,
     }
+
+
+def require(owner: Any, *members: str) -> None:
+    """Raise ``RehearsalUnavailable`` naming the first of ``members`` that ``owner`` (a class or an instance of one
+    of torch's private tools) lacks."""
+    for member in members:
+        if not hasattr(owner, member):
+            name = owner.__name__ if isinstance(owner, type) else type(owner).__name__
+            raise RehearsalUnavailable(f"torch {torch.__version__}: {name} has no {member}, which the rehearsal uses")
 
 
 @dataclass(frozen=True)
@@ -112,9 +132,18 @@ class RankMemory:
         return dataclasses.asdict(self)
 
 
-def rank_roles(layout: Layout) -> list[tuple[int, int]]:
-    """``(pipeline stage, global rank)`` of each distinct rank role: the (dp 0, tp 0) rank of every stage."""
-    return [(s, s * layout.dp * layout.tp) for s in range(layout.pp)]
+def rank_roles(layout: Layout, stages: list[int] | None = None) -> list[tuple[int, int]]:
+    """``(pipeline stage, global rank)`` of each distinct rank role: the (dp 0, tp 0) rank of every stage (of
+    ``stages``, default all)."""
+    return [(s, s * layout.dp * layout.tp) for s in (range(layout.pp) if stages is None else stages)]
+
+
+def edge_stages(layout: Layout) -> list[int]:
+    """The first and the last pipeline stage: between them every part a stage can hold (vision, embeddings and the
+    root inputs; the LM head and the loss; sends and receives). For memory a middle stage can still peak higher (one
+    more decoder layer than the first when the layers do not divide evenly, fewer micro-batches in flight): the
+    command line rehearses every stage."""
+    return sorted({0, layout.pp - 1})
 
 
 def synthetic_micro_batches(
@@ -138,7 +167,8 @@ def synthetic_micro_batches(
         "pixel_values": torch.zeros((1 if n_img else 0, 3, size, size), dtype=torch.uint8),
     }
     data = cfg.model.data
-    collate = Collator(0, data.seq_length, data.pad_to_multiple_of, data.packing)
+    # No ``model.data.seq_length``: the model's ``max_seq_len``, as the data module decides.
+    collate = Collator(0, data.seq_length or ncfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing)
     return [
         collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])
         for m in range(layout.grad_accum)
@@ -150,8 +180,11 @@ class _PeakLocator:
     statistics are archived and reset before every further micro-batch's root forward) and names the module, phase
     and micro-batch of the peak afterwards."""
 
-    def __init__(self, tracker: Any, root: nn.Module) -> None:
+    def __init__(self, tracker: Any, root: nn.Module, pipelined: bool = False) -> None:
         self.tracker, self.root = tracker, root
+        # Under 1F1B a micro-batch's statistics also hold the backward of an earlier one (up to pp - stage are in
+        # flight): the place says which forward the backward followed.
+        self.pipelined = pipelined
         self.archive: list[tuple[int, dict]] = []
         self.micro_batch = 0
         self.peak_before_optimizer = 0
@@ -193,7 +226,10 @@ class _PeakLocator:
                             phase = "backward" if "Backward" in name or "BW" in name else "forward"
                             if best is None or depth > best[0]:
                                 module = mod_stats.mod_fqn.partition(".")[2] or "the root (embedding, head, vision)"
-                                best = (depth, f"micro-batch {mb + 1}, {phase} of {module}")
+                                place = f"micro-batch {mb + 1}, {phase} of {module}"
+                                if self.pipelined and phase == "backward":
+                                    place = f"backward of {module}, after micro-batch {mb + 1}'s forward"
+                                best = (depth, place)
         if best is not None:
             return best[1]
         if peak > self.peak_before_optimizer:
@@ -208,6 +244,7 @@ def rehearse(
     model: NevaConfig | None = None,
     micro_batches: int | None = None,
     fake: bool = True,
+    stages: list[int] | None = None,
 ) -> list[RankMemory]:
     """Run one optimizer step of every rank role of ``cfg``'s layout on fake tensors and measure its memory.
 
@@ -221,25 +258,30 @@ def rehearse(
             the same tensors (gradients accumulating, no reduction), so 3 give the whole step's peak in less time.
         fake: False runs the same step on real tensors (the fake process group still moves no data): the tests'
             check that fake and real storage agree byte for byte, at tiny sizes.
+        stages: the pipeline stages to rehearse (default: every stage; ``edge_stages``: the first and the last).
 
     Raises:
-        RehearsalUnavailable: this torch lacks a private API the rehearsal needs, or the layout is pipelined.
+        RehearsalUnavailable: this torch lacks a private API the rehearsal needs, or the layout interleaves
+            pipeline chunks (virtual pipeline stages).
         Exception: whatever the real path raises for this layout (the pre-flight's answer).
     """
     tools = _torch_tools()
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
-    if layout.pp > 1:
-        # torch's schedules vote on their warm-up with ``.item()`` and infer stage shapes over the wire: neither runs
-        # on fake tensors and the fake process group without static stage shapes and a locally decided warm-up.
+    if layout.vpp > 1:
+        # A rank of several chunks runs torch's multi-stage schedules, whose set-up the rehearsal does not decide.
         raise RehearsalUnavailable(
-            f"pipeline-parallel layouts (model.pipeline_model_parallel_size={layout.pp}) cannot be rehearsed yet"
+            f"interleaved pipeline chunks (model.virtual_pipeline_model_parallel_size={layout.vpp}) cannot be "
+            "rehearsed yet"
         )
     batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction)
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
         batches = batches[: micro_batches - 1] + batches[-1:]
-    return [_rehearse_rank(cfg, ncfg, layout, rank, stage, batches, tools, fake) for stage, rank in rank_roles(layout)]
+    return [
+        _rehearse_rank(cfg, ncfg, layout, rank, stage, batches, tools, fake)
+        for stage, rank in rank_roles(layout, stages)
+    ]
 
 
 class _NoHook:
@@ -268,10 +310,10 @@ def _warm_optimizer(engine: Engine, optimizer: torch.optim.Optimizer) -> None:
 
 
 def _world(cfg: TrainConfig) -> int:
+    """The planned world: ``trainer.devices`` per node, or the cluster's GPUs per node when it is not a number
+    (``auto``), as ``neva.planner.deployment`` plans it (the layout printed beside the rehearsal)."""
     devices = cfg.trainer.devices
-    if not isinstance(devices, int):
-        raise ValueError(f"the rehearsal needs trainer.devices as a number of GPUs per node, got {devices!r}")
-    return devices * cfg.trainer.num_nodes
+    return (devices if isinstance(devices, int) else cfg.cluster.gpus_per_node) * cfg.trainer.num_nodes
 
 
 def _rehearse_rank(
@@ -288,7 +330,11 @@ def _rehearse_rank(
     device = torch.device("cpu")
     precision = Precision.from_config(cfg.trainer.precision, cfg.model.megatron_amp_O2)
     # Plans are applied on the meta device first and only this rank's shards are allocated (in fake mode).
-    m = dataclasses.replace(cfg.model, meta_init=True, compile=False)
+    # Packed rows (collated as the run packs them) run as rows of the same shape under causal attention: the CPU's
+    # per-segment attention finds its segments from the values (which fake tensors lack), and CUDA's FlexAttention
+    # with a document mask keeps the activations of a causal attention of that shape (plus its small block mask).
+    data = dataclasses.replace(cfg.model.data, packing=False)
+    m = dataclasses.replace(cfg.model, meta_init=True, compile=False, data=data)
     mode = tools["FakeTensorMode"](allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     # DTensor's sharding propagation computes output metadata in the fake mode it detects; a TracingContext with a
     # second mode gives it its own, which the trackers skip (they count only ops of the mode active at entry).
@@ -328,20 +374,58 @@ def _rehearse_rank(
                 tracker.track_external(*parallel.parts, optimizer, *tensors)
                 if parallel.master is not None:
                     tracker.track_external(parallel.master.main_grad, *(p for _, p in parallel.master.named_master))
-            locator = _PeakLocator(tracker, root)
+            locator = _PeakLocator(tracker, root, pipelined=parallel.runner is not None)
             optimizer.register_step_pre_hook(locator.before_optimizer)
             with locator.installed(), tracker:
+                if parallel.runner is not None:  # inside the trackers: the stage's receive buffers are its memory
+                    _decide_pipeline_locally(parallel.runner, inputs, engine.sp_multiple, ncfg, precision, tools)
                 engine.optimizer_step(optimizer, inputs, cfg.trainer.gradient_clip_val)
             peak_snap = tracker.get_tracker_snapshot("peak")
     finally:
         if initialized:
             dist.destroy_process_group()
+            tools["clear_sharding_caches"]()
     snap = next(iter(peak_snap.values()), {})
     categories = {k: sum(v for key, v in snap.items() if str(getattr(key, "value", key)) in names)
                   for k, names in CATEGORIES.items()}  # fmt: skip
     peak = snap.get("Total", 0)
     where = locator.where(peak)
     return RankMemory(stage, rank, peak, categories, where, time.perf_counter() - start)
+
+
+# -- pipeline parallelism: the schedule's set-up decided on this rank ------------------------------------------------
+# torch's ``PipelineStage`` learns its input and output shapes over the wire (a vote on static vs dynamic shapes read
+# with ``.item()``, then metadata sent between stages, or a first forward); the fake process group moves no data. The
+# shapes are known: the first stage takes the step's collated inputs, every stage passes on the decoder's hidden
+# states ``[micro-batch rows, padded length, hidden]`` in the parameters' dtype (the residual stream's: bf16 under
+# O2, fp32 under autocast). The rehearsal gives them to the stages as static shapes, decides the vote on this rank,
+# and has the stages check every micro-batch's tensors against them (``_runtime_validate``), so a wrong shape fails.
+# The schedule then runs as in training: its warm-up keeps ``pp - stage`` micro-batches in flight (1F1B), the
+# receive buffers are allocated per micro-batch, and the sends and receives return at once.
+
+
+def _decide_pipeline_locally(
+    runner: Any, micro_batches: list[dict[str, Any]], multiple: int, ncfg: NevaConfig, precision: Precision, tools: dict
+) -> None:
+    """Build the schedule ``runner`` will run for ``micro_batches`` with static stage shapes, set up as its
+    warm-up would set it up when every stage votes static."""
+    # The replicas agree on the step's shape by an all-reduce read on the host; every replica of the rehearsal
+    # collates the same micro-batches, so the local shape is the agreed one.
+    runner.dp_group = None
+    shape = step_shape(micro_batches, multiple)
+    (first,), _, _ = runner._inputs(pad_micro_batches(micro_batches[:1], shape=shape))
+    hidden = torch.empty((*shape, ncfg.llm.hidden_size), dtype=precision.param_dtype, device="meta", requires_grad=True)
+    runner.static_io = lambda chunk, _: {"input_args": first if chunk == 0 else hidden, "output_args": hidden}
+    n = len(micro_batches)
+    schedule, stages = runner._schedule(shape, n, True)
+    require(schedule, "_stage_forward_initialized", "_stage_backward_initialized")
+    for stage in stages:
+        require(stage, "_runtime_validate", "_inference_mode")
+        stage._runtime_validate = True
+        stage._inference_mode = tools["InferenceMode"].STATIC
+        stage._prepare_forward_infra(n, None, None, has_backward=True)
+        stage._prepare_backward_infra(n, loss_fn=schedule._loss_fn)
+    schedule._stage_forward_initialized = schedule._stage_backward_initialized = True
 
 
 def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> NevaConfig:

@@ -1,11 +1,16 @@
 """The full-size rehearsal (``neva.training.rehearsal``): fake tensors count what real ones allocate, byte for byte;
-a layout the code cannot run fails; every shipped preset's layout runs its real step (at full width, shallow depth)."""
+a layout the code cannot run fails; every shipped preset's layout runs its real step (at full width, shallow depth,
+pipeline stages included)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from torch.distributed._tools.mem_tracker import MemTracker
 
 import neva
 from neva.checkpoint.source import neva_config_from_mm
@@ -13,13 +18,10 @@ from neva.config import compose_config
 from neva.parallel.layout import Layout
 from neva.plan import main
 from neva.planner.plan import TEXT_TOKENS, plan_run
-from neva.training.rehearsal import CATEGORIES, RehearsalUnavailable, rehearse, shallow
+from neva.training.rehearsal import CATEGORIES, RehearsalUnavailable, edge_stages, rehearse, require, shallow
 from neva.typed import ConfigError
 
 PRESETS = sorted(p.stem for p in (Path(neva.__file__).parent / "configs" / "preset").glob("*.yaml"))
-# Pipeline stages need static stage shapes and a locally decided schedule warm-up under fake tensors: not done yet
-# (the rehearsal refuses them with RehearsalUnavailable, exit status 2 on the command line).
-PIPELINED = {"nemo_llama2_70b_finetune", "nemo_llama2_70b_pretrain"}
 
 TINY_O2 = ["+stage=finetune", "trainer.precision=bf16", "model.megatron_amp_O2=true", "model.micro_batch_size=1"]
 
@@ -32,17 +34,23 @@ TINY_O2 = ["+stage=finetune", "trainer.precision=bf16", "model.megatron_amp_O2=t
          "model.activations_checkpoint_granularity=full", "trainer.gradient_clip_val=1.0"],
         # One process, O2: bf16 parameters, fp32 masters, the flat main-grad buffer.
         ["trainer.devices=1", "model.global_batch_size=2"],
+        # Two 1F1B pipeline stages × FSDP2 over 2 (O2): static stage shapes, the warm-up's in-flight micro-batches,
+        # the receive buffers; the first stage holds vision and embeddings, the last the head.
+        ["trainer.devices=4", "model.pipeline_model_parallel_size=2", "model.global_batch_size=6"],
     ],
-    ids=["tp2_fsdp2_o2_ac", "one_process_o2"],
+    ids=["tp2_fsdp2_o2_ac", "one_process_o2", "pp2_fsdp2_o2"],
 )  # fmt: skip
 def test_fake_step_allocates_what_the_real_step_allocates(overrides: list[str]) -> None:
+    """Byte for byte, with one decoder layer per pipeline chunk (the tracker's cost is per operation)."""
     cfg = compose_config(TINY_O2 + overrides)
-    fake = rehearse(cfg, text_tokens=16)
-    real = rehearse(cfg, text_tokens=16, fake=False)
+    layout = Layout.from_config(cfg.model, cfg.trainer.devices)
+    model = shallow(neva_config_from_mm(cfg.model.mm_cfg), layout)
+    fake = rehearse(cfg, text_tokens=16, model=model)
+    real = rehearse(cfg, text_tokens=16, model=model, fake=False)
     assert [(r.peak, r.categories, r.where) for r in fake] == [(r.peak, r.categories, r.where) for r in real]
-    (only,) = fake
-    assert only.peak == sum(only.categories.values()) > 0
-    assert set(only.categories) == set(CATEGORIES)
+    assert [r.stage for r in fake] == list(range(cfg.model.pipeline_model_parallel_size))
+    assert all(r.peak == sum(r.categories.values()) > 0 for r in fake)
+    assert all(set(r.categories) == set(CATEGORIES) for r in fake)
 
 
 def test_planned_state_equals_the_rehearsed_one() -> None:
@@ -68,18 +76,34 @@ def test_a_layout_that_cannot_run_fails_the_rehearsal() -> None:
         rehearse(cfg, text_tokens=16)
 
 
-@pytest.mark.parametrize(
-    "preset", [pytest.param(p, marks=pytest.mark.xfail(raises=RehearsalUnavailable, strict=True)) if p in PIPELINED
-               else p for p in PRESETS]
-)  # fmt: skip
+def test_the_canary_rehearses(capsys: pytest.CaptureFixture[str]) -> None:
+    """The canary's one GPU (``cluster=local``, ``trainer.devices=auto``), packed rows and ``model.data.seq_length``
+    left to the model each used to stop ``plan.rehearse=true`` (a division by the absent link's bandwidth, a refused
+    device count, a ``None`` row capacity, segment values read on fake tensors)."""
+    overrides = ["+canary=pretrain", "cluster.peak_tflops_bf16=100", "model.global_batch_size=2",
+                 "model.micro_batch_size=2", "plan.rehearse=true"]  # fmt: skip
+    cfg = compose_config(overrides[:-1])
+    assert cfg.model.data.packing and cfg.model.data.seq_length is None and cfg.trainer.devices == "auto"
+    main(overrides)
+    assert any(" rehearsed " in line for line in capsys.readouterr().out.splitlines())
+
+
+@pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_layout_runs_its_step(preset: str) -> None:
     """Every width, sequence length, micro-batch size, precision and plan of the preset, with one decoder layer per
-    pipeline chunk and two vision layers (the full depth is the command line's ``plan.rehearse=true``)."""
+    pipeline chunk and two vision layers (the full depth is the command line's ``plan.rehearse=true``). Without
+    pipelining one micro-batch (forward, backward, reduction, clipping, AdamW; a second would repeat its shapes);
+    pipelined, the first and the last stage with ``pp + 1`` micro-batches per step, so that every stage reaches
+    1F1B's steady phase (backward, then forward with gradients held)."""
     cfg = compose_config([f"+preset={preset}"])
     layout = Layout.from_config(cfg.model, cfg.trainer.devices * cfg.trainer.num_nodes)
+    if layout.pp > 1:
+        gbs = layout.micro_batch_size * layout.dp * (layout.pp + 1)
+        cfg = compose_config([f"+preset={preset}", f"model.global_batch_size={gbs}"])
     model = shallow(neva_config_from_mm(cfg.model.mm_cfg), layout)
-    measured = rehearse(cfg, TEXT_TOKENS[cfg.stage], model=model, micro_batches=2)
-    assert [r.stage for r in measured] == list(range(layout.pp))
+    stages = edge_stages(layout)
+    measured = rehearse(cfg, TEXT_TOKENS[cfg.stage], model=model, micro_batches=1, stages=stages)
+    assert [r.stage for r in measured] == stages
     assert all(r.peak == sum(r.categories.values()) > 0 for r in measured)
 
 
@@ -102,3 +126,24 @@ def test_plan_rehearse_exits_non_zero_when_the_real_path_fails(capsys: pytest.Ca
         main(TINY_PLAN + ["model.tensor_model_parallel_size=2", "model.peft.peft_scheme=lora"])
     assert exit_info.value.code == 1
     assert "rehearsal failed: ConfigError: LoRA" in capsys.readouterr().err
+
+
+def test_plan_rehearse_exits_2_on_a_torch_without_a_private_api_it_uses() -> None:
+    """A fresh interpreter in which one private module the rehearsal imports cannot be imported (``sys.modules[name]
+    = None`` is Python's own way to make an import fail; torch itself is not changed): the pre-flight says so in one
+    line and exits 2."""
+    blocked = "torch.distributed._tools.fsdp2_mem_tracker"
+    code = f"import sys; sys.modules[{blocked!r}] = None; from neva.plan import main; main({TINY_PLAN!r})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("rehearsal")]
+    assert line.startswith("rehearsal unavailable: torch ") and blocked in line
+
+
+def test_a_private_member_that_differs_makes_the_rehearsal_unavailable() -> None:
+    """The members checked beside the imports (a renamed attribute of torch's tracker, say) answer the same way."""
+    require(MemTracker, "reset_mod_stats")
+    with pytest.raises(RehearsalUnavailable, match="MemTracker has no reset_mod_statistics, which the rehearsal"):
+        require(MemTracker, "reset_mod_statistics")
