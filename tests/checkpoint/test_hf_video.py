@@ -84,7 +84,7 @@ def hf_video(tmp_path_factory):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no neva chat template in the source
         ckpt = import_llava(root / "hf", root / "ckpt", metadata={"conv_template": "vicuna_v1"})
-    return root, model, processor, ckpt
+    return model, processor, ckpt
 
 
 def _frames(seed: int = 3) -> torch.Tensor:
@@ -99,7 +99,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_llava_next_video_import_logits_generate_export_reload(hf_video, tmp_path):
-    root, hf, processor, ckpt = hf_video
+    hf, processor, ckpt = hf_video
     cfg = load_config(ckpt)
     assert cfg.video == VideoConfig(2, "average") and cfg.video_token_id == VIDEO_TOKEN and cfg.anyres is not None
     assert cfg.video_tokens(FRAMES) == FRAMES * 4
