@@ -193,7 +193,7 @@ def join_rows(batch: dict[str, Any]) -> dict[str, Any]:
     starts = torch.ones(n, dtype=torch.long)
     starts[1:] = ((kept_seg[1:] != kept_seg[:-1]) | (rows[1:] != rows[:-1])).long()
     out["segment_ids"] = torch.cumsum(starts, 0)[None]
-    for key in ("image_positions", "output_positions"):
+    for key in ("image_positions", "video_positions", "output_positions"):
         pos = batch.get(key)
         if pos is not None:
             cols = new_col[pos[:, 0] * s + pos[:, 1]]

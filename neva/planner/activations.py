@@ -45,11 +45,13 @@ def stage_activation_bytes(
     backward: bool,
     in_flight: float,
     learned_tokens: float | None = None,
+    frames: int = 0,
 ) -> float:
     """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive.
 
     ``learned_tokens``: learned tokens per sample; without TP the engine runs the LM head only at their positions
-    (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it)."""
+    (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it).
+    ``frames`` > 0: each sample holds one video of that many frames instead of one image."""
     if not backward:
         return 0.0
     layout = dep.layout
@@ -67,7 +69,7 @@ def stage_activation_bytes(
         head = tokens if layout.tp > 1 or learned_tokens is None else b * learned_tokens
         per_mb += head * cfg.llm.vocab_size / layout.tp * (e + 4)
     if stage == 0 and cfg.vision is not None:
-        per_mb += _vision_bytes(cfg, infos, dep)
+        per_mb += _vision_bytes(cfg, infos, dep, frames)
     # Layer inputs in flight between stages (the received activation) are part of each stage's saved set.
     per_mb += e * tokens * cfg.llm.hidden_size
     recompute = 0.0
@@ -77,11 +79,15 @@ def stage_activation_bytes(
     return in_flight * per_mb + recompute
 
 
-def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment) -> float:
-    """Vision tower + projector activations of one micro-batch (one image per sample)."""
+def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment, frames: int = 0) -> float:
+    """Vision tower + projector activations of one micro-batch (one image, or one video of ``frames`` frames, per
+    sample: a frame is a tower pass, the projector runs on its pooled tokens)."""
     e, b = dep.compute_bytes, dep.layout.micro_batch_size
     vision, hidden = cfg.vision, cfg.llm.hidden_size
     images_tokens = b * cfg.num_image_tokens
+    if frames:
+        images_tokens = b * cfg.video_tokens(frames)
+        b *= frames
     total = 0.0
     if any(p.trainable for p in infos if p.part == "vision"):
         tokens = b * vision.seq_len
