@@ -3,6 +3,9 @@
 IMAGE_TOKEN = "<image>"
 """The placeholder users write in prompts; a special token of every neva tokenizer."""
 
+VIDEO_TOKEN = "<video>"
+"""A video's placeholder in prompts (LLaVA-Video's and transformers' LlavaNextVideoProcessor's)."""
+
 IGNORE_INDEX = -100
 """Label of positions that are not learned (HF / PyTorch cross-entropy convention)."""
 

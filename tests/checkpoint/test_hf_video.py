@@ -23,9 +23,12 @@ from neva.checkpoint.hf import export_llava, import_llava
 from neva.checkpoint.hf_config import neva_config_from_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
 from neva.data.anyres import tile_image
+from neva.data.images import ImageProcessor
+from neva.inference import Answerer
 from neva.models.anyres import batch_feature_index
 from neva.models.generation import GenerationConfig, generate
 from neva.models.video import VideoConfig, VideoPool
+from neva.models.vision import normalize_pixels
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
 from tests.hf_oracle import TEXT_KW, VISION_KW
 
@@ -140,6 +143,25 @@ def test_llava_next_video_import_logits_generate_export_reload(hf_video, tmp_pat
     )[0]  # fmt: skip
     assert ours == theirs.tolist()
 
+    # the inference front end (neva.generate / neva.evaluate): a video as uint8 RGB frames, each processed as the
+    # tower's images; LlavaNextVideoProcessor's ids (its <video> expansion), transformers' greedy answer
+    answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=6), raw=True)
+    raw = np.random.default_rng(9).integers(0, 256, (FRAMES, 30, 40, 3), dtype=np.uint8)
+    ids, pixels, sizes, got_frames = answerer.prepare(
+        ("USER: <image>\n<video>\nWhat changed? ASSISTANT:", [image], [raw])
+    )
+    assert ids == inputs.input_ids[0].tolist() and sizes == [size] and torch.equal(pixels, tiles)
+    assert torch.equal(got_frames, torch.stack([ImageProcessor(cfg.vision)(Image.fromarray(f)) for f in raw]))
+    video = normalize_pixels(got_frames, cfg.vision.image_mean, cfg.vision.image_std)[None]
+    with torch.no_grad():
+        theirs = hf.generate(**inputs, pixel_values_videos=video, max_new_tokens=6, min_new_tokens=6,
+                             do_sample=False)[0, inputs.input_ids.shape[1]:]  # fmt: skip
+    assert answerer._generate([(ids, pixels, sizes, got_frames)]) == [
+        answerer.tokenizer.decode(theirs, skip_special_tokens=True)
+    ]
+    with pytest.raises(ValueError, match="1 <video> tag"):
+        answerer.prepare(("USER: <video>\nWhat? ASSISTANT:", [], [raw, raw]))
+
     # export: LlavaNextVideo config, processor and weights; transformers reloads identical logits
     out = export_llava(ckpt, tmp_path / "hf2")
     config = json.loads((out / "config.json").read_text())
@@ -209,8 +231,6 @@ def test_frames_are_processed_as_llava_next_video_processes_them(tmp_path):
     import subprocess
     import sys
 
-    from neva.data.images import ImageProcessor
-    from neva.models.vision import normalize_pixels
     from tests.checkpoint.test_hf_export_template import transformers_4_site
 
     site = transformers_4_site()
