@@ -106,6 +106,10 @@ class MMConfig:
     # [height, width] or LLaVA's "(1x1),...,(3x3)" range in tiles; null = one fixed-size image
     image_grid_pinpoints: list | str | None = None
     mm_patch_merge_type: str = "spatial_unpad"  # flat, spatial or spatial_unpad (with the learned image_newline)
+    # Video (LLaVA-NeXT-Video's keys): null = the model takes no video; 1 = frames unpooled (NeMo's Video-NeVA),
+    # 2 = LLaVA-NeXT-Video's 2x2 window per frame, pooled before the projector (neva/models/video.py)
+    mm_spatial_pool_stride: int | None = None
+    mm_spatial_pool_mode: str = "average"  # average or max
 
 
 # Whose warmup / cosine formula ``model.optim.sched.formula`` selects (neva/training/optim.py, docs/PRESETS.md):

@@ -11,17 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
 from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
 from neva.checkpoint.step import as_neva_checkpoint
-from neva.constants import IMAGE_TOKEN
+from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
 from neva.data.anyres import AnyResProcessor
 from neva.data.conversation import (
     DEFAULT_TEMPLATE,
@@ -40,8 +42,10 @@ from neva.models.generation import GenerationConfig, generate
 ImageInput = Image.Image | str | os.PathLike
 """An image given as a PIL image or as a path to open."""
 
-Item = tuple[str, Sequence[ImageInput]]
-"""A user prompt and its images, in the order of their ``<image>`` tags."""
+Item = tuple[str, Sequence[ImageInput]] | tuple[str, Sequence[ImageInput], Sequence[Any]]
+"""A user prompt and its images, in the order of their ``<image>`` tags; optionally its videos, in the order of their
+``<video>`` tags, each a video's sampled frames: a uint8 ``[F, H, W, 3]`` array or tensor (RGB, what a decoder gives),
+each frame processed as the tower's images are."""
 
 
 class PromptBuilder:
@@ -65,37 +69,56 @@ class PromptBuilder:
         self.tokenization = tokenization
         self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
 
-    def ids(self, prompt: str, num_images: int, image_tokens: Sequence[int] | None = None) -> list[int]:
+    def ids(
+        self,
+        prompt: str,
+        num_images: int,
+        image_tokens: Sequence[int] | None = None,
+        video_tokens: Sequence[int] = (),
+    ) -> list[int]:
         """Token ids of the full model input; ``image_tokens``: each image's positions (AnyRes), else
-        ``num_image_tokens`` each.
+        ``num_image_tokens`` each; ``video_tokens``: each video's positions (``NevaConfig.video_tokens``), in the
+        order of the ``<video>`` tags, each tag written as the model's ``video_token``.
 
         Raises:
-            ValueError: the number of ``<image>`` tags differs from the number of images.
+            ValueError: the number of ``<image>`` (``<video>``) tags differs from the number of images (videos).
         """
-        counts = iter(image_tokens if image_tokens is not None else [self.cfg.num_image_tokens] * num_images)
+        images = iter(image_tokens if image_tokens is not None else [self.cfg.num_image_tokens] * num_images)
+        videos = iter(video_tokens)
+        video_tag = self.tokenizer.convert_ids_to_tokens(self.cfg.video_token) if video_tokens else VIDEO_TOKEN
         if self.template is None:
-            self._check_tags(prompt, num_images)
+            self._check_tags(prompt, num_images, len(video_tokens))
             # LlavaProcessor: expand the text, then one tokenizer call with special tokens (BOS).
-            pieces = prompt.split(IMAGE_TOKEN)
-            text = pieces[0] + "".join(IMAGE_TOKEN * next(counts) + piece for piece in pieces[1:])
+            pieces = re.split(f"({re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)})", prompt)
+            text = "".join(
+                IMAGE_TOKEN * next(images) if p == IMAGE_TOKEN else video_tag * next(videos) if p == VIDEO_TOKEN else p
+                for p in pieces
+            )
             return list(self.tokenizer(text).input_ids)
         if num_images and IMAGE_TOKEN not in prompt:
             prompt = (IMAGE_TOKEN + "\n") * num_images + prompt
-        self._check_tags(prompt, num_images)
-        text = self.template.render_prompt([Message("user", prompt)], system_prompt=self.system)
-        # Same tokenization as training (neva.data.encoding, the checkpoint's tokenization), then expand images.
+        if video_tokens and VIDEO_TOKEN not in prompt:
+            prompt = (VIDEO_TOKEN + "\n") * len(video_tokens) + prompt
+        self._check_tags(prompt, num_images, len(video_tokens))
+        # Each position's count in tag order (a video tag may be written as the image token: the order tells them).
+        counts = iter([next(images) if t == IMAGE_TOKEN else next(videos) for t in re.findall(_TAGS, prompt)])
+        text = self.template.render_prompt([Message("user", prompt.replace(VIDEO_TOKEN, video_tag))],
+                                           system_prompt=self.system)  # fmt: skip
+        # Same tokenization as training (neva.data.encoding, the checkpoint's tokenization), then expand media.
         add_special = not isinstance(self.template, ChatTemplateRenderer)
         ids, _ = tokenize_text(text, self.tokenizer, add_special, self.cfg.image_token_id, self.tokenization)
+        media = {self.cfg.image_token_id, self.cfg.video_token} if video_tokens else {self.cfg.image_token_id}
         out: list[int] = []
         for tok in ids:
-            out += [tok] * next(counts) if tok == self.cfg.image_token_id else [tok]
+            out += [tok] * next(counts) if tok in media else [tok]
         return out
 
     @staticmethod
-    def _check_tags(prompt: str, num_images: int) -> None:
-        tags = prompt.count(IMAGE_TOKEN)
-        if tags != num_images:
-            raise ValueError(f"prompt has {tags} {IMAGE_TOKEN} tag(s) but {num_images} image(s) were given")
+    def _check_tags(prompt: str, num_images: int, num_videos: int = 0) -> None:
+        for tag, given, what in ((IMAGE_TOKEN, num_images, "image"), (VIDEO_TOKEN, num_videos, "video")):
+            tags = prompt.count(tag)
+            if tags != given:
+                raise ValueError(f"prompt has {tags} {tag} tag(s) but {given} {what}(s) were given")
 
     def stop_strings(self) -> tuple[str, ...]:
         """The template's end-of-turn text (e.g. ``<|im_end|>``, plain's newline)."""
@@ -109,6 +132,9 @@ class PromptBuilder:
         """The id fed as left padding: the tokenizer's pad token, unless missing or ``<image>`` (then 0)."""
         pad = self.tokenizer.pad_token_id
         return 0 if pad is None or pad == self.cfg.image_token_id else pad
+
+
+_TAGS = f"{re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)}"
 
 
 def load_images(images: Sequence[ImageInput], processor: Any) -> list[Image.Image]:
@@ -189,6 +215,8 @@ class Answerer:
             self.processor = AnyResProcessor(self.model.cfg)
         else:
             self.processor = ImageProcessor(vision, aspect_ratio) if vision is not None else None
+        # Video frames: each processed as the tower's images are (one tile, the tower's square fit)
+        self.frame_processor = ImageProcessor(vision) if self.model.cfg.video is not None else None
         self.generation = dataclasses.replace(
             decoding,
             eos_token_ids=self.builder.eos_ids(),
@@ -196,25 +224,41 @@ class Answerer:
             pad_token_id=self.builder.pad_id(),
         )
 
-    def prepare(self, item: Item) -> tuple[list[int], torch.Tensor | None, list[tuple[int, int]] | None]:
-        """One item's token ids, pixels and, for an AnyRes model, each image's ``(height, width)`` (else None).
+    def prepare(
+        self, item: Item
+    ) -> tuple[list[int], torch.Tensor | None, list[tuple[int, int]] | None, torch.Tensor | None]:
+        """One item's token ids, pixels, for an AnyRes model each image's ``(height, width)`` (else None), and its
+        videos' processed frames ``[F, 3, H, W]`` uint8 (None without videos).
 
         Raises:
-            ValueError: a prompt that is not a string, whose ``<image>`` tags do not match its images, or that fills
-                the model's context; images for a text-only model.
+            ValueError: a prompt that is not a string, whose ``<image>`` / ``<video>`` tags do not match its images /
+                videos, or that fills the model's context; images for a text-only model, videos for a model without
+                video, a video that is not ``[F, H, W, 3]`` uint8 frames.
             OSError, PIL.Image.DecompressionBombError: an image that cannot be read.
         """
-        prompt, images = item
+        prompt, images, *rest = item
+        videos = rest[0] if rest else ()
         if not isinstance(prompt, str):
             raise ValueError(f"no prompt: expected a string, got {type(prompt).__name__}")
         loaded = load_images(images, self.processor)
+        frames = [self._frames(v) for v in videos]
         cfg = self.model.cfg
         sizes = [(im.size[1], im.size[0]) for im in loaded] if cfg.anyres is not None else None
-        ids = self.builder.ids(prompt, len(images), None if sizes is None else [cfg.image_tokens(s) for s in sizes])
+        image_tokens = None if sizes is None else [cfg.image_tokens(s) for s in sizes]
+        ids = self.builder.ids(prompt, len(images), image_tokens, [cfg.video_tokens(len(f)) for f in frames])
         context = cfg.llm.max_seq_len
         if len(ids) >= context:
             raise ValueError(f"the prompt is {len(ids)} tokens, which fills the model's context of {context}")
-        return ids, load_pixels(loaded, self.processor), sizes
+        return ids, load_pixels(loaded, self.processor), sizes, torch.cat(frames) if frames else None
+
+    def _frames(self, video: Any) -> torch.Tensor:
+        """A video's ``[F, H, W, 3]`` uint8 frames → ``[F, 3, s, s]`` uint8, each frame as the tower's images."""
+        if self.frame_processor is None:
+            raise ValueError("this checkpoint takes no video (its model has no video config)")
+        array = np.asarray(video)
+        if array.ndim != 4 or array.shape[-1] != 3 or array.dtype != np.uint8 or len(array) == 0:
+            raise ValueError(f"a video is uint8 [frames, height, width, 3] RGB frames, got {array.dtype} {array.shape}")
+        return torch.stack([self.frame_processor(Image.fromarray(frame)) for frame in array])
 
     def answer(self, items: Sequence[Item]) -> list[str]:
         """Answer ``items`` as one left-padded batch: texts without special tokens, cut at the first stop string.
@@ -224,15 +268,17 @@ class Answerer:
         """
         return self._generate([self.prepare(item) for item in items])
 
-    def _generate(self, prepared: list[tuple[list[int], torch.Tensor | None, list | None]]) -> list[str]:
-        pixels = [p for _, p, _ in prepared if p is not None]
+    def _generate(self, prepared: list[tuple]) -> list[str]:
+        pixels = [p for _, p, _, _ in prepared if p is not None]
+        frames = [f for *_, f in prepared if f is not None]
         anyres = self.model.cfg.anyres is not None
-        counts = [len(s) if anyres else 0 if p is None else len(p) for _, p, s in prepared]
-        sizes = [size for _, _, s in prepared for size in s] if anyres else None
+        counts = [len(s) if anyres else 0 if p is None else len(p) for _, p, s, _ in prepared]
+        sizes = [size for _, _, s, _ in prepared for size in s] if anyres else None
         # Stop strings are looked for in the text with special tokens kept, as HF's StopStringCriteria sees tokens.
         outs = generate(
-            self.model, [ids for ids, _, _ in prepared], torch.cat(pixels) if pixels else None, counts,
+            self.model, [p[0] for p in prepared], torch.cat(pixels) if pixels else None, counts,
             self.generation, decode=self.tokenizer.decode, image_sizes=sizes,
+            video_pixel_values=torch.cat(frames) if frames else None,
         )  # fmt: skip
         return [decode_answer(self.tokenizer, ids, self.generation.stop_strings) for ids in outs]
 

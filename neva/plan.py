@@ -16,7 +16,7 @@ values::
 Planner options (not training config): ``plan.text_tokens=N`` (mean text tokens per sample), ``plan.scaling=weak``
 (default: the configured global batch is the one of the smallest node count, and grows with the nodes) or
 ``strong`` (fixed global batch), ``plan.grad_reduce=fp32|bf16``, ``plan.json=PATH`` (also write the JSON there),
-``plan.search=N``, ``plan.rehearse=true`` (pre-flight: also run one real optimizer step of every rank role at full size on
+``plan.search=N``, ``plan.num_frames=N`` (a video model: each sample one video of N frames instead of one image), ``plan.rehearse=true`` (pre-flight: also run one real optimizer step of every rank role at full size on
 fake tensors and print its measured memory beside the prediction; exits non-zero when the real path fails, 2 when
 this torch cannot rehearse). Without ``+stage=``, ``+preset=`` or ``+canary=`` the stage is pretrain.
 Prints one table row per layout and a final JSON line (the list of rows). See docs/PLANNER.md.
@@ -62,6 +62,7 @@ class Request:
     fixed: list[str] = field(default_factory=list)
     sweeps: list[tuple[str, list[str]]] = field(default_factory=list)
     text_tokens: int | None = None
+    num_frames: int | None = None  # each sample one video of this many frames (a video model)
     scaling: str = "weak"
     grad_reduce: str | None = None
     json_path: str | None = None
@@ -84,6 +85,8 @@ def parse_args(argv: list[str]) -> Request:
             option = key[len("plan.") :]
             if option == "text_tokens":
                 req.text_tokens = int(value)
+            elif option == "num_frames":
+                req.num_frames = int(value)
             elif option == "scaling" and value in ("weak", "strong"):
                 req.scaling = value
             elif option == "grad_reduce":
@@ -96,7 +99,7 @@ def parse_args(argv: list[str]) -> Request:
                 req.search = 10 if value.lower() == "true" else 0 if value.lower() == "false" else int(value)
             else:
                 raise ConfigError(
-                    f"unknown planner option {arg!r} (text_tokens, scaling=weak|strong, grad_reduce, json, search=N, "
+                    f"unknown planner option {arg!r} (text_tokens, num_frames, scaling=weak|strong, grad_reduce, json, search=N, "
                     "rehearse=true|false)"
                 )
         elif "," in value and not value.startswith(("[", "{")):
@@ -166,7 +169,7 @@ def run(req: Request) -> list[Plan]:
             if cfg.trainer.num_nodes % base_nodes:
                 raise ConfigError(f"weak scaling needs node counts that are multiples of {base_nodes}")
             gbs = cfg.model.global_batch_size * cfg.trainer.num_nodes // base_nodes
-        plans.append(plan_run(cfg, req.text_tokens, gbs, req.grad_reduce))
+        plans.append(plan_run(cfg, req.text_tokens, gbs, req.grad_reduce, num_frames=req.num_frames))
     return plans
 
 

@@ -38,6 +38,7 @@ from neva.checkpoint.hf_files import (
 )
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva, neva_key_to_hf
 from neva.checkpoint.hf_moe import canonical_shapes, canonical_tensors, expert_groups, per_expert_tensors
+from neva.checkpoint.hf_video import save_video_processor
 from neva.checkpoint.neva_format import (
     TIED_HEAD_KEY,
     TensorSource,
@@ -556,14 +557,17 @@ def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any, chat_templ
 
     v = cfg.vision
     image_processor = hf_image_processor(v, cfg.anyres)
-    processor = hf_classes(cfg)[2](
-        image_processor=image_processor,
-        tokenizer=tokenizer,
+    fields = dict(
         patch_size=v.patch_size,
         vision_feature_select_strategy=hf_select_strategy(v),
         num_additional_image_tokens=v.class_tokens,  # CLIP's CLS ("default" removes it again); SigLIP has none
         image_token=tokenizer.convert_ids_to_tokens(cfg.image_token_id),
-        chat_template=chat_template,
+    )
+    if cfg.video is not None:
+        save_video_processor(directory, cfg, tokenizer, image_processor, fields)
+        return
+    processor = hf_classes(cfg)[2](
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **fields
     )
     processor.save_pretrained(str(directory))
     # transformers 4.x reads the image processor from its own file; 5.x from processor_config.json.
@@ -574,6 +578,8 @@ def hf_classes(cfg: NevaConfig) -> tuple[type, str, type]:
     """``(config class, architecture, processor class)`` of the llava-hf export: LLaVA-NeXT's with AnyRes."""
     import transformers as tf
 
+    if cfg.video is not None:
+        return tf.LlavaNextVideoConfig, "LlavaNextVideoForConditionalGeneration", tf.LlavaNextVideoProcessor
     if cfg.anyres is not None:
         return tf.LlavaNextConfig, "LlavaNextForConditionalGeneration", tf.LlavaNextProcessor
     return tf.LlavaConfig, "LlavaForConditionalGeneration", tf.LlavaProcessor

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from neva.checkpoint.hf_families import check_fields, family_fields, hf_family_fields
+from neva.checkpoint.hf_video import video_config_dict, video_from_hf
 from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 
@@ -127,12 +128,19 @@ def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
         bias=hf.get("multimodal_projector_bias", True),
     )
     token = hf.get("image_token_index", hf.get("image_token_id", 32000))
-    return NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=token, anyres=anyres_from_hf(hf))
+    return NevaConfig(
+        llm=llm,
+        vision=vision,
+        projector=projector,
+        image_token_id=token,
+        anyres=anyres_from_hf(hf),
+        **video_from_hf(hf),
+    )
 
 
 def anyres_from_hf(hf: dict[str, Any]) -> AnyResConfig | None:
     """``LlavaNextConfig``'s AnyRes (transformers lays tiles out only as ``spatial_unpad``); None for ``llava``."""
-    if hf.get("model_type") != "llava_next":
+    if hf.get("model_type") not in ("llava_next", "llava_next_video"):
         return None
     image_size = hf["vision_config"].get("image_size", 224)
     return AnyResConfig(grid_pinpoints=parse_grid_pinpoints(hf["image_grid_pinpoints"], image_size))
@@ -194,6 +202,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
         tie_word_embeddings=t.tie_word_embeddings,
         # LlavaNextConfig (AnyRes); the config class follows from the key (checkpoint.hf: hf_classes)
         **({"image_grid_pinpoints": [list(p) for p in cfg.anyres.grid_pinpoints]} if cfg.anyres is not None else {}),
+        **video_config_dict(cfg),  # LlavaNextVideoConfig
     )
 
 

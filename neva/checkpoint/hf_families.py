@@ -54,6 +54,7 @@ _CONFIG_BOOKKEEPING = (
     # Llama's tensor-parallel pretraining split: the same product computed in slices (HF 4.x only, same result).
     "pretraining_tp",
 )  # fmt: skip
+CONFIG_BOOKKEEPING = _CONFIG_BOOKKEEPING  # also the bookkeeping of top-level multimodal configs (hf_video)
 
 COMMON: dict[str, Any] = {
     **{name: INERT for name in _CONFIG_BOOKKEEPING},

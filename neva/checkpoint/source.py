@@ -22,6 +22,7 @@ from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
 from neva.models.lora import LoRALinear, plain_key
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
+from neva.models.video import VideoConfig
 from neva.typed import ConfigError, build
 
 log = logging.getLogger(__name__)
@@ -370,4 +371,13 @@ def neva_config_from_mm(mm: MMConfig, vocab_size: int | None = None, image_token
         anyres = build(
             AnyResConfig, dict(grid_pinpoints=pins, patch_merge_type=mm.mm_patch_merge_type), "model.mm_cfg."
         )
-    return NevaConfig(llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=token, anyres=anyres)
+    video = None
+    if mm.mm_spatial_pool_stride is not None:
+        video = build(
+            VideoConfig,
+            dict(spatial_pool_stride=mm.mm_spatial_pool_stride, spatial_pool_mode=mm.mm_spatial_pool_mode),
+            "model.mm_cfg.",
+        )
+    return NevaConfig(
+        llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=token, anyres=anyres, video=video
+    )

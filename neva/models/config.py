@@ -264,6 +264,14 @@ class NevaConfig:
     def __post_init__(self) -> None:
         if self.video is not None and self.vision is None:
             raise ValueError("video needs a vision tower")
+        if self.video is not None and self.video.spatial_pool_stride > 1:
+            # The pool views a frame's features as the tower's square patch grid (transformers' pooler does too).
+            if self.vision.vision_select_feature != "patch":
+                raise ValueError("video spatial pooling needs vision_select_feature=patch (no class token in the grid)")
+            if self.projector is not None and self.projector.type == "mlp_downsample":
+                raise ValueError("video spatial pooling and mlp_downsample both merge the grid: use one (stride 1)")
+        if self.video_token_id is not None and not 0 <= self.video_token_id <= self.llm.vocab_size:
+            raise ValueError(f"video_token_id {self.video_token_id} outside vocab of size {self.llm.vocab_size}")
         if self.anyres is not None:
             if self.vision is None:
                 raise ValueError("anyres needs a vision tower")
@@ -318,4 +326,4 @@ class NevaConfig:
         """Decoder positions of one video of ``frames`` sampled frames (``neva.models.video.video_token_count``)."""
         if self.video is None:
             raise ValueError("this model takes no video (model.video is not set)")
-        return video_token_count(self.video, self.vision.grid, frames)
+        return video_token_count(self.video, self.vision.grid, frames, self.num_image_tokens)

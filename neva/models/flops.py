@@ -53,7 +53,8 @@ class FlopTerm:
         name: the weight's parameter name, or ``<block>.core`` for an attention core
             (``llm.layers.3.attention.core``, ``vision.layers.0.attn.core``).
         per: the unit its FLOPs are counted per: ``token`` (LLM position), ``token2`` (square of the sample's
-            length: the decoder's attention core) or ``image``.
+            length: the decoder's attention core), ``image`` or ``frame`` (a video frame: a tower pass, the
+            projector over its pooled tokens).
         forward: forward FLOPs per unit.
         backward: backward FLOPs per unit (input and weight gradients).
         layer: the decoder layer the term belongs to, else None.
@@ -144,7 +145,21 @@ def flop_terms(params: Iterable[Param], cfg: NevaConfig) -> list[FlopTerm]:
         backward = forward * (upstream_trains(pos) + trains)
         layer = int(name.split(".")[2]) if name.startswith("llm.layers.") else None
         terms.append(FlopTerm(name, per, forward, backward, layer))
-    return terms + _attention_cores(cfg, upstream_trains)
+    terms += _attention_cores(cfg, upstream_trains)
+    return terms + _frame_terms(terms, cfg)
+
+
+def _frame_terms(terms: list[FlopTerm], cfg: NevaConfig) -> list[FlopTerm]:
+    """A video frame's terms: an image's tower pass, the projector over the frame's (pooled) tokens."""
+    if cfg.video is None:
+        return []
+    scale = cfg.video.frame_tokens(cfg.vision.grid, cfg.num_image_tokens) / cfg.num_image_tokens
+    out = []
+    for t in terms:
+        if t.per == "image":
+            k = scale if t.name.startswith("projector.") else 1.0
+            out.append(FlopTerm(t.name, "frame", t.forward * k, t.backward * k))
+    return out
 
 
 def _attention_cores(cfg: NevaConfig, upstream_trains: Callable[[tuple], bool]) -> list[FlopTerm]:
@@ -175,20 +190,22 @@ def attended_square(seq_len: int, window: int | None) -> int:
 
 @dataclass(frozen=True)
 class SampleFlops:
-    """Training FLOPs of a sample of ``S`` LLM positions (image positions included) and ``images`` images:
-    ``per_token · S + per_token2 · S² + per_image · images``. Cheap to evaluate for every step's samples."""
+    """Training FLOPs of a sample of ``S`` LLM positions (image and video positions included), ``images`` images and
+    ``frames`` video frames: ``per_token · S + per_token2 · S² + per_image · images + per_frame · frames``. Cheap to
+    evaluate for every step's samples."""
 
     per_token: float
     per_token2: float
     per_image: float
     window: int | None = None  # the decoder's sliding window (``attended_square``)
+    per_frame: float = 0.0
 
     @classmethod
     def from_terms(cls, terms: Iterable[FlopTerm], window: int | None = None) -> SampleFlops:
-        totals = {"token": 0.0, "token2": 0.0, "image": 0.0}
+        totals = {"token": 0.0, "token2": 0.0, "image": 0.0, "frame": 0.0}
         for term in terms:
             totals[term.per] += term.total
-        return cls(totals["token"], totals["token2"], totals["image"], window)
+        return cls(totals["token"], totals["token2"], totals["image"], window, totals["frame"])
 
     @classmethod
     def of(cls, model: nn.Module) -> SampleFlops:
@@ -198,11 +215,13 @@ class SampleFlops:
     def sample(self, seq_len: int, images: int) -> float:
         return self.batch([seq_len], images)
 
-    def batch(self, seq_lens: Iterable[int], images: int) -> float:
-        """FLOPs of samples of lengths ``seq_lens`` (padding excluded) holding ``images`` images in all."""
+    def batch(self, seq_lens: Iterable[int], images: int, frames: int = 0) -> float:
+        """FLOPs of samples of lengths ``seq_lens`` (padding excluded) holding ``images`` images and ``frames``
+        video frames in all."""
         lens = list(seq_lens)
         square = sum(attended_square(s, self.window) for s in lens)
-        return self.per_token * sum(lens) + self.per_token2 * square + self.per_image * images
+        per_media = self.per_image * images + self.per_frame * frames
+        return self.per_token * sum(lens) + self.per_token2 * square + per_media
 
 
 # Dense bf16 tensor-core peaks (datasheets), TFLOP/s, found by substring in a device name

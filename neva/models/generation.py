@@ -24,6 +24,7 @@ import torch
 
 from neva.models.anyres import batch_feature_index
 from neva.models.neva import NevaModel
+from neva.models.video import find_video_positions
 
 
 @dataclass
@@ -128,6 +129,7 @@ def generate(
     decode: Callable[[list[int]], str] | None = None,
     generator: torch.Generator | None = None,
     image_sizes: Sequence[tuple[int, int] | None] | None = None,
+    video_pixel_values: torch.Tensor | None = None,
 ) -> list[list[int]]:
     """Generate continuations for a batch of prompts.
 
@@ -141,6 +143,8 @@ def generate(
         generator: RNG for sampling (default: the global one).
         image_sizes: AnyRes models: each image's ``(height, width)`` (None: a fixed-size one); ``pixel_values`` then
             holds every image's tiles (``neva.data.anyres.tile_image``) and each image takes its own positions.
+        video_pixel_values: ``[F, C, H, W]``, every frame of every video in prompt order (each video's
+            ``NevaConfig.video_tokens(frames)`` positions already expanded to ``video_token`` ids).
 
     Returns:
         The new token ids of each prompt, ending with the EOS / stop token that ended it, if any.
@@ -163,6 +167,8 @@ def generate(
         mc = model.cfg
         index, tokens = batch_feature_index(mc.anyres, mc.num_image_tokens, mc.vision.image_size, image_sizes)
         anyres = dict(image_feature_index=index.to(device), image_tokens=torch.tensor(tokens, device=device))
+    if video_pixel_values is not None:
+        anyres.update(_video_inputs(model.cfg, batch.input_ids, video_pixel_values.to(device), pixel_values))
 
     vocab = model.cfg.llm.vocab_size
     seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
@@ -202,6 +208,16 @@ def generate(
             token[:, None], position_ids=pos, segment_ids=batch.segment_ids[:, : width + step + 1], cache=cache
         )[:, -1]
     return out
+
+
+def _video_inputs(cfg, input_ids: torch.Tensor, frames: torch.Tensor, pixel_values: torch.Tensor | None) -> dict:
+    """The video inputs of a left-padded batch: positions found from the ids (after padding moved them)."""
+    inputs = dict(video_pixel_values=frames, video_positions=find_video_positions(input_ids, cfg.video_token))
+    if cfg.video_token == cfg.image_token_id:  # one id for both: the positions are all videos', none images'
+        if pixel_values is not None:
+            raise ValueError("images and videos in one batch need a model whose video_token_id is its own")
+        inputs["image_positions"] = torch.zeros(0, 2, dtype=torch.long, device=input_ids.device)
+    return inputs
 
 
 def _fit_context(cfg: GenerationConfig, width: int, context: int) -> GenerationConfig:

@@ -11,6 +11,7 @@ from neva.models.llama import KVCache, LlamaDecoder
 from neva.models.lora import dropout_keys as lora_dropout_keys
 from neva.models.projector import build_projector, init_projector
 from neva.models.towers import build_tower
+from neva.models.video import VideoPool, find_video_positions
 
 
 class NevaModel(nn.Module):
@@ -28,15 +29,23 @@ class NevaModel(nn.Module):
         self.llm = LlamaDecoder(cfg.llm)
         # AnyRes: the tile-feature layout and its learned newline (None: one fixed-size tile per image).
         self.anyres: AnyResMerge | None = AnyResMerge(cfg.anyres, cfg.llm.hidden_size) if cfg.anyres else None
+        # Video: frames pooled per frame between tower and projector (no parameters); None: no video input.
+        self.video_pool: VideoPool | None = VideoPool(cfg.video) if cfg.video else None
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Projected features ``[N, num_image_tokens, llm_hidden]``; a frozen tower runs without autograd."""
+        return self.projector(self._tower_features(pixel_values))
+
+    def video_features(self, video_pixel_values: torch.Tensor) -> torch.Tensor:
+        """Projected frame features ``[F, frame tokens, llm_hidden]``: all frames through the tower as one batch,
+        pooled per frame, then projected."""
+        return self.projector(self.video_pool(self._tower_features(video_pixel_values)))
+
+    def _tower_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         if any(p.requires_grad for p in self.vision.parameters()):
-            feats = self.vision.features(pixel_values)
-        else:
-            with torch.no_grad():
-                feats = self.vision.features(pixel_values)
-        return self.projector(feats)
+            return self.vision.features(pixel_values)
+        with torch.no_grad():
+            return self.vision.features(pixel_values)
 
     def embed(
         self,
@@ -46,8 +55,12 @@ class NevaModel(nn.Module):
         image_positions: torch.Tensor | None = None,
         image_feature_index: torch.Tensor | None = None,
         image_tokens: torch.Tensor | None = None,
+        video_pixel_values: torch.Tensor | None = None,
+        video_frames: torch.Tensor | None = None,
+        video_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Token embeddings with image features written over the image-token positions.
+        """Token embeddings with image features written over the image-token positions, then video features over the
+        video-token positions.
 
         Args:
             input_ids: ``[B, S]``; each image occupies ``num_image_tokens`` consecutive ``image_token_id`` positions.
@@ -61,10 +74,36 @@ class NevaModel(nn.Module):
                 ``pixel_values`` then holds every tile.
             image_tokens: ``[N]`` positions per image (AnyRes: the length of its feature index); None: every image
                 takes ``num_image_tokens``.
+            video_pixel_values: ``[F, C, H, W]``, every frame of every video of the batch (row order, then position
+                order, each video's frames in time order), or None.
+            video_frames: ``[V]`` frames per video (the collator's; the splice needs only the positions).
+            video_positions: ``[M_v, 2]`` (row, column) of every video-token position in feature order
+                (``NevaConfig.video_tokens(frames)`` per video), from the collator; None: found here from the
+                ``video_token`` ids (serving; needs ``video_token_id`` distinct from the image token).
 
         Raises:
             ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
         """
+        h_BSD = self._embed_images(
+            input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens
+        )
+        if video_pixel_values is None or video_pixel_values.shape[0] == 0:
+            return h_BSD
+        if video_positions is None:
+            if self.cfg.video_token == self.cfg.image_token_id:
+                raise ValueError("video_positions are needed where videos and images share one token id")
+            video_positions = find_video_positions(input_ids, self.cfg.video_token)
+        return self._splice_video(h_BSD, video_pixel_values, video_positions)
+
+    def _embed_images(
+        self,
+        input_ids: torch.Tensor,
+        pixel_values: torch.Tensor | None,
+        image_counts: torch.Tensor | None,
+        image_positions: torch.Tensor | None,
+        image_feature_index: torch.Tensor | None,
+        image_tokens: torch.Tensor | None,
+    ) -> torch.Tensor:
         h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
         if image_positions is not None:
             return self._splice(h_BSD, pixel_values, image_positions, image_feature_index)
@@ -105,10 +144,11 @@ class NevaModel(nn.Module):
         return self.anyres(feats_NTD, image_feature_index)
 
     def _embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Ids to look up: an image token without its own row reads row 0 (the splice overwrites it)."""
-        if self.cfg.image_token_has_row:
+        """Ids to look up: an image (or video) token without its own row reads row 0 (the splice overwrites it)."""
+        vocab = self.cfg.llm.vocab_size
+        if self.cfg.image_token_has_row and (self.cfg.video is None or self.cfg.video_token < vocab):
             return input_ids
-        return input_ids.masked_fill(input_ids == self.cfg.image_token_id, 0)
+        return input_ids.masked_fill(input_ids >= vocab, 0)
 
     def _keep_projector(self, h_BSD: torch.Tensor) -> torch.Tensor:
         if self.projector is not None and torch.is_grad_enabled():
@@ -134,8 +174,18 @@ class NevaModel(nn.Module):
         if images == 0:
             return self._keep_projector(h_BSD)
         feats_MD = self._features(pixel_values, feature_index).to(h_BSD.dtype)
-        positions = positions.to(h_BSD.device)
-        return h_BSD.index_put((positions[:, 0], positions[:, 1]), feats_MD)
+        return _index_put(h_BSD, positions, feats_MD)
+
+    def _splice_video(self, h_BSD: torch.Tensor, frames: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.video_pool is None:
+            raise ValueError("video input given to a model without video (NevaConfig.video is not set)")
+        feats_MD = self.video_features(frames).flatten(0, 1).to(h_BSD.dtype)
+        if positions.shape[0] != feats_MD.shape[0]:  # shapes only: no sync
+            raise ValueError(
+                f"{positions.shape[0]} video positions given for {feats_MD.shape[0]} video features "
+                f"({frames.shape[0]} frames)"
+            )
+        return _index_put(h_BSD, positions, feats_MD)
 
     def forward(
         self,
@@ -151,18 +201,24 @@ class NevaModel(nn.Module):
         output_positions: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
+        video_pixel_values: torch.Tensor | None = None,
+        video_frames: torch.Tensor | None = None,
+        video_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
         ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions (logits ``[N, V]``).
-        ``image_positions``, ``image_feature_index``, ``image_tokens``: see ``embed``.
+        ``image_positions``, ``image_feature_index``, ``image_tokens``, the ``video_*`` inputs: see ``embed``.
         ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
         ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing (``LlamaDecoder.forward``).
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
         if self.llm.tok_embeddings is not None:
-            h = self.embed(input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens)
+            h = self.embed(
+                input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens,
+                video_pixel_values, video_frames, video_positions,
+            )  # fmt: skip
         else:
             h = input_ids
         with lora_dropout_keys(dropout_keys):
@@ -199,3 +255,9 @@ class NevaModel(nn.Module):
         shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
         kw = dict(device=device or param.device, dtype=dtype or param.dtype)
         return [KVCache(torch.zeros(shape, **kw), torch.zeros(shape, **kw)) for _ in self.llm.layers]
+
+
+def _index_put(h_BSD: torch.Tensor, positions: torch.Tensor, feats_MD: torch.Tensor) -> torch.Tensor:
+    """``h_BSD`` with ``feats_MD`` written at the ``[M, 2]`` (row, column) ``positions`` (an index op: no sync)."""
+    positions = positions.to(h_BSD.device)
+    return h_BSD.index_put((positions[:, 0], positions[:, 1]), feats_MD)

@@ -26,6 +26,7 @@ from neva.constants import IGNORE_INDEX
 from neva.models.config import NevaConfig
 from neva.models.loss import token_cross_entropy
 from neva.models.neva import NevaModel
+from neva.models.video import VIDEO_INPUTS
 from neva.typed import ConfigError
 
 
@@ -254,6 +255,9 @@ class PipelineRunner:
                     arg += (mb["image_feature_index"].to(self.device),)
             args.append(arg)
             kw = {"position_ids": mb["position_ids"].to(self.device)}
+            # Video: keyword inputs of the first stage (later stages, taking hidden states, ignore them); a
+            # micro-batch without video passes none, as a batch without video does.
+            kw.update({k: mb[k].to(self.device) for k in VIDEO_INPUTS if mb.get(k) is not None})
             if self.packed:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)
             if mb.get("dropout_keys") is not None:

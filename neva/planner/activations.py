@@ -47,11 +47,13 @@ def stage_activation_bytes(
     backward: bool,
     in_flight: float,
     learned_tokens: float | None = None,
+    frames: int = 0,
 ) -> float:
     """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive.
 
     ``learned_tokens``: learned tokens per sample; without TP the engine runs the LM head only at their positions
-    (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it)."""
+    (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it).
+    ``frames`` > 0: each sample holds one video of that many frames instead of one image."""
     if not backward:
         return 0.0
     layout = dep.layout
@@ -71,7 +73,7 @@ def stage_activation_bytes(
         vocab = cfg.llm.vocab_size / layout.tp if vocab_parallel_logits(layout.tp, layout.pp) else cfg.llm.vocab_size
         per_mb += head * vocab * (e + 4)
     if stage == 0 and cfg.vision is not None:
-        per_mb += _vision_bytes(cfg, infos, dep)
+        per_mb += _vision_bytes(cfg, infos, dep, frames)
     if stage == 0:  # the first stage's layer input (a later stage's is one of its receive buffers)
         per_mb += e * tokens * cfg.llm.hidden_size
     recompute = 0.0
@@ -95,11 +97,15 @@ def pipeline_buffer_bytes(cfg: NevaConfig, dep: Deployment, seq_len: int, stage:
     return buffers * layout.grad_accum * layout.micro_batch_size * seq_len * cfg.llm.hidden_size * stream
 
 
-def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment) -> float:
-    """Vision tower + projector activations of one micro-batch (one image per sample)."""
+def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment, frames: int = 0) -> float:
+    """Vision tower + projector activations of one micro-batch (one image, or one video of ``frames`` frames, per
+    sample: a frame is a tower pass, the projector runs on its pooled tokens)."""
     e, b = dep.compute_bytes, dep.layout.micro_batch_size
     vision, hidden = cfg.vision, cfg.llm.hidden_size
     images_tokens = b * cfg.num_image_tokens
+    if frames:
+        images_tokens = b * cfg.video_tokens(frames)
+        b *= frames
     total = 0.0
     if any(p.trainable for p in infos if p.part == "vision"):
         tokens = b * vision.seq_len

@@ -45,11 +45,13 @@ def _placement(term: FlopTerm, params: dict[str, ParamInfo], layers: list[list[i
 
 
 def stage_flops(
-    infos: list[ParamInfo], cfg: NevaConfig, layout: Layout, seq_len: int, layers: list[list[int]]
+    infos: list[ParamInfo], cfg: NevaConfig, layout: Layout, seq_len: int, layers: list[list[int]], frames: int = 0
 ) -> list[StageFlops]:
-    """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each."""
+    """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each, or with one
+    video of ``frames`` frames each (``frames`` > 0)."""
     terms = _terms(infos, cfg)
-    units = {"token": seq_len, "token2": attended_square(seq_len, cfg.llm.sliding_window), "image": 1}
+    square = attended_square(seq_len, cfg.llm.sliding_window)
+    units = {"token": seq_len, "token2": square, "image": 0 if frames else 1, "frame": frames}
     params = {p.name: p for p in infos}
     model = [0.0] * len(layers)
     per_gpu = [0.0] * len(layers)

@@ -17,6 +17,7 @@ from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import moe_facts
 from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
+from neva.typed import ConfigError
 
 # Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
 # after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
@@ -108,6 +109,7 @@ def plan_run(
     global_batch_size: int | None = None,
     grad_reduce: str | None = None,
     model: NevaConfig | None = None,
+    num_frames: int | None = None,
 ) -> Plan:
     """Predict memory and throughput of ``cfg`` without allocating the model.
 
@@ -117,6 +119,8 @@ def plan_run(
         global_batch_size: overrides ``cfg.model.global_batch_size`` (weak-scaling sweeps).
         grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Deployment``).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (the benchmark's own shapes).
+        num_frames: each sample holds one video of this many frames instead of one image (``plan.num_frames``):
+            frames × tower passes, ``NevaConfig.video_tokens(num_frames)`` positions.
 
     Raises:
         ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
@@ -131,14 +135,17 @@ def plan_run(
     hw = hardware_from_config(cfg.cluster)
     infos = model_inventory(ncfg, cfg.model.trainable_policy())
     layers = stage_layers(ncfg.llm.num_layers, layout)
-    seq = sample_tokens(cfg, ncfg.num_image_tokens, text_tokens)
+    frames = num_frames or 0
+    if frames and ncfg.video is None:
+        raise ConfigError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
+    seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else ncfg.num_image_tokens, text_tokens)
     learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
-    flops = stage_flops(infos, ncfg, layout, seq, layers)
+    flops = stage_flops(infos, ncfg, layout, seq, layers, frames)
     stages = []
     for s in range(layout.pp):
         state = rank_state_bytes(infos, dep, s, layers)
         acts = stage_activation_bytes(
-            ncfg, infos, dep, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s), learned
+            ncfg, infos, dep, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s), learned, frames
         )
         working = working_bytes(infos, dep, s, layers)
         stages.append(

@@ -32,6 +32,7 @@ from neva.models.loss import (
     summed_cross_entropy,
     token_cross_entropy,
 )
+from neva.models.video import VIDEO_INPUTS
 from neva.parallel.data_parallel import all_reduce_gradients
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
@@ -49,6 +50,7 @@ MODEL_INPUTS = (
     "segment_ids",
     "dropout_keys",
     "token_mask",
+    *VIDEO_INPUTS,
 )
 
 

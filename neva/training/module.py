@@ -244,6 +244,7 @@ class NevaModule(pl.LightningModule):
         # Tower passes: an image is one, an AnyRes image one per tile (the FLOP model's "image" unit: tower +
         # projector of num_image_tokens); pixel_values rows count both.
         images = sum(_tower_passes(mb) for mb in micro_batches) * dp
+        frames = sum(_tower_passes(mb, "video_pixel_values") for mb in micro_batches) * dp
         metrics = {
             "lr": lr,
             "skipped_step": float(loss is None),
@@ -264,7 +265,7 @@ class NevaModule(pl.LightningModule):
             metrics.update(self.engine.moe_metrics)  # MoE: the routers' loss term and per-layer expert loads
         if seq_lens:
             # Model FLOPs of the step on all ranks (the other replicas' batches taken to be like this one's).
-            flops = self._flops.batch(seq_lens, images // dp) * dp
+            flops = self._flops.batch(seq_lens, images // dp, frames // dp) * dp
             metrics["flops"] = flops
             world = self.trainer.world_size if self._trainer is not None else 1
             tflops = flops / max(elapsed, 1e-9) / 1e12 / world
@@ -345,6 +346,6 @@ class NevaModule(pl.LightningModule):
             self.metrics.truncate_after(self.global_step)
 
 
-def _tower_passes(mb: dict[str, Any]) -> int:
-    pixels = mb.get("pixel_values")
+def _tower_passes(mb: dict[str, Any], key: str = "pixel_values") -> int:
+    pixels = mb.get(key)
     return 0 if pixels is None else int(pixels.shape[0])

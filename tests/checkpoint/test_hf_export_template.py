@@ -201,7 +201,7 @@ def test_export_loads_and_generates_the_same_under_transformers_4(ckpt, tmp_path
 
     # neva: the checkpoint's own template and tokens, greedy
     answerer = Answerer(src, GenerationConfig(max_new_tokens=6))
-    ids, pixels, _ = answerer.prepare(("What is it?", [IMAGE]))
+    ids, pixels, *_ = answerer.prepare(("What is it?", [IMAGE]))
     assert (
         got["prompt"]
         == got["tokenizer_prompt"]

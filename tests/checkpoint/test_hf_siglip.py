@@ -108,7 +108,7 @@ def test_llava_siglip_export_generates_the_same_under_transformers_4(siglip_llav
     src = with_metadata(ckpt, tmp_path / "ckpt", conv_template="vicuna_v1", precision="32")
     out = export_llava(src, tmp_path / "hf")
     answerer = Answerer(src, GenerationConfig(max_new_tokens=6))
-    ids, pixels, _ = answerer.prepare(("What is it?", [Image.new("RGB", (40, 30), (200, 30, 30))]))
+    ids, pixels, *_ = answerer.prepare(("What is it?", [Image.new("RGB", (40, 30), (200, 30, 30))]))
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", T4_SIGLIP_SCRIPT, str(out), json.dumps(ids)], env=env, capture_output=True, text=True

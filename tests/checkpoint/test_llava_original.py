@@ -136,7 +136,7 @@ def test_export_to_llava_hf_serves_whole_prompt_ids(llava_dirs, tmp_path):
 
     image = Image.new("RGB", (40, 30), (200, 30, 30))
     answerer = Answerer(src, GenerationConfig(max_new_tokens=1))
-    trained, _, _ = answerer.prepare(("What is it?", [image]))
+    trained, *_ = answerer.prepare(("What is it?", [image]))
     assert isinstance(answerer.answer([("What is it?", [image])])[0], str)  # generates without an <image> row
     processor = AutoProcessor.from_pretrained(out)
     prompt = processor.apply_chat_template(

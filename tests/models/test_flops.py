@@ -152,3 +152,23 @@ def test_sliding_window_counts_the_band_and_biases_no_flops():
     assert (band.per_token, band.per_token2) == (full.per_token, full.per_token2)
     assert band.sample(S, 1) - full.sample(S, 1) == full.per_token2 * ((8 * 8 + 2 * 8 * (S - 8)) - S * S)
     assert band.sample(8, 0) == full.sample(8, 0)  # within the window nothing changes
+
+
+def test_video_frames_count_a_tower_pass_and_the_projector_over_pooled_tokens():
+    """A video of 3 frames, 2×2-pooled (16 patches → 4 tokens a frame): each frame one tower pass, the projector
+    over its 4 pooled tokens; the 12 video positions are decoder positions like any other (12 + 24 text = 36)."""
+    import dataclasses
+
+    from neva.models.video import VideoConfig
+
+    cfg = dataclasses.replace(small_config(), video=VideoConfig(spatial_pool_stride=2))
+    assert cfg.video_tokens(3) == 12
+    s = 12 + 24
+    expected = (
+        s * 4 * (2 * LAYER + HEAD)
+        + 3 * 2 * 4 * s * s * 32
+        + 3 * (4 * (4 * PROJ0 + 6 * PROJ2) + VISION_FORWARD)
+    )  # fmt: skip
+    flops = SampleFlops.of(build_meta_model(cfg, TrainablePolicy()))
+    assert flops.batch([s], 0, frames=3) == expected
+    assert flops.batch([S], 1) == CASES["pretrain"][1]  # images count as before

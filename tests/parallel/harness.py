@@ -51,6 +51,9 @@ FAMILIES: dict[str, list[str]] = {
         "model.mm_cfg.vision_encoder.preset=tiny_siglip",
         "model.mm_cfg.mm_mlp_adapter_type=mlp_downsample",
     ],
+    # Video on the tiny CLIP: frames pooled 2x2 per frame (4 tokens a frame) before the projector; the steps are
+    # hand-built batches of the collator's contract (``video_steps``) mixing video, image + video, image and text rows
+    "llama_clip_video": ["model.mm_cfg.mm_spatial_pool_stride=2"],
     # LLaVA-NeXT AnyRes on the tiny CLIP (32 px tiles): 1x1, 1x2, 2x1 and 2x2 grids, spatial_unpad + image_newline
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
@@ -105,7 +108,8 @@ def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
     losses, grad_norms = [], []
-    for i, micro_batches in enumerate(StepBatches(data, accum)):
+    steps_of = video_steps(source.cfg, layout, steps) if source.cfg.video is not None else StepBatches(data, accum)
+    for i, micro_batches in enumerate(steps_of):
         if i == steps:
             break
         engine.model.train()
@@ -118,6 +122,70 @@ def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
         losses.append(loss.item())
     dtypes = sorted({str(p.dtype) for _, p in engine.named_trainable_parameters()})
     return {"losses": losses, "grad_norms": grad_norms, "param_dtypes": dtypes}
+
+
+def video_steps(cfg: Any, layout: Any, steps: int, micro: int = 2, length: int = 48) -> list[list[dict[str, Any]]]:
+    """Seeded micro-batches of videos, images and text, shaped as the collator's contract (``neva/models/video.py``):
+    ``video_pixel_values`` [F, 3, H, W] uint8 (row order, then position order), ``video_frames`` [V],
+    ``video_positions`` [M_v, 2]; this rank's share (the same global batch for every layout). Video and image tokens
+    share one id (``video_token_id`` None): the positions alone tell them apart."""
+    from neva.constants import IGNORE_INDEX
+
+    gen = torch.Generator().manual_seed(1234)
+    side, token = cfg.vision.image_size, cfg.video_token
+
+    def text(n: int) -> list[int]:
+        return torch.randint(1, cfg.image_token_id - 1, (n,), generator=gen).tolist()
+
+    def row(kind: int, r: int, mb: dict[str, list]) -> tuple[list[int], list[int]]:
+        ids = text(3)
+        for media in {0: ["video"], 1: ["image", "video"], 2: ["image"], 3: []}[kind]:
+            start = len(ids)
+            if media == "image":
+                ids += [cfg.image_token_id] * cfg.num_image_tokens
+                mb["pixel_values"].append(torch.randint(0, 256, (1, 3, side, side), dtype=torch.uint8, generator=gen))
+                mb["image_positions"] += [(r, c) for c in range(start, len(ids))]
+                mb["image_counts"][r] += 1
+            else:
+                frames = 2 + kind
+                ids += [token] * cfg.video_tokens(frames)
+                mb["video_pixel_values"].append(
+                    torch.randint(0, 256, (frames, 3, side, side), dtype=torch.uint8, generator=gen)
+                )
+                mb["video_frames"].append(frames)
+                mb["video_positions"] += [(r, c) for c in range(start, len(ids))]
+            ids += text(1)
+        answer = text(6)
+        return ids + answer, [IGNORE_INDEX] * len(ids) + answer
+
+    out = []
+    for step in range(steps):
+        mbs = []
+        for m in range(layout.grad_accum * layout.dp):
+            mb: dict[str, list] = {k: [] for k in ("pixel_values", "image_positions", "video_pixel_values",
+                                                   "video_frames", "video_positions")}  # fmt: skip
+            mb["image_counts"] = [0] * micro
+            ids_B = torch.zeros(micro, length, dtype=torch.long)
+            labels_B = torch.full((micro, length), IGNORE_INDEX, dtype=torch.long)
+            real = torch.zeros(micro, length, dtype=torch.long)
+            for r in range(micro):
+                ids, labels = row((step + m * micro + r) % 4, r, mb)
+                ids_B[r, : len(ids)], labels_B[r, : len(ids)] = torch.tensor(ids), torch.tensor(labels)
+                real[r, : len(ids)] = 1
+            batch = {
+                "input_ids": ids_B, "labels": labels_B, "segment_ids": real,
+                "position_ids": torch.arange(length).expand(micro, length).clone(),
+                "image_counts": torch.tensor(mb["image_counts"]),
+                "pixel_values": torch.cat(mb["pixel_values"]) if mb["pixel_values"] else None,
+                "image_positions": torch.tensor(mb["image_positions"], dtype=torch.long).reshape(-1, 2),
+                "video_pixel_values": torch.cat(mb["video_pixel_values"]) if mb["video_frames"] else None,
+                "video_frames": torch.tensor(mb["video_frames"], dtype=torch.long) if mb["video_frames"] else None,
+                "video_positions": torch.tensor(mb["video_positions"], dtype=torch.long).reshape(-1, 2)
+                if mb["video_frames"] else None,
+            }  # fmt: skip
+            mbs.append(batch)
+        out.append(mbs[layout.dp_rank * layout.grad_accum : (layout.dp_rank + 1) * layout.grad_accum])
+    return out
 
 
 def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, list[str], int]], out: str) -> None:

@@ -343,6 +343,9 @@ FAMILY_LAYOUTS = {
 FAMILY_CASES = {
     "siglip_qwen2_downsample": list(FAMILY_LAYOUTS),
     "siglip_qwen2_tied_downsample": ["tp2_sp", "dp2_zero3_meta"],
+    # Video (issue 24): micro-batches mixing video, image + video, image and text rows (``harness.video_steps``),
+    # frames through the tower on stage 0, pooled, spliced at the collator's video positions
+    "llama_clip_video": list(FAMILY_LAYOUTS),
 }
 O2 = ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"]
 

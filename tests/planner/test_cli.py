@@ -55,3 +55,25 @@ def test_precision_follows_training() -> None:
     assert precision_kind("16-true", False) == ("half", 2)  # fp16, which training refuses: modelled pure half
     with pytest.raises(ConfigError):
         precision_kind("32", True)
+
+
+def test_video_samples_count_frames_times_tower_and_tokens() -> None:
+    """``plan.num_frames``: each sample one video; the planner's FLOPs are the training count (``SampleFlops``) of a
+    sample of that many frames and ``video_tokens(frames)`` positions."""
+    from neva.checkpoint.source import neva_config_from_mm
+    from neva.config import compose_config
+    from neva.models.flops import SampleFlops
+    from neva.models.trainable import build_meta_model
+    from neva.planner.plan import plan_run, sample_tokens
+
+    assert parse_args(["plan.num_frames=8"]).num_frames == 8
+    base = ["+stage=pretrain", "cluster=dgx_a100", "trainer.devices=2", "model.micro_batch_size=4"]
+    cfg = compose_config([*base, "model.mm_cfg.mm_spatial_pool_stride=2"])
+    ncfg = neva_config_from_mm(cfg.model.mm_cfg)
+    plan = plan_run(cfg, text_tokens=40, num_frames=8)
+    seq = sample_tokens(cfg, ncfg.video_tokens(8), 40)
+    assert plan.seq_len == seq
+    model = build_meta_model(ncfg, cfg.model.trainable_policy())
+    assert plan.flops_per_sample == pytest.approx(SampleFlops.of(model).batch([seq], 0, frames=8), rel=1e-12)
+    with pytest.raises(ConfigError, match="num_frames needs a video model"):
+        plan_run(compose_config(base), num_frames=8)
