@@ -132,8 +132,9 @@ def load_pixels(images: Sequence[ImageInput], processor: Any) -> torch.Tensor | 
     loaded = load_images(images, processor)
     if not loaded:
         return None
-    tensors = [processor(image) for image in loaded]
-    return torch.cat(tensors) if getattr(processor, "variable_tokens", False) else torch.stack(tensors)
+    if getattr(processor, "variable_tokens", False):
+        return processor.tiles(loaded)
+    return torch.stack([processor(image) for image in loaded])
 
 
 def decode_answer(tokenizer: Any, ids: list[int], stops: Sequence[str]) -> str:
@@ -209,7 +210,7 @@ class Answerer:
             raise ValueError(f"no prompt: expected a string, got {type(prompt).__name__}")
         loaded = load_images(images, self.processor)
         cfg = self.model.cfg
-        sizes = [(im.size[1], im.size[0]) for im in loaded] if cfg.anyres is not None else None
+        sizes = self.processor.sizes(loaded) if cfg.anyres is not None else None
         ids = self.builder.ids(prompt, len(images), None if sizes is None else [cfg.image_tokens(s) for s in sizes])
         context = cfg.llm.max_seq_len
         if len(ids) >= context:

@@ -132,14 +132,16 @@ def process_record(
             # AnyRes: an image's positions follow from its size, so images are decoded before the text is encoded
             # (their count checks and paths are then checked by the decode, before the conversation's).
             loaded = [image_source.load(safe_relative_path(name)) for name in record_images(record)]
-            layout = [image_processor.layout(image) for image in loaded]
-            enc, names = encode_record(record, settings, [index.shape[0] for index, _ in layout])
-            pixels = [image_processor(image) for image in loaded]
+            layout = image_processor.layouts(loaded)
+            enc, names = encode_record(record, settings, [lay.tokens for lay in layout])
+            pixels = [image_processor.tiles(loaded)] if loaded else []
+            images = len(loaded)
         else:
             enc, names = encode_record(record, settings)
             if names and image_processor is None:
                 raise ImageError("missing_image", "the model has no vision encoder")
             pixels = [image_processor(image_source.load(name)) for name in names]
+            images = len(pixels)
     except SampleError as exc:
         return skip_marker(sample_id, exc.reason, exc.detail)
     size = image_processor.size if image_processor is not None else 0
@@ -153,11 +155,11 @@ def process_record(
         # positions, so the model splices by index without counting on the device.
         "image_positions": (input_ids == settings.image_token_id).nonzero().flatten(),
         "labels": torch.tensor(enc.labels, dtype=torch.long),
-        # fixed-size: one [3, s, s] per image; AnyRes: [tiles, 3, s, s] per image, all tiles in image order
+        # fixed-size: one [3, s, s] per image; AnyRes: [tiles, 3, s, s], every image's tiles in image order
         "pixel_values": (torch.stack(pixels) if layout is None else torch.cat(pixels))
         if pixels
         else torch.zeros(0, 3, size, size, dtype=torch.uint8),
-        "image_count": len(pixels),
+        "image_count": images,
         "truncated": enc.truncated_from is not None,
         "dropped_leading_reply": enc.dropped_leading_reply,
     }

@@ -46,6 +46,7 @@ class NevaModel(nn.Module):
         image_positions: torch.Tensor | None = None,
         image_feature_index: torch.Tensor | None = None,
         image_tokens: torch.Tensor | None = None,
+        image_feature_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token embeddings with image features written over the image-token positions.
 
@@ -61,13 +62,15 @@ class NevaModel(nn.Module):
                 ``pixel_values`` then holds every tile.
             image_tokens: ``[N]`` positions per image (AnyRes: the length of its feature index); None: every image
                 takes ``num_image_tokens``.
+            image_feature_weight: AnyRes pooled (``anyres_max_N``) only: ``[M, 4]`` bilinear weights of the rows
+                ``image_feature_index`` ``[M, 4]`` names (``neva.models.anyres.pool_grid``).
 
         Raises:
             ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
         """
         h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
         if image_positions is not None:
-            return self._splice(h_BSD, pixel_values, image_positions, image_feature_index)
+            return self._splice(h_BSD, pixel_values, image_positions, image_feature_index, image_feature_weight)
         is_image_BS = input_ids == self.cfg.image_token_id
         if pixel_values is None or pixel_values.shape[0] == 0:
             if is_image_BS.any():
@@ -94,15 +97,20 @@ class NevaModel(nn.Module):
                 f"{expected_B.tolist()} ({image_counts.tolist()} images × {per_image} tokens); "
                 f"{pixel_values.shape[0]} images given"
             )
-        feats_MD = self._features(pixel_values, image_feature_index).to(h_BSD.dtype)
+        feats_MD = self._features(pixel_values, image_feature_index, image_feature_weight).to(h_BSD.dtype)
         return h_BSD.masked_scatter(is_image_BS[..., None], feats_MD)
 
-    def _features(self, pixel_values: torch.Tensor, image_feature_index: torch.Tensor | None) -> torch.Tensor:
+    def _features(
+        self,
+        pixel_values: torch.Tensor,
+        image_feature_index: torch.Tensor | None,
+        image_feature_weight: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``[M, D]``: the features of every image position, in position order."""
         feats_NTD = self.image_features(pixel_values)
         if image_feature_index is None:
             return feats_NTD.flatten(0, 1)
-        return self.anyres(feats_NTD, image_feature_index)
+        return self.anyres(feats_NTD, image_feature_index, image_feature_weight)
 
     def _embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Ids to look up: an image token without its own row reads row 0 (the splice overwrites it)."""
@@ -124,6 +132,7 @@ class NevaModel(nn.Module):
         pixel_values: torch.Tensor | None,
         positions: torch.Tensor,
         feature_index: torch.Tensor | None = None,
+        feature_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
         images = 0 if pixel_values is None else pixel_values.shape[0]
         expected = images * self.cfg.num_image_tokens if feature_index is None else feature_index.shape[0]
@@ -133,7 +142,7 @@ class NevaModel(nn.Module):
             )
         if images == 0:
             return self._keep_projector(h_BSD)
-        feats_MD = self._features(pixel_values, feature_index).to(h_BSD.dtype)
+        feats_MD = self._features(pixel_values, feature_index, feature_weight).to(h_BSD.dtype)
         positions = positions.to(h_BSD.device)
         return h_BSD.index_put((positions[:, 0], positions[:, 1]), feats_MD)
 
@@ -151,18 +160,27 @@ class NevaModel(nn.Module):
         output_positions: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
+        image_feature_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
         ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions (logits ``[N, V]``).
-        ``image_positions``, ``image_feature_index``, ``image_tokens``: see ``embed``.
+        ``image_positions``, ``image_feature_index``, ``image_tokens``, ``image_feature_weight``: see ``embed``.
         ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
         ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing (``LlamaDecoder.forward``).
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
         if self.llm.tok_embeddings is not None:
-            h = self.embed(input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens)
+            h = self.embed(
+                input_ids,
+                pixel_values,
+                image_counts,
+                image_positions,
+                image_feature_index,
+                image_tokens,
+                image_feature_weight,
+            )
         else:
             h = input_ids
         with lora_dropout_keys(dropout_keys):

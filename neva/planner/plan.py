@@ -122,7 +122,7 @@ def plan_run(
         ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
             pipeline chunks without a layer).
     """
-    ncfg = model or neva_config_from_mm(cfg.model.mm_cfg)
+    ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
     layout = dep.layout
     if layout.tp > 1:

@@ -111,7 +111,7 @@ def search(
         raise ConfigError(
             f"cannot constrain {sorted(unknown)} in a layout search; searched keys: {', '.join(SEARCHED)}"
         )
-    model = neva_config_from_mm(cfg.model.mm_cfg)
+    model = neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     space = default_space(cfg, model.llm.num_layers)
     space.update({k: list(v) for k, v in (constraints or {}).items()})
     tried = 0

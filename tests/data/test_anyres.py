@@ -73,8 +73,11 @@ def test_pinpoint_range_form_is_llava_next():
         AnyResConfig(grid_pinpoints=[[20, 30]]).check_tile(16)
     from neva.data.config import DataConfig
 
-    with pytest.raises(ValueError, match="anyres_max_9"):
-        DataConfig(image_aspect_ratio="anyres_max_9")
+    assert DataConfig(image_aspect_ratio="anyres_max_9").image_aspect_ratio == "anyres_max_9"  # LLaVA-OneVision
+    with pytest.raises(ValueError, match="anyres_max_x"):
+        DataConfig(image_aspect_ratio="anyres_max_x")
+    with pytest.raises(ValueError, match="spatial_unpad"):
+        AnyResConfig(patch_merge_type="spatial", max_num_patches=9)
 
 
 def _record(i: int, images: list[str]) -> dict:
