@@ -33,14 +33,15 @@ PINPOINTS = "(1x1),...,(4x4)"
 MAX = 3  # anyres_max_3: most grids above 2x2 tiles pool, smaller ones do not
 
 
-def tiny_onevision(seed: int = 0, text_cls: type = Qwen2Config):
+def tiny_onevision(seed: int = 0, text_cls: type = Qwen2Config, text_kw: dict | None = None):
     from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
 
     torch.manual_seed(seed)
+    text = {**TEXT_KW, **(text_kw or {})}
     cfg = LlavaOnevisionConfig(
         vision_config=SiglipVisionConfig(**SIGLIP_KW, vision_use_head=False),
-        text_config=text_cls(**TEXT_KW),
-        image_token_index=TEXT_KW["vocab_size"] - 1,
+        text_config=text_cls(**text),
+        image_token_index=text["vocab_size"] - 1,
         image_grid_pinpoints=parse_grid_pinpoints(PINPOINTS, S),
         vision_aspect_ratio=f"anyres_max_{MAX}",
         vision_feature_select_strategy="full",
@@ -193,3 +194,18 @@ def test_llama_text_and_refusals():
         neva_config_from_llava({**hf, "vision_aspect_ratio": "anyres"})
     with pytest.raises(ValueError, match="anyres_max_3"):
         llava_config_dict(cfg)
+
+
+def test_llava_onevision_checkpoint_imports(tmp_path):
+    from neva.checkpoint.hf import import_llava
+    from neva.checkpoint.neva_format import load_model
+    from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
+
+    hf = tiny_onevision(1, text_kw={"vocab_size": SP_VOCAB + 2, "pad_token_id": SP_VOCAB})
+    hf.save_pretrained(str(tmp_path / "hf"))
+    make_tokenizer(tmp_path / "_sp").save_pretrained(str(tmp_path / "hf"))
+    model = load_model(import_llava(tmp_path / "hf", tmp_path / "ckpt", metadata={"conv_template": "vicuna_v1"}))
+    assert model.cfg.anyres.max_num_patches == MAX
+    expected = neva_from_hf(hf).state_dict()
+    got = model.state_dict()
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
