@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from neva.data import synthetic, synthetic_skills
+from neva.data import synthetic, synthetic_detail, synthetic_skills
 
 
 @dataclass(frozen=True)
@@ -23,4 +23,6 @@ class BuiltinSet:
 BUILTIN_SETS: dict[str, BuiltinSet] = {
     "synthetic": BuiltinSet(synthetic.synthetic_records, synthetic.SyntheticImages),  # coloured shapes (saturates)
     "synthetic_skills": BuiltinSet(synthetic_skills.skills_records, synthetic_skills.SkillImages),  # the canary's
+    # fine patterns in images twice the tower's size: what AnyRes tiles resolve and a fixed resolution cannot
+    "synthetic_detail": BuiltinSet(synthetic_detail.detail_records, synthetic_detail.DetailImages),
 }
