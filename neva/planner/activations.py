@@ -45,11 +45,13 @@ def stage_activation_bytes(
     backward: bool,
     in_flight: float,
     learned_tokens: float | None = None,
+    tiles: int = 1,
 ) -> float:
     """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive.
 
     ``learned_tokens``: learned tokens per sample; without TP the engine runs the LM head only at their positions
-    (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it)."""
+    (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it).
+    ``tiles``: tower inputs per image (AnyRes, ``neva.planner.images``)."""
     if not backward:
         return 0.0
     layout = dep.layout
@@ -67,7 +69,7 @@ def stage_activation_bytes(
         head = tokens if layout.tp > 1 or learned_tokens is None else b * learned_tokens
         per_mb += head * cfg.llm.vocab_size / layout.tp * (e + 4)
     if stage == 0 and cfg.vision is not None:
-        per_mb += _vision_bytes(cfg, infos, dep)
+        per_mb += _vision_bytes(cfg, infos, dep) * tiles
     # Layer inputs in flight between stages (the received activation) are part of each stage's saved set.
     per_mb += e * tokens * cfg.llm.hidden_size
     recompute = 0.0
@@ -78,7 +80,7 @@ def stage_activation_bytes(
 
 
 def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment) -> float:
-    """Vision tower + projector activations of one micro-batch (one image per sample)."""
+    """Vision tower + projector activations of one micro-batch (one tower input per sample)."""
     e, b = dep.compute_bytes, dep.layout.micro_batch_size
     vision, hidden = cfg.vision, cfg.llm.hidden_size
     images_tokens = b * cfg.num_image_tokens

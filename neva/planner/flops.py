@@ -45,11 +45,17 @@ def _placement(term: FlopTerm, params: dict[str, ParamInfo], layers: list[list[i
 
 
 def stage_flops(
-    infos: list[ParamInfo], cfg: NevaConfig, layout: Layout, seq_len: int, layers: list[list[int]]
+    infos: list[ParamInfo],
+    cfg: NevaConfig,
+    layout: Layout,
+    seq_len: int,
+    layers: list[list[int]],
+    tiles: int = 1,
 ) -> list[StageFlops]:
-    """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each."""
+    """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each, of ``tiles``
+    tower inputs (AnyRes: the overview and the grid's tiles, each through the tower and the projector)."""
     terms = _terms(infos, cfg)
-    units = {"token": seq_len, "token2": attended_square(seq_len, cfg.llm.sliding_window), "image": 1}
+    units = {"token": seq_len, "token2": attended_square(seq_len, cfg.llm.sliding_window), "image": tiles}
     params = {p.name: p for p in infos}
     model = [0.0] * len(layers)
     per_gpu = [0.0] * len(layers)

@@ -13,6 +13,7 @@ from neva.planner.activations import in_flight_microbatches, stage_activation_by
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import stage_flops
 from neva.planner.hardware import hardware_from_config
+from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import moe_facts
 from neva.planner.params import model_inventory, stage_layers
@@ -108,6 +109,7 @@ def plan_run(
     global_batch_size: int | None = None,
     grad_reduce: str | None = None,
     model: NevaConfig | None = None,
+    image_size: tuple[int, int] | None = None,
 ) -> Plan:
     """Predict memory and throughput of ``cfg`` without allocating the model.
 
@@ -117,6 +119,8 @@ def plan_run(
         global_batch_size: overrides ``cfg.model.global_batch_size`` (weak-scaling sweeps).
         grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Deployment``).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (the benchmark's own shapes).
+        image_size: an AnyRes model's typical image ``(height, width)`` (``neva.planner.images``; None: the
+            worst case).
 
     Raises:
         ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
@@ -131,14 +135,24 @@ def plan_run(
     hw = hardware_from_config(cfg.cluster)
     infos = model_inventory(ncfg, cfg.model.trainable_policy())
     layers = stage_layers(ncfg.llm.num_layers, layout)
-    seq = sample_tokens(cfg, ncfg.num_image_tokens, text_tokens)
+    images = image_load(ncfg, image_size)
+    seq = sample_tokens(cfg, images.tokens, text_tokens)
     learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
-    flops = stage_flops(infos, ncfg, layout, seq, layers)
+    flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles)
     stages = []
     for s in range(layout.pp):
         state = rank_state_bytes(infos, dep, s, layers)
         acts = stage_activation_bytes(
-            ncfg, infos, dep, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s), learned
+            ncfg,
+            infos,
+            dep,
+            seq,
+            s,
+            layers[s],
+            flops[s].backward,
+            in_flight_microbatches(layout, s),
+            learned,
+            images.tiles,
         )
         working = working_bytes(infos, dep, s, layers)
         stages.append(
@@ -159,5 +173,7 @@ def plan_run(
     mfu = per_sample * samples / (layout.world * hw.peak_flops)
     # The dispatched hidden states are the feed-forward norm's output: fp32 under autocast, the parameters' dtype else.
     moe = moe_facts(ncfg, infos, layout, layers, seq, 2 if dep.precision in ("o2", "half") else 4)
-    extra = {} if moe is None else {"moe": moe}
+    extra = {"image": images.to_dict()}
+    if moe is not None:
+        extra["moe"] = moe
     return Plan(dep, seq, hw.gpu_memory_gb, stages, time, per_sample, samples, mfu, extra)
