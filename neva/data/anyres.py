@@ -25,7 +25,14 @@ import torch
 from PIL import Image
 
 from neva.data.images import ImageProcessor
-from neva.models.anyres import AnyResConfig, Layout, concat_layouts, feature_index, select_best_resolution
+from neva.models.anyres import (
+    AnyResConfig,
+    Layout,
+    concat_layouts,
+    feature_index,
+    image_token_count,
+    select_best_resolution,
+)
 from neva.models.config import NevaConfig
 
 
@@ -84,9 +91,17 @@ class AnyResProcessor:
 
     def sizes(self, images: list[Image.Image]) -> list[tuple[int, int] | None]:
         """Each image's ``(height, width)`` for its layout; None: one fixed-size (padded) tile."""
-        if self.cfg.max_num_patches is not None and len(images) > 1:
-            return [None] * len(images)
-        return [(im.size[1], im.size[0]) for im in images]
+        return self.layout_sizes([(im.size[1], im.size[0]) for im in images])
+
+    def layout_sizes(self, sizes: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
+        """A sample's image sizes ``(height, width)`` as its layouts take them (None: one padded tile)."""
+        if self.cfg.max_num_patches is not None and len(sizes) > 1:
+            return [None] * len(sizes)
+        return list(sizes)
+
+    def tokens(self, sizes: list[tuple[int, int]]) -> int:
+        """Decoder positions of a sample's images of ``sizes`` (the same rule as ``layouts``)."""
+        return sum(image_token_count(self.cfg, self.tile_tokens, self.size, s) for s in self.layout_sizes(sizes))
 
     def layouts(self, images: list[Image.Image]) -> list[Layout]:
         """Each image's ``Layout`` over its own tiles (-1 = newline)."""

@@ -191,5 +191,15 @@ class ConversationDataset(Dataset):
         return sample
 
     def modality_lengths(self) -> list[int]:
-        """Approximate lengths, negative for text-only records (for the grouped sampler)."""
-        return [approx_length(r, self.settings.num_image_tokens) for r in self.records]
+        """Approximate lengths, negative for text-only records (for the grouped sampler); AnyRes images count their
+        real positions, from their sizes (image headers, not decoded)."""
+        if not getattr(self.image_processor, "variable_tokens", False):
+            return [approx_length(r, self.settings.num_image_tokens) for r in self.records]
+        return [approx_length(r, self.settings.num_image_tokens, self._anyres_tokens(r)) for r in self.records]
+
+    def _anyres_tokens(self, record: dict[str, Any]) -> int | None:
+        try:
+            sizes = [self.image_source.size(safe_relative_path(name)) for name in record_images(record)]
+        except SampleError:
+            return None  # the sample is skipped (and counted) when it is read; its length here is a guess
+        return self.image_processor.tokens(sizes)

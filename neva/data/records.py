@@ -112,10 +112,11 @@ def record_images(record: dict[str, Any]) -> list[Any]:
     return list(image) if isinstance(image, (list, tuple)) else [image]
 
 
-def approx_length(record: dict[str, Any], num_image_tokens: int) -> int:
+def approx_length(record: dict[str, Any], num_image_tokens: int, image_tokens: int | None = None) -> int:
     """LLaVA's ``modality_lengths``: word count (+ image tokens), negative for text-only records.
 
-    Cheap enough to compute for every record before training (no tokenizer, no image decode).
+    Cheap enough to compute for every record before training (no tokenizer, no image decode). ``image_tokens``: the
+    record's images' positions when they vary (AnyRes); None: ``num_image_tokens`` each.
     """
     convs = record.get("conversations")
     words = 0
@@ -126,4 +127,6 @@ def approx_length(record: dict[str, Any], num_image_tokens: int) -> int:
                 words += len(value.split())
     n_images = len(record_images(record))
     words = max(words, 1)
-    return words + n_images * num_image_tokens if n_images else -words
+    if not n_images:
+        return -words
+    return words + (n_images * num_image_tokens if image_tokens is None else image_tokens)
