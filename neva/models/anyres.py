@@ -15,6 +15,9 @@ The layouts are transformers' ``LlavaNextModel.pack_image_features`` / ``unpad_i
 * ``spatial``: the overview, then the grid's features as one ``rows·t × cols·t`` image, row-major.
 * ``spatial_unpad``: the overview, then that big grid with the rows (or columns) that only saw the resize-and-pad
   padding removed, each remaining row followed by the learned ``image_newline`` (transformers' only layout).
+  With LLaVA-OneVision's ``anyres_max_N`` that unpadded grid is first resized bilinearly when it holds more than about
+  N tiles' features (``pool_grid``): the index then names four rows per position, blended with host-computed weights
+  (``Layout.weight``), so the count is still the host's and the model still only gathers.
 
 A fixed-size image (one tile; ``size`` None below) is its tile's features, plus one newline under ``spatial_unpad``
 (LLaVA-NeXT's rule for a single-tile image).
