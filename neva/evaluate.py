@@ -5,6 +5,8 @@
 - ``--checkpoint CKPT``: another neva checkpoint.
 - ``--suite skills``: the skills suite (``neva.data.synthetic_skills``, the quality canary's): per-skill accuracy with
   95 % Wilson intervals, and the same questions with another question's image(s) and with none (``SKILL_CONDITIONS``).
+- ``--suite detail``: the detail set (``neva.data.synthetic_detail``): accuracy with its 95 % Wilson interval, for
+  comparing an AnyRes run with a fixed-resolution one.
 - ``--input-file q.jsonl --output-file a.jsonl``: LLaVA ``model_vqa``-style question records
   (``{"question_id", "image", "text"}``; ``prompt`` is accepted for ``text``) answered greedily; answers are written as
   ``{"question_id", "prompt", "text", "model_id"}`` (what the LLaVA / lmms scorers read). Records carrying an
@@ -126,6 +128,28 @@ def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) 
     }
 
 
+def evaluate_detail(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
+    """Exact-match accuracy with its 95 % Wilson interval on the detail set (``neva.data.synthetic_detail``), the
+    images at full size (a fixed-resolution checkpoint downscales them, an AnyRes one tiles them)."""
+    from neva.data.synthetic_detail import PATTERNS, detail_eval_items
+
+    items = detail_eval_items(answerer.model.cfg.vision.image_size, seed=seed, num_samples=limit)
+    answers = stripped_answers(answerer, [(q, [image]) for q, image, _ in items], batch_size)
+    correct = sum(normalize(a) == normalize(answer) for a, (_, _, answer) in zip(answers, items))
+    lo, hi = wilson_interval(correct, len(items))
+    return {
+        "suite": "detail",
+        "accuracy": correct / len(items),
+        "ci95": [round(lo, 4), round(hi, 4)],
+        "chance": round(1 / len(PATTERNS), 4),
+        "n": len(items),
+        "anyres": answerer.model.cfg.anyres is not None,
+    }
+
+
+SUITES = {"shapes": (evaluate_synthetic, 200), "skills": (evaluate_skills, 1000), "detail": (evaluate_detail, 300)}
+
+
 def evaluate_file(
     answerer: Answerer, input_file: Path, output_file: Path, image_folder: Path | None, model_id: str, batch_size: int
 ) -> dict[str, Any]:
@@ -155,12 +179,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--template", default=None, help="conversation template (default: the checkpoint's)")
     parser.add_argument(
         "--suite",
-        choices=("shapes", "skills"),
+        choices=tuple(SUITES),
         default="shapes",
-        help="held-out set: the coloured shapes (default) or the skills suite (per-skill accuracy, 95%% Wilson "
-        "intervals and the swapped-image and no-image controls; the canary's measurement)",
+        help="held-out set: the coloured shapes (default), the skills suite (per-skill accuracy, 95%% Wilson "
+        "intervals and the swapped-image and no-image controls; the canary's measurement) or the detail set (fine "
+        "patterns that need AnyRes; accuracy with its 95%% Wilson interval)",
     )
-    parser.add_argument("--limit", type=int, default=None, help="held-out questions to ask (200; skills: 1000)")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="held-out questions to ask (200; skills: 1000; detail: 300)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed (as model.data.synthetic_seed)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=50)
@@ -187,9 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         name = Path(checkpoint).name
         result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, name, args.batch_size)
     else:
-        evaluate_suite = evaluate_skills if args.suite == "skills" else evaluate_synthetic
-        limit = args.limit or (1000 if args.suite == "skills" else 200)
-        result = evaluate_suite(answerer, limit, args.seed, args.batch_size)
+        evaluate_suite, default_limit = SUITES[args.suite]
+        result = evaluate_suite(answerer, args.limit or default_limit, args.seed, args.batch_size)
     result["checkpoint"] = str(Path(checkpoint).resolve())
     print(json.dumps(result))
 

@@ -158,8 +158,9 @@ def load_pixels(images: Sequence[ImageInput], processor: Any) -> torch.Tensor | 
     loaded = load_images(images, processor)
     if not loaded:
         return None
-    tensors = [processor(image) for image in loaded]
-    return torch.cat(tensors) if getattr(processor, "variable_tokens", False) else torch.stack(tensors)
+    if getattr(processor, "variable_tokens", False):
+        return processor.tiles(loaded)
+    return torch.stack([processor(image) for image in loaded])
 
 
 def decode_answer(tokenizer: Any, ids: list[int], stops: Sequence[str]) -> str:
@@ -243,7 +244,7 @@ class Answerer:
         loaded = load_images(images, self.processor)
         frames = [self._frames(v) for v in videos]
         cfg = self.model.cfg
-        sizes = [(im.size[1], im.size[0]) for im in loaded] if cfg.anyres is not None else None
+        sizes = self.processor.sizes(loaded) if cfg.anyres is not None else None
         image_tokens = None if sizes is None else [cfg.image_tokens(s) for s in sizes]
         ids = self.builder.ids(prompt, len(images), image_tokens, [cfg.video_tokens(len(f)) for f in frames])
         context = cfg.llm.max_seq_len

@@ -18,7 +18,8 @@ Planner options (not training config): ``plan.text_tokens=N`` (mean text tokens 
 ``strong`` (fixed global batch), ``plan.grad_reduce=fp32|bf16``, ``plan.json=PATH`` (also write the JSON there),
 ``plan.search=N``, ``plan.num_frames=N`` (a video model: each sample one video of N frames instead of one image), ``plan.rehearse=true`` (pre-flight: also run one real optimizer step of every rank role at full size on
 fake tensors and print its measured memory beside the prediction; exits non-zero when the real path fails, 2 when
-this torch cannot rehearse). Without ``+stage=``, ``+preset=`` or ``+canary=`` the stage is pretrain.
+this torch cannot rehearse), ``plan.image_size=HxW`` (AnyRes: a typical image, whose tiles and positions the data
+side's rule gives; default the worst case, the largest pinpoint). Without ``+stage=``, ``+preset=`` or ``+canary=`` the stage is pretrain.
 Prints one table row per layout and a final JSON line (the list of rows). See docs/PLANNER.md.
 """
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as field_replace
 
 from neva.config import TrainConfig, compose_config
+from neva.planner.images import describe_images, parse_image_size
 from neva.planner.plan import LEARNED_FRACTION, TEXT_TOKENS, GiB, Plan, plan_run
 from neva.planner.report import format_table, to_json
 from neva.planner.search import SEARCHED, search
@@ -68,6 +70,7 @@ class Request:
     json_path: str | None = None
     search: int = 0  # > 0: list this many of the fastest fitting layouts instead of planning the given one
     rehearse: bool = False  # also run the real step of every rank role on fake tensors (neva.training.rehearsal)
+    image_size: tuple[int, int] | None = None  # AnyRes: a typical image (height, width); None: the worst case
 
 
 def parse_args(argv: list[str]) -> Request:
@@ -95,14 +98,19 @@ def parse_args(argv: list[str]) -> Request:
                 req.json_path = value
             elif option == "rehearse" and value.lower() in ("true", "false"):
                 req.rehearse = value.lower() == "true"
+            elif option == "image_size":
+                try:
+                    req.image_size = parse_image_size(value)
+                except ValueError as err:
+                    raise ConfigError(str(err)) from err
             elif option == "search":
                 req.search = 10 if value.lower() == "true" else 0 if value.lower() == "false" else int(value)
             else:
                 raise ConfigError(
-                    f"unknown planner option {arg!r} (text_tokens, num_frames, scaling=weak|strong, grad_reduce, json, search=N, "
-                    "rehearse=true|false)"
+                    f"unknown planner option {arg!r} (text_tokens, num_frames, scaling=weak|strong, grad_reduce, json, "
+                    "search=N, rehearse=true|false, image_size=HxW)"
                 )
-        elif "," in value and not value.startswith(("[", "{")):
+        elif "," in value and not value.startswith(("[", "{", "'", '"')):  # a quoted value is one value
             if key.lstrip("+") not in SWEEPABLE:
                 raise ConfigError(f"{key} cannot be swept; sweepable keys: {', '.join(SWEEPABLE)}")
             req.sweeps.append((key, value.split(",")))
@@ -169,7 +177,9 @@ def run(req: Request) -> list[Plan]:
             if cfg.trainer.num_nodes % base_nodes:
                 raise ConfigError(f"weak scaling needs node counts that are multiples of {base_nodes}")
             gbs = cfg.model.global_batch_size * cfg.trainer.num_nodes // base_nodes
-        plans.append(plan_run(cfg, req.text_tokens, gbs, req.grad_reduce, num_frames=req.num_frames))
+        plans.append(
+            plan_run(cfg, req.text_tokens, gbs, req.grad_reduce, num_frames=req.num_frames, image_size=req.image_size)
+        )
     return plans
 
 
@@ -185,7 +195,7 @@ def run_search(req: Request) -> list[Plan]:
     for point in itertools.product(*(v for _, v in req.sweeps)):
         overrides = [f"{k}={v}" for k, v in zip(keys, point)]
         cfg = compose_config(req.fixed + overrides)
-        found = search(cfg, constraints, req.search, req.text_tokens, req.grad_reduce)
+        found = search(cfg, constraints, req.search, req.text_tokens, req.grad_reduce, req.image_size)
         where = " ".join(overrides) or "the configured nodes"
         print(
             f"# {where}: {found.tried} layouts tried, {found.valid} accepted by training's checks, {found.fitting} fit"
@@ -212,6 +222,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
         raise ConfigError("plan.rehearse=true rehearses the configured layout; it cannot be combined with plan.search")
     plans = run_search(req) if req.search > 0 else run(req)
     print(format_table(plans))
+    for line in sorted({describe_images(p.extra["image"]) for p in plans if p.extra["image"]["size"]}):
+        print(line)
     if req.rehearse:
         for cfg, plan in zip(configs_of(req), plans):
             print(rehearse_against_plan(cfg, plan, req.text_tokens))

@@ -86,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="llama",
         help="CPU mode: the model family of both sides (bench/cpu.py FAMILIES: qwen2 = q/k/v biases, tied embeddings)",
     )
+    p.add_argument(
+        "--anyres",
+        action="store_true",
+        help="CPU mode: LLaVA-NeXT AnyRes (1x1..2x2 tiles, each image a random size) against HF "
+        "LlavaNextForConditionalGeneration",
+    )
     p.add_argument("--child", choices=["neva", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
     # GPU mode

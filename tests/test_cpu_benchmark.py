@@ -15,13 +15,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_cpu_benchmark_runs_tiny_and_both_sides_agree() -> None:
-    cmd = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--device", "cpu", "--smoke"]
+@pytest.mark.parametrize("mode", [[], ["--anyres"]], ids=["fixed", "anyres"])  # AnyRes: against HF LlavaNext
+def test_cpu_benchmark_runs_tiny_and_both_sides_agree(mode) -> None:
+    cmd = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--device", "cpu", "--smoke", *mode]
     cmd += ["--steps", "1", "--warmup", "1", "--threads", "1", "--no-compare-padding"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["mode"] == "cpu" and summary["smoke"] and summary["neva_packing"]
+    assert summary["anyres"] == bool(mode)
     assert summary["neva_samples_per_sec"] > 0 and summary["hf_samples_per_sec"] > 0
     assert summary["neva_first_loss"] == pytest.approx(summary["hf_first_loss"], rel=1e-5)
     assert summary["first_loss_rel_diff"] < 1e-5

@@ -7,7 +7,7 @@ from typing import Any
 
 from neva.checkpoint.hf_families import check_fields, family_fields, hf_family_fields
 from neva.checkpoint.hf_video import video_config_dict, video_from_hf
-from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
+from neva.models.anyres import AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 
 
@@ -139,11 +139,19 @@ def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
 
 
 def anyres_from_hf(hf: dict[str, Any]) -> AnyResConfig | None:
-    """``LlavaNextConfig``'s AnyRes (transformers lays tiles out only as ``spatial_unpad``); None for ``llava``."""
-    if hf.get("model_type") not in ("llava_next", "llava_next_video"):
+    """``LlavaNextConfig``'s (and ``LlavaNextVideoConfig``'s) AnyRes (transformers lays tiles out only as
+    ``spatial_unpad``), ``LlavaOnevisionConfig``'s with its ``vision_aspect_ratio`` pooling; None for ``llava``."""
+    model_type = hf.get("model_type")
+    if model_type not in ("llava_next", "llava_next_video", "llava_onevision"):
         return None
     image_size = hf["vision_config"].get("image_size", 224)
-    return AnyResConfig(grid_pinpoints=parse_grid_pinpoints(hf["image_grid_pinpoints"], image_size))
+    pins = parse_grid_pinpoints(hf["image_grid_pinpoints"], image_size)
+    if model_type in ("llava_next", "llava_next_video"):
+        return AnyResConfig(grid_pinpoints=pins)
+    aspect = hf.get("vision_aspect_ratio", "anyres_max_9")
+    if parse_aspect_ratio(aspect) is None:
+        raise ValueError(f"vision_aspect_ratio={aspect!r}: neva imports LLaVA-OneVision's anyres_max_N only")
+    return AnyResConfig(grid_pinpoints=pins, max_num_patches=parse_aspect_ratio(aspect))
 
 
 def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[str, Any]:
@@ -153,6 +161,11 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             "mlp_downsample cannot be exported to HF LlavaForConditionalGeneration: transformers has no llava-hf class "
             "with NeMo's 2x2 patch merge and LayerNorm projector, and dropping them would be a different model; keep "
             "the neva checkpoint"
+        )
+    if cfg.anyres is not None and cfg.anyres.max_num_patches is not None:
+        raise ValueError(
+            f"image_aspect_ratio=anyres_max_{cfg.anyres.max_num_patches} cannot be exported: neva exports "
+            "LlavaNextForConditionalGeneration, which does not pool (LlavaOnevision export is not implemented)"
         )
     if cfg.anyres is not None and cfg.anyres.patch_merge_type != "spatial_unpad":
         raise ValueError(

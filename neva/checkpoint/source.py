@@ -18,7 +18,7 @@ from neva.checkpoint.names import lora_layers, named_parameters
 from neva.config import MMConfig, TrainConfig
 from neva.data.datamodule import tokenizer_image_token_id
 from neva.hf_local import LocalModelError, model_dir
-from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
+from neva.models.anyres import AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
 from neva.models.lora import LoRALinear, plain_key
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
@@ -86,7 +86,7 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
         except LocalModelError as err:
             raise ConfigError(f"model.mm_cfg.llm.from_pretrained: {err}") from err
         neva_cfg = neva_config_from_mm(
-            mm, vocab_size=len(tokenizer), image_token_id=tokenizer_image_token_id(tokenizer)
+            mm, len(tokenizer), tokenizer_image_token_id(tokenizer), cfg.model.data.image_aspect_ratio
         )
         vision = mm.vision_encoder.from_pretrained
         return ModelSource(
@@ -99,7 +99,9 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
     from neva.data.synthetic import build_tokenizer
 
     tokenizer = build_tokenizer()
-    neva_cfg = neva_config_from_mm(mm, vocab_size=len(tokenizer), image_token_id=tokenizer_image_token_id(tokenizer))
+    neva_cfg = neva_config_from_mm(
+        mm, len(tokenizer), tokenizer_image_token_id(tokenizer), cfg.model.data.image_aspect_ratio
+    )
     return ModelSource(neva_cfg, tokenizer, projector_weights=adapter)
 
 
@@ -322,11 +324,15 @@ def _read_hf_config(path: str, what: str) -> dict:
     return hf
 
 
-def neva_config_from_mm(mm: MMConfig, vocab_size: int | None = None, image_token_id: int | None = None) -> NevaConfig:
+def neva_config_from_mm(
+    mm: MMConfig, vocab_size: int | None = None, image_token_id: int | None = None, image_aspect_ratio: str = "anyres"
+) -> NevaConfig:
     """The architecture a run trains.
 
     Args:
         mm: ``model.mm_cfg``.
+        image_aspect_ratio: ``model.data.image_aspect_ratio``; LLaVA-OneVision's ``anyres_max_N`` is part of the
+            model (how many tiles' features an image keeps).
         vocab_size: tokenizer size, which overrides the LLM vocab when given (the embedded default sizes its
             embedding to the synthetic tokenizer).
         image_token_id: id of ``<image>`` in the tokenizer (default: last id).
@@ -368,9 +374,9 @@ def neva_config_from_mm(mm: MMConfig, vocab_size: int | None = None, image_token
     anyres = None
     if mm.image_grid_pinpoints is not None:
         pins = parse_grid_pinpoints(mm.image_grid_pinpoints, vision_cfg.image_size)
-        anyres = build(
-            AnyResConfig, dict(grid_pinpoints=pins, patch_merge_type=mm.mm_patch_merge_type), "model.mm_cfg."
-        )
+        arch = dict(grid_pinpoints=pins, patch_merge_type=mm.mm_patch_merge_type)
+        arch["max_num_patches"] = parse_aspect_ratio(image_aspect_ratio)
+        anyres = build(AnyResConfig, arch, "model.mm_cfg.")
     video = None
     if mm.mm_spatial_pool_stride is not None:
         video = build(

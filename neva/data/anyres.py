@@ -24,7 +24,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from neva.models.anyres import AnyResConfig, concat_layouts, feature_index, select_best_resolution
+from neva.data.images import ImageProcessor
+from neva.models.anyres import (
+    AnyResConfig,
+    Layout,
+    concat_layouts,
+    feature_index,
+    image_token_count,
+    select_best_resolution,
+)
 from neva.models.config import NevaConfig
 
 
@@ -55,11 +63,15 @@ def tile_image(image: Image.Image, cfg: AnyResConfig, image_size: int) -> torch.
 
 
 class AnyResProcessor:
-    """``image_aspect_ratio: anyres``: the ``ImageProcessor`` interface for tiled images of varying token counts.
+    """``image_aspect_ratio: anyres`` / ``anyres_max_N``: the ``ImageProcessor`` interface for tiled images of varying
+    token counts.
 
-    ``__call__`` gives an image's tiles (``tile_image``); ``layout`` its feature index over them
-    (``neva.models.anyres.feature_index``: its length is the image's decoder positions), from the image's size only,
-    so the dataset knows every sample's real length before the tower runs.
+    ``__call__`` gives an image's tiles (``tile_image``). ``sizes`` / ``layouts`` / ``tiles`` take a sample's images
+    together: each image's feature index over its tiles (``neva.models.anyres.feature_index``: its length is the
+    image's decoder positions) follows from the sizes only, so the dataset knows every sample's real length before
+    the tower runs. LLaVA-OneVision (``anyres_max_N``) tiles an image only when it is its sample's only one; the
+    images of a multi-image sample are padded to a square, one tile each (transformers' ``batch_num_images``,
+    LLaVA-NeXT's ``train.py`` ``process_image(f, "pad")``).
     """
 
     variable_tokens = True
@@ -72,17 +84,46 @@ class AnyResProcessor:
         self.cfg = model.anyres
         self.size = model.vision.image_size
         self.tile_tokens = model.num_image_tokens
+        self.pad = ImageProcessor(model.vision, "pad")
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
         return tile_image(image.convert("RGB"), self.cfg, self.size)
 
-    def layout(self, image: Image.Image) -> tuple[torch.Tensor, int]:
-        """``(feature index, tiles)`` of one image (index over its own tiles; -1 = newline)."""
-        w, h = image.size
-        return feature_index(self.cfg, self.tile_tokens, self.size, (h, w))
+    def sizes(self, images: list[Image.Image]) -> list[tuple[int, int] | None]:
+        """Each image's ``(height, width)`` for its layout; None: one fixed-size (padded) tile."""
+        return self.layout_sizes([(im.size[1], im.size[0]) for im in images])
+
+    def layout_sizes(self, sizes: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
+        """A sample's image sizes ``(height, width)`` as its layouts take them (None: one padded tile)."""
+        if self.cfg.max_num_patches is not None and len(sizes) > 1:
+            return [None] * len(sizes)
+        return list(sizes)
+
+    def tokens(self, sizes: list[tuple[int, int]]) -> int:
+        """Decoder positions of a sample's images of ``sizes`` (the same rule as ``layouts``)."""
+        return sum(image_token_count(self.cfg, self.tile_tokens, self.size, s) for s in self.layout_sizes(sizes))
+
+    def layouts(self, images: list[Image.Image]) -> list[Layout]:
+        """Each image's ``Layout`` over its own tiles (-1 = newline)."""
+        return [feature_index(self.cfg, self.tile_tokens, self.size, s) for s in self.sizes(images)]
+
+    def tiles(self, images: list[Image.Image]) -> torch.Tensor:
+        """uint8 ``[tiles, 3, s, s]``: every image's tiles, in image order."""
+        return torch.cat(
+            [self(im) if s is not None else self.pad(im)[None] for im, s in zip(images, self.sizes(images))]
+        )
 
 
-def anyres_sample_fields(layouts: list[tuple[torch.Tensor, int]], tile_tokens: int) -> dict[str, Any]:
-    """A sample's AnyRes fields: its images' feature index over the sample's tiles, and the features per tile (the
-    collator offsets the index by the tiles before the sample)."""
-    return {"image_feature_index": concat_layouts(layouts, tile_tokens), "tile_tokens": tile_tokens}
+def anyres_sample_fields(layouts: list[Layout], tile_tokens: int) -> dict[str, Any]:
+    """A sample's AnyRes fields: its images' feature index (and, pooled, weights) over the sample's tiles, and the
+    features per tile (the collator offsets the index by the tiles before the sample)."""
+    lay = concat_layouts(layouts, tile_tokens)
+    fields = {"image_feature_index": lay.index, "tile_tokens": tile_tokens}
+    if lay.weight is not None:
+        fields["image_feature_weight"] = lay.weight
+    return fields
+
+
+def sample_layout(sample: dict[str, Any]) -> Layout:
+    """The layout ``anyres_sample_fields`` stored in a sample (its tiles: the sample's pixel rows)."""
+    return Layout(sample["image_feature_index"], sample["pixel_values"].shape[0], sample.get("image_feature_weight"))

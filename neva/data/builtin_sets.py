@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from neva.data import synthetic, synthetic_skills, synthetic_video
+from neva.data import synthetic, synthetic_detail, synthetic_skills, synthetic_video
 
 
 @dataclass(frozen=True)
@@ -31,4 +31,6 @@ BUILTIN_SETS: dict[str, BuiltinSet] = {
     "synthetic_video": BuiltinSet(
         synthetic_video.video_records, None, synthetic_video.write_videos, synthetic_video.default_folder
     ),
+    # fine patterns in images twice the tower's size: what AnyRes tiles resolve and a fixed resolution cannot
+    "synthetic_detail": BuiltinSet(synthetic_detail.detail_records, synthetic_detail.DetailImages),
 }

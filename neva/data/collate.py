@@ -18,6 +18,8 @@ Batch contract (both modes)::
     video_frames LongTensor [V] | None   frames of each of those videos, in the same order (all three None: no video)
     video_positions LongTensor [M_v, 2] | None   (row, column) of every video-token position, in the order the
                                      frames' pooled features fill them (``NevaConfig.video_tokens(F)`` per video)
+    image_feature_weight FloatTensor [M, 4] | None   AnyRes pooled (anyres_max_N) only: image_feature_index is then
+                                     [M, 4], the rows each position blends with these weights
     output_positions LongTensor [T, 2]   (row, column) of every position whose logits predict a learned label
     targets      LongTensor [T]      the label each of those positions predicts
     num_samples  int                 samples in the batch (skipped ones excluded)
@@ -41,8 +43,9 @@ from typing import Any
 import torch
 
 from neva.constants import IGNORE_INDEX
+from neva.data.anyres import sample_layout
 from neva.data.dataset import is_skipped
-from neva.models.anyres import concat_layouts
+from neva.models.anyres import Layout, concat_layouts
 from neva.models.loss import learned_positions
 
 
@@ -79,6 +82,13 @@ def _row_length(longest: int, multiple: int, max_length: int | None) -> int:
     return min(length, max_length) if max_length is not None else length
 
 
+def _anyres_fields(layouts: list[Layout], tile_tokens: int | None) -> dict[str, Any]:
+    if tile_tokens is None:
+        return {"image_feature_index": None}
+    lay = concat_layouts(layouts, tile_tokens)
+    return {"image_feature_index": lay.index, "image_feature_weight": lay.weight}
+
+
 def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipped: Counter) -> dict[str, Any]:
     bsz = max(len(rows), 1)
     input_ids = torch.full((bsz, row_len), pad_id, dtype=torch.long)
@@ -103,7 +113,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
             if sample["pixel_values"].shape[0]:
                 pixels.append(sample["pixel_values"])
             if "image_feature_index" in sample:  # AnyRes: offset by the tiles of the samples before
-                layouts.append((sample["image_feature_index"], sample["pixel_values"].shape[0]))
+                layouts.append(sample_layout(sample))
                 tile_tokens = sample["tile_tokens"]
             if image_positions is not None and "image_positions" in sample:
                 cols = sample["image_positions"] + pos - n
@@ -129,7 +139,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "pixel_values": torch.cat(pixels) if pixels else None,
         "image_counts": image_counts,
         "image_positions": torch.cat(image_positions) if image_positions else _no_positions(image_positions),
-        "image_feature_index": concat_layouts(layouts, tile_tokens) if tile_tokens is not None else None,
+        **_anyres_fields(layouts, tile_tokens),
         "video_pixel_values": torch.cat(video_pixels) if video_pixels else None,
         "video_frames": torch.cat(video_frames) if video_frames else None,
         "video_positions": torch.cat(video_positions) if video_positions else None,

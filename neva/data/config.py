@@ -10,9 +10,12 @@ from neva.data.builtin_sets import BUILTIN_SETS
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
 from neva.data.video_decode import MAX_FRAME_PIXELS, MAX_VIDEO_BYTES, MAX_VIDEO_SECONDS, VideoLimits
+from neva.models.anyres import parse_aspect_ratio
 
 TEMPLATES = ("plain", "vicuna_v1", "llama_2", "mistral", "llama_3", "chatml")
-ASPECT_RATIOS = ("square", "pad", "keep", "anyres")  # anyres: LLaVA-NeXT tiles (the model's image_grid_pinpoints)
+# anyres: LLaVA-NeXT tiles (the model's image_grid_pinpoints); anyres_max_N (LLaVA-OneVision) too, its features
+# pooled down to about N tiles (neva.models.anyres.pool_grid)
+ASPECT_RATIOS = ("square", "pad", "keep", "anyres")
 IMAGE_TOKEN_PLACEMENTS = ("front", "inline")
 SYNTHETIC = "synthetic"
 MEDIA_TYPES = ("image", "video")
@@ -118,14 +121,10 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.conv_template is not None and self.conv_template not in TEMPLATES:
             raise ValueError(f"model.data.conv_template={self.conv_template!r} is unknown; choose one of {TEMPLATES}")
-        if self.image_aspect_ratio.startswith("anyres_max_"):
+        if self.image_aspect_ratio not in ASPECT_RATIOS and parse_aspect_ratio(self.image_aspect_ratio) is None:
             raise ValueError(
-                f"model.data.image_aspect_ratio={self.image_aspect_ratio!r}: OneVision's feature pooling above N tiles "
-                "is not implemented; use anyres"
-            )
-        if self.image_aspect_ratio not in ASPECT_RATIOS:
-            raise ValueError(
-                f"model.data.image_aspect_ratio={self.image_aspect_ratio!r}; choose one of {ASPECT_RATIOS}"
+                f"model.data.image_aspect_ratio={self.image_aspect_ratio!r}; choose one of {ASPECT_RATIOS} "
+                "or anyres_max_N (LLaVA-OneVision)"
             )
         if self.image_token_placement not in IMAGE_TOKEN_PLACEMENTS:
             raise ValueError(

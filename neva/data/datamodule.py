@@ -31,6 +31,7 @@ from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
 from neva.data.video import VideoSource
+from neva.models.anyres import parse_aspect_ratio
 from neva.models.config import NevaConfig, VisionConfig
 
 
@@ -175,13 +176,18 @@ class NevaDataModule:
             tokenization=cfg.tokenization,
             **self._video_settings(cfg, model_config),
         )
-        if (cfg.image_aspect_ratio == "anyres") != (model_config is not None and model_config.anyres is not None):
+        anyres = cfg.image_aspect_ratio.startswith("anyres")
+        model_anyres = getattr(model_config, "anyres", None)
+        if anyres != (model_anyres is not None) or (
+            anyres and parse_aspect_ratio(cfg.image_aspect_ratio) != model_anyres.max_num_patches
+        ):
             raise ValueError(
-                "model.data.image_aspect_ratio=anyres and the model's AnyRes (model.mm_cfg.image_grid_pinpoints) go "
-                f"together: image_aspect_ratio={cfg.image_aspect_ratio!r}, pinpoints "
-                f"{getattr(getattr(model_config, 'anyres', None), 'grid_pinpoints', None)}"
+                "model.data.image_aspect_ratio=anyres (or anyres_max_N) and the model's AnyRes "
+                f"(model.mm_cfg.image_grid_pinpoints) go together: image_aspect_ratio={cfg.image_aspect_ratio!r}, "
+                f"pinpoints {getattr(model_anyres, 'grid_pinpoints', None)}, "
+                f"max_num_patches {getattr(model_anyres, 'max_num_patches', None)}"
             )
-        if cfg.image_aspect_ratio == "anyres":
+        if anyres:
             if model_config is None:
                 raise ValueError(
                     "model.data.image_aspect_ratio=anyres needs the model config (its image_grid_pinpoints)"

@@ -166,14 +166,16 @@ def process_record(
             # AnyRes: an image's positions follow from its size, so images are decoded before the text is encoded
             # (their count checks and paths are then checked by the decode, before the conversation's).
             loaded = [image_source.load(safe_relative_path(name)) for name in record_images(record)]
-            layout = [image_processor.layout(image) for image in loaded]
-            enc, names, tags = encode_media_record(record, settings, [index.shape[0] for index, _ in layout], frames)
-            pixels = [image_processor(image) for image in loaded]
+            layout = image_processor.layouts(loaded)
+            enc, names, tags = encode_media_record(record, settings, [lay.tokens for lay in layout], frames)
+            pixels = [image_processor.tiles(loaded)] if loaded else []
+            images = len(loaded)
         else:
             enc, names, tags = encode_media_record(record, settings, None, frames)
             if names and image_processor is None:
                 raise ImageError("missing_image", "the model has no vision encoder")
             pixels = [image_processor(image_source.load(name)) for name in names]
+            images = len(pixels)
     except SampleError as exc:
         return skip_marker(sample_id, exc.reason, exc.detail)
     size = image_processor.size if image_processor is not None else 0
@@ -194,11 +196,11 @@ def process_record(
         "input_ids": input_ids,
         "image_positions": image_positions,
         "labels": torch.tensor(enc.labels, dtype=torch.long),
-        # fixed-size: one [3, s, s] per image; AnyRes: [tiles, 3, s, s] per image, all tiles in image order
+        # fixed-size: one [3, s, s] per image; AnyRes: [tiles, 3, s, s], every image's tiles in image order
         "pixel_values": (torch.stack(pixels) if layout is None else torch.cat(pixels))
         if pixels
         else torch.zeros(0, 3, size, size, dtype=torch.uint8),
-        "image_count": len(pixels),
+        "image_count": images,
         "truncated": enc.truncated_from is not None,
         "dropped_leading_reply": enc.dropped_leading_reply,
     }
@@ -234,7 +236,19 @@ class ConversationDataset(Dataset):
         return sample
 
     def modality_lengths(self) -> list[int]:
-        """Approximate lengths, negative for text-only records (for the grouped sampler)."""
+        """Approximate lengths, negative for text-only records (for the grouped sampler); AnyRes images count their
+        real positions, from their sizes (image headers, not decoded); a video its positions at ``num_frames``."""
         s = self.settings
         per_video = s.video_tokens(s.num_frames) if s.video_tokens is not None else 0
-        return [approx_length(r, s.num_image_tokens, per_video) for r in self.records]
+        anyres = getattr(self.image_processor, "variable_tokens", False)
+        return [
+            approx_length(r, s.num_image_tokens, self._anyres_tokens(r) if anyres else None, per_video)
+            for r in self.records
+        ]
+
+    def _anyres_tokens(self, record: dict[str, Any]) -> int | None:
+        try:
+            sizes = [self.image_source.size(safe_relative_path(name)) for name in record_images(record)]
+        except SampleError:
+            return None  # the sample is skipped (and counted) when it is read; its length here is a guess
+        return self.image_processor.tokens(sizes)

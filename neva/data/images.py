@@ -160,6 +160,12 @@ class ImageSource:
         """The image called ``name`` (decoded RGB). Raises ``ImageError``."""
         raise NotImplementedError
 
+    def size(self, name: str) -> tuple[int, int]:
+        """``(height, width)`` of the image called ``name``, without decoding it where the source can (AnyRes
+        length grouping). Raises ``ImageError``."""
+        w, h = self.load(name).size
+        return h, w
+
 
 class FolderImageSource(ImageSource):
     """Images under a directory; symlinks pointing out of it are refused too, and so is anything but a regular file.
@@ -175,6 +181,18 @@ class FolderImageSource(ImageSource):
 
     def load(self, name: str) -> Image.Image:
         return decode_image(self.read_bytes(name), name, self.max_pixels)
+
+    def size(self, name: str) -> tuple[int, int]:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(io.BytesIO(self.read_bytes(name))) as img:  # the header only: no decode
+                    w, h = img.size
+        except ImageError:
+            raise
+        except Exception as exc:  # PIL raises many types; the sample's own load reports it as it should
+            raise ImageError("corrupt_image", f"{name}: {type(exc).__name__}: {exc}") from exc
+        return h, w
 
     def read_bytes(self, name: str) -> bytes:
         """The file's bytes, undecoded (``make_shards`` copies them into shards as they are).

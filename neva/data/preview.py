@@ -68,9 +68,9 @@ def anyres_images(record: dict[str, Any], source: Any, cfg: Any) -> list[dict[st
     out = []
     for name in record_images(record):
         w, h = source.load(safe_relative_path(name)).size
-        index, tiles = feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, (h, w))
+        lay = feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, (h, w))
         grid = grid_shape((h, w), cfg.anyres.grid_pinpoints, cfg.vision.image_size)
-        out.append({"name": name, "size": [h, w], "grid": list(grid), "tiles": tiles, "tokens": index.shape[0]})
+        out.append({"name": name, "size": [h, w], "grid": list(grid), "tiles": lay.tiles, "tokens": lay.tokens})
     return out
 
 

@@ -120,12 +120,14 @@ def record_videos(record: dict[str, Any]) -> list[Any]:
     return list(video) if isinstance(video, (list, tuple)) else [video]
 
 
-def approx_length(record: dict[str, Any], num_image_tokens: int, video_tokens: int = 0) -> int:
+def approx_length(
+    record: dict[str, Any], num_image_tokens: int, image_tokens: int | None = None, video_tokens: int = 0
+) -> int:
     """LLaVA's ``modality_lengths``: word count (+ image and video tokens), negative for text-only records.
 
-    ``video_tokens``: positions of one video at ``num_frames`` frames (the most a video takes).
-
-    Cheap enough to compute for every record before training (no tokenizer, no image decode).
+    Cheap enough to compute for every record before training (no tokenizer, no image decode). ``image_tokens``: the
+    record's images' positions when they vary (AnyRes); None: ``num_image_tokens`` each. ``video_tokens``: positions
+    of one video at ``num_frames`` frames (the most a video takes).
     """
     convs = record.get("conversations")
     words = 0
@@ -136,6 +138,7 @@ def approx_length(record: dict[str, Any], num_image_tokens: int, video_tokens: i
                 words += len(value.split())
     n_images, n_videos = len(record_images(record)), len(record_videos(record))
     words = max(words, 1)
-    if n_images or n_videos:
-        return words + n_images * num_image_tokens + n_videos * video_tokens
-    return -words
+    if not (n_images or n_videos):
+        return -words
+    images = n_images * num_image_tokens if image_tokens is None else image_tokens
+    return words + images + n_videos * video_tokens

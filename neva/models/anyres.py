@@ -15,6 +15,9 @@ The layouts are transformers' ``LlavaNextModel.pack_image_features`` / ``unpad_i
 * ``spatial``: the overview, then the grid's features as one ``rows·t × cols·t`` image, row-major.
 * ``spatial_unpad``: the overview, then that big grid with the rows (or columns) that only saw the resize-and-pad
   padding removed, each remaining row followed by the learned ``image_newline`` (transformers' only layout).
+  With LLaVA-OneVision's ``anyres_max_N`` that unpadded grid is first resized bilinearly when it holds more than about
+  N tiles' features (``pool_grid``): the index then names four rows per position, blended with host-computed weights
+  (``Layout.weight``), so the count is still the host's and the model still only gathers.
 
 A fixed-size image (one tile; ``size`` None below) is its tile's features, plus one newline under ``spatial_unpad``
 (LLaVA-NeXT's rule for a single-tile image).
@@ -29,6 +32,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -43,18 +47,25 @@ class AnyResConfig:
     """The model side of AnyRes (LLaVA-NeXT's ``image_grid_pinpoints`` / ``mm_patch_merge_type``).
 
     ``grid_pinpoints``: candidate resolutions ``[height, width]`` in pixels, each a multiple of the tower's
-    ``image_size``. OneVision's ``anyres_max_N`` (pooling the features above N tiles) is not implemented: the data
-    config refuses it.
+    ``image_size``. ``max_num_patches``: LLaVA-OneVision's ``image_aspect_ratio: anyres_max_N`` (None: plain
+    ``anyres``): an image whose unpadded grid holds more than about N tiles' features is pooled down to N
+    (``pool_grid``); LLaVA-OneVision pools only under the ``unpad`` layouts, and so does neva.
     """
 
     grid_pinpoints: list[list[int]] = field(default_factory=lambda: [[336, 672], [672, 336], [672, 672]])
     patch_merge_type: str = "spatial_unpad"
+    max_num_patches: int | None = None
 
     def __post_init__(self) -> None:
         if self.patch_merge_type not in MERGE_TYPES:
             raise ValueError(f"mm_patch_merge_type must be one of {MERGE_TYPES}, got {self.patch_merge_type!r}")
         if not self.grid_pinpoints or any(len(p) != 2 or min(p) <= 0 for p in self.grid_pinpoints):
             raise ValueError(f"image_grid_pinpoints must be [height, width] pairs, got {self.grid_pinpoints!r}")
+        if self.max_num_patches is not None and (self.max_num_patches < 1 or not self.has_newline):
+            raise ValueError(
+                f"image_aspect_ratio=anyres_max_{self.max_num_patches} needs N >= 1 and mm_patch_merge_type "
+                f"spatial_unpad (LLaVA-OneVision pools only there), got {self.patch_merge_type!r}"
+            )
 
     @property
     def has_newline(self) -> bool:
@@ -66,6 +77,12 @@ class AnyResConfig:
         bad = [p for p in self.grid_pinpoints if p[0] % image_size or p[1] % image_size]
         if bad:
             raise ValueError(f"image_grid_pinpoints {bad} are not multiples of the tower's image_size {image_size}")
+
+
+def parse_aspect_ratio(aspect_ratio: str) -> int | None:
+    """``max_num_patches`` of an ``image_aspect_ratio``: N of LLaVA-OneVision's ``anyres_max_N``, else None."""
+    match = re.fullmatch(r"anyres_max_(\d+)", aspect_ratio)
+    return int(match.group(1)) if match else None
 
 
 def parse_grid_pinpoints(spec: str | Sequence[Sequence[int]], image_size: int) -> list[list[int]]:
@@ -115,10 +132,60 @@ def unpadded_bounds(size: tuple[int, int], grid_hw: tuple[int, int]) -> tuple[in
     return 0, ch, pad, cw - pad
 
 
-def feature_index(
-    cfg: AnyResConfig, per_tile: int, image_size: int, size: tuple[int, int] | None
-) -> tuple[torch.Tensor, int]:
-    """One image's layout: ``(index [T] into its tiles' flattened features, NEWLINE for image_newline; tiles)``.
+class Layout(NamedTuple):
+    """One image's (or several images') layout over its tiles' flattened features.
+
+    ``index``: ``[T]`` the feature row of every decoder position, NEWLINE for ``image_newline``; or, pooled
+    (``anyres_max_N``), ``[T, 4]`` the rows each position blends with ``weight`` ``[T, 4]`` (bilinear).
+    ``tiles``: how many tiles the image has (the next image's rows start after them).
+    """
+
+    index: torch.Tensor
+    tiles: int
+    weight: torch.Tensor | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.index.shape[0]
+
+
+def _bilinear_taps(size_in: int, size_out: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(i0, i1, w1)`` per output index: ``torch.nn.functional.interpolate``'s ``bilinear`` rule
+    (``align_corners=False``, the scale ``in / out`` in float32, sources below 0 clamped, the upper tap clamped
+    to the edge); the output is ``(1 - w1)·x[i0] + w1·x[i1]``."""
+    scale = torch.tensor(size_in, dtype=torch.float32) / size_out
+    src = (scale * (torch.arange(size_out, dtype=torch.float32) + 0.5) - 0.5).clamp(min=0)
+    i0 = src.long()
+    i1 = torch.clamp(i0 + 1, max=size_in - 1)
+    return i0, i1, src - i0
+
+
+def pool_grid(big: torch.Tensor, max_num_patches: int, side: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """LLaVA-OneVision's ``anyres_max_N`` on an unpadded feature grid ``big`` ``[h, w]`` (feature rows): None if it
+    is kept (``ratio = sqrt(h·w / (N·side²)) <= 1.1``), else ``(index [h', w', 4], weight [h', w', 4])`` of the
+    bilinear resize to ``(int(h // ratio), int(w // ratio))`` (LLaVA-NeXT's ``prepare_inputs_labels_for_multimodal``,
+    transformers' ``LlavaOnevisionModel.pack_image_features``)."""
+    h, w = big.shape
+    ratio = math.sqrt(h * w / (max_num_patches * side**2))
+    if ratio <= 1.1:
+        return None
+    y0, y1, wy = _bilinear_taps(h, int(h // ratio))
+    x0, x1, wx = _bilinear_taps(w, int(w // ratio))
+    index = torch.stack([big[y0][:, x0], big[y0][:, x1], big[y1][:, x0], big[y1][:, x1]], dim=-1)  # [h', w', 4]
+    wy, wx = wy[:, None], wx[None, :]
+    weight = torch.stack([(1 - wy) * (1 - wx), (1 - wy) * wx, wy * (1 - wx), wy * wx], dim=-1)
+    return index, weight
+
+
+def _as_taps(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A plain index ``[T]`` as ``[T, 4]`` taps: the row itself with weight 1, three zero-weight copies."""
+    weight = torch.zeros(index.shape[0], 4)
+    weight[:, 0] = 1
+    return index[:, None].expand(-1, 4), weight
+
+
+def feature_index(cfg: AnyResConfig, per_tile: int, image_size: int, size: tuple[int, int] | None) -> Layout:
+    """One image's layout (``Layout``) over its own tiles.
 
     Args:
         per_tile: features per tile after the projector (``NevaConfig.num_image_tokens``; ``t²`` for the spatial
@@ -129,25 +196,34 @@ def feature_index(
     base = torch.arange(per_tile)
     if size is None:
         parts = [base, torch.tensor([NEWLINE])] if cfg.has_newline else [base]
-        return torch.cat(parts), 1
+        return Layout(torch.cat(parts), 1)
     rows, cols = grid_shape(size, cfg.grid_pinpoints, image_size)
     tiles = 1 + rows * cols
     if cfg.patch_merge_type == "flat":
-        return torch.arange(tiles * per_tile), tiles
+        return Layout(torch.arange(tiles * per_tile), tiles)
     side = math.isqrt(per_tile)
     y = torch.arange(rows * side)[:, None]
     x = torch.arange(cols * side)[None, :]
     big = (1 + (y // side) * cols + x // side) * per_tile + (y % side) * side + (x % side)
-    if cfg.has_newline:
-        top, bottom, left, right = unpadded_bounds(size, (rows * side, cols * side))
-        big = big[top:bottom, left:right]
+    if not cfg.has_newline:
+        return Layout(torch.cat([base, big.flatten()]), tiles)
+    top, bottom, left, right = unpadded_bounds(size, (rows * side, cols * side))
+    big = big[top:bottom, left:right]
+    pooled = pool_grid(big, cfg.max_num_patches, side) if cfg.max_num_patches is not None else None
+    if pooled is None:
         big = torch.cat([big, torch.full((big.shape[0], 1), NEWLINE)], dim=1)
-    return torch.cat([base, big.flatten()]), tiles
+        return Layout(torch.cat([base, big.flatten()]), tiles)
+    index, weight = pooled
+    newline_index, newline_weight = _as_taps(torch.full((index.shape[0],), NEWLINE))
+    index = torch.cat([index, newline_index[:, None]], dim=1).flatten(0, 1)
+    weight = torch.cat([weight, newline_weight[:, None]], dim=1).flatten(0, 1)
+    base_index, base_weight = _as_taps(base)
+    return Layout(torch.cat([base_index, index]), tiles, torch.cat([base_weight, weight]))
 
 
 def image_token_count(cfg: AnyResConfig, per_tile: int, image_size: int, size: tuple[int, int] | None) -> int:
     """Decoder positions of one image: the length of its ``feature_index`` (the one rule)."""
-    return feature_index(cfg, per_tile, image_size, size)[0].shape[0]
+    return feature_index(cfg, per_tile, image_size, size).tokens
 
 
 class AnyResMerge(nn.Module):
@@ -158,13 +234,19 @@ class AnyResMerge(nn.Module):
         self.cfg = cfg
         self.image_newline = nn.Parameter(torch.empty(hidden_size)) if cfg.has_newline else None
 
-    def forward(self, feats_NTD: torch.Tensor, index_M: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, feats_NTD: torch.Tensor, index_M: torch.Tensor, weight_MK: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Tile features ``[N, T, D]`` → ``[M, D]``: row ``index_M[i]`` of the flattened features, NEWLINE (-1) the
-        newline, appended as the last row so that -1 indexes it."""
+        newline, appended as the last row so that -1 indexes it; pooled (``index_MK`` ``[M, 4]`` with
+        ``weight_MK``), the weighted sum of the rows each position blends."""
         rows = feats_NTD.flatten(0, 1)
         if self.image_newline is not None:
             rows = torch.cat([rows, self.image_newline.to(rows.dtype)[None]])
-        return rows[index_M.to(rows.device)]
+        picked = rows[index_M.to(rows.device)]
+        if weight_MK is None:
+            return picked
+        return (picked * weight_MK.to(picked.device, picked.dtype)[..., None]).sum(dim=1)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -173,18 +255,26 @@ class AnyResMerge(nn.Module):
             self.image_newline.normal_(0.0, self.image_newline.shape[0] ** -0.5)
 
 
-def concat_layouts(layouts: Sequence[tuple[torch.Tensor, int]], per_tile: int) -> torch.Tensor:
-    """``(index, tiles)`` layouts of consecutive images (or samples) → one index over their tiles concatenated."""
-    parts, first = [], 0
-    for index, tiles in layouts:
-        parts.append(torch.where(index >= 0, index + first * per_tile, index))
-        first += tiles
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+def concat_layouts(layouts: Sequence[Layout], per_tile: int) -> Layout:
+    """Layouts of consecutive images (or samples) → one layout over their tiles concatenated; if any is pooled, all
+    become ``[T, 4]`` taps."""
+    if not layouts:
+        return Layout(torch.zeros(0, dtype=torch.long), 0)
+    pooled = any(lay.weight is not None for lay in layouts)
+    indices, weights, first = [], [], 0
+    for lay in layouts:
+        index, weight = lay.index, lay.weight
+        if pooled and weight is None:
+            index, weight = _as_taps(index)
+        indices.append(torch.where(index >= 0, index + first * per_tile, index))
+        weights.append(weight)
+        first += lay.tiles
+    return Layout(torch.cat(indices), first, torch.cat(weights) if pooled else None)
 
 
 def batch_feature_index(
     cfg: AnyResConfig, per_tile: int, image_size: int, sizes: Sequence[tuple[int, int] | None]
-) -> tuple[torch.Tensor, list[int]]:
-    """Several images' layouts over their tiles concatenated in order: ``(index [M], tokens per image)``."""
+) -> tuple[Layout, list[int]]:
+    """Several images' layouts over their tiles concatenated in order: ``(layout, tokens per image)``."""
     layouts = [feature_index(cfg, per_tile, image_size, size) for size in sizes]
-    return concat_layouts(layouts, per_tile), [index.shape[0] for index, _ in layouts]
+    return concat_layouts(layouts, per_tile), [lay.tokens for lay in layouts]

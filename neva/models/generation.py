@@ -165,8 +165,10 @@ def generate(
     anyres = {}
     if image_sizes is not None:
         mc = model.cfg
-        index, tokens = batch_feature_index(mc.anyres, mc.num_image_tokens, mc.vision.image_size, image_sizes)
-        anyres = dict(image_feature_index=index.to(device), image_tokens=torch.tensor(tokens, device=device))
+        lay, tokens = batch_feature_index(mc.anyres, mc.num_image_tokens, mc.vision.image_size, image_sizes)
+        anyres = dict(image_feature_index=lay.index.to(device), image_tokens=torch.tensor(tokens, device=device))
+        if lay.weight is not None:
+            anyres["image_feature_weight"] = lay.weight.to(device)
     if video_pixel_values is not None:
         anyres.update(_video_inputs(model.cfg, batch.input_ids, video_pixel_values.to(device), pixel_values))
 

@@ -55,6 +55,7 @@ class NevaModel(nn.Module):
         image_positions: torch.Tensor | None = None,
         image_feature_index: torch.Tensor | None = None,
         image_tokens: torch.Tensor | None = None,
+        image_feature_weight: torch.Tensor | None = None,
         video_pixel_values: torch.Tensor | None = None,
         video_frames: torch.Tensor | None = None,
         video_positions: torch.Tensor | None = None,
@@ -74,6 +75,8 @@ class NevaModel(nn.Module):
                 ``pixel_values`` then holds every tile.
             image_tokens: ``[N]`` positions per image (AnyRes: the length of its feature index); None: every image
                 takes ``num_image_tokens``.
+            image_feature_weight: AnyRes pooled (``anyres_max_N``) only: ``[M, 4]`` bilinear weights of the rows
+                ``image_feature_index`` ``[M, 4]`` names (``neva.models.anyres.pool_grid``).
             video_pixel_values: ``[F, C, H, W]``, every frame of every video of the batch (row order, then position
                 order, each video's frames in time order), or None.
             video_frames: ``[V]`` frames per video (the collator's; the splice needs only the positions).
@@ -85,8 +88,9 @@ class NevaModel(nn.Module):
             ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
         """
         h_BSD = self._embed_images(
-            input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens
-        )
+            input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens,
+            image_feature_weight,
+        )  # fmt: skip
         if video_pixel_values is None or video_pixel_values.shape[0] == 0:
             return h_BSD
         if video_positions is None:
@@ -103,10 +107,11 @@ class NevaModel(nn.Module):
         image_positions: torch.Tensor | None,
         image_feature_index: torch.Tensor | None,
         image_tokens: torch.Tensor | None,
+        image_feature_weight: torch.Tensor | None,
     ) -> torch.Tensor:
         h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
         if image_positions is not None:
-            return self._splice(h_BSD, pixel_values, image_positions, image_feature_index)
+            return self._splice(h_BSD, pixel_values, image_positions, image_feature_index, image_feature_weight)
         is_image_BS = input_ids == self.cfg.image_token_id
         if pixel_values is None or pixel_values.shape[0] == 0:
             if is_image_BS.any():
@@ -133,15 +138,20 @@ class NevaModel(nn.Module):
                 f"{expected_B.tolist()} ({image_counts.tolist()} images × {per_image} tokens); "
                 f"{pixel_values.shape[0]} images given"
             )
-        feats_MD = self._features(pixel_values, image_feature_index).to(h_BSD.dtype)
+        feats_MD = self._features(pixel_values, image_feature_index, image_feature_weight).to(h_BSD.dtype)
         return h_BSD.masked_scatter(is_image_BS[..., None], feats_MD)
 
-    def _features(self, pixel_values: torch.Tensor, image_feature_index: torch.Tensor | None) -> torch.Tensor:
+    def _features(
+        self,
+        pixel_values: torch.Tensor,
+        image_feature_index: torch.Tensor | None,
+        image_feature_weight: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``[M, D]``: the features of every image position, in position order."""
         feats_NTD = self.image_features(pixel_values)
         if image_feature_index is None:
             return feats_NTD.flatten(0, 1)
-        return self.anyres(feats_NTD, image_feature_index)
+        return self.anyres(feats_NTD, image_feature_index, image_feature_weight)
 
     def _embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Ids to look up: an image (or video) token without its own row reads row 0 (the splice overwrites it)."""
@@ -164,6 +174,7 @@ class NevaModel(nn.Module):
         pixel_values: torch.Tensor | None,
         positions: torch.Tensor,
         feature_index: torch.Tensor | None = None,
+        feature_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
         images = 0 if pixel_values is None else pixel_values.shape[0]
         expected = images * self.cfg.num_image_tokens if feature_index is None else feature_index.shape[0]
@@ -173,7 +184,7 @@ class NevaModel(nn.Module):
             )
         if images == 0:
             return self._keep_projector(h_BSD)
-        feats_MD = self._features(pixel_values, feature_index).to(h_BSD.dtype)
+        feats_MD = self._features(pixel_values, feature_index, feature_weight).to(h_BSD.dtype)
         return _index_put(h_BSD, positions, feats_MD)
 
     def _splice_video(self, h_BSD: torch.Tensor, frames: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -201,6 +212,7 @@ class NevaModel(nn.Module):
         output_positions: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
+        image_feature_weight: torch.Tensor | None = None,
         video_pixel_values: torch.Tensor | None = None,
         video_frames: torch.Tensor | None = None,
         video_positions: torch.Tensor | None = None,
@@ -208,7 +220,8 @@ class NevaModel(nn.Module):
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
         ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions (logits ``[N, V]``).
-        ``image_positions``, ``image_feature_index``, ``image_tokens``, the ``video_*`` inputs: see ``embed``.
+        ``image_positions``, ``image_feature_index``, ``image_tokens``, ``image_feature_weight``, the ``video_*``
+        inputs: see ``embed``.
         ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
         ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing (``LlamaDecoder.forward``).
 
@@ -217,7 +230,7 @@ class NevaModel(nn.Module):
         if self.llm.tok_embeddings is not None:
             h = self.embed(
                 input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens,
-                video_pixel_values, video_frames, video_positions,
+                image_feature_weight, video_pixel_values, video_frames, video_positions,
             )  # fmt: skip
         else:
             h = input_ids

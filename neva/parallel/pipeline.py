@@ -262,6 +262,8 @@ class PipelineRunner:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)
             if mb.get("dropout_keys") is not None:
                 kw["dropout_keys"] = mb["dropout_keys"].to(self.device)
+            if mb.get("image_feature_weight") is not None:  # AnyRes pooled: read by the first stage only
+                kw["image_feature_weight"] = mb["image_feature_weight"].to(self.device)
             kwargs.append(kw)
             targets.append(mb["labels"].to(self.device))
         return args, kwargs, targets

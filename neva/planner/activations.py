@@ -47,13 +47,15 @@ def stage_activation_bytes(
     backward: bool,
     in_flight: float,
     learned_tokens: float | None = None,
+    tiles: int = 1,
     frames: int = 0,
 ) -> float:
     """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive.
 
     ``learned_tokens``: learned tokens per sample; without TP the engine runs the LM head only at their positions
     (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it).
-    ``frames`` > 0: each sample holds one video of that many frames instead of one image."""
+    ``tiles``: tower inputs per image (AnyRes, ``neva.planner.images``); ``frames`` > 0: each sample holds one video
+    of that many frames instead of one image."""
     if not backward:
         return 0.0
     layout = dep.layout
@@ -73,7 +75,7 @@ def stage_activation_bytes(
         vocab = cfg.llm.vocab_size / layout.tp if vocab_parallel_logits(layout.tp, layout.pp) else cfg.llm.vocab_size
         per_mb += head * vocab * (e + 4)
     if stage == 0 and cfg.vision is not None:
-        per_mb += _vision_bytes(cfg, infos, dep, frames)
+        per_mb += _vision_bytes(cfg, infos, dep, frames) * (1 if frames else tiles)
     if stage == 0:  # the first stage's layer input (a later stage's is one of its receive buffers)
         per_mb += e * tokens * cfg.llm.hidden_size
     recompute = 0.0

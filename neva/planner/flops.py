@@ -45,13 +45,20 @@ def _placement(term: FlopTerm, params: dict[str, ParamInfo], layers: list[list[i
 
 
 def stage_flops(
-    infos: list[ParamInfo], cfg: NevaConfig, layout: Layout, seq_len: int, layers: list[list[int]], frames: int = 0
+    infos: list[ParamInfo],
+    cfg: NevaConfig,
+    layout: Layout,
+    seq_len: int,
+    layers: list[list[int]],
+    tiles: int = 1,
+    frames: int = 0,
 ) -> list[StageFlops]:
-    """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each, or with one
+    """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each, of ``tiles``
+    tower inputs (AnyRes: the overview and the grid's tiles, each through the tower and the projector), or with one
     video of ``frames`` frames each (``frames`` > 0)."""
     terms = _terms(infos, cfg)
     square = attended_square(seq_len, cfg.llm.sliding_window)
-    units = {"token": seq_len, "token2": square, "image": 0 if frames else 1, "frame": frames}
+    units = {"token": seq_len, "token2": square, "image": 0 if frames else tiles, "frame": frames}
     params = {p.name: p for p in infos}
     model = [0.0] * len(layers)
     per_gpu = [0.0] * len(layers)

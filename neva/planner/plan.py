@@ -13,6 +13,7 @@ from neva.planner.activations import in_flight_microbatches, stage_activation_by
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import stage_flops
 from neva.planner.hardware import hardware_from_config
+from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import moe_facts
 from neva.planner.params import model_inventory, stage_layers
@@ -110,6 +111,7 @@ def plan_run(
     grad_reduce: str | None = None,
     model: NevaConfig | None = None,
     num_frames: int | None = None,
+    image_size: tuple[int, int] | None = None,
 ) -> Plan:
     """Predict memory and throughput of ``cfg`` without allocating the model.
 
@@ -121,12 +123,14 @@ def plan_run(
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (the benchmark's own shapes).
         num_frames: each sample holds one video of this many frames instead of one image (``plan.num_frames``):
             frames × tower passes, ``NevaConfig.video_tokens(num_frames)`` positions.
+        image_size: an AnyRes model's typical image ``(height, width)`` (``neva.planner.images``; None: the
+            worst case).
 
     Raises:
         ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
             pipeline chunks without a layer).
     """
-    ncfg = model or neva_config_from_mm(cfg.model.mm_cfg)
+    ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
     layout = dep.layout
     if layout.tp > 1:
@@ -138,14 +142,25 @@ def plan_run(
     frames = num_frames or 0
     if frames and ncfg.video is None:
         raise ConfigError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
-    seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else ncfg.num_image_tokens, text_tokens)
+    images = image_load(ncfg, image_size)
+    seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else images.tokens, text_tokens)
     learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
-    flops = stage_flops(infos, ncfg, layout, seq, layers, frames)
+    flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames)
     stages = []
     for s in range(layout.pp):
         state = rank_state_bytes(infos, dep, s, layers)
         acts = stage_activation_bytes(
-            ncfg, infos, dep, seq, s, layers[s], flops[s].backward, in_flight_microbatches(layout, s), learned, frames
+            ncfg,
+            infos,
+            dep,
+            seq,
+            s,
+            layers[s],
+            flops[s].backward,
+            in_flight_microbatches(layout, s),
+            learned,
+            images.tiles,
+            frames,
         )
         working = working_bytes(infos, dep, s, layers)
         stages.append(
@@ -166,5 +181,7 @@ def plan_run(
     mfu = per_sample * samples / (layout.world * hw.peak_flops)
     # The dispatched hidden states are the feed-forward norm's output: fp32 under autocast, the parameters' dtype else.
     moe = moe_facts(ncfg, infos, layout, layers, seq, 2 if dep.precision in ("o2", "half") else 4)
-    extra = {} if moe is None else {"moe": moe}
+    extra = {"image": images.to_dict()}
+    if moe is not None:
+        extra["moe"] = moe
     return Plan(dep, seq, hw.gpu_memory_gb, stages, time, per_sample, samples, mfu, extra)

@@ -94,6 +94,7 @@ def search(
     top: int = 10,
     text_tokens: int | None = None,
     grad_reduce: str | None = None,
+    image_size: tuple[int, int] | None = None,
 ) -> SearchResult:
     """The ``top`` fastest layouts of ``cfg``'s model, stage, cluster and nodes that fit.
 
@@ -101,7 +102,7 @@ def search(
         cfg: a composed config; its layout keys are the starting point, the searched ones are replaced.
         constraints: values some ``SEARCHED`` keys may take (the rest come from ``default_space``).
         top: how many plans to return (all fitting ones when <= 0).
-        text_tokens / grad_reduce: as ``plan_run``.
+        text_tokens / grad_reduce / image_size: as ``plan_run``.
 
     Raises:
         ConfigError: a constraint names a key the search does not vary.
@@ -111,7 +112,7 @@ def search(
         raise ConfigError(
             f"cannot constrain {sorted(unknown)} in a layout search; searched keys: {', '.join(SEARCHED)}"
         )
-    model = neva_config_from_mm(cfg.model.mm_cfg)
+    model = neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     space = default_space(cfg, model.llm.num_layers)
     space.update({k: list(v) for k, v in (constraints or {}).items()})
     tried = 0
@@ -119,7 +120,7 @@ def search(
     for candidate in candidates(cfg, space):
         tried += 1
         try:
-            valid.append(plan_run(candidate, text_tokens, None, grad_reduce, model))
+            valid.append(plan_run(candidate, text_tokens, None, grad_reduce, model, image_size))
         except ConfigError:
             continue  # a layout training refuses: not a candidate
     fitting = [p for p in valid if p.fits]

@@ -46,6 +46,7 @@ MODEL_INPUTS = (
     "image_counts",
     "image_positions",
     "image_feature_index",
+    "image_feature_weight",
     "position_ids",
     "segment_ids",
     "dropout_keys",

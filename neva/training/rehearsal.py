@@ -266,7 +266,7 @@ def rehearse(
         Exception: whatever the real path raises for this layout (the pre-flight's answer).
     """
     tools = _torch_tools()
-    ncfg = model or neva_config_from_mm(cfg.model.mm_cfg)
+    ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
     if layout.vpp > 1:

@@ -68,15 +68,26 @@ def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
     return {"llm": {**llm, **FAMILIES[family]["llm"]}, "vision": {**vision, **FAMILIES[family]["vision"]}}
 
 
-def cpu_model_config(smoke: bool = False, family: str = "llama") -> NevaConfig:
+def cpu_model_config(smoke: bool = False, family: str = "llama", anyres: bool = False) -> NevaConfig:
     """The CPU benchmark's NeVA: 4-layer ViT (64 image tokens), 8-layer decoder of width 384, vocab 32000 (``smoke``:
-    the tiny presets), of the given ``family`` (``FAMILIES``)."""
+    the tiny presets), of the given ``family`` (``FAMILIES``); ``anyres``: LLaVA-NeXT tiles on 1x1..2x2 grids
+    (``spatial_unpad`` + ``image_newline``, what transformers' LlavaNext does)."""
+    import dataclasses
+
+    from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
+
     shapes = cpu_shapes(smoke, family)
-    return build_config(llm=shapes["llm"], vision=shapes["vision"])
+    cfg = build_config(llm=shapes["llm"], vision=shapes["vision"])
+    if not anyres:
+        return cfg
+    pins = parse_grid_pinpoints("(1x1),...,(2x2)", cfg.vision.image_size)
+    return dataclasses.replace(cfg, anyres=AnyResConfig(grid_pinpoints=pins))
 
 
 def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False) -> StreamSpec:
+    pins = None if cfg.anyres is None else tuple(tuple(p) for p in cfg.anyres.grid_pinpoints)
     return StreamSpec(
+        grid_pinpoints=pins,
         vocab_size=cfg.llm.vocab_size,
         image_token_id=cfg.image_token_id,
         num_image_tokens=cfg.num_image_tokens,
@@ -155,15 +166,17 @@ def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[A
 
 def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any], list[int]]:
     """A plain HF loop: padded batches, ``model(**batch).loss``, backward, clip, ``torch.optim.AdamW``."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
+    import transformers
 
+    from neva.checkpoint.hf import hf_classes
     from neva.checkpoint.hf_config import llava_config_dict
     from neva.checkpoint.hf_keys import MODULE_PREFIXES, neva_key_to_hf
 
     train_cfg = train_config(args)
-    hf_cfg = LlavaConfig(**llava_config_dict(cfg, pad_token_id=PAD_ID))
+    config_cls, architecture, _ = hf_classes(cfg)  # LlavaNext with AnyRes
+    hf_cfg = config_cls(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
-    model = LlavaForConditionalGeneration(hf_cfg)
+    model = getattr(transformers, architecture)(hf_cfg)
     # neva's initial weights, made by the same path as neva's side (so both start bit-identical).
     neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
     state = {neva_key_to_hf(k, MODULE_PREFIXES): v for k, v in neva.state_dict().items()}
@@ -205,7 +218,7 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = cpu_model_config(args.smoke, args.family)
+    cfg = cpu_model_config(args.smoke, args.family, args.anyres)
     spec = stream_spec(cfg, args.seed, args.smoke)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
     gc.collect()
@@ -285,6 +298,7 @@ def _child_cmd(side: str, args: Any, packing: bool) -> list[str]:
         *(["--smoke"] if args.smoke else []),
         "--family",
         args.family,
+        *(["--anyres"] if args.anyres else []),
     ]
 
 
@@ -350,7 +364,7 @@ def _row(name: str, r: dict[str, Any], base: dict[str, Any]) -> str:
 
 def run_cpu(args: Any) -> dict[str, Any]:
     """Run the sides in child processes, print the table, return the summary (printed as JSON by the caller)."""
-    cfg = cpu_model_config(args.smoke, args.family)
+    cfg = cpu_model_config(args.smoke, args.family, args.anyres)
     sides: list[tuple[str, dict[str, Any]]] = []
     print(
         f"# CPU benchmark: stage={args.stage}, {args.batch_size} samples/step, {args.warmup} warm-up + {args.steps} steps",
@@ -402,6 +416,7 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "threads": hf["threads"],
         "smoke": bool(args.smoke),
         "family": args.family,
+        "anyres": bool(args.anyres),
         "seq_length": args.seq_length,
         "model": {
             **cpu_shapes(args.smoke, args.family),

@@ -35,6 +35,8 @@ class StreamSpec:
         text_only_fraction: samples without an image (LLaVA-1.5's mix has about 6%).
         learned_fraction: share of text tokens that are assistant replies (learned); the rest is prompt.
         seed: stream seed.
+        grid_pinpoints: AnyRes (``--anyres``): the model's pinpoints; each image then gets a random size between
+            half and twice the grid's largest side, its tiles and its own positions (``neva.models.anyres``).
     """
 
     vocab_size: int
@@ -48,6 +50,7 @@ class StreamSpec:
     text_only_fraction: float = 0.1
     learned_fraction: float = 0.6
     seed: int = 0
+    grid_pinpoints: tuple[tuple[int, int], ...] | None = None
 
 
 def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
@@ -64,13 +67,24 @@ def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
     n_prompt = max(0, n_text - n_learned - 1)  # BOS counts as prompt
     text = torch.from_numpy(rng.integers(4, spec.image_token_id, size=n_prompt + n_learned)).long()
     n_img = spec.num_image_tokens if has_image else 0
+    tiles, anyres = 1, {}
+    if spec.grid_pinpoints is not None and has_image:
+        from neva.models.anyres import AnyResConfig, feature_index
+
+        top = max(max(p) for p in spec.grid_pinpoints)
+        h, w = (int(x) for x in rng.integers(top // 2, 2 * top + 1, size=2))
+        lay = feature_index(AnyResConfig([list(p) for p in spec.grid_pinpoints]), spec.num_image_tokens,
+                            spec.image_size, (h, w))  # fmt: skip
+        n_img, tiles = lay.tokens, lay.tiles
+        anyres = {"image_feature_index": lay.index, "tile_tokens": spec.num_image_tokens, "image_count": 1,
+                  "image_size_hw": (h, w)}  # fmt: skip
     input_ids = torch.cat(
         [torch.tensor([BOS_ID]), torch.full((n_img,), spec.image_token_id), text[:n_prompt], text[n_prompt:]]
     )
     labels = torch.full_like(input_ids, IGNORE_INDEX)
     labels[1 + n_img + n_prompt :] = input_ids[1 + n_img + n_prompt :]
     gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + index)
-    pixels = torch.randn((1 if has_image else 0, 3, spec.image_size, spec.image_size), generator=gen)
+    pixels = torch.randn((tiles if has_image else 0, 3, spec.image_size, spec.image_size), generator=gen)
     image_positions = torch.arange(1, 1 + n_img)  # as neva's dataset gives them (the collator offsets them)
     return {
         "id": index,
@@ -78,6 +92,7 @@ def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
         "image_positions": image_positions,
         "labels": labels,
         "pixel_values": pixels,
+        **anyres,
     }
 
 
@@ -103,7 +118,14 @@ def collate_hf(samples: list[dict[str, Any]], pad_id: int = PAD_ID) -> dict[str,
         attention_mask[r, :n] = 1
     pixels = [s["pixel_values"] for s in samples if s["pixel_values"].shape[0]]
     out = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
-    if pixels:
+    if pixels and "image_size_hw" in next(s for s in samples if s["pixel_values"].shape[0]):
+        # LlavaNext: [images, most tiles, C, H, W], zero-padded as its image processor pads, and image_sizes
+        most = max(p.shape[0] for p in pixels)
+        out["pixel_values"] = torch.stack(
+            [torch.cat([p, p.new_zeros(most - p.shape[0], *p.shape[1:])]) for p in pixels]
+        )
+        out["image_sizes"] = torch.tensor([s["image_size_hw"] for s in samples if s["pixel_values"].shape[0]])
+    elif pixels:
         out["pixel_values"] = torch.cat(pixels)
     return out
 

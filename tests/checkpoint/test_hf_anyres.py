@@ -115,7 +115,7 @@ def test_llava_next_import_generate_export_reload(tmp_path, tower):
 def _index(cfg, sizes):
     from neva.models.anyres import batch_feature_index
 
-    return batch_feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, sizes)[0]
+    return batch_feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, sizes)[0].index
 
 
 def test_export_refuses_layouts_transformers_lacks():

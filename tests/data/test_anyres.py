@@ -73,8 +73,11 @@ def test_pinpoint_range_form_is_llava_next():
         AnyResConfig(grid_pinpoints=[[20, 30]]).check_tile(16)
     from neva.data.config import DataConfig
 
-    with pytest.raises(ValueError, match="anyres_max_9"):
-        DataConfig(image_aspect_ratio="anyres_max_9")
+    assert DataConfig(image_aspect_ratio="anyres_max_9").image_aspect_ratio == "anyres_max_9"  # LLaVA-OneVision
+    with pytest.raises(ValueError, match="anyres_max_x"):
+        DataConfig(image_aspect_ratio="anyres_max_x")
+    with pytest.raises(ValueError, match="spatial_unpad"):
+        AnyResConfig(patch_merge_type="spatial", max_num_patches=9)
 
 
 def _record(i: int, images: list[str]) -> dict:
@@ -131,6 +134,12 @@ def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokeni
             int((s["input_ids"] == image_id).sum()) == expected == s.get("image_feature_index", torch.zeros(0)).numel()
         )
     assert len({int((s["input_ids"] == image_id).sum()) for s in samples}) == 4  # real lengths differ
+    # length grouping counts the same real positions, from the images' sizes (no decode for files)
+    from neva.data.records import approx_length
+
+    real = [int((s["input_ids"] == image_id).sum()) for s in samples]
+    words = [approx_length(r, 0) for r in records]
+    assert ds.modality_lengths() == [w + n if n else w for w, n in zip(words, real)]
 
     torch.manual_seed(0)
     model = NevaModel(cfg).eval()
@@ -160,3 +169,16 @@ def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokeni
             n = s["input_ids"].numel()
             torch.testing.assert_close(got[start : start + n], ref[:n], rtol=1e-5, atol=1e-5)
             start += n
+
+
+def test_folder_image_size_reads_the_header(tmp_path):
+    from neva.data.images import FolderImageSource, ImageError
+
+    Image.new("RGB", (70, 20)).save(tmp_path / "a.png")
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    source = FolderImageSource(str(tmp_path))
+    assert source.size("a.png") == (20, 70)
+    for name, reason in (("bad.png", "corrupt_image"), ("none.png", "missing_image")):
+        with pytest.raises(ImageError) as err:
+            source.size(name)
+        assert err.value.reason == reason

@@ -42,7 +42,8 @@ def test_token_counts_and_logits_match_llava_next():
     assert cfg.anyres is not None and cfg.anyres.patch_merge_type == "spatial_unpad"
     imgs = images()
     sizes = [(im.size[1], im.size[0]) for im in imgs]
-    index, counts = batch_feature_index(cfg.anyres, cfg.num_image_tokens, S, sizes)
+    index = (lay := batch_feature_index(cfg.anyres, cfg.num_image_tokens, S, sizes))[0].index
+    counts = lay[1]
     # HF's own packing gives the same per-image lengths (the one count rule)
     from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
@@ -89,7 +90,7 @@ def _llava_next_layout(feats: torch.Tensor, grid: tuple[int, int], merge: str) -
 def test_flat_and_spatial_layouts_are_llava_next(merge):
     cfg = AnyResConfig(grid_pinpoints=PINPOINTS, patch_merge_type=merge)
     for w, h in SIZES:
-        index, tiles = feature_index(cfg, 16, S, (h, w))
+        index, tiles, _ = feature_index(cfg, 16, S, (h, w))
         feats = torch.randn(tiles, 16, 5)
         torch.testing.assert_close(
             feats.flatten(0, 1)[index], _llava_next_layout(feats, grid_shape((h, w), PINPOINTS, S), merge)

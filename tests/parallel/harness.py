@@ -54,10 +54,12 @@ FAMILIES: dict[str, list[str]] = {
     # Video on the tiny CLIP: frames pooled 2x2 per frame (4 tokens a frame) before the projector; the steps are
     # hand-built batches of the collator's contract (``video_steps``) mixing video, image + video, image and text rows
     "llama_clip_video": ["model.mm_cfg.mm_spatial_pool_stride=2"],
-    # LLaVA-NeXT AnyRes on the tiny CLIP (32 px tiles): 1x1, 1x2, 2x1 and 2x2 grids, spatial_unpad + image_newline
+    # AnyRes on the tiny CLIP (32 px tiles): 1x1, 1x2, 2x1 and 2x2 grids, spatial_unpad + image_newline, with
+    # LLaVA-OneVision's anyres_max_1: every grid above one tile's features pooled (bilinear), a 1x1 grid not, and
+    # the images of two-image samples one fixed-size padded tile each
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
-        "model.data.image_aspect_ratio=anyres",
+        "model.data.image_aspect_ratio=anyres_max_1",
     ],
 }
 

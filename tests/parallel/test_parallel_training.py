@@ -379,8 +379,9 @@ def test_family_layouts_match_one_process_and_resume_across_layouts(llava_dir, t
     assert len(resumed) == 3 and _max_rel(resumed, tp) < RTOL, (resumed, tp)
 
 
-# AnyRes: packed micro-batches mixing grids (LLaVA data: 40x30, 32x32, 64x48, 20x50, 50x20 images), two-image and
-# text-only samples, each image its own token count; TP2+SP, PP2 (the tiles on stage 0), DP2 ZeRO-3 = one process.
+# AnyRes: packed micro-batches mixing grids (LLaVA data: 40x30, 32x32, 64x48, 20x50, 50x20 images), pooled
+# (anyres_max_1) and unpooled tiled images, fixed-size ones (two-image samples) and text-only samples, each image its
+# own token count; TP2+SP, PP2 (the tiles and the pooling weights on stage 0), DP2 ZeRO-3 = one process.
 ANYRES_LAYOUTS = {
     "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
     "pp2": ["model.pipeline_model_parallel_size=2"],

@@ -77,3 +77,27 @@ def test_video_samples_count_frames_times_tower_and_tokens() -> None:
     assert plan.flops_per_sample == pytest.approx(SampleFlops.of(model).batch([seq], 0, frames=8), rel=1e-12)
     with pytest.raises(ConfigError, match="num_frames needs a video model"):
         plan_run(compose_config(base), num_frames=8)
+
+
+def test_anyres_image_workload_follows_the_data_rule(capsys) -> None:
+    """AnyRes plans: positions per image from the data side's rule (``NevaConfig.image_tokens``), the tower and
+    projector FLOPs × tiles; the worst case by default, ``plan.image_size`` for a typical image; the output says so."""
+    from neva.checkpoint.source import neva_config_from_mm
+    from neva.config import compose_config
+    from neva.planner.plan import sample_tokens
+
+    base = ["+stage=finetune", "cluster=dgx_a100", "trainer.devices=2", "model.micro_batch_size=1",
+            "vision=clip_vit_l14_336"]  # fmt: skip
+    anyres = ["model.mm_cfg.image_grid_pinpoints='(1x1),...,(6x6)'", "model.data.image_aspect_ratio=anyres_max_9"]
+    fixed, worst, typical = (main(base + extra)[0] for extra in ([], anyres, [*anyres, "plan.image_size=672x1008"]))
+    out = capsys.readouterr().out
+    assert "# AnyRes images of 2016x2016 px: 37 tiles" in out and "672x1008 px: 7 tiles" in out
+    cfg = compose_config(base + anyres)
+    ncfg = neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
+    assert worst.extra["image"] == {"tokens": ncfg.image_tokens((2016, 2016)), "tiles": 37, "size": [2016, 2016]}
+    assert typical.extra["image"]["tokens"] == ncfg.image_tokens((672, 1008)) < worst.extra["image"]["tokens"]
+    assert fixed.extra["image"] == {"tokens": 576, "tiles": 1, "size": None}
+    for plan in (fixed, worst, typical):  # the decoder's sequence: those positions + the text, padded as collated
+        assert plan.seq_len == sample_tokens(cfg, plan.extra["image"]["tokens"], None)
+    # the tower's FLOPs: 37 and 7 tiles of the fixed image's; the decoder's grow with the positions
+    assert worst.flops_per_sample > typical.flops_per_sample > fixed.flops_per_sample
