@@ -123,7 +123,7 @@ def test_llava_next_video_import_logits_generate_export_reload(hf_video, tmp_pat
     inputs = processor(images=[image], text=text, return_tensors="pt")
     size = (image.size[1], image.size[0])
     tiles = tile_image(image, cfg.anyres, cfg.vision.image_size)  # uint8, neva's tiling
-    index = batch_feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, [size])[0]
+    index = batch_feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, [size])[0].index
     assert int((inputs.input_ids == VIDEO_TOKEN).sum()) == cfg.video_tokens(FRAMES)
     with torch.no_grad():
         expected = hf(**inputs, pixel_values_videos=frames[None]).logits
