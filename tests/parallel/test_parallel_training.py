@@ -331,10 +331,10 @@ def test_hf_weights_load_straight_into_the_sharded_model(tmp_path):
 
 # The new parameter kinds of issue 20 in one family, each layout once on LLaVA data (padded): SigLIP's patch bias
 # (replicated tower on stage 0), mlp_downsample's LayerNorm (replicated between a column- and a row-parallel Linear),
-# Qwen2's q/k/v biases (sharded with their columns) under TP2+SP, PP2, DP2 ZeRO-3 from a sharded (meta) start and one
-# bf16 O2 step; Qwen2's tied embeddings (refused with PP) under TP2+SP, DP2 ZeRO-3, and DP2 DDP with full activation
-# checkpointing (also one bf16 O2 step there). One spawn for all of them; then a
-# DCP checkpoint of the tied family written under TP2+SP resumes in one process on the uninterrupted curve.
+# Qwen2's q/k/v biases (sharded with their columns) under TP2+SP, PP2, DP2 ZeRO-3 from a sharded (meta) start;
+# Qwen2's tied embeddings (refused with PP) under TP2+SP, DP2 ZeRO-3, and DP2 DDP with full activation checkpointing;
+# two bf16 O2 steps on each (the tied one recomputed). One spawn for all of them; then a DCP checkpoint of the tied
+# family written under TP2+SP resumes in one process on the uninterrupted curve.
 FAMILY_LAYOUTS = {
     "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
     "pp2": ["model.pipeline_model_parallel_size=2"],
@@ -359,11 +359,11 @@ def test_family_layouts_match_one_process_and_resume_across_layouts(llava_dir, t
         data[family] = [f"model.restore_from_path={ckpt}", *FAMILIES[family], *llava_overrides(llava_dir, False)]
         refs[family] = train_losses(data[family], steps)
         jobs += [(f"{family}/{n}", data[family] + FAMILY_LAYOUTS[n], steps) for n in names]
-    # bf16 O2, two steps: the second loss shows the first update; on the tied family under DDP with recomputation
-    # too (one fp32 master of the shared tensor, fp32 bias masters)
+    # bf16 O2 (FSDP2's policy: DP2), two steps: the second loss shows the first update; on the tied family with
+    # recomputation too (one fp32 master of the shared tensor, fp32 bias masters)
     o2_jobs = {
         "o2": ("siglip_qwen2_downsample", []),
-        "o2_tied_recompute": ("siglip_qwen2_tied_downsample", FAMILY_LAYOUTS["dp2_ddp_recompute"]),
+        "o2_tied_recompute": ("siglip_qwen2_tied_downsample", ["model.activations_checkpoint_granularity=full"]),
     }
     jobs += [(name, data[family] + O2 + extra, 2) for name, (family, extra) in o2_jobs.items()]
     results = run_layouts(2, jobs, tmp_path / "layouts")
