@@ -155,11 +155,12 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     projector_lr: float | None = None  # separate projector learning rate (LLaVA LoRA recipe: 2e-5)
+    vision_lr: float | None = None  # separate vision-tower learning rate (LLaVA-NeXT mm_vision_tower_lr: 2e-6)
     sched: SchedConfig = field(default_factory=SchedConfig)
 
     def __post_init__(self) -> None:
         # The schedule multiplies each rate by min_lr / lr at the end of its decay: above 1, "decay" raises the rate.
-        for key, lr in (("lr", self.lr), ("projector_lr", self.projector_lr)):
+        for key, lr in (("lr", self.lr), ("projector_lr", self.projector_lr), ("vision_lr", self.vision_lr)):
             if lr is not None and self.sched.min_lr > lr:
                 raise ValueError(
                     f"model.optim.sched.min_lr={self.sched.min_lr} is above model.optim.{key}={lr}; "

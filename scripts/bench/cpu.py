@@ -53,10 +53,17 @@ SMOKE_TEXT = dict(text_median=24.0, text_min=8, text_max=64)
 
 # --family: what each model family changes in the shapes above (and in the tiny ones under --smoke); the HF side
 # builds the same family from the export's config (``llava_config_dict``). One entry per family.
+_QWEN2 = dict(family="qwen2", qkv_bias=True, tie_word_embeddings=True, rope_theta=1e6)
 FAMILIES: dict[str, dict[str, dict]] = {
     "llama": {"llm": {}, "vision": {}},
     # Qwen2's q/k/v biases, tied embeddings (as its small models) and rope θ 1e6 (the tiny_qwen2 preset's).
-    "qwen2": {"llm": dict(family="qwen2", qkv_bias=True, tie_word_embeddings=True, rope_theta=1e6), "vision": {}},
+    "qwen2": {"llm": _QWEN2, "vision": {}},
+    # The same Qwen2 behind the tower as SigLIP (no class token, tanh-GELU, biased patch embedding; HF
+    # SiglipVisionModel on the HF side): LLaVA-OneVision's pairing at the benchmark's shapes.
+    "siglip_qwen2": {
+        "llm": _QWEN2,
+        "vision": dict(kind="siglip", layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
+    },
 }
 
 

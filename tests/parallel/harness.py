@@ -85,9 +85,9 @@ def make_checkpoint(directory: Path, family: str = "llama_clip", base: list[str]
     return save_checkpoint(directory, source.cfg, model.state_dict(), source.tokenizer, overwrite=True)
 
 
-def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
+def train_losses(overrides: list[str], steps: int, keep_engine: bool = False) -> dict[str, Any]:
     """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses, gradient norms (before
-    clipping) and parameter dtypes."""
+    clipping) and parameter dtypes (``keep_engine``: the trained engine too, for in-process checks)."""
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.data.datamodule import NevaDataModule
@@ -123,7 +123,12 @@ def train_losses(overrides: list[str], steps: int) -> dict[str, Any]:
         scheduler.step()
         losses.append(loss.item())
     dtypes = sorted({str(p.dtype) for _, p in engine.named_trainable_parameters()})
-    return {"losses": losses, "grad_norms": grad_norms, "param_dtypes": dtypes}
+    return {
+        "losses": losses,
+        "grad_norms": grad_norms,
+        "param_dtypes": dtypes,
+        **({"engine": engine} if keep_engine else {}),
+    }
 
 
 def video_steps(cfg: Any, layout: Any, steps: int, micro: int = 2, length: int = 48) -> list[list[dict[str, Any]]]:
