@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from neva.models.config import LLMConfig
 
@@ -93,12 +92,9 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, h, i))
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """``x`` [N, H]: rows grouped by expert, ``counts`` rows per expert of this module's (local) experts.
-
-        A plan may hold the stacked tensors sharded over experts (expert parallelism hands this module only its own
-        experts' rows): the experts run on the local shard, as torchtitan's grouped experts do."""
-        w1, w3, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w3, self.w2))
-        return run_experts(w1, w3, w2, x, counts)
+        """``x`` [N, H]: rows grouped by expert, ``counts`` rows per expert of the experts this module holds (a
+        parallel plan may hand it only some experts' rows and their tensors' local shards)."""
+        return run_experts(self.w1, self.w3, self.w2, x, counts)
 
 
 def run_experts(

@@ -32,7 +32,6 @@ from neva.models.loss import (
     summed_cross_entropy,
     token_cross_entropy,
 )
-from neva.parallel.data_parallel import all_reduce_gradients
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
@@ -216,7 +215,7 @@ class Engine:
                             w = 1.0
                     local += loss.detach() * w
         if self.parallel.manual_dp_sync:
-            all_reduce_gradients((p for _, p in self.named_trainable_parameters()), self.dp_group)
+            self.parallel.all_reduce_gradients(p for _, p in self.named_trainable_parameters())
         total = local.detach().float().clone()
         if self.moe is not None:
             total, self.moe_metrics = self.moe.step_total(total, self.dp_group)

@@ -4,18 +4,14 @@ uneven (one expert receives no token, one receives most), so the all-to-all runs
 
 from __future__ import annotations
 
-import json
-import os
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from .harness import BASE, free_port
+from .harness import BASE, run_layouts
 from .llava_data import llava_overrides, write_llava_set
 
 pytestmark = pytest.mark.slow
@@ -114,26 +110,8 @@ def train(overrides: list[str], steps: int, start: int = 0, load: str | None = N
     return out
 
 
-def _worker(rank: int, world: int, port: int, jobs: list, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = {}
-    try:
-        for name, overrides, kwargs in jobs:
-            results[name] = train(overrides, **kwargs)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-
-
 def run(world: int, jobs: list, out: Path) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, free_port(), jobs, str(out)), nprocs=world, join=True)
-    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    return run_layouts(world, jobs, out, train=train)
 
 
 def _rel(a: list[float], b: list[float]) -> float:
@@ -190,7 +168,11 @@ def test_expert_parallel_two_ranks_and_resume_across_ep_sizes(setup, tmp_path):
     check(one, ref, "one process", start=STEPS + 1)
 
 
-FOUR_RANK = {"ep2_dp2": ["model.expert_model_parallel_size=2"]}
+EP2 = "model.expert_model_parallel_size=2"
+FOUR_RANK = {
+    "ep2_dp2": [EP2],
+    "ep2_tp2_sp": [EP2, "model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+}
 
 
 def test_expert_parallel_with_expert_data_parallel_replicas_matches_one_process(setup, tmp_path):
