@@ -127,7 +127,10 @@ def pad_micro_batches(
 ) -> list[dict[str, Any]]:
     """Pad every micro-batch to ``shape`` (default ``step_shape``); padding learns nothing and precedes no real token."""
     rows, length = shape or step_shape(micro_batches, multiple)
-    fill = {"input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0}
+    fill = {
+        "input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0,
+        "token_mask": False,
+    }  # fmt: skip
     out = []
     for mb in micro_batches:
         mb = dict(mb)
@@ -253,6 +256,8 @@ class PipelineRunner:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)
             if mb.get("dropout_keys") is not None:
                 kw["dropout_keys"] = mb["dropout_keys"].to(self.device)
+            if mb.get("token_mask") is not None:  # an MoE model's routers: the tokens their statistics count
+                kw["token_mask"] = mb["token_mask"].to(self.device)
             kwargs.append(kw)
             targets.append(mb["labels"].to(self.device))
         return args, kwargs, targets

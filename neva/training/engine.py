@@ -109,7 +109,7 @@ class Engine:
         # LoRA dropout masks keyed by sample and position (the same in every layout) need per-token keys.
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
         # MoE routers: their load-balancing objective joins each micro-batch's loss (neva/training/moe_loss.py).
-        self.moe = MoEAuxLoss.of(self.parts, layout)
+        self.moe = MoEAuxLoss.of(self.parts, layout, parallel.group("pp"))
         self.moe_metrics: dict[str, float] = {}
 
     # -- what the optimizer sees -------------------------------------------------------------------------------
@@ -200,6 +200,8 @@ class Engine:
         )
         with self._loss_context():
             if self.parallel.runner is not None:
+                if self.moe is not None:  # each stage's routers add their objective in its backward (moe_loss.py)
+                    micro_batches = [self.moe.with_token_mask(mb) for mb in micro_batches]
                 local = self.parallel.runner.forward_backward(micro_batches, weight, self.dp_size, self.sp_multiple)
             else:
                 local = torch.zeros((), device=self.device)

@@ -23,37 +23,79 @@ import torch.distributed as dist
 from torch import nn
 
 from neva.models.moe import MoEFeedForward, aux_objective
-from neva.typed import ConfigError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
+class _WithAux(torch.autograd.Function):
+    """Identity on a pipeline stage's output whose backward also starts the backward of the stage's router objective
+    with gradient ``scale`` (Megatron-Core's ``MoEAuxLossAutoScaler``): the objective's gradient reaches the stage's
+    routers without the objective travelling to the last stage."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.aux_shape, ctx.scale = aux.shape, scale
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, grad.new_full(ctx.aux_shape, ctx.scale, dtype=torch.float32), None
+
+
 class MoEAuxLoss:
-    def __init__(self, layers: list[nn.Module], layer_ids: list[int], cfg: Any) -> None:
+    def __init__(self, layers: list[nn.Module], layer_ids: list[int], cfg: Any, num_layers: int) -> None:
         self.layers = layers
         self.layer_ids = layer_ids
         self.cfg = cfg
+        self.num_layers = num_layers
         self._aux = None
         self._counts = None
+        # Pipeline parallelism: one (objective, loads) entry per chunk forward, and the pipeline group.
+        self._entries: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._expected = 0
+        self.pp_group = None
 
     @classmethod
-    def of(cls, parts: list[nn.Module], layout: Any) -> MoEAuxLoss | None:
-        """The helper for this rank's parts, or None for a dense model.
-
-        Raises:
-            ConfigError: an MoE model under pipeline parallelism (its routers' objective is not yet carried across
-                stages).
-        """
+    def of(cls, parts: list[nn.Module], layout: Any, pp_group: Any = None) -> MoEAuxLoss | None:
+        """The helper for this rank's parts, or None for a dense model. Under pipeline parallelism (``pp_group``)
+        each chunk adds its own layers' objective in its own backward (``attach_to_chunks``): the ``megatron``
+        formula is a sum over layers, so the stages' shares add up to the whole model's (``hf``'s pooled one is
+        refused under PP, ``expert_parallel.check_expert_parallel_layout``)."""
         named = [(n, m) for part in parts for n, m in part.named_modules() if isinstance(m, MoEFeedForward)]
         if not named:
             return None
-        if layout.pp > 1:
-            raise ConfigError(
-                "num_moe_experts with model.pipeline_model_parallel_size > 1 is not supported yet: the routers' "
-                "load-balancing objective is not carried across pipeline stages"
-            )
         ids = [int(_LAYER.search(n).group(1)) for n, _ in named]
-        return cls([m for _, m in named], ids, parts[0].cfg.llm)
+        aux = cls([m for _, m in named], ids, parts[0].cfg.llm, parts[0].cfg.llm.num_layers)
+        if layout.pp > 1:
+            aux.attach_to_chunks(parts, layout, pp_group)
+        return aux
+
+    def attach_to_chunks(self, parts: list[nn.Module], layout: Any, pp_group: Any) -> None:
+        """Each chunk's forward (with autograd on: training, not evaluation) takes its layers' objective, weighted
+        ``1 / (micro-batches x dp)``, and hands it to backward through its output with the engine's gradient factor
+        dp. The schedule's set-up forward of a new shape (on placeholder activations, never backpropagated) is
+        dropped: a step keeps its last micro-batches x chunks entries."""
+        self.pp_group = pp_group
+        layer_of = {id(m): i for m, i in zip(self.layers, self.layer_ids)}
+        self.layer_ids = list(range(self.num_layers))  # loads of every layer, summed over the stages
+        self._expected = layout.grad_accum * len(parts)
+        divisor = layout.grad_accum * layout.dp
+        for part in parts:
+            layers = [m for m in part.modules() if isinstance(m, MoEFeedForward)]
+            rows = [layer_of[id(m)] for m in layers]  # the model's layer ids
+
+            def hook(module, args, out, layers=layers, rows=rows):
+                if not torch.is_grad_enabled() or not layers:
+                    return out
+                term, counts = self._take(layers, divisor)
+                full = counts.new_zeros((self.num_layers, counts.shape[1]))
+                full[rows] = counts
+                self._entries.append((term.detach(), full))
+                if term.requires_grad:
+                    out = _WithAux.apply(out, term, float(layout.dp))
+                return out
+
+            part.register_forward_hook(hook)
 
     @staticmethod
     def with_token_mask(batch: dict[str, Any]) -> dict[str, Any]:
@@ -61,21 +103,35 @@ class MoEAuxLoss:
         seg = batch.get("segment_ids")
         return batch if seg is None else {**batch, "token_mask": seg != 0}
 
-    def take(self, divisor: int) -> torch.Tensor:
-        """This forward's router objective / ``divisor``, accumulating it and the expert loads for the metrics."""
-        stats = [m.routing for m in self.layers]
+    def _take(self, layers: list[MoEFeedForward], divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
+        stats = [m.routing for m in layers]
         counts = torch.stack([s.counts for s in stats])
         term = aux_objective(stats, self.cfg)
         term = counts.new_zeros(()) if term is None else term / divisor
+        for m in layers:
+            m.routing = None  # the graph it holds is freed with this step's backward
+        return term, counts
+
+    def take(self, divisor: int) -> torch.Tensor:
+        """This forward's router objective / ``divisor``, accumulating it and the expert loads for the metrics."""
+        term, counts = self._take(self.layers, divisor)
         self._aux = term.detach() if self._aux is None else self._aux + term.detach()
         self._counts = counts if self._counts is None else self._counts + counts
-        for m in self.layers:
-            m.routing = None  # the graph it holds is freed with this step's backward
         return term
 
     def step_total(self, total: torch.Tensor, dp_group: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """(the step objective summed over data-parallel ranks, the step's MoE metrics); one all-reduce for all."""
-        flat = torch.cat([total.reshape(1), self._aux.float().reshape(1), self._counts.flatten()])
+        """(the step objective summed over data-parallel ranks, the step's MoE metrics); one all-reduce for all.
+
+        Under PP ``total`` is the cross-entropy alone, already summed over the stages; each stage's objective and
+        loads (its own layers' rows) are summed over the stages first."""
+        if self.pp_group is not None:
+            entries, self._entries = self._entries[-self._expected :], []
+            self._aux = torch.stack([e[0] for e in entries]).sum()
+            self._counts = torch.stack([e[1] for e in entries]).sum(0)
+        routers = torch.cat([self._aux.float().reshape(1), self._counts.flatten()])
+        if self.pp_group is not None:
+            dist.all_reduce(routers, group=self.pp_group)
+        flat = torch.cat([total.reshape(1), routers])
         if dp_group is not None:
             dist.all_reduce(flat, group=dp_group)
         counts = flat[2:].view_as(self._counts)
@@ -86,4 +142,5 @@ class MoEAuxLoss:
             metrics[f"moe_load_min_layer{layer}"] = lo[i]
             metrics[f"moe_load_max_layer{layer}"] = hi[i]
         self._aux = self._counts = None
-        return flat[0], metrics
+        objective = flat[0] + flat[1] if self.pp_group is not None else flat[0]
+        return objective, metrics

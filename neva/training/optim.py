@@ -6,21 +6,24 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from neva.config import OptimConfig
 
 
 def param_groups(named_params: list[tuple[str, nn.Parameter]], cfg: OptimConfig) -> list[dict]:
-    """Groups: decayed weights, undecayed norms/biases/1-D tensors, and the projector at its own lr if set."""
-    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    """Groups: decayed weights, undecayed norms/biases/1-D tensors, and the projector at its own lr if set; DTensor
+    parameters apart from plain ones (the fused and foreach kernels take one kind per call: expert parallelism
+    under DDP holds ep-sharded experts beside plain replicas)."""
+    groups: dict[tuple[bool, bool, bool], list[nn.Parameter]] = {}
     for name, p in named_params:
         if not p.requires_grad:
             continue
         no_decay = p.ndim < 2 or name.endswith(".bias") or "norm" in name
         is_projector = cfg.projector_lr is not None and name.startswith("projector.")
-        groups.setdefault((no_decay, is_projector), []).append(p)
+        groups.setdefault((no_decay, is_projector, isinstance(p, DTensor)), []).append(p)
     out = []
-    for (no_decay, is_projector), params in sorted(groups.items()):
+    for (no_decay, is_projector, _), params in sorted(groups.items()):
         lr = cfg.projector_lr if is_projector else cfg.lr
         out.append({"params": params, "weight_decay": 0.0 if no_decay else cfg.weight_decay, "lr": lr, "base_lr": lr})
     return out
