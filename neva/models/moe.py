@@ -98,17 +98,19 @@ class Experts(nn.Module):
 
 
 def run_experts(
-    w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, counts: torch.Tensor
+    w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, counts: torch.Tensor | list[int]
 ) -> torch.Tensor:
     """SwiGLU experts ``w1``/``w3`` [E, I, H], ``w2`` [E, H, I] on rows ``x`` [N, H] grouped by expert, ``counts``
-    [E] rows each: one grouped GEMM per projection where torch has one for the device, else a loop over experts."""
+    [E] rows each (a tensor, or host integers when a dispatcher fixes them): one grouped GEMM per projection where
+    torch has one for the device, else a loop over experts."""
     if _grouped_mm_supported(x):
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        offs = torch.cumsum(torch.as_tensor(counts, device=x.device), 0, dtype=torch.int32)
         gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
         up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
         return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
     out = []
-    for e, rows in enumerate(x.split(counts.tolist())):
+    sizes = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
+    for e, rows in enumerate(x.split(sizes)):
         if rows.shape[0]:
             out.append(F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e]))
     return torch.cat(out) if out else x.new_zeros(x.shape)
@@ -142,7 +144,11 @@ class MoEFeedForward(nn.Module):
         k = index.shape[1]
         order = index.reshape(-1).argsort(stable=True)  # (token, slot) pairs grouped by expert
         tokens = order // k
-        counts = torch.bincount(index.reshape(-1), minlength=self.num_experts)
+        # per-expert rows; scatter_add_ (not bincount) keeps the shape static for runs on fake tensors
+        flat_index = index.reshape(-1)
+        counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device).scatter_add_(
+            0, flat_index, torch.ones_like(flat_index)
+        )
         y = self.dispatcher(self.experts, flat[tokens], counts)
         # The k contributions of a token are added in fp32 weights' precision, then cast (as HF's index_add_).
         y = (y * weights.reshape(-1)[order, None]).to(flat.dtype)

@@ -87,6 +87,37 @@ class AllToAllDispatch:
         return _AllToAll.apply(y, in_splits, out_splits, self.group)
 
 
+class UniformDispatch:
+    """A dispatcher for steps on fake tensors (the full-size rehearsal, ``neva.training.rehearsal``): routing has no
+    values there, so the token groups take the sizes of uniform routing, the load balance the aux loss aims at (each
+    of a rank's experts gets ``N / local experts`` of its N rows), and under expert parallelism (``group``) each rank
+    receives as many rows as it sends, through the same all-to-alls. A real step with balanced routing allocates the
+    same; a skewed one shifts rows between experts and ranks (no token is dropped, so a rank's total varies)."""
+
+    def __init__(self, ep: int = 1, group: dist.ProcessGroup | None = None) -> None:
+        self.ep, self.group = ep, group
+
+    def __call__(self, experts: Experts, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if self.group is not None:
+            split = _even(n, self.ep)
+            x = _AllToAll.apply(x, split, split, self.group)
+        y = experts(x, _even(n, counts.shape[0] // self.ep))
+        return _AllToAll.apply(y, split, split, self.group) if self.group is not None else y
+
+
+def _even(n: int, parts: int) -> list[int]:
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def use_uniform_dispatch(model: nn.Module) -> None:
+    """Give every MoE layer of ``model`` the ``UniformDispatch`` of its current dispatcher's expert group."""
+    for moe in (m for m in model.modules() if isinstance(m, MoEFeedForward)):
+        current = moe.dispatcher
+        ep, group = (current.ep, current.group) if isinstance(current, AllToAllDispatch) else (1, None)
+        moe.dispatcher = UniformDispatch(ep, group)
+
+
 def check_expert_parallel_layout(layout, llm) -> None:
     """What an MoE model and expert parallelism compose with.
 

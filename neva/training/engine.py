@@ -110,7 +110,12 @@ class Engine:
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
         # MoE routers: their load-balancing objective joins each micro-batch's loss (neva/training/moe_loss.py).
         self.moe = MoEAuxLoss.of(self.parts, layout, parallel.group("pp"))
-        self.moe_metrics: dict[str, float] = {}
+        self._moe_stats: dict[str, torch.Tensor] = {}
+
+    @property
+    def moe_metrics(self) -> dict[str, float]:
+        """The last step's MoE metrics (the routers' loss term, per-layer min / max expert load), read on the host."""
+        return {k: float(v) for k, v in self._moe_stats.items()}
 
     # -- what the optimizer sees -------------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -220,7 +225,7 @@ class Engine:
             self.parallel.all_reduce_gradients(p for _, p in self.named_trainable_parameters())
         total = local.detach().float().clone()
         if self.moe is not None:
-            total, self.moe_metrics = self.moe.step_total(total, self.dp_group)
+            total, self._moe_stats = self.moe.step_total(total, self.dp_group)
         elif self.dp_group is not None:
             dist.all_reduce(total, group=self.dp_group)
         return total, n_tokens

@@ -119,7 +119,7 @@ class MoEAuxLoss:
         self._counts = counts if self._counts is None else self._counts + counts
         return term
 
-    def step_total(self, total: torch.Tensor, dp_group: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    def step_total(self, total: torch.Tensor, dp_group: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(the step objective summed over data-parallel ranks, the step's MoE metrics); one all-reduce for all.
 
         Under PP ``total`` is the cross-entropy alone, already summed over the stages; each stage's objective and
@@ -136,8 +136,9 @@ class MoEAuxLoss:
             dist.all_reduce(flat, group=dp_group)
         counts = flat[2:].view_as(self._counts)
         share = counts / counts.sum(dim=1, keepdim=True).clamp(min=1.0)
-        lo, hi = share.min(dim=1).values.tolist(), share.max(dim=1).values.tolist()
-        metrics = {"moe_aux_loss": flat[1].item()}
+        lo, hi = share.min(dim=1).values, share.max(dim=1).values
+        # tensors on the device: the caller reads them when it logs (no host sync here; the rehearsal has no values)
+        metrics = {"moe_aux_loss": flat[1]}
         for i, layer in enumerate(self.layer_ids):
             metrics[f"moe_load_min_layer{layer}"] = lo[i]
             metrics[f"moe_load_max_layer{layer}"] = hi[i]
