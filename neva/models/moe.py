@@ -110,9 +110,12 @@ def run_experts(
         return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
     out = []
     sizes = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
+    # One unbind per tensor, not an index per expert: the backward of ``w[e]`` fills a zero tensor of the whole
+    # stack per expert (E^2 work), ``unbind``'s stacks the E gradients once.
+    w1s, w3s, w2s = w1.unbind(0), w3.unbind(0), w2.unbind(0)
     for e, rows in enumerate(x.split(sizes)):
         if rows.shape[0]:
-            out.append(F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e]))
+            out.append(F.linear(F.silu(F.linear(rows, w1s[e])) * F.linear(rows, w3s[e]), w2s[e]))
     return torch.cat(out) if out else x.new_zeros(x.shape)
 
 
