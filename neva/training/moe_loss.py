@@ -43,16 +43,14 @@ class _WithAux(torch.autograd.Function):
 
 
 class MoEAuxLoss:
-    def __init__(self, layers: list[nn.Module], layer_ids: list[int], cfg: Any, num_layers: int) -> None:
+    def __init__(self, layers: list[MoEFeedForward], layer_ids: list[int], cfg: Any, num_layers: int) -> None:
         self.layers = layers
-        self.layer_ids = layer_ids
+        self._row = {id(m): i for m, i in zip(layers, layer_ids)}  # the model's layer index of each MoE layer
         self.cfg = cfg
         self.num_layers = num_layers
-        self._aux = None
-        self._counts = None
-        # Pipeline parallelism: one (objective, loads) entry per chunk forward, and the pipeline group.
+        # One (objective, loads of every layer [num_layers, E]) entry per forward that took the objective.
         self._entries: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._expected = 0
+        self._expected = 0  # under PP: the entries a step keeps (its last ones), else 0 (all)
         self.pp_group = None
 
     @classmethod
@@ -76,24 +74,16 @@ class MoEAuxLoss:
         dp. The schedule's set-up forward of a new shape (on placeholder activations, never backpropagated) is
         dropped: a step keeps its last micro-batches x chunks entries."""
         self.pp_group = pp_group
-        layer_of = {id(m): i for m, i in zip(self.layers, self.layer_ids)}
-        self.layer_ids = list(range(self.num_layers))  # loads of every layer, summed over the stages
         self._expected = layout.grad_accum * len(parts)
         divisor = layout.grad_accum * layout.dp
         for part in parts:
             layers = [m for m in part.modules() if isinstance(m, MoEFeedForward)]
-            rows = [layer_of[id(m)] for m in layers]  # the model's layer ids
 
-            def hook(module, args, out, layers=layers, rows=rows):
+            def hook(module, args, out, layers=layers):
                 if not torch.is_grad_enabled() or not layers:
                     return out
-                term, counts = self._take(layers, divisor)
-                full = counts.new_zeros((self.num_layers, counts.shape[1]))
-                full[rows] = counts
-                self._entries.append((term.detach(), full))
-                if term.requires_grad:
-                    out = _WithAux.apply(out, term, float(layout.dp))
-                return out
+                term = self._take(layers, divisor)
+                return _WithAux.apply(out, term, float(layout.dp)) if term.requires_grad else out
 
             part.register_forward_hook(hook)
 
@@ -103,45 +93,45 @@ class MoEAuxLoss:
         seg = batch.get("segment_ids")
         return batch if seg is None else {**batch, "token_mask": seg != 0}
 
-    def _take(self, layers: list[MoEFeedForward], divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _take(self, layers: list[MoEFeedForward], divisor: int) -> torch.Tensor:
+        """``layers``' router objective of this forward / ``divisor``, recorded with their loads for the metrics."""
         stats = [m.routing for m in layers]
         counts = torch.stack([s.counts for s in stats])
         term = aux_objective(stats, self.cfg)
         term = counts.new_zeros(()) if term is None else term / divisor
+        loads = counts.new_zeros((self.num_layers, counts.shape[1]))
+        loads[[self._row[id(m)] for m in layers]] = counts
+        self._entries.append((term.detach(), loads))
         for m in layers:
             m.routing = None  # the graph it holds is freed with this step's backward
-        return term, counts
-
-    def take(self, divisor: int) -> torch.Tensor:
-        """This forward's router objective / ``divisor``, accumulating it and the expert loads for the metrics."""
-        term, counts = self._take(self.layers, divisor)
-        self._aux = term.detach() if self._aux is None else self._aux + term.detach()
-        self._counts = counts if self._counts is None else self._counts + counts
         return term
 
-    def step_total(self, total: torch.Tensor, dp_group: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(the step objective summed over data-parallel ranks, the step's MoE metrics); one all-reduce for all.
+    def take(self, divisor: int) -> torch.Tensor:
+        """This forward's router objective (every MoE layer of the rank) / ``divisor``."""
+        return self._take(self.layers, divisor)
 
-        Under PP ``total`` is the cross-entropy alone, already summed over the stages; each stage's objective and
-        loads (its own layers' rows) are summed over the stages first."""
-        if self.pp_group is not None:
-            entries, self._entries = self._entries[-self._expected :], []
-            self._aux = torch.stack([e[0] for e in entries]).sum()
-            self._counts = torch.stack([e[1] for e in entries]).sum(0)
-        routers = torch.cat([self._aux.float().reshape(1), self._counts.flatten()])
+    def step_total(self, total: torch.Tensor, dp_group: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the step objective summed over data-parallel ranks, the step's MoE metrics as device tensors).
+
+        ``total`` includes the routers' objective, except under PP, where it is the cross-entropy alone (already
+        summed over the stages) and each stage's objective and loads (its own layers' rows) are summed over the
+        stages here."""
+        entries, self._entries = self._entries[-self._expected :], []
+        routers = torch.cat(
+            [torch.stack([e[0] for e in entries]).sum().float().reshape(1), sum(e[1] for e in entries).flatten()]
+        )
         if self.pp_group is not None:
             dist.all_reduce(routers, group=self.pp_group)
+            total = total + routers[0]
         flat = torch.cat([total.reshape(1), routers])
         if dp_group is not None:
             dist.all_reduce(flat, group=dp_group)
-        counts = flat[2:].view_as(self._counts)
+        counts = flat[2:].view(self.num_layers, -1)
         share = counts / counts.sum(dim=1, keepdim=True).clamp(min=1.0)
         lo, hi = share.min(dim=1).values, share.max(dim=1).values
         # tensors on the device: the caller reads them when it logs (no host sync here; the rehearsal has no values)
         metrics = {"moe_aux_loss": flat[1]}
-        for i, layer in enumerate(self.layer_ids):
-            metrics[f"moe_load_min_layer{layer}"] = lo[i]
-            metrics[f"moe_load_max_layer{layer}"] = hi[i]
-        self._aux = self._counts = None
-        objective = flat[0] + flat[1] if self.pp_group is not None else flat[0]
-        return objective, metrics
+        for layer in range(self.num_layers):
+            metrics[f"moe_load_min_layer{layer}"] = lo[layer]
+            metrics[f"moe_load_max_layer{layer}"] = hi[layer]
+        return flat[0], metrics
