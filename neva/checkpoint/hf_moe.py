@@ -111,3 +111,21 @@ def per_expert_tensors(key: str, tensor: torch.Tensor) -> Iterator[tuple[str, to
         return
     for e in range(tensor.shape[0]):
         yield f"{match.group(1)}block_sparse_moe.experts.{e}.{match.group(2)}.weight", tensor[e]
+
+
+def module_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (HF keys, experts in the canonical stacked form) as a transformers 5 Mixtral module holds it
+    (``mlp.experts.gate_up_proj`` = w1 rows then w3 rows, ``mlp.experts.down_proj``, ``mlp.gate.weight``): what
+    ``load_state_dict`` of a model built in memory takes (``from_pretrained`` converts by itself)."""
+    out = {}
+    for key, tensor in state.items():
+        match = _CANONICAL.match(key)
+        if match is None:
+            router = key.endswith("block_sparse_moe.gate.weight")
+            out[key.replace("block_sparse_moe.gate.", "mlp.gate.") if router else key] = tensor
+        elif match.group(2) == "w2":
+            out[f"{match.group(1)}mlp.experts.down_proj"] = tensor
+        elif match.group(2) == "w1":
+            w3 = state[f"{match.group(1)}block_sparse_moe.experts.w3"]
+            out[f"{match.group(1)}mlp.experts.gate_up_proj"] = torch.cat([tensor, w3], dim=1)
+    return out

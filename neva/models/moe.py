@@ -4,7 +4,8 @@ Routing is Mixtral's, as transformers' ``MixtralSparseMoeBlock`` computes it: ro
 a softmax over all experts in fp32, the top-k probabilities, renormalised to sum to 1 over the k; every token reaches
 its k experts (no capacity, no token dropping). Each expert is a SwiGLU ``w2(silu(w1 x) * w3 x)``; the experts of a
 layer live in one tensor per projection (``w1``/``w3`` ``[E, I, H]``, ``w2`` ``[E, H, I]``) so that one grouped GEMM
-can run them all: ``torch._grouped_mm`` on CUDA, a loop over the experts' token groups elsewhere (same numbers).
+can run them all: ``torch._grouped_mm`` on CUDA (bf16, Hopper+) and the CPU, a loop over the experts' token groups
+elsewhere (same numbers).
 
 Tokens are sorted by expert before the experts run and put back after; what happens in between is the layer's
 ``dispatcher`` (a plain callable, not a module): ``local_dispatch`` runs the experts here; expert parallelism
@@ -35,7 +36,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from neva.models.config import LLMConfig
 
@@ -72,14 +72,15 @@ class Router(nn.Module):
         return logits, probs, weights / weights.sum(dim=-1, keepdim=True), index
 
 
-def _grouped_mm_supported(x: torch.Tensor) -> bool:
-    # torch's grouped GEMM: CUDA, bf16, Hopper or newer (the kernel torch ships); everything else loops.
-    return (
-        x.is_cuda
-        and x.dtype == torch.bfloat16
-        and hasattr(torch, "_grouped_mm")
-        and torch.cuda.get_device_capability(x.device)[0] >= 9
-    )
+def _grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether torch's grouped GEMM runs here: on CUDA in bf16 from Hopper on, on the CPU (torch's CPU kernel) for
+    the weights' own dtype outside autocast (the kernel is not autocast-aware: under autocast the loop's F.linear
+    computes in autocast's dtype); elsewhere the experts loop."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
+        return False
+    if x.is_cuda:
+        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
+    return x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
 
 
 class Experts(nn.Module):
@@ -93,28 +94,38 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, h, i))
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """``x`` [N, H]: rows grouped by expert, ``counts`` rows per expert of this module's (local) experts.
-
-        A plan may hold the stacked tensors sharded over experts (expert parallelism hands this module only its own
-        experts' rows): the experts run on the local shard, as torchtitan's grouped experts do."""
-        w1, w3, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w3, self.w2))
-        return run_experts(w1, w3, w2, x, counts)
+        """``x`` [N, H]: rows grouped by expert, ``counts`` rows per expert of the experts this module holds (a
+        parallel plan may hand it only some experts' rows and their tensors' local shards)."""
+        return run_experts(self.w1, self.w3, self.w2, x, counts)
 
 
 def run_experts(
-    w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, counts: torch.Tensor
+    w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, counts: torch.Tensor | list[int]
 ) -> torch.Tensor:
     """SwiGLU experts ``w1``/``w3`` [E, I, H], ``w2`` [E, H, I] on rows ``x`` [N, H] grouped by expert, ``counts``
-    [E] rows each: one grouped GEMM per projection where torch has one for the device, else a loop over experts."""
-    if _grouped_mm_supported(x):
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-        up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
-        return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+    [E] rows each (a tensor, or host integers when a dispatcher fixes them): one grouped GEMM per projection where
+    torch has one for the device (``grouped_experts``), else a loop over experts (``looped_experts``); the same
+    numbers either way."""
+    run = grouped_experts if _grouped_mm_supported(x, w1) else looped_experts
+    return run(w1, w3, w2, x, counts)
+
+
+def grouped_experts(w1, w3, w2, x: torch.Tensor, counts: torch.Tensor | list[int]) -> torch.Tensor:
+    offs = torch.cumsum(torch.as_tensor(counts, device=x.device), 0, dtype=torch.int32)
+    gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+    up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+
+
+def looped_experts(w1, w3, w2, x: torch.Tensor, counts: torch.Tensor | list[int]) -> torch.Tensor:
+    sizes = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
+    # One unbind per tensor, not an index per expert: the backward of ``w[e]`` fills a zero tensor of the whole
+    # stack per expert (E^2 work), ``unbind``'s stacks the E gradients once.
+    w1s, w3s, w2s = w1.unbind(0), w3.unbind(0), w2.unbind(0)
     out = []
-    for e, rows in enumerate(x.split(counts.tolist())):
+    for e, rows in enumerate(x.split(sizes)):
         if rows.shape[0]:
-            out.append(F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e]))
+            out.append(F.linear(F.silu(F.linear(rows, w1s[e])) * F.linear(rows, w3s[e]), w2s[e]))
     return torch.cat(out) if out else x.new_zeros(x.shape)
 
 
@@ -146,7 +157,11 @@ class MoEFeedForward(nn.Module):
         k = index.shape[1]
         order = index.reshape(-1).argsort(stable=True)  # (token, slot) pairs grouped by expert
         tokens = order // k
-        counts = torch.bincount(index.reshape(-1), minlength=self.num_experts)
+        # per-expert rows; scatter_add_ (not bincount) keeps the shape static for runs on fake tensors
+        flat_index = index.reshape(-1)
+        counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device).scatter_add_(
+            0, flat_index, torch.ones_like(flat_index)
+        )
         y = self.dispatcher(self.experts, flat[tokens], counts)
         # The k contributions of a token are added in fp32 weights' precision, then cast (as HF's index_add_).
         y = (y * weights.reshape(-1)[order, None]).to(flat.dtype)

@@ -20,7 +20,6 @@ from torch.distributed.tensor import DTensor
 
 from neva.models.moe import Experts
 from neva.models.neva import NevaModel
-from neva.parallel.expert_parallel import expert_params
 
 
 def apply_fsdp(
@@ -34,21 +33,18 @@ def apply_fsdp(
 
     The root group is unsharded by ``model.forward``'s hook, which covers parts used without their own forward
     (the vision tower's ``features``, the position table). Under expert parallelism (``expert_mesh``, ``("edp",
-    "ep")``) the experts, already split over ``ep``, are sharded over their replicas (``edp``) on their own, or left
-    out when there is one replica (their gradients are then whole after the all-to-all's backward).
+    "ep")``) the experts, already split over ``ep``, are sharded over their replicas (``edp``) on their own.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
-    ignored = None
     if expert_mesh is not None:
-        ignored = set(expert_params(model))
-        if expert_mesh["edp"].size() > 1:
-            for experts in (m for m in model.modules() if isinstance(m, Experts)):
-                fully_shard(experts, mesh=expert_mesh["edp"], mp_policy=mp, reshard_after_forward=reshard)
-            ignored = None
+        # Even with one replica (edp of size 1: the reduce-scatter is a copy) FSDP2 holds the experts, so that the
+        # O2 policy casts them as it casts every other parameter.
+        for experts in (m for m in model.modules() if isinstance(m, Experts)):
+            fully_shard(experts, mesh=expert_mesh["edp"], mp_policy=mp, reshard_after_forward=reshard)
     for block in model.llm.layers.values():
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard, ignored_params=ignored)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     # The root is used last in forward and first in backward; resharding it right away would only add gathers.
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False, ignored_params=ignored)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
 
 
 def fsdp_sync_context(parts: list[nn.Module]):

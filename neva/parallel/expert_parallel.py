@@ -26,9 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from neva.models.moe import Experts, MoEFeedForward
+from neva.parallel.local_params import use_local_parameters
 from neva.typed import ConfigError
 
 
@@ -86,37 +87,63 @@ class AllToAllDispatch:
         return _AllToAll.apply(y, in_splits, out_splits, self.group)
 
 
-def check_expert_parallel_layout(layout, llm, fsdp: bool, precision) -> None:
-    """What an MoE model and expert parallelism compose with today.
+class UniformDispatch:
+    """A dispatcher for steps on fake tensors (the full-size rehearsal, ``neva.training.rehearsal``): routing has no
+    values there, so the token groups take the sizes of uniform routing, the load balance the aux loss aims at (each
+    of a rank's experts gets ``N / local experts`` of its N rows), and under expert parallelism (``group``) each rank
+    receives as many rows as it sends, through the same all-to-alls. A real step with balanced routing allocates the
+    same; a skewed one shifts rows between experts and ranks (no token is dropped, so a rank's total varies)."""
+
+    def __init__(self, ep: int = 1, group: dist.ProcessGroup | None = None) -> None:
+        self.ep, self.group = ep, group
+
+    def __call__(self, experts: Experts, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if self.group is not None:
+            split = _even(n, self.ep)
+            x = _AllToAll.apply(x, split, split, self.group)
+        y = experts(x, _even(n, counts.shape[0] // self.ep))
+        return _AllToAll.apply(y, split, split, self.group) if self.group is not None else y
+
+
+def _even(n: int, parts: int) -> list[int]:
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def use_uniform_dispatch(model: nn.Module) -> None:
+    """Give every MoE layer of ``model`` the ``UniformDispatch`` of its current dispatcher's expert group."""
+    for moe in (m for m in model.modules() if isinstance(m, MoEFeedForward)):
+        current = moe.dispatcher
+        ep, group = (current.ep, current.group) if isinstance(current, AllToAllDispatch) else (1, None)
+        moe.dispatcher = UniformDispatch(ep, group)
+
+
+def check_expert_parallel_layout(layout, llm) -> None:
+    """What an MoE model and expert parallelism compose with.
 
     Raises:
-        ConfigError: EP on a dense model; an MoE model with tensor parallelism (no TP plan for the experts yet); EP
-            with DDP or bf16 O2 (neither tested with the sharded experts).
+        ConfigError: EP on a dense model, or over a number of experts it does not divide; the ``hf`` load-balancing
+            formula under pipeline parallelism (it pools every layer's statistics into one loss, which no stage
+            holds; ``megatron``'s per-layer sum is each stage's own).
     """
-    ep = layout.ep
-    if llm.is_moe and layout.tp > 1:
+    if llm.is_moe and layout.pp > 1 and llm.moe_aux_loss_coeff and llm.moe_aux_loss_formula == "hf":
         raise ConfigError(
-            "num_moe_experts with model.tensor_model_parallel_size > 1 is not supported yet (no tensor-parallel plan "
-            "for the router and experts)"
+            "moe_aux_loss_formula=hf pools every layer's routing statistics into one loss, which pipeline stages "
+            "cannot compute apart; use moe_aux_loss_formula=megatron (NeMo's, per layer) with "
+            "model.pipeline_model_parallel_size > 1"
         )
+    ep = layout.ep
     if ep == 1:
         return
     if not llm.is_moe:
         raise ConfigError(f"model.expert_model_parallel_size={ep} needs an MoE model (num_moe_experts)")
     if llm.num_moe_experts % ep:
         raise ConfigError(f"num_moe_experts={llm.num_moe_experts} is not divisible by expert_model_parallel_size={ep}")
-    unsupported = {
-        "model.pipeline_model_parallel_size > 1": layout.pp > 1,
-        "model.data_parallel=ddp (use fsdp)": not fsdp,
-        "model.megatron_amp_O2=true": precision.master_weights,
-    }
-    named = [k for k, v in unsupported.items() if v]
-    if named:
-        raise ConfigError(f"model.expert_model_parallel_size={ep} does not yet combine with {', '.join(named)}")
 
 
-def expert_params(module: nn.Module) -> list[nn.Parameter]:
-    return [p for m in module.modules() if isinstance(m, Experts) for p in m.parameters()]
+def is_expert_param(p: torch.Tensor) -> bool:
+    """An expert tensor sharded over ``ep`` (its data-parallel replicas are the ``edp`` ranks, not all of dp)."""
+    return isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ())
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
@@ -125,6 +152,10 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
     ep = ep_mesh.size()
     for moe in (m for m in model.modules() if isinstance(m, MoEFeedForward)):
         for name, p in list(moe.experts.named_parameters(recurse=False)):
-            sharded = distribute_tensor(p.detach(), ep_mesh, [Shard(0)])
+            # Under TP the experts arrive replicated over tp (``tensor_parallel.ReplicatedLocal``): they stay so,
+            # implicitly, as ep shards of the whole tensor that every tp rank of an expert group holds alike.
+            whole = p.to_local() if isinstance(p, DTensor) else p
+            sharded = distribute_tensor(whole.detach(), ep_mesh, [Shard(0)])
             setattr(moe.experts, name, nn.Parameter(sharded, requires_grad=p.requires_grad))
+        use_local_parameters(moe.experts)  # the experts run on their ep shard's local tensors
         moe.dispatcher = AllToAllDispatch(ep_mesh.get_group(), ep)

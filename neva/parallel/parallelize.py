@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,8 +20,8 @@ from neva.config import ModelConfig
 from neva.models.lora import merged_state_dict
 from neva.models.neva import NevaModel
 from neva.parallel.compute_plans import apply_compute_plans
-from neva.parallel.data_parallel import apply_fsdp, ddp_sync_context, fsdp_sync_context
-from neva.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel_layout
+from neva.parallel.data_parallel import all_reduce_gradients, apply_fsdp, ddp_sync_context, fsdp_sync_context
+from neva.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel_layout, is_expert_param
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
 from neva.parallel.pipeline import PipelineRunner, build_chunks, chunk_of_key, local_chunks, split_layers
@@ -67,6 +67,14 @@ class ParallelModel:
     manual_dp_sync: bool = False
     export_keys: dict[str, torch.Size] = field(default_factory=dict)
     key_stage: dict[str, int] = field(default_factory=dict)
+
+    def all_reduce_gradients(self, params: Iterable[nn.Parameter]) -> None:
+        """``manual_dp_sync``'s reduction: gradients averaged over dp, an expert tensor's over its replicas (edp)."""
+        params = list(params)
+        experts = [p for p in params if is_expert_param(p)]
+        all_reduce_gradients([p for p in params if not is_expert_param(p)], self.group("dp"))
+        if experts and self.dims.expert_mesh["edp"].size() > 1:
+            all_reduce_gradients(experts, self.dims.expert_mesh["edp"].get_group())
 
     def group(self, dim: str):
         """The process group of mesh dimension ``dim``, or None when that dimension has size 1."""
@@ -142,8 +150,7 @@ def parallelize(
     else:
         chunk_ids, parts = [0], [meta_model]
     vocab_parallel = vocab_parallel_logits(layout.tp, layout.pp)
-    if layout.ep > 1 or meta_model.cfg.llm.is_moe:
-        check_expert_parallel_layout(layout, meta_model.cfg.llm, uses_fsdp(layout, precision), precision)
+    check_expert_parallel_layout(layout, meta_model.cfg.llm)
     for part in parts:
         if layout.tp > 1:
             apply_tensor_parallel(part, dims.tp_mesh, layout.sp, vocab_parallel)
@@ -186,7 +193,7 @@ def _materialize(
             init_fresh(part, device, m.seed)
         load_source_weights(parts, source)
     if not fsdp and layout.dp > 1:
-        if layout.tp == 1 and layout.pp == 1:
+        if layout.tp == 1 and layout.pp == 1 and layout.ep == 1:
             out.forward_model = nn.parallel.DistributedDataParallel(
                 parts[0], process_group=dims.group("dp"), device_ids=[device.index] if layout.is_cuda else None
             )

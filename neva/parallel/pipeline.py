@@ -128,7 +128,10 @@ def pad_micro_batches(
 ) -> list[dict[str, Any]]:
     """Pad every micro-batch to ``shape`` (default ``step_shape``); padding learns nothing and precedes no real token."""
     rows, length = shape or step_shape(micro_batches, multiple)
-    fill = {"input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0}
+    fill = {
+        "input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0,
+        "token_mask": False,
+    }  # fmt: skip
     out = []
     for mb in micro_batches:
         mb = dict(mb)
@@ -264,6 +267,8 @@ class PipelineRunner:
                 kw["dropout_keys"] = mb["dropout_keys"].to(self.device)
             if mb.get("image_feature_weight") is not None:  # AnyRes pooled: read by the first stage only
                 kw["image_feature_weight"] = mb["image_feature_weight"].to(self.device)
+            if mb.get("token_mask") is not None:  # an MoE model's routers: the tokens their statistics count
+                kw["token_mask"] = mb["token_mask"].to(self.device)
             kwargs.append(kw)
             targets.append(mb["labels"].to(self.device))
         return args, kwargs, targets

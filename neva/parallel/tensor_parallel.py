@@ -30,7 +30,9 @@ from torch.distributed.tensor.parallel import (
 
 from neva.models.config import NevaConfig
 from neva.models.lora import LoRALinear
+from neva.models.moe import MoEFeedForward
 from neva.models.neva import NevaModel
+from neva.parallel.local_params import use_local_parameters
 from neva.typed import ConfigError
 
 
@@ -74,7 +76,44 @@ class NoParallel(ParallelStyle):
         return distribute_module(module, device_mesh, input_fn=to_dtensor, output_fn=to_local)
 
 
-def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
+class ReplicatedLocal(ParallelStyle):
+    """Parameters replicated over the tensor-parallel ranks as DTensors, the module's forward on their local tensors
+    and on plain activations (``local_params``): an MoE layer's router and experts, which every tensor-parallel rank
+    runs on all of the layer's tokens (their gradients are then whole on each rank)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name, p in list(module.named_parameters(recurse=False)):
+            if not isinstance(p, DTensor):
+                replicated = DTensor.from_local(p.detach(), device_mesh, (Replicate(),), run_check=False)
+                module.register_parameter(name, nn.Parameter(replicated, requires_grad=p.requires_grad))
+        use_local_parameters(module)
+        return module
+
+
+def _moe_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """An MoE feed-forward under TP: router and experts replicated over tp (expert parallelism shards the experts
+    over ``ep`` instead), run on the whole sequence; under SP its sequence shards are gathered before and split
+    after, as the dense feed-forward's column- and row-parallel layers do."""
+    plan: dict[str, ParallelStyle] = {
+        "feed_forward.router": ReplicatedLocal(),
+        "feed_forward.experts": ReplicatedLocal(),
+    }
+    if sequence_parallel:
+        plan["feed_forward"] = PrepareModuleInputOutput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+            output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True,
+        )  # fmt: skip
+    return plan
+
+
+def _block_plan(sequence_parallel: bool, moe: bool = False) -> dict[str, ParallelStyle]:
+    plan = _dense_block_plan(sequence_parallel)
+    if moe:
+        plan = {k: v for k, v in plan.items() if not k.startswith("feed_forward")} | _moe_plan(sequence_parallel)
+    return plan
+
+
+def _dense_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     if not sequence_parallel:
         return {
             "attention_norm": NoParallel(),
@@ -170,7 +209,8 @@ def tensor_parallel_plan(
         plan["anyres"] = NoParallel()  # the newline: a replicated DTensor, the gather on replicated features
     layer_ids = list(llm.layers.keys())
     for name in layer_ids:
-        plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel).items()})
+        moe = isinstance(llm.layers[name].feed_forward, MoEFeedForward)
+        plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel, moe).items()})
     if sequence_parallel and layer_ids:
         split = dict(
             input_layouts=(Replicate(), None, None, None, None),

@@ -50,6 +50,17 @@ def dp_group_per_node(dep: Deployment) -> int:
     return max(1, min(dep.layout.dp, dep.gpus_per_node // dep.layout.tp))
 
 
+def all_to_all_time(size: float, dep: Deployment, hw: Hardware) -> float:
+    """An expert-parallel all-to-all of ``size`` bytes per rank: ``(ep - 1) / ep`` of it leaves the rank (uniform
+    routing). An expert group is ``ep`` consecutive dp ranks, ``tp`` GPUs apart: NVLink while its ``ep × tp`` GPUs
+    share a node, else each rank's rail."""
+    ep = dep.layout.ep
+    if ep <= 1 or size <= 0:
+        return 0.0
+    bw = _nvlink(hw) if ep * dep.layout.tp <= dep.gpus_per_node else _ib(hw)
+    return (ep - 1) / ep * size / bw + hw.eff.latency_us * 1e-6
+
+
 def p2p_time(size: float, dep: Deployment, hw: Hardware) -> float:
     """One pipeline send of ``size`` bytes to the neighbouring stage (``dp × tp`` ranks away)."""
     bw = _nvlink(hw) if dep.layout.dp * dep.layout.tp < dep.gpus_per_node else _ib(hw)

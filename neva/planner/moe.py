@@ -16,6 +16,12 @@ from neva.parallel.layout import Layout
 from neva.planner.params import ParamInfo, is_expert, local_numel, on_stage
 
 
+def dispatch_bytes(precision: str) -> int:
+    """Bytes of one dispatched hidden-state element: the ffn norm's output, bf16 under O2 / half, fp32 otherwise
+    (autocast's norm keeps the residual stream's fp32)."""
+    return 2 if precision in ("o2", "half") else 4
+
+
 def moe_facts(
     cfg: NevaConfig, infos: list[ParamInfo], layout: Layout, layers: list[list[int]], seq: int, act_bytes: int
 ) -> dict | None:

@@ -3,6 +3,7 @@
 ::
 
     t_mb(stage)  = per-GPU FLOPs / (peak · compute) + TP all-reduces + pipeline sends       (one micro-batch)
+                   + EP all-to-alls (MoE: k·H values per token, (ep − 1)/ep of them off the rank)
     t_pipe       = m · max_stage t_mb + (pp − 1) / v · mean_stage t_mb                        (1F1B bubble)
     t_dp         = max(comm − overlap window, (1 − dp_overlap) · comm)                       (exposed DP traffic)
     t_step       = (t_pipe + t_dp + t_optimizer) · (1 + jitter_cv · E[max of dp normals])    (slowest replica)
@@ -16,6 +17,7 @@ from neva.models.config import NevaConfig
 from neva.parallel.layout import Layout
 from neva.planner.comm import (
     all_reduce_time,
+    all_to_all_time,
     dp_group_per_node,
     expected_max_normal,
     half_time,
@@ -25,6 +27,7 @@ from neva.planner.comm import (
 from neva.planner.deployment import Deployment
 from neva.planner.flops import StageFlops, checkpointed_layers
 from neva.planner.hardware import Hardware
+from neva.planner.moe import dispatch_bytes
 from neva.planner.params import ParamInfo, local_numel, on_stage, tp_numel
 
 
@@ -41,6 +44,7 @@ class StepTime:
     optimizer: float
     jitter: float
     step: float
+    ep_comm: float = 0.0  # expert-parallel all-to-alls (MoE), on the critical path: the experts wait for them
 
 
 def _tp_collectives(layout: Layout, layers: list[int], recomputed: frozenset[int], stage: int, backward: bool) -> int:
@@ -55,6 +59,14 @@ def _tp_collectives(layout: Layout, layers: list[int], recomputed: frozenset[int
     if stage == layout.pp - 1 and backward:
         count += 1  # input gradient of the vocab-parallel LM head
     return count
+
+
+def _all_to_alls(cfg: NevaConfig, layers: list[int], recomputed: frozenset[int], backward: bool) -> int:
+    """Expert-parallel all-to-alls per micro-batch on one stage: dispatch and combine in each MoE layer's forward,
+    their gradients in backward, the forward's again when full checkpointing recomputes the layer."""
+    if not cfg.llm.is_moe:
+        return 0
+    return sum(2 + (2 if backward else 0) + (2 if backward and i in recomputed else 0) for i in layers)
 
 
 def _exposed(comm: float, window: float, overlap: float) -> float:
@@ -107,7 +119,9 @@ def step_time(
     b, m, e = layout.micro_batch_size, layout.grad_accum, dep.compute_bytes
     act = e * b * seq_len * cfg.llm.hidden_size
     rate = hw.peak_flops * hw.eff.compute
-    comp, tp, p2p = [], [], []
+    # each token's hidden state goes to its k experts and back (the dispatch carries k rows per token)
+    routed = dispatch_bytes(dep.precision) * b * seq_len * cfg.llm.hidden_size * (cfg.llm.moe_router_topk or 0)
+    comp, tp, p2p, a2a = [], [], [], []
     recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
     for s, f in enumerate(flops):
         comp.append(f.per_gpu * b / rate)
@@ -115,7 +129,8 @@ def step_time(
         tp.append(n * all_reduce_time(act, layout.tp, tp_group_per_node(dep), hw))
         sends = 0 if layout.pp == 1 else (1 + f.backward) * layout.vpp
         p2p.append(sends * p2p_time(act, dep, hw) if sends else 0.0)  # one GPU (cluster=local): no link to time
-    per_mb = [c + t + p for c, t, p in zip(comp, tp, p2p)]
+        a2a.append(_all_to_alls(cfg, layers[s], recomputed, f.backward) * all_to_all_time(routed, dep, hw))
+    per_mb = [c + t + p + a for c, t, p, a in zip(comp, tp, p2p, a2a)]
     worst = max(range(len(per_mb)), key=per_mb.__getitem__)
     bubble = (layout.pp - 1) / layout.vpp * sum(per_mb) / len(per_mb) if layout.pp > 1 else 0.0
     pipe = m * per_mb[worst] + bubble
@@ -140,4 +155,5 @@ def step_time(
         optimizer=optimizer,
         jitter=jitter,
         step=base + jitter,
+        ep_comm=m * a2a[worst],
     )

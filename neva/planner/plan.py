@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from neva.checkpoint.source import neva_config_from_mm
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
+from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.pipeline import check_splittable
 from neva.parallel.tensor_parallel import check_divisibility
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
@@ -15,7 +16,7 @@ from neva.planner.flops import stage_flops
 from neva.planner.hardware import hardware_from_config
 from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
-from neva.planner.moe import moe_facts
+from neva.planner.moe import dispatch_bytes, moe_facts
 from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
 from neva.typed import ConfigError
@@ -128,7 +129,7 @@ def plan_run(
 
     Raises:
         ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
-            pipeline chunks without a layer).
+            pipeline chunks without a layer, an EP size that does not divide the experts).
     """
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
@@ -136,6 +137,7 @@ def plan_run(
     if layout.tp > 1:
         check_divisibility(ncfg, layout.tp)
     check_splittable(ncfg, layout.pp)
+    check_expert_parallel_layout(layout, ncfg.llm)
     hw = hardware_from_config(cfg.cluster)
     infos = model_inventory(ncfg, cfg.model.trainable_policy())
     layers = stage_layers(ncfg.llm.num_layers, layout)
@@ -180,7 +182,7 @@ def plan_run(
     samples = layout.global_batch_size / time.step
     mfu = per_sample * samples / (layout.world * hw.peak_flops)
     # The dispatched hidden states are the feed-forward norm's output: fp32 under autocast, the parameters' dtype else.
-    moe = moe_facts(ncfg, infos, layout, layers, seq, 2 if dep.precision in ("o2", "half") else 4)
+    moe = moe_facts(ncfg, infos, layout, layers, seq, dispatch_bytes(dep.precision))
     extra = {"image": images.to_dict()}
     if moe is not None:
         extra["moe"] = moe

@@ -2,7 +2,8 @@
 ranked by predicted throughput (what NeMo's auto-configurator does, over the planner's model instead of trial runs).
 
 The searched keys are training's own (``model.*``): tensor- and pipeline-parallel sizes, sequence parallelism, data
-parallelism (DDP, FSDP2 ZeRO-2, ZeRO-3), activation checkpointing and the micro-batch size. The global batch, the
+parallelism (DDP, FSDP2 ZeRO-2, ZeRO-3), expert parallelism (MoE models: powers of two dividing the experts; the
+layout check keeps those that divide the data-parallel size), activation checkpointing and the micro-batch size. The global batch, the
 precision, the model and the cluster stay as configured. A candidate is kept only if ``plan_run`` accepts it, i.e.
 training's own checks pass (``Layout.from_config``, ``check_divisibility``, ``check_precision_layout``,
 ``check_microbatches``, ``split_layers``), and only if its busiest rank fits in the GPU's memory.
@@ -29,6 +30,7 @@ SEARCHED = (
     "sequence_parallel",
     "data_parallel",
     "zero_stage",
+    "expert_model_parallel_size",
     "activations_checkpoint_granularity",
     "micro_batch_size",
 )
@@ -48,10 +50,10 @@ def _powers_of_two(limit: int) -> list[int]:
     return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
 
 
-def default_space(cfg: TrainConfig, num_layers: int) -> dict[str, list[Any]]:
+def default_space(cfg: TrainConfig, num_layers: int, num_experts: int | None = None) -> dict[str, list[Any]]:
     """Candidate values of every searched key: TP within a node (its NVLink domain, as Megatron places it), PP up to
     the decoder's depth, the three data-parallel modes, no / selective / full checkpointing, micro-batches of powers
-    of two up to the global batch; the configured virtual pipeline size."""
+    of two up to the global batch; the configured virtual pipeline size; EP sizes dividing ``num_experts`` (MoE)."""
     world = cfg.trainer.num_nodes * (
         cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else cfg.cluster.gpus_per_node
     )
@@ -63,6 +65,7 @@ def default_space(cfg: TrainConfig, num_layers: int) -> dict[str, list[Any]]:
         "sequence_parallel": [False, True],
         "data_parallel": ["fsdp", "ddp"],
         "zero_stage": [3, 2],
+        "expert_model_parallel_size": [e for e in _powers_of_two(world) if num_experts and num_experts % e == 0] or [1],
         "activations_checkpoint_granularity": [None, "selective", "full"],
         "micro_batch_size": _powers_of_two(cfg.model.global_batch_size),
     }
@@ -113,7 +116,7 @@ def search(
             f"cannot constrain {sorted(unknown)} in a layout search; searched keys: {', '.join(SEARCHED)}"
         )
     model = neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
-    space = default_space(cfg, model.llm.num_layers)
+    space = default_space(cfg, model.llm.num_layers, model.llm.num_moe_experts)
     space.update({k: list(v) for k, v in (constraints or {}).items()})
     tried = 0
     valid: list[Plan] = []

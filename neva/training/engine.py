@@ -33,7 +33,6 @@ from neva.models.loss import (
     token_cross_entropy,
 )
 from neva.models.video import VIDEO_INPUTS
-from neva.parallel.data_parallel import all_reduce_gradients
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
@@ -113,8 +112,13 @@ class Engine:
         # LoRA dropout masks keyed by sample and position (the same in every layout) need per-token keys.
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
         # MoE routers: their load-balancing objective joins each micro-batch's loss (neva/training/moe_loss.py).
-        self.moe = MoEAuxLoss.of(self.parts, layout)
-        self.moe_metrics: dict[str, float] = {}
+        self.moe = MoEAuxLoss.of(self.parts, layout, parallel.group("pp"))
+        self._moe_stats: dict[str, torch.Tensor] = {}
+
+    @property
+    def moe_metrics(self) -> dict[str, float]:
+        """The last step's MoE metrics (the routers' loss term, per-layer min / max expert load), read on the host."""
+        return {k: float(v) for k, v in self._moe_stats.items()}
 
     # -- what the optimizer sees -------------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -204,6 +208,8 @@ class Engine:
         )
         with self._loss_context():
             if self.parallel.runner is not None:
+                if self.moe is not None:  # each stage's routers add their objective in its backward (moe_loss.py)
+                    micro_batches = [self.moe.with_token_mask(mb) for mb in micro_batches]
                 local = self.parallel.runner.forward_backward(micro_batches, weight, self.dp_size, self.sp_multiple)
             else:
                 local = torch.zeros((), device=self.device)
@@ -219,10 +225,10 @@ class Engine:
                             w = 1.0
                     local += loss.detach() * w
         if self.parallel.manual_dp_sync:
-            all_reduce_gradients((p for _, p in self.named_trainable_parameters()), self.dp_group)
+            self.parallel.all_reduce_gradients(p for _, p in self.named_trainable_parameters())
         total = local.detach().float().clone()
         if self.moe is not None:
-            total, self.moe_metrics = self.moe.step_total(total, self.dp_group)
+            total, self._moe_stats = self.moe.step_total(total, self.dp_group)
         elif self.dp_group is not None:
             dist.all_reduce(total, group=self.dp_group)
         return total, n_tokens

@@ -23,37 +23,69 @@ import torch.distributed as dist
 from torch import nn
 
 from neva.models.moe import MoEFeedForward, aux_objective
-from neva.typed import ConfigError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
+class _WithAux(torch.autograd.Function):
+    """Identity on a pipeline stage's output whose backward also starts the backward of the stage's router objective
+    with gradient ``scale`` (Megatron-Core's ``MoEAuxLossAutoScaler``): the objective's gradient reaches the stage's
+    routers without the objective travelling to the last stage."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.aux_shape, ctx.scale = aux.shape, scale
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, grad.new_full(ctx.aux_shape, ctx.scale, dtype=torch.float32), None
+
+
 class MoEAuxLoss:
-    def __init__(self, layers: list[nn.Module], layer_ids: list[int], cfg: Any) -> None:
+    def __init__(self, layers: list[MoEFeedForward], layer_ids: list[int], cfg: Any, num_layers: int) -> None:
         self.layers = layers
-        self.layer_ids = layer_ids
+        self._row = {id(m): i for m, i in zip(layers, layer_ids)}  # the model's layer index of each MoE layer
         self.cfg = cfg
-        self._aux = None
-        self._counts = None
+        self.num_layers = num_layers
+        # One (objective, loads of every layer [num_layers, E]) entry per forward that took the objective.
+        self._entries: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._expected = 0  # under PP: the entries a step keeps (its last ones), else 0 (all)
+        self.pp_group = None
 
     @classmethod
-    def of(cls, parts: list[nn.Module], layout: Any) -> MoEAuxLoss | None:
-        """The helper for this rank's parts, or None for a dense model.
-
-        Raises:
-            ConfigError: an MoE model under pipeline parallelism (its routers' objective is not yet carried across
-                stages).
-        """
+    def of(cls, parts: list[nn.Module], layout: Any, pp_group: Any = None) -> MoEAuxLoss | None:
+        """The helper for this rank's parts, or None for a dense model. Under pipeline parallelism (``pp_group``)
+        each chunk adds its own layers' objective in its own backward (``attach_to_chunks``): the ``megatron``
+        formula is a sum over layers, so the stages' shares add up to the whole model's (``hf``'s pooled one is
+        refused under PP, ``expert_parallel.check_expert_parallel_layout``)."""
         named = [(n, m) for part in parts for n, m in part.named_modules() if isinstance(m, MoEFeedForward)]
         if not named:
             return None
-        if layout.pp > 1:
-            raise ConfigError(
-                "num_moe_experts with model.pipeline_model_parallel_size > 1 is not supported yet: the routers' "
-                "load-balancing objective is not carried across pipeline stages"
-            )
         ids = [int(_LAYER.search(n).group(1)) for n, _ in named]
-        return cls([m for _, m in named], ids, parts[0].cfg.llm)
+        aux = cls([m for _, m in named], ids, parts[0].cfg.llm, parts[0].cfg.llm.num_layers)
+        if layout.pp > 1:
+            aux.attach_to_chunks(parts, layout, pp_group)
+        return aux
+
+    def attach_to_chunks(self, parts: list[nn.Module], layout: Any, pp_group: Any) -> None:
+        """Each chunk's forward (with autograd on: training, not evaluation) takes its layers' objective, weighted
+        ``1 / (micro-batches x dp)``, and hands it to backward through its output with the engine's gradient factor
+        dp. The schedule's set-up forward of a new shape (on placeholder activations, never backpropagated) is
+        dropped: a step keeps its last micro-batches x chunks entries."""
+        self.pp_group = pp_group
+        self._expected = layout.grad_accum * len(parts)
+        divisor = layout.grad_accum * layout.dp
+        for part in parts:
+            layers = [m for m in part.modules() if isinstance(m, MoEFeedForward)]
+
+            def hook(module, args, out, layers=layers):
+                if not torch.is_grad_enabled() or not layers:
+                    return out
+                term = self._take(layers, divisor)
+                return _WithAux.apply(out, term, float(layout.dp)) if term.requires_grad else out
+
+            part.register_forward_hook(hook)
 
     @staticmethod
     def with_token_mask(batch: dict[str, Any]) -> dict[str, Any]:
@@ -61,29 +93,45 @@ class MoEAuxLoss:
         seg = batch.get("segment_ids")
         return batch if seg is None else {**batch, "token_mask": seg != 0}
 
-    def take(self, divisor: int) -> torch.Tensor:
-        """This forward's router objective / ``divisor``, accumulating it and the expert loads for the metrics."""
-        stats = [m.routing for m in self.layers]
+    def _take(self, layers: list[MoEFeedForward], divisor: int) -> torch.Tensor:
+        """``layers``' router objective of this forward / ``divisor``, recorded with their loads for the metrics."""
+        stats = [m.routing for m in layers]
         counts = torch.stack([s.counts for s in stats])
         term = aux_objective(stats, self.cfg)
         term = counts.new_zeros(()) if term is None else term / divisor
-        self._aux = term.detach() if self._aux is None else self._aux + term.detach()
-        self._counts = counts if self._counts is None else self._counts + counts
-        for m in self.layers:
+        loads = counts.new_zeros((self.num_layers, counts.shape[1]))
+        loads[[self._row[id(m)] for m in layers]] = counts
+        self._entries.append((term.detach(), loads))
+        for m in layers:
             m.routing = None  # the graph it holds is freed with this step's backward
         return term
 
-    def step_total(self, total: torch.Tensor, dp_group: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """(the step objective summed over data-parallel ranks, the step's MoE metrics); one all-reduce for all."""
-        flat = torch.cat([total.reshape(1), self._aux.float().reshape(1), self._counts.flatten()])
+    def take(self, divisor: int) -> torch.Tensor:
+        """This forward's router objective (every MoE layer of the rank) / ``divisor``."""
+        return self._take(self.layers, divisor)
+
+    def step_total(self, total: torch.Tensor, dp_group: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the step objective summed over data-parallel ranks, the step's MoE metrics as device tensors).
+
+        ``total`` includes the routers' objective, except under PP, where it is the cross-entropy alone (already
+        summed over the stages) and each stage's objective and loads (its own layers' rows) are summed over the
+        stages here."""
+        entries, self._entries = self._entries[-self._expected :], []
+        routers = torch.cat(
+            [torch.stack([e[0] for e in entries]).sum().float().reshape(1), sum(e[1] for e in entries).flatten()]
+        )
+        if self.pp_group is not None:
+            dist.all_reduce(routers, group=self.pp_group)
+            total = total + routers[0]
+        flat = torch.cat([total.reshape(1), routers])
         if dp_group is not None:
             dist.all_reduce(flat, group=dp_group)
-        counts = flat[2:].view_as(self._counts)
+        counts = flat[2:].view(self.num_layers, -1)
         share = counts / counts.sum(dim=1, keepdim=True).clamp(min=1.0)
-        lo, hi = share.min(dim=1).values.tolist(), share.max(dim=1).values.tolist()
-        metrics = {"moe_aux_loss": flat[1].item()}
-        for i, layer in enumerate(self.layer_ids):
-            metrics[f"moe_load_min_layer{layer}"] = lo[i]
-            metrics[f"moe_load_max_layer{layer}"] = hi[i]
-        self._aux = self._counts = None
+        lo, hi = share.min(dim=1).values, share.max(dim=1).values
+        # tensors on the device: the caller reads them when it logs (no host sync here; the rehearsal has no values)
+        metrics = {"moe_aux_loss": flat[1]}
+        for layer in range(self.num_layers):
+            metrics[f"moe_load_min_layer{layer}"] = lo[layer]
+            metrics[f"moe_load_max_layer{layer}"] = hi[layer]
         return flat[0], metrics

@@ -6,13 +6,16 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from neva.config import OptimConfig
 
 
 def param_groups(named_params: list[tuple[str, nn.Parameter]], cfg: OptimConfig) -> list[dict]:
     """Groups: decayed weights, undecayed norms/biases/1-D tensors, and the projector and the vision tower at their
-    own lr if set (without them, the groups and their order are what they were before the vision rate existed)."""
+    own lr if set (without them, the groups and their order are what they were before the vision rate existed);
+    DTensor parameters apart from plain ones (the fused and foreach kernels take one kind per call: expert
+    parallelism under DDP holds ep-sharded experts beside plain replicas)."""
     groups: dict[tuple[bool, bool, bool], list[nn.Parameter]] = {}
     for name, p in named_params:
         if not p.requires_grad:
@@ -20,9 +23,9 @@ def param_groups(named_params: list[tuple[str, nn.Parameter]], cfg: OptimConfig)
         no_decay = p.ndim < 2 or name.endswith(".bias") or "norm" in name
         is_projector = cfg.projector_lr is not None and name.startswith("projector.")
         is_vision = cfg.vision_lr is not None and name.startswith("vision.")
-        groups.setdefault((no_decay, is_projector, is_vision), []).append(p)
+        groups.setdefault((no_decay, is_projector, is_vision, isinstance(p, DTensor)), []).append(p)
     out = []
-    for (no_decay, is_projector, is_vision), params in sorted(groups.items()):
+    for (no_decay, is_projector, is_vision, _), params in sorted(groups.items()):
         lr = cfg.projector_lr if is_projector else cfg.vision_lr if is_vision else cfg.lr
         out.append({"params": params, "weight_decay": 0.0 if no_decay else cfg.weight_decay, "lr": lr, "base_lr": lr})
     return out

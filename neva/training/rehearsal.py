@@ -39,6 +39,7 @@ from neva.constants import IGNORE_INDEX
 from neva.data.collate import Collator
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model
+from neva.parallel.expert_parallel import use_uniform_dispatch
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import MESH_DIMS, build_mesh
 from neva.parallel.parallelize import parallelize
@@ -354,6 +355,9 @@ def _rehearse_rank(
         meta_model = build_meta_model(ncfg, cfg.model.trainable_policy())
         source = ModelSource(cfg=ncfg, tokenizer=None)
         parallel = parallelize(meta_model, source, layout, m, device, precision, dims, allocation=mode)
+        if fake:  # MoE: routing has no values on fake tensors; the experts take uniform routing's group sizes
+            for part in parallel.parts:
+                use_uniform_dispatch(part)
         with mode, propagation:
             engine = Engine(parallel, precision, device, packed=m.data.packing, loss_normalization=m.loss_normalization)
             optimizer = build_optimizer(engine.named_trainable_parameters(), m.optim)

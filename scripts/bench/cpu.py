@@ -64,6 +64,14 @@ FAMILIES: dict[str, dict[str, dict]] = {
         "llm": _QWEN2,
         "vision": dict(kind="siglip", layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
     },
+    # Mixtral's sparse MoE feed-forward: 8 experts, top-2 (Mixtral-8x7B's routing), each expert of the dense width.
+    # No router loss on either side: HF's LlavaForConditionalGeneration trains the cross-entropy alone (it never
+    # adds its language model's load-balancing loss), so neva's coefficient is 0 for the same objective; neva
+    # still computes the routing statistics it logs.
+    "mixtral": {
+        "llm": dict(family="mixtral", num_moe_experts=8, moe_router_topk=2, moe_aux_loss_coeff=0.0, rope_theta=1e6),
+        "vision": {},
+    },
 }
 
 
@@ -178,6 +186,7 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf import hf_classes
     from neva.checkpoint.hf_config import llava_config_dict
     from neva.checkpoint.hf_keys import MODULE_PREFIXES, neva_key_to_hf
+    from neva.checkpoint.hf_moe import module_state
 
     train_cfg = train_config(args)
     config_cls, architecture, _ = hf_classes(cfg)  # LlavaNext with AnyRes
@@ -186,7 +195,7 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     model = getattr(transformers, architecture)(hf_cfg)
     # neva's initial weights, made by the same path as neva's side (so both start bit-identical).
     neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
-    state = {neva_key_to_hf(k, MODULE_PREFIXES): v for k, v in neva.state_dict().items()}
+    state = module_state({neva_key_to_hf(k, MODULE_PREFIXES): v for k, v in neva.state_dict().items()})
     result = model.load_state_dict(state, strict=True)
     if result.missing_keys or result.unexpected_keys:
         raise RuntimeError(f"weight copy into HF failed: {result}")

@@ -195,24 +195,27 @@ def video_steps(cfg: Any, layout: Any, steps: int, micro: int = 2, length: int =
     return out
 
 
-def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, list[str], int]], out: str) -> None:
+def _worker(rank: int, world: int, port: int, jobs: list, out: str, train=None) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    train = train or train_losses
     results = {}
     try:
-        for name, overrides, steps in jobs:
-            results[name] = train_losses(overrides, steps)
+        for name, overrides, args in jobs:
+            results[name] = train(overrides, **args) if isinstance(args, dict) else train(overrides, args)
             dist.barrier()
     finally:
         dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
 
 
-def run_layouts(world: int, jobs: list[tuple[str, list[str], int]], out: Path) -> list[dict[str, Any]]:
-    """Run each ``(name, overrides, steps)`` job in ``world`` gloo processes; per-rank results."""
+def run_layouts(world: int, jobs: list[tuple[str, list[str], Any]], out: Path, train=None) -> list[dict[str, Any]]:
+    """Run each ``(name, overrides, steps)`` job in ``world`` gloo processes; per-rank results. ``train`` (default
+    ``train_losses``; a module-level function, for the spawned processes) runs one job: ``train(overrides, steps)``,
+    or ``train(overrides, **kwargs)`` when the job's third item is a dict of keyword arguments."""
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, free_port(), jobs, str(out)), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, free_port(), jobs, str(out), train), nprocs=world, join=True)
     return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]

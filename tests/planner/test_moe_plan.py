@@ -40,3 +40,34 @@ def test_mixtral_total_and_active_parameters_and_experts_per_rank(monkeypatch):
     tokens = one.seq_len * 1 * 1  # micro-batch 1, one micro-batch per rank and step
     # 4 k H elements per token and MoE layer, fp32 under autocast (the norm's output), 7/8 of it to other ranks
     assert ep8["all_to_all_bytes_per_step"] == pytest.approx(4 * 2 * 4096 * tokens * 32 * 4 * 7 / 8)
+
+
+def test_all_to_all_time_in_the_step_model(monkeypatch):
+    from neva.planner.hardware import hardware_from_config
+
+    one = _plan(monkeypatch, 8, "model.expert_model_parallel_size=1")
+    ep8 = _plan(monkeypatch, 8, "model.expert_model_parallel_size=8")
+    assert one.time.ep_comm == 0.0
+    hw = hardware_from_config(compose_config([*MIXTRAL, "trainer.devices=8"]).cluster)
+    # per micro-batch and MoE layer: dispatch + combine forward, both again in backward (the LLM trains); bf16
+    # autocast moves fp32 hidden states (4 bytes) of k = 2 rows per token; an 8-GPU expert group: NVLink
+    routed = 4 * 1 * ep8.seq_len * 4096 * 2
+    per_call = 7 / 8 * routed / (hw.nvlink_bytes_per_s * hw.eff.nvlink) + hw.eff.latency_us * 1e-6
+    assert ep8.time.ep_comm == pytest.approx(32 * 4 * per_call)
+    t = ep8.time  # on the step's critical path (one stage: no bubble)
+    assert t.step - t.jitter - t.optimizer - t.dp_exposed == pytest.approx(t.compute + t.tp_comm + t.ep_comm)
+
+
+def test_search_varies_expert_parallelism_over_divisors_of_the_experts(monkeypatch):
+    from neva.planner.report import format_table
+    from neva.planner.search import search
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    cfg = compose_config([*MIXTRAL, "model.global_batch_size=8", "trainer.devices=8", "cluster.gpu_memory_gb=1000"])
+    fixed = {
+        "tensor_model_parallel_size": [1], "pipeline_model_parallel_size": [1], "data_parallel": ["fsdp"],
+        "zero_stage": [3], "activations_checkpoint_granularity": ["full"], "micro_batch_size": [1],
+    }  # fmt: skip
+    result = search(cfg, fixed, top=0)
+    assert sorted(p.deployment.layout.ep for p in result.plans) == [1, 2, 4, 8]  # every power of two dividing 8
+    assert "ep" in format_table(result.plans).splitlines()[0].split()
