@@ -63,6 +63,14 @@ def no_splice() -> None:
     NevaModel.image_features = lambda self, pixels: original(self, pixels) * 0
 
 
+def pixels_unnormalised() -> None:
+    """The tower's mean/std normalisation skipped: pixels reach it as ``x / 255`` in [0, 1] (as with an image
+    processor's ``do_normalize=False``), in training and evaluation."""
+    from neva.models import vision
+
+    vision.normalize_pixels = lambda pixels, mean, std: pixels.float().div(255.0)
+
+
 def positions_restart_late() -> None:
     """Packed rows: each sample's positions restart 8 tokens late (its first tokens continue the previous count)."""
     import torch
@@ -142,6 +150,7 @@ INJECTIONS = {
     for f in (
         labels_shifted,
         no_splice,
+        pixels_unnormalised,
         positions_restart_late,
         rope_bf16,
         loss_weights_per_micro_batch,
@@ -154,6 +163,7 @@ BUGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "clean": ((), (), ()),
     "labels_shifted": (("labels_shifted",), (), ()),
     "no_splice": (("no_splice",), ("no_splice",), ()),
+    "pixels_unnormalised": (("pixels_unnormalised",), ("pixels_unnormalised",), ()),
     "positions_restart_late": (("positions_restart_late",), (), ()),
     "projector_frozen_in_finetune": ((), (), ("model.mm_cfg.freeze_projector=true",)),
     "rope_bf16": (("rope_bf16",), ("rope_bf16",), ()),
