@@ -5,6 +5,7 @@
 - ``--checkpoint CKPT``: another neva checkpoint.
 - ``--suite skills``: the skills suite (``neva.data.synthetic_skills``, the quality canary's): per-skill accuracy with
   95 % Wilson intervals, and the same questions with another question's image(s) and with none (``SKILL_CONDITIONS``).
+- ``--suite video``: the synthetic video clips' held-out questions (``neva.data.synthetic_video``), per kind.
 - ``--input-file q.jsonl --output-file a.jsonl``: LLaVA ``model_vqa``-style question records
   (``{"question_id", "image", "text"}``; ``prompt`` is accepted for ``text``) answered greedily; answers are written as
   ``{"question_id", "prompt", "text", "model_id"}`` (what the LLaVA / lmms scorers read). Records carrying an
@@ -60,6 +61,30 @@ def evaluate_synthetic(answerer: Answerer, limit: int, seed: int, batch_size: in
         "n": len(records),
         "per_kind": {k: sum(v) / len(v) for k, v in sorted(per_kind.items())},
         "examples": [{"q": r.question, "expected": r.answer, "got": a} for r, a in list(zip(records, answers))[:5]],
+    }
+
+
+def evaluate_video(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
+    """Exact-match accuracy on the held-out synthetic video clips (``neva.data.synthetic_video``), per question kind;
+    each clip decoded by the loader's decoder at the checkpoint's ``num_frames``. Chance: 0.25 on ``motion``."""
+    from neva.data.synthetic_video import KINDS, default_folder, video_records, write_videos
+
+    records = video_records(seed, "val", limit, "qa")
+    folder = default_folder(seed)
+    write_videos(seed, records, folder)
+    items = [
+        (r["conversations"][0]["value"], [], [answerer.read_video(os.path.join(folder, r["video"]))]) for r in records
+    ]
+    answers = stripped_answers(answerer, items, batch_size)
+    per_kind: dict[str, list[int]] = defaultdict(list)
+    for i, (record, answer) in enumerate(zip(records, answers)):
+        per_kind[KINDS[i % len(KINDS)]].append(int(normalize(answer) == normalize(record["conversations"][1]["value"])))
+    return {
+        "suite": "video",
+        "accuracy": sum(sum(v) for v in per_kind.values()) / len(records),
+        "n": len(records),
+        "num_frames": answerer.video_limits.num_frames,
+        "per_kind": {k: sum(v) / len(v) for k, v in sorted(per_kind.items())},
     }
 
 
@@ -155,10 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--template", default=None, help="conversation template (default: the checkpoint's)")
     parser.add_argument(
         "--suite",
-        choices=("shapes", "skills"),
+        choices=("shapes", "skills", "video"),
         default="shapes",
-        help="held-out set: the coloured shapes (default) or the skills suite (per-skill accuracy, 95%% Wilson "
-        "intervals and the swapped-image and no-image controls; the canary's measurement)",
+        help="held-out set: the coloured shapes (default), the skills suite (per-skill accuracy, 95%% Wilson "
+        "intervals and the swapped-image and no-image controls; the canary's measurement) or the synthetic video "
+        "clips (motion and colour over time, at the checkpoint's num_frames)",
     )
     parser.add_argument("--limit", type=int, default=None, help="held-out questions to ask (200; skills: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed (as model.data.synthetic_seed)")
@@ -187,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         name = Path(checkpoint).name
         result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, name, args.batch_size)
     else:
-        evaluate_suite = evaluate_skills if args.suite == "skills" else evaluate_synthetic
+        evaluate_suite = {"skills": evaluate_skills, "video": evaluate_video}.get(args.suite, evaluate_synthetic)
         limit = args.limit or (1000 if args.suite == "skills" else 200)
         result = evaluate_suite(answerer, limit, args.seed, args.batch_size)
     result["checkpoint"] = str(Path(checkpoint).resolve())
