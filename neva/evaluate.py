@@ -67,7 +67,7 @@ def evaluate_synthetic(answerer: Answerer, limit: int, seed: int, batch_size: in
 def evaluate_video(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
     """Exact-match accuracy on the held-out synthetic video clips (``neva.data.synthetic_video``), per question kind;
     each clip decoded by the loader's decoder at the checkpoint's ``num_frames``. Chance: 0.25 on ``motion``."""
-    from neva.data.synthetic_video import KINDS, default_folder, video_records, write_videos
+    from neva.data.synthetic_video import default_folder, question_kind, video_records, write_videos
 
     records = video_records(seed, "val", limit, "qa")
     folder = default_folder(seed)
@@ -78,7 +78,7 @@ def evaluate_video(answerer: Answerer, limit: int, seed: int, batch_size: int) -
     answers = stripped_answers(answerer, items, batch_size)
     per_kind: dict[str, list[int]] = defaultdict(list)
     for i, (record, answer) in enumerate(zip(records, answers)):
-        per_kind[KINDS[i % len(KINDS)]].append(int(normalize(answer) == normalize(record["conversations"][1]["value"])))
+        per_kind[question_kind(i)].append(int(normalize(answer) == normalize(record["conversations"][1]["value"])))
     return {
         "suite": "video",
         "accuracy": sum(sum(v) for v in per_kind.values()) / len(records),

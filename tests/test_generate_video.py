@@ -2,6 +2,7 @@
 the same frames decoded by PyAV's plain loop and given to the ``Answerer`` directly."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from neva.checkpoint.neva_format import save_checkpoint
 from neva.data.synthetic import build_tokenizer
+from neva.evaluate import main as evaluate_main
 from neva.generate import main as generate_main
 from neva.inference import Answerer
 from neva.models.generation import GenerationConfig
@@ -57,3 +59,18 @@ def test_generate_video_bad_file_exits_with_the_skip_reason(video_checkpoint, tm
     bad.write_bytes(b"not a video at all" * 10)
     with pytest.raises(SystemExit, match="corrupt_video"):
         generate_main(["--checkpoint", str(ckpt), "--device", "cpu", "--video", str(bad), "--prompt", "x"])
+
+
+@one_thread()
+def test_evaluate_video_suite_asks_the_held_out_clips_at_the_checkpoints_frames(video_checkpoint, tmp_path, capsys,
+                                                                                 monkeypatch):  # fmt: skip
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the clips are written into the cache
+    try:
+        evaluate_main(["--checkpoint", str(video_checkpoint[0]), "--suite", "video", "--limit", "6",
+                       "--max-new-tokens", "2"])  # fmt: skip
+    finally:
+        torch.set_grad_enabled(True)  # neva.evaluate turns autograd off for its process
+    result = json.loads(capsys.readouterr().out)
+    assert result["n"] == 6 and result["num_frames"] == NUM_FRAMES and 0.0 <= result["accuracy"] <= 1.0
+    assert set(result["per_kind"]) == {"motion", "start_color", "end_color"}
+    assert len(list(tmp_path.rglob("*.mp4"))) == 6

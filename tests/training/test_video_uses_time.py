@@ -17,15 +17,14 @@ COMMON = (
 PRETRAIN_STEPS, FINETUNE_STEPS, LR = 10, 50, 3e-3
 EVAL_QUESTIONS = 120  # 40 of each kind
 MARGIN = 0.2
+NO_MARGIN_YET = (
+    "the margin does not appear at CI size (measured 2026-12-02, motion accuracy 8 frames vs 1: 0.275 vs 0.275 at "
+    "these settings, 0.275 vs 0.275 at 60 finetune steps, 0.15 vs 0.15 at 80); the README-sized run does not learn "
+    "motion either (0.25): docs/DATA.md, Synthetic video"
+)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="the margin does not appear at CI size (measured 2026-12-02: motion 0.275 on 8 frames vs 0.275 on 1 at "
-    "these settings; 0.275 vs 0.275 at 60 finetune steps; 0.15 vs 0.15 at 80); the README-sized run does not learn "
-    "motion either (0.25): docs/DATA.md, Synthetic video",
-)
 def test_eight_frames_beat_one_frame_on_motion(tmp_path):
     env = {**ENV, "NEVA_OUTPUT_ROOT": str(tmp_path)}
     run("-m", "neva.train", "+stage=pretrain", *COMMON, f"trainer.max_steps={PRETRAIN_STEPS}", env=env)
@@ -39,4 +38,5 @@ def test_eight_frames_beat_one_frame_on_motion(tmp_path):
                                 "--limit", str(EVAL_QUESTIONS), "--max-new-tokens", "3", env=env))  # fmt: skip
         assert result["num_frames"] == frames  # served as trained: the checkpoint recorded its frame count
         motion[frames] = result["per_kind"]["motion"]
-    assert motion[8] >= motion[1] + MARGIN, f"motion accuracy, 8 frames vs 1: {motion}"
+    if motion[8] < motion[1] + MARGIN:  # only the margin is expected to fail; a run or evaluation that breaks fails
+        pytest.xfail(NO_MARGIN_YET + f" (this run: {motion})")
