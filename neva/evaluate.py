@@ -7,6 +7,7 @@
   95 % Wilson intervals, and the same questions with another question's image(s) and with none (``SKILL_CONDITIONS``).
 - ``--suite detail``: the detail set (``neva.data.synthetic_detail``): accuracy with its 95 % Wilson interval, for
   comparing an AnyRes run with a fixed-resolution one.
+- ``--suite video``: the synthetic video clips' held-out questions (``neva.data.synthetic_video``), per kind.
 - ``--input-file q.jsonl --output-file a.jsonl``: LLaVA ``model_vqa``-style question records
   (``{"question_id", "image", "text"}``; ``prompt`` is accepted for ``text``) answered greedily; answers are written as
   ``{"question_id", "prompt", "text", "model_id"}`` (what the LLaVA / lmms scorers read). Records carrying an
@@ -62,6 +63,30 @@ def evaluate_synthetic(answerer: Answerer, limit: int, seed: int, batch_size: in
         "n": len(records),
         "per_kind": {k: sum(v) / len(v) for k, v in sorted(per_kind.items())},
         "examples": [{"q": r.question, "expected": r.answer, "got": a} for r, a in list(zip(records, answers))[:5]],
+    }
+
+
+def evaluate_video(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
+    """Exact-match accuracy on the held-out synthetic video clips (``neva.data.synthetic_video``), per question kind;
+    each clip decoded by the loader's decoder at the checkpoint's ``num_frames``. Chance: 0.25 on ``motion``."""
+    from neva.data.synthetic_video import default_folder, question_kind, video_records, write_videos
+
+    records = video_records(seed, "val", limit, "qa")
+    folder = default_folder(seed)
+    write_videos(seed, records, folder)
+    items = [
+        (r["conversations"][0]["value"], [], [answerer.read_video(os.path.join(folder, r["video"]))]) for r in records
+    ]
+    answers = stripped_answers(answerer, items, batch_size)
+    per_kind: dict[str, list[int]] = defaultdict(list)
+    for i, (record, answer) in enumerate(zip(records, answers)):
+        per_kind[question_kind(i)].append(int(normalize(answer) == normalize(record["conversations"][1]["value"])))
+    return {
+        "suite": "video",
+        "accuracy": sum(sum(v) for v in per_kind.values()) / len(records),
+        "n": len(records),
+        "num_frames": answerer.video_limits.num_frames,
+        "per_kind": {k: sum(v) / len(v) for k, v in sorted(per_kind.items())},
     }
 
 
@@ -147,7 +172,12 @@ def evaluate_detail(answerer: Answerer, limit: int, seed: int, batch_size: int) 
     }
 
 
-SUITES = {"shapes": (evaluate_synthetic, 200), "skills": (evaluate_skills, 1000), "detail": (evaluate_detail, 300)}
+SUITES = {
+    "shapes": (evaluate_synthetic, 200),
+    "skills": (evaluate_skills, 1000),
+    "detail": (evaluate_detail, 300),
+    "video": (evaluate_video, 200),
+}
 
 
 def evaluate_file(
@@ -182,11 +212,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=tuple(SUITES),
         default="shapes",
         help="held-out set: the coloured shapes (default), the skills suite (per-skill accuracy, 95%% Wilson "
-        "intervals and the swapped-image and no-image controls; the canary's measurement) or the detail set (fine "
-        "patterns that need AnyRes; accuracy with its 95%% Wilson interval)",
+        "intervals and the swapped-image and no-image controls; the canary's measurement), the detail set (fine "
+        "patterns that need AnyRes; accuracy with its 95%% Wilson interval) or the synthetic video clips (motion and "
+        "colour over time, at the checkpoint's num_frames)",
     )
     parser.add_argument(
-        "--limit", type=int, default=None, help="held-out questions to ask (200; skills: 1000; detail: 300)"
+        "--limit", type=int, default=None, help="held-out questions to ask (200; skills: 1000; detail: 300; video: 200)"
     )
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed (as model.data.synthetic_seed)")
     parser.add_argument("--max-new-tokens", type=int, default=16)

@@ -3,6 +3,7 @@
 Single prompt (prints only the generated text)::
 
     python -m neva.generate --checkpoint CKPT --image cat.png --prompt "What is this?" --max-new-tokens 64
+    python -m neva.generate --checkpoint CKPT --video clip.mp4 --prompt "Which way does it move?"
 
 Batch (NeMo NeVA's record format; ``image`` is a path or a list, relative to the JSONL's folder; each record is
 written back with an ``"answer"``)::
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from neva.checkpoint.neva_format import refuse_nemo_checkpoint
+from neva.data.video_decode import VideoError
 from neva.inference import Answerer, Item, read_jsonl, record_image_paths
 from neva.models.generation import GenerationConfig
 from neva.typed import exit_on_config_error
@@ -56,6 +58,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m neva.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="neva checkpoint directory")
     p.add_argument("--image", action="append", default=[], help="image path (repeat for several)")
+    p.add_argument(
+        "--video",
+        action="append",
+        default=[],
+        help="video path (repeat for several; <video> tags mark where they go; "
+        "sampled to the checkpoint's num_frames by the loader's decoder)",
+    )
     p.add_argument("--prompt", help="user prompt; <image> tags mark where images go")
     p.add_argument("--input-file", help="JSONL of {'image': ..., 'prompt': ...} records (batch mode)")
     p.add_argument("--output-file", help="JSONL answers (batch mode); default stdout")
@@ -79,6 +88,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.prompt is None) == (args.input_file is None):
         p.error("give exactly one of --prompt and --input-file")
+    if args.video and args.input_file is not None:
+        p.error("--video goes with --prompt (batch records take no videos yet)")
     return args
 
 
@@ -99,7 +110,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             dtype=None if args.dtype == "auto" else getattr(torch, args.dtype),
         )
     if args.prompt is not None:
-        print(answerer.answer([(args.prompt, [Path(p) for p in args.image])])[0])
+        try:
+            videos = [answerer.read_video(v) for v in args.video]
+        except VideoError as err:
+            sys.exit(f"neva.generate: --video {err}")
+        print(answerer.answer([(args.prompt, [Path(p) for p in args.image], videos)])[0])
         return
     path = Path(args.input_file)
     records = read_jsonl(path, keep_going=True)

@@ -36,6 +36,8 @@ from neva.data.conversation import (
 from neva.data.encoding import tokenize_text
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.records import record_images
+from neva.data.video import read_video_file
+from neva.data.video_decode import VideoLimits
 from neva.models.config import NevaConfig
 from neva.models.generation import GenerationConfig, generate
 
@@ -218,6 +220,9 @@ class Answerer:
             self.processor = ImageProcessor(vision, aspect_ratio) if vision is not None else None
         # Video frames: each processed as the tower's images are (one tile, the tower's square fit)
         self.frame_processor = ImageProcessor(vision) if self.model.cfg.video is not None else None
+        # ...sampled as the run sampled them (checkpoints before these keys: the data defaults)
+        defaults = VideoLimits()
+        self.video_limits = VideoLimits(meta.get("num_frames", defaults.num_frames), meta.get("video_fps"))
         self.generation = dataclasses.replace(
             decoding,
             eos_token_ids=self.builder.eos_ids(),
@@ -251,6 +256,11 @@ class Answerer:
         if len(ids) >= context:
             raise ValueError(f"the prompt is {len(ids)} tokens, which fills the model's context of {context}")
         return ids, load_pixels(loaded, self.processor), sizes, torch.cat(frames) if frames else None
+
+    def read_video(self, path: str | os.PathLike) -> np.ndarray:
+        """A video file's frames for an item (uint8 ``[F, H, W, 3]``), sampled as the checkpoint's run sampled them
+        (``num_frames``, ``video_fps``). Raises ``neva.data.video_decode.VideoError``."""
+        return read_video_file(path, self.video_limits)
 
     def _frames(self, video: Any) -> torch.Tensor:
         """A video's ``[F, H, W, 3]`` uint8 frames → ``[F, 3, s, s]`` uint8, each frame as the tower's images."""

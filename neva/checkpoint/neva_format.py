@@ -42,8 +42,10 @@ FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TIED_HEAD_KEY = "llm.output.weight"
 _RESERVED = {"format", "version", "model", "dtype"}
-# The data settings a checkpoint records for inference and export (template, system prompt, image handling).
+# The data settings a checkpoint records for inference and export (template, system prompt, image handling; video:
+# the frames a video is sampled to, so `neva.generate --video` and `neva.evaluate --suite video` decode as trained).
 RUN_DATA_KEYS = ("conv_template", "system_prompt", "use_chat_template", "image_aspect_ratio", "tokenization")
+RUN_DATA_KEYS += ("num_frames", "video_fps")
 
 TensorSource = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 

@@ -99,6 +99,11 @@ def video_name(split: str, index: int) -> str:
     return f"synthetic_video/{split}/{index:06d}.mp4"
 
 
+def question_kind(index: int) -> str:
+    """The question kind of QA sample ``index``: in rotation, so every split holds the kinds in equal shares."""
+    return KINDS[index % len(KINDS)]
+
+
 def make_record(seed: int, split: str, index: int, task: str) -> dict[str, Any]:
     """LLaVA-Video record of sample ``index``: a caption (``task="caption"``) or one question (``"qa"``, kinds in
     rotation so every split holds them in equal shares)."""
@@ -106,7 +111,7 @@ def make_record(seed: int, split: str, index: int, task: str) -> dict[str, Any]:
     if task == "caption":
         question, answer = "Describe the video.", c.caption()
     else:
-        kind = KINDS[index % len(KINDS)]
+        kind = question_kind(index)
         question, answer = c.question(kind), c.answer(kind)
     conv = [{"from": "human", "value": f"{VIDEO_TOKEN}\n{question}"}, {"from": "gpt", "value": answer}]
     return {"id": f"synthetic_video-{split}-{index}", "video": video_name(split, index), "conversations": conv}

@@ -21,6 +21,7 @@ import os
 import re
 from typing import Any
 
+import numpy as np
 import torch
 
 from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
@@ -102,6 +103,18 @@ class VideoSource:
         if self.processor is None:
             raise ValueError("this VideoSource has no vision tower")
         return torch.stack([self.processor(frame) for frame in video.frames])
+
+
+def read_video_file(path: str | os.PathLike, limits: VideoLimits) -> np.ndarray:
+    """A video file's sampled frames as uint8 ``[F, H, W, 3]`` RGB (what ``neva.inference`` items take), decoded by the
+    loader's decoder under the loader's caps (the file's own folder as the video folder).
+
+    Raises:
+        VideoError: the reasons a training sample with this video would be skipped for.
+    """
+    path = os.path.realpath(path)
+    video = VideoSource(os.path.dirname(path), limits).load(os.path.basename(path))
+    return np.stack([np.asarray(frame.convert("RGB")) for frame in video.frames])
 
 
 def check_video_model(names: list[Any], settings: Any) -> None:
