@@ -161,8 +161,9 @@ def check(got: dict, ref: dict, name: str, start: int = 0, rtol: float = RTOL) -
 def test_expert_parallel_two_ranks_and_resume_across_ep_sizes(setup, tmp_path):
     """EP2 (its two steps against one process) writes a DCP checkpoint; EP1×DP2 resumes it for a step and writes
     another; one process resumes that: every step on the uninterrupted one-process curve. In the same spawn: EP2
-    under DDP (experts' gradients reduced over their replicas by hand) and under bf16 O2 (FSDP2's fp32 masters and
-    gradients, the experts cast by FSDP2 as the rest), one step each."""
+    under DDP (experts' gradients reduced over their replicas by hand), under bf16 O2 (FSDP2's fp32 masters and
+    gradients, the experts cast by FSDP2 as the rest) and with every block recomputed in backward (the routers and
+    the all-to-all dispatch run again: the objective and the logged loads must count once), one step each."""
     data, ref = setup
     ep2, dp2 = str(tmp_path / "ep2.dcp"), str(tmp_path / "dp2.dcp")
     jobs = [
@@ -170,6 +171,7 @@ def test_expert_parallel_two_ranks_and_resume_across_ep_sizes(setup, tmp_path):
         ("ep1_dp2", data, dict(steps=STEPS + 1, start=STEPS, load=ep2, save=dp2)),
         ("ep2_ddp", data + [EP2, "model.data_parallel=ddp"], dict(steps=1)),
         ("ep2_o2", data + [EP2, *O2], dict(steps=1)),
+        ("ep2_recompute", data + [EP2, "model.activations_checkpoint_granularity=full"], dict(steps=1)),
     ]
     results = run(2, jobs, tmp_path / "out")
     for rank in results:
@@ -177,6 +179,7 @@ def test_expert_parallel_two_ranks_and_resume_across_ep_sizes(setup, tmp_path):
         check(rank["ep1_dp2"], ref, "ep1_dp2", start=STEPS)
         check(rank["ep2_ddp"], ref, "ep2_ddp")
         check(rank["ep2_o2"], ref, "ep2_o2", rtol=BF16_RTOL)
+        check(rank["ep2_recompute"], ref, "ep2_recompute")
     one = train(data, RESUMED_STEPS, start=STEPS + 1, load=dp2)
     check(one, ref, "one process", start=STEPS + 1)
 
