@@ -25,19 +25,39 @@ def test_compile_setting():
 SEGMENTS = torch.tensor([[1] * 10 + [2] * 14, [1] * 20 + [0] * 4])
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "aot_eager",
-        pytest.param(
-            "inductor",
-            marks=pytest.mark.skipif(
-                not os.environ.get("NEVA_TEST_INDUCTOR"),
-                reason="CPU inductor compiles for minutes on 2 cores (over the CI budget); NEVA_TEST_INDUCTOR=1 runs it",
-            ),
+# ``aot_eager`` always; ``inductor`` (what ``model.compile`` uses) only when asked for.
+BACKENDS = [
+    "aot_eager",
+    pytest.param(
+        "inductor",
+        marks=pytest.mark.skipif(
+            not os.environ.get("NEVA_TEST_INDUCTOR"),
+            reason="CPU inductor compiles for minutes on 2 cores (over the CI budget); NEVA_TEST_INDUCTOR=1 runs it",
         ),
-    ],
-)
+    ),
+]
+
+
+def _compile(root: torch.nn.Module, blocks, backend: str) -> None:
+    """Compile as training does: ``model.compile`` for inductor (``apply_compute_plans``), each block otherwise."""
+    if backend == "inductor":
+        apply_compute_plans(root, ModelConfig(compile=True), torch.device("cpu"))
+    else:
+        for block in blocks:
+            block.compile(backend=backend)
+
+
+def _assert_eager_equal(loss_and_grads, compiled, eager) -> None:
+    torch._dynamo.reset()
+    loss, grads = loss_and_grads(compiled)
+    ref_loss, ref_grads = loss_and_grads(eager)
+    assert len(grads) == len(ref_grads) > 0
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_compiled_blocks_give_the_eager_loss_and_gradients(backend, packed):
     """``aot_eager`` checks what dynamo and AOT autograd capture of a block (the attention plan as an argument,
@@ -48,13 +68,9 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients(backend, packed):
     eager.init_weights()
     compiled = LlamaDecoder(cfg)
     compiled.load_state_dict(eager.state_dict())
-    if backend == "inductor":
-        holder = torch.nn.Module()
-        holder.llm = compiled
-        apply_compute_plans(holder, ModelConfig(compile=True), torch.device("cpu"))
-    else:
-        for block in compiled.layers.values():
-            block.compile(backend=backend)
+    holder = torch.nn.Module()
+    holder.llm = compiled
+    _compile(holder, compiled.layers.values(), backend)
     ids = torch.randint(0, 64, (2, 24))
     kw = {"segment_ids": SEGMENTS} if packed else {}
 
@@ -63,27 +79,10 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients(backend, packed):
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
         return loss, torch.autograd.grad(loss, list(model.parameters()))
 
-    torch._dynamo.reset()
-    loss, grads = loss_and_grads(compiled)
-    ref_loss, ref_grads = loss_and_grads(eager)
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-    for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    _assert_eager_equal(loss_and_grads, compiled, eager)
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "aot_eager",
-        pytest.param(
-            "inductor",
-            marks=pytest.mark.skipif(
-                not os.environ.get("NEVA_TEST_INDUCTOR"),
-                reason="CPU inductor compiles for minutes on 2 cores (over the CI budget); NEVA_TEST_INDUCTOR=1 runs it",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_qwen2_blocks_with_lora_behind_siglip_give_the_eager_loss_and_gradients(backend):
     """The family with new parameter kinds as trained: SigLIP tower (eager) → mlp_downsample → Qwen2 blocks (q/k/v
     biases, tied embeddings) with LoRA adapters, compiled; the loss and the trainable gradients (adapters, projector)
@@ -107,11 +106,7 @@ def test_compiled_qwen2_blocks_with_lora_behind_siglip_give_the_eager_loss_and_g
             torch.nn.init.normal_(p, std=0.02)
     compiled = copy.deepcopy(eager)
     compiled.tie_weights()
-    if backend == "inductor":
-        apply_compute_plans(compiled, ModelConfig(compile=True), torch.device("cpu"))
-    else:
-        for block in compiled.llm.layers.values():
-            block.compile(backend=backend)
+    _compile(compiled, compiled.llm.layers.values(), backend)
     ids = torch.randint(0, 500, (2, 12))
     ids[:, 1 : 1 + cfg.num_image_tokens] = cfg.image_token_id
     pixels = torch.randn(2, 3, 32, 32)
@@ -122,10 +117,4 @@ def test_compiled_qwen2_blocks_with_lora_behind_siglip_give_the_eager_loss_and_g
         trainable = [p for p in model.parameters() if p.requires_grad]
         return loss, torch.autograd.grad(loss, trainable)
 
-    torch._dynamo.reset()
-    loss, grads = loss_and_grads(compiled)
-    ref_loss, ref_grads = loss_and_grads(eager)
-    assert len(grads) == len(ref_grads) > 0
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-    for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    _assert_eager_equal(loss_and_grads, compiled, eager)
