@@ -29,6 +29,15 @@ TEXT_KW = dict(
 )
 
 
+def randomise_inits(model: torch.nn.Module) -> None:
+    """HF inits norms to 1, biases to 0 (and LLaVA-NeXT's ``image_newline`` to one draw): randomise them so that the
+    key mapping of each is really tested."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias") or "image_newline" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+
+
 def tiny_llava(
     seed: int = 0, text_kw: dict | None = None, tower: str = "clip", text_cls: type = LlamaConfig, **llava_kw
 ) -> LlavaForConditionalGeneration:
@@ -52,10 +61,7 @@ def tiny_llava(
         **llava_kw,
     )
     model = LlavaForConditionalGeneration(cfg).eval()
-    with torch.no_grad():  # HF inits norms to 1 and biases to 0; randomise them so the key mapping is really tested
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
+    randomise_inits(model)
     return model
 
 
@@ -94,8 +100,5 @@ def tiny_llava_next(seed: int = 0, text_kw: dict | None = None, tower: str = "cl
         vision_feature_select_strategy="full" if tower == "siglip" else "default",
     )
     model = LlavaNextForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias") or "image_newline" in name:
-                p.add_(torch.randn_like(p) * 0.1)
+    randomise_inits(model)
     return model

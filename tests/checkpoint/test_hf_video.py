@@ -30,7 +30,7 @@ from neva.models.generation import GenerationConfig, generate
 from neva.models.video import VideoConfig, VideoPool
 from neva.models.vision import normalize_pixels
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
-from tests.hf_oracle import TEXT_KW, VISION_KW
+from tests.hf_oracle import TEXT_KW, VISION_KW, randomise_inits
 
 FRAMES = 3
 VIDEO_TOKEN = SP_VOCAB + 2  # after <pad> (320) and <image> (321)
@@ -49,10 +49,7 @@ def tiny_llava_next_video(seed: int = 0, **kw) -> LlavaNextVideoForConditionalGe
         **kw,
     )
     model = LlavaNextVideoForConditionalGeneration(cfg).eval()
-    with torch.no_grad():  # HF inits norms to 1 and biases to 0: randomise them so the key mapping is really tested
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias") or "image_newline" in name:
-                p.add_(torch.randn_like(p) * 0.1)
+    randomise_inits(model)
     return model
 
 

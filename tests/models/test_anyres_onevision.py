@@ -26,7 +26,7 @@ from neva.models.anyres import (
     unpadded_bounds,
 )
 from neva.models.generation import GenerationConfig, generate
-from tests.hf_oracle import SIGLIP_KW, TEXT_KW, neva_from_hf
+from tests.hf_oracle import SIGLIP_KW, TEXT_KW, neva_from_hf, randomise_inits
 
 S = SIGLIP_KW["image_size"]  # 35 px tiles, 5x5 patches
 PINPOINTS = "(1x1),...,(4x4)"
@@ -48,10 +48,7 @@ def tiny_onevision(seed: int = 0, text_cls: type = Qwen2Config, text_kw: dict | 
         vision_feature_layer=-1,
     )
     model = LlavaOnevisionForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias") or "image_newline" in name:
-                p.add_(torch.randn_like(p) * 0.1)
+    randomise_inits(model)
     return model
 
 

@@ -14,9 +14,9 @@ from neva.models.generation import GenerationConfig, generate
 from neva.models.llama import LlamaDecoder
 from neva.models.moe import MoEFeedForward, aux_objective, load_balancing_loss, moe_layers, z_loss
 from tests.checkpoint.tiny_hf import one_thread
-from tests.hf_oracle import neva_from_hf
+from tests.hf_oracle import neva_from_hf, randomise_inits
 from tests.models.test_hf_parity import load_part, rel_err
-from tests.models.tiny_mixtral import MIXTRAL_KW, randomise_norms, tiny_mixtral_llava
+from tests.models.tiny_mixtral import MIXTRAL_KW, tiny_mixtral_llava
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,7 @@ def _single_thread():
 def mixtral():
     torch.manual_seed(0)
     hf = MixtralForCausalLM(MixtralConfig(**MIXTRAL_KW, output_router_logits=True, router_aux_loss_coef=0.02)).eval()
-    randomise_norms(hf)
+    randomise_inits(hf)
     ours = LlamaDecoder(llm_config_from_hf(hf.config.to_dict())).eval()
     sd = hf.state_dict()
     load_part(ours, dict(canonical_tensors(sd.items(), expert_groups(sd))), "llm")

@@ -20,7 +20,7 @@ from neva.models.presets import build_config
 from neva.models.projector import build_projector
 from neva.models.vision_siglip import SiglipTower
 from tests.checkpoint.tiny_hf import one_thread
-from tests.hf_oracle import SIGLIP_KW, neva_from_hf, tiny_llava
+from tests.hf_oracle import SIGLIP_KW, neva_from_hf, randomise_inits, tiny_llava
 from tests.models.test_hf_parity import image_prompt, load_part, rel_err
 
 
@@ -39,10 +39,7 @@ def llava():
 def test_siglip_hidden_states_and_llava_features_match_transformers():
     torch.manual_seed(0)
     hf = SiglipVisionModel(SiglipVisionConfig(**SIGLIP_KW)).eval()
-    with torch.no_grad():  # HF inits norms to 1 and biases to 0: randomise them so every key is really mapped
-        for name, p in hf.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
+    randomise_inits(hf)
     cfg = vision_config_from_hf(hf.config.to_dict(), select_layer=[-2, -1])
     assert (cfg.kind, cfg.hidden_act, cfg.layer_norm_eps, cfg.image_mean) == (
         "siglip", "gelu_pytorch_tanh", 1e-6, (0.5, 0.5, 0.5)

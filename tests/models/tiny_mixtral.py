@@ -5,17 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, MixtralConfig
 
-from tests.hf_oracle import TEXT_KW, VISION_KW
+from tests.hf_oracle import TEXT_KW, VISION_KW, randomise_inits
 
 MIXTRAL_KW = dict(TEXT_KW, num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0)
-
-
-def randomise_norms(model: torch.nn.Module) -> None:
-    """HF inits norms to 1; randomise them so the key mapping is really tested."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
 
 
 def tiny_mixtral_llava(seed: int = 0, **text_kw) -> LlavaForConditionalGeneration:
@@ -29,5 +21,5 @@ def tiny_mixtral_llava(seed: int = 0, **text_kw) -> LlavaForConditionalGeneratio
         image_seq_length=(VISION_KW["image_size"] // VISION_KW["patch_size"]) ** 2,
     )
     model = LlavaForConditionalGeneration(cfg).eval()
-    randomise_norms(model)
+    randomise_inits(model)
     return model
