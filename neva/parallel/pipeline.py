@@ -163,6 +163,12 @@ def check_microbatches(schedule: str, pp: int, n_microbatches: int) -> None:
         )
 
 
+# Keyword inputs a micro-batch may carry: LoRA dropout keys (every stage), AnyRes pooling weights and video (read by
+# the first stage; later stages, taking hidden states, ignore them), an MoE model's token mask (its routers count
+# only those tokens).
+OPTIONAL_KEYWORD_INPUTS = ("dropout_keys", "image_feature_weight", "token_mask", *VIDEO_INPUTS)
+
+
 class PipelineRunner:
     """Runs one step's micro-batches through this rank's stages with the configured schedule.
 
@@ -258,17 +264,10 @@ class PipelineRunner:
                     arg += (mb["image_feature_index"].to(self.device),)
             args.append(arg)
             kw = {"position_ids": mb["position_ids"].to(self.device)}
-            # Video: keyword inputs of the first stage (later stages, taking hidden states, ignore them); a
-            # micro-batch without video passes none, as a batch without video does.
-            kw.update({k: mb[k].to(self.device) for k in VIDEO_INPUTS if mb.get(k) is not None})
             if self.packed:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)
-            if mb.get("dropout_keys") is not None:
-                kw["dropout_keys"] = mb["dropout_keys"].to(self.device)
-            if mb.get("image_feature_weight") is not None:  # AnyRes pooled: read by the first stage only
-                kw["image_feature_weight"] = mb["image_feature_weight"].to(self.device)
-            if mb.get("token_mask") is not None:  # an MoE model's routers: the tokens their statistics count
-                kw["token_mask"] = mb["token_mask"].to(self.device)
+            # A micro-batch without one of them passes none, as a batch without it does.
+            kw.update({k: mb[k].to(self.device) for k in OPTIONAL_KEYWORD_INPUTS if mb.get(k) is not None})
             kwargs.append(kw)
             targets.append(mb["labels"].to(self.device))
         return args, kwargs, targets
