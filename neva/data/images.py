@@ -211,7 +211,7 @@ def resolve_in_folder(root: str, name: Any) -> str:
     """
     rel = safe_relative_path(name)
     path = os.path.realpath(os.path.join(root, rel))
-    if not path.startswith(root + os.sep):
+    if not path.startswith(os.path.join(root, "")):  # root plus one separator, also when root is "/"
         raise ImageError("unsafe_image_path", f"{name!r} resolves outside the image folder")
     return path
 

@@ -14,7 +14,14 @@ import pytest
 import torch
 from PIL import Image
 
-from neva.data.images import FolderImageSource, ImageError, ImageProcessor, TarImageSource, expand_to_square
+from neva.data.images import (
+    FolderImageSource,
+    ImageError,
+    ImageProcessor,
+    TarImageSource,
+    expand_to_square,
+    resolve_in_folder,
+)
 from neva.models.config import VisionConfig
 from neva.models.vision import normalize_pixels
 from tests.data.conftest import write_image
@@ -88,6 +95,14 @@ def test_folder_and_tar_sources(tmp_path):
             with pytest.raises(ImageError) as e:
                 source.load(name)
             assert e.value.reason == reason
+
+
+def test_folder_at_the_filesystem_root_reads_its_files(tmp_path):
+    """An image folder of "/" (its files directly under it) is a folder like any other, not an escape."""
+    write_image(tmp_path / "a.png")
+    assert resolve_in_folder("/", str(tmp_path / "a.png").lstrip("/")) == os.path.realpath(tmp_path / "a.png")
+    with pytest.raises(ImageError, match="escapes"):
+        resolve_in_folder("/", "../etc/passwd")
 
 
 def png_header_only(path, width: int, height: int) -> None:
