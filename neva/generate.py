@@ -11,8 +11,9 @@ as ``--video`` decodes; each record is written back with an ``"answer"``)::
     python -m neva.generate --checkpoint CKPT --input-file prompts.jsonl --output-file answers.jsonl
 
 A record that cannot be answered (a line that is not a JSON object, no ``prompt``, an unreadable image, a video the
-training loader would skip (its reason: ``corrupt_video``...), ``<image>`` / ``<video>`` tags that do not match, a prompt that fills the model's context) is written back with an ``"error"`` instead,
-the others are answered, and the command then exits with status 1, naming how many failed.
+training loader would skip (its reason: ``corrupt_video``...), ``<image>`` / ``<video>`` tags that do not match, a
+prompt that fills the model's context) is written back with an ``"error"`` instead, the others are answered, and the
+command then exits with status 1, naming how many failed.
 
 Prompts: by default the prompt is the user turn of a conversation template (``--template``, default the checkpoint's
 ``conv_template`` metadata, else ``vicuna_v1``), rendered up to the assistant cue; ``<image>\\n`` is put in front for

@@ -4,8 +4,8 @@
 CPU mode (``--device cpu``): a mid-size NeVA (4-layer ViT, 8-layer Llama, vocab 32000) trained by neva's step
 (its batching, packing, precision, optimizer) against HF ``LlavaForConditionalGeneration`` trained with a plain
 AdamW loop on padded batches; same sample stream, same weights, same training semantics (``--anyres``: against
-``LlavaNextForConditionalGeneration``; ``--video``: videos mixed in, against ``LlavaNextVideoForConditionalGeneration``). Each side runs in its own
-child process, so peak memory is per side.
+``LlavaNextForConditionalGeneration``; ``--video``: videos mixed in, against
+``LlavaNextVideoForConditionalGeneration``). Each side runs in its own child process, so peak memory is per side.
 
 GPU mode (``--device cuda``): Llama-2 7B/13B-shaped NeVA with random weights on one GPU, bf16 O2: pretrain and
 finetune samples/s, tokens/s, TFLOP/s and MFU (against the datasheet peak and a bf16 matmul peak measured in the run)

@@ -3,8 +3,9 @@
 Layout: one sample = the tar members sharing a key (webdataset's rule: the key is the member name up to the first dot
 of its base name; members of a sample are consecutive): ``KEY.json`` holds the LLaVA record and its ``image`` names
 members of the sample (``"KEY.jpg"`` or ``["KEY.0.jpg", "KEY.1.png"]``), its ``video`` too (``"KEY.video.mp4"`` or
-``["KEY.video.0.mp4", ...]``: decoded from the member's bytes by the folder's decoder, ``neva.data.video_decode``). ``SHARD.idx.json`` next to a shard (written
-by ``python -m neva.data.make_shards``) stores its sample count so that nothing is read to plan an epoch.
+``["KEY.video.0.mp4", ...]``, decoded from the member's bytes by the folder's decoder, ``neva.data.video_decode``).
+``SHARD.idx.json`` next to a shard (written by ``python -m neva.data.make_shards``) stores its sample count so that
+nothing is read to plan an epoch.
 
 Design: shards are read with random access (stdlib ``tarfile`` over a seekable file, grouping members exactly as
 ``webdataset.tariterators.group_by_keys`` does) as a map-style dataset whose global index is (shard, position); the
