@@ -5,14 +5,15 @@ Single prompt (prints only the generated text)::
     python -m neva.generate --checkpoint CKPT --image cat.png --prompt "What is this?" --max-new-tokens 64
     python -m neva.generate --checkpoint CKPT --video clip.mp4 --prompt "Which way does it move?"
 
-Batch (NeMo NeVA's record format; ``image`` is a path or a list, relative to the JSONL's folder; each record is
-written back with an ``"answer"``)::
+Batch (NeMo NeVA's record format; ``image`` is a path or a list, relative to the JSONL's folder, ``video`` too, decoded
+as ``--video`` decodes; each record is written back with an ``"answer"``)::
 
     python -m neva.generate --checkpoint CKPT --input-file prompts.jsonl --output-file answers.jsonl
 
-A record that cannot be answered (a line that is not a JSON object, no ``prompt``, an unreadable image, ``<image>`` tags
-that do not match the images, a prompt that fills the model's context) is written back with an ``"error"`` instead,
-the others are answered, and the command then exits with status 1, naming how many failed.
+A record that cannot be answered (a line that is not a JSON object, no ``prompt``, an unreadable image, a video the
+training loader would skip (its reason: ``corrupt_video``...), ``<image>`` / ``<video>`` tags that do not match, a
+prompt that fills the model's context) is written back with an ``"error"`` instead, the others are answered, and the
+command then exits with status 1, naming how many failed.
 
 Prompts: by default the prompt is the user turn of a conversation template (``--template``, default the checkpoint's
 ``conv_template`` metadata, else ``vicuna_v1``), rendered up to the assistant cue; ``<image>\\n`` is put in front for
@@ -30,13 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from neva.checkpoint.neva_format import refuse_nemo_checkpoint
+from neva.data.records import record_videos
 from neva.data.video_decode import VideoError
 from neva.inference import Answerer, Item, read_jsonl, record_image_paths
 from neva.models.generation import GenerationConfig
@@ -89,7 +91,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if (args.prompt is None) == (args.input_file is None):
         p.error("give exactly one of --prompt and --input-file")
     if args.video and args.input_file is not None:
-        p.error("--video goes with --prompt (batch records take no videos yet)")
+        p.error("--video goes with --prompt (batch records name their own 'video')")
     return args
 
 
@@ -118,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     path = Path(args.input_file)
     records = read_jsonl(path, keep_going=True)
-    items = (record_item(r, path.parent) for r in records)
+    items = (record_item(r, path.parent, answerer.read_video) for r in records)
     failed = 0
     out = open(args.output_file, "w") if args.output_file else sys.stdout  # noqa: SIM115 - stdout is not closed
     try:
@@ -139,16 +141,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(1)
 
 
-def record_item(record: Any, root: Path) -> Item | Exception:
-    """A record's ``(prompt, image paths)``, or the error that makes it unanswerable."""
+def record_item(record: Any, root: Path, read_video: Callable[[Path], Any]) -> Item | Exception:
+    """A record's ``(prompt, image paths, videos)`` (each video decoded by ``read_video``), or the error that makes it
+    unanswerable."""
     if isinstance(record, Exception):
         return record
     if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         return ValueError("the record has no 'prompt' string")
     try:
-        return record["prompt"], record_image_paths(record, root)
+        images = record_image_paths(record, root)
+        videos = [root / name for name in record_videos(record)]
     except TypeError as err:
-        return ValueError(f"the record's 'image' is not a path or a list of paths ({err})")
+        return ValueError(f"the record's 'image' or 'video' is not a path or a list of paths ({err})")
+    try:
+        return record["prompt"], images, [read_video(v) for v in videos]
+    except VideoError as err:
+        return ValueError(f"video {err}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 
 CPU mode (``--device cpu``): a mid-size NeVA (4-layer ViT, 8-layer Llama, vocab 32000) trained by neva's step
 (its batching, packing, precision, optimizer) against HF ``LlavaForConditionalGeneration`` trained with a plain
-AdamW loop on padded batches; same sample stream, same weights, same training semantics. Each side runs in its own
-child process, so peak memory is per side.
+AdamW loop on padded batches; same sample stream, same weights, same training semantics (``--anyres``: against
+``LlavaNextForConditionalGeneration``; ``--video``: videos mixed in, against
+``LlavaNextVideoForConditionalGeneration``). Each side runs in its own child process, so peak memory is per side.
 
 GPU mode (``--device cuda``): Llama-2 7B/13B-shaped NeVA with random weights on one GPU, bf16 O2: pretrain and
 finetune samples/s, tokens/s, TFLOP/s and MFU (against the datasheet peak and a bf16 matmul peak measured in the run)
@@ -25,6 +26,7 @@ Examples::
     python scripts/benchmark.py --device cpu
     python scripts/benchmark.py --device cuda                 # all GPU cases, ~4 minutes on one H200
     python scripts/benchmark.py --device cpu --smoke           # CPU mode's code path with tiny shapes (CI)
+    python scripts/benchmark.py --device cpu --video           # videos + AnyRes images + text vs HF LlavaNextVideo
     python scripts/benchmark.py --device cpu --gpu-shapes-smoke
     python scripts/benchmark.py --input-pipeline              # ~30 s of CPU
     python scripts/benchmark.py --video-pipeline              # a few minutes of CPU (writing the clips)
@@ -92,6 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CPU mode: LLaVA-NeXT AnyRes (1x1..2x2 tiles, each image a random size) against HF "
         "LlavaNextForConditionalGeneration",
     )
+    p.add_argument(
+        "--video",
+        action="store_true",
+        help="CPU mode: LLaVA-NeXT-Video (videos of --num-frames frames, 2x2-pooled, mixed with AnyRes images and "
+        "text-only samples) against HF LlavaNextVideoForConditionalGeneration",
+    )
     p.add_argument("--child", choices=["neva", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
     # GPU mode
@@ -143,7 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--videos", type=int, default=4, help="video mode: mp4 files per pass")
     p.add_argument("--video-seconds", type=float, default=30.0, help="video mode: length of each file (30 fps)")
-    p.add_argument("--num-frames", type=int, default=8, help="video mode: frames sampled per video")
+    p.add_argument("--num-frames", type=int, default=8, help="video modes (and CPU --video): frames per video")
     p.add_argument("--video-size", type=int, default=336, help="video mode: the tower's input size frames are fit to")
     p.add_argument(
         "--video-samples-per-gpu", type=float, default=4.0, help="video mode: samples/s per GPU the workers must feed"

@@ -74,3 +74,24 @@ def test_evaluate_video_suite_asks_the_held_out_clips_at_the_checkpoints_frames(
     assert result["n"] == 6 and result["num_frames"] == NUM_FRAMES and 0.0 <= result["accuracy"] <= 1.0
     assert set(result["per_kind"]) == {"motion", "start_color", "end_color"}
     assert len(list(tmp_path.rglob("*.mp4"))) == 6
+
+
+@one_thread()
+def test_generate_input_file_answers_video_records_and_names_bad_ones(video_checkpoint, tmp_path):
+    """Batch mode: a record's ``video`` (relative to the JSONL's folder) decoded as ``--video`` decodes it, answered
+    as the Answerer answers those frames; a corrupt video is that record's error, the rest answered."""
+    ckpt, clip = video_checkpoint
+    (tmp_path / "bad.mp4").write_bytes(b"not a video at all" * 10)
+    records = [{"id": "v", "prompt": "<video>\nWhich way?", "video": clip}, {"id": "t", "prompt": "Hello?"},
+               {"id": "bad", "prompt": "Which way?", "video": ["bad.mp4"]}]  # fmt: skip
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(SystemExit) as stop:
+        generate_main(["--checkpoint", str(ckpt), "--device", "cpu", "--input-file", str(tmp_path / "in.jsonl"),
+                       "--output-file", str(tmp_path / "out.jsonl"), "--max-new-tokens", str(NEW_TOKENS)])  # fmt: skip
+    assert stop.value.code == 1
+    rows = {r["id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=NEW_TOKENS))
+    frames = answerer.read_video(clip)
+    assert rows["v"]["answer"] == answerer.answer([(records[0]["prompt"], [], [frames])])[0]
+    assert rows["t"]["answer"] == answerer.answer([("Hello?", [])])[0]
+    assert "corrupt_video" in rows["bad"]["error"] and "answer" not in rows["bad"]

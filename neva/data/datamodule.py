@@ -239,7 +239,9 @@ class NevaDataModule:
         )
 
     def _shard_dataset(self, spec: str) -> ShardDataset:
-        return ShardDataset.from_spec(spec, self.settings, self.image_processor, self.cfg.max_image_pixels)
+        return ShardDataset.from_spec(
+            spec, self.settings, self.image_processor, self.cfg.max_image_pixels, self._video_source(None)
+        )
 
     def setup(self, stage: str | None = None) -> None:
         """Read the data files (or generate the synthetic set) and split off validation data (once; ``stage`` is

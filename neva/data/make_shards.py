@@ -3,13 +3,16 @@
 ::
 
     python -m neva.data.make_shards --data-path llava.json --image-folder DIR --out /data/llava \\
-        --samples-per-shard 5000 [--shuffle-seed 0]
+        --samples-per-shard 5000 [--shuffle-seed 0] [--video-folder VDIR]
     python -m neva.data.make_shards --index '/data/llava-{000000..000123}.tar'   # index shards made elsewhere
 
 Sample ``KEY`` (the record's position, 9 digits) holds ``KEY.json`` (the record, its ``image`` renamed to the
-members) and its images, bytes unchanged: ``KEY.jpg`` for a single image, ``KEY.0.jpg``, ``KEY.1.png``... for a list.
-An image that cannot be read keeps its original name in the record, so training skips the sample for the same reason
-(``missing_image`` / ``unsafe_image_path``) as it would from the JSON file. Unreadable JSONL lines are not written.
+members) and its images, bytes unchanged: ``KEY.jpg`` for a single image, ``KEY.0.jpg``, ``KEY.1.png``... for a list;
+its videos (``video`` / ``videos``, from ``--video-folder``, default the image folder, as training's
+``model.data.video_folder``) the same way as ``KEY.video.mp4`` or ``KEY.video.0.mp4``... (decoded when read, with the
+caps and skips of a video file). An image or video that cannot be read keeps its original name in the record, so
+training skips the sample for the same reason (``missing_image`` / ``unsafe_video_path``...) as it would from the JSON
+file. Unreadable JSONL lines are not written.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ import webdataset
 from neva.data.images import FolderImageSource, ImageError
 from neva.data.records import ERROR_KEY, expand_shard_spec, load_records
 from neva.data.shards import count_samples, index_path, write_index
+from neva.data.video import as_video_error
+
+# (record fields, member suffix prefix, the error a missing source raises) of each kind of media a shard carries.
+_IMAGES = (("image", "images"), "", "image")
+_VIDEOS = (("video", "videos"), "video.", "video")
 
 
 def _extension(name: str) -> str:
@@ -38,28 +46,43 @@ def _extension(name: str) -> str:
     return ext if re.fullmatch(r"[a-z0-9]+", ext) else "img"
 
 
+def _pack_media(
+    rec: dict[str, Any], sample: dict[str, Any], kind: tuple, source: FolderImageSource | None, problems: Counter
+) -> None:
+    """Copy the files the record's ``kind`` field names into ``sample`` and rename them in ``rec`` to the members."""
+    fields, prefix, what = kind
+    field = next((f for f in fields if f in rec), None)
+    if field is None or rec[field] is None:
+        return
+    value = rec[field]
+    names = list(value) if isinstance(value, (list, tuple)) else [value]
+    renamed = []
+    for j, name in enumerate(names):
+        suffix = prefix + (_extension(name) if isinstance(value, str) else f"{j}.{_extension(str(name))}")
+        try:
+            if source is None:
+                raise ImageError("missing_image", f"no --{what}-folder given")
+            sample[suffix] = source.read_bytes(name)
+            renamed.append(f"{sample['__key__']}.{suffix}")
+        except ImageError as exc:
+            problems[(exc if what == "image" else as_video_error(exc)).reason] += 1
+            renamed.append(name)
+    rec[field] = renamed[0] if isinstance(value, str) else renamed
+
+
 def shard_sample(
-    record: dict[str, Any], key: str, images: FolderImageSource | None, problems: Counter
+    record: dict[str, Any],
+    key: str,
+    images: FolderImageSource | None,
+    problems: Counter,
+    videos: FolderImageSource | None = None,
 ) -> dict[str, Any]:
-    """One record → the ``TarWriter`` dict of its members (``__key__``, ``json``, images read from ``images``)."""
-    field = "image" if "image" in record else "images" if "images" in record else None
+    """One record → the ``TarWriter`` dict of its members (``__key__``, ``json``, images read from ``images``,
+    videos from ``videos``: their bytes, undecoded)."""
     sample: dict[str, Any] = {"__key__": key}
     rec = dict(record)
-    if field is not None and rec[field] is not None:
-        value = rec[field]
-        names = list(value) if isinstance(value, (list, tuple)) else [value]
-        renamed = []
-        for j, name in enumerate(names):
-            suffix = _extension(name) if isinstance(value, str) else f"{j}.{_extension(str(name))}"
-            try:
-                if images is None:
-                    raise ImageError("missing_image", "no --image-folder given")
-                sample[suffix] = images.read_bytes(name)
-                renamed.append(f"{key}.{suffix}")
-            except ImageError as exc:
-                problems[exc.reason] += 1
-                renamed.append(name)
-        rec[field] = renamed[0] if isinstance(value, str) else renamed
+    _pack_media(rec, sample, _IMAGES, images, problems)
+    _pack_media(rec, sample, _VIDEOS, videos, problems)
     sample["json"] = json.dumps(rec, ensure_ascii=False).encode("utf-8")
     return sample
 
@@ -70,8 +93,10 @@ def make_shards(
     out: str,
     samples_per_shard: int,
     shuffle_seed: int | None = None,
+    video_folder: str | None = None,
 ) -> list[str]:
-    """Write the shards ``{out}-000000.tar``... and their indexes; returns the shard paths.
+    """Write the shards ``{out}-000000.tar``... and their indexes; returns the shard paths (videos from
+    ``video_folder``, default ``image_folder``).
 
     Raises:
         ValueError: ``samples_per_shard`` < 1 or no readable record.
@@ -89,13 +114,15 @@ def make_shards(
         good = [good[i] for i in np.random.default_rng(shuffle_seed).permutation(len(good))]
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     images = FolderImageSource(image_folder) if image_folder is not None else None
+    video_dir = video_folder or image_folder
+    videos = FolderImageSource(video_dir) if video_dir is not None else None  # the same path rules, for the bytes
     shards = []
     for start in range(0, len(good), samples_per_shard):
         path = f"{out}-{len(shards):06d}.tar"
         chunk = good[start : start + samples_per_shard]
         with webdataset.TarWriter(path, encoder=False) as writer:
             for i, record in enumerate(chunk, start=start):
-                writer.write(shard_sample(record, f"{i:09d}", images, problems))
+                writer.write(shard_sample(record, f"{i:09d}", images, problems, videos))
         write_index(path, len(chunk))
         shards.append(path)
     for reason, n in sorted(problems.items()):
@@ -127,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-path", nargs="+", help="LLaVA .json/.jsonl file(s)")
     parser.add_argument("--image-folder", help="directory the records' image paths are relative to")
+    parser.add_argument("--video-folder", help="directory the records' video paths are relative to (default: images')")
     parser.add_argument("--out", help="output prefix: writes PREFIX-000000.tar, PREFIX-000000.idx.json, ...")
     parser.add_argument("--samples-per-shard", type=int, default=5000)
     parser.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the records before writing")
@@ -141,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.data_path or not args.out:
         parser.error("--data-path and --out are required (or --index)")
-    shards = make_shards(args.data_path, args.image_folder, args.out, args.samples_per_shard, args.shuffle_seed)
+    shards = make_shards(
+        args.data_path, args.image_folder, args.out, args.samples_per_shard, args.shuffle_seed, args.video_folder
+    )
     print(f"wrote {len(shards)} shard(s); train on them with the override (quoted for bash and Hydra):")
     print(data_path_override(shard_pattern(shards, args.out)))
     return 0

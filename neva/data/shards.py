@@ -2,8 +2,10 @@
 
 Layout: one sample = the tar members sharing a key (webdataset's rule: the key is the member name up to the first dot
 of its base name; members of a sample are consecutive): ``KEY.json`` holds the LLaVA record and its ``image`` names
-members of the sample (``"KEY.jpg"`` or ``["KEY.0.jpg", "KEY.1.png"]``). ``SHARD.idx.json`` next to a shard (written
-by ``python -m neva.data.make_shards``) stores its sample count so that nothing is read to plan an epoch.
+members of the sample (``"KEY.jpg"`` or ``["KEY.0.jpg", "KEY.1.png"]``), its ``video`` too (``"KEY.video.mp4"`` or
+``["KEY.video.0.mp4", ...]``, decoded from the member's bytes by the folder's decoder, ``neva.data.video_decode``).
+``SHARD.idx.json`` next to a shard (written by ``python -m neva.data.make_shards``) stores its sample count so that
+nothing is read to plan an epoch.
 
 Design: shards are read with random access (stdlib ``tarfile`` over a seekable file, grouping members exactly as
 ``webdataset.tariterators.group_by_keys`` does) as a map-style dataset whose global index is (shard, position); the
@@ -16,6 +18,7 @@ never opens the shards it has finished and reads only member headers of the shar
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 from torch.utils.data import Dataset
 from webdataset.tariterators import base_plus_ext
@@ -35,6 +39,8 @@ from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.dataset import EncoderSettings, SkipLogger, is_skipped, process_record
 from neva.data.images import ImageError, ImageProcessor, ImageSource, decode_image, safe_relative_path
 from neva.data.records import ERROR_KEY, expand_shard_spec, parse_record
+from neva.data.video import VideoSource, as_video_error, check_video_bytes
+from neva.data.video_decode import DecodedVideo, decode_video
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +117,21 @@ def count_samples(shard: str) -> int:
     return len(samples)
 
 
+def _find_member(sample: ShardSample, name: str, shard: str) -> tarfile.TarInfo:
+    """The member of ``sample`` a record names ``KEY.suffix``.
+
+    Raises:
+        ImageError: ``unsafe_image_path`` (an absolute or escaping name) or ``missing_image`` (no such member).
+    """
+    key, suffix = base_plus_ext(safe_relative_path(name))
+    # The bare key also matches when the shard keeps keys under a directory (``dir/KEY.jpg`` members).
+    ok = key is not None and key in (sample.key, os.path.basename(sample.key))
+    info = sample.members.get(suffix.lower()) if ok else None
+    if info is None:
+        raise ImageError("missing_image", f"{name} is not a member of sample {sample.key} in {shard}")
+    return info
+
+
 class _MemberImages(ImageSource):
     """A sample's image members; the record names them ``KEY.suffix``."""
 
@@ -120,15 +141,35 @@ class _MemberImages(ImageSource):
         self.tar, self.sample, self.shard, self.lock, self.max_pixels = tar, sample, shard, lock, max_pixels
 
     def load(self, name: str) -> Image.Image:
-        key, suffix = base_plus_ext(safe_relative_path(name))
-        # The bare key also matches when the shard keeps keys under a directory (``dir/KEY.jpg`` members).
-        ok = key is not None and key in (self.sample.key, os.path.basename(self.sample.key))
-        info = self.sample.members.get(suffix.lower()) if ok else None
-        if info is None:
-            raise ImageError("missing_image", f"{name} is not a member of sample {self.sample.key} in {self.shard}")
+        info = _find_member(self.sample, name, self.shard)
         with self.lock:
             data = self.tar.extractfile(info).read()
         return decode_image(data, name, self.max_pixels)
+
+
+class _MemberVideos:
+    """A sample's video members (named ``KEY.suffix`` as images are), decoded as ``VideoSource`` decodes a folder's
+    files: the byte cap from the member's header, then the same decoder, caps and skip reasons. A member is read
+    whole (under the byte cap), so the decoder's seeks never move the shard's shared file offset."""
+
+    def __init__(
+        self, videos: VideoSource, tar: tarfile.TarFile, sample: ShardSample, shard: str, lock: threading.Lock
+    ) -> None:
+        self.videos, self.tar, self.sample, self.shard, self.lock = videos, tar, sample, shard, lock
+
+    def load(self, name: Any) -> DecodedVideo:
+        """The sampled frames of the member ``name``. Raises ``VideoError``."""
+        try:
+            info = _find_member(self.sample, name, self.shard)
+        except ImageError as exc:
+            raise as_video_error(exc) from exc
+        check_video_bytes(info.size, name, self.videos.limits)
+        with self.lock:
+            data = self.tar.extractfile(info).read()
+        return decode_video(io.BytesIO(data), name, self.videos.limits)
+
+    def pixels(self, video: DecodedVideo) -> torch.Tensor:
+        return self.videos.pixels(video)
 
 
 class ShardDataset(Dataset):
@@ -143,6 +184,8 @@ class ShardDataset(Dataset):
         settings: tokenizer/template settings (as for JSON records).
         image_processor: CLIP preprocessing, or None for a text-only model.
         max_pixels: ``model.data.max_image_pixels``.
+        video_source: the video caps and the tower's frame fit (its folder is not read: videos are members), or
+            None for a model without video.
     """
 
     def __init__(
@@ -152,8 +195,10 @@ class ShardDataset(Dataset):
         settings: EncoderSettings,
         image_processor: ImageProcessor | None,
         max_pixels: int = MAX_IMAGE_PIXELS,
+        video_source: VideoSource | None = None,
     ) -> None:
         self.shards = list(shards)
+        self.video_source = video_source
         self.max_pixels = max_pixels
         self.counts = [int(c) for c in counts]
         self.offsets = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)])
@@ -171,6 +216,7 @@ class ShardDataset(Dataset):
         settings: EncoderSettings,
         image_processor: ImageProcessor | None,
         max_pixels: int = MAX_IMAGE_PIXELS,
+        video_source: VideoSource | None = None,
     ) -> ShardDataset:
         """Shards named by a path or brace pattern.
 
@@ -181,7 +227,7 @@ class ShardDataset(Dataset):
         counts = [count_samples(s) for s in shards]
         if sum(counts) == 0:
             raise ValueError(f"model.data.data_path entry {spec!r}: its {len(shards)} shard(s) hold no sample")
-        return cls(shards, counts, settings, image_processor, max_pixels)
+        return cls(shards, counts, settings, image_processor, max_pixels, video_source)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -207,7 +253,8 @@ class ShardDataset(Dataset):
                 raw = tar.extractfile(info).read()
             record = parse_record(raw, default_id)
         images = _MemberImages(tar, sample, path, self._lock, self.max_pixels)
-        out = process_record(record, self.settings, images, self.image_processor)
+        videos = None if self.video_source is None else _MemberVideos(self.video_source, tar, sample, path, self._lock)
+        out = process_record(record, self.settings, images, self.image_processor, videos)
         if is_skipped(out):
             self._log(out)
         return out

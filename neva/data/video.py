@@ -34,7 +34,7 @@ IMAGE, VIDEO = "image", "video"
 _TAGS = re.compile(f"{re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)}")
 
 
-def _as_video_error(exc: ImageError) -> VideoError:
+def as_video_error(exc: ImageError) -> VideoError:
     """The image path rules' errors, named for a video (``unsafe_video_path``, ``missing_video``...)."""
     detail = exc.detail.replace("image path", "video path").replace("image folder", "video folder")
     return VideoError(exc.reason.replace("image", "video"), detail)
@@ -67,6 +67,12 @@ def tag_kinds(messages: list[Message], num_images: int, num_videos: int) -> tupl
     return out, kinds
 
 
+def check_video_bytes(size: int, name: Any, limits: VideoLimits) -> None:
+    """Raises ``video_too_large`` for a file of more than ``max_video_bytes`` (its size, before any byte is read)."""
+    if size > limits.max_bytes:
+        raise VideoError("video_too_large", f"{name}: {size:,} bytes > max_video_bytes {limits.max_bytes:,}")
+
+
 class VideoSource:
     """Videos under a folder (the image folder's path rules: no absolute path, no escape, regular files only).
 
@@ -89,14 +95,10 @@ class VideoSource:
                 raise ImageError("missing_image", f"{name!r}: no model.data.video_folder (or image_folder) configured")
             path = resolve_in_folder(self.root, name)
             with open_regular_file(path, name, f" in {self.root}") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > self.limits.max_bytes:
-                    raise VideoError(
-                        "video_too_large", f"{name}: {size:,} bytes > max_video_bytes {self.limits.max_bytes:,}"
-                    )
+                check_video_bytes(os.fstat(f.fileno()).st_size, name, self.limits)
                 return decode_video(f, name, self.limits)
         except ImageError as exc:
-            raise _as_video_error(exc) from exc
+            raise as_video_error(exc) from exc
 
     def pixels(self, video: DecodedVideo) -> torch.Tensor:
         """A video's frames as tower inputs, uint8 ``[F, 3, s, s]``."""

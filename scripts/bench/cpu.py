@@ -83,25 +83,38 @@ def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
     return {"llm": {**llm, **FAMILIES[family]["llm"]}, "vision": {**vision, **FAMILIES[family]["vision"]}}
 
 
-def cpu_model_config(smoke: bool = False, family: str = "llama", anyres: bool = False) -> NevaConfig:
+def cpu_model_config(
+    smoke: bool = False, family: str = "llama", anyres: bool = False, video: bool = False
+) -> NevaConfig:
     """The CPU benchmark's NeVA: 4-layer ViT (64 image tokens), 8-layer decoder of width 384, vocab 32000 (``smoke``:
     the tiny presets), of the given ``family`` (``FAMILIES``); ``anyres``: LLaVA-NeXT tiles on 1x1..2x2 grids
-    (``spatial_unpad`` + ``image_newline``, what transformers' LlavaNext does)."""
+    (``spatial_unpad`` + ``image_newline``, what transformers' LlavaNext does); ``video``: LLaVA-NeXT-Video (AnyRes
+    images, as its HF class lays them out, and videos: each frame's grid 2x2-average-pooled, a video token of its own
+    just below the image token)."""
     import dataclasses
 
     from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
+    from neva.models.video import VideoConfig
 
     shapes = cpu_shapes(smoke, family)
     cfg = build_config(llm=shapes["llm"], vision=shapes["vision"])
-    if not anyres:
+    if not (anyres or video):
         return cfg
     pins = parse_grid_pinpoints("(1x1),...,(2x2)", cfg.vision.image_size)
-    return dataclasses.replace(cfg, anyres=AnyResConfig(grid_pinpoints=pins))
+    cfg = dataclasses.replace(cfg, anyres=AnyResConfig(grid_pinpoints=pins))
+    if not video:
+        return cfg
+    return dataclasses.replace(cfg, video=VideoConfig(), video_token_id=cfg.image_token_id - 1)
 
 
-def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False) -> StreamSpec:
+def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False, num_frames: int = 0) -> StreamSpec:
+    """The benchmark's sample stream for ``cfg`` (videos of ``num_frames`` frames where the model takes video)."""
     pins = None if cfg.anyres is None else tuple(tuple(p) for p in cfg.anyres.grid_pinpoints)
+    video = {}
+    if cfg.video is not None:
+        video = dict(num_frames=num_frames, video_tokens=cfg.video_tokens(num_frames), video_token_id=cfg.video_token)
     return StreamSpec(
+        **video,
         grid_pinpoints=pins,
         vocab_size=cfg.llm.vocab_size,
         image_token_id=cfg.image_token_id,
@@ -189,7 +202,7 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf_moe import module_state
 
     train_cfg = train_config(args)
-    config_cls, architecture, _ = hf_classes(cfg)  # LlavaNext with AnyRes
+    config_cls, architecture, _ = hf_classes(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
     hf_cfg = config_cls(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
     model = getattr(transformers, architecture)(hf_cfg)
@@ -234,8 +247,8 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = cpu_model_config(args.smoke, args.family, args.anyres)
-    spec = stream_spec(cfg, args.seed, args.smoke)
+    cfg = cpu_model_config(args.smoke, args.family, args.anyres, args.video)
+    spec = stream_spec(cfg, args.seed, args.smoke, args.num_frames)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
     gc.collect()
     baseline = _rss_bytes()
@@ -315,6 +328,7 @@ def _child_cmd(side: str, args: Any, packing: bool) -> list[str]:
         "--family",
         args.family,
         *(["--anyres"] if args.anyres else []),
+        *(["--video", "--num-frames", str(args.num_frames)] if args.video else []),
     ]
 
 
@@ -380,12 +394,19 @@ def _row(name: str, r: dict[str, Any], base: dict[str, Any]) -> str:
 
 def run_cpu(args: Any) -> dict[str, Any]:
     """Run the sides in child processes, print the table, return the summary (printed as JSON by the caller)."""
-    cfg = cpu_model_config(args.smoke, args.family, args.anyres)
+    cfg = cpu_model_config(args.smoke, args.family, args.anyres, args.video)
+    spec = stream_spec(cfg, args.seed, args.smoke, args.num_frames)
     sides: list[tuple[str, dict[str, Any]]] = []
     print(
         f"# CPU benchmark: stage={args.stage}, {args.batch_size} samples/step, {args.warmup} warm-up + {args.steps} steps",
         flush=True,
     )
+    if cfg.video is not None:
+        print(
+            f"# video: {spec.num_frames} frames x {spec.video_tokens // spec.num_frames} tokens = {spec.video_tokens} "
+            f"positions per video; {spec.video_fraction:.0%} of the visual samples are videos",
+            flush=True,
+        )
     cmds = [("hf", _child_cmd("hf", args, False)), ("neva", _child_cmd("neva", args, args.packing))]
     if args.compare_padding:
         cmds.append(("neva_alt", _child_cmd("neva", args, not args.packing)))
@@ -432,13 +453,15 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "threads": hf["threads"],
         "smoke": bool(args.smoke),
         "family": args.family,
-        "anyres": bool(args.anyres),
+        "anyres": cfg.anyres is not None,
+        "video": cfg.video is not None,
         "seq_length": args.seq_length,
         "model": {
             **cpu_shapes(args.smoke, args.family),
             "image_tokens": cfg.num_image_tokens,
+            **({"video_tokens": spec.video_tokens, "num_frames": spec.num_frames} if cfg.video is not None else {}),
         },
-        "stream": asdict(stream_spec(cfg, args.seed, args.smoke)),
+        "stream": asdict(spec),
     }
     if extra is not None:
         summary["neva_alt_samples_per_sec"] = round(extra["samples_per_sec"], 4)

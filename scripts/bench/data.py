@@ -37,6 +37,9 @@ class StreamSpec:
         seed: stream seed.
         grid_pinpoints: AnyRes (``--anyres``): the model's pinpoints; each image then gets a random size between
             half and twice the grid's largest side, its tiles and its own positions (``neva.models.anyres``).
+        num_frames / video_tokens / video_token_id: video (``--video``; 0 frames = none): a visual sample is a video
+            with probability ``video_fraction``, ``num_frames`` frames taking ``video_tokens`` positions of
+            ``video_token_id`` (the placements of an image; text ids stay below both special ids).
     """
 
     vocab_size: int
@@ -51,6 +54,10 @@ class StreamSpec:
     learned_fraction: float = 0.6
     seed: int = 0
     grid_pinpoints: tuple[tuple[int, int], ...] | None = None
+    num_frames: int = 0
+    video_tokens: int = 0
+    video_token_id: int | None = None
+    video_fraction: float = 0.4
 
 
 def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
@@ -65,7 +72,12 @@ def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
     has_image = rng.random() >= spec.text_only_fraction
     n_learned = max(1, round(n_text * spec.learned_fraction))
     n_prompt = max(0, n_text - n_learned - 1)  # BOS counts as prompt
-    text = torch.from_numpy(rng.integers(4, spec.image_token_id, size=n_prompt + n_learned)).long()
+    first_special = min(spec.image_token_id, spec.video_token_id or spec.image_token_id)
+    text = torch.from_numpy(rng.integers(4, first_special, size=n_prompt + n_learned)).long()
+    # Drawn after the text (and only with video on), so the streams without video stay what they were.
+    has_video = has_image and spec.num_frames > 0 and rng.random() < spec.video_fraction
+    if has_video:
+        return _video_sample(spec, index, text[:n_prompt], text[n_prompt:])
     n_img = spec.num_image_tokens if has_image else 0
     tiles, anyres = 1, {}
     if spec.grid_pinpoints is not None and has_image:
@@ -96,13 +108,34 @@ def make_sample(spec: StreamSpec, index: int) -> dict[str, Any]:
     }
 
 
+def _video_sample(spec: StreamSpec, index: int, prompt: torch.Tensor, reply: torch.Tensor) -> dict[str, Any]:
+    """A video sample as ``neva.data``'s dataset yields it (``neva.data.video.video_sample_fields``): BOS, the video's
+    positions, prompt, reply; no image."""
+    n = spec.video_tokens
+    input_ids = torch.cat([torch.tensor([BOS_ID]), torch.full((n,), spec.video_token_id), prompt, reply])
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    labels[1 + n + prompt.numel() :] = reply
+    gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + index)
+    return {
+        "id": index,
+        "input_ids": input_ids,
+        "image_positions": torch.arange(0),
+        "labels": labels,
+        "pixel_values": torch.zeros(0, 3, spec.image_size, spec.image_size),
+        "video_positions": torch.arange(1, 1 + n),
+        "video_pixel_values": torch.randn((spec.num_frames, 3, spec.image_size, spec.image_size), generator=gen),
+        "video_frames": torch.tensor([spec.num_frames]),
+    }
+
+
 def make_batches(spec: StreamSpec, batch_size: int, num_batches: int) -> list[list[dict[str, Any]]]:
     """``num_batches`` consecutive global batches of ``batch_size`` samples."""
     return [[make_sample(spec, b * batch_size + i) for i in range(batch_size)] for b in range(num_batches)]
 
 
 def collate_hf(samples: list[dict[str, Any]], pad_id: int = PAD_ID) -> dict[str, torch.Tensor]:
-    """What an HF user feeds ``LlavaForConditionalGeneration``: right-padded to the batch's longest sample.
+    """What an HF user feeds ``LlavaForConditionalGeneration`` (``LlavaNext``: tiles and ``image_sizes``,
+    ``LlavaNextVideo``: ``pixel_values_videos`` too): right-padded to the batch's longest sample.
 
     This is LLaVA's own ``DataCollatorForSupervisedDataset`` (pad to the longest, ``attention_mask``, labels
     ``IGNORE_INDEX`` on padding).
@@ -127,6 +160,9 @@ def collate_hf(samples: list[dict[str, Any]], pad_id: int = PAD_ID) -> dict[str,
         out["image_sizes"] = torch.tensor([s["image_size_hw"] for s in samples if s["pixel_values"].shape[0]])
     elif pixels:
         out["pixel_values"] = torch.cat(pixels)
+    videos = [s["video_pixel_values"] for s in samples if "video_positions" in s]
+    if videos:  # LlavaNextVideo: [videos, frames, C, H, W] (every video of the stream has the same frames)
+        out["pixel_values_videos"] = torch.stack(videos)
     return out
 
 

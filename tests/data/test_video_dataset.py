@@ -19,6 +19,8 @@ from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
 from neva.data.dataset import ConversationDataset, EncoderSettings, is_skipped
 from neva.data.images import ImageProcessor, image_source_for
+from neva.data.make_shards import main as make_shards_main
+from neva.data.shards import ShardDataset
 from neva.data.video import VideoSource
 from neva.data.video_decode import VideoLimits
 from neva.models.presets import build_config
@@ -199,6 +201,45 @@ def test_data_module_mixes_video_image_and_text(tmp_path, synthetic_tokenizer, c
     with pytest.raises(ValueError, match="num_frames must be > 0"):
         DataConfig(data_path=str(path), num_frames=0)
     assert np.isfinite(data.video_limits.max_seconds)
+
+
+def test_shards_carry_videos_as_the_json_file_does(tmp_path, synthetic_tokenizer, cfg, folder):
+    """make_shards packs the mp4 bytes; the shard reader decodes them with the folder's decoder: equal samples, the
+    same skips (an escaping path, a missing file, a corrupt member, an mp4 that is a still image), one blend."""
+    media = tmp_path / "media"
+    shutil.copytree(folder, media)
+    (media / "corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"junk" * 40)
+    Image.new("RGB", (16, 16)).save(media / "still.mp4", format="PNG")
+    bad = [BAD[r] for r in ("unsafe_video_path", "missing_video", "corrupt_video", "still_image")]
+    records = [*MIXED, {"id": "list", "video": ["short.mp4", "clip.mp4"], "conversations": conv("<video><video>")}]
+    path = tmp_path / "data.jsonl"
+    write_jsonl(path, records + bad)
+    out = tmp_path / "shards" / "mix"
+    assert make_shards_main(["--data-path", str(path), "--image-folder", str(media), "--out", str(out),
+                             "--samples-per-shard", "6"]) == 0  # fmt: skip
+    pattern = f"{out}-{{000000..000001}}.tar"
+    ref = dataset(records + bad, synthetic_tokenizer, cfg, media)
+    shards = ShardDataset.from_spec(pattern, ref.settings, ref.image_processor, video_source=ref.video_source)
+    assert len(shards) == len(ref) == 11
+    for i in range(len(ref)):
+        a, b = ref[i], shards[i]
+        assert a.keys() == b.keys() and a["id"] == b["id"] and a.get("skipped") == b.get("skipped"), a["id"]
+        for k, v in a.items():
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(v, b[k]), (a["id"], k)
+    assert [shards[i].get("skipped") for i in range(7, 11)] == ["unsafe_video_path", "missing_video",
+                                                                 "corrupt_video", "still_image"]  # fmt: skip
+    assert shards[6]["video_frames"].tolist() == [NUM_FRAMES, NUM_FRAMES]
+    # a blend of the shards (videos, images, text, bad videos) and the JSON file: every video decoded, skips counted
+    data = DataConfig(data_path=[pattern, str(path)], concat_sampling_probabilities=[0.5, 0.5], num_frames=NUM_FRAMES,
+                      image_folder=str(media), media_type="video", max_skip_fraction=1.0)  # fmt: skip
+    dm = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=len(ref), seed=0)
+    batches = list(dm.train_dataloader())
+    drawn = sum(b["num_samples"] for b in batches) + sum(sum(b["skipped"].values()) for b in batches)
+    assert drawn == 2 * len(ref) and dm.skip_tracker.used == 2 * 7
+    assert dm.skip_tracker.skipped == {r: 2 for r in ("unsafe_video_path", "missing_video", "corrupt_video",
+                                                      "still_image")}  # fmt: skip
+    assert sum(int(b["video_frames"].sum()) for b in batches) == 2 * 6 * NUM_FRAMES
 
 
 def test_preview_shows_frames_positions_and_skips(tmp_path, folder):
