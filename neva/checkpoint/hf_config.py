@@ -3,6 +3,7 @@ dicts) and neva configs."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from neva.checkpoint.hf_families import check_fields, family_fields, hf_family_fields
@@ -171,6 +172,13 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
         raise ValueError(
             f"mm_patch_merge_type={cfg.anyres.patch_merge_type} cannot be exported: transformers' "
             "LlavaNextForConditionalGeneration lays tiles out only as spatial_unpad (with image_newline)"
+        )
+    if cfg.anyres is not None and cfg.anyres.unpad_truncate:
+        warnings.warn(
+            "AnyRes unpad_truncate (a LLaVA-NeXT original import): transformers rounds the unpadded extent where "
+            "LLaVA-NeXT truncates, so for about 0.02 % of image sizes the export keeps one feature row (or column) pair "
+            "more than LLaVA-NeXT did",
+            stacklevel=2,
         )
     if cfg.vision is None or cfg.projector is None or cfg.projector.type != "mlp2x_gelu":
         raise ValueError("HF LlavaForConditionalGeneration needs a vision tower and an mlp2x_gelu projector")
