@@ -22,8 +22,10 @@ has LLaVA's classes), pads with ``<unk>`` as LLaVA's trainer does, and records `
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +52,7 @@ from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
 from neva.hf_local import LocalModelError, from_local, model_dir
 from neva.models.anyres import MERGE_TYPES, AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
-from neva.models.config import NevaConfig, ProjectorConfig
+from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
 
 # LLaVA model type → the decoder family whose HF config the rest of config.json is.
 LLAVA_MODEL_TYPES = {"llava_llama": "llama", "llava_mistral": "mistral", "llava_qwen": "qwen2"}
@@ -203,6 +205,38 @@ def tower_trained(mm: dict[str, Any]) -> bool:
     return bool(mm.get("unfreeze_mm_vision_tower")) or "mm_vision_tower" in parts.split(",")
 
 
+def llava_next_siglip(
+    vision: VisionConfig, mm: dict[str, Any], shapes: dict[str, Any], source: str | os.PathLike
+) -> VisionConfig:
+    """A SigLIP tower as LLaVA-NeXT's ``SigLipVisionTower`` runs it: it deletes the tower's last layer and takes the
+    output of the one before (``hidden_states[-1]`` of the shortened tower, ``-2`` of the whole one) whatever
+    ``mm_vision_select_layer`` says, and a trained tower is saved so shortened. ``shapes``: the tower weights the
+    import reads (the checkpoint's or the directory's); a CLIP tower is returned as it is.
+
+    Raises:
+        ValueError: SigLIP weights that hold neither the whole tower nor the one shortened by its last layer.
+    """
+    if vision.kind != "siglip":
+        return vision
+    if mm.get("mm_vision_select_layer", -2) != -2:
+        warnings.warn(
+            f"{source}: config.json mm_vision_select_layer={mm['mm_vision_select_layer']} on a SigLIP tower: "
+            "LLaVA-NeXT's SigLipVisionTower ignores it and takes the output of the second-to-last layer, and so does "
+            "the import",
+            stacklevel=3,
+        )
+    layers = {int(m.group(1)) for k in shapes if (m := re.search(r"encoder\.layers\.(\d+)\.", k))}
+    saved = max(layers) + 1 if layers else 0
+    if saved == vision.num_layers - 1:
+        return dataclasses.replace(vision, num_layers=saved, vision_select_layer=-1)
+    if saved != vision.num_layers:
+        raise ValueError(
+            f"{source}: the SigLIP tower weights hold {saved} layers, its config {vision.num_layers} (LLaVA-NeXT saves "
+            f"{vision.num_layers - 1})"
+        )
+    return dataclasses.replace(vision, vision_select_layer=-2)
+
+
 def projector_config(mm: dict[str, Any], feature_size: int, hidden_size: int, source: str | os.PathLike):
     """LLaVA's ``mm_projector_type`` (``linear``, ``mlp{N}x_gelu``, ``identity``) as a ``ProjectorConfig``."""
     kind = mm.get("mm_projector_type", "linear")
@@ -276,17 +310,6 @@ def import_llava_original(
     if llm_dir is None:
         raise ValueError(f"{directory} holds no decoder weights (a pretrain stage's output): pass the decoder's HF "
                          "directory (--llm DIR)")  # fmt: skip
-    tok_dir = directory if _has_tokenizer(directory) else llm_dir
-    tokenizer = _llava_tokenizer(tok_dir, llm_cfg.vocab_size)
-    cfg = NevaConfig(
-        llm=llm_cfg,
-        vision=vision_cfg,
-        projector=projector,
-        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        anyres=anyres_config(mm, vision_cfg.image_size, directory),
-    )
-    cfg = _with_image_stats(cfg, vision_dir)
-
     llm_shapes = hf_tensor_shapes(llm_dir)
     # The tower's weights: the checkpoint's when LLaVA loads those (tower_trained), else mm_vision_tower's directory.
     saved_tower = {k: s for k, s in llm_shapes.items() if k.startswith(_TOWER_PREFIX)}
@@ -298,6 +321,18 @@ def import_llava_original(
         )
     vision_src = llm_dir if tower_from_ckpt else vision_dir
     vision_shapes = saved_tower if tower_from_ckpt else hf_tensor_shapes(vision_dir)
+    vision_cfg = llava_next_siglip(vision_cfg, mm, vision_shapes, directory)
+    tok_dir = directory if _has_tokenizer(directory) else llm_dir
+    tokenizer = _llava_tokenizer(tok_dir, llm_cfg.vocab_size)
+    cfg = NevaConfig(
+        llm=llm_cfg,
+        vision=vision_cfg,
+        projector=projector,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        anyres=anyres_config(mm, vision_cfg.image_size, directory),
+    )
+    cfg = _with_image_stats(cfg, vision_dir)
+
     llm_shapes = {k: s for k, s in llm_shapes.items() if not k.startswith(_TOWER_PREFIX)}
     vision_map = _map_keys(list(vision_shapes), detect_prefixes(list(vision_shapes), parts=("vision",)), vision_src)
     parts = ("llm", "projector") if has_llm else ("llm",)

@@ -33,9 +33,14 @@ SIZES = [(70, 26), (24, 61), (20, 20), (90, 80)]
 def _original_layout(hf) -> dict[str, torch.Tensor]:
     """transformers 5 keys → LLaVA-NeXT's (``LlavaLlamaForCausalLM`` / ``LlavaQwenForCausalLM``): the decoder under
     ``model.``, the projector as ``nn.Sequential`` indices, the trained tower inside its ``CLIPVisionTower`` /
-    ``SigLipVisionTower`` wrapper, ``image_newline`` under ``model.``."""
+    ``SigLipVisionTower`` wrapper (which deletes SigLIP's last layer before saving), ``image_newline`` under
+    ``model.``."""
     out = {}
+    last = f"model.vision_tower.encoder.layers.{hf.config.vision_config.num_hidden_layers - 1}."
+    siglip = hf.config.vision_config.model_type == "siglip_vision_model"
     for key, value in hf.state_dict().items():
+        if siglip and key.startswith(last):
+            continue
         for theirs, ours in (
             ("model.language_model.", "model."),
             ("model.multi_modal_projector.linear_1.", "model.mm_projector.0."),
@@ -85,13 +90,14 @@ def _onevision():
     from tests.models.test_anyres_onevision import MAX, PINPOINTS, tiny_onevision
 
     hf = tiny_onevision(4, text_kw={"vocab_size": SP_VOCAB})
+    hf.config.vision_feature_layer = -2  # LLaVA-NeXT's SigLIP: the second-to-last layer's output, whatever the config
     # transformers' expansion of LLaVA-NeXT's range form is [height, width]; LLaVA-NeXT's own is (width, height):
     # (i, j) for i, j over the range, i outermost, i the width
     s = hf.config.vision_config.image_size
     n = int(PINPOINTS[-2])
     hf.config.image_grid_pinpoints = [[j * s, i * s] for i in range(1, n + 1) for j in range(1, n + 1)]
     mm = dict(image_aspect_ratio=f"anyres_max_{MAX}", image_grid_pinpoints=PINPOINTS, same_tower=True,
-              mm_patch_merge_type="spatial_unpad", mm_vision_select_layer=hf.config.vision_feature_layer,
+              mm_patch_merge_type="spatial_unpad", mm_vision_select_layer=-2,
               mm_vision_select_feature="patch", mm_tunable_parts="mm_vision_tower,mm_mlp_adapter,mm_language_model",
               mm_spatial_pool_mode="bilinear", mm_newline_position="one_token", image_token_index=SP_VOCAB - 1,
               image_crop_resolution=None, image_split_resolution=None, use_pos_skipping=False,
@@ -124,6 +130,8 @@ def test_original_anyres_checkpoint_gives_transformers_logits_and_tokens(tmp_pat
     assert meta["image_aspect_ratio"] == mm["image_aspect_ratio"] and meta["source"]["vision_weights"] == str(src)
     assert cfg.anyres.grid_pinpoints == [list(p) for p in hf.config.image_grid_pinpoints]
     assert cfg.anyres.unpad_truncate and cfg.image_token_id == SP_VOCAB  # no <image> row, as LLaVA
+    shortened = cfg.vision.kind == "siglip"  # LLaVA-NeXT saved its SigLIP without the last layer
+    assert cfg.vision.num_layers == hf.config.vision_config.num_hidden_layers - shortened
     model = load_model(tmp_path / "ckpt").eval()
 
     rng = np.random.default_rng(1)
