@@ -14,7 +14,9 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import save_file
+from transformers import AutoModelForImageTextToText
 
+from neva.checkpoint.hf import export_llava
 from neva.checkpoint.llava_original import anyres_config
 from neva.checkpoint.neva_format import load_config, load_metadata, load_model
 from neva.convert import main as convert_main
@@ -164,6 +166,15 @@ def test_original_anyres_checkpoint_gives_transformers_logits_and_tokens(tmp_pat
     ours = generate(model, [ids[0, : len(rows[0])].tolist()], tile_image(imgs[0], cfg.anyres, s), [1],
                     GenerationConfig(max_new_tokens=6), image_sizes=sizes[:1])[0]  # fmt: skip
     assert ours == theirs.tolist()
+
+    # on to llava-hf (LlavaNext / LlavaOnevision): a mean <image> row appended, warned about the rounding of unpad
+    with pytest.warns(UserWarning, match="unpad_truncate"):
+        out = export_llava(tmp_path / "ckpt", tmp_path / "hf")
+    reloaded = AutoModelForImageTextToText.from_pretrained(out).eval()
+    assert type(reloaded).__name__ == type(hf).__name__
+    with torch.no_grad():
+        served = reloaded(input_ids=ids, pixel_values=_hf_pixels(imgs, cfg), image_sizes=torch.tensor(sizes)).logits
+    assert torch.equal(served[..., :SP_VOCAB], expected)
 
 
 def _llava_unpad_tokens(size_wh, grid_hw, per_tile_side):
