@@ -59,10 +59,10 @@ def _original_layout(hf) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_original(root, hf, mm: dict, text_type: str, model_type: str, architecture: str):
-    """The LLaVA-NeXT directory of ``hf`` and, where ``mm_vision_tower`` points, a *different* random tower of the
-    same shape: ``unfreeze_mm_vision_tower`` says LLaVA loads the checkpoint's trained tower, so only that one gives
-    transformers' logits."""
+def _write_original(root, hf, mm: dict, model_type: str, architecture: str):
+    """The LLaVA-NeXT directory of ``hf`` and, where ``mm_vision_tower`` points, a *different* random CLIP tower of
+    the same shape (``same_tower``: ``hf``'s own, the SigLIP case): ``unfreeze_mm_vision_tower`` says LLaVA loads the
+    checkpoint's trained tower, so only that one gives transformers' logits."""
     tower_dir = save_tower(root / "tower", hf.model.vision_tower) if mm.pop("same_tower", False) else None
     tower_dir = tower_dir or make_tower(root / "tower", seed=11)
     d = root / "llava"
@@ -72,7 +72,6 @@ def _write_original(root, hf, mm: dict, text_type: str, model_type: str, archite
               "mm_hidden_size": hf.config.vision_config.hidden_size, "mm_projector_type": "mlp2x_gelu",
               "mm_use_im_start_end": False, "mm_use_im_patch_token": False, "unfreeze_mm_vision_tower": True,
               "tokenizer_padding_side": "right", "use_mm_proj": True, **mm}  # fmt: skip
-    assert text_type == hf.config.text_config.model_type
     (d / "config.json").write_text(json.dumps(config, indent=1))
     save_file(_original_layout(hf), str(d / "model.safetensors"), metadata={"format": "pt"})
     write_tokenizer(d)
@@ -85,7 +84,7 @@ def _next():
     pins = [[w, h] for h, w in hf.config.image_grid_pinpoints]
     mm = dict(image_aspect_ratio="anyres", image_grid_pinpoints=pins, mm_patch_merge_type="spatial_unpad",
               mm_vision_select_layer=hf.config.vision_feature_layer, mm_vision_select_feature="patch")  # fmt: skip
-    return hf, mm, "llama", "llava_llama", "LlavaLlamaForCausalLM"
+    return hf, mm, "llava_llama", "LlavaLlamaForCausalLM"
 
 
 def _onevision():
@@ -104,7 +103,7 @@ def _onevision():
               mm_spatial_pool_mode="bilinear", mm_newline_position="one_token", image_token_index=SP_VOCAB - 1,
               image_crop_resolution=None, image_split_resolution=None, use_pos_skipping=False,
               pos_skipping_range=4096, vision_tower_pretrained=None)  # fmt: skip
-    return hf, mm, "qwen2", "llava", "LlavaQwenForCausalLM"
+    return hf, mm, "llava", "LlavaQwenForCausalLM"
 
 
 def _hf_pixels(imgs, cfg):
@@ -120,9 +119,9 @@ def _hf_pixels(imgs, cfg):
 
 @pytest.mark.parametrize("variant", [_next, _onevision], ids=["llava_next", "onevision"])
 def test_original_anyres_checkpoint_gives_transformers_logits_and_tokens(tmp_path, variant):
-    hf, mm, text_type, model_type, architecture = variant()
+    hf, mm, model_type, architecture = variant()
     video = "mm_spatial_pool_mode" in mm
-    src = _write_original(tmp_path, hf, mm, text_type, model_type, architecture)
+    src = _write_original(tmp_path, hf, mm, model_type, architecture)
     args = ["hf-to-neva", "--hf", str(src), "--conv-template", "vicuna_v1", "--out", str(tmp_path / "ckpt")]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
