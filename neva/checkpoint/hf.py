@@ -38,6 +38,7 @@ from neva.checkpoint.hf_files import (
 )
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva, neva_key_to_hf
 from neva.checkpoint.hf_moe import canonical_shapes, canonical_tensors, expert_groups, per_expert_tensors
+from neva.checkpoint.hf_onevision import save_onevision_processor
 from neva.checkpoint.hf_video import save_video_processor
 from neva.checkpoint.neva_format import (
     TIED_HEAD_KEY,
@@ -61,6 +62,7 @@ from neva.checkpoint.safetensors_io import (
 )
 from neva.constants import IMAGE_TOKEN
 from neva.hf_local import from_local, model_dir
+from neva.models.anyres import parse_aspect_ratio
 from neva.models.config import NevaConfig, ProjectorConfig
 from neva.models.projector import build_projector, init_projector
 
@@ -566,6 +568,9 @@ def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any, chat_templ
     if cfg.video is not None:
         save_video_processor(directory, cfg, tokenizer, image_processor, fields)
         return
+    if cfg.anyres is not None and cfg.anyres.max_num_patches is not None:
+        save_onevision_processor(directory, cfg, tokenizer, image_processor, fields)
+        return
     processor = hf_classes(cfg)[2](
         image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **fields
     )
@@ -575,11 +580,14 @@ def _save_processor(directory: Path, cfg: NevaConfig, tokenizer: Any, chat_templ
 
 
 def hf_classes(cfg: NevaConfig) -> tuple[type, str, type]:
-    """``(config class, architecture, processor class)`` of the llava-hf export: LLaVA-NeXT's with AnyRes."""
+    """``(config class, architecture, processor class)`` of the llava-hf export: LLaVA-NeXT's with AnyRes,
+    LLaVA-OneVision's when it pools (``anyres_max_N``)."""
     import transformers as tf
 
     if cfg.video is not None:
         return tf.LlavaNextVideoConfig, "LlavaNextVideoForConditionalGeneration", tf.LlavaNextVideoProcessor
+    if cfg.anyres is not None and cfg.anyres.max_num_patches is not None:
+        return tf.LlavaOnevisionConfig, "LlavaOnevisionForConditionalGeneration", tf.LlavaOnevisionProcessor
     if cfg.anyres is not None:
         return tf.LlavaNextConfig, "LlavaNextForConditionalGeneration", tf.LlavaNextProcessor
     return tf.LlavaConfig, "LlavaForConditionalGeneration", tf.LlavaProcessor
@@ -593,6 +601,16 @@ def hf_image_processor(v: Any, anyres: Any = None) -> Any:
     from transformers import CLIPImageProcessor, SiglipImageProcessor
 
     stats = dict(image_mean=list(v.image_mean), image_std=list(v.image_std))
+    if anyres is not None and anyres.max_num_patches is not None:
+        from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+            LlavaOnevisionImageProcessorPil,
+        )
+
+        return LlavaOnevisionImageProcessorPil(
+            size={"height": v.image_size, "width": v.image_size},
+            image_grid_pinpoints=[list(p) for p in anyres.grid_pinpoints],
+            **stats,
+        )
     if anyres is not None:
         from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
@@ -634,7 +652,7 @@ def export_llava(
 
         tokenizer = from_local(AutoTokenizer, ckpt)
     aspect = meta.get("image_aspect_ratio", "square")
-    if aspect not in ("square", "anyres"):  # anyres: LlavaNextImageProcessor tiles as the run did
+    if aspect not in ("square", "anyres") and parse_aspect_ratio(aspect) is None:  # AnyRes: tiled as the run did
         warnings.warn(
             f"checkpoint uses image_aspect_ratio={aspect!r}; the exported "
             f"{type(hf_image_processor(cfg.vision)).__name__} does not pad as the run did",

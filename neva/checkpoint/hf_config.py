@@ -3,9 +3,11 @@ dicts) and neva configs."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from neva.checkpoint.hf_families import check_fields, family_fields, hf_family_fields
+from neva.checkpoint.hf_onevision import onevision_config_fields
 from neva.checkpoint.hf_video import video_config_dict, video_from_hf
 from neva.models.anyres import AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
@@ -162,15 +164,17 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             "with NeMo's 2x2 patch merge and LayerNorm projector, and dropping them would be a different model; keep "
             "the neva checkpoint"
         )
-    if cfg.anyres is not None and cfg.anyres.max_num_patches is not None:
-        raise ValueError(
-            f"image_aspect_ratio=anyres_max_{cfg.anyres.max_num_patches} cannot be exported: neva exports "
-            "LlavaNextForConditionalGeneration, which does not pool (LlavaOnevision export is not implemented)"
-        )
     if cfg.anyres is not None and cfg.anyres.patch_merge_type != "spatial_unpad":
         raise ValueError(
             f"mm_patch_merge_type={cfg.anyres.patch_merge_type} cannot be exported: transformers' "
             "LlavaNextForConditionalGeneration lays tiles out only as spatial_unpad (with image_newline)"
+        )
+    if cfg.anyres is not None and cfg.anyres.unpad_truncate:
+        warnings.warn(
+            "AnyRes unpad_truncate (a LLaVA-NeXT original import): transformers rounds the unpadded extent where "
+            "LLaVA-NeXT truncates, so for about 0.02 % of image sizes the export keeps one feature row (or column) pair "
+            "more than LLaVA-NeXT did",
+            stacklevel=2,
         )
     if cfg.vision is None or cfg.projector is None or cfg.projector.type != "mlp2x_gelu":
         raise ValueError("HF LlavaForConditionalGeneration needs a vision tower and an mlp2x_gelu projector")
@@ -216,6 +220,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
         # LlavaNextConfig (AnyRes); the config class follows from the key (checkpoint.hf: hf_classes)
         **({"image_grid_pinpoints": [list(p) for p in cfg.anyres.grid_pinpoints]} if cfg.anyres is not None else {}),
         **video_config_dict(cfg),  # LlavaNextVideoConfig
+        **onevision_config_fields(cfg),  # LlavaOnevisionConfig (anyres_max_N)
     )
 
 

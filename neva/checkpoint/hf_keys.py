@@ -73,6 +73,7 @@ PROJECTOR_HF = re.compile(r"^linear_(\d+)\.(weight|bias)$")
 
 # Prefixes per part, most specific first. Import takes the first prefix that any key of the source starts with.
 VISION_PREFIXES = (
+    "model.vision_tower.vision_tower.vision_model.",  # LLaVA-NeXT's own checkpoints (a trained tower)
     "model.vision_tower.vision_model.",
     "model.vision_tower.",
     "vision_tower.vision_model.",

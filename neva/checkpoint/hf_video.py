@@ -91,13 +91,21 @@ def save_video_processor(
         image_mean=list(v.image_mean),
         image_std=list(v.image_std),
     )
+    fields = {**fields, "video_token": tokenizer.convert_ids_to_tokens(cfg.video_token_id)}
+    write_processor_parts(directory, "LlavaNextVideoProcessor", tokenizer, image_processor, video_processor, fields)
+
+
+def write_processor_parts(
+    directory: Path, processor_class: str, tokenizer: Any, image_processor: Any, video_processor: Any, fields: dict
+) -> None:
+    """A video-capable processor's files without constructing it (its video backend needs torchvision): the
+    tokenizer, each processor's own file (transformers 4.x reads those) and ``processor_config.json``."""
     tokenizer.save_pretrained(str(directory))
-    image_processor.save_pretrained(str(directory))  # transformers 4.x reads each processor from its own file
+    image_processor.save_pretrained(str(directory))
     video_processor.save_pretrained(str(directory))
     config = {
-        "processor_class": "LlavaNextVideoProcessor",
+        "processor_class": processor_class,
         **fields,
-        "video_token": tokenizer.convert_ids_to_tokens(cfg.video_token_id),
         "image_processor": image_processor.to_dict(),
         "video_processor": video_processor.to_dict(),
     }

@@ -1,11 +1,17 @@
 """LLaVA's own checkpoints (haotian-liu/LLaVA's ``llava_llama``, LLaVA-NeXT's ``llava_mistral`` / ``llava_qwen``) →
-neva checkpoints that train and serve as LLaVA's trainer does.
+neva checkpoints that train and serve as LLaVA's trainer does, AnyRes (LLaVA-1.6, LLaVA-OneVision) included.
 
 transformers knows none of these model types, so ``config.json`` is read as it is: its ``mm_*`` keys are each mapped
 or refused (``MM_KEYS``), the rest is the decoder's config, handed to ``llm_config_from_hf`` under the family's own
 model type. The vision tower is the one ``mm_vision_tower`` names (a local directory; a Hub id only when its snapshot
-is in the local HF cache), as LLaVA's loader takes it (it ignores tower weights saved in the checkpoint). The
-projector is ``model.mm_projector.*`` in the weights, or the pretrain stage's ``mm_projector.bin`` beside them.
+is in the local HF cache); its weights are that directory's, as LLaVA's loader takes them, unless the config says the
+tower was trained (``unfreeze_mm_vision_tower``, ``mm_tunable_parts``): then LLaVA loads the ones saved in the
+checkpoint (``model.vision_tower.vision_tower.*``), and so does the import. The projector is ``model.mm_projector.*``
+in the weights, or the pretrain stage's ``mm_projector.bin`` beside them.
+
+AnyRes (``image_aspect_ratio: anyres`` / ``anyres_max_N``) becomes ``NevaConfig.anyres`` (``anyres_config``):
+LLaVA-NeXT's code reads ``image_grid_pinpoints`` as ``(width, height)`` pairs and truncates in ``unpad_image``, so the
+pairs are swapped into neva's ``(height, width)`` in their order (ties go to the first) and ``unpad_truncate`` is set.
 
 Exactness (docs/INTEROP.md): LLaVA splices images at id -200 and its vocabulary has no ``<image>`` row; the import
 adds ``<image>`` to the tokenizer only (``image_token_id == vocab_size``: no embedding or LM-head row, so the softmax
@@ -15,8 +21,11 @@ has LLaVA's classes), pads with ``<unk>`` as LLaVA's trainer does, and records `
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,12 +51,20 @@ from neva.checkpoint.neva_format import save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
 from neva.hf_local import LocalModelError, from_local, model_dir
-from neva.models.config import NevaConfig, ProjectorConfig
+from neva.models.anyres import MERGE_TYPES, AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
+from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
 
 # LLaVA model type → the decoder family whose HF config the rest of config.json is.
 LLAVA_MODEL_TYPES = {"llava_llama": "llama", "llava_mistral": "mistral", "llava_qwen": "qwen2"}
+# LLaVA-OneVision's released config.json says ``model_type: llava`` (llava-hf's type) with LLaVA-NeXT's architecture
+# names and ``mm_*`` keys (a llava-hf config has ``vision_config``, never ``mm_vision_tower``).
+LLAVA_ARCHITECTURES = {
+    "LlavaLlamaForCausalLM": "llava_llama",
+    "LlavaMistralForCausalLM": "llava_mistral",
+    "LlavaQwenForCausalLM": "llava_qwen",
+}
 PROJECTOR_FILE = "mm_projector.bin"  # what LLaVA's pretrain stage (tune_mm_mlp_adapter) saves
-_TOWER_PREFIX = "model.vision_tower."  # tower weights a LLaVA checkpoint may hold; LLaVA loads mm_vision_tower's
+_TOWER_PREFIX = "model.vision_tower."  # tower weights a checkpoint may hold, loaded only if trained (tower_trained)
 
 # Every multimodal key of a LLaVA config.json: how the import treats it. "map": read below; "ignore": training
 # bookkeeping that changes nothing a neva checkpoint holds; a tuple: the only values the import accepts (else refused).
@@ -57,11 +74,21 @@ MM_KEYS: dict[str, Any] = {
     "mm_projector_type": "map",
     "mm_vision_select_layer": "map",
     "mm_vision_select_feature": "map",
-    "image_aspect_ratio": ("square", "pad"),  # LLaVA-NeXT's anyres tiling is not LLaVA-1.5's preprocessing
-    "mm_patch_merge_type": ("flat",),
+    "image_aspect_ratio": "map",  # square, pad; anyres, anyres_max_N: NevaConfig.anyres (anyres_config)
+    "mm_patch_merge_type": "map",  # flat; with AnyRes also spatial, spatial_unpad
+    "image_grid_pinpoints": "map",  # AnyRes's candidate grids
+    "unfreeze_mm_vision_tower": "map",  # the tower was trained: its weights are the checkpoint's
+    "mm_tunable_parts": "map",  # LLaVA-NeXT's spelling of the same ("mm_vision_tower,mm_mlp_adapter,...")
     "mm_use_im_start_end": (False,),
     "mm_use_im_patch_token": (False, True),  # a row LLaVA adds for <im_patch> is in the weights; never emitted
-    "image_grid_pinpoints": "ignore",  # used only by anyres (refused above)
+    "image_crop_resolution": "ignore",  # read only by image_aspect_ratio crop_split (refused)
+    "image_split_resolution": "ignore",
+    "image_token_index": "ignore",  # LLaVA splices images at id -200 whatever id this records
+    "freeze_mm_vision_resampler": "ignore",
+    "tune_mm_vision_resampler": "ignore",
+    "pos_skipping_range": "ignore",  # read only under use_pos_skipping (refused)
+    "use_pos_skipping": (False, None),  # random position-id offsets in training: not neva's positions
+    "vision_tower_pretrained": (None, ""),
     "mm_projector_lr": "ignore",
     "mm_vision_tower_lr": "ignore",
     "tune_mm_mlp_adapter": "ignore",
@@ -70,9 +97,14 @@ MM_KEYS: dict[str, Any] = {
     "tokenizer_padding_side": "ignore",
     "tokenizer_model_max_length": "ignore",
     "mm_resampler_type": (None,),
-    "mm_spatial_pool_mode": (None,),
-    "mm_spatial_pool_stride": (None,),
-    "mm_newline_position": (None,),
+    # Read only for video inputs (LLaVA-NeXT's prepare_inputs_labels_for_multimodal, modality "video"): the image
+    # model imports as it is and the video path does not (a warning says so; LLaVA-NeXT pools video features after
+    # the projector, neva's NevaConfig.video before it, docs/INTEROP.md "Video").
+    "mm_spatial_pool_mode": "video",
+    "mm_spatial_pool_stride": "video",
+    "mm_newline_position": "video",
+    "add_faster_video": "video",
+    "faster_token_stride": "video",
 }
 
 
@@ -82,7 +114,12 @@ def read_llava_config(directory: str | os.PathLike) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     config = json.loads(path.read_text())
-    return config if config.get("model_type") in LLAVA_MODEL_TYPES else None
+    kind = config.get("model_type")
+    if kind == "llava" and "mm_vision_tower" in config:
+        kind = next(
+            (LLAVA_ARCHITECTURES[a] for a in config.get("architectures") or [] if a in LLAVA_ARCHITECTURES), None
+        )
+    return {**config, "model_type": kind} if kind in LLAVA_MODEL_TYPES else None
 
 
 def split_llava_config(config: dict[str, Any], source: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -102,9 +139,102 @@ def split_llava_config(config: dict[str, Any], source: str | os.PathLike) -> tup
             raise ValueError(f"{source}: config.json key {key}={value!r} is not known to neva's LLaVA import")
         if isinstance(rule, tuple) and value not in rule:
             raise ValueError(f"{source}: config.json {key}={value!r} is not supported (neva reproduces {list(rule)})")
+    video = {k: v for k, v in mm.items() if MM_KEYS.get(k) == "video" and v not in (None, False)}
+    if video:
+        warnings.warn(
+            f"{source}: config.json {video} configure LLaVA-NeXT's video path, which is not imported: the image model "
+            "is (neva's video models pool before the projector, LLaVA-NeXT's after it)",
+            stacklevel=3,
+        )
     text = {k: v for k, v in config.items() if k not in mm and k not in ("model_type", "architectures", "auto_map")}
     # transformers' defaults of the decoder family, as AutoConfig fills them for a plain checkpoint of that family.
     return AutoConfig.for_model(family, **text).to_dict(), mm
+
+
+def anyres_config(mm: dict[str, Any], image_size: int, source: str | os.PathLike) -> AnyResConfig | None:
+    """LLaVA-NeXT's AnyRes keys as an ``AnyResConfig`` (None for ``square`` / ``pad`` images), with its own reading
+    of the pinpoints (``(width, height)``: swapped into neva's ``(height, width)``, order kept) and of
+    ``unpad_image`` (``unpad_truncate``); what neva does not lay out as LLaVA-NeXT does is refused by key.
+
+    Raises:
+        ValueError: another ``image_aspect_ratio`` (``highres``, ``crop_split``, ...), an ``mm_patch_merge_type``
+            other than flat / spatial / spatial_unpad (``maxpool2x2``, ``nobase`` variants), a spatial layout
+            without AnyRes, AnyRes without ``image_grid_pinpoints``.
+    """
+    aspect = mm.get("image_aspect_ratio", "square")
+    merge = mm.get("mm_patch_merge_type", "flat")
+    if aspect in ("square", "pad"):
+        if merge != "flat":
+            raise ValueError(
+                f"{source}: config.json mm_patch_merge_type={merge!r} with image_aspect_ratio={aspect!r} is not "
+                "supported (neva lays out only AnyRes images spatially; with square / pad images it reproduces flat)"
+            )
+        return None
+    max_num_patches = parse_aspect_ratio(aspect)
+    if aspect != "anyres" and max_num_patches is None:
+        raise ValueError(
+            f"{source}: config.json image_aspect_ratio={aspect!r} is not supported (neva reproduces square, pad, "
+            "anyres, anyres_max_N)"
+        )
+    if merge not in MERGE_TYPES:
+        raise ValueError(
+            f"{source}: config.json mm_patch_merge_type={merge!r} is not supported with image_aspect_ratio={aspect!r} "
+            f"(neva reproduces {list(MERGE_TYPES)})"
+        )
+    pins = mm.get("image_grid_pinpoints")
+    if pins is None:
+        raise ValueError(f"{source}: config.json image_aspect_ratio={aspect!r} needs image_grid_pinpoints")
+    if isinstance(pins, str) and "x" not in pins:
+        pins = ast.literal_eval(pins)  # LLaVA-NeXT's other string form: a list literal
+    try:
+        pairs = parse_grid_pinpoints(pins, image_size)  # LLaVA-NeXT's order, each pair (width, height)
+        return AnyResConfig(
+            grid_pinpoints=[[h, w] for w, h in pairs],
+            patch_merge_type=merge,
+            max_num_patches=max_num_patches,
+            unpad_truncate=True,
+        )
+    except ValueError as err:
+        raise ValueError(f"{source}: config.json: {err}") from None
+
+
+def tower_trained(mm: dict[str, Any]) -> bool:
+    """Whether LLaVA loads the tower weights saved in the checkpoint: it built the tower before loading them when
+    the tower was trained (haotian-liu/LLaVA: ``unfreeze_mm_vision_tower``; LLaVA-NeXT: ``mm_tunable_parts``)."""
+    parts = mm.get("mm_tunable_parts") or ""
+    return bool(mm.get("unfreeze_mm_vision_tower")) or "mm_vision_tower" in parts.split(",")
+
+
+def llava_next_siglip(
+    vision: VisionConfig, mm: dict[str, Any], shapes: dict[str, Any], source: str | os.PathLike
+) -> VisionConfig:
+    """A SigLIP tower as LLaVA-NeXT's ``SigLipVisionTower`` runs it: it deletes the tower's last layer and takes the
+    output of the one before (``hidden_states[-1]`` of the shortened tower, ``-2`` of the whole one) whatever
+    ``mm_vision_select_layer`` says, and a trained tower is saved so shortened. ``shapes``: the tower weights the
+    import reads (the checkpoint's or the directory's); a CLIP tower is returned as it is.
+
+    Raises:
+        ValueError: SigLIP weights that hold neither the whole tower nor the one shortened by its last layer.
+    """
+    if vision.kind != "siglip":
+        return vision
+    if mm.get("mm_vision_select_layer", -2) != -2:
+        warnings.warn(
+            f"{source}: config.json mm_vision_select_layer={mm['mm_vision_select_layer']} on a SigLIP tower: "
+            "LLaVA-NeXT's SigLipVisionTower ignores it and takes the output of the second-to-last layer, and so does "
+            "the import",
+            stacklevel=3,
+        )
+    layers = {int(m.group(1)) for k in shapes if (m := re.search(r"encoder\.layers\.(\d+)\.", k))}
+    saved = max(layers) + 1 if layers else 0
+    if saved == vision.num_layers - 1:
+        return dataclasses.replace(vision, num_layers=saved, vision_select_layer=-1)
+    if saved != vision.num_layers:
+        raise ValueError(
+            f"{source}: the SigLIP tower weights hold {saved} layers, its config {vision.num_layers} (LLaVA-NeXT saves "
+            f"{vision.num_layers - 1})"
+        )
+    return dataclasses.replace(vision, vision_select_layer=-2)
 
 
 def projector_config(mm: dict[str, Any], feature_size: int, hidden_size: int, source: str | os.PathLike):
@@ -180,16 +310,31 @@ def import_llava_original(
     if llm_dir is None:
         raise ValueError(f"{directory} holds no decoder weights (a pretrain stage's output): pass the decoder's HF "
                          "directory (--llm DIR)")  # fmt: skip
+    llm_shapes = hf_tensor_shapes(llm_dir)
+    # The tower's weights: the checkpoint's when LLaVA loads those (tower_trained), else mm_vision_tower's directory.
+    saved_tower = {k: s for k, s in llm_shapes.items() if k.startswith(_TOWER_PREFIX)}
+    tower_from_ckpt = has_llm and tower_trained(mm)
+    if tower_from_ckpt and not saved_tower:
+        raise ValueError(
+            f"{directory}: config.json says the vision tower was trained (unfreeze_mm_vision_tower / "
+            f"mm_tunable_parts) but the weights hold no {_TOWER_PREFIX}* tensors"
+        )
+    vision_src = llm_dir if tower_from_ckpt else vision_dir
+    vision_shapes = saved_tower if tower_from_ckpt else hf_tensor_shapes(vision_dir)
+    vision_cfg = llava_next_siglip(vision_cfg, mm, vision_shapes, directory)
     tok_dir = directory if _has_tokenizer(directory) else llm_dir
     tokenizer = _llava_tokenizer(tok_dir, llm_cfg.vocab_size)
     cfg = NevaConfig(
-        llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+        llm=llm_cfg,
+        vision=vision_cfg,
+        projector=projector,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        anyres=anyres_config(mm, vision_cfg.image_size, directory),
     )
     cfg = _with_image_stats(cfg, vision_dir)
 
-    vision_shapes, llm_shapes = hf_tensor_shapes(vision_dir), hf_tensor_shapes(llm_dir)
     llm_shapes = {k: s for k, s in llm_shapes.items() if not k.startswith(_TOWER_PREFIX)}
-    vision_map = _map_keys(list(vision_shapes), detect_prefixes(list(vision_shapes), parts=("vision",)), vision_dir)
+    vision_map = _map_keys(list(vision_shapes), detect_prefixes(list(vision_shapes), parts=("vision",)), vision_src)
     parts = ("llm", "projector") if has_llm else ("llm",)
     llm_map = _map_keys(list(llm_shapes), detect_prefixes(list(llm_shapes), parts=parts), llm_dir)
     projector_file = None
@@ -204,16 +349,20 @@ def import_llava_original(
     _check_complete(cfg, produced, f"{directory} + {vision_dir}")
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        for key, tensor in iter_hf_tensors(vision_dir):
-            if key in vision_map:
-                yield vision_map[key], _cast(tensor, dtype)
+        if not tower_from_ckpt:
+            for key, tensor in iter_hf_tensors(vision_dir):
+                if key in vision_map:
+                    yield vision_map[key], _cast(tensor, dtype)
         for key, tensor in iter_hf_tensors(llm_dir):
-            if key in llm_map:
-                yield llm_map[key], _cast(tensor, dtype)
+            name = llm_map.get(key) or (vision_map.get(key) if tower_from_ckpt else None)
+            if name is not None:
+                yield name, _cast(tensor, dtype)
         for key, tensor in projector_tensors.items():
             yield key, _cast(tensor, dtype)
 
     source = {"kind": "llava-original", "path": str(directory), "vision": str(vision_dir)}
+    if tower_from_ckpt:
+        source["vision_weights"] = str(directory)
     if not has_llm:
         source["llm"] = str(llm_dir)
     meta = {"source": source, "tokenization": "llava", "image_aspect_ratio": mm.get("image_aspect_ratio",

@@ -49,12 +49,17 @@ class AnyResConfig:
     ``grid_pinpoints``: candidate resolutions ``[height, width]`` in pixels, each a multiple of the tower's
     ``image_size``. ``max_num_patches``: LLaVA-OneVision's ``image_aspect_ratio: anyres_max_N`` (None: plain
     ``anyres``): an image whose unpadded grid holds more than about N tiles' features is pooled down to N
-    (``pool_grid``); LLaVA-OneVision pools only under the ``unpad`` layouts, and so does neva.
+    (``pool_grid``); LLaVA-OneVision pools only under the ``unpad`` layouts, and so does neva. ``unpad_truncate``:
+    the unpadded extent as LLaVA-NeXT's own ``unpad_image`` computes it (``int`` of the scaled side) instead of
+    transformers' (``int(round(side, 7))``); the two differ for about 0.02 % of image sizes, where float error puts
+    the scaled side just below a whole number (``unpadded_bounds``). Set by the import of LLaVA-NeXT's original
+    checkpoints (``neva.checkpoint.llava_original``).
     """
 
     grid_pinpoints: list[list[int]] = field(default_factory=lambda: [[336, 672], [672, 336], [672, 672]])
     patch_merge_type: str = "spatial_unpad"
     max_num_patches: int | None = None
+    unpad_truncate: bool = False
 
     def __post_init__(self) -> None:
         if self.patch_merge_type not in MERGE_TYPES:
@@ -120,15 +125,22 @@ def grid_shape(size: tuple[int, int], pinpoints: Sequence[Sequence[int]], image_
     return ph // image_size, pw // image_size
 
 
-def unpadded_bounds(size: tuple[int, int], grid_hw: tuple[int, int]) -> tuple[int, int, int, int]:
+def unpadded_bounds(
+    size: tuple[int, int], grid_hw: tuple[int, int], truncate: bool = False
+) -> tuple[int, int, int, int]:
     """``(top, bottom, left, right)`` of the feature grid ``grid_hw`` that saw the image, not the padding
-    (transformers' ``unpad_image``: the same rounding, the same ``// 2`` on both sides)."""
+    (transformers' ``unpad_image``: the same rounding, the same ``// 2`` on both sides; ``truncate``: LLaVA-NeXT's
+    own ``unpad_image``, which takes ``int`` of the scaled side without rounding it first)."""
     oh, ow = size
     ch, cw = grid_hw
+
+    def whole(side: float) -> int:
+        return int(side) if truncate else int(round(side, 7))
+
     if ow / oh > cw / ch:
-        pad = (ch - int(round(oh * (cw / ow), 7))) // 2
+        pad = (ch - whole(oh * (cw / ow))) // 2
         return pad, ch - pad, 0, cw
-    pad = (cw - int(round(ow * (ch / oh), 7))) // 2
+    pad = (cw - whole(ow * (ch / oh))) // 2
     return 0, ch, pad, cw - pad
 
 
@@ -207,7 +219,7 @@ def feature_index(cfg: AnyResConfig, per_tile: int, image_size: int, size: tuple
     big = (1 + (y // side) * cols + x // side) * per_tile + (y % side) * side + (x % side)
     if not cfg.has_newline:
         return Layout(torch.cat([base, big.flatten()]), tiles)
-    top, bottom, left, right = unpadded_bounds(size, (rows * side, cols * side))
+    top, bottom, left, right = unpadded_bounds(size, (rows * side, cols * side), cfg.unpad_truncate)
     big = big[top:bottom, left:right]
     pooled = pool_grid(big, cfg.max_num_patches, side) if cfg.max_num_patches is not None else None
     if pooled is None:

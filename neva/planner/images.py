@@ -2,16 +2,22 @@
 
 A fixed-size image is one tower input of ``num_image_tokens`` positions. An AnyRes image's tiles and positions follow
 from its size (``neva.models.anyres.feature_index``, what the dataset computes); the planner takes ``plan.image_size``
-(a typical size of the data) or, by default, the worst case: an image of the largest pinpoint, all of whose tiles
-are kept (OneVision's ``anyres_max_N`` pools its positions, not its tiles).
+(a typical size of the data), ``plan.image_tokens=N`` (the data's mean positions per image), ``plan.image_tokens=data``
+(that mean measured from the configured data's image headers, ``neva.planner.image_mix``) or, by default, the worst
+case: an image of the largest pinpoint, all of whose tiles are kept (OneVision's ``anyres_max_N`` pools its
+positions, not its tiles). A mean is rounded up to whole positions and tiles.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from neva.data.config import DataConfig
 from neva.models.anyres import feature_index
 from neva.models.config import NevaConfig
+from neva.planner.image_mix import measure_image_mix
+from neva.typed import ConfigError
 
 
 @dataclass(frozen=True)
@@ -21,9 +27,11 @@ class ImageLoad:
     tokens: int
     tiles: int
     size: tuple[int, int] | None = None
+    source: str | None = None  # where a mean per image comes from (plan.image_tokens); None: one image of ``size``
 
     def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "tiles": self.tiles, "size": None if self.size is None else list(self.size)}
+        out = {"tokens": self.tokens, "tiles": self.tiles, "size": None if self.size is None else list(self.size)}
+        return out if self.source is None else {**out, "source": self.source}
 
 
 def parse_image_size(text: str) -> tuple[int, int]:
@@ -34,8 +42,42 @@ def parse_image_size(text: str) -> tuple[int, int]:
     return int(h), int(w)
 
 
-def image_load(cfg: NevaConfig, size: tuple[int, int] | None = None) -> ImageLoad:
-    """The workload of one image of ``size`` (None: AnyRes's worst case, the largest pinpoint)."""
+def parse_image_tokens(text: str) -> float | str:
+    """``plan.image_tokens=N`` (mean decoder positions per image, > 0) or ``plan.image_tokens=data``."""
+    if text == "data":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"plan.image_tokens={text!r}: expected a positive mean of positions per image, or 'data'")
+    return value
+
+
+def image_load(
+    cfg: NevaConfig,
+    size: tuple[int, int] | None = None,
+    tokens: float | str | None = None,
+    data: DataConfig | None = None,
+) -> ImageLoad:
+    """The workload of one image of ``size`` (None: AnyRes's worst case, the largest pinpoint), or of the mean image:
+    ``tokens`` positions (its tiles: as many as those positions fill at one tile's count, fewer than real for pooled
+    ``anyres_max_N`` images), or ``"data"``: measured from ``data`` (``measure_image_mix``).
+
+    Raises:
+        ConfigError: ``tokens`` on a model without AnyRes, with ``size``, or a survey that cannot run.
+    """
+    if tokens is not None:
+        if cfg.anyres is None or size is not None:
+            raise ConfigError("plan.image_tokens needs an AnyRes model (model.mm_cfg.image_grid_pinpoints) and no "
+                              "plan.image_size")  # fmt: skip
+        if tokens == "data":
+            mix = measure_image_mix(cfg, data or DataConfig())
+            return ImageLoad(math.ceil(mix.tokens), math.ceil(mix.tiles), None, mix.describe())
+        tiles = max(1, math.ceil(tokens / cfg.num_image_tokens))
+        return ImageLoad(math.ceil(tokens), tiles, None, f"plan.image_tokens={tokens:g}; tiles: positions / "
+                         f"{cfg.num_image_tokens} per tile, rounded up")  # fmt: skip
     if cfg.vision is None:
         return ImageLoad(0, 0)
     if cfg.anyres is None:
@@ -48,6 +90,11 @@ def image_load(cfg: NevaConfig, size: tuple[int, int] | None = None) -> ImageLoa
 
 def describe_images(image: dict) -> str:
     """The line ``neva.plan`` prints under its table for an AnyRes plan (``ImageLoad.to_dict``)."""
+    if "source" in image:
+        return (
+            f"# AnyRes images: {image['tiles']} tiles through the tower, {image['tokens']} decoder positions each "
+            f"(mean per image, {image['source']})"
+        )
     h, w = image["size"]
     return (
         f"# AnyRes images of {h}x{w} px: {image['tiles']} tiles through the tower, {image['tokens']} decoder "

@@ -113,6 +113,7 @@ def plan_run(
     model: NevaConfig | None = None,
     num_frames: int | None = None,
     image_size: tuple[int, int] | None = None,
+    image_tokens: float | str | None = None,
 ) -> Plan:
     """Predict memory and throughput of ``cfg`` without allocating the model.
 
@@ -126,6 +127,8 @@ def plan_run(
             frames × tower passes, ``NevaConfig.video_tokens(num_frames)`` positions.
         image_size: an AnyRes model's typical image ``(height, width)`` (``neva.planner.images``; None: the
             worst case).
+        image_tokens: an AnyRes model's mean positions per image, or ``"data"``: measured from
+            ``cfg.model.data`` (``neva.planner.images.image_load``).
 
     Raises:
         ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
@@ -144,7 +147,7 @@ def plan_run(
     frames = num_frames or 0
     if frames and ncfg.video is None:
         raise ConfigError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
-    images = image_load(ncfg, image_size)
+    images = image_load(ncfg, image_size, image_tokens, cfg.model.data)
     seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else images.tokens, text_tokens)
     learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
     flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames)

@@ -19,6 +19,7 @@ from typing import Any
 
 from neva.checkpoint.source import neva_config_from_mm
 from neva.config import ModelConfig, TrainConfig
+from neva.planner.images import image_load
 from neva.planner.plan import Plan, plan_run
 from neva.typed import ConfigError
 
@@ -98,6 +99,7 @@ def search(
     text_tokens: int | None = None,
     grad_reduce: str | None = None,
     image_size: tuple[int, int] | None = None,
+    image_tokens: float | str | None = None,
 ) -> SearchResult:
     """The ``top`` fastest layouts of ``cfg``'s model, stage, cluster and nodes that fit.
 
@@ -105,7 +107,7 @@ def search(
         cfg: a composed config; its layout keys are the starting point, the searched ones are replaced.
         constraints: values some ``SEARCHED`` keys may take (the rest come from ``default_space``).
         top: how many plans to return (all fitting ones when <= 0).
-        text_tokens / grad_reduce / image_size: as ``plan_run``.
+        text_tokens / grad_reduce / image_size / image_tokens: as ``plan_run``.
 
     Raises:
         ConfigError: a constraint names a key the search does not vary.
@@ -116,6 +118,7 @@ def search(
             f"cannot constrain {sorted(unknown)} in a layout search; searched keys: {', '.join(SEARCHED)}"
         )
     model = neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
+    image_load(model, image_size, image_tokens, cfg.model.data)  # a bad image request fails here, not per layout
     space = default_space(cfg, model.llm.num_layers, model.llm.num_moe_experts)
     space.update({k: list(v) for k, v in (constraints or {}).items()})
     tried = 0
@@ -123,7 +126,7 @@ def search(
     for candidate in candidates(cfg, space):
         tried += 1
         try:
-            valid.append(plan_run(candidate, text_tokens, None, grad_reduce, model, image_size))
+            valid.append(plan_run(candidate, text_tokens, None, grad_reduce, model, image_size, image_tokens))
         except ConfigError:
             continue  # a layout training refuses: not a candidate
     fitting = [p for p in valid if p.fits]

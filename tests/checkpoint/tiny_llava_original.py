@@ -52,12 +52,17 @@ def make_tower(directory: Path, seed: int = 2) -> Path:
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
             p.copy_(p.half().float())
+    return save_tower(directory, model)
+
+
+def save_tower(directory: Path, model: nn.Module) -> Path:
+    """A CLIPVisionModel's directory as the Hub has it, with LLaVA's CLIPImageProcessor config."""
     model.save_pretrained(str(directory))
     # The Hub's CLIP layout (openai/clip-vit-*: ``vision_model.*``), which transformers 4.x loads; 5.x saves the keys
     # of a CLIPVisionModel without the prefix, and 4.x would initialise such a tower afresh.
     state = {f"vision_model.{k}": v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    size = VISION_KW["image_size"]
+    size = model.config.image_size
     processor = {"image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": size},
                  "resample": 3, "do_center_crop": True, "crop_size": {"height": size, "width": size},
                  "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": CLIP_MEAN,
