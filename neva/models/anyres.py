@@ -120,6 +120,13 @@ def grid_shape(size: tuple[int, int], pinpoints: Sequence[Sequence[int]], image_
     return ph // image_size, pw // image_size
 
 
+def largest_pinpoint(cfg: AnyResConfig) -> tuple[int, int]:
+    """``(height, width)`` of the pinpoint with the most pixels: an image of that size is AnyRes's worst case (the
+    most tiles; the most positions unless pooled), the size the planner and the rehearsal assume by default."""
+    h, w = max(cfg.grid_pinpoints, key=lambda p: p[0] * p[1])
+    return int(h), int(w)
+
+
 def unpadded_bounds(size: tuple[int, int], grid_hw: tuple[int, int]) -> tuple[int, int, int, int]:
     """``(top, bottom, left, right)`` of the feature grid ``grid_hw`` that saw the image, not the padding
     (transformers' ``unpad_image``: the same rounding, the same ``// 2`` on both sides)."""

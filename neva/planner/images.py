@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neva.models.anyres import feature_index
+from neva.models.anyres import feature_index, largest_pinpoint
 from neva.models.config import NevaConfig
 
 
@@ -41,7 +41,7 @@ def image_load(cfg: NevaConfig, size: tuple[int, int] | None = None) -> ImageLoa
     if cfg.anyres is None:
         return ImageLoad(cfg.num_image_tokens, 1)
     if size is None:
-        size = tuple(max(cfg.anyres.grid_pinpoints, key=lambda p: p[0] * p[1]))
+        size = largest_pinpoint(cfg.anyres)
     lay = feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, size)
     return ImageLoad(lay.tokens, lay.tiles, (int(size[0]), int(size[1])))
 

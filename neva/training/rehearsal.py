@@ -35,8 +35,6 @@ from torch import nn
 
 from neva.checkpoint.source import ModelSource, neva_config_from_mm
 from neva.config import TrainConfig
-from neva.constants import IGNORE_INDEX
-from neva.data.collate import Collator
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model
 from neva.parallel.expert_parallel import use_uniform_dispatch
@@ -47,6 +45,7 @@ from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer
+from neva.training.rehearsal_inputs import synthetic_micro_batches
 
 # The tracker's categories, grouped as the planner reports memory (``neva.planner.plan.StageMemory``).
 CATEGORIES = {
@@ -147,35 +146,6 @@ def edge_stages(layout: Layout) -> list[int]:
     return sorted({0, layout.pp - 1})
 
 
-def synthetic_micro_batches(
-    cfg: TrainConfig, ncfg: NevaConfig, layout: Layout, text_tokens: int, learned_fraction: float
-) -> list[list[dict[str, Any]]]:
-    """One step's micro-batches through the run's own collator: samples of one image and ``text_tokens`` text tokens
-    (BOS included; the last ``learned_fraction`` of them learned), ``micro_batch_size`` per micro-batch (host
-    tensors, as the loader gives them)."""
-    n_img = ncfg.num_image_tokens if ncfg.vision is not None else 0
-    learned = max(1, round(text_tokens * learned_fraction))
-    ids = torch.full((n_img + text_tokens,), 5, dtype=torch.long)
-    ids[0] = 1
-    ids[1 : 1 + n_img] = ncfg.image_token_id
-    labels = torch.full_like(ids, IGNORE_INDEX)
-    labels[-learned:] = ids[-learned:]
-    size = ncfg.vision.image_size if ncfg.vision is not None else 0
-    sample = {
-        "input_ids": ids,
-        "labels": labels,
-        "image_positions": torch.arange(1, 1 + n_img),
-        "pixel_values": torch.zeros((1 if n_img else 0, 3, size, size), dtype=torch.uint8),
-    }
-    data = cfg.model.data
-    # No ``model.data.seq_length``: the model's ``max_seq_len``, as the data module decides.
-    collate = Collator(0, data.seq_length or ncfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing)
-    return [
-        collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])
-        for m in range(layout.grad_accum)
-    ]
-
-
 class _PeakLocator:
     """Keeps each micro-batch's module statistics (the trackers accept one root forward per iteration: their
     statistics are archived and reset before every further micro-batch's root forward) and names the module, phase
@@ -246,12 +216,14 @@ def rehearse(
     micro_batches: int | None = None,
     fake: bool = True,
     stages: list[int] | None = None,
+    image_size: tuple[int, int] | None = None,
+    num_frames: int | None = None,
 ) -> list[RankMemory]:
     """Run one optimizer step of every rank role of ``cfg``'s layout on fake tensors and measure its memory.
 
     Args:
         cfg: the composed run config (the world is ``trainer.devices × trainer.num_nodes``).
-        text_tokens: text tokens per sample (the planner's ``plan.text_tokens``); each sample has one image.
+        text_tokens: text tokens per sample (the planner's ``plan.text_tokens``); each sample has one image (or video).
         learned_fraction: share of the text tokens that are learned (LM-head positions when ``tp == 1``).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (tests' tiny shapes).
         micro_batches: without pipelining, run only the first ``micro_batches - 1`` and the last micro-batch of the
@@ -260,6 +232,9 @@ def rehearse(
         fake: False runs the same step on real tensors (the fake process group still moves no data): the tests'
             check that fake and real storage agree byte for byte, at tiny sizes.
         stages: the pipeline stages to rehearse (default: every stage; ``edge_stages``: the first and the last).
+        image_size: an AnyRes image's ``(height, width)`` (``plan.image_size``; None: the largest pinpoint, as
+            planned); its tiles and positions are the data side's (``neva.training.rehearsal_inputs``).
+        num_frames: each sample one video of this many frames instead of one image (``plan.num_frames``).
 
     Raises:
         RehearsalUnavailable: this torch lacks a private API the rehearsal needs, or the layout interleaves
@@ -276,7 +251,7 @@ def rehearse(
             f"interleaved pipeline chunks (model.virtual_pipeline_model_parallel_size={layout.vpp}) cannot be "
             "rehearsed yet"
         )
-    batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction)
+    batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction, image_size, num_frames)
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
         batches = batches[: micro_batches - 1] + batches[-1:]
     return [
