@@ -69,7 +69,8 @@ def test_an_anyres_rehearsal_batch_is_what_the_data_path_collates(size: tuple[in
     assert fake["pixel_values"].shape[0] > 1  # the tiles went through, not one fixed-size image
 
     planned = plan_run(cfg, text_tokens=text_tokens, model=ncfg, image_size=size)
-    assert (planned.extra["image"]["tokens"], planned.extra["image"]["tiles"]) == (positions, real["pixel_values"].shape[0])
+    image = planned.extra["image"]
+    assert (image["tokens"], image["tiles"]) == (positions, real["pixel_values"].shape[0])
     assert planned.seq_len == fake["input_ids"].shape[1]
 
 
