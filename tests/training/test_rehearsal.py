@@ -34,11 +34,13 @@ TINY_O2 = ["+stage=finetune", "trainer.precision=bf16", "model.megatron_amp_O2=t
          "model.activations_checkpoint_granularity=full", "trainer.gradient_clip_val=1.0"],
         # One process, O2: bf16 parameters, fp32 masters, the flat main-grad buffer.
         ["trainer.devices=1", "model.global_batch_size=2"],
-        # Two 1F1B pipeline stages × FSDP2 over 2 (O2): static stage shapes, the warm-up's in-flight micro-batches,
-        # the receive buffers; the first stage holds vision and embeddings, the last the head.
-        ["trainer.devices=4", "model.pipeline_model_parallel_size=2", "model.global_batch_size=6"],
+        # Two 1F1B pipeline stages × TP 2 with sequence parallelism × FSDP2 over 2 (O2): static stage shapes, the
+        # warm-up's in-flight micro-batches, the receive buffers; the first stage holds vision and embeddings, the
+        # last the head; sequence-sharded norms between the TP regions of each stage.
+        ["trainer.devices=8", "model.pipeline_model_parallel_size=2", "model.tensor_model_parallel_size=2",
+         "model.sequence_parallel=true", "model.global_batch_size=6"],
     ],
-    ids=["tp2_fsdp2_o2_ac", "one_process_o2", "pp2_fsdp2_o2"],
+    ids=["tp2_fsdp2_o2_ac", "one_process_o2", "pp2_tp2_sp_fsdp2_o2"],
 )  # fmt: skip
 def test_fake_step_allocates_what_the_real_step_allocates(overrides: list[str]) -> None:
     """Byte for byte, with one decoder layer per pipeline chunk (the tracker's cost is per operation)."""
