@@ -77,7 +77,7 @@ def _torch_tools() -> dict[str, Any]:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining._utils import InferenceMode
-        from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+        from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
         from torch.distributed.tensor.debug import (
             _clear_fast_path_sharding_prop_cache,
             _clear_python_sharding_prop_cache,
@@ -87,7 +87,7 @@ def _torch_tools() -> dict[str, Any]:
         raise RehearsalUnavailable(f"torch {torch.__version__} lacks an API the rehearsal needs: {e}") from e
     # Private members used besides the public ones: the peak so far, the per-parameter gradient hooks, the pipeline
     # stages' set-up (``_decide_pipeline_locally`` checks the instance attributes it sets where it sets them).
-    require(MemTracker, "reset_mod_stats", "get_tracker_snapshot")
+    require(MemTracker, "get_tracker_snapshot")
     require(MemTracker(), "_peak_mem", "_param_to_grad_hook_handles", "memory_tracking")
     require(FSDPMemTracker, "track_inputs")
     require(PipelineStage, "_prepare_forward_infra", "_prepare_backward_infra")
@@ -100,6 +100,7 @@ def _torch_tools() -> dict[str, Any]:
         "FSDPModule": FSDPModule,
         "FakeStore": FakeStore,
         "InferenceMode": InferenceMode,
+        "PipelineScheduleMulti": PipelineScheduleMulti,
         # DTensor caches sharding decisions by mesh shape; another rank role's mesh of the same shape has other
         # process groups, so the cache is emptied after every rank role.
         "clear_sharding_caches": lambda: (_clear_python_sharding_prop_cache(), _clear_fast_path_sharding_prop_cache()),
@@ -147,12 +148,14 @@ def edge_stages(layout: Layout) -> list[int]:
 
 
 class _PeakLocator:
-    """Keeps each micro-batch's module statistics (the trackers accept one root forward per iteration: their
-    statistics are archived and reset before every further micro-batch's root forward) and names the module, phase
-    and micro-batch of the peak afterwards."""
+    """Keeps each micro-batch's module statistics (the trackers accept one root forward per iteration: a chunk's
+    statistics are archived and dropped before every further micro-batch's forward through it) and names the module,
+    phase and micro-batch of the peak afterwards."""
 
-    def __init__(self, tracker: Any, root: nn.Module, pipelined: bool = False) -> None:
-        self.tracker, self.root = tracker, root
+    def __init__(self, tracker: Any, roots: list[nn.Module], pipelined: bool = False) -> None:
+        # ``roots``: the rank's pipeline chunks (one without pipelining); the first one's forwards count micro-batches.
+        self.tracker, self.roots, self.root = tracker, roots, roots[0]
+        self._started = False
         # Under 1F1B a micro-batch's statistics also hold the backward of an earlier one (up to pp - stage are in
         # flight): the place says which forward the backward followed.
         self.pipelined = pipelined
@@ -162,12 +165,18 @@ class _PeakLocator:
         self._handle = None
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
-        # Outside backward (not an activation-checkpointing recomputation) and seen before: a new micro-batch.
-        in_backward = torch._C._current_graph_task_id() != -1
-        if module is self.root and not in_backward and module in self.tracker.memory_tracking:
-            self.archive.append((self.micro_batch, dict(self.tracker.memory_tracking)))
-            self.tracker.reset_mod_stats()
-            self.micro_batch += 1
+        # A chunk's forward outside backward (not an activation-checkpointing recomputation): a new micro-batch through
+        # it. The trackers take one root forward per module between resets, so a chunk seen before has its modules'
+        # statistics archived and dropped; only its own: interleaved chunks run one chunk's forwards of several
+        # micro-batches while another's backward is pending, whose backward hooks still need their statistics.
+        if module not in self.roots or torch._C._current_graph_task_id() != -1:
+            return
+        tracking = self.tracker.memory_tracking
+        if module in tracking:
+            self.archive.append((self.micro_batch, {m: tracking.pop(m) for m in module.modules() if m in tracking}))
+        if module is self.root:
+            self.micro_batch += self._started
+            self._started = True
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -245,12 +254,6 @@ def rehearse(
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
-    if layout.vpp > 1:
-        # A rank of several chunks runs torch's multi-stage schedules, whose set-up the rehearsal does not decide.
-        raise RehearsalUnavailable(
-            f"interleaved pipeline chunks (model.virtual_pipeline_model_parallel_size={layout.vpp}) cannot be "
-            "rehearsed yet"
-        )
     batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction, image_size, num_frames)
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
         batches = batches[: micro_batches - 1] + batches[-1:]
@@ -265,13 +268,20 @@ class _NoHook:
         pass
 
 
-def _skip_frozen_grad_hooks(tracker: Any, parts: list[nn.Module]) -> None:
+def _skip_frozen_grad_hooks(tracker: Any, parts: list[nn.Module], fsdp_module: type) -> None:
     """MemTracker registers a gradient hook on every parameter of a module it meets, which fails on frozen ones (the
-    vision tower): mark those as hooked already, with handles that remove nothing."""
+    vision tower): mark those as hooked already, with handles that remove nothing. Under FSDP2 (several pipeline
+    chunks per rank, which ``FSDPMemTracker``'s one root cannot cover) a module's forward meets its unsharded
+    parameters, other objects than the sharded ones: each unit is unsharded once (before tracking) to mark those."""
     for part in parts:
+        units = [m for m in part.modules() if isinstance(m, fsdp_module)]
+        for unit in units:
+            unit.unshard()
         for p in part.parameters():
             if not p.requires_grad:
                 tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+        for unit in units:
+            unit.reshard()
 
 
 @torch.no_grad()
@@ -349,11 +359,11 @@ def _rehearse_rank(
                 tracker.track_inputs(tuple(tensors))
             else:
                 tracker = tools["MemTracker"]()
-                _skip_frozen_grad_hooks(tracker, parallel.parts)
+                _skip_frozen_grad_hooks(tracker, parallel.parts, tools["FSDPModule"])
                 tracker.track_external(*parallel.parts, optimizer, *tensors)
                 if parallel.master is not None:
                     tracker.track_external(parallel.master.main_grad, *(p for _, p in parallel.master.named_master))
-            locator = _PeakLocator(tracker, root, pipelined=parallel.runner is not None)
+            locator = _PeakLocator(tracker, parallel.parts, pipelined=parallel.runner is not None)
             optimizer.register_step_pre_hook(locator.before_optimizer)
             with locator.installed(), tracker:
                 if parallel.runner is not None:  # inside the trackers: the stage's receive buffers are its memory
@@ -397,14 +407,19 @@ def _decide_pipeline_locally(
     runner.static_io = lambda chunk, _: {"input_args": first if chunk == 0 else hidden, "output_args": hidden}
     n = len(micro_batches)
     schedule, stages = runner._schedule(shape, n, True)
-    require(schedule, "_stage_forward_initialized", "_stage_backward_initialized")
+    # One chunk per rank: a single-stage schedule; interleaved chunks: a multi-stage one, with its own flags.
+    flags = ("_stage_forward_initialized", "_stage_backward_initialized")
+    if isinstance(schedule, tools["PipelineScheduleMulti"]):
+        flags = ("_stages_forward_initialized", "_stages_backward_initialized")
+    require(schedule, *flags)
     for stage in stages:
         require(stage, "_runtime_validate", "_inference_mode")
         stage._runtime_validate = True
         stage._inference_mode = tools["InferenceMode"].STATIC
         stage._prepare_forward_infra(n, None, None, has_backward=True)
         stage._prepare_backward_infra(n, loss_fn=schedule._loss_fn)
-    schedule._stage_forward_initialized = schedule._stage_backward_initialized = True
+    for flag in flags:
+        setattr(schedule, flag, True)
 
 
 def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> NevaConfig:
