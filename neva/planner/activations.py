@@ -2,8 +2,9 @@
 
 Counted for the decoder (bf16 unless the compute dtype says otherwise, flash/efficient SDPA so no ``s²`` scores):
 RMSNorm saves its fp32 input, SDPA saves q, k, v, out and the log-sum-exp, SwiGLU saves ``w1 x``, ``silu(w1 x)`` and
-``w3 x`` (an MoE layer those of its ``k`` experts per token, and its dispatched rows: ``_ffn_elements``). A trained Linear also saves its input (for the weight gradient); a frozen one does not, which is why
-pretraining (frozen decoder) needs far less. Tensors between TP regions are full-size on every TP rank unless
+``w3 x`` (an MoE layer those of its ``k`` experts per token, and its dispatched rows: ``_ffn_elements``). A trained
+Linear also saves its input (for the weight gradient); a frozen one does not, which is why pretraining (frozen
+decoder) needs far less. Tensors between TP regions are full-size on every TP rank unless
 sequence parallelism shards them. The vision tower saves nothing when frozen (``no_grad``).
 """
 

@@ -64,7 +64,7 @@ ENOUGH_MICRO_BATCHES = 3
 
 
 class RehearsalUnavailable(RuntimeError):
-    """This torch lacks (or changed) a private API the rehearsal needs, or the layout is one it cannot run yet."""
+    """This torch lacks (or changed) a private API the rehearsal needs."""
 
 
 def _torch_tools() -> dict[str, Any]:
@@ -246,8 +246,7 @@ def rehearse(
         num_frames: each sample one video of this many frames instead of one image (``plan.num_frames``).
 
     Raises:
-        RehearsalUnavailable: this torch lacks a private API the rehearsal needs, or the layout interleaves
-            pipeline chunks (virtual pipeline stages).
+        RehearsalUnavailable: this torch lacks a private API the rehearsal needs.
         Exception: whatever the real path raises for this layout (the pre-flight's answer).
     """
     tools = _torch_tools()
