@@ -236,6 +236,9 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     req = parse_args(args)
     if req.rehearse and req.search > 0:
         raise ConfigError("plan.rehearse=true rehearses the configured layout; it cannot be combined with plan.search")
+    if req.rehearse and req.image_tokens is not None:  # a mean has no image size for the rehearsal's real batch
+        raise ConfigError("plan.rehearse=true runs real images of one size: give plan.image_size=HxW, not "
+                          "plan.image_tokens")  # fmt: skip
     plans = run_search(req) if req.search > 0 else run(req)
     print(format_table(plans))
     images = [p.extra["image"] for p in plans]
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
         print(line)
     if req.rehearse:
         for cfg, plan in zip(configs_of(req), plans):
-            print(rehearse_against_plan(cfg, plan, req.text_tokens))
+            print(rehearse_against_plan(cfg, plan, req.text_tokens, req.num_frames))
     line = to_json(plans)
     print(line)
     if req.json_path:
@@ -252,14 +255,17 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     return plans
 
 
-def rehearse_against_plan(cfg: TrainConfig, plan: Plan, text_tokens: int | None) -> str:
-    """Rehearse ``cfg``'s layout and format the measured memory of every rank role beside ``plan``'s prediction.
+def rehearse_against_plan(cfg: TrainConfig, plan: Plan, text_tokens: int | None, num_frames: int | None = None) -> str:
+    """Rehearse ``cfg``'s layout and format the measured memory of every rank role beside ``plan``'s prediction,
+    on samples of the plan's shape (its AnyRes image size, ``num_frames``' video).
 
     A failure of the real path ends the command with exit status 1 and the error; a torch that cannot rehearse with
     status 2 and one line (``neva.training.rehearsal.RehearsalUnavailable``)."""
     tokens = text_tokens if text_tokens is not None else TEXT_TOKENS[cfg.stage]
     try:
-        measured = rehearse(cfg, tokens, LEARNED_FRACTION[cfg.stage], micro_batches=ENOUGH_MICRO_BATCHES)
+        size = plan.extra["image"]["size"]
+        measured = rehearse(cfg, tokens, LEARNED_FRACTION[cfg.stage], micro_batches=ENOUGH_MICRO_BATCHES,
+                            image_size=None if size is None else tuple(size), num_frames=num_frames)  # fmt: skip
     except RehearsalUnavailable as err:
         print(f"rehearsal unavailable: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -125,6 +125,13 @@ def grid_shape(size: tuple[int, int], pinpoints: Sequence[Sequence[int]], image_
     return ph // image_size, pw // image_size
 
 
+def largest_pinpoint(cfg: AnyResConfig) -> tuple[int, int]:
+    """``(height, width)`` of the pinpoint with the most pixels: an image of that size is AnyRes's worst case (the
+    most tiles; the most positions unless pooled), the size the planner and the rehearsal assume by default."""
+    h, w = max(cfg.grid_pinpoints, key=lambda p: p[0] * p[1])
+    return int(h), int(w)
+
+
 def unpadded_bounds(
     size: tuple[int, int], grid_hw: tuple[int, int], truncate: bool = False
 ) -> tuple[int, int, int, int]:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from neva.data.config import DataConfig
-from neva.models.anyres import feature_index
+from neva.models.anyres import feature_index, largest_pinpoint
 from neva.models.config import NevaConfig
 from neva.planner.image_mix import measure_image_mix
 from neva.typed import ConfigError
@@ -83,7 +83,7 @@ def image_load(
     if cfg.anyres is None:
         return ImageLoad(cfg.num_image_tokens, 1)
     if size is None:
-        size = tuple(max(cfg.anyres.grid_pinpoints, key=lambda p: p[0] * p[1]))
+        size = largest_pinpoint(cfg.anyres)
     lay = feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, size)
     return ImageLoad(lay.tokens, lay.tiles, (int(size[0]), int(size[1])))
 

@@ -35,8 +35,6 @@ from torch import nn
 
 from neva.checkpoint.source import ModelSource, neva_config_from_mm
 from neva.config import TrainConfig
-from neva.constants import IGNORE_INDEX
-from neva.data.collate import Collator
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model
 from neva.parallel.expert_parallel import use_uniform_dispatch
@@ -47,6 +45,7 @@ from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer
+from neva.training.rehearsal_inputs import synthetic_micro_batches
 
 # The tracker's categories, grouped as the planner reports memory (``neva.planner.plan.StageMemory``).
 CATEGORIES = {
@@ -65,7 +64,7 @@ ENOUGH_MICRO_BATCHES = 3
 
 
 class RehearsalUnavailable(RuntimeError):
-    """This torch lacks (or changed) a private API the rehearsal needs, or the layout is one it cannot run yet."""
+    """This torch lacks (or changed) a private API the rehearsal needs."""
 
 
 def _torch_tools() -> dict[str, Any]:
@@ -78,7 +77,7 @@ def _torch_tools() -> dict[str, Any]:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining._utils import InferenceMode
-        from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+        from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
         from torch.distributed.tensor.debug import (
             _clear_fast_path_sharding_prop_cache,
             _clear_python_sharding_prop_cache,
@@ -88,7 +87,7 @@ def _torch_tools() -> dict[str, Any]:
         raise RehearsalUnavailable(f"torch {torch.__version__} lacks an API the rehearsal needs: {e}") from e
     # Private members used besides the public ones: the peak so far, the per-parameter gradient hooks, the pipeline
     # stages' set-up (``_decide_pipeline_locally`` checks the instance attributes it sets where it sets them).
-    require(MemTracker, "reset_mod_stats", "get_tracker_snapshot")
+    require(MemTracker, "get_tracker_snapshot")
     require(MemTracker(), "_peak_mem", "_param_to_grad_hook_handles", "memory_tracking")
     require(FSDPMemTracker, "track_inputs")
     require(PipelineStage, "_prepare_forward_infra", "_prepare_backward_infra")
@@ -101,6 +100,7 @@ def _torch_tools() -> dict[str, Any]:
         "FSDPModule": FSDPModule,
         "FakeStore": FakeStore,
         "InferenceMode": InferenceMode,
+        "PipelineScheduleMulti": PipelineScheduleMulti,
         # DTensor caches sharding decisions by mesh shape; another rank role's mesh of the same shape has other
         # process groups, so the cache is emptied after every rank role.
         "clear_sharding_caches": lambda: (_clear_python_sharding_prop_cache(), _clear_fast_path_sharding_prop_cache()),
@@ -147,42 +147,15 @@ def edge_stages(layout: Layout) -> list[int]:
     return sorted({0, layout.pp - 1})
 
 
-def synthetic_micro_batches(
-    cfg: TrainConfig, ncfg: NevaConfig, layout: Layout, text_tokens: int, learned_fraction: float
-) -> list[list[dict[str, Any]]]:
-    """One step's micro-batches through the run's own collator: samples of one image and ``text_tokens`` text tokens
-    (BOS included; the last ``learned_fraction`` of them learned), ``micro_batch_size`` per micro-batch (host
-    tensors, as the loader gives them)."""
-    n_img = ncfg.num_image_tokens if ncfg.vision is not None else 0
-    learned = max(1, round(text_tokens * learned_fraction))
-    ids = torch.full((n_img + text_tokens,), 5, dtype=torch.long)
-    ids[0] = 1
-    ids[1 : 1 + n_img] = ncfg.image_token_id
-    labels = torch.full_like(ids, IGNORE_INDEX)
-    labels[-learned:] = ids[-learned:]
-    size = ncfg.vision.image_size if ncfg.vision is not None else 0
-    sample = {
-        "input_ids": ids,
-        "labels": labels,
-        "image_positions": torch.arange(1, 1 + n_img),
-        "pixel_values": torch.zeros((1 if n_img else 0, 3, size, size), dtype=torch.uint8),
-    }
-    data = cfg.model.data
-    # No ``model.data.seq_length``: the model's ``max_seq_len``, as the data module decides.
-    collate = Collator(0, data.seq_length or ncfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing)
-    return [
-        collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])
-        for m in range(layout.grad_accum)
-    ]
-
-
 class _PeakLocator:
-    """Keeps each micro-batch's module statistics (the trackers accept one root forward per iteration: their
-    statistics are archived and reset before every further micro-batch's root forward) and names the module, phase
-    and micro-batch of the peak afterwards."""
+    """Keeps each micro-batch's module statistics (the trackers accept one root forward per iteration: a chunk's
+    statistics are archived and dropped before every further micro-batch's forward through it) and names the module,
+    phase and micro-batch of the peak afterwards."""
 
-    def __init__(self, tracker: Any, root: nn.Module, pipelined: bool = False) -> None:
-        self.tracker, self.root = tracker, root
+    def __init__(self, tracker: Any, roots: list[nn.Module], pipelined: bool = False) -> None:
+        # ``roots``: the rank's pipeline chunks (one without pipelining); the first one's forwards count micro-batches.
+        self.tracker, self.roots, self.root = tracker, roots, roots[0]
+        self._started = False
         # Under 1F1B a micro-batch's statistics also hold the backward of an earlier one (up to pp - stage are in
         # flight): the place says which forward the backward followed.
         self.pipelined = pipelined
@@ -192,12 +165,18 @@ class _PeakLocator:
         self._handle = None
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
-        # Outside backward (not an activation-checkpointing recomputation) and seen before: a new micro-batch.
-        in_backward = torch._C._current_graph_task_id() != -1
-        if module is self.root and not in_backward and module in self.tracker.memory_tracking:
-            self.archive.append((self.micro_batch, dict(self.tracker.memory_tracking)))
-            self.tracker.reset_mod_stats()
-            self.micro_batch += 1
+        # A chunk's forward outside backward (not an activation-checkpointing recomputation): a new micro-batch through
+        # it. The trackers take one root forward per module between resets, so a chunk seen before has its modules'
+        # statistics archived and dropped; only its own: interleaved chunks run one chunk's forwards of several
+        # micro-batches while another's backward is pending, whose backward hooks still need their statistics.
+        if module not in self.roots or torch._C._current_graph_task_id() != -1:
+            return
+        tracking = self.tracker.memory_tracking
+        if module in tracking:
+            self.archive.append((self.micro_batch, {m: tracking.pop(m) for m in module.modules() if m in tracking}))
+        if module is self.root:
+            self.micro_batch += self._started
+            self._started = True
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -246,12 +225,14 @@ def rehearse(
     micro_batches: int | None = None,
     fake: bool = True,
     stages: list[int] | None = None,
+    image_size: tuple[int, int] | None = None,
+    num_frames: int | None = None,
 ) -> list[RankMemory]:
     """Run one optimizer step of every rank role of ``cfg``'s layout on fake tensors and measure its memory.
 
     Args:
         cfg: the composed run config (the world is ``trainer.devices × trainer.num_nodes``).
-        text_tokens: text tokens per sample (the planner's ``plan.text_tokens``); each sample has one image.
+        text_tokens: text tokens per sample (the planner's ``plan.text_tokens``); each sample has one image (or video).
         learned_fraction: share of the text tokens that are learned (LM-head positions when ``tp == 1``).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (tests' tiny shapes).
         micro_batches: without pipelining, run only the first ``micro_batches - 1`` and the last micro-batch of the
@@ -260,23 +241,19 @@ def rehearse(
         fake: False runs the same step on real tensors (the fake process group still moves no data): the tests'
             check that fake and real storage agree byte for byte, at tiny sizes.
         stages: the pipeline stages to rehearse (default: every stage; ``edge_stages``: the first and the last).
+        image_size: an AnyRes image's ``(height, width)`` (``plan.image_size``; None: the largest pinpoint, as
+            planned); its tiles and positions are the data side's (``neva.training.rehearsal_inputs``).
+        num_frames: each sample one video of this many frames instead of one image (``plan.num_frames``).
 
     Raises:
-        RehearsalUnavailable: this torch lacks a private API the rehearsal needs, or the layout interleaves
-            pipeline chunks (virtual pipeline stages).
+        RehearsalUnavailable: this torch lacks a private API the rehearsal needs.
         Exception: whatever the real path raises for this layout (the pre-flight's answer).
     """
     tools = _torch_tools()
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
-    if layout.vpp > 1:
-        # A rank of several chunks runs torch's multi-stage schedules, whose set-up the rehearsal does not decide.
-        raise RehearsalUnavailable(
-            f"interleaved pipeline chunks (model.virtual_pipeline_model_parallel_size={layout.vpp}) cannot be "
-            "rehearsed yet"
-        )
-    batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction)
+    batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction, image_size, num_frames)
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
         batches = batches[: micro_batches - 1] + batches[-1:]
     return [
@@ -290,13 +267,20 @@ class _NoHook:
         pass
 
 
-def _skip_frozen_grad_hooks(tracker: Any, parts: list[nn.Module]) -> None:
+def _skip_frozen_grad_hooks(tracker: Any, parts: list[nn.Module], fsdp_module: type) -> None:
     """MemTracker registers a gradient hook on every parameter of a module it meets, which fails on frozen ones (the
-    vision tower): mark those as hooked already, with handles that remove nothing."""
+    vision tower): mark those as hooked already, with handles that remove nothing. Under FSDP2 (several pipeline
+    chunks per rank, which ``FSDPMemTracker``'s one root cannot cover) a module's forward meets its unsharded
+    parameters, other objects than the sharded ones: each unit is unsharded once (before tracking) to mark those."""
     for part in parts:
+        units = [m for m in part.modules() if isinstance(m, fsdp_module)]
+        for unit in units:
+            unit.unshard()
         for p in part.parameters():
             if not p.requires_grad:
                 tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+        for unit in units:
+            unit.reshard()
 
 
 @torch.no_grad()
@@ -374,11 +358,11 @@ def _rehearse_rank(
                 tracker.track_inputs(tuple(tensors))
             else:
                 tracker = tools["MemTracker"]()
-                _skip_frozen_grad_hooks(tracker, parallel.parts)
+                _skip_frozen_grad_hooks(tracker, parallel.parts, tools["FSDPModule"])
                 tracker.track_external(*parallel.parts, optimizer, *tensors)
                 if parallel.master is not None:
                     tracker.track_external(parallel.master.main_grad, *(p for _, p in parallel.master.named_master))
-            locator = _PeakLocator(tracker, root, pipelined=parallel.runner is not None)
+            locator = _PeakLocator(tracker, parallel.parts, pipelined=parallel.runner is not None)
             optimizer.register_step_pre_hook(locator.before_optimizer)
             with locator.installed(), tracker:
                 if parallel.runner is not None:  # inside the trackers: the stage's receive buffers are its memory
@@ -422,14 +406,19 @@ def _decide_pipeline_locally(
     runner.static_io = lambda chunk, _: {"input_args": first if chunk == 0 else hidden, "output_args": hidden}
     n = len(micro_batches)
     schedule, stages = runner._schedule(shape, n, True)
-    require(schedule, "_stage_forward_initialized", "_stage_backward_initialized")
+    # One chunk per rank: a single-stage schedule; interleaved chunks: a multi-stage one, with its own flags.
+    flags = ("_stage_forward_initialized", "_stage_backward_initialized")
+    if isinstance(schedule, tools["PipelineScheduleMulti"]):
+        flags = ("_stages_forward_initialized", "_stages_backward_initialized")
+    require(schedule, *flags)
     for stage in stages:
         require(stage, "_runtime_validate", "_inference_mode")
         stage._runtime_validate = True
         stage._inference_mode = tools["InferenceMode"].STATIC
         stage._prepare_forward_infra(n, None, None, has_backward=True)
         stage._prepare_backward_infra(n, loss_fn=schedule._loss_fn)
-    schedule._stage_forward_initialized = schedule._stage_backward_initialized = True
+    for flag in flags:
+        setattr(schedule, flag, True)
 
 
 def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> NevaConfig:

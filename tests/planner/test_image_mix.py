@@ -83,3 +83,5 @@ def test_declared_mean_and_refusals(data, capsys):
         main(BASE + ["plan.image_tokens=-3"])
     with pytest.raises(ConfigError, match=r"plan\.image_tokens=N"):
         main(BASE + ["plan.image_tokens=data"])  # synthetic data: nothing to measure
+    with pytest.raises(ConfigError, match="one size"):
+        main(BASE + ["plan.image_tokens=600", "plan.rehearse=true"])  # a mean is no image the rehearsal can run

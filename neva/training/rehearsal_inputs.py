@@ -1,0 +1,104 @@
+"""The rehearsal's step inputs: synthetic samples of the planner's shape, collated by the run's own collator.
+
+A sample holds ``text_tokens`` text tokens and one visual input, laid out by the data side's own rules so that the
+rehearsed step sees what a real sample of that shape gives the model (the same keys, shapes and positions):
+
+* a fixed-size image: one tile, ``num_image_tokens`` positions;
+* an AnyRes image of ``image_size`` (default the largest pinpoint, ``neva.models.anyres.largest_pinpoint``, the size
+  the planner assumes): its tiles through the tower and its positions after unpad, pool and newline from
+  ``neva.models.anyres.feature_index``, with the feature index (and, pooled, weights) ``neva.data.anyres`` stores;
+* a video of ``num_frames`` frames (``plan.num_frames``): that many tower inputs, ``NevaConfig.video_tokens`` positions
+  carrying the video token, as ``neva.data.video`` lays them out.
+
+Pixel values are zeros (uint8, as the loader gives them): the step's memory depends on shapes only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from neva.config import TrainConfig
+from neva.constants import IGNORE_INDEX
+from neva.data.anyres import anyres_sample_fields
+from neva.data.collate import Collator
+from neva.models.anyres import feature_index, largest_pinpoint
+from neva.models.config import NevaConfig
+from neva.parallel.layout import Layout
+
+
+def _visual_fields(ncfg: NevaConfig, image_size: tuple[int, int] | None, num_frames: int | None) -> dict[str, Any]:
+    """A sample's visual keys, its visual positions' count (``"tokens"``) and the id they carry (``"token_id"``)."""
+    if ncfg.vision is None:
+        empty = torch.zeros((0, 3, 0, 0), dtype=torch.uint8)
+        return {"tokens": 0, "token_id": 0, "pixel_values": empty, "image_positions": torch.zeros(0, dtype=torch.long)}
+    side = ncfg.vision.image_size
+
+    def pixels(n: int) -> torch.Tensor:
+        return torch.zeros((n, 3, side, side), dtype=torch.uint8)
+
+    if num_frames:
+        if ncfg.video is None:
+            raise ValueError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
+        tokens = ncfg.video_tokens(num_frames)
+        return {
+            "tokens": tokens,
+            "token_id": ncfg.video_token,
+            "pixel_values": pixels(0),
+            "image_count": 0,
+            "video_pixel_values": pixels(num_frames),
+            "video_frames": torch.tensor([num_frames]),
+            "video_positions": torch.arange(1, 1 + tokens),
+            "image_positions": torch.zeros(0, dtype=torch.long),
+        }
+    if ncfg.anyres is None:
+        tokens, extra = ncfg.num_image_tokens, {"pixel_values": pixels(1)}
+    else:
+        size = image_size or largest_pinpoint(ncfg.anyres)
+        layout = feature_index(ncfg.anyres, ncfg.num_image_tokens, side, size)
+        tokens = layout.tokens
+        extra = {**anyres_sample_fields([layout], ncfg.num_image_tokens), "pixel_values": pixels(layout.tiles)}
+    return {"tokens": tokens, "token_id": ncfg.image_token_id, "image_count": 1,
+            "image_positions": torch.arange(1, 1 + tokens), **extra}  # fmt: skip
+
+
+def synthetic_sample(
+    ncfg: NevaConfig,
+    text_tokens: int,
+    learned_fraction: float,
+    image_size: tuple[int, int] | None = None,
+    num_frames: int | None = None,
+) -> dict[str, Any]:
+    """One sample as the dataset gives it: BOS, the visual positions, then text; the last ``learned_fraction`` of the
+    ``text_tokens`` (BOS included) learned."""
+    visual = _visual_fields(ncfg, image_size, num_frames)
+    n_vis, token_id = visual.pop("tokens"), visual.pop("token_id")
+    learned = max(1, round(text_tokens * learned_fraction))
+    ids = torch.full((n_vis + text_tokens,), 5, dtype=torch.long)
+    ids[0] = 1
+    ids[1 : 1 + n_vis] = token_id
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[-learned:] = ids[-learned:]
+    return {"input_ids": ids, "labels": labels, **visual}
+
+
+def synthetic_micro_batches(
+    cfg: TrainConfig,
+    ncfg: NevaConfig,
+    layout: Layout,
+    text_tokens: int,
+    learned_fraction: float,
+    image_size: tuple[int, int] | None = None,
+    num_frames: int | None = None,
+) -> list[dict[str, Any]]:
+    """One step's micro-batches through the run's own collator: ``micro_batch_size`` copies of ``synthetic_sample``
+    per micro-batch (host tensors, as the loader gives them)."""
+    sample = synthetic_sample(ncfg, text_tokens, learned_fraction, image_size, num_frames)
+    data = cfg.model.data
+    # No ``model.data.seq_length``: the model's ``max_seq_len``, as the data module decides.
+    collate = Collator(0, data.seq_length or ncfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing)
+    return [
+        collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])
+        for m in range(layout.grad_accum)
+    ]
