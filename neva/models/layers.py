@@ -52,6 +52,41 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
+class _SwiGLUFP32(torch.autograd.Function):
+    """``silu(gate) * up`` saving only its two inputs: the composite also keeps ``silu(gate)`` (one more
+    ``[.., intermediate]`` activation per layer) and allocates one more buffer each way. The backward recomputes
+    ``silu(gate)`` and applies the same ops as the composite's autograd (``mul``, ``silu_backward``), so results
+    are bitwise equal."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate).mul_(up)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        grad_up = F.silu(gate).mul_(grad)
+        grad_gate = grad * up
+        return torch.ops.aten.silu_backward(grad_gate, gate, grad_input=grad_gate), grad_up
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``: by ``_SwiGLUFP32`` for plain fp32 tensors that need gradients (sharded and
+    low-precision inputs, and compiled graphs, which fuse the composite, take the composite)."""
+    if (
+        type(gate) is torch.Tensor
+        and type(up) is torch.Tensor
+        and gate.dtype == up.dtype == torch.float32
+        and gate.shape == up.shape
+        and torch.is_grad_enabled()
+        and (gate.requires_grad or up.requires_grad)
+        and not torch.compiler.is_compiling()
+    ):
+        return _SwiGLUFP32.apply(gate, up)
+    return F.silu(gate) * up
+
+
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     """CLIP's sigmoid approximation of GELU."""
     return x * torch.sigmoid(1.702 * x)

@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
-from neva.models.layers import RMSNorm
+from neva.models.layers import RMSNorm, swiglu
 from neva.models.lora import dropout_keys_at
 from neva.models.moe import MoEFeedForward
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -80,7 +79,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
 class DecoderBlock(nn.Module):

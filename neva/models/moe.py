@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neva.models.config import LLMConfig
+from neva.models.layers import swiglu
 
 
 @dataclass
@@ -114,7 +115,7 @@ def grouped_experts(w1, w3, w2, x: torch.Tensor, counts: torch.Tensor | list[int
     offs = torch.cumsum(torch.as_tensor(counts, device=x.device), 0, dtype=torch.int32)
     gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
     up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
-    return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(swiglu(gate, up), w2.transpose(-2, -1), offs=offs)
 
 
 def looped_experts(w1, w3, w2, x: torch.Tensor, counts: torch.Tensor | list[int]) -> torch.Tensor:
@@ -125,7 +126,7 @@ def looped_experts(w1, w3, w2, x: torch.Tensor, counts: torch.Tensor | list[int]
     out = []
     for e, rows in enumerate(x.split(sizes)):
         if rows.shape[0]:
-            out.append(F.linear(F.silu(F.linear(rows, w1s[e])) * F.linear(rows, w3s[e]), w2s[e]))
+            out.append(F.linear(swiglu(F.linear(rows, w1s[e]), F.linear(rows, w3s[e])), w2s[e]))
     return torch.cat(out) if out else x.new_zeros(x.shape)
 
 

@@ -1,12 +1,12 @@
-"""Hand-written autograd of RoPE and fp32 RMSNorm against the composite PyTorch expressions they replace (outputs and
-gradients of every input, float64 references)."""
+"""Hand-written autograd of RoPE, fp32 RMSNorm and fp32 SwiGLU against the composite PyTorch expressions they
+replace (outputs and gradients of every input: float64 references; SwiGLU bitwise against fp32 autograd)."""
 
 import functools
 
 import torch
 import torch.nn.functional as F
 
-from neva.models.layers import RMSNorm
+from neva.models.layers import RMSNorm, swiglu
 from neva.models.rope import apply_rope
 
 # fp32 results against float64 references.
@@ -53,3 +53,13 @@ def test_fp32_rms_norm_equals_composite():
     close(got.double(), want)
     close(gx.double(), want_gx)
     close(gw.double(), want_gw)
+
+
+def test_fp32_swiglu_is_bitwise_the_composite():
+    g = torch.Generator().manual_seed(0)
+    gate, up = (torch.randn(3, 7, 16, generator=g) * 3).requires_grad_(), torch.randn(3, 7, 16, generator=g)
+    up.requires_grad_()
+    got, got_grads = _grads(swiglu, gate, up)
+    want, want_grads = _grads(lambda a, b: F.silu(a) * b, gate, up)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(got_grads, want_grads))
