@@ -60,7 +60,7 @@ def test_every_answer_follows_from_the_frames(tmp_path):
 
 
 def test_the_first_frame_does_not_determine_the_motion():
-    # num_frames=1 samples frame 0 (np.linspace(0, FRAMES - 1, 1)): the shape at the centre whichever way it goes
+    # num_frames=1 samples frame 0 (np.linspace(0, FRAMES - 1, 1)): the shape where it starts, whichever way it goes
     clips = [Clip("square", d, "red", "blue", start=(5, -3), background=20) for d in AXES]
     first = [np.asarray(c.frame(0)) for c in clips]
     assert all(np.array_equal(first[0], f) for f in first[1:])
