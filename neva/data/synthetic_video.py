@@ -1,11 +1,13 @@
-"""Built-in synthetic video task: a shape moving left / right / up / down while its colour changes, as real mp4 files.
+"""Built-in synthetic video task: a shape moving to the left / right / top / bottom while its colour changes, in mp4s.
 
 A clip is ``FRAMES`` frames of ``SIZE`` × ``SIZE`` pixels at ``RATE`` frames/s (H.264, written with PyAV): one filled
-shape (``neva.data.synthetic``'s shapes and palette) travels in a straight line across the frame, in its first colour
-for the first half of the clip and its second colour for the rest. The questions need more than one frame:
+shape (``neva.data.synthetic``'s shapes and palette) starts near the centre of the frame and travels in a straight
+line to one edge, in its first colour for the first half of the clip and its second colour for the rest. The
+questions need more than one frame:
 
-- ``motion``: "Which way does the square move?" (left / right / up / down): one frame shows where the shape is, not
-  where it goes.
+- ``motion``: "Which side does the square move to?" (left / right / top / bottom: one token each in the built-in
+  tokenizer, " up" and " down" are not): where the shape starts is drawn apart from where it goes, so the first frame
+  (the one one-frame sampling takes) is the same for all four directions.
 - ``end_color``: "What color is it at the end?" and ``start_color``: "What color is it at the start?": every clip
   shows two colours, so one frame cannot tell which one a question asks for without knowing when it was taken.
 
@@ -31,11 +33,15 @@ from neva.data.synthetic import COLORS, SHAPES, SPLITS, draw_shape
 FRAMES = 16
 SIZE = 64
 RATE = 8
-SHAPE_SIZE = 16
-DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
+SHAPE_SIZE = 24
+# Grey added to the background's top left, top right, bottom left and bottom right quarter: a random tiny tower's
+# position embeddings are too weak to tell where a patch is, the board's shades tell it.
+QUADRANT_SHADES = (0, 30, 60, 90)
+START = 6  # the shape starts up to this many pixels off the centred box along each axis: it travels 14 px or more
+DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "top": (0, -1), "bottom": (0, 1)}
 KINDS = ("motion", "end_color", "start_color")
 QUESTIONS = {
-    "motion": "Which way does the {shape} move?",
+    "motion": "Which side does the {shape} move to?",
     "end_color": "What color is it at the end?",
     "start_color": "What color is it at the start?",
 }
@@ -50,8 +56,8 @@ class Clip:
     direction: str
     start_color: str
     end_color: str
-    offset: int  # where across the other axis the shape travels (pixels from the centre line)
-    background: int  # grey level
+    start: tuple[int, int]  # where the shape is in frame 0: (x, y) pixels from the centred box, whatever the direction
+    background: int  # grey level of the darkest quarter
 
     def answer(self, kind: str) -> str:
         return self.direction if kind == "motion" else getattr(self, kind)
@@ -60,23 +66,29 @@ class Clip:
         return QUESTIONS[kind].format(shape=self.shape)
 
     def caption(self) -> str:
-        return f"a {self.start_color} {self.shape} moves {self.direction} and turns {self.end_color}"
+        return f"a {self.start_color} {self.shape} moves to the {self.direction} and turns {self.end_color}"
 
     def box(self, t: int) -> tuple[float, float, float, float]:
-        """The shape's box in frame ``t``: from one edge to the other along its direction."""
-        dx, dy = DIRECTIONS[self.direction]
-        travel = (SIZE - SHAPE_SIZE) * t / (FRAMES - 1)
-        along = travel if dx + dy > 0 else SIZE - SHAPE_SIZE - travel
-        across = (SIZE - SHAPE_SIZE) / 2 + self.offset
-        x0, y0 = (along, across) if dx else (across, along)
+        """The shape's box in frame ``t``: from ``start`` (frame 0) in a straight line to the edge it moves to (the
+        last frame)."""
+        corner = []
+        for offset, d in zip(self.start, DIRECTIONS[self.direction]):
+            first = (SIZE - SHAPE_SIZE) / 2 + offset
+            last = {-1: 0, 0: first, 1: SIZE - SHAPE_SIZE}[d]
+            corner.append(first + (last - first) * t / (FRAMES - 1))
+        x0, y0 = corner
         return x0, y0, x0 + SHAPE_SIZE - 1, y0 + SHAPE_SIZE - 1
 
     def color(self, t: int) -> str:
         return self.start_color if t < FRAMES // 2 else self.end_color
 
     def frame(self, t: int) -> Image.Image:
-        img = Image.new("RGB", (SIZE, SIZE), (self.background,) * 3)
-        draw_shape(ImageDraw.Draw(img), self.shape, self.color(t), self.box(t))
+        img = Image.new("RGB", (SIZE, SIZE))
+        draw, half = ImageDraw.Draw(img), SIZE // 2
+        for q, shade in enumerate(QUADRANT_SHADES):
+            x, y = (q % 2) * half, (q // 2) * half
+            draw.rectangle((x, y, x + half - 1, y + half - 1), fill=(self.background + shade,) * 3)
+        draw_shape(draw, self.shape, self.color(t), self.box(t))
         return img
 
 
@@ -89,8 +101,8 @@ def clip(seed: int, split: str, index: int) -> Clip:
         direction=list(DIRECTIONS)[int(rng.integers(len(DIRECTIONS)))],
         start_color=start,
         end_color=end,
-        offset=int(rng.integers(-12, 13)),
-        background=int(rng.integers(0, 60)),
+        start=(int(rng.integers(-START, START + 1)), int(rng.integers(-START, START + 1))),
+        background=int(rng.integers(0, 40)),
     )
 
 
@@ -155,4 +167,4 @@ def write_videos(seed: int, records: list[dict[str, Any]], folder: str) -> None:
 def default_folder(seed: int) -> str:
     """Where the clips go when no ``model.data.video_folder`` is set (the user's cache)."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "neva", f"synthetic_video-v1-seed{seed}")  # v1: FRAMES, SIZE, RATE of today
+    return os.path.join(cache, "neva", f"synthetic_video-v2-seed{seed}")  # v2: centre-to-edge clips on a quadrant board
