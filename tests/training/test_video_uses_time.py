@@ -17,7 +17,7 @@ COMMON = (
     "model.data.pad_to_multiple_of=8",  # rows padded to 8, not 64: the 8-frame finetune's CPU time falls 85.8 -> 63.3 s
 )  # fmt: skip
 # The finetune's loss sits on a plateau (the answers' priors) for about 100 steps before the clips are read.
-# 100 steps stay on it on both seeds measured (docs/DATA.md); one micro batch a step: the same gradient, less overhead.
+# 100 steps stay on it on both seeds measured (docs/DATA.md); one micro batch a step.
 PRETRAIN_STEPS, FINETUNE_STEPS, LR, MICRO_BATCH = 10, 150, 3e-3, 32
 EVAL_QUESTIONS = 240  # 80 of each kind
 MARGIN = 0.2
