@@ -40,6 +40,6 @@ def save_onevision_processor(
         "vision_feature_select_strategy": fields["vision_feature_select_strategy"],
         "image_token": fields["image_token"],
         "video_token": "<video>",
-        "vision_aspect_ratio": f"anyres_max_{cfg.anyres.max_num_patches}",
+        "vision_aspect_ratio": onevision_config_fields(cfg)["vision_aspect_ratio"],
     }
     write_processor_parts(directory, "LlavaOnevisionProcessor", tokenizer, image_processor, video_processor, fields)
