@@ -23,6 +23,7 @@ from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
 from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
+from neva.parallel.leave import leave_together
 from neva.parallel.strategy import build_strategy
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints, StepProgressBar
 from neva.training.export import save_final
@@ -143,9 +144,11 @@ def run(cfg: TrainConfig) -> Path | None:
                 trainer.fit(module, ckpt_path=ckpt_path)
             except StoppedBySignal:
                 ignore_further_signals()
+                leave_together()
                 raise
         check_trained(trainer, data, layout.dp)
         save_final(module.engine, source, final, is_writer=trainer.is_global_zero, **run_metadata(cfg))
+        leave_together()
     except Exception as err:
         if layout.is_distributed and (note := timeout_note(err, timeout, global_rank(), layout)):
             log.error(note)
