@@ -1,7 +1,9 @@
-"""The synthetic video task in CI (issue 24): the same seeded short run, once on 8 frames a clip and once on 1, from
-one pretrain checkpoint; on "What color is it at the end?" (4 colours; the one frame that one-frame sampling takes,
-frame 0, shows the start colour only, so at best 1/3) the multi-frame run must beat the one-frame run by a margin.
-The motion question is not learned at this size (docs/DATA.md, "Synthetic video": settings and measured numbers)."""
+"""The synthetic video task in CI (issue 24): a seeded short run on 8 frames a clip must answer "What color is it at
+the end?" better than any model that sees one frame can. The one frame that one-frame sampling takes, frame 0, shows
+the start colour only, and the end colour is drawn uniformly from the other three (``neva.data.synthetic_video.clip``),
+so a one-frame model answers it right with probability at most 1/3: that ceiling is the control (a trained 1-frame run
+measured 0.125-0.43, docs/DATA.md, and cost as much as the 8-frame one). The motion question is not learned at this
+size (docs/DATA.md, "Synthetic video": settings and measured numbers)."""
 
 import json
 
@@ -20,21 +22,20 @@ COMMON = (
 # 100 steps stay on it on both seeds measured (docs/DATA.md); one micro batch a step.
 PRETRAIN_STEPS, FINETUNE_STEPS, LR, MICRO_BATCH = 10, 150, 3e-3, 32
 EVAL_QUESTIONS = 240  # 80 of each kind
+ONE_FRAME_CEILING = 1 / 3
 MARGIN = 0.2
 
 
 @pytest.mark.slow
-def test_eight_frames_beat_one_frame_on_the_end_colour(tmp_path):
+def test_eight_frames_beat_the_one_frame_ceiling_on_the_end_colour(tmp_path):
     env = {**ENV, "NEVA_OUTPUT_ROOT": str(tmp_path)}
     run("-m", "neva.train", "+stage=pretrain", *COMMON, f"trainer.max_steps={PRETRAIN_STEPS}", env=env)
-    results = {}
-    for frames in (8, 1):
-        exp = tmp_path / f"finetune_{frames}"
-        run("-m", "neva.train", "+stage=finetune", *COMMON, f"model.data.num_frames={frames}",
-            f"trainer.max_steps={FINETUNE_STEPS}", f"recipe.finetune.lr={LR}",
-            f"recipe.finetune.micro_batch_size={MICRO_BATCH}", f"exp_manager.exp_dir={exp}", env=env)  # fmt: skip
-        results[frames] = json.loads(run("-m", "neva.evaluate", "--suite", "video", "--checkpoint", str(exp / "final"),
-                                         "--limit", str(EVAL_QUESTIONS), "--max-new-tokens", "3", env=env))  # fmt: skip
-        assert results[frames]["num_frames"] == frames  # served as trained: the checkpoint recorded its frame count
-    end = {frames: r["per_kind"]["end_color"] for frames, r in results.items()}
-    assert end[8] >= end[1] + MARGIN, f"end colour accuracy (8 frames vs 1): {end}; whole results: {results}"
+    exp = tmp_path / "finetune"
+    run("-m", "neva.train", "+stage=finetune", *COMMON, "model.data.num_frames=8", f"trainer.max_steps={FINETUNE_STEPS}",
+        f"recipe.finetune.lr={LR}", f"recipe.finetune.micro_batch_size={MICRO_BATCH}", f"exp_manager.exp_dir={exp}",
+        env=env)  # fmt: skip
+    result = json.loads(run("-m", "neva.evaluate", "--suite", "video", "--checkpoint", str(exp / "final"),
+                            "--limit", str(EVAL_QUESTIONS), "--max-new-tokens", "3", env=env))  # fmt: skip
+    assert result["num_frames"] == 8  # served as trained: the checkpoint recorded its frame count
+    end = result["per_kind"]["end_color"]
+    assert end >= ONE_FRAME_CEILING + MARGIN, f"end colour accuracy {end} on 8 frames; whole result: {result}"
