@@ -1,6 +1,7 @@
 """Multi-process CPU harness: the training loop of ``NevaModule`` without Lightning, in N gloo processes.
 
-Lean on purpose (CI has 2 cores): one spawn per group of layouts, a 2-layer tiny model, short sequences.
+Lean on purpose (CI has 2 cores): one process group per set of layouts, forked from a server that has imported
+everything once, a 2-layer tiny model, short sequences.
 """
 
 from __future__ import annotations
