@@ -4,7 +4,8 @@
   JSON line with ``accuracy``, ``n`` and per-question-kind accuracy.
 - ``--checkpoint CKPT``: another neva checkpoint.
 - ``--suite skills``: the skills suite (``neva.data.synthetic_skills``, the quality canary's): per-skill accuracy with
-  95 % Wilson intervals, and the same questions with another question's image(s) and with none (``SKILL_CONDITIONS``).
+  95 % Wilson intervals, the mean probability of the reference reply under teacher forcing (``reply_prob``), and the
+  same questions with another question's image(s) and with none (``SKILL_CONDITIONS``).
 - ``--suite detail``: the detail set (``neva.data.synthetic_detail``): accuracy with its 95 % Wilson interval, for
   comparing an AnyRes run with a fixed-resolution one.
 - ``--suite video``: the synthetic video clips' held-out questions (``neva.data.synthetic_video``), per kind.
@@ -108,7 +109,8 @@ is trained, so nothing stands in for the image). Where the answer depends on the
 
 
 def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
-    """Per-skill exact-match accuracy with 95 % Wilson intervals on the skills suite, and the two controls."""
+    """Per-skill exact-match accuracy with 95 % Wilson intervals on the skills suite, the mean probability of each
+    reference reply (``reply_prob``), and the two controls."""
     from neva.data.synthetic_skills import SKILLS, skills_eval_records
 
     records = skills_eval_records(answerer.model.cfg.vision.image_size, seed=seed, num_samples=limit)
@@ -130,6 +132,13 @@ def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) 
         ]
         for name, items in feeds.items()
     }
+    # Each reference reply's probability under teacher forcing: it keeps moving after a skill's accuracy saturates.
+    scored = [(r.question, list(r.images), r.answer) for r in records]
+    probs = [
+        math.exp(-x)
+        for k in range(0, len(scored), batch_size)
+        for x in answerer.reply_losses(scored[k : k + batch_size])
+    ]
     skills: dict[str, Any] = {}
     for name, skill in SKILLS.items():
         idx = [i for i, r in enumerate(records) if r.skill == name]
@@ -142,15 +151,35 @@ def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) 
             "accuracy": correct / len(idx),
             "ci95": [round(lo, 4), round(hi, 4)],
             "chance": round(skill.chance, 4),
+            "reply_prob": round(sum(probs[i] for i in idx) / len(idx), 4),
             **{c: sum(right[c][i] for i in idx) / len(idx) for c in SKILL_CONDITIONS[1:]},
         }
     return {
         "suite": "skills",
         "accuracy": sum(right["image"]) / len(records),
         "n": len(records),
+        "reply_prob": round(sum(probs) / len(probs), 4),
         "controls": {c: sum(right[c]) / len(records) for c in SKILL_CONDITIONS[1:]},
         "skills": skills,
     }
+
+
+BAND_METRICS = ("accuracy", "reply_prob")
+"""What the quality canary's bands bound, for the whole suite and per skill (``tests/training/canary_bands.json``)."""
+
+
+def outside_bands(result: dict[str, Any], bands: dict[str, Any]) -> dict[str, tuple[float, list[float]]]:
+    """``"{skill} {metric}"`` → ``(value, band)`` for each number of an ``evaluate_skills`` result outside its band
+    (``bands``: ``{"overall": {metric: [low, high]}, "skills": {skill: {metric: [low, high]}}}``); empty when every
+    number is inside. A skill the bands name but the result lacks counts as outside."""
+    values = {"overall": result, **result["skills"]}
+    outside = {}
+    for name, limits in {"overall": bands["overall"], **bands["skills"]}.items():
+        for metric, (low, high) in limits.items():
+            value = values.get(name, {}).get(metric, math.nan)
+            if not low <= value <= high:
+                outside[f"{name} {metric}"] = (value, [low, high])
+    return outside
 
 
 def evaluate_detail(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
@@ -212,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         choices=tuple(SUITES),
         default="shapes",
         help="held-out set: the coloured shapes (default), the skills suite (per-skill accuracy, 95%% Wilson "
-        "intervals and the swapped-image and no-image controls; the canary's measurement), the detail set (fine "
+        "intervals, the reference reply's mean probability, and the swapped-image and no-image controls; the "
+        "canary's measurement), the detail set (fine "
         "patterns that need AnyRes; accuracy with its 95%% Wilson interval) or the synthetic video clips (motion and "
         "colour over time, at the checkpoint's num_frames)",
     )

@@ -23,7 +23,7 @@ from PIL import Image
 
 from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
 from neva.checkpoint.step import as_neva_checkpoint
-from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
+from neva.constants import IGNORE_INDEX, IMAGE_TOKEN, VIDEO_TOKEN
 from neva.data.anyres import AnyResProcessor
 from neva.data.conversation import (
     DEFAULT_TEMPLATE,
@@ -33,13 +33,14 @@ from neva.data.conversation import (
     get_template,
     stop_strings,
 )
-from neva.data.encoding import tokenize_text
+from neva.data.encoding import encode, tokenize_text
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.records import record_images
 from neva.data.video import read_video_file
 from neva.data.video_decode import VideoLimits
 from neva.models.config import NevaConfig
-from neva.models.generation import GenerationConfig, generate
+from neva.models.generation import GenerationConfig, generate, left_pad
+from neva.models.loss import token_cross_entropy
 
 ImageInput = Image.Image | str | os.PathLike
 """An image given as a PIL image or as a path to open."""
@@ -97,8 +98,7 @@ class PromptBuilder:
                 for p in pieces
             )
             return list(self.tokenizer(text).input_ids)
-        if num_images and IMAGE_TOKEN not in prompt:
-            prompt = (IMAGE_TOKEN + "\n") * num_images + prompt
+        prompt = self._tagged(prompt, num_images)
         if video_tokens and VIDEO_TOKEN not in prompt:
             prompt = (VIDEO_TOKEN + "\n") * len(video_tokens) + prompt
         self._check_tags(prompt, num_images, len(video_tokens))
@@ -114,6 +114,32 @@ class PromptBuilder:
         for tok in ids:
             out += [tok] * next(counts) if tok in media else [tok]
         return out
+
+    def labelled_ids(self, prompt: str, reply: str, num_images: int) -> tuple[list[int], list[int]]:
+        """Token ids and labels of the exchange ``prompt`` → ``reply``, rendered and encoded by training's rules (this
+        template, system prompt and tokenization; ``neva.data.encoding.encode``): what a held-out sample's loss is
+        computed on. Images take ``num_image_tokens`` positions each.
+
+        Raises:
+            ValueError: raw mode (no template says where a reply starts), or tags that do not match ``num_images``.
+        """
+        if self.template is None:
+            raise ValueError("scoring a reply needs a conversation template; raw prompts have no reply format")
+        prompt = self._tagged(prompt, num_images)
+        self._check_tags(prompt, num_images)
+        messages = [Message("user", prompt), Message("assistant", reply)]
+        rendered = self.template.render(messages, system_prompt=self.system)
+        enc = encode(
+            rendered, self.tokenizer, self.cfg.image_token_id, self.cfg.num_image_tokens, num_images,
+            tokenization=self.tokenization,
+        )  # fmt: skip
+        return enc.input_ids, enc.labels
+
+    @staticmethod
+    def _tagged(prompt: str, num_images: int) -> str:
+        """The prompt with one ``<image>`` line per image in front when it has no tag (how training data places
+        them; ``neva.data.conversation.place_image_tags``)."""
+        return (IMAGE_TOKEN + "\n") * num_images + prompt if num_images and IMAGE_TOKEN not in prompt else prompt
 
     @staticmethod
     def _check_tags(prompt: str, num_images: int, num_videos: int = 0) -> None:
@@ -292,6 +318,33 @@ class Answerer:
             video_pixel_values=torch.cat(frames) if frames else None,
         )  # fmt: skip
         return [decode_answer(self.tokenizer, ids, self.generation.stop_strings) for ids in outs]
+
+    @torch.no_grad()
+    def reply_losses(self, scored: Sequence[tuple[str, Sequence[ImageInput], str]]) -> list[float]:
+        """Each ``(prompt, images, reply)``'s teacher-forced loss: the summed next-token cross-entropy (nats) of the
+        reply's learned tokens (``PromptBuilder.labelled_ids``), one batch. A held-out sample's share of a
+        validation loss, which keeps moving after exact-match accuracy has reached 1.
+
+        Raises:
+            ValueError: an AnyRes model (its images take their own positions), raw mode, tags that do not match.
+        """
+        if self.model.cfg.anyres is not None:
+            raise ValueError("reply losses take fixed-size images; this checkpoint tiles them (AnyRes)")
+        encoded = [self.builder.labelled_ids(prompt, reply, len(images)) for prompt, images, reply in scored]
+        pixels = [p for _, images, _ in scored if (p := load_pixels(images, self.processor)) is not None]
+        device = next(self.model.parameters()).device
+        batch = left_pad([ids for ids, _ in encoded], 0, self.builder.pad_id(), device)
+        labels = torch.full_like(batch.input_ids, IGNORE_INDEX)
+        for row, (_, row_labels) in enumerate(encoded):
+            labels[row, labels.shape[1] - len(row_labels) :] = torch.as_tensor(row_labels)
+        counts = torch.tensor([len(images) for _, images, _ in scored], device=device)
+        logits = self.model(
+            batch.input_ids, torch.cat(pixels).to(device) if pixels else None, counts,
+            position_ids=batch.position_ids, segment_ids=batch.segment_ids,
+        )  # fmt: skip
+        return [
+            float(token_cross_entropy(logits[row : row + 1], labels[row : row + 1])[0]) for row in range(len(scored))
+        ]
 
     def answer_all(
         self, items: Iterable[Item | Exception], batch_size: int, keep_going: bool = False

@@ -3,6 +3,7 @@ clean bands (tests/training/canary_bands.json). Not part of CI: one canary per b
 
     python scripts/canary_bugs.py                     # every bug, 2 at a time, outputs under outputs/canary_bugs
     python scripts/canary_bugs.py --bugs rope_bf16,no_splice --jobs 1 --markdown
+    python scripts/canary_bugs.py --write-bands 1234,1235,1236 --measured "date, machine"   # re-measure the bands
 
 Each bug is injected only inside this script's own child processes (``--inject BUG -m MODULE ARGS``: patch, then run
 the module as ``__main__``), never through hooks in neva. The stages run exactly the canary's commands
@@ -191,16 +192,17 @@ def _run(inject: tuple[str, ...], module: str, args: list[str], env: dict[str, s
     return proc.stdout
 
 
-def run_bug(bug: str, out_root: Path) -> dict:
-    """Train and evaluate the canary under ``bug``; the evaluation's JSON."""
+def run_bug(bug: str, out_root: Path, seed: int | None = None) -> dict:
+    """Train and evaluate the canary under ``bug`` (``seed``: the run's ``model.seed``, default the recipe's); the
+    evaluation's JSON."""
     train_inject, eval_inject, finetune_extra = BUGS[bug]
-    root = out_root / bug
+    root = out_root / (bug if seed is None else f"{bug}-seed{seed}")
     root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "PYTHONPATH": str(ROOT)}
     log = root / "log.txt"
-    quiet = ["trainer.enable_progress_bar=false"]
-    _run(train_inject, "neva.train", ["+canary=pretrain", *quiet], env, log)
-    finetune = ["+canary=finetune", *quiet, *finetune_extra]
+    common = ["trainer.enable_progress_bar=false", *([] if seed is None else [f"++model.seed={seed}"])]
+    _run(train_inject, "neva.train", ["+canary=pretrain", *common], env, log)
+    finetune = ["+canary=finetune", *common, *finetune_extra]
     if bug == "resume_drops_optimizer_state":
         _run(("stop_at_resume_step",), "neva.train", finetune, env, log, ok=(138,))
         _run(("drop_optimizer_state",), "neva.train", finetune, env, log)
@@ -211,28 +213,46 @@ def run_bug(bug: str, out_root: Path) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def verdict(result: dict, bands: dict) -> tuple[list[str], dict[str, float]]:
-    """Skills (and ``overall``) outside their bands, and each one's accuracy minus its band's centre."""
-    values = {"overall": result["accuracy"], **{k: v["accuracy"] for k, v in result["skills"].items()}}
-    limits = {"overall": bands["overall"], **bands["skills"]}
-    outside = [k for k, (lo, hi) in limits.items() if not lo <= values[k] <= hi]
-    return outside, {k: values[k] - (lo + hi) / 2 for k, (lo, hi) in limits.items()}
+def bands_from(results: list[dict], measured: str) -> dict:
+    """Bands over clean results: [min - 0.03, max + 0.03] per skill and metric ([min - 0.02, max + 0.02] for the
+    whole suite), clipped to [0, 1]."""
+    from neva.evaluate import BAND_METRICS  # not at the top: an --inject child patches neva before importing it
+
+    def band(values: list[float], margin: float) -> list[float]:
+        return [round(max(0.0, min(values) - margin), 4), round(min(1.0, max(values) + margin), 4)]
+
+    skills = list(results[0]["skills"])
+    return {
+        "measured": measured,
+        "n": results[0]["n"],
+        "overall": {m: band([r[m] for r in results], 0.02) for m in BAND_METRICS},
+        "skills": {k: {m: band([r["skills"][k][m] for r in results], 0.03) for m in BAND_METRICS} for k in skills},
+    }
 
 
 def markdown(results: dict[str, dict], bands: dict) -> str:
+    """The table for docs/TRAINING.md: accuracy / reply probability per skill, bold outside the band."""
+    from neva.evaluate import BAND_METRICS, outside_bands
+
     names = ["overall", *bands["skills"]]
-    head = "| bug | " + " | ".join(names) + " | caught (outside the band) |"
-    lines = [head, "|" + "---|" * (len(names) + 2)]
-    band_cells = [f"{lo:.3f}–{hi:.3f}" for lo, hi in [bands["overall"], *bands["skills"].values()]]
-    lines.append("| clean band | " + " | ".join(band_cells) + " | |")
+    lines = ["| bug | " + " | ".join(names) + " | caught (outside the band) |", "|" + "---|" * (len(names) + 2)]
+    limits = {"overall": bands["overall"], **bands["skills"]}
+    cells = [" / ".join(f"{lo:.3f}–{hi:.3f}" for lo, hi in (limits[k][m] for m in BAND_METRICS)) for k in names]
+    lines.append("| clean band | " + " | ".join(cells) + " | |")
     for bug, result in results.items():
         if "error" in result:
             lines.append(f"| {bug} | " + " | ".join("–" for _ in names) + f" | run failed: {result['error']} |")
             continue
-        outside, _ = verdict(result, bands)
-        values = [result["accuracy"], *(result["skills"][k]["accuracy"] for k in bands["skills"])]
-        cells = [f"**{v:.3f}**" if k in outside else f"{v:.3f}" for k, v in zip(names, values)]
-        lines.append(f"| {bug} | " + " | ".join(cells) + f" | {'yes: ' + ', '.join(outside) if outside else 'no'} |")
+        outside = outside_bands(result, bands)
+        values = {"overall": result, **result["skills"]}
+        cells = [
+            " / ".join(
+                f"**{values[k][m]:.3f}**" if f"{k} {m}" in outside else f"{values[k][m]:.3f}" for m in BAND_METRICS
+            )
+            for k in names
+        ]
+        caught = "yes: " + ", ".join(outside) if outside else "no"
+        lines.append(f"| {bug} | " + " | ".join(cells) + f" | {caught} |")
     return "\n".join(lines)
 
 
@@ -245,9 +265,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bugs", default=",".join(BUGS), help=f"comma-separated, of: {', '.join(BUGS)}")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "canary_bugs")
-    parser.add_argument("--jobs", type=int, default=2, help="bugs trained at once")
+    parser.add_argument("--jobs", type=int, default=2, help="canaries trained at once")
     parser.add_argument("--markdown", action="store_true", help="also print the table for docs/TRAINING.md")
+    parser.add_argument(
+        "--write-bands",
+        metavar="SEEDS",
+        help="instead of bugs: train the clean canary with each comma-separated model.seed and write the bands over "
+        f"them to {BANDS.relative_to(ROOT)} (the machine and date go into its 'measured' field: pass --measured)",
+    )
+    parser.add_argument("--measured", default="", help="with --write-bands: when, where and how the bands were run")
     args = parser.parse_args()
+    from neva.evaluate import outside_bands
+
+    if args.write_bands:
+        seeds = [int(s) for s in args.write_bands.split(",") if s]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(lambda seed: run_bug("clean", args.out, seed), seeds))
+        for seed, result in zip(seeds, results):
+            print(json.dumps({"seed": seed, **result}), flush=True)
+        BANDS.write_text(json.dumps(bands_from(results, args.measured), indent=2) + "\n")
+        return
     bugs = [b for b in args.bugs.split(",") if b]
     unknown = [b for b in bugs if b not in BUGS]
     if unknown:
@@ -265,8 +302,7 @@ def main() -> None:
         for bug, result in pool.map(one, bugs):
             results[bug] = result
             if "error" not in result:
-                outside, delta = verdict(result, bands)
-                result["outside_band"], result["minus_band_centre"] = outside, delta
+                result["outside_band"] = outside_bands(result, bands)
             print(json.dumps({"bug": bug, **result}), flush=True)
     if args.markdown:
         print(markdown(results, bands))

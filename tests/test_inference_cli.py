@@ -144,3 +144,43 @@ def test_generate_caps_max_new_tokens_at_the_context(checkpoint, capsys):
     capped = capsys.readouterr().out
     generate_main([*args, str(NEW_TOKENS)])
     assert capped.startswith(capsys.readouterr().out.rstrip("\n"))  # the same answer, continued up to the context
+
+
+@one_thread()
+def test_reply_losses_equal_the_training_loss_of_each_record(checkpoint):
+    """The evaluator's teacher-forced reply loss is the loss training computes on the same LLaVA record: encoded by the
+    data pipeline (template, labels), collated alone, the model's forward, the summed cross-entropy."""
+    from neva.constants import IMAGE_TOKEN
+    from neva.data.collate import Collator
+    from neva.data.conversation import get_template
+    from neva.data.dataset import EncoderSettings, process_record
+    from neva.data.images import CallableImageSource, ImageProcessor
+    from neva.models.loss import token_cross_entropy
+    from neva.training.engine import model_inputs
+
+    answerer = Answerer(checkpoint / "ckpt", GenerationConfig(max_new_tokens=1), dtype=torch.float32)
+    images = {name: Image.open(checkpoint / name).convert("RGB") for name in ("a.png", "b.png")}
+    scored = [
+        ("What color are the shapes?", [images["a.png"]], "red"),
+        ("Which is brighter?", [images["a.png"], images["b.png"]], "the second one, by far"),
+        ("What is 2 plus 3?", [], "5"),
+    ]
+    got = answerer.reply_losses(scored)
+
+    tokenizer, cfg = answerer.tokenizer, answerer.model.cfg
+    settings = EncoderSettings(
+        tokenizer, get_template("vicuna_v1", tokenizer), cfg.image_token_id, cfg.num_image_tokens, max_length=None
+    )
+    source = CallableImageSource(lambda name: images[name])
+    for (question, imgs, reply), loss in zip(scored, got):
+        names = [n for img in imgs for n, im in images.items() if im is img]
+        human = f"{IMAGE_TOKEN}\n" * len(imgs) + question
+        record = {"id": 0, "conversations": [{"from": "human", "value": human}, {"from": "gpt", "value": reply}]}
+        sample = process_record({**record, "image": names} if names else record, settings, source,
+                                ImageProcessor(cfg.vision))  # fmt: skip
+        batch = Collator(answerer.builder.pad_id(), seq_length=cfg.llm.max_seq_len)([sample])
+        with torch.no_grad():
+            logits = answerer.model(**model_inputs(batch, torch.device("cpu"), packed=False))
+        expected, tokens = token_cross_entropy(logits, batch["labels"])
+        assert tokens >= 2  # the reply's token(s) and the end of turn
+        assert loss == pytest.approx(float(expected), rel=1e-5)
