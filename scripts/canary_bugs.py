@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import runpy
 import signal
@@ -214,19 +215,26 @@ def run_bug(bug: str, out_root: Path, seed: int | None = None) -> dict:
 
 
 def bands_from(results: list[dict], measured: str) -> dict:
-    """Bands over clean results: [min - 0.03, max + 0.03] per skill and metric ([min - 0.02, max + 0.02] for the
-    whole suite), clipped to [0, 1]."""
+    """Bands over clean results: [min - margin, max + margin] per skill and metric, clipped to [0, 1]. The margin is
+    0.03 (0.02 for the whole suite), and for an accuracy at least two standard errors of a proportion at the band's
+    centre over the questions asked: another trajectory re-draws which questions a skill near chance gets right
+    (``binding`` at 0.31 over 200 questions: ±0.065)."""
     from neva.evaluate import BAND_METRICS  # not at the top: an --inject child patches neva before importing it
 
-    def band(values: list[float], margin: float) -> list[float]:
+    def band(values: list[float], margin: float, n: int | None) -> list[float]:
+        if n is not None:
+            centre = (min(values) + max(values)) / 2
+            margin = max(margin, 2 * math.sqrt(centre * (1 - centre) / n))
         return [round(max(0.0, min(values) - margin), 4), round(min(1.0, max(values) + margin), 4)]
 
-    skills = list(results[0]["skills"])
+    def bands(rows: list[dict], margin: float) -> dict:
+        return {m: band([r[m] for r in rows], margin, rows[0]["n"] if m == "accuracy" else None) for m in BAND_METRICS}
+
     return {
         "measured": measured,
         "n": results[0]["n"],
-        "overall": {m: band([r[m] for r in results], 0.02) for m in BAND_METRICS},
-        "skills": {k: {m: band([r["skills"][k][m] for r in results], 0.03) for m in BAND_METRICS} for k in skills},
+        "overall": bands(results, 0.02),
+        "skills": {k: bands([r["skills"][k] for r in results], 0.03) for k in results[0]["skills"]},
     }
 
 
