@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,23 +74,31 @@ def pixels_unnormalised() -> None:
     vision.normalize_pixels = lambda pixels, mean, std: pixels.float().div(255.0)
 
 
-def positions_restart_late() -> None:
-    """Packed rows: each sample's positions restart 8 tokens late (its first tokens continue the previous count)."""
+def _restart_positions_off_by(shift: int) -> None:
+    """Packed rows: each sample's position count restarts ``shift`` tokens off its boundary (clipped to the row)."""
     import torch
 
     def edit(out):
         seg = out["segment_ids"]
         for r in range(seg.shape[0]):
             starts = [0, *((seg[r, 1:] != seg[r, :-1]).nonzero().flatten() + 1).tolist()]
-            pos, last = torch.zeros(seg.shape[1], dtype=torch.long), 0
-            for start, end in zip(starts, [*starts[1:], seg.shape[1]]):
-                late = min(start + 8, end)
-                pos[start:late] = torch.arange(last, last + late - start)
-                pos[late:end] = torch.arange(end - late)
-                last = int(pos[end - 1]) + 1
+            cuts = sorted({min(max(s + shift, 0), seg.shape[1]) for s in starts if seg[r, s] > 0} | {0, seg.shape[1]})
+            pos = torch.cat([torch.arange(b - a) for a, b in pairwise(cuts)])
             out["position_ids"][r] = pos * (seg[r] > 0)
 
     _wrap_collator(edit)
+
+
+def positions_restart_late() -> None:
+    """Packed rows: positions restart 8 tokens late, inside each sample (its first 8 tokens continue the count
+    before them: BOS, ` USER: ` and the first image tokens)."""
+    _restart_positions_off_by(8)
+
+
+def positions_restart_early() -> None:
+    """Packed rows: positions restart 8 tokens early, inside the sample before each boundary (its last 8 tokens,
+    ``ASSISTANT:`` and the learned reply, count from 0 again)."""
+    _restart_positions_off_by(-8)
 
 
 def rope_bf16() -> None:
@@ -154,6 +163,7 @@ INJECTIONS = {
         no_splice,
         pixels_unnormalised,
         positions_restart_late,
+        positions_restart_early,
         rope_bf16,
         loss_weights_per_micro_batch,
         stop_at_resume_step,
@@ -168,6 +178,7 @@ BUGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "pixels_unnormalised": (("pixels_unnormalised",), ("pixels_unnormalised",), ()),
     "positions_restart_late": (("positions_restart_late",), (), ()),
     "projector_frozen_in_finetune": ((), (), ("model.mm_cfg.freeze_projector=true",)),
+    "positions_restart_early": (("positions_restart_early",), (), ()),
     "rope_bf16": (("rope_bf16",), ("rope_bf16",), ()),
     "resume_drops_optimizer_state": ((), (), ()),  # finetune stopped at RESUME_AT, resumed with drop_optimizer_state
     "loss_weights_per_micro_batch": (("loss_weights_per_micro_batch",), (), ()),
