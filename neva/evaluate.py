@@ -6,9 +6,10 @@
 - ``--suite skills``: the skills suite (``neva.data.synthetic_skills``, the quality canary's): per-skill accuracy with
   95 % Wilson intervals, the mean probability of the reference reply under teacher forcing (``reply_prob``), and the
   same questions with another question's image(s) and with none (``SKILL_CONDITIONS``).
-- ``--suite detail``: the detail set (``neva.data.synthetic_detail``): accuracy with its 95 % Wilson interval, for
-  comparing an AnyRes run with a fixed-resolution one.
-- ``--suite video``: the synthetic video clips' held-out questions (``neva.data.synthetic_video``), per kind.
+- ``--suite detail``: the detail set (``neva.data.synthetic_detail``): accuracy with its 95 % Wilson interval and the
+  same controls, for comparing an AnyRes run with a fixed-resolution one.
+- ``--suite video``: the synthetic video clips' held-out questions (``neva.data.synthetic_video``), per kind, with
+  intervals and the same controls (another clip; none).
 - ``--input-file q.jsonl --output-file a.jsonl``: LLaVA ``model_vqa``-style question records
   (``{"question_id", "image", "text"}``; ``prompt`` is accepted for ``text``) answered greedily; answers are written as
   ``{"question_id", "prompt", "text", "model_id"}`` (what the LLaVA / lmms scorers read). Records carrying an
@@ -68,26 +69,36 @@ def evaluate_synthetic(answerer: Answerer, limit: int, seed: int, batch_size: in
 
 
 def evaluate_video(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
-    """Exact-match accuracy on the held-out synthetic video clips (``neva.data.synthetic_video``), per question kind;
-    each clip decoded by the loader's decoder at the checkpoint's ``num_frames``. Chance: 0.25 on ``motion``."""
-    from neva.data.synthetic_video import default_folder, question_kind, video_records, write_videos
+    """Exact-match accuracy on the held-out synthetic video clips (``neva.data.synthetic_video``), per question kind
+    with its 95 % Wilson interval, chance and the controls (another clip; no clip); each clip decoded by the loader's
+    decoder at the checkpoint's ``num_frames``."""
+    from neva.data.synthetic import COLORS
+    from neva.data.synthetic_video import (
+        DIRECTIONS,
+        KINDS,
+        clip,
+        default_folder,
+        question_kind,
+        video_records,
+        write_videos,
+    )
 
     records = video_records(seed, "val", limit, "qa")
     folder = default_folder(seed)
     write_videos(seed, records, folder)
-    items = [
-        (r["conversations"][0]["value"], [], [answerer.read_video(os.path.join(folder, r["video"]))]) for r in records
+    clips = [clip(seed, "val", i) for i in range(len(records))]
+    kinds = [question_kind(i) for i in range(len(records))]
+    items: list[Item] = [
+        (c.question(kind), [], [answerer.read_video(os.path.join(folder, r["video"]))])
+        for c, kind, r in zip(clips, kinds, records)
     ]
-    answers = stripped_answers(answerer, items, batch_size)
-    per_kind: dict[str, list[int]] = defaultdict(list)
-    for i, (record, answer) in enumerate(zip(records, answers)):
-        per_kind[question_kind(i)].append(int(normalize(answer) == normalize(record["conversations"][1]["value"])))
+    right = correct_under_controls(answerer, items, [c.answer(k) for c, k in zip(clips, kinds)], batch_size)
+    chance = {k: 1 / (len(DIRECTIONS) if k == "motion" else len(COLORS)) for k in KINDS}
     return {
         "suite": "video",
-        "accuracy": sum(sum(v) for v in per_kind.values()) / len(records),
-        "n": len(records),
+        **overall(right),
         "num_frames": answerer.video_limits.num_frames,
-        "per_kind": {k: sum(v) / len(v) for k, v in sorted(per_kind.items())},
+        "per_kind": accuracy_rows(right, kinds, chance),
     }
 
 
@@ -103,9 +114,69 @@ def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float
 
 
 SKILL_CONDITIONS = ("image", "swapped", "no_image")
-"""The suite's three feeds of each question: its own image(s); the image(s) of the next held-out question with as many
-images (same prompt, wrong pixels); and no image at all (the prompt without ``<image>`` tags, as a text-only sample
-is trained, so nothing stands in for the image). Where the answer depends on the image, the controls fall to chance."""
+"""A suite's three feeds of each question: its own image(s) or video(s); those of the next held-out question with as
+many (same prompt, wrong pixels); and none at all (the prompt without tags, as a text-only sample is trained, so
+nothing is fed in the media's place). Where the answer depends on the media, the controls fall to chance."""
+
+
+def correct_under_controls(
+    answerer: Answerer, items: list[Item], answers: list[str], batch_size: int
+) -> dict[str, list[bool]]:
+    """Per ``SKILL_CONDITIONS`` feed, whether each item (bare prompt, images, videos) is answered exactly right."""
+    media = [(list(item[1]), list(item[2]) if len(item) > 2 else []) for item in items]
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, (images, videos) in enumerate(media):
+        groups[len(images), len(videos)].append(i)
+    swapped = list(range(len(items)))
+    for group in groups.values():
+        for pos, i in enumerate(group):
+            swapped[i] = group[(pos + 1) % len(group)]
+    feeds = {
+        "image": [(item[0], *media[i]) for i, item in enumerate(items)],
+        "swapped": [(item[0], *media[j]) for item, j in zip(items, swapped)],
+        "no_image": [(item[0], [], []) for item in items],
+    }
+    return {
+        name: [normalize(a) == normalize(b) for a, b in zip(stripped_answers(answerer, feed, batch_size), answers)]
+        for name, feed in feeds.items()
+    }
+
+
+def overall(right: dict[str, list[bool]]) -> dict[str, Any]:
+    """The whole suite's accuracy, question count and controls."""
+    n = len(right["image"])
+    return {
+        "accuracy": sum(right["image"]) / n,
+        "n": n,
+        "controls": {c: sum(right[c]) / n for c in SKILL_CONDITIONS[1:]},
+    }
+
+
+def accuracy_rows(
+    right: dict[str, list[bool]],
+    labels: list[str],
+    chance: dict[str, float],
+    means: dict[str, list[float]] | None = None,
+) -> dict[str, Any]:
+    """Per skill (``labels[i]``: question ``i``'s, in ``chance``'s order): its question count, accuracy with the 95 %
+    Wilson interval, chance level, the mean of each per-question number in ``means``, and accuracy under each
+    control."""
+    rows: dict[str, Any] = {}
+    for name, level in chance.items():
+        idx = [i for i, label in enumerate(labels) if label == name]
+        if not idx:
+            continue
+        correct = sum(right["image"][i] for i in idx)
+        lo, hi = wilson_interval(correct, len(idx))
+        rows[name] = {
+            "n": len(idx),
+            "accuracy": correct / len(idx),
+            "ci95": [round(lo, 4), round(hi, 4)],
+            "chance": round(level, 4),
+            **{key: round(sum(values[i] for i in idx) / len(idx), 4) for key, values in (means or {}).items()},
+            **{c: sum(right[c][i] for i in idx) / len(idx) for c in SKILL_CONDITIONS[1:]},
+        }
+    return rows
 
 
 def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
@@ -114,24 +185,8 @@ def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) 
     from neva.data.synthetic_skills import SKILLS, skills_eval_records
 
     records = skills_eval_records(answerer.model.cfg.vision.image_size, seed=seed, num_samples=limit)
-    by_count: dict[int, list[int]] = defaultdict(list)
-    for i, r in enumerate(records):
-        by_count[len(r.images)].append(i)
-    swapped = list(range(len(records)))
-    for group in by_count.values():
-        for pos, i in enumerate(group):
-            swapped[i] = group[(pos + 1) % len(group)]
-    feeds = {
-        "image": [(r.question, list(r.images)) for r in records],
-        "swapped": [(r.question, list(records[j].images)) for r, j in zip(records, swapped)],
-        "no_image": [(r.question, []) for r in records],
-    }
-    right = {
-        name: [
-            normalize(a) == normalize(r.answer) for a, r in zip(stripped_answers(answerer, items, batch_size), records)
-        ]
-        for name, items in feeds.items()
-    }
+    right = correct_under_controls(answerer, [(r.question, r.images) for r in records], [r.answer for r in records],
+                                   batch_size)  # fmt: skip
     # Each reference reply's probability under teacher forcing: it keeps moving after a skill's accuracy saturates.
     scored = [(r.question, list(r.images), r.answer) for r in records]
     probs = [
@@ -139,27 +194,15 @@ def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) 
         for k in range(0, len(scored), batch_size)
         for x in answerer.reply_losses(scored[k : k + batch_size])
     ]
-    skills: dict[str, Any] = {}
-    for name, skill in SKILLS.items():
-        idx = [i for i, r in enumerate(records) if r.skill == name]
-        if not idx:
-            continue
-        correct = sum(right["image"][i] for i in idx)
-        lo, hi = wilson_interval(correct, len(idx))
-        skills[name] = {
-            "n": len(idx),
-            "accuracy": correct / len(idx),
-            "ci95": [round(lo, 4), round(hi, 4)],
-            "chance": round(skill.chance, 4),
-            "reply_prob": round(sum(probs[i] for i in idx) / len(idx), 4),
-            **{c: sum(right[c][i] for i in idx) / len(idx) for c in SKILL_CONDITIONS[1:]},
-        }
+    chance = {name: skill.chance for name, skill in SKILLS.items()}
+    skills = accuracy_rows(right, [r.skill for r in records], chance, {"reply_prob": probs})
+    whole = overall(right)
     return {
         "suite": "skills",
-        "accuracy": sum(right["image"]) / len(records),
-        "n": len(records),
+        "accuracy": whole["accuracy"],
+        "n": whole["n"],
         "reply_prob": round(sum(probs) / len(probs), 4),
-        "controls": {c: sum(right[c]) / len(records) for c in SKILL_CONDITIONS[1:]},
+        "controls": whole["controls"],
         "skills": skills,
     }
 
@@ -183,20 +226,20 @@ def outside_bands(result: dict[str, Any], bands: dict[str, Any]) -> dict[str, tu
 
 
 def evaluate_detail(answerer: Answerer, limit: int, seed: int, batch_size: int) -> dict[str, Any]:
-    """Exact-match accuracy with its 95 % Wilson interval on the detail set (``neva.data.synthetic_detail``), the
-    images at full size (a fixed-resolution checkpoint downscales them, an AnyRes one tiles them)."""
+    """Exact-match accuracy with its 95 % Wilson interval and the controls (another image; none) on the detail set
+    (``neva.data.synthetic_detail``), the images at full size (a fixed-resolution checkpoint downscales them, an
+    AnyRes one tiles them)."""
     from neva.data.synthetic_detail import PATTERNS, detail_eval_items
 
     items = detail_eval_items(answerer.model.cfg.vision.image_size, seed=seed, num_samples=limit)
-    answers = stripped_answers(answerer, [(q, [image]) for q, image, _ in items], batch_size)
-    correct = sum(normalize(a) == normalize(answer) for a, (_, _, answer) in zip(answers, items))
-    lo, hi = wilson_interval(correct, len(items))
+    right = correct_under_controls(answerer, [(q, [image]) for q, image, _ in items], [a for _, _, a in items],
+                                   batch_size)  # fmt: skip
+    (row,) = accuracy_rows(right, ["detail"] * len(items), {"detail": 1 / len(PATTERNS)}).values()
     return {
         "suite": "detail",
-        "accuracy": correct / len(items),
-        "ci95": [round(lo, 4), round(hi, 4)],
-        "chance": round(1 / len(PATTERNS), 4),
-        "n": len(items),
+        **overall(right),
+        "ci95": row["ci95"],
+        "chance": row["chance"],
         "anyres": answerer.model.cfg.anyres is not None,
     }
 

@@ -73,6 +73,8 @@ def test_evaluate_video_suite_asks_the_held_out_clips_at_the_checkpoints_frames(
     result = json.loads(capsys.readouterr().out)
     assert result["n"] == 6 and result["num_frames"] == NUM_FRAMES and 0.0 <= result["accuracy"] <= 1.0
     assert set(result["per_kind"]) == {"motion", "start_color", "end_color"}
+    assert all({"ci95", "chance", "swapped", "no_image"} <= set(row) for row in result["per_kind"].values())
+    assert set(result["controls"]) == {"swapped", "no_image"}
     assert len(list(tmp_path.rglob("*.mp4"))) == 6
 
 
