@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BANDS = ROOT / "tests" / "training" / "canary_bands.json"
-RESUME_AT = 120  # optimizer step at which the resume bug's finetune stops (SIGUSR1) and is resumed
+RESUME_AT = 180  # optimizer step (of 540) at which the resume bug's finetune stops (SIGUSR1) and is resumed
 
 
 def _wrap_collator(edit) -> None:

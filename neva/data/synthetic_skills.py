@@ -5,15 +5,18 @@ skills that take longer to learn, each a generator in ``SKILLS`` (the registry n
 video questions, by adding a ``Skill``):
 
 - ``count``: 5–9 objects on a 4×4 grid (beyond subitising), "How many objects are there?"
-- ``relation``: two named objects among two or three, "Is the red circle left of the blue square?" (yes / no)
+- ``relation``: two named objects among two or three, "Is the red circle left of the blue square?" (yes / no); a
+  training sample asks it of up to ``TURNS`` distinct pairs
 - ``binding``: three objects of distinct shapes and colours, "What color is the triangle?" / "What shape is the red
-  one?"
+  one?"; a training sample asks it of all three objects, in one form
 - ``compare``: two images in one sample, "Which image has more objects?" (first / second)
 - ``text``: no image, "What is 2 plus 3?" (sums up to 8)
 
 As in ``neva.data.synthetic``, everything is a pure function of ``(seed, split, index)``: records are cheap dicts
-and images are drawn on demand from their names (``SkillImages``), with that module's shape drawing. Sample ``index``
-asks the skill ``index % len(SKILLS)``, so every split holds the skills in equal shares.
+and images are drawn on demand from their names (``SkillImages``), with that module's shape drawing. Training sample
+``index`` asks skill ``index`` of ``TRAINING_ROTATION`` (binding, the skill that needs the most samples, in half of
+them); held-out sample ``index`` asks skill ``index % len(SKILLS)`` with its first question only, so the held-out
+split holds the skills in equal shares.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ GRID = 4  # cells per side: 8 px cells at 32 px, one vision patch each
 # number is one decision for the model, like the colour and shape words.
 DIGITS = tuple(str(n) for n in range(10))
 TASKS = ("caption", "qa")
+TURNS = 3  # questions about one image in a binding or relation training sample, as LLaVA's conversations ask several
+# The order training asks the skills in: binding, which needs the most samples, in half of them (docs/TRAINING.md,
+# "The quality canary"). Held-out questions take the skills in equal shares.
+TRAINING_ROTATION = ("binding", "count", "binding", "compare", "binding", "relation", "binding", "text")
 _SALT = 21  # keeps this suite's random streams apart from neva.data.synthetic's for the same seed
 
 
@@ -70,23 +77,29 @@ class Scene:
         return f"{DIGITS[len(things)]}: " + ", ".join(t.name for t in things)
 
 
+Turns = tuple[tuple[str, str], ...]
+"""A sample's ``(question, answer)`` exchanges about its images, in order; the first is the held-out question's."""
+
+
 @dataclass(frozen=True)
 class SkillSample:
-    """One question of a skill: its images' scenes (0, 1 or 2), the bare question (no ``<image>`` tags), the answer."""
+    """One sample of a skill: its images' scenes (0, 1 or 2), the bare question (no ``<image>`` tags) and answer, and
+    the further exchanges a training conversation holds about the same images (``follow_ups``)."""
 
     skill: str
     scenes: tuple[Scene, ...]
     question: str
     answer: str
+    follow_ups: Turns = ()
 
 
 @dataclass(frozen=True)
 class Skill:
-    """A skill of the suite: ``make(rng)`` draws one ``(scenes, question, answer)``; ``chance`` is the accuracy of
-    guessing uniformly among its possible answers (what the controls should approach when the image matters)."""
+    """A skill of the suite: ``make(rng)`` draws one ``(scenes, turns)``; ``chance`` is the accuracy of guessing
+    uniformly among its possible answers (what the controls should approach when the image matters)."""
 
     name: str
-    make: Callable[[np.random.Generator], tuple[tuple[Scene, ...], str, str]]
+    make: Callable[[np.random.Generator], tuple[tuple[Scene, ...], Turns]]
     chance: float
 
 
@@ -102,40 +115,45 @@ def random_scene(rng: np.random.Generator, n: int, distinct_names: bool = False)
     return Scene(things, int(rng.integers(0, 60)))
 
 
-def _count(rng: np.random.Generator) -> tuple[tuple[Scene, ...], str, str]:
+def _count(rng: np.random.Generator) -> tuple[tuple[Scene, ...], Turns]:
     n = int(rng.integers(5, 10))
-    return (random_scene(rng, n),), "How many objects are there?", DIGITS[n]
+    return (random_scene(rng, n),), (("How many objects are there?", DIGITS[n]),)
 
 
-def _relation(rng: np.random.Generator) -> tuple[tuple[Scene, ...], str, str]:
+def _relation(rng: np.random.Generator) -> tuple[tuple[Scene, ...], Turns]:
     scene = random_scene(rng, int(rng.integers(2, 4)), distinct_names=True)
-    a, b = (scene.things[int(i)] for i in rng.choice(len(scene.things), size=2, replace=False))
-    relations = [r for r, differs in (("left of", a.col != b.col), ("above", a.row != b.row)) if differs]
-    relation = relations[int(rng.integers(len(relations)))]
-    holds = a.col < b.col if relation == "left of" else a.row < b.row
-    return (scene,), f"Is the {a.name} {relation} the {b.name}?", "yes" if holds else "no"
+    pairs = [(a, b) for i, a in enumerate(scene.things) for b in scene.things[i + 1 :]]
+    turns = []
+    for k in rng.permutation(len(pairs))[:TURNS]:  # distinct pairs: no turn is the converse of an earlier one
+        a, b = pairs[int(k)][:: -1 if rng.integers(2) else 1]
+        relations = [r for r, differs in (("left of", a.col != b.col), ("above", a.row != b.row)) if differs]
+        relation = relations[int(rng.integers(len(relations)))]
+        holds = a.col < b.col if relation == "left of" else a.row < b.row
+        turns.append((f"Is the {a.name} {relation} the {b.name}?", "yes" if holds else "no"))
+    return (scene,), tuple(turns)
 
 
-def _binding(rng: np.random.Generator) -> tuple[tuple[Scene, ...], str, str]:
+def _binding(rng: np.random.Generator) -> tuple[tuple[Scene, ...], Turns]:
     colors = [list(COLORS)[int(i)] for i in rng.choice(len(COLORS), size=len(SHAPES), replace=False)]
     cells = rng.choice(GRID * GRID, size=len(SHAPES), replace=False)
     things = tuple(Thing(s, c, int(cell)) for s, c, cell in zip(SHAPES, colors, cells))
     scene = Scene(things, int(rng.integers(0, 60)))
-    target = things[int(rng.integers(len(things)))]
+    targets = [things[int(i)] for i in rng.permutation(len(things))[:TURNS]]
+    # One form a sample: a colour question and a shape question about the same object would answer each other.
     if rng.integers(2):
-        return (scene,), f"What color is the {target.shape}?", target.color
-    return (scene,), f"What shape is the {target.color} one?", target.shape
+        return (scene,), tuple((f"What color is the {t.shape}?", t.color) for t in targets)
+    return (scene,), tuple((f"What shape is the {t.color} one?", t.shape) for t in targets)
 
 
-def _compare(rng: np.random.Generator) -> tuple[tuple[Scene, ...], str, str]:
+def _compare(rng: np.random.Generator) -> tuple[tuple[Scene, ...], Turns]:
     first, second = (int(n) for n in rng.choice(np.arange(1, 7), size=2, replace=False))
     scenes = (random_scene(rng, first), random_scene(rng, second))
-    return scenes, "Which image has more objects?", "first" if first > second else "second"
+    return scenes, (("Which image has more objects?", "first" if first > second else "second"),)
 
 
-def _text(rng: np.random.Generator) -> tuple[tuple[Scene, ...], str, str]:
+def _text(rng: np.random.Generator) -> tuple[tuple[Scene, ...], Turns]:
     a, b = (int(x) for x in rng.integers(0, 5, size=2))
-    return (), f"What is {a} plus {b}?", DIGITS[a + b]
+    return (), ((f"What is {a} plus {b}?", DIGITS[a + b]),)
 
 
 SKILLS: dict[str, Skill] = {
@@ -151,10 +169,12 @@ SKILLS: dict[str, Skill] = {
 
 
 def skill_sample(seed: int, split: str, index: int) -> SkillSample:
-    """Question ``index`` of ``split`` (deterministic): skill ``index % len(SKILLS)``."""
-    skill = list(SKILLS.values())[index % len(SKILLS)]
-    scenes, question, answer = skill.make(np.random.default_rng([seed, SPLITS[split], index, _SALT]))
-    return SkillSample(skill.name, scenes, question, answer)
+    """Sample ``index`` of ``split`` (deterministic): skill ``index`` in ``TRAINING_ROTATION`` for ``train``, in the
+    order of ``SKILLS`` for the held-out ``val``."""
+    rotation = TRAINING_ROTATION if split == "train" else tuple(SKILLS)
+    skill = SKILLS[rotation[index % len(rotation)]]
+    scenes, ((question, answer), *follow_ups) = skill.make(np.random.default_rng([seed, SPLITS[split], index, _SALT]))
+    return SkillSample(skill.name, scenes, question, answer, tuple(follow_ups))
 
 
 def caption_scene(seed: int, split: str, index: int) -> Scene:
@@ -216,6 +236,8 @@ def make_record(seed: int, split: str, index: int, task: str) -> dict[str, Any]:
         {"from": "human", "value": f"{IMAGE_TOKEN}\n" * len(s.scenes) + s.question},
         {"from": "gpt", "value": s.answer},
     ]
+    for question, answer in s.follow_ups:
+        conv += [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
     record: dict[str, Any] = {"id": rid, "conversations": conv}
     if s.scenes:
         record["image"] = [image_name(task, split, index, k) for k in range(len(s.scenes))]

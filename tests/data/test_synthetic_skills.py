@@ -14,7 +14,16 @@ from neva.data.builtin_sets import BUILTIN_SETS
 from neva.data.config import DataConfig
 from neva.data.datamodule import NevaDataModule
 from neva.data.synthetic import COLORS
-from neva.data.synthetic_skills import GRID, SKILLS, SkillImages, skills_eval_records, skills_records
+from neva.data.synthetic_skills import (
+    GRID,
+    SKILLS,
+    TRAINING_ROTATION,
+    TURNS,
+    SkillImages,
+    skill_sample,
+    skills_eval_records,
+    skills_records,
+)
 from neva.models.presets import build_config
 
 WORDS = [str(n) for n in range(10)]
@@ -72,12 +81,16 @@ def test_every_answer_follows_from_the_pixels():
         images = SkillImages(0, size)
         for split in ("train", "val"):
             for record in skills_records(0, split, 250, "qa"):
-                human, gpt = record["conversations"]
+                conv = record["conversations"]
                 names = record.get("image", [])
-                tags = human["value"].count("<image>\n")
-                assert tags == len(names) and human["value"].startswith("<image>\n" * tags)
+                tags = conv[0]["value"].count("<image>\n")
+                assert tags == len(names) and conv[0]["value"].startswith("<image>\n" * tags)
+                assert "<image>" not in "".join(turn["value"] for turn in conv[1:])
                 scenes = [read_objects(images(n)) for n in names]
-                assert expected_answer(human["value"][tags * len("<image>\n") :], scenes) == gpt["value"], record
+                questions = [conv[0]["value"][tags * len("<image>\n") :]] + [t["value"] for t in conv[2::2]]
+                assert len(set(questions)) == len(questions) == len(conv) // 2, record  # no question asked twice
+                for question, gpt in zip(questions, conv[1::2]):
+                    assert expected_answer(question, scenes) == gpt["value"], record
     for record in skills_records(0, "train", 50, "caption"):
         objects = read_objects(SkillImages(0, 96)(record["image"]))
         text = record["conversations"][1]["value"]
@@ -102,10 +115,14 @@ def test_same_seed_same_samples_in_another_process():
     assert other == _digest(0) != _digest(1)
 
 
-def test_skills_in_equal_shares_with_their_answers():
+def test_skills_in_equal_shares_held_out_and_in_the_rotation_in_training():
     evals = skills_eval_records(32, num_samples=10 * len(SKILLS))
     counts = {name: sum(r.skill == name for r in evals) for name in SKILLS}
     assert set(counts.values()) == {10}
+    train = [skill_sample(0, "train", i) for i in range(10 * len(TRAINING_ROTATION))]
+    assert [s.skill for s in train] == list(TRAINING_ROTATION) * 10 and set(TRAINING_ROTATION) == set(SKILLS)
+    turns = {name: {1 + len(s.follow_ups) for s in train if s.skill == name} for name in SKILLS}
+    assert turns == {"count": {1}, "relation": {1, TURNS}, "binding": {TURNS}, "compare": {1}, "text": {1}}
     assert {len(r.images) for r in evals} == {0, 1, 2}
     answers = {r.answer for r in skills_eval_records(32, num_samples=500) if r.skill == "count"}
     assert answers == set(WORDS[5:])  # beyond subitising: 5-9
@@ -113,11 +130,11 @@ def test_skills_in_equal_shares_with_their_answers():
 
 def test_data_module_trains_mixed_image_counts(synthetic_tokenizer):
     cfg = build_config(image_token_id=synthetic_tokenizer.convert_tokens_to_ids("<image>"))
-    data = DataConfig(data_path="synthetic_skills", synthetic_train_samples=20, conv_template="vicuna_v1")
-    dm = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=10)
+    data = DataConfig(data_path="synthetic_skills", synthetic_train_samples=16, conv_template="vicuna_v1")
+    dm = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=16)  # two rotations: every skill
     batch = next(iter(dm.train_dataloader()))
     counts = batch["image_counts"]
     assert sorted(set(counts.tolist())) == [0, 1, 2]
     assert batch["pixel_values"].shape[0] == int(counts.sum())
     assert ((batch["input_ids"] == cfg.image_token_id).sum(1) == counts * cfg.num_image_tokens).all()
-    assert "synthetic_skills" in BUILTIN_SETS and dm.skip_tracker.used == 10
+    assert "synthetic_skills" in BUILTIN_SETS and dm.skip_tracker.used == 16
