@@ -72,16 +72,7 @@ def evaluate_video(answerer: Answerer, limit: int, seed: int, batch_size: int) -
     """Exact-match accuracy on the held-out synthetic video clips (``neva.data.synthetic_video``), per question kind
     with its 95 % Wilson interval, chance and the controls (another clip; no clip); each clip decoded by the loader's
     decoder at the checkpoint's ``num_frames``."""
-    from neva.data.synthetic import COLORS
-    from neva.data.synthetic_video import (
-        DIRECTIONS,
-        KINDS,
-        clip,
-        default_folder,
-        question_kind,
-        video_records,
-        write_videos,
-    )
+    from neva.data.synthetic_video import CHANCE, clip, default_folder, question_kind, video_records, write_videos
 
     records = video_records(seed, "val", limit, "qa")
     folder = default_folder(seed)
@@ -93,12 +84,11 @@ def evaluate_video(answerer: Answerer, limit: int, seed: int, batch_size: int) -
         for c, kind, r in zip(clips, kinds, records)
     ]
     right = correct_under_controls(answerer, items, [c.answer(k) for c, k in zip(clips, kinds)], batch_size)
-    chance = {k: 1 / (len(DIRECTIONS) if k == "motion" else len(COLORS)) for k in KINDS}
     return {
         "suite": "video",
         **overall(right),
         "num_frames": answerer.video_limits.num_frames,
-        "per_kind": accuracy_rows(right, kinds, chance),
+        "per_kind": accuracy_rows(right, kinds, CHANCE),
     }
 
 
@@ -196,15 +186,7 @@ def evaluate_skills(answerer: Answerer, limit: int, seed: int, batch_size: int) 
     ]
     chance = {name: skill.chance for name, skill in SKILLS.items()}
     skills = accuracy_rows(right, [r.skill for r in records], chance, {"reply_prob": probs})
-    whole = overall(right)
-    return {
-        "suite": "skills",
-        "accuracy": whole["accuracy"],
-        "n": whole["n"],
-        "reply_prob": round(sum(probs) / len(probs), 4),
-        "controls": whole["controls"],
-        "skills": skills,
-    }
+    return {"suite": "skills", **overall(right), "reply_prob": round(sum(probs) / len(probs), 4), "skills": skills}
 
 
 BAND_METRICS = ("accuracy", "reply_prob")

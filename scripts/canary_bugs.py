@@ -102,9 +102,7 @@ def positions_restart_early() -> None:
 
 
 def rope_bf16() -> None:
-    """RoPE inverse frequencies rounded to bf16 (the O2 bug found earlier). Under ``rope_bf16`` in training and
-    evaluation alike; under ``rope_bf16_in_training`` as that bug was, in the training run's O2 cast only, while the
-    evaluation (and an HF export) computes them in fp32: a mismatch between the frequencies learned and used."""
+    """RoPE inverse frequencies rounded to bf16 (the O2 bug found earlier)."""
     import torch
 
     from neva.models import llama, rope
@@ -182,6 +180,7 @@ BUGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "projector_frozen_in_finetune": ((), (), ("model.mm_cfg.freeze_projector=true",)),
     "positions_restart_early": (("positions_restart_early",), (), ()),
     "rope_bf16": (("rope_bf16",), ("rope_bf16",), ()),
+    # The O2 incident as it was: rounded by training's cast only, fp32 in the evaluation (and an HF export).
     "rope_bf16_in_training": (("rope_bf16",), (), ()),
     "resume_drops_optimizer_state": ((), (), ()),  # finetune stopped at RESUME_AT, resumed with drop_optimizer_state
     "loss_weights_per_micro_batch": (("loss_weights_per_micro_batch",), (), ()),

@@ -40,6 +40,8 @@ QUADRANT_SHADES = (0, 30, 60, 90)
 START = 6  # the shape starts up to this many pixels off the centred box along each axis: it travels 14 px or more
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "top": (0, -1), "bottom": (0, 1)}
 KINDS = ("motion", "end_color", "start_color")
+# Accuracy of guessing uniformly among each kind's possible answers (a direction; a palette colour).
+CHANCE = {kind: 1 / (len(DIRECTIONS) if kind == "motion" else len(COLORS)) for kind in KINDS}
 QUESTIONS = {
     "motion": "Which side does the {shape} move to?",
     "end_color": "What color is it at the end?",
