@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from neva.models.anyres import batch_feature_index
+from neva.models.config import NevaConfig
+from neva.models.media import Media, MediaInputs
 from neva.models.neva import NevaModel
 from neva.models.video import find_video_positions
 
@@ -159,19 +161,7 @@ def generate(
     out: list[list[int]] = [[] for _ in range(b)]
     if cfg.max_new_tokens == 0:
         return out
-    if pixel_values is not None:
-        pixel_values = pixel_values.to(device)
-    counts = None if image_counts is None else torch.as_tensor(list(image_counts), device=device)
-    anyres = {}
-    if image_sizes is not None:
-        mc = model.cfg
-        lay, tokens = batch_feature_index(mc.anyres, mc.num_image_tokens, mc.vision.image_size, image_sizes)
-        anyres = dict(image_feature_index=lay.index.to(device), image_tokens=torch.tensor(tokens, device=device))
-        if lay.weight is not None:
-            anyres["image_feature_weight"] = lay.weight.to(device)
-    if video_pixel_values is not None:
-        anyres.update(_video_inputs(model.cfg, batch.input_ids, video_pixel_values.to(device), pixel_values))
-
+    media = _media(model.cfg, batch.input_ids, pixel_values, image_counts, image_sizes, video_pixel_values)
     vocab = model.cfg.llm.vocab_size
     seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
     for row, prompt in enumerate(prompts):
@@ -185,9 +175,7 @@ def generate(
     cache = model.new_cache(b, width + cfg.max_new_tokens)
     logits = model(
         batch.input_ids,
-        pixel_values,
-        counts,
-        **anyres,
+        media,
         position_ids=batch.position_ids,
         segment_ids=batch.segment_ids[:, :width],
         cache=cache,
@@ -212,14 +200,33 @@ def generate(
     return out
 
 
-def _video_inputs(cfg, input_ids: torch.Tensor, frames: torch.Tensor, pixel_values: torch.Tensor | None) -> dict:
-    """The video inputs of a left-padded batch: positions found from the ids (after padding moved them)."""
-    inputs = dict(video_pixel_values=frames, video_positions=find_video_positions(input_ids, cfg.video_token))
-    if cfg.video_token == cfg.image_token_id:  # one id for both: the positions are all videos', none images'
-        if pixel_values is not None:
+def _media(
+    cfg: NevaConfig,
+    input_ids: torch.Tensor,
+    pixel_values: torch.Tensor | None,
+    image_counts: Sequence[int] | torch.Tensor | None,
+    image_sizes: Sequence[tuple[int, int] | None] | None,
+    video_pixel_values: torch.Tensor | None,
+) -> Media:
+    """The prompts' images and videos: positions found by the model from the ids of the left-padded batch (padding
+    moved them), AnyRes layouts from the images' sizes."""
+    device = input_ids.device
+    image = video = None
+    if pixel_values is not None:
+        counts = None if image_counts is None else torch.as_tensor(list(image_counts), device=device)
+        image = MediaInputs(pixel_values.to(device), items_per_row=counts)
+        if image_sizes is not None:
+            lay, tokens = batch_feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, image_sizes)
+            weight = None if lay.weight is None else lay.weight.to(device)
+            image = replace(
+                image, index=lay.index.to(device), tokens=torch.tensor(tokens, device=device), weight=weight
+            )
+    if video_pixel_values is not None:
+        positions = find_video_positions(input_ids, cfg.video_token)
+        video = MediaInputs(video_pixel_values.to(device), positions=positions)
+        if cfg.video_token == cfg.image_token_id and image is not None:  # one id: the positions cannot tell them apart
             raise ValueError("images and videos in one batch need a model whose video_token_id is its own")
-        inputs["image_positions"] = torch.zeros(0, 2, dtype=torch.long, device=input_ids.device)
-    return inputs
+    return Media(image=image, video=video)
 
 
 def _fit_context(cfg: GenerationConfig, width: int, context: int) -> GenerationConfig:

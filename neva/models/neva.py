@@ -9,6 +9,7 @@ from neva.models.anyres import AnyResMerge
 from neva.models.config import NevaConfig
 from neva.models.llama import KVCache, LlamaDecoder
 from neva.models.lora import dropout_keys as lora_dropout_keys
+from neva.models.media import Media, MediaInputs
 from neva.models.projector import build_projector, init_projector
 from neva.models.towers import build_tower
 from neva.models.video import VideoPool, find_video_positions
@@ -47,111 +48,109 @@ class NevaModel(nn.Module):
         with torch.no_grad():
             return self.vision.features(pixel_values)
 
-    def embed(
-        self,
-        input_ids: torch.Tensor,
-        pixel_values: torch.Tensor | None = None,
-        image_counts: torch.Tensor | None = None,
-        image_positions: torch.Tensor | None = None,
-        image_feature_index: torch.Tensor | None = None,
-        image_tokens: torch.Tensor | None = None,
-        image_feature_weight: torch.Tensor | None = None,
-        video_pixel_values: torch.Tensor | None = None,
-        video_frames: torch.Tensor | None = None,
-        video_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Token embeddings with image features written over the image-token positions, then video features over the
-        video-token positions.
+    def embed(self, input_ids: torch.Tensor, media: Media | None = None) -> torch.Tensor:
+        """Token embeddings with each modality's features written over its positions (images, then video).
 
         Args:
-            input_ids: ``[B, S]``; each image occupies ``num_image_tokens`` consecutive ``image_token_id`` positions.
-            pixel_values: ``[N, C, H, W]``, all images of the batch in row order, or None.
-            image_counts: ``[B]`` images per row; None infers it from the image-token counts.
-            image_positions: ``[M, 2]`` (row, column) of every image-token position in feature order, as the
-                collator finds them on the host: the splice is then an index op, with no host-device sync (the
-                checks below read device values). None finds and checks the positions here.
-            image_feature_index: AnyRes only: ``[M]`` row of the batch's flattened tile features for every image
-                position (``neva.models.anyres.feature_index``, offset per image by the collator), -1 the newline;
-                ``pixel_values`` then holds every tile.
-            image_tokens: ``[N]`` positions per image (AnyRes: the length of its feature index); None: every image
-                takes ``num_image_tokens``.
-            image_feature_weight: AnyRes pooled (``anyres_max_N``) only: ``[M, 4]`` bilinear weights of the rows
-                ``image_feature_index`` ``[M, 4]`` names (``neva.models.anyres.pool_grid``).
-            video_pixel_values: ``[F, C, H, W]``, every frame of every video of the batch (row order, then position
-                order, each video's frames in time order), or None.
-            video_frames: ``[V]`` frames per video (the collator's; the splice needs only the positions).
-            video_positions: ``[M_v, 2]`` (row, column) of every video-token position in feature order
-                (``NevaConfig.video_tokens(frames)`` per video), from the collator; None: found here from the
-                ``video_token`` ids (serving; needs ``video_token_id`` distinct from the image token).
+            input_ids: ``[B, S]``; each image occupies its count of consecutive ``image_token_id`` positions.
+            media: the micro-batch's images and videos (``neva.models.media``); None: text only.
+
+        While gradients are recorded, a modality the model has and the micro-batch lacks runs as an empty one, so
+        every rank runs the same modules (``neva.models.media``). Outside training mode, ids holding tokens of a
+        modality given no inputs are refused (a check that reads the device: the training step has none).
 
         Raises:
             ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
         """
-        h_BSD = self._embed_images(
-            input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens,
-            image_feature_weight,
-        )  # fmt: skip
-        if video_pixel_values is None or video_pixel_values.shape[0] == 0:
-            return h_BSD
-        if video_positions is None:
-            if self.cfg.video_token == self.cfg.image_token_id:
-                raise ValueError("video_positions are needed where videos and images share one token id")
-            video_positions = find_video_positions(input_ids, self.cfg.video_token)
-        return self._splice_video(h_BSD, video_pixel_values, video_positions)
-
-    def _embed_images(
-        self,
-        input_ids: torch.Tensor,
-        pixel_values: torch.Tensor | None,
-        image_counts: torch.Tensor | None,
-        image_positions: torch.Tensor | None,
-        image_feature_index: torch.Tensor | None,
-        image_tokens: torch.Tensor | None,
-        image_feature_weight: torch.Tensor | None,
-    ) -> torch.Tensor:
+        media = media or Media()
         h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
-        if image_positions is not None:
-            return self._splice(h_BSD, pixel_values, image_positions, image_feature_index, image_feature_weight)
+        for modality, inputs in media.items():
+            if modality not in self.modalities:
+                if inputs is not None and not inputs.is_empty:
+                    raise ValueError(f"{modality} input given to a model without {modality} (NevaConfig.{modality})")
+                continue
+            if inputs is None:
+                if not self.training:  # serving, evaluation: the ids must hold none of its tokens (reads the device)
+                    self._check_no_tokens(input_ids, modality, media)
+                if not torch.is_grad_enabled():
+                    continue
+                inputs = self._empty_inputs(modality, h_BSD.device)
+            h_BSD = self._splice(h_BSD, input_ids, modality, inputs)
+        return h_BSD
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The media this model reads: images with a tower and projector, video where it pools frames."""
+        if self.vision is None or self.projector is None:
+            return ()
+        return ("image", "video") if self.video_pool is not None else ("image",)
+
+    def _empty_inputs(self, modality: str, device: torch.device) -> MediaInputs:
+        v = self.cfg.vision
+        return MediaInputs.empty(v.num_channels, v.image_size, device, anyres=modality == "image" and bool(self.anyres))
+
+    def _token(self, modality: str) -> int:
+        return self.cfg.image_token_id if modality == "image" else self.cfg.video_token
+
+    def _check_no_tokens(self, input_ids: torch.Tensor, modality: str, media: Media) -> None:
+        shared = self.cfg.video is not None and self.cfg.video_token == self.cfg.image_token_id
+        if shared and (modality == "video" or media.video is not None):
+            return  # one id for both: the tokens are the video's, or the image check covers them
+        rows = (input_ids == self._token(modality)).any(dim=1)
+        if rows.any():
+            raise ValueError(
+                f"sample(s) {rows.nonzero().flatten().tolist()} contain {modality} tokens but no {modality}s were given"
+            )
+
+    def _features(self, modality: str, inputs: MediaInputs) -> torch.Tensor:
+        """``[M, D]``: the features of every position of ``modality``, in position order."""
+        if modality == "video":
+            return self.video_features(inputs.pixels).flatten(0, 1)
+        feats_NTD = self.image_features(inputs.pixels)
+        if inputs.index is None:
+            return feats_NTD.flatten(0, 1)
+        return self.anyres(feats_NTD, inputs.index, inputs.weight)
+
+    def _splice(self, h_BSD: torch.Tensor, input_ids: torch.Tensor, modality: str, inputs: MediaInputs) -> torch.Tensor:
+        positions = inputs.positions
+        if positions is None:  # serving: found from the ids (reads the device)
+            positions = self._positions_from_ids(input_ids, modality, inputs)
+        feats_MD = self._features(modality, inputs).to(h_BSD.dtype)
+        if positions.shape[0] != feats_MD.shape[0]:  # shapes only: no sync
+            raise ValueError(
+                f"{positions.shape[0]} {modality} positions given for {feats_MD.shape[0]} {modality} features "
+                f"({inputs.pixels.shape[0]} tower inputs)"
+            )
+        return _index_put(h_BSD, positions, feats_MD)
+
+    def _positions_from_ids(self, input_ids: torch.Tensor, modality: str, inputs: MediaInputs) -> torch.Tensor:
+        if modality == "video":
+            if self.cfg.video_token == self.cfg.image_token_id:
+                raise ValueError("video positions are needed where videos and images share one token id")
+            return find_video_positions(input_ids, self.cfg.video_token)
         is_image_BS = input_ids == self.cfg.image_token_id
-        if pixel_values is None or pixel_values.shape[0] == 0:
-            if is_image_BS.any():
-                rows = is_image_BS.any(dim=1).nonzero().flatten().tolist()
-                raise ValueError(f"sample(s) {rows} contain image tokens but no images were given")
-            return self._keep_projector(h_BSD)
-        per_image = self.cfg.num_image_tokens
         found_B = is_image_BS.sum(dim=1)
-        if image_tokens is None:
-            if image_counts is None:
-                image_counts = torch.div(found_B, per_image, rounding_mode="floor")
-            expected_B = image_counts.to(found_B.device) * per_image
-            images, given = int(image_counts.sum()), pixel_values.shape[0]
+        counts, tokens = inputs.items_per_row, inputs.tokens
+        if tokens is None:
+            per_image = self.cfg.num_image_tokens
+            if counts is None:
+                counts = torch.div(found_B, per_image, rounding_mode="floor")
+            expected_B = counts.to(found_B.device) * per_image
+            images, given = int(counts.sum()), inputs.pixels.shape[0]
         else:  # variable positions per image (AnyRes): each row's images' counts summed
-            if image_counts is None:
-                raise ValueError("image_tokens (positions per image) need image_counts (images per row)")
-            rows_N = torch.repeat_interleave(torch.arange(len(image_counts)), image_counts.cpu()).to(found_B.device)
-            expected_B = torch.zeros_like(found_B).index_add_(0, rows_N, image_tokens.to(found_B.device))
-            per_image, images, given = image_tokens.tolist(), int(image_counts.sum()), len(image_tokens)
+            if counts is None:
+                raise ValueError("image tokens (positions per image) need image counts (images per row)")
+            rows_N = torch.repeat_interleave(torch.arange(len(counts)), counts.cpu()).to(found_B.device)
+            expected_B = torch.zeros_like(found_B).index_add_(0, rows_N, tokens.to(found_B.device))
+            per_image, images, given = tokens.tolist(), int(counts.sum()), len(tokens)
         if not torch.equal(found_B, expected_B) or images != given:
             bad = (found_B != expected_B).nonzero().flatten().tolist()
             raise ValueError(
                 f"image token count mismatch in sample(s) {bad}: found {found_B.tolist()} image positions, expected "
-                f"{expected_B.tolist()} ({image_counts.tolist()} images × {per_image} tokens); "
-                f"{pixel_values.shape[0]} images given"
+                f"{expected_B.tolist()} ({counts.tolist()} images × {per_image} tokens); "
+                f"{inputs.pixels.shape[0]} images given"
             )
-        feats_MD = self._features(pixel_values, image_feature_index, image_feature_weight).to(h_BSD.dtype)
-        return h_BSD.masked_scatter(is_image_BS[..., None], feats_MD)
-
-    def _features(
-        self,
-        pixel_values: torch.Tensor,
-        image_feature_index: torch.Tensor | None,
-        image_feature_weight: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``[M, D]``: the features of every image position, in position order."""
-        feats_NTD = self.image_features(pixel_values)
-        if image_feature_index is None:
-            return feats_NTD.flatten(0, 1)
-        return self.anyres(feats_NTD, image_feature_index, image_feature_weight)
+        return is_image_BS.nonzero()
 
     def _embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Ids to look up: an image (or video) token without its own row reads row 0 (the splice overwrites it)."""
@@ -160,80 +159,27 @@ class NevaModel(nn.Module):
             return input_ids
         return input_ids.masked_fill(input_ids >= vocab, 0)
 
-    def _keep_projector(self, h_BSD: torch.Tensor) -> torch.Tensor:
-        if self.projector is not None and torch.is_grad_enabled():
-            # A text-only batch keeps the projector in the graph with an empty input (LLaVA's ``[0:0]`` image
-            # slice): in pretraining it is all that trains, and the loss must still reach it (zero gradients).
-            empty = h_BSD.new_zeros(0, self.cfg.projector.input_size)
-            h_BSD = h_BSD + self.projector(empty).sum().to(h_BSD.dtype)
-        return h_BSD
-
-    def _splice(
-        self,
-        h_BSD: torch.Tensor,
-        pixel_values: torch.Tensor | None,
-        positions: torch.Tensor,
-        feature_index: torch.Tensor | None = None,
-        feature_weight: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        images = 0 if pixel_values is None else pixel_values.shape[0]
-        expected = images * self.cfg.num_image_tokens if feature_index is None else feature_index.shape[0]
-        if positions.shape[0] != expected:  # shapes only: no sync
-            raise ValueError(
-                f"{positions.shape[0]} image positions given for {expected} image features ({images} tiles or images)"
-            )
-        if images == 0:
-            return self._keep_projector(h_BSD)
-        feats_MD = self._features(pixel_values, feature_index, feature_weight).to(h_BSD.dtype)
-        return _index_put(h_BSD, positions, feats_MD)
-
-    def _splice_video(self, h_BSD: torch.Tensor, frames: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self.video_pool is None:
-            raise ValueError("video input given to a model without video (NevaConfig.video is not set)")
-        feats_MD = self.video_features(frames).flatten(0, 1).to(h_BSD.dtype)
-        if positions.shape[0] != feats_MD.shape[0]:  # shapes only: no sync
-            raise ValueError(
-                f"{positions.shape[0]} video positions given for {feats_MD.shape[0]} video features "
-                f"({frames.shape[0]} frames)"
-            )
-        return _index_put(h_BSD, positions, feats_MD)
-
     def forward(
         self,
         input_ids: torch.Tensor,
-        pixel_values: torch.Tensor | None = None,
-        image_counts: torch.Tensor | None = None,
-        image_positions: torch.Tensor | None = None,
-        image_feature_index: torch.Tensor | None = None,
-        image_tokens: torch.Tensor | None = None,
+        media: Media | None = None,
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
         output_positions: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
-        image_feature_weight: torch.Tensor | None = None,
-        video_pixel_values: torch.Tensor | None = None,
-        video_frames: torch.Tensor | None = None,
-        video_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
-        ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions (logits ``[N, V]``).
-        ``image_positions``, ``image_feature_index``, ``image_tokens``, ``image_feature_weight``, the ``video_*``
-        inputs: see ``embed``.
-        ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA adapters' dropout masks.
-        ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing (``LlamaDecoder.forward``).
+        ``media``: see ``embed``. ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions
+        (logits ``[N, V]``). ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA
+        adapters' dropout masks. ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing
+        (``LlamaDecoder.forward``).
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
-        if self.llm.tok_embeddings is not None:
-            h = self.embed(
-                input_ids, pixel_values, image_counts, image_positions, image_feature_index, image_tokens,
-                image_feature_weight, video_pixel_values, video_frames, video_positions,
-            )  # fmt: skip
-        else:
-            h = input_ids
+        h = self.embed(input_ids, media) if self.llm.tok_embeddings is not None else input_ids
         with lora_dropout_keys(dropout_keys):
             return self.llm(
                 h,

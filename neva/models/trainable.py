@@ -13,6 +13,7 @@ from torch import nn
 from neva.models.config import NevaConfig
 from neva.models.lora import apply_lora
 from neva.models.neva import NevaModel
+from neva.models.vision import reaches_features
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,15 @@ class TrainablePolicy:
 
 
 def apply_policy(model: NevaModel, policy: TrainablePolicy) -> None:
-    """Set ``requires_grad`` of every parameter of ``model`` (adapters already in place) per ``policy``."""
+    """Set ``requires_grad`` of every parameter of ``model`` (adapters already in place) per ``policy``.
+
+    A trained tower trains what reaches its features only (``neva.models.vision.reaches_features``): the layers past
+    the selected one and the post-LayerNorm get no gradient (LLaVA-NeXT deletes its SigLIP's last layer for this), and
+    data-parallel wrappers would wait for their gradients forever."""
     for name, p in model.named_parameters():
         part = name.split(".", 1)[0]
         if part == "vision":
-            p.requires_grad_(policy.vision)
+            p.requires_grad_(policy.vision and reaches_features(model.cfg.vision, name.split(".", 1)[1]))
         elif part == "projector":
             p.requires_grad_(policy.projector)
         elif policy.lora is not None:

@@ -54,11 +54,6 @@ def video_token_count(cfg: VideoConfig, grid: int, frames: int, image_tokens: in
     return frames * cfg.frame_tokens(grid, image_tokens)
 
 
-VIDEO_INPUTS = ("video_pixel_values", "video_frames", "video_positions")
-"""The batch keys of video (the collator's; ``NevaModel.forward`` takes them by these names): every path that moves a
-batch's model inputs (the engine, the pipeline's first stage) carries this one list."""
-
-
 class VideoPool(nn.Module):
     """Per-frame spatial pooling of the tower's patch features (transformers' ``LlavaNextVideoPooler``, average or
     max; no parameters, so it changes no checkpoint). Runs between the tower and the projector, as transformers'

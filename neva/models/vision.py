@@ -33,12 +33,13 @@ class VisionAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        # -1 heads: under tensor parallelism each rank holds a slice of the heads.
-        q, k, v = (
-            proj(x).view(b, s, -1, self.head_dim).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj)
-        )
+        q, k, v = (proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        # Heads from the projected width: a rank holding a slice of them runs the same code, and an empty batch (a
+        # micro-batch without images, neva.models.media) has a shape to view.
+        heads = q.shape[-1] // self.head_dim
+        q, k, v = (t.view(b, s, heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, heads * self.head_dim))
 
 
 class VisionMLP(nn.Module):
@@ -82,6 +83,15 @@ def select_features(tower: nn.Module, pixel_values: torch.Tensor) -> torch.Tenso
     states = tower.hidden_states(pixel_values, num_layers=cfg.layers_run)
     feats = torch.cat([states[i] for i in cfg.select_indices], dim=-1)
     return feats[:, cfg.class_tokens :] if cfg.vision_select_feature == "patch" else feats
+
+
+def reaches_features(cfg: VisionConfig, name: str) -> bool:
+    """Whether tower parameter ``name`` (relative to the tower) takes part in ``select_features``: the blocks past the
+    last one run (``layers_run``) and the post-LayerNorm never do; both tower kinds name them alike."""
+    parts = name.split(".")
+    if parts[0] == "post_norm":
+        return False
+    return not (parts[0] == "layers" and int(parts[1]) >= cfg.layers_run)
 
 
 def as_pixels(pixel_values: torch.Tensor, cfg: VisionConfig, dtype: torch.dtype) -> torch.Tensor:

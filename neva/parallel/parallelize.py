@@ -24,8 +24,9 @@ from neva.parallel.data_parallel import all_reduce_gradients, apply_fsdp, ddp_sy
 from neva.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel_layout, is_expert_param
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
-from neva.parallel.pipeline import PipelineRunner, build_chunks, chunk_of_key, local_chunks, split_layers
+from neva.parallel.pipeline import PipelineRunner, build_chunks, local_chunks, split_layers
 from neva.parallel.precision import MasterWeights, Precision, cast_parameters
+from neva.parallel.stage_owners import chunk_of_key
 from neva.parallel.tensor_parallel import apply_tensor_parallel, vocab_parallel_logits
 from neva.typed import ConfigError
 

@@ -1,8 +1,8 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``: chunking the model, schedules, one shape per step.
 
 The decoder's layers are cut into ``pp × virtual`` chunks; chunk ``c`` runs on pipeline rank ``c % pp`` (the
-interleaved "loop" placement). Chunk 0 also owns the vision tower, the projector and the token embedding, the last
-chunk the final norm and the LM head. Every chunk is a NevaModel with the other parts removed, so parameter names
+interleaved "loop" placement). Chunk 0 also owns the vision tower, the projector, the AnyRes newline and the token
+embedding, the last chunk the final norm and the LM head (``neva.parallel.stage_owners``, the one table). Every chunk is a NevaModel with the other parts removed, so parameter names
 stay those of the whole model (checkpoints are layout-independent).
 
 Multimodal micro-batches differ in length and image count. Stages exchange activations whose shapes are agreed once
@@ -25,8 +25,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from neva.constants import IGNORE_INDEX
 from neva.models.config import NevaConfig
 from neva.models.loss import token_cross_entropy
+from neva.models.media import media_from_batch
 from neva.models.neva import NevaModel
-from neva.models.video import VIDEO_INPUTS
+from neva.parallel.stage_owners import prune_to_chunk
 from neva.typed import ConfigError
 
 
@@ -69,23 +70,6 @@ def local_chunks(pp_rank: int, pp: int, virtual: int) -> list[int]:
     return [pp_rank + v * pp for v in range(virtual)]
 
 
-def prune_to_chunk(model: NevaModel, layers: list[int], first: bool, last: bool) -> NevaModel:
-    """Remove, in place, every part of ``model`` that chunk (``layers``, ``first``, ``last``) does not own."""
-    keep = {str(i) for i in layers}
-    for name in list(model.llm.layers.keys()):
-        if name not in keep:
-            del model.llm.layers[name]
-    if not first:
-        model.vision = None
-        model.projector = None
-        model.anyres = None  # the image_newline: spliced with the image features, on the first stage
-        model.llm.tok_embeddings = None
-    if not last:
-        model.llm.norm = None
-        model.llm.output = None
-    return model
-
-
 def check_splittable(cfg: NevaConfig, pp: int) -> None:
     """Refuse a model that cannot be split over ``pp`` stages (training and the planner both ask)."""
     if pp > 1 and cfg.llm.tie_word_embeddings:
@@ -101,19 +85,8 @@ def build_chunks(model: NevaModel, pp_rank: int, pp: int, virtual: int, first_la
     out = []
     for k, c in enumerate(ids):
         source = model if k == len(ids) - 1 else copy.deepcopy(model)
-        out.append(prune_to_chunk(source, layer_split[c], first=c == 0, last=c == chunks - 1))
+        out.append(prune_to_chunk(source, layer_split, c))
     return out
-
-
-def chunk_of_key(key: str, layer_split: list[list[int]]) -> int:
-    """Which chunk owns parameter ``key`` of the whole model."""
-    parts = key.split(".")
-    if parts[0] in ("vision", "projector") or key.startswith("llm.tok_embeddings"):
-        return 0
-    if key.startswith("llm.layers."):
-        layer = int(parts[2])
-        return next(c for c, ids in enumerate(layer_split) if layer in ids)
-    return len(layer_split) - 1
 
 
 def step_shape(micro_batches: list[dict[str, Any]], multiple: int = 1) -> tuple[int, int]:
@@ -163,10 +136,9 @@ def check_microbatches(schedule: str, pp: int, n_microbatches: int) -> None:
         )
 
 
-# Keyword inputs a micro-batch may carry: LoRA dropout keys (every stage), AnyRes pooling weights and video (read by
-# the first stage; later stages, taking hidden states, ignore them), an MoE model's token mask (its routers count
-# only those tokens).
-OPTIONAL_KEYWORD_INPUTS = ("dropout_keys", "image_feature_weight", "token_mask", *VIDEO_INPUTS)
+# Per-token keyword inputs a micro-batch may carry besides positions and segments: LoRA dropout keys (every stage),
+# an MoE model's token mask (its routers count only those tokens).
+OPTIONAL_KEYWORD_INPUTS = ("dropout_keys", "token_mask")
 
 
 class PipelineRunner:
@@ -249,21 +221,12 @@ class PipelineRunner:
         return self._schedules[key]
 
     def _inputs(self, micro_batches: list[dict[str, Any]]):
+        """Stage inputs: the ids as the one positional input (the first stage's), the micro-batch's ``Media`` and
+        per-token tensors as keywords (stages without the embedding, taking hidden states, ignore the media)."""
         args, kwargs, targets = [], [], []
-        vision = self.chunks[0].cfg.vision
-        # Stage inputs must be tensors: a text-only micro-batch passes no images as an empty image batch.
-        no_images = (0, vision.num_channels, vision.image_size, vision.image_size) if vision is not None else (0,)
         for mb in micro_batches:
-            pixels = mb.get("pixel_values")
-            if pixels is None:  # the loader's dtype (uint8) for every micro-batch's stage input
-                pixels = torch.zeros(no_images, dtype=torch.uint8)
-            arg = (mb["input_ids"].to(self.device), pixels.to(self.device), mb["image_counts"].to(self.device))
-            if mb.get("image_positions") is not None:  # the collator's: the first stage splices without a sync
-                arg += (mb["image_positions"].to(self.device),)
-                if mb.get("image_feature_index") is not None:  # AnyRes: NevaModel.forward's next positional input
-                    arg += (mb["image_feature_index"].to(self.device),)
-            args.append(arg)
-            kw = {"position_ids": mb["position_ids"].to(self.device)}
+            args.append((mb["input_ids"].to(self.device),))
+            kw = {"media": media_from_batch(mb).to(self.device), "position_ids": mb["position_ids"].to(self.device)}
             if self.packed:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)
             # A micro-batch without one of them passes none, as a batch without it does.

@@ -21,7 +21,8 @@ from neva.models.config import NevaConfig
 from neva.models.neva import NevaModel
 from neva.models.trainable import TrainablePolicy, build_meta_model
 from neva.parallel.layout import Layout
-from neva.parallel.pipeline import chunk_of_key, local_chunks, split_layers
+from neva.parallel.pipeline import local_chunks, split_layers
+from neva.parallel.stage_owners import chunk_of_key
 from neva.parallel.tensor_parallel import tp_shard_dims
 
 

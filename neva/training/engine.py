@@ -32,36 +32,29 @@ from neva.models.loss import (
     summed_cross_entropy,
     token_cross_entropy,
 )
-from neva.models.video import VIDEO_INPUTS
+from neva.models.media import media_from_batch
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
 from neva.training.moe_loss import MoEAuxLoss
 
-MODEL_INPUTS = (
-    "input_ids",
-    "pixel_values",
-    "image_counts",
-    "image_positions",
-    "image_feature_index",
-    "image_feature_weight",
-    "position_ids",
-    "segment_ids",
-    "dropout_keys",
-    "token_mask",
-    *VIDEO_INPUTS,
-)
+# The model's per-token inputs besides the ids (dropout_keys: the engine's LoRA dropout keys; token_mask: MoE's).
+TOKEN_INPUTS = ("position_ids", "segment_ids", "dropout_keys", "token_mask")
 
 
 def model_inputs(batch: dict[str, Any], device: torch.device, packed: bool = True) -> dict[str, Any]:
-    """The model's keyword inputs from a collated micro-batch, on ``device``.
+    """The model's keyword inputs from a collated micro-batch, on ``device``: the ids, its ``Media`` and the per-token
+    inputs.
 
     Unpacked, right-padded batches drop ``segment_ids``: padding sits after every real token, so plain causal
     attention gives the same result for the real tokens and lets SDPA use its fastest kernel.
     """
-    out = {}
-    for key in MODEL_INPUTS:
+    out = {
+        "input_ids": batch["input_ids"].to(device, non_blocking=True),
+        "media": media_from_batch(batch).to(device, non_blocking=True),
+    }
+    for key in TOKEN_INPUTS:
         value = batch.get(key)
         if key == "segment_ids" and not packed:
             continue

@@ -11,6 +11,7 @@ from transformers import AutoProcessor, AutoTokenizer, LlavaForConditionalGenera
 from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision, load_hf_weights, prepare_tokenizer
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model, load_tokenizer
 from neva.constants import IMAGE_TOKEN
+from neva.models.media import image_media
 from neva.models.neva import NevaModel
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_clip_dir, make_llama_dir, make_llava_dir
 from tests.hf_oracle import neva_from_hf
@@ -56,7 +57,7 @@ def test_llava_round_trip_is_bit_identical_and_loads_in_transformers(llava):
     with torch.no_grad():
         expected = hf(input_ids=ids, pixel_values=pixels).logits
         assert torch.equal(reloaded.eval()(input_ids=ids, pixel_values=pixels).logits, expected)
-        got = load_model(ckpt)(ids, pixels)
+        got = load_model(ckpt)(ids, image_media(pixels))
     assert ((got - expected).norm() / expected.norm()).item() < 1e-5
 
     processor = AutoProcessor.from_pretrained(out)
@@ -100,7 +101,7 @@ def test_legacy_sharded_bin_layout_imports(llava):
     pixels, ids = pixels_and_ids(AutoTokenizer.from_pretrained(legacy), hf)
     with torch.no_grad():
         ref = hf(input_ids=ids, pixel_values=pixels).logits
-        got = model(ids, pixels)
+        got = model(ids, image_media(pixels))
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
 
 

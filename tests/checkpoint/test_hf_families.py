@@ -12,6 +12,7 @@ from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2Fo
 
 from neva.checkpoint.hf import import_llm_and_vision, load_hf_weights, save_llava_hf
 from neva.checkpoint.neva_format import iter_tensors, load_config
+from neva.models.media import image_media
 from neva.models.neva import NevaModel
 from tests.checkpoint.test_hf_export_template import transformers_4_site
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_clip_dir, make_tokenizer, one_thread
@@ -103,7 +104,7 @@ def test_exports_reload_in_transformers_4_with_identical_logits(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for out, (ours, inputs) in models.items():
         with torch.no_grad():
-            expected = ours(inputs["input_ids"], inputs["pixel_values"])
+            expected = ours(inputs["input_ids"], image_media(inputs["pixel_values"]))
         assert rel_err(torch.load(out + "/logits_t4.pt"), expected) < 1e-5, out
         assert (
             json.loads((tmp_path / out / "config.json").read_text())["text_config"]["model_type"] == ours.cfg.llm.family

@@ -10,6 +10,7 @@ from transformers import LlavaForConditionalGeneration, MixtralConfig, MixtralFo
 
 from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
+from neva.models.media import image_media
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_clip_dir, make_tokenizer, processor_for
 from tests.models.tiny_mixtral import MIXTRAL_KW, tiny_mixtral_llava
 
@@ -54,7 +55,7 @@ def test_llava_mixtral_imports_exports_and_reloads_in_transformers(mixtral_llava
     with torch.no_grad():
         expected = hf(input_ids=ids, pixel_values=pixels).logits
         assert torch.equal(reloaded.eval()(input_ids=ids, pixel_values=pixels).logits, expected)
-        got = load_model(ckpt)(ids, pixels)
+        got = load_model(ckpt)(ids, image_media(pixels))
     assert rel_err(got, expected) < 1e-5
 
     # transformers 5's in-memory (stacked) layout, as a directory, imports to the same tensors

@@ -21,6 +21,7 @@ from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
 from neva.data.images import ImageProcessor
 from neva.inference import Answerer
 from neva.models.generation import GenerationConfig, generate
+from neva.models.media import image_media
 from neva.models.neva import NevaModel
 from neva.models.presets import build_config
 from neva.models.vision import normalize_pixels
@@ -69,7 +70,7 @@ def test_llava_siglip_import_export_reloads_with_identical_logits(siglip_llava):
     with torch.no_grad():
         expected = hf(**inputs).logits
         assert torch.equal(reloaded.eval()(**inputs).logits, expected)
-        got = load_model(ckpt)(inputs.input_ids, ours)  # uint8 pixels, normalised in the tower
+        got = load_model(ckpt)(inputs.input_ids, image_media(ours))  # uint8 pixels, normalised in the tower
     assert ((got - expected).norm() / expected.norm()).item() < 1e-5
 
     again = import_llava(out, root / "ckpt2")

@@ -27,6 +27,7 @@ from neva.data.images import ImageProcessor
 from neva.inference import Answerer
 from neva.models.anyres import batch_feature_index
 from neva.models.generation import GenerationConfig, generate
+from neva.models.media import Media, MediaInputs
 from neva.models.video import VideoConfig, VideoPool
 from neva.models.vision import normalize_pixels
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
@@ -111,7 +112,7 @@ def test_llava_next_video_import_logits_generate_export_reload(hf_video, tmp_pat
     ids = processor.tokenizer(f"USER: {video_tags}\nWhat moves? ASSISTANT:", return_tensors="pt").input_ids
     with torch.no_grad():
         expected = hf(input_ids=ids, pixel_values_videos=frames[None]).logits
-        got = model(ids, video_pixel_values=frames)
+        got = model(ids, Media(video=MediaInputs(frames)))
     assert _rel(got, expected) <= 1e-5
 
     # an AnyRes image and a video in one prompt (the processor expands the image; the video tags are expanded above)
@@ -124,10 +125,13 @@ def test_llava_next_video_import_logits_generate_export_reload(hf_video, tmp_pat
     assert int((inputs.input_ids == VIDEO_TOKEN).sum()) == cfg.video_tokens(FRAMES)
     with torch.no_grad():
         expected = hf(**inputs, pixel_values_videos=frames[None]).logits
-        got = model(
-            inputs.input_ids, tiles, torch.tensor([1]), (inputs.input_ids == cfg.image_token_id).nonzero(), index,
-            video_pixel_values=frames, video_positions=(inputs.input_ids == VIDEO_TOKEN).nonzero(),
-        )  # fmt: skip
+        media = Media(
+            image=MediaInputs(
+                tiles, (inputs.input_ids == cfg.image_token_id).nonzero(), torch.tensor([1]), index=index
+            ),
+            video=MediaInputs(frames, (inputs.input_ids == VIDEO_TOKEN).nonzero()),
+        )
+        got = model(inputs.input_ids, media)
     assert _rel(got, expected) <= 1e-5
 
     # greedy generation with the KV cache: the same new tokens as transformers' generate

@@ -23,6 +23,7 @@ from neva.convert import main as convert_main
 from neva.data.anyres import tile_image
 from neva.models.anyres import AnyResConfig, batch_feature_index, feature_index, grid_shape, unpadded_bounds
 from neva.models.generation import GenerationConfig, generate
+from neva.models.media import image_media
 from tests.checkpoint.tiny_hf import SP_VOCAB
 from tests.checkpoint.tiny_llava_original import CLIP_MEAN, CLIP_STD, make_tower, save_tower, write_tokenizer
 from tests.hf_oracle import VISION_KW, tiny_llava_next
@@ -151,8 +152,9 @@ def test_original_anyres_checkpoint_gives_transformers_logits_and_tokens(tmp_pat
     tiles = torch.cat([tile_image(im, cfg.anyres, s) for im in imgs])
     with torch.no_grad():
         expected = hf(input_ids=hf_ids, pixel_values=_hf_pixels(imgs, cfg), image_sizes=torch.tensor(sizes)).logits
-        got = model(ids, tiles, torch.tensor([1] * len(imgs) + [0]), (ids == cfg.image_token_id).nonzero(),
-                    lay.index, image_feature_weight=lay.weight)  # fmt: skip
+        media = image_media(tiles, torch.tensor([1] * len(imgs) + [0]), positions=(ids == cfg.image_token_id).nonzero(),
+                            index=lay.index, weight=lay.weight)  # fmt: skip
+        got = model(ids, media)
     assert ((got - expected).norm() / expected.norm()).item() <= 1e-5
     if cfg.anyres.max_num_patches is not None:
         assert feature_index(cfg.anyres, cfg.num_image_tokens, s, sizes[3]).weight is not None  # pooled

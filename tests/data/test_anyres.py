@@ -11,6 +11,7 @@ from PIL import Image
 from neva.data.anyres import tile_image
 from neva.models.anyres import AnyResConfig, grid_shape, parse_grid_pinpoints, select_best_resolution
 from neva.models.config import VisionConfig
+from neva.models.media import media_from_batch
 from neva.models.vision import normalize_pixels
 
 SIZE = 16
@@ -149,23 +150,14 @@ def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokeni
     with torch.no_grad():
         got = model(
             packed["input_ids"],
-            packed["pixel_values"],
-            packed["image_counts"],
-            packed["image_positions"],
-            packed["image_feature_index"],
+            media_from_batch(packed),
             position_ids=packed["position_ids"],
             segment_ids=packed["segment_ids"],
         )[0]
         start = 0
         for s in samples:
             alone = Collator(0, 1024, 1)([s])
-            ref = model(
-                alone["input_ids"],
-                alone["pixel_values"],
-                alone["image_counts"],
-                alone["image_positions"],
-                alone["image_feature_index"],
-            )[0]
+            ref = model(alone["input_ids"], media_from_batch(alone))[0]
             n = s["input_ids"].numel()
             torch.testing.assert_close(got[start : start + n], ref[:n], rtol=1e-5, atol=1e-5)
             start += n

@@ -7,6 +7,7 @@ import torch
 
 from neva.constants import IGNORE_INDEX
 from neva.data.collate import collate_packed, collate_padded, first_fit
+from neva.models.media import image_media, media_from_batch
 
 
 def sample(n: int, n_img: int = 0, sid: str = "s", fill: int = 7):
@@ -91,13 +92,13 @@ def test_packed_loss_equals_token_weighted_loss_one_by_one(synthetic_tokenizer):
     dm1.setup()
     ds = dm1.train_datasets[0]
     by_id = {r["id"]: i for i, r in enumerate(ds.records)}
-    keys = ("input_ids", "pixel_values", "image_counts", "position_ids", "segment_ids")
+    keys = ("input_ids", "position_ids", "segment_ids")
     with torch.no_grad():
-        total, count = _loss(model(**{k: packed[k] for k in keys}), packed["labels"])
+        total, count = _loss(model(**{k: packed[k] for k in keys}, media=media_from_batch(packed)), packed["labels"])
         ref_sum, ref_n = 0.0, 0
         for sid in packed["ids"]:
             s = ds[by_id[sid]]
-            logits = model(s["input_ids"][None], pixel_values=s["pixel_values"], image_counts=torch.tensor([1]))
+            logits = model(s["input_ids"][None], image_media(s["pixel_values"], torch.tensor([1])))
             ls, n = _loss(logits, s["labels"][None])
             ref_sum, ref_n = ref_sum + ls, ref_n + n
     assert int(count) == int(ref_n)

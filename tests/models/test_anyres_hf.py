@@ -10,6 +10,7 @@ from PIL import Image
 
 from neva.data.anyres import tile_image
 from neva.models.anyres import AnyResConfig, batch_feature_index, feature_index, grid_shape
+from neva.models.media import image_media
 from tests.hf_oracle import VISION_KW, neva_from_hf, tiny_llava_next
 
 S = VISION_KW["image_size"]  # 28 px tiles, 4x4 patches
@@ -65,14 +66,21 @@ def test_token_counts_and_logits_match_llava_next():
     tiles = torch.cat([tile_image(im, cfg.anyres, S) for im in imgs])
     image_counts = torch.tensor([len(r) for r in per_row])
     with torch.no_grad():
-        got_sync_free = ours(ids, tiles, image_counts, (ids == cfg.image_token_id).nonzero(), index)
-        h = ours.embed(ids, tiles, image_counts, None, index, torch.tensor(counts))
+        got_sync_free = ours(
+            ids, image_media(tiles, image_counts, positions=(ids == cfg.image_token_id).nonzero(), index=index)
+        )
+        h = ours.embed(ids, image_media(tiles, image_counts, index=index, tokens=torch.tensor(counts)))
         got_checked = ours.llm(h)
     for got in (got_sync_free, got_checked):
         rel = ((got - expected).norm() / expected.norm()).item()
         assert rel <= 1e-5, rel
     with pytest.raises(ValueError, match=r"sample\(s\) \[1\]"):
-        ours.embed(ids, tiles, torch.tensor([2, 1, 0, 2]), None, index, torch.tensor([*counts[:2], 5, *counts[3:]]))
+        ours.embed(
+            ids,
+            image_media(
+                tiles, torch.tensor([2, 1, 0, 2]), index=index, tokens=torch.tensor([*counts[:2], 5, *counts[3:]])
+            ),
+        )
 
 
 def _llava_next_layout(feats: torch.Tensor, grid: tuple[int, int], merge: str) -> torch.Tensor:

@@ -26,6 +26,7 @@ from neva.models.anyres import (
     unpadded_bounds,
 )
 from neva.models.generation import GenerationConfig, generate
+from neva.models.media import MediaInputs, image_media
 from tests.hf_oracle import SIGLIP_KW, TEXT_KW, neva_from_hf, randomise_inits
 
 S = SIGLIP_KW["image_size"]  # 35 px tiles, 5x5 patches
@@ -111,7 +112,7 @@ def test_token_counts_logits_and_generation_match_llava_onevision():
     # the layer itself: neva's tiles and gather reproduce transformers' packed features
     tiles = torch.cat([tile_image(im, cfg.anyres, S) for im in imgs])
     with torch.no_grad():
-        got = ours._features(tiles, lay.index, lay.weight)
+        got = ours._features("image", MediaInputs(tiles, index=lay.index, weight=lay.weight))
     expected = torch.cat(feats)
     assert ((got - expected).norm() / expected.norm()).item() <= 1e-5
 
@@ -129,8 +130,9 @@ def test_token_counts_logits_and_generation_match_llava_onevision():
         sub_lay, _ = batch_feature_index(cfg.anyres, cfg.num_image_tokens, S, sub_sizes)
         sub_tiles = torch.cat([tile_image(im, cfg.anyres, S) for im in sub_imgs])
         positions = (ids == cfg.image_token_id).nonzero()
-        got = ours(ids, sub_tiles, torch.tensor([1, 1, 1, 1, 0]), positions, sub_lay.index,
-                   image_feature_weight=sub_lay.weight)  # fmt: skip
+        media = image_media(sub_tiles, torch.tensor([1, 1, 1, 1, 0]), positions=positions, index=sub_lay.index,
+                            weight=sub_lay.weight)  # fmt: skip
+        got = ours(ids, media)
     assert ((got - expected).norm() / expected.norm()).item() <= 1e-5
 
     # greedy generation with the KV cache, on the pooled image

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from neva.config import ModelConfig
 from neva.models.config import LLMConfig
 from neva.models.llama import LlamaDecoder
+from neva.models.media import image_media
 from neva.parallel.compute_plans import apply_compute_plans, compile_enabled
 from neva.typed import ConfigError, build
 
@@ -112,7 +113,7 @@ def test_compiled_qwen2_blocks_with_lora_behind_siglip_give_the_eager_loss_and_g
     pixels = torch.randn(2, 3, 32, 32)
 
     def loss_and_grads(model):
-        logits = model(ids, pixels)
+        logits = model(ids, image_media(pixels))
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
         trainable = [p for p in model.parameters() if p.requires_grad]
         return loss, torch.autograd.grad(loss, trainable)

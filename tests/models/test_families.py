@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlavaForConditionalGeneration, MistralConf
 
 from neva.checkpoint.hf import save_llava_hf
 from neva.checkpoint.hf_config import llm_config_from_hf
+from neva.models.media import image_media
 from neva.models.neva import NevaModel
 from tests.checkpoint.tiny_hf import one_thread
 from tests.hf_oracle import neva_from_hf, tiny_llava
@@ -72,13 +73,13 @@ def test_logits_match_hf_unpacked_and_packed(family):
     segments = torch.cat([torch.full_like(a, 1), torch.full_like(b, 2)])[None]
     with torch.no_grad():
         exp_a, exp_b = hf(input_ids=a[None], pixel_values=pixels).logits[0], hf(input_ids=b[None]).logits[0]
-        assert rel_err(ours(a[None], pixels)[0], exp_a) < 1e-5
-        got = ours(packed, pixels, position_ids=positions, segment_ids=segments)[0]
+        assert rel_err(ours(a[None], image_media(pixels))[0], exp_a) < 1e-5
+        got = ours(packed, image_media(pixels), position_ids=positions, segment_ids=segments)[0]
         if name == "mistral_window":  # the window really is exercised: attending past it is another function
             unwindowed = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, sliding_window=None))
             full = NevaModel(unwindowed).eval()
             full.load_state_dict(ours.state_dict())
-            assert rel_err(full(a[None], pixels)[0], exp_a) > 1e-3
+            assert rel_err(full(a[None], image_media(pixels))[0], exp_a) > 1e-3
     assert rel_err(got[: a.numel()], exp_a) < 1e-5
     assert rel_err(got[a.numel() :], exp_b) < 1e-5
 

@@ -7,6 +7,7 @@ from transformers import CLIPVisionConfig, CLIPVisionModel, LlamaConfig, LlamaFo
 from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva
 from neva.models.llama import LlamaDecoder
+from neva.models.media import image_media
 from neva.models.vision import VisionTower
 from tests.hf_oracle import TEXT_KW, VISION_KW, neva_from_hf, tiny_llava
 
@@ -84,7 +85,7 @@ def test_llava_logits_match_hf():
     pixels = torch.randn(1, 3, 28, 28)
     with torch.no_grad():
         expected = hf(input_ids=ids, pixel_values=pixels).logits
-        got = ours(ids, pixels)
+        got = ours(ids, image_media(pixels))
     assert rel_err(got, expected) < 1e-5
 
 
@@ -96,7 +97,7 @@ def test_llava_two_images_and_text_only_row_in_one_batch():
     row1 = torch.randint(0, cfg.image_token_id - 1, (row0.numel(),))
     pixels = torch.randn(2, 3, 28, 28)
     with torch.no_grad():
-        got = ours(torch.stack([row0, row1]), pixels, image_counts=torch.tensor([2, 0]))
+        got = ours(torch.stack([row0, row1]), image_media(pixels, torch.tensor([2, 0])))
         exp0 = hf(input_ids=row0[None], pixel_values=pixels).logits[0]
         exp1 = hf(input_ids=row1[None]).logits[0]
     assert rel_err(got[0], exp0) < 1e-5
@@ -111,7 +112,7 @@ def test_image_count_mismatch_names_the_sample():
     bad = good.clone()
     bad[5] = 1  # one image position overwritten by text
     with pytest.raises(ValueError, match=r"sample\(s\) \[1\]"):
-        ours(torch.stack([good, bad]), torch.randn(2, 3, 28, 28), image_counts=torch.tensor([1, 1]))
+        ours(torch.stack([good, bad]), image_media(torch.randn(2, 3, 28, 28), torch.tensor([1, 1])))
     with pytest.raises(ValueError, match="no images"):
         ours(good[None])
 
@@ -127,8 +128,8 @@ def test_packed_segments_equal_separate_samples():
     segments = torch.cat([torch.full_like(a, 1), torch.full_like(b, 2)])[None]
     pixels = torch.randn(1, 3, 28, 28)
     with torch.no_grad():
-        got = ours(packed, pixels, position_ids=positions, segment_ids=segments)[0]
-        exp_a = ours(a[None], pixels)[0]
+        got = ours(packed, image_media(pixels), position_ids=positions, segment_ids=segments)[0]
+        exp_a = ours(a[None], image_media(pixels))[0]
         exp_b = ours(b[None])[0]
     assert rel_err(got[: a.numel()], exp_a) < 1e-5
     assert rel_err(got[a.numel() :], exp_b) < 1e-5

@@ -12,6 +12,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_moe import canonical_tensors, expert_groups
 from neva.models.generation import GenerationConfig, generate
 from neva.models.llama import LlamaDecoder
+from neva.models.media import image_media
 from neva.models.moe import MoEFeedForward, aux_objective, load_balancing_loss, moe_layers, z_loss
 from tests.checkpoint.tiny_hf import one_thread
 from tests.hf_oracle import neva_from_hf, randomise_inits
@@ -128,7 +129,7 @@ def test_llava_mixtral_logits_and_greedy_generation_match_hf():
     pixels = torch.randn(1, 3, 28, 28, generator=g)
     with torch.no_grad():
         expected = hf(input_ids=torch.tensor([ids]), pixel_values=pixels).logits
-        got = ours(torch.tensor([ids]), pixel_values=pixels, image_counts=torch.tensor([1]))
+        got = ours(torch.tensor([ids]), image_media(pixels, torch.tensor([1])))
     assert rel_err(got, expected) < 1e-5
     new = 8
     hf_out = hf.generate(

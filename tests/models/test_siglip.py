@@ -15,6 +15,7 @@ from transformers import SiglipVisionConfig, SiglipVisionModel
 from neva.checkpoint.hf_config import neva_config_from_llava, vision_config_from_hf
 from neva.models.config import ProjectorConfig, VisionConfig
 from neva.models.generation import GenerationConfig, generate
+from neva.models.media import image_media
 from neva.models.neva import NevaModel
 from neva.models.presets import build_config
 from neva.models.projector import build_projector
@@ -70,7 +71,7 @@ def test_llava_siglip_logits_match_transformers(llava):
     ids = torch.stack([image_prompt(25, cfg.image_token_id, 1, 9, seed) for seed in (0, 1)])
     with torch.no_grad():
         expected = hf(input_ids=ids, pixel_values=pixels).logits
-        got = ours(ids, pixels)
+        got = ours(ids, image_media(pixels))
     assert rel_err(got, expected) < 1e-5
 
 
@@ -176,7 +177,7 @@ def test_mlp_downsample_token_count_reaches_the_model():
     model.init_weights()
     ids = torch.tensor([[1, 2] + [cfg.image_token_id] * 4 + [3]])
     pixels = torch.randint(0, 256, (1, 3, 32, 32), dtype=torch.uint8)
-    assert model(ids, pixels).shape == (1, 7, cfg.llm.vocab_size)
+    assert model(ids, image_media(pixels)).shape == (1, 7, cfg.llm.vocab_size)
     with pytest.raises(ValueError, match="cls_patch adds a class token"):
         build_config(vision={**dict(image_size=32, patch_size=8), "vision_select_feature": "cls_patch"},
                      projector_type="mlp_downsample")  # fmt: skip

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from neva.models.media import Media, MediaInputs, image_media
 from neva.models.neva import NevaModel
 from neva.models.presets import VISION_PRESETS, build_config
 from neva.models.video import VideoConfig
@@ -31,10 +32,9 @@ def test_unpooled_frames_are_images_at_the_same_positions(projector):
     ids = torch.randint(1, 100, (1, n + 8), generator=torch.Generator().manual_seed(2))
     ids[0, 4 : 4 + n] = cfg.video_token
     positions = (ids == cfg.video_token).nonzero()
-    none = torch.zeros(0, 2, dtype=torch.long)
     with torch.no_grad():
-        as_video = model(ids, image_positions=none, video_pixel_values=frames, video_positions=positions)
-        as_images = model(ids, frames, torch.tensor([3]), positions)
+        as_video = model(ids, Media(video=MediaInputs(frames, positions)))
+        as_images = model(ids, image_media(frames, torch.tensor([3]), positions=positions))
     assert torch.equal(as_video, as_images)
 
 
@@ -50,6 +50,5 @@ def test_pooling_configs_that_have_no_grid_are_refused():
         VideoConfig(spatial_pool_mode="conv")
     model = _model(base)
     with pytest.raises(ValueError, match="without video"):
-        model(torch.ones(1, 4, dtype=torch.long), image_positions=torch.zeros(0, 2, dtype=torch.long),
-              video_pixel_values=torch.zeros(1, 3, 32, 32, dtype=torch.uint8),
-              video_positions=torch.zeros(4, 2, dtype=torch.long))  # fmt: skip
+        video = MediaInputs(torch.zeros(1, 3, 32, 32, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.long))
+        model(torch.ones(1, 4, dtype=torch.long), Media(video=video))

@@ -59,7 +59,7 @@ FAMILIES: dict[str, list[str]] = {
         "model.mm_cfg.mm_mlp_adapter_type=mlp_downsample",
     ],
     # Video on the tiny CLIP: frames pooled 2x2 per frame (4 tokens a frame) before the projector; the steps are
-    # hand-built batches of the collator's contract (``video_steps``) mixing video, image + video, image and text rows
+    # hand-built batches of the collator's contract (``media_steps``) mixing video, image + video, image and text rows
     "llama_clip_video": ["model.mm_cfg.mm_spatial_pool_stride=2"],
     # AnyRes on the tiny CLIP (32 px tiles): 1x1, 1x2, 2x1 and 2x2 grids, spatial_unpad + image_newline, with
     # LLaVA-OneVision's anyres_max_1: every grid above one tile's features pooled (bilinear), a 1x1 grid not, and
@@ -77,14 +77,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_checkpoint(directory: Path, family: str = "llama_clip", base: list[str] | None = None) -> Path:
-    """A seeded tiny neva checkpoint of ``family`` matching ``base`` (default ``BASE``; the finetune stage's start)."""
+def make_checkpoint(
+    directory: Path, family: str = "llama_clip", base: list[str] | None = None, extra: list[str] | None = None
+) -> Path:
+    """A seeded tiny neva checkpoint of ``family`` (and ``extra`` overrides) matching ``base`` (default ``BASE``; the
+    finetune stage's start)."""
     from neva.checkpoint.neva_format import save_checkpoint
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.models.neva import NevaModel
 
-    cfg = compose_config([o.replace("+stage=finetune", "+stage=pretrain") for o in (base or BASE)] + FAMILIES[family])
+    cfg = compose_config(
+        [o.replace("+stage=finetune", "+stage=pretrain") for o in (base or BASE)] + FAMILIES[family] + (extra or [])
+    )
     source = resolve_source(cfg)
     torch.manual_seed(0)
     model = NevaModel(source.cfg)
@@ -92,9 +97,12 @@ def make_checkpoint(directory: Path, family: str = "llama_clip", base: list[str]
     return save_checkpoint(directory, source.cfg, model.state_dict(), source.tokenizer, overwrite=True)
 
 
-def train_losses(overrides: list[str], steps: int, keep_engine: bool = False) -> dict[str, Any]:
+def train_losses(
+    overrides: list[str], steps: int, keep_engine: bool = False, kinds: str | None = None
+) -> dict[str, Any]:
     """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses, gradient norms (before
-    clipping) and parameter dtypes (``keep_engine``: the trained engine too, for in-process checks)."""
+    clipping) and parameter dtypes (``keep_engine``: the trained engine too, for in-process checks). A video model,
+    or ``kinds`` (a ``ROW_KINDS`` name), trains on hand-built micro-batches (``media_steps``)."""
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.data.datamodule import NevaDataModule
@@ -117,7 +125,10 @@ def train_losses(overrides: list[str], steps: int, keep_engine: bool = False) ->
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
     losses, grad_norms = [], []
-    steps_of = video_steps(source.cfg, layout, steps) if source.cfg.video is not None else StepBatches(data, accum)
+    if source.cfg.video is not None or kinds is not None:
+        steps_of = media_steps(source.cfg, layout, steps, kinds or "video")
+    else:
+        steps_of = StepBatches(data, accum)
     for i, micro_batches in enumerate(steps_of):
         if i == steps:
             break
@@ -138,11 +149,24 @@ def train_losses(overrides: list[str], steps: int, keep_engine: bool = False) ->
     }
 
 
-def video_steps(cfg: Any, layout: Any, steps: int, micro: int = 2, length: int = 48) -> list[list[dict[str, Any]]]:
-    """Seeded micro-batches of videos, images and text, shaped as the collator's contract (``neva/models/video.py``):
-    ``video_pixel_values`` [F, 3, H, W] uint8 (row order, then position order), ``video_frames`` [V],
-    ``video_positions`` [M_v, 2]; this rank's share (the same global batch for every layout). Video and image tokens
-    share one id (``video_token_id`` None): the positions alone tell them apart."""
+# Row kinds of the hand-built micro-batches (``media_steps``).
+VIDEO, IMAGE_AND_VIDEO, IMAGE, TEXT = 0, 1, 2, 3
+ROW_KINDS = {
+    # video, image + video, image and text rows mixed in every micro-batch
+    "video": lambda step, m, r, micro: (step + m * micro + r) % 4,
+    # whole micro-batches of text or of images, alternating: under DP2 one rank's micro-batch is text only while the
+    # other's has images, and the other way round at the next step
+    "text_only_alternating": lambda step, m, r, micro: TEXT if (step + m) % 2 == 0 else IMAGE,
+}
+
+
+def media_steps(
+    cfg: Any, layout: Any, steps: int, kinds: str = "video", micro: int = 2, length: int = 48
+) -> list[list[dict[str, Any]]]:
+    """Seeded micro-batches of videos, images and text (``ROW_KINDS[kinds]``), shaped as the collator's contract
+    (``neva/data/collate.py``): ``video_pixel_values`` [F, 3, H, W] uint8 (row order, then position order),
+    ``video_frames`` [V], ``video_positions`` [M_v, 2]; this rank's share (the same global batch for every layout).
+    Video and image tokens share one id (``video_token_id`` None): the positions alone tell them apart."""
     from neva.constants import IGNORE_INDEX
 
     gen = torch.Generator().manual_seed(1234)
@@ -153,7 +177,7 @@ def video_steps(cfg: Any, layout: Any, steps: int, micro: int = 2, length: int =
 
     def row(kind: int, r: int, mb: dict[str, list]) -> tuple[list[int], list[int]]:
         ids = text(3)
-        for media in {0: ["video"], 1: ["image", "video"], 2: ["image"], 3: []}[kind]:
+        for media in {VIDEO: ["video"], IMAGE_AND_VIDEO: ["image", "video"], IMAGE: ["image"], TEXT: []}[kind]:
             start = len(ids)
             if media == "image":
                 ids += [cfg.image_token_id] * cfg.num_image_tokens
@@ -183,7 +207,7 @@ def video_steps(cfg: Any, layout: Any, steps: int, micro: int = 2, length: int =
             labels_B = torch.full((micro, length), IGNORE_INDEX, dtype=torch.long)
             real = torch.zeros(micro, length, dtype=torch.long)
             for r in range(micro):
-                ids, labels = row((step + m * micro + r) % 4, r, mb)
+                ids, labels = row(ROW_KINDS[kinds](step, m, r, micro), r, mb)
                 ids_B[r, : len(ids)], labels_B[r, : len(ids)] = torch.tensor(ids), torch.tensor(labels)
                 real[r, : len(ids)] = 1
             batch = {

@@ -8,7 +8,8 @@ from neva.config import compose_config
 from neva.models.presets import build_config
 from neva.models.trainable import LoraSpec, TrainablePolicy, build_meta_model
 from neva.parallel.layout import mesh_coords, resolve_layout
-from neva.parallel.pipeline import chunk_of_key, local_chunks, split_layers
+from neva.parallel.pipeline import local_chunks, split_layers
+from neva.parallel.stage_owners import chunk_of_key
 from neva.parallel.tensor_parallel import check_divisibility, tp_shard_dims
 from neva.typed import ConfigError
 

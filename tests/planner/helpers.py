@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from neva.models.media import image_media
 from neva.models.neva import NevaModel
 from neva.models.presets import build_config
 from neva.models.trainable import TrainablePolicy, apply_policy
@@ -46,7 +47,7 @@ def batch(model: NevaModel) -> tuple[torch.Tensor, torch.Tensor]:
 def train_step(model: nn.Module, input_ids: torch.Tensor, pixels: torch.Tensor) -> torch.optim.Optimizer:
     """One forward/backward and AdamW step; returns the optimizer (its state now exists)."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    out = model(input_ids, pixels)
+    out = model(input_ids, image_media(pixels))
     if hasattr(out, "full_tensor"):
         out = out.to_local()
     out.float().pow(2).mean().backward()

@@ -7,6 +7,7 @@ import copy
 import torch
 
 from neva.models.loss import token_cross_entropy
+from neva.models.media import media_from_batch
 from neva.models.moe import Router
 from tests.models.test_moe_hf_parity import switch_loss_megatron
 from tests.training.conftest import micro_batches
@@ -31,8 +32,7 @@ def reference_objective(model, batches, cfg) -> torch.Tensor:
         router_logits.clear()
         logits = model(
             mb["input_ids"],
-            pixel_values=mb["pixel_values"],
-            image_counts=mb["image_counts"],
+            media=media_from_batch(mb),
             position_ids=mb["position_ids"],
             segment_ids=mb["segment_ids"],
         )

@@ -1,0 +1,149 @@
+"""What the model sees besides text: one structure, per modality one ``MediaInputs``, the same for every producer.
+
+A fixed-size image, an AnyRes image's tiles and a video's frames are all tower inputs whose projected features are
+written into the decoder's sequence at known positions. Each producer (the collator, generation, the rehearsal's fake
+batches, a test) builds the same shape: the tower inputs, the ``[M, 2]`` (row, column) positions the features go to in
+feature order, and, where the features are laid out rather than flattened, the AnyRes index (and pooling weights).
+The model (``NevaModel.embed``) takes one ``Media`` and the engine, the pipeline's first stage and generation hand it
+on unchanged: the batch keys a collated batch carries exist once, in ``BATCH_KEYS`` below.
+
+Every micro-batch runs the same modules: a modality a micro-batch does not carry runs as an empty one
+(``MediaInputs.empty``) while gradients are recorded, so a trainable tower, projector or AnyRes newline takes part in
+every backward with zero gradients, and data-parallel ranks (DDP's buckets, FSDP's reduce-scatters, the gradient
+all-reduce of EP and PP replicas) stay matched when one rank's micro-batch is text only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+MODALITIES = ("image", "video")
+
+
+@dataclass
+class MediaInputs:
+    """One modality's tower inputs and where their features go.
+
+    Attributes:
+        pixels: ``[N, C, H, W]`` tower inputs (images, AnyRes tiles or video frames), uint8 (normalised by the tower)
+            or already-normalised float; in row order, then position order.
+        positions: ``[M, 2]`` (row, column) of every feature position in the order the features fill them, found on
+            the host (the splice is then an index op, no host-device sync); None: found here from the token ids
+            (serving), checked against ``items_per_row`` / ``tokens``.
+        items_per_row: ``[B]`` images (or videos) per row; used to check positions found from ids.
+        tokens: ``[K]`` positions of each item where they vary (AnyRes); None: each takes the model's fixed count.
+        index: AnyRes: ``[M]`` row of the flattened tower features for each position (-1 the learned newline), or
+            ``[M, 4]`` bilinear taps under ``anyres_max_N`` with ``weight`` ``[M, 4]``.
+        weight: see ``index``.
+        frames: video: ``[V]`` frames of each video (the splice needs only the positions).
+    """
+
+    pixels: torch.Tensor
+    positions: torch.Tensor | None = None
+    items_per_row: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    frames: torch.Tensor | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return self.pixels.shape[0] == 0
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> MediaInputs:
+        moved = {
+            f.name: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for f in fields(self)
+            for v in (getattr(self, f.name),)
+        }
+        return MediaInputs(**moved)
+
+    def with_positions(self, positions: torch.Tensor | None) -> MediaInputs:
+        return replace(self, positions=positions)
+
+    def padded_rows(self, rows: int) -> MediaInputs:
+        """The same inputs for a batch padded to ``rows`` rows (the added rows hold no item)."""
+        counts = self.items_per_row
+        if counts is None or counts.shape[0] >= rows:
+            return self
+        return replace(self, items_per_row=torch.cat([counts, counts.new_zeros(rows - counts.shape[0])]))
+
+    @staticmethod
+    def empty(channels: int, image_size: int, device: torch.device, anyres: bool = False) -> MediaInputs:
+        """No item: zero tower inputs of the tower's shape, zero positions (and an empty AnyRes index)."""
+        return MediaInputs(
+            pixels=torch.zeros(0, channels, image_size, image_size, dtype=torch.uint8, device=device),
+            positions=torch.zeros(0, 2, dtype=torch.long, device=device),
+            index=torch.zeros(0, dtype=torch.long, device=device) if anyres else None,
+        )
+
+
+@dataclass
+class Media:
+    """Every modality of one micro-batch (None: the micro-batch carries none of it)."""
+
+    image: MediaInputs | None = None
+    video: MediaInputs | None = None
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Media:
+        return Media(**{m: None if v is None else v.to(device, non_blocking) for m, v in self.items()})
+
+    def items(self) -> list[tuple[str, MediaInputs | None]]:
+        return [(m, getattr(self, m)) for m in MODALITIES]
+
+    def padded_rows(self, rows: int) -> Media:
+        return Media(**{m: None if v is None else v.padded_rows(rows) for m, v in self.items()})
+
+    def remap_positions(self, remap: Any) -> Media:
+        """Every modality's ``[M, 2]`` positions through ``remap`` (``join_rows``' new coordinates)."""
+        out = {}
+        for m, v in self.items():
+            moved = v is not None and v.positions is not None
+            out[m] = v.with_positions(remap(v.positions)) if moved else v
+        return Media(**out)
+
+    def tower_inputs(self) -> int:
+        """Tower passes of this micro-batch (images, tiles and frames): the FLOP model's count."""
+        return sum(v.pixels.shape[0] for _, v in self.items() if v is not None)
+
+
+# Pipeline stages flatten their keyword inputs with torch's pytree: as registered nodes, the tensors inside a Media
+# are seen (moved, detached for the stage's backward bookkeeping) like any tensor input.
+pytree.register_dataclass(MediaInputs)
+pytree.register_dataclass(Media)
+
+
+BATCH_KEYS: dict[str, dict[str, str]] = {
+    "image": {
+        "pixels": "pixel_values",
+        "positions": "image_positions",
+        "items_per_row": "image_counts",
+        "tokens": "image_tokens",
+        "index": "image_feature_index",
+        "weight": "image_feature_weight",
+    },
+    "video": {"pixels": "video_pixel_values", "positions": "video_positions", "frames": "video_frames"},
+}
+"""The one list of a collated batch's media keys (``neva.data.collate``'s contract), per modality and field."""
+
+
+def media_from_batch(batch: dict[str, Any]) -> Media:
+    """The ``Media`` of a collated (or hand-built) batch dict: a modality is present when its tower inputs are."""
+    out = {}
+    for modality, keys in BATCH_KEYS.items():
+        pixels = batch.get(keys["pixels"])
+        if pixels is None:
+            out[modality] = None
+            continue
+        out[modality] = MediaInputs(**{f: batch.get(k) for f, k in keys.items()})
+    return Media(**out)
+
+
+def image_media(pixels: torch.Tensor, items_per_row: torch.Tensor | None = None, **fields: Any) -> Media:
+    """A ``Media`` of images only, from the tensors at hand (serving, scripts and tests); ``fields``: the other
+    ``MediaInputs`` fields (positions, tokens, index, weight)."""
+    return Media(image=MediaInputs(pixels, items_per_row=items_per_row, **fields))
