@@ -15,9 +15,9 @@ from torch import nn
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.layers import RMSNorm, swiglu
-from neva.models.lora import dropout_keys_at
 from neva.models.moe import MoEFeedForward
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from neva.models.token_inputs import TokenInputs, at_rows, token_inputs, token_inputs_at
 
 
 @dataclass
@@ -63,10 +63,8 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)
         out = attn.attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
-        if rows is None:
-            return self.wo(out)
-        with dropout_keys_at(rows):
-            return self.wo(out[rows[:, 0], rows[:, 1]])
+        with token_inputs_at(rows):
+            return self.wo(at_rows(out, rows))
 
 
 class FeedForward(nn.Module):
@@ -99,19 +97,12 @@ class DecoderBlock(nn.Module):
         attn: AttentionPlan,
         cache: KVCache | None = None,
         rows: torch.Tensor | None = None,
-        token_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``rows`` ``[N, 2]`` (row, column): return only these positions, ``[N, D]``. Keys and values still come
-        from every position; the output projection, residual and feed-forward run on the N rows only.
-        ``token_mask`` ``[B, S]``: the tokens an MoE router's load-balancing statistics count (None: all)."""
-        attended = self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
-        if rows is None:
-            x = x + attended
-            if token_mask is not None:
-                return x + self.feed_forward(self.ffn_norm(x), token_mask=token_mask)
-            return x + self.feed_forward(self.ffn_norm(x))
-        x = x[rows[:, 0], rows[:, 1]] + attended
-        with dropout_keys_at(rows):
+        from every position; the output projection, residual and feed-forward run on the N rows only, and the
+        layers inside see the forward's per-token inputs at those rows (``neva.models.token_inputs``)."""
+        x = at_rows(x, rows) + self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
+        with token_inputs_at(rows):
             return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -137,6 +128,7 @@ class LlamaDecoder(nn.Module):
         cache: list[KVCache] | None = None,
         output_positions: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
+        dropout_keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -151,6 +143,8 @@ class LlamaDecoder(nn.Module):
                 boolean mask: the output size is known on the host, so selecting costs no sync.
             token_mask: ``[B, S]`` True where a token counts in MoE routers' load-balancing statistics (padding
                 does not); None = every position. Ignored by dense blocks.
+            dropout_keys: ``[B, S]`` LoRA dropout keys (``neva.models.lora.token_dropout_keys``); None = the RNG
+                stream's dropout. Both reach the layers that read them as the forward's ``TokenInputs``.
 
         Returns:
             Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
@@ -169,9 +163,10 @@ class LlamaDecoder(nn.Module):
         # still cover every position), skipping most of its work at prompt, image and padding positions. Not an MoE
         # layer: its router's load-balancing statistics cover every token.
         last_rows = output_positions is not None and bool(layers) and not self.cfg.is_moe
-        for i, layer in enumerate(layers):
-            rows = output_positions if last_rows and i == len(layers) - 1 else None
-            h = layer(h, cos, sin, attn, None if cache is None else cache[i], rows=rows, token_mask=token_mask)
+        with token_inputs(TokenInputs(dropout_keys, token_mask)):
+            for i, layer in enumerate(layers):
+                rows = output_positions if last_rows and i == len(layers) - 1 else None
+                h = layer(h, cos, sin, attn, None if cache is None else cache[i], rows=rows)
         if output_positions is not None and not last_rows:
             h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:

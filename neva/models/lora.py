@@ -9,7 +9,6 @@ then gets the same mask whichever micro-batch, row, data-parallel rank or pipeli
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 import zlib
 from collections.abc import Callable, Collection, Iterator
@@ -18,9 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Set by NevaModel.forward for the decoder layers it runs; a context variable rather than an argument so that the
-# attention and MLP code stays unaware of adapters.
-_DROPOUT_KEYS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("lora_dropout_keys", default=None)
+from neva.models.token_inputs import TokenInputs, current_token_inputs, token_inputs
+
 _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B  # < 2**31: products of 32-bit values stay inside int64
 
@@ -52,27 +50,9 @@ def token_dropout_keys(input_ids: torch.Tensor, position_ids: torch.Tensor, step
 
 @contextlib.contextmanager
 def dropout_keys(keys: torch.Tensor | None) -> Iterator[None]:
-    """Adapter dropout inside this context is keyed by ``keys`` (``[B, S]`` of the activations' leading dims)."""
-    token = _DROPOUT_KEYS.set(keys)
-    try:
-        yield
-    finally:
-        _DROPOUT_KEYS.reset(token)
-
-
-def current_dropout_keys() -> torch.Tensor | None:
-    return _DROPOUT_KEYS.get()
-
-
-@contextlib.contextmanager
-def dropout_keys_at(rows: torch.Tensor) -> Iterator[None]:
-    """Inside, adapters see the keys of ``rows`` ``[N, 2]`` (row, column) only: for activations narrowed to those
-    positions (``[N, features]``). A no-op without keys."""
-    keys = current_dropout_keys()
-    if keys is None:
-        yield
-        return
-    with dropout_keys(keys[rows[:, 0], rows[:, 1]]):
+    """Adapter dropout inside this context is keyed by ``keys`` (``[B, S]`` of the activations' leading dims): a
+    decoder forward's own ``TokenInputs.dropout_keys`` (``neva.models.token_inputs``), for adapters run alone."""
+    with token_inputs(TokenInputs(keys, current_token_inputs().token_mask)):
         yield
 
 
@@ -107,7 +87,7 @@ class LoRALinear(nn.Module):
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        keys = current_dropout_keys()
+        keys = current_token_inputs().dropout_keys
         if keys is None:
             return F.dropout(x, self.p, training=True)
         return x * keyed_dropout_mask(keys, x.shape[-1], self.salt, self.p).to(x.dtype) / (1 - self.p)

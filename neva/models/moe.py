@@ -12,11 +12,11 @@ Tokens are sorted by expert before the experts run and put back after; what happ
 (``neva.parallel.expert_parallel``) installs one that sends each group to the rank owning its expert and back. The
 model code knows nothing of it.
 
-Load balancing. Each forward records ``RoutingStats`` per layer over the tokens that count (``token_mask``: True for
-real tokens; image and prompt tokens count, padding does not, as in both sources: transformers masks padding with the
-attention mask, Megatron-Core with its ``padding_mask``). With, per layer l, T_l counted tokens, n_le the top-k
-assignments to expert e and P_le the sum of the router probabilities of expert e over those tokens, E experts, k
-chosen per token and L layers:
+Load balancing. Each forward records ``RoutingStats`` per layer over the tokens that count (the forward's
+``token_mask``, ``neva.models.token_inputs``: True for real tokens; image and prompt tokens count, padding does not,
+as in both sources: transformers masks padding with the attention mask, Megatron-Core with its ``padding_mask``).
+With, per layer l, T_l counted tokens, n_le the top-k assignments to expert e and P_le the sum of the router
+probabilities of expert e over those tokens, E experts, k chosen per token and L layers:
 
   megatron (Megatron-Core ``switch_load_balancing_loss_func``, NeMo's; per layer, summed over layers)
       aux = sum_l  E / (k T_l^2) * sum_e n_le P_le                    (= L when perfectly balanced)
@@ -39,6 +39,7 @@ from torch import nn
 
 from neva.models.config import LLMConfig
 from neva.models.layers import swiglu
+from neva.models.token_inputs import current_token_inputs
 
 
 @dataclass
@@ -149,10 +150,12 @@ class MoEFeedForward(nn.Module):
         self.dispatcher: Dispatcher = local_dispatch
         self.routing: RoutingStats | None = None
 
-    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``x`` [..., H]; ``token_mask`` (x's leading shape, True = counts for load balancing; None = all count)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [..., H]; the forward's ``TokenInputs.token_mask`` (x's leading shape, True = counts for load
+        balancing; None = all count) selects the tokens of the routing statistics."""
         flat = x.reshape(-1, x.shape[-1])
         logits, probs, weights, index = self.router(flat)
+        token_mask = current_token_inputs().token_mask
         mask = None if token_mask is None else token_mask.reshape(-1).to(probs.device)
         self.routing = routing_stats(logits, probs, index, mask, self.num_experts)
         k = index.shape[1]

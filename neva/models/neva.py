@@ -8,7 +8,6 @@ from torch import nn
 from neva.models.anyres import AnyResMerge
 from neva.models.config import NevaConfig
 from neva.models.llama import KVCache, LlamaDecoder
-from neva.models.lora import dropout_keys as lora_dropout_keys
 from neva.models.media import Media, MediaInputs
 from neva.models.projector import build_projector, init_projector
 from neva.models.towers import build_tower
@@ -180,15 +179,15 @@ class NevaModel(nn.Module):
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
         h = self.embed(input_ids, media) if self.llm.tok_embeddings is not None else input_ids
-        with lora_dropout_keys(dropout_keys):
-            return self.llm(
-                h,
-                position_ids=position_ids,
-                segment_ids=segment_ids,
-                cache=cache,
-                output_positions=output_positions,
-                token_mask=token_mask,
-            )
+        return self.llm(
+            h,
+            position_ids=position_ids,
+            segment_ids=segment_ids,
+            cache=cache,
+            output_positions=output_positions,
+            token_mask=token_mask,
+            dropout_keys=dropout_keys,
+        )
 
     def tie_weights(self) -> None:
         """Share the LM head with the token embedding when configured (``to_empty`` breaks the sharing)."""

@@ -16,7 +16,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from neva.config import ModelConfig
-from neva.models.lora import current_dropout_keys, dropout_keys
+from neva.models.token_inputs import current_token_inputs, token_inputs
 
 _SAVE = {
     torch.ops.aten.mm.default,
@@ -31,18 +31,18 @@ def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 
 
 def _checkpoint_contexts(selective: bool):
-    """``context_fn`` for ``torch.utils.checkpoint``: the recomputation in backward runs under the LoRA dropout keys
-    the forward saw (it runs outside ``NevaModel.forward``), so it draws the same masks; selective granularity adds
-    its save/recompute policy."""
+    """``context_fn`` for ``torch.utils.checkpoint``: the recomputation in backward runs under the per-token inputs
+    the forward saw (it runs outside ``LlamaDecoder.forward``), so LoRA draws the same dropout masks and MoE routers
+    count the same tokens; selective granularity adds its save/recompute policy."""
 
     def context_fn():
-        keys = current_dropout_keys()
+        inputs = current_token_inputs()
         forward, recompute = (
             create_selective_checkpoint_contexts(_selective_policy)
             if selective
             else (contextlib.nullcontext(), contextlib.nullcontext())
         )
-        return forward, _together(recompute, dropout_keys(keys))
+        return forward, _together(recompute, token_inputs(inputs))
 
     return context_fn
 

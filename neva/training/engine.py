@@ -37,7 +37,7 @@ from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
-from neva.training.moe_loss import MoEAuxLoss
+from neva.training.objectives import aux_objectives
 
 # The model's per-token inputs besides the ids (dropout_keys: the engine's LoRA dropout keys; token_mask: MoE's).
 TOKEN_INPUTS = ("position_ids", "segment_ids", "dropout_keys", "token_mask")
@@ -104,14 +104,21 @@ class Engine:
         self.join_rows = packed and attends_per_segment(device) and parallel.runner is None
         # LoRA dropout masks keyed by sample and position (the same in every layout) need per-token keys.
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
-        # MoE routers: their load-balancing objective joins each micro-batch's loss (neva/training/moe_loss.py).
-        self.moe = MoEAuxLoss.of(self.parts, layout, parallel.group("pp"))
-        self._moe_stats: dict[str, torch.Tensor] = {}
+        # Auxiliary objectives (MoE: the routers' load-balancing losses) join each micro-batch's loss
+        # (neva/training/objectives.py); none for a dense model.
+        self.objectives = aux_objectives(self.parts, layout, parallel.group("pp"))
+        self._aux_stats: dict[str, torch.Tensor] = {}
 
     @property
-    def moe_metrics(self) -> dict[str, float]:
-        """The last step's MoE metrics (the routers' loss term, per-layer min / max expert load), read on the host."""
-        return {k: float(v) for k, v in self._moe_stats.items()}
+    def aux_metrics(self) -> dict[str, float]:
+        """The last step's metrics of the auxiliary objectives (MoE: the routers' loss term, per-layer min / max
+        expert load), read on the host."""
+        return {k: float(v) for k, v in self._aux_stats.items()}
+
+    def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
+        for objective in self.objectives:
+            batch = objective.prepare(batch)
+        return batch
 
     # -- what the optimizer sees -------------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -142,8 +149,7 @@ class Engine:
         """Summed token loss of one micro-batch (forward only)."""
         if self.sp_multiple > 1:
             batch = pad_micro_batches([batch], self.sp_multiple)[0]
-        if self.moe is not None:
-            batch = self.moe.with_token_mask(batch)
+        batch = self._prepare(batch)
         if not self.learned_only_head:
             inputs = model_inputs(batch, self.device, self.packed)
             labels = batch["labels"].to(self.device)
@@ -155,9 +161,7 @@ class Engine:
             positions, targets = learned_positions(batch["labels"])
             batch = {**batch, "output_positions": positions, "targets": targets}
         if self.join_rows and batch.get("segment_ids") is not None:
-            batch = join_rows(batch)
-            if self.moe is not None:
-                batch = self.moe.with_token_mask(batch)
+            batch = self._prepare(join_rows(batch))
         inputs = model_inputs(batch, self.device, self.packed)
         positions = batch["output_positions"].to(self.device, non_blocking=True)
         targets = batch["targets"].to(self.device, non_blocking=True)
@@ -200,31 +204,38 @@ class Engine:
             dp_size=self.dp_size,
         )
         with self._loss_context():
-            if self.parallel.runner is not None:
-                if self.moe is not None:  # each stage's routers add their objective in its backward (moe_loss.py)
-                    micro_batches = [self.moe.with_token_mask(mb) for mb in micro_batches]
+            if self.parallel.runner is not None:  # each stage's objectives add their terms in its backward
+                micro_batches = [self._prepare(mb) for mb in micro_batches]
                 local = self.parallel.runner.forward_backward(micro_batches, weight, self.dp_size, self.sp_multiple)
             else:
                 local = torch.zeros((), device=self.device)
                 for i, mb in enumerate(micro_batches):
-                    w = weight(mb["labels"])
                     with self.parallel.sync_context(i == len(micro_batches) - 1):
-                        loss = self.loss_sum(mb)
-                        if self.moe is None:
-                            (loss * (w * self.dp_size)).backward()
-                        else:  # + the routers' objective of this forward, weighted 1 / (micro-batches x dp)
-                            loss = loss * w + self.moe.take(len(micro_batches) * self.dp_size)
-                            (loss * self.dp_size).backward()
-                            w = 1.0
-                    local += loss.detach() * w
+                        loss = self.loss_sum(mb) * weight(mb["labels"])
+                        for objective in self.objectives:  # this forward's term, weighted 1 / (micro-batches x dp)
+                            loss = loss + objective.take(len(micro_batches) * self.dp_size)
+                        (loss * self.dp_size).backward()
+                    local += loss.detach()
         if self.parallel.manual_dp_sync:
             self.parallel.all_reduce_gradients(p for _, p in self.named_trainable_parameters())
-        total = local.detach().float().clone()
-        if self.moe is not None:
-            total, self._moe_stats = self.moe.step_total(total, self.dp_group)
-        elif self.dp_group is not None:
-            dist.all_reduce(total, group=self.dp_group)
-        return total, n_tokens
+        return self._step_total(local.detach().float().clone()), n_tokens
+
+    def _step_total(self, total: torch.Tensor) -> torch.Tensor:
+        """The step objective summed over data-parallel ranks; the objectives' metrics kept for ``aux_metrics``
+        (device tensors: no host sync here, the rehearsal has no values). One all-reduce for the total and every
+        objective's values."""
+        values = []
+        for objective in self.objectives:
+            total, v = objective.step_values(total)
+            values.append(v)
+        flat = torch.cat([total.reshape(1), *values])
+        if self.dp_group is not None:
+            dist.all_reduce(flat, group=self.dp_group)
+        self._aux_stats, offset = {}, 1
+        for objective, v in zip(self.objectives, values):
+            self._aux_stats.update(objective.metrics(flat[offset : offset + v.numel()]))
+            offset += v.numel()
+        return flat[0]
 
     @torch.no_grad()
     def evaluate(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:

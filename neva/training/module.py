@@ -262,7 +262,7 @@ class NevaModule(pl.LightningModule):
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
         if loss is not None:
-            metrics.update(self.engine.moe_metrics)  # MoE: the routers' loss term and per-layer expert loads
+            metrics.update(self.engine.aux_metrics)  # auxiliary objectives (MoE: the routers' loss term, expert loads)
         if seq_lens:
             # Model FLOPs of the step on all ranks (the other replicas' batches taken to be like this one's).
             flops = self._flops.batch(seq_lens, images // dp, frames // dp) * dp

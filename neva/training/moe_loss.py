@@ -1,4 +1,4 @@
-"""The MoE routers' share of a step's objective and their metrics (``Engine``'s helper for MoE models).
+"""The MoE routers' share of a step's objective and their metrics (an ``objectives.AuxObjective``).
 
 Each micro-batch's forward leaves every MoE layer's ``RoutingStats``; ``take`` turns them into that micro-batch's
 router objective (``neva.models.moe.aux_objective``: coefficient × load-balancing loss + coefficient × z-loss) and
@@ -43,6 +43,8 @@ class _WithAux(torch.autograd.Function):
 
 
 class MoEAuxLoss:
+    """The routers' objective of this rank's MoE layers: ``prepare``, ``take``, ``step_values``, ``metrics``."""
+
     def __init__(self, layers: list[MoEFeedForward], layer_ids: list[int], cfg: Any, num_layers: int) -> None:
         self.layers = layers
         self._row = {id(m): i for m, i in zip(layers, layer_ids)}  # the model's layer index of each MoE layer
@@ -88,7 +90,7 @@ class MoEAuxLoss:
             part.register_forward_hook(hook)
 
     @staticmethod
-    def with_token_mask(batch: dict[str, Any]) -> dict[str, Any]:
+    def prepare(batch: dict[str, Any]) -> dict[str, Any]:
         """``batch`` with the routers' ``token_mask`` (real tokens: ``segment_ids`` != 0)."""
         seg = batch.get("segment_ids")
         return batch if seg is None else {**batch, "token_mask": seg != 0}
@@ -110,8 +112,8 @@ class MoEAuxLoss:
         """This forward's router objective (every MoE layer of the rank) / ``divisor``."""
         return self._take(self.layers, divisor)
 
-    def step_total(self, total: torch.Tensor, dp_group: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(the step objective summed over data-parallel ranks, the step's MoE metrics as device tensors).
+    def step_values(self, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rank's step objective, [the routers' objective, loads of every layer flattened]).
 
         ``total`` includes the routers' objective, except under PP, where it is the cross-entropy alone (already
         summed over the stages) and each stage's objective and loads (its own layers' rows) are summed over the
@@ -123,15 +125,15 @@ class MoEAuxLoss:
         if self.pp_group is not None:
             dist.all_reduce(routers, group=self.pp_group)
             total = total + routers[0]
-        flat = torch.cat([total.reshape(1), routers])
-        if dp_group is not None:
-            dist.all_reduce(flat, group=dp_group)
-        counts = flat[2:].view(self.num_layers, -1)
+        return total, routers
+
+    def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``moe_aux_loss`` (the routers' term) and each layer's min / max share of the expert load."""
+        counts = values[1:].view(self.num_layers, -1)
         share = counts / counts.sum(dim=1, keepdim=True).clamp(min=1.0)
         lo, hi = share.min(dim=1).values, share.max(dim=1).values
-        # tensors on the device: the caller reads them when it logs (no host sync here; the rehearsal has no values)
-        metrics = {"moe_aux_loss": flat[1]}
+        metrics = {"moe_aux_loss": values[0]}
         for layer in range(self.num_layers):
             metrics[f"moe_load_min_layer{layer}"] = lo[layer]
             metrics[f"moe_load_max_layer{layer}"] = hi[layer]
-        return flat[0], metrics
+        return metrics

@@ -109,7 +109,7 @@ def train(overrides: list[str], steps: int, start: int = 0, load: str | None = N
         engine.after_optimizer_step()
         scheduler.step()
         out["losses"].append(loss.item())
-        out["metrics"].append(dict(engine.moe_metrics))
+        out["metrics"].append(dict(engine.aux_metrics))
     if save is not None:
         dcp.save(save, engine.checkpoint_parameters(), optimizer)
     return out

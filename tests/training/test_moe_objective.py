@@ -57,8 +57,8 @@ def test_router_objective_joins_the_step_loss_and_gradients(lean_cfg):
     expected = reference_objective(reference, batches, source.cfg.llm)
     expected.backward()
     assert abs(total.item() - expected.item()) / expected.item() < 1e-5
-    assert 0 < engine.moe_metrics["moe_aux_loss"] < total.item()
-    assert 0 < engine.moe_metrics["moe_load_min_layer0"] <= 0.25 <= engine.moe_metrics["moe_load_max_layer1"] < 1
+    assert 0 < engine.aux_metrics["moe_aux_loss"] < total.item()
+    assert 0 < engine.aux_metrics["moe_load_min_layer0"] <= 0.25 <= engine.aux_metrics["moe_load_max_layer1"] < 1
     ours = dict(engine.model.named_parameters())
     for name, p in reference.named_parameters():
         if name.endswith(("router.weight", "experts.w1", "projector.0.weight")):
@@ -75,7 +75,7 @@ def test_activation_checkpointing_keeps_the_router_objective_and_gradients(lean_
         engine = make_engine(cfg, source)
         total, _ = engine.forward_backward(batches)
         grads = {n: p.grad.clone() for n, p in engine.model.named_parameters() if n.endswith("router.weight")}
-        results.append((total.item(), grads, engine.moe_metrics["moe_aux_loss"]))
+        results.append((total.item(), grads, engine.aux_metrics["moe_aux_loss"]))
     (plain, plain_grads, plain_aux), (ac, ac_grads, ac_aux) = results
     assert all("_checkpoint_wrapped_module" in n for n in ac_grads)  # the blocks were checkpointed
     assert abs(ac - plain) / plain < 1e-6 and abs(ac_aux - plain_aux) / plain_aux < 1e-6
