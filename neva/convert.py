@@ -29,7 +29,9 @@ from collections.abc import Sequence
 
 import torch
 
-from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision
+from neva.checkpoint.hf_assemble import import_llm_and_vision
+from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.llava_original import import_llava_original, read_llava_config
 from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES

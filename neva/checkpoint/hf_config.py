@@ -9,6 +9,7 @@ from typing import Any
 from neva.checkpoint.hf_families import check_fields, family_fields, hf_family_fields
 from neva.checkpoint.hf_onevision import onevision_config_fields
 from neva.checkpoint.hf_video import video_config_dict, video_from_hf
+from neva.checkpoint.hf_wrappers import wrapper_named
 from neva.models.anyres import AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 
@@ -143,12 +144,12 @@ def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
 def anyres_from_hf(hf: dict[str, Any]) -> AnyResConfig | None:
     """``LlavaNextConfig``'s (and ``LlavaNextVideoConfig``'s) AnyRes (transformers lays tiles out only as
     ``spatial_unpad``), ``LlavaOnevisionConfig``'s with its ``vision_aspect_ratio`` pooling; None for ``llava``."""
-    model_type = hf.get("model_type")
-    if model_type not in ("llava_next", "llava_next_video", "llava_onevision"):
+    wrapper = wrapper_named(hf.get("model_type"))
+    if wrapper is None or not wrapper.anyres:
         return None
     image_size = hf["vision_config"].get("image_size", 224)
     pins = parse_grid_pinpoints(hf["image_grid_pinpoints"], image_size)
-    if model_type in ("llava_next", "llava_next_video"):
+    if not wrapper.pooled:
         return AnyResConfig(grid_pinpoints=pins)
     aspect = hf.get("vision_aspect_ratio", "anyres_max_9")
     if parse_aspect_ratio(aspect) is None:
@@ -217,7 +218,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
         image_seq_length=v.num_image_tokens,
         multimodal_projector_bias=cfg.projector.bias,
         tie_word_embeddings=t.tie_word_embeddings,
-        # LlavaNextConfig (AnyRes); the config class follows from the key (checkpoint.hf: hf_classes)
+        # LlavaNextConfig (AnyRes); the config class follows from the model's features (hf_wrappers: wrapper_for)
         **({"image_grid_pinpoints": [list(p) for p in cfg.anyres.grid_pinpoints]} if cfg.anyres is not None else {}),
         **video_config_dict(cfg),  # LlavaNextVideoConfig
         **onevision_config_fields(cfg),  # LlavaOnevisionConfig (anyres_max_N)

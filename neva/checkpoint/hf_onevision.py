@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from neva.checkpoint.hf_video import write_processor_parts
+from neva.checkpoint.hf_wrappers import wrapper_for
 from neva.models.config import NevaConfig
 
 
 def onevision_config_fields(cfg: NevaConfig) -> dict[str, Any]:
     """``LlavaOnevisionConfig``'s own fields (beside LlavaNext's) for a pooled AnyRes model; {} for any other."""
-    if cfg.anyres is None or cfg.anyres.max_num_patches is None:
+    if not wrapper_for(cfg).pooled:
         return {}
     return {"vision_aspect_ratio": f"anyres_max_{cfg.anyres.max_num_patches}", "video_token_index": cfg.llm.vocab_size}
 

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from neva.checkpoint.hf_families import CONFIG_BOOKKEEPING
+from neva.checkpoint.hf_wrappers import wrapper_named
 from neva.models.video import VideoConfig
-
-VIDEO_MODEL_TYPE = "llava_next_video"
 
 # The top-level fields of a LlavaNextVideoConfig and what neva does with them; any other field is refused.
 _READ_ELSEWHERE = (  # hf_config.neva_config_from_llava reads them as it does for llava / llava_next
@@ -36,7 +35,8 @@ def video_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
         ValueError: a pool mode neva does not implement (``conv``: a learned convolution), or a top-level field of a
             ``llava_next_video`` config that neva does not know, named.
     """
-    if hf.get("model_type") != VIDEO_MODEL_TYPE:
+    wrapper = wrapper_named(hf.get("model_type"))
+    if wrapper is None or not wrapper.video:
         return {}
     known = {*_READ_ELSEWHERE, *_READ_HERE, *_INERT, *CONFIG_BOOKKEEPING}
     unknown = sorted(k for k in hf if k not in known)

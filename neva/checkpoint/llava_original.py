@@ -33,20 +33,20 @@ from typing import Any
 
 import torch
 
-from neva.checkpoint.hf import (
-    _cast,
-    _check_complete,
-    _has_tokenizer,
-    _map_keys,
-    _with_image_stats,
+from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
+from neva.checkpoint.hf_keys import detect_prefixes
+from neva.checkpoint.hf_read import (
+    cast_floating,
+    check_complete,
+    has_tokenizer,
     hf_tensor_shapes,
     hf_weight_files,
     iter_hf_tensors,
     load_hf_config,
+    map_keys,
     read_projector_file,
+    with_image_stats,
 )
-from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
-from neva.checkpoint.hf_keys import detect_prefixes
 from neva.checkpoint.neva_format import save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
@@ -322,7 +322,7 @@ def import_llava_original(
     vision_src = llm_dir if tower_from_ckpt else vision_dir
     vision_shapes = saved_tower if tower_from_ckpt else hf_tensor_shapes(vision_dir)
     vision_cfg = llava_next_siglip(vision_cfg, mm, vision_shapes, directory)
-    tok_dir = directory if _has_tokenizer(directory) else llm_dir
+    tok_dir = directory if has_tokenizer(directory) else llm_dir
     tokenizer = _llava_tokenizer(tok_dir, llm_cfg.vocab_size)
     cfg = NevaConfig(
         llm=llm_cfg,
@@ -331,12 +331,12 @@ def import_llava_original(
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         anyres=anyres_config(mm, vision_cfg.image_size, directory),
     )
-    cfg = _with_image_stats(cfg, vision_dir)
+    cfg = with_image_stats(cfg, vision_dir)
 
     llm_shapes = {k: s for k, s in llm_shapes.items() if not k.startswith(_TOWER_PREFIX)}
-    vision_map = _map_keys(list(vision_shapes), detect_prefixes(list(vision_shapes), parts=("vision",)), vision_src)
+    vision_map = map_keys(list(vision_shapes), detect_prefixes(list(vision_shapes), parts=("vision",)), vision_src)
     parts = ("llm", "projector") if has_llm else ("llm",)
-    llm_map = _map_keys(list(llm_shapes), detect_prefixes(list(llm_shapes), parts=parts), llm_dir)
+    llm_map = map_keys(list(llm_shapes), detect_prefixes(list(llm_shapes), parts=parts), llm_dir)
     projector_file = None
     if not any(name.startswith("projector.") for name in llm_map.values()):
         projector_file = directory / PROJECTOR_FILE
@@ -346,19 +346,19 @@ def import_llava_original(
     produced = {vision_map[k]: vision_shapes[k] for k in vision_map}
     produced.update({llm_map[k]: llm_shapes[k] for k in llm_map})
     produced.update({k: tuple(t.shape) for k, t in projector_tensors.items()})
-    _check_complete(cfg, produced, f"{directory} + {vision_dir}")
+    check_complete(cfg, produced, f"{directory} + {vision_dir}")
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         if not tower_from_ckpt:
             for key, tensor in iter_hf_tensors(vision_dir):
                 if key in vision_map:
-                    yield vision_map[key], _cast(tensor, dtype)
+                    yield vision_map[key], cast_floating(tensor, dtype)
         for key, tensor in iter_hf_tensors(llm_dir):
             name = llm_map.get(key) or (vision_map.get(key) if tower_from_ckpt else None)
             if name is not None:
-                yield name, _cast(tensor, dtype)
+                yield name, cast_floating(tensor, dtype)
         for key, tensor in projector_tensors.items():
-            yield key, _cast(tensor, dtype)
+            yield key, cast_floating(tensor, dtype)
 
     source = {"kind": "llava-original", "path": str(directory), "vision": str(vision_dir)}
     if tower_from_ckpt:

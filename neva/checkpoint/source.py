@@ -78,7 +78,7 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
         return ModelSource(ckpt_cfg, neva_format.load_tokenizer(restore), checkpoint=restore)
     mm = cfg.model.mm_cfg
     if mm.llm.from_pretrained:
-        from neva.checkpoint.hf import prepare_tokenizer
+        from neva.checkpoint.hf_assemble import prepare_tokenizer
 
         _read_hf_config(mm.llm.from_pretrained, "model.mm_cfg.llm")  # a .nemo, neva or LLaVA path: say so first
         try:
@@ -257,7 +257,7 @@ def load_source_weights(parts: list[nn.Module], source: ModelSource) -> None:
             if slot is not None:  # None: another pipeline stage holds it
                 slot.copy_(full)
     elif source.hf_llm is not None:
-        from neva.checkpoint.hf import load_hf_weights
+        from neva.checkpoint.hf_assemble import load_hf_weights
 
         load_hf_weights(targets, llm_dir=source.hf_llm, vision_dir=source.hf_vision)
     if source.projector_weights is not None:
@@ -271,7 +271,7 @@ def load_projector_weights(targets: _Targets, cfg: ProjectorConfig, path: str) -
         ValueError: the file's tensors are not exactly the projector's (``mm_mlp_adapter_type``) or a shape differs;
             names the key and both shapes, before anything is copied.
     """
-    from neva.checkpoint.hf import read_projector_file
+    from neva.checkpoint.hf_read import read_projector_file
     from neva.models.projector import build_projector
 
     where = f"model.mm_cfg.pretrain_mm_mlp_adapter={path}"
@@ -309,7 +309,7 @@ def _read_hf_config(path: str, what: str) -> dict:
         )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"{what}.from_pretrained={path!r}: no config.json there (expected a local HF directory)")
-    from neva.checkpoint.hf import load_hf_config
+    from neva.checkpoint.hf_read import load_hf_config
 
     try:
         hf = load_hf_config(path)

@@ -164,7 +164,7 @@ def export_peft(
     Raises:
         ValueError: the run trained without LoRA.
     """
-    from neva.checkpoint.hf import export_llava
+    from neva.checkpoint.hf_export import export_llava
 
     loaded = load_step_model(path)
     base, lora_layers = split_state_dict(loaded.model)

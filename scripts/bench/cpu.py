@@ -196,16 +196,16 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     """A plain HF loop: padded batches, ``model(**batch).loss``, backward, clip, ``torch.optim.AdamW``."""
     import transformers
 
-    from neva.checkpoint.hf import hf_classes
     from neva.checkpoint.hf_config import llava_config_dict
     from neva.checkpoint.hf_keys import MODULE_PREFIXES, neva_key_to_hf
     from neva.checkpoint.hf_moe import module_state
+    from neva.checkpoint.hf_wrappers import wrapper_for
 
     train_cfg = train_config(args)
-    config_cls, architecture, _ = hf_classes(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
-    hf_cfg = config_cls(**llava_config_dict(cfg, pad_token_id=PAD_ID))
+    wrapper = wrapper_for(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
+    hf_cfg = getattr(transformers, wrapper.config_class)(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
-    model = getattr(transformers, architecture)(hf_cfg)
+    model = getattr(transformers, wrapper.model_class)(hf_cfg)
     # neva's initial weights, made by the same path as neva's side (so both start bit-identical).
     neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
     state = module_state({neva_key_to_hf(k, MODULE_PREFIXES): v for k, v in neva.state_dict().items()})

@@ -13,8 +13,9 @@ import torch
 from PIL import Image
 from transformers import AutoProcessor, LlavaNextForConditionalGeneration, LlavaNextProcessor
 
-from neva.checkpoint.hf import export_llava, import_llava
 from neva.checkpoint.hf_config import llava_config_dict
+from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
 from neva.data.anyres import tile_image
 from neva.inference import Answerer

@@ -8,7 +8,9 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoProcessor, AutoTokenizer, LlavaForConditionalGeneration
 
-from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision, load_hf_weights, prepare_tokenizer
+from neva.checkpoint.hf_assemble import import_llm_and_vision, load_hf_weights, prepare_tokenizer
+from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model, load_tokenizer
 from neva.constants import IMAGE_TOKEN
 from neva.models.media import image_media

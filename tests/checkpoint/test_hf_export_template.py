@@ -19,7 +19,8 @@ from PIL import Image
 from safetensors import safe_open
 from transformers import AutoProcessor, AutoTokenizer, LlavaForConditionalGeneration
 
-from neva.checkpoint.hf import export_llava, import_llava
+from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import load_metadata, load_tokenizer
 from neva.data.conversation import TEMPLATE_CLASSES, Message, get_template
 from neva.inference import Answerer

@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from neva.checkpoint.hf import import_llm_and_vision, load_hf_weights, save_llava_hf
+from neva.checkpoint.hf_assemble import import_llm_and_vision, load_hf_weights
+from neva.checkpoint.hf_export import save_llava_hf
 from neva.checkpoint.neva_format import iter_tensors, load_config
 from neva.models.media import image_media
 from neva.models.neva import NevaModel

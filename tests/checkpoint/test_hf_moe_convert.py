@@ -8,7 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlavaForConditionalGeneration, MixtralConfig, MixtralForCausalLM
 
-from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision
+from neva.checkpoint.hf_assemble import import_llm_and_vision
+from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
 from neva.models.media import image_media
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_clip_dir, make_tokenizer, processor_for

@@ -14,7 +14,8 @@ from PIL import Image
 from transformers import LlavaOnevisionForConditionalGeneration
 from transformers.models.llava_onevision.image_processing_pil_llava_onevision import LlavaOnevisionImageProcessorPil
 
-from neva.checkpoint.hf import export_llava, import_llava
+from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
 from tests.models.test_anyres_onevision import MAX, tiny_onevision

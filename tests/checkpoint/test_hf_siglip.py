@@ -15,8 +15,10 @@ import torch
 from PIL import Image
 from transformers import AutoProcessor, LlavaForConditionalGeneration, SiglipImageProcessor, SiglipVisionModel
 
-from neva.checkpoint.hf import export_llava, import_llava, import_llm_and_vision, load_hf_weights
+from neva.checkpoint.hf_assemble import import_llm_and_vision, load_hf_weights
 from neva.checkpoint.hf_config import llava_config_dict
+from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
 from neva.data.images import ImageProcessor
 from neva.inference import Answerer

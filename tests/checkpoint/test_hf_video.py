@@ -19,8 +19,9 @@ from transformers import (
 )
 from transformers.models.llava_next_video.modeling_llava_next_video import LlavaNextVideoPooler
 
-from neva.checkpoint.hf import export_llava, import_llava
 from neva.checkpoint.hf_config import neva_config_from_llava
+from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
 from neva.data.anyres import tile_image
 from neva.data.images import ImageProcessor

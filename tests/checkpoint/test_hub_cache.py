@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from neva.checkpoint.hf import import_llava
+from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import iter_tensors
 from tests.checkpoint.tiny_hf import make_clip_dir, make_llama_dir, make_llava_dir
 

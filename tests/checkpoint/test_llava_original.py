@@ -120,7 +120,7 @@ def test_export_to_llava_hf_serves_whole_prompt_ids(llava_dirs, tmp_path):
     from PIL import Image
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from neva.checkpoint.hf import export_llava
+    from neva.checkpoint.hf_export import export_llava
     from neva.inference import Answerer
     from neva.models.generation import GenerationConfig
 

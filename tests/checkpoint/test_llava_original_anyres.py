@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors.torch import save_file
 from transformers import AutoModelForImageTextToText
 
-from neva.checkpoint.hf import export_llava
+from neva.checkpoint.hf_export import export_llava
 from neva.checkpoint.llava_original import anyres_config
 from neva.checkpoint.neva_format import load_config, load_metadata, load_model
 from neva.convert import main as convert_main

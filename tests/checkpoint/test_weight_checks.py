@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from neva.checkpoint.hf import import_llava, iter_hf_tensors
+from neva.checkpoint.hf_import import import_llava
+from neva.checkpoint.hf_read import iter_hf_tensors
 from neva.checkpoint.neva_format import load_model, save_checkpoint
 from tests.checkpoint.tiny_hf import make_clip_dir, make_llama_dir, make_llava_dir
 from tests.training.test_cli import ENV, train_cmd

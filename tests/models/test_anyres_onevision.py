@@ -195,7 +195,7 @@ def test_llama_text_and_refusals():
 
 
 def test_llava_onevision_checkpoint_imports(tmp_path):
-    from neva.checkpoint.hf import import_llava
+    from neva.checkpoint.hf_import import import_llava
     from neva.checkpoint.neva_format import load_model
     from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlavaForConditionalGeneration, MistralConfig, Qwen2Config
 
-from neva.checkpoint.hf import save_llava_hf
 from neva.checkpoint.hf_config import llm_config_from_hf
+from neva.checkpoint.hf_export import save_llava_hf
 from neva.models.media import image_media
 from neva.models.neva import NevaModel
 from tests.checkpoint.tiny_hf import one_thread

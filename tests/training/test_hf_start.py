@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoProcessor
 
-from neva.checkpoint.hf import export_llava
+from neva.checkpoint.hf_export import export_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config
 from neva.config import compose_config
 from neva.data.conversation import Message, get_template
