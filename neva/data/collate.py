@@ -6,20 +6,16 @@ Batch contract (both modes)::
     labels       LongTensor [B, S]   IGNORE_INDEX where not learned; the first token of every sample is ignored
     position_ids LongTensor [B, S]   restart at 0 for every sample; 0 on padding
     segment_ids  LongTensor [B, S]   1..k for the k samples of a row, 0 on padding
-    pixel_values FloatTensor [N, 3, H, W] | None   all images, in row order then position order
-    image_counts LongTensor [B]      images per row
-    image_positions LongTensor [M, 2] | None   (row, column) of every image-token position, in the order the image
-                                     features fill them (None when a sample did not say where its images are)
-    image_feature_index LongTensor [M] | None   AnyRes: the row of the batch's flattened tile features for each of
-                                     those positions, -1 = image_newline (``neva.models.anyres``); pixel_values then
-                                     holds tiles and image_counts counts images
-    video_pixel_values FloatTensor [F, 3, H, W] | None   every sampled frame of every video (pixel_values' dtype),
-                                     in row order then position order (each video's frames in time order)
-    video_frames LongTensor [V] | None   frames of each of those videos, in the same order (all three None: no video)
-    video_positions LongTensor [M_v, 2] | None   (row, column) of every video-token position, in the order the
-                                     frames' pooled features fill them (``NevaConfig.video_tokens(F)`` per video)
-    image_feature_weight FloatTensor [M, 4] | None   AnyRes pooled (anyres_max_N) only: image_feature_index is then
-                                     [M, 4], the rows each position blends with these weights
+    media        Media               what the model sees besides text (``neva.models.media``): per modality a
+                                     ``MediaInputs`` (None: no item of it in the batch) —
+        image: pixels [N, 3, H, W] uint8 (every image, or AnyRes tile, in row then position order), items_per_row
+               [B] images per row, positions [M, 2] (row, column) of every image-token position in the order the
+               features fill them (None when a sample did not say where its images are), AnyRes: index [M] (or
+               [M, 4] taps with weight [M, 4] under anyres_max_N) the row of the batch's flattened tile features for
+               each position, -1 = image_newline (``neva.models.anyres``)
+        video: pixels [F, 3, H, W] every sampled frame (row then position order, each video's frames in time
+               order), frames [V] per video, positions [M_v, 2] in the order the frames' pooled features fill them
+               (``NevaConfig.video_tokens(F)`` per video)
     output_positions LongTensor [T, 2]   (row, column) of every position whose logits predict a learned label
     targets      LongTensor [T]      the label each of those positions predicts
     num_samples  int                 samples in the batch (skipped ones excluded)
@@ -28,7 +24,7 @@ Batch contract (both modes)::
     dropped_leading_reply int        samples whose leading assistant turn was dropped (kept, LLaVA's rule)
     ids          list               sample ids, in the order they appear in the rows
 
-``image_positions``, ``output_positions`` and ``targets`` are found here, on the host (in the loader workers), so the
+The media positions, ``output_positions`` and ``targets`` are found here, on the host (in the loader workers), so the
 model splices image features and picks the LM-head positions with index ops: no host-device sync per micro-batch.
 
 When every sample of a micro-batch was skipped the batch has one row of padding with ``segment_ids`` 1 and no
@@ -38,6 +34,7 @@ learned tokens (``num_samples`` 0): every data-parallel rank still runs forward/
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -47,6 +44,7 @@ from neva.data.anyres import sample_layout
 from neva.data.dataset import is_skipped
 from neva.models.anyres import Layout, concat_layouts
 from neva.models.loss import learned_positions
+from neva.models.media import Media, MediaInputs
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -82,11 +80,26 @@ def _row_length(longest: int, multiple: int, max_length: int | None) -> int:
     return min(length, max_length) if max_length is not None else length
 
 
-def _anyres_fields(layouts: list[Layout], tile_tokens: int | None) -> dict[str, Any]:
+def _image_inputs(
+    pixels: list[torch.Tensor],
+    counts: torch.Tensor,
+    positions: list | None,
+    layouts: list[Layout],
+    tile_tokens: int | None,
+) -> MediaInputs | None:
+    if not pixels:
+        return None
+    image = MediaInputs(torch.cat(pixels), _cat_positions(positions), items_per_row=counts)
     if tile_tokens is None:
-        return {"image_feature_index": None}
-    lay = concat_layouts(layouts, tile_tokens)
-    return {"image_feature_index": lay.index, "image_feature_weight": lay.weight}
+        return image
+    lay = concat_layouts(layouts, tile_tokens)  # AnyRes: each image's index offset by the tiles before it
+    return replace(image, index=lay.index, weight=lay.weight)
+
+
+def _cat_positions(positions: list | None) -> torch.Tensor | None:
+    if positions is None:
+        return None
+    return torch.cat(positions) if positions else torch.zeros(0, 2, dtype=torch.long)
 
 
 def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipped: Counter) -> dict[str, Any]:
@@ -136,13 +149,12 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "labels": labels,
         "position_ids": position_ids,
         "segment_ids": segment_ids,
-        "pixel_values": torch.cat(pixels) if pixels else None,
-        "image_counts": image_counts,
-        "image_positions": torch.cat(image_positions) if image_positions else _no_positions(image_positions),
-        **_anyres_fields(layouts, tile_tokens),
-        "video_pixel_values": torch.cat(video_pixels) if video_pixels else None,
-        "video_frames": torch.cat(video_frames) if video_frames else None,
-        "video_positions": torch.cat(video_positions) if video_positions else None,
+        "media": Media(
+            image=_image_inputs(pixels, image_counts, image_positions, layouts, tile_tokens),
+            video=MediaInputs(torch.cat(video_pixels), torch.cat(video_positions), frames=torch.cat(video_frames))
+            if video_pixels
+            else None,
+        ),
         "output_positions": output_positions,
         "targets": targets,
         "num_samples": num_samples,
@@ -151,10 +163,6 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "dropped_leading_reply": sum(bool(s.get("dropped_leading_reply")) for row in rows for s in row),
         "ids": ids,
     }
-
-
-def _no_positions(image_positions: list | None) -> torch.Tensor | None:
-    return None if image_positions is None else torch.zeros(0, 2, dtype=torch.long)
 
 
 def _split(batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Counter]:
@@ -199,8 +207,8 @@ def join_rows(batch: dict[str, Any]) -> dict[str, Any]:
     The loss and gradients are those of the rows (up to float rounding of the differently shaped matmuls).
 
     Every ``[B, S]`` tensor (ids, labels, positions, segments, LoRA dropout keys) keeps its real tokens in row order;
-    segments are renumbered so that samples of neighbouring rows stay apart; (row, column) positions are remapped;
-    ``image_counts`` becomes the batch total. Host tensors in, host tensors out (the collator's side of the step).
+    segments are renumbered so that samples of neighbouring rows stay apart; (row, column) positions are remapped
+    and the media's items per row become the batch total (``Media.joined``). Host tensors in, host tensors out (the collator's side of the step).
     """
     seg = batch["segment_ids"]
     b, s = seg.shape
@@ -217,13 +225,15 @@ def join_rows(batch: dict[str, Any]) -> dict[str, Any]:
     starts = torch.ones(n, dtype=torch.long)
     starts[1:] = ((kept_seg[1:] != kept_seg[:-1]) | (rows[1:] != rows[:-1])).long()
     out["segment_ids"] = torch.cumsum(starts, 0)[None]
-    for key in ("image_positions", "video_positions", "output_positions"):
-        pos = batch.get(key)
-        if pos is not None:
-            cols = new_col[pos[:, 0] * s + pos[:, 1]]
-            out[key] = torch.stack([torch.zeros_like(cols), cols], dim=1)
-    if batch.get("image_counts") is not None:
-        out["image_counts"] = batch["image_counts"].sum().reshape(1)
+
+    def remap(pos: torch.Tensor) -> torch.Tensor:
+        cols = new_col[pos[:, 0] * s + pos[:, 1]]
+        return torch.stack([torch.zeros_like(cols), cols], dim=1)
+
+    if batch.get("output_positions") is not None:
+        out["output_positions"] = remap(batch["output_positions"])
+    if batch.get("media") is not None:
+        out["media"] = batch["media"].joined(remap)
     return out
 
 

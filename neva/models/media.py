@@ -5,7 +5,7 @@ written into the decoder's sequence at known positions. Each producer (the colla
 batches, a test) builds the same shape: the tower inputs, the ``[M, 2]`` (row, column) positions the features go to in
 feature order, and, where the features are laid out rather than flattened, the AnyRes index (and pooling weights).
 The model (``NevaModel.embed``) takes one ``Media`` and the engine, the pipeline's first stage and generation hand it
-on unchanged: the batch keys a collated batch carries exist once, in ``BATCH_KEYS`` below.
+on unchanged, as the collated batch's ``media`` (``neva.data.collate``).
 
 Every micro-batch runs the same modules: a modality a micro-batch does not carry runs as an empty one
 (``MediaInputs.empty``) while gradients are recorded, so a trainable tower, projector or AnyRes newline takes part in
@@ -15,6 +15,7 @@ all-reduce of EP and PP replicas) stay matched when one rank's micro-batch is te
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -55,15 +56,14 @@ class MediaInputs:
         return self.pixels.shape[0] == 0
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> MediaInputs:
-        moved = {
-            f.name: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-            for f in fields(self)
-            for v in (getattr(self, f.name),)
-        }
-        return MediaInputs(**moved)
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
-    def with_positions(self, positions: torch.Tensor | None) -> MediaInputs:
-        return replace(self, positions=positions)
+    def pin_memory(self) -> MediaInputs:
+        """Pinned host copies (the DataLoader calls this on CUDA runs, as it pins a batch's plain tensors)."""
+        return self._map(torch.Tensor.pin_memory)
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MediaInputs:
+        return MediaInputs(**{f.name: None if (v := getattr(self, f.name)) is None else fn(v) for f in fields(self)})
 
     def padded_rows(self, rows: int) -> MediaInputs:
         """The same inputs for a batch padded to ``rows`` rows (the added rows hold no item)."""
@@ -92,55 +92,37 @@ class Media:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Media:
         return Media(**{m: None if v is None else v.to(device, non_blocking) for m, v in self.items()})
 
+    def pin_memory(self) -> Media:
+        return Media(**{m: None if v is None else v.pin_memory() for m, v in self.items()})
+
     def items(self) -> list[tuple[str, MediaInputs | None]]:
         return [(m, getattr(self, m)) for m in MODALITIES]
 
     def padded_rows(self, rows: int) -> Media:
         return Media(**{m: None if v is None else v.padded_rows(rows) for m, v in self.items()})
 
-    def remap_positions(self, remap: Any) -> Media:
-        """Every modality's ``[M, 2]`` positions through ``remap`` (``join_rows``' new coordinates)."""
+    def joined(self, remap: Callable[[torch.Tensor], torch.Tensor]) -> Media:
+        """The same media for the batch's rows joined into one (``neva.data.collate.join_rows``): every ``[M, 2]``
+        position through ``remap``, items per row summed."""
         out = {}
         for m, v in self.items():
-            moved = v is not None and v.positions is not None
-            out[m] = v.with_positions(remap(v.positions)) if moved else v
+            if v is not None:
+                per_row = None if v.items_per_row is None else v.items_per_row.sum().reshape(1)
+                positions = None if v.positions is None else remap(v.positions)
+                v = replace(v, positions=positions, items_per_row=per_row)
+            out[m] = v
         return Media(**out)
 
-    def tower_inputs(self) -> int:
-        """Tower passes of this micro-batch (images, tiles and frames): the FLOP model's count."""
-        return sum(v.pixels.shape[0] for _, v in self.items() if v is not None)
+    def tower_inputs(self, modality: str) -> int:
+        """Tower passes of ``modality`` in this micro-batch (images or tiles, frames): the FLOP model's count."""
+        inputs = getattr(self, modality)
+        return 0 if inputs is None else inputs.pixels.shape[0]
 
 
 # Pipeline stages flatten their keyword inputs with torch's pytree: as registered nodes, the tensors inside a Media
 # are seen (moved, detached for the stage's backward bookkeeping) like any tensor input.
 pytree.register_dataclass(MediaInputs)
 pytree.register_dataclass(Media)
-
-
-BATCH_KEYS: dict[str, dict[str, str]] = {
-    "image": {
-        "pixels": "pixel_values",
-        "positions": "image_positions",
-        "items_per_row": "image_counts",
-        "tokens": "image_tokens",
-        "index": "image_feature_index",
-        "weight": "image_feature_weight",
-    },
-    "video": {"pixels": "video_pixel_values", "positions": "video_positions", "frames": "video_frames"},
-}
-"""The one list of a collated batch's media keys (``neva.data.collate``'s contract), per modality and field."""
-
-
-def media_from_batch(batch: dict[str, Any]) -> Media:
-    """The ``Media`` of a collated (or hand-built) batch dict: a modality is present when its tower inputs are."""
-    out = {}
-    for modality, keys in BATCH_KEYS.items():
-        pixels = batch.get(keys["pixels"])
-        if pixels is None:
-            out[modality] = None
-            continue
-        out[modality] = MediaInputs(**{f: batch.get(k) for f, k in keys.items()})
-    return Media(**out)
 
 
 def image_media(pixels: torch.Tensor, items_per_row: torch.Tensor | None = None, **fields: Any) -> Media:

@@ -61,6 +61,8 @@ class NevaModel(nn.Module):
         Raises:
             ValueError: a row whose image-token count is not its image count × tokens per image, naming the row.
         """
+        if media is not None and not isinstance(media, Media):
+            raise TypeError(f"media must be a neva.models.media.Media, got {type(media).__name__}")
         media = media or Media()
         h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
         for modality, inputs in media.items():

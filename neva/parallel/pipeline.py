@@ -25,7 +25,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from neva.constants import IGNORE_INDEX
 from neva.models.config import NevaConfig
 from neva.models.loss import token_cross_entropy
-from neva.models.media import media_from_batch
+from neva.models.media import Media
 from neva.models.neva import NevaModel
 from neva.parallel.stage_owners import prune_to_chunk
 from neva.typed import ConfigError
@@ -115,9 +115,8 @@ def pad_micro_batches(
                 padded = torch.full((rows, length), value, dtype=t.dtype)
                 padded[:b, :s] = t
                 mb[key] = padded
-        counts = mb.get("image_counts")
-        if counts is not None and counts.shape[0] < rows:
-            mb["image_counts"] = torch.cat([counts, counts.new_zeros(rows - counts.shape[0])])
+        if mb.get("media") is not None:
+            mb["media"] = mb["media"].padded_rows(rows)
         out.append(mb)
     return out
 
@@ -226,7 +225,8 @@ class PipelineRunner:
         args, kwargs, targets = [], [], []
         for mb in micro_batches:
             args.append((mb["input_ids"].to(self.device),))
-            kw = {"media": media_from_batch(mb).to(self.device), "position_ids": mb["position_ids"].to(self.device)}
+            media = mb.get("media") or Media()  # a stage's inputs are the same structure for every micro-batch
+            kw = {"media": media.to(self.device), "position_ids": mb["position_ids"].to(self.device)}
             if self.packed:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)
             # A micro-batch without one of them passes none, as a batch without it does.

@@ -32,7 +32,6 @@ from neva.models.loss import (
     summed_cross_entropy,
     token_cross_entropy,
 )
-from neva.models.media import media_from_batch
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
@@ -52,7 +51,7 @@ def model_inputs(batch: dict[str, Any], device: torch.device, packed: bool = Tru
     """
     out = {
         "input_ids": batch["input_ids"].to(device, non_blocking=True),
-        "media": media_from_batch(batch).to(device, non_blocking=True),
+        "media": batch["media"].to(device, non_blocking=True) if batch.get("media") is not None else None,
     }
     for key in TOKEN_INPUTS:
         value = batch.get(key)

@@ -243,8 +243,8 @@ class NevaModule(pl.LightningModule):
         tokens = sum(seq_lens) * dp
         # Tower passes: an image is one, an AnyRes image one per tile (the FLOP model's "image" unit: tower +
         # projector of num_image_tokens); pixel_values rows count both.
-        images = sum(_tower_passes(mb) for mb in micro_batches) * dp
-        frames = sum(_tower_passes(mb, "video_pixel_values") for mb in micro_batches) * dp
+        images = sum(_tower_passes(mb, "image") for mb in micro_batches) * dp
+        frames = sum(_tower_passes(mb, "video") for mb in micro_batches) * dp
         metrics = {
             "lr": lr,
             "skipped_step": float(loss is None),
@@ -346,6 +346,5 @@ class NevaModule(pl.LightningModule):
             self.metrics.truncate_after(self.global_step)
 
 
-def _tower_passes(mb: dict[str, Any], key: str = "pixel_values") -> int:
-    pixels = mb.get(key)
-    return 0 if pixels is None else int(pixels.shape[0])
+def _tower_passes(mb: dict[str, Any], modality: str) -> int:
+    return 0 if mb.get("media") is None else mb["media"].tower_inputs(modality)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 from torch import nn
 
 from neva.checkpoint.source import ModelSource, neva_config_from_mm
@@ -348,10 +349,9 @@ def _rehearse_rank(
             _warm_optimizer(engine, optimizer)
             # The step's inputs as the device holds them (a GPU run copies each micro-batch over; on the CPU path
             # ``.to(device)`` would alias the loader's tensors, which the trackers then count only through views).
-            inputs = [
-                {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in mb.items()} for mb in micro_batches
-            ]
-            tensors = [v for mb in inputs for v in mb.values() if isinstance(v, torch.Tensor)]
+            # (pytree: the batch's Media is a registered node, its tensors cloned and tracked like the others)
+            inputs = [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, mb) for mb in micro_batches]
+            tensors = [v for v in pytree.tree_leaves(inputs) if isinstance(v, torch.Tensor)]
             root = parallel.parts[0]
             if isinstance(root, tools["FSDPModule"]) and len(parallel.parts) == 1:
                 tracker = tools["FSDPMemTracker"](root, optimizer)

@@ -20,6 +20,7 @@ from neva.checkpoint.neva_format import iter_tensors, load_config, load_model
 from neva.data.anyres import tile_image
 from neva.inference import Answerer
 from neva.models.generation import GenerationConfig, generate
+from neva.models.media import image_media
 from tests.checkpoint.tiny_hf import SP_VOCAB, make_tokenizer
 from tests.hf_oracle import tiny_llava_next
 
@@ -73,8 +74,10 @@ def test_llava_next_import_generate_export_reload(tmp_path, tower):
     tiles = torch.cat([tile_image(im, cfg.anyres, cfg.vision.image_size) for im in imgs])  # uint8, neva's tiling
     with torch.no_grad():
         expected = hf(**inputs).logits
-        got = model(inputs.input_ids, tiles, torch.tensor([2]), (inputs.input_ids == cfg.image_token_id).nonzero(),
-                    _index(cfg, sizes))  # fmt: skip
+        positions = (inputs.input_ids == cfg.image_token_id).nonzero()
+        got = model(
+            inputs.input_ids, image_media(tiles, torch.tensor([2]), positions=positions, index=_index(cfg, sizes))
+        )
     assert ((got - expected).norm() / expected.norm()).item() <= 1e-5
 
     # greedy generation with the KV cache: the same new tokens as transformers' generate

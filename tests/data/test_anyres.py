@@ -11,7 +11,6 @@ from PIL import Image
 from neva.data.anyres import tile_image
 from neva.models.anyres import AnyResConfig, grid_shape, parse_grid_pinpoints, select_best_resolution
 from neva.models.config import VisionConfig
-from neva.models.media import media_from_batch
 from neva.models.vision import normalize_pixels
 
 SIZE = 16
@@ -146,18 +145,18 @@ def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokeni
     model = NevaModel(cfg).eval()
     model.init_weights()
     packed = Collator(0, 1024, 8, packing=True)(samples)
-    assert packed["input_ids"].shape[0] == 1 and packed["image_counts"].tolist() == [4]
+    assert packed["input_ids"].shape[0] == 1 and packed["media"].image.items_per_row.tolist() == [4]
     with torch.no_grad():
         got = model(
             packed["input_ids"],
-            media_from_batch(packed),
+            packed["media"],
             position_ids=packed["position_ids"],
             segment_ids=packed["segment_ids"],
         )[0]
         start = 0
         for s in samples:
             alone = Collator(0, 1024, 1)([s])
-            ref = model(alone["input_ids"], media_from_batch(alone))[0]
+            ref = model(alone["input_ids"], alone["media"])[0]
             n = s["input_ids"].numel()
             torch.testing.assert_close(got[start : start + n], ref[:n], rtol=1e-5, atol=1e-5)
             start += n

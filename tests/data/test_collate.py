@@ -7,7 +7,7 @@ import torch
 
 from neva.constants import IGNORE_INDEX
 from neva.data.collate import collate_packed, collate_padded, first_fit
-from neva.models.media import image_media, media_from_batch
+from neva.models.media import image_media
 
 
 def sample(n: int, n_img: int = 0, sid: str = "s", fill: int = 7):
@@ -30,7 +30,8 @@ def test_padded_layout():
     )
     assert batch["input_ids"].shape == (2, 128)
     assert batch["num_samples"] == 2 and batch["skipped"] == {"missing_image": 1}
-    assert batch["image_counts"].tolist() == [1, 0] and batch["pixel_values"].shape == (1, 3, 4, 4)
+    image = batch["media"].image
+    assert image.items_per_row.tolist() == [1, 0] and image.pixels.shape == (1, 3, 4, 4)
     assert batch["segment_ids"][0].tolist() == [1] * 5 + [0] * 123
     assert batch["position_ids"][1, :70].tolist() == list(range(70))
     assert (batch["labels"][0, 5:] == IGNORE_INDEX).all()
@@ -44,8 +45,9 @@ def test_packed_layout_and_boundaries():
     assert batch["ids"] == ["a", "c", "b", "d"]
     assert batch["input_ids"].shape == (3, 64)
     assert batch["num_samples"] == 4
-    assert batch["image_counts"].tolist() == [1, 2, 1]
-    assert batch["pixel_values"][:, 0, 0, 0].tolist() == [1, 2, 2, 4]  # row order, then position order
+    image = batch["media"].image
+    assert image.items_per_row.tolist() == [1, 2, 1]
+    assert image.pixels[:, 0, 0, 0].tolist() == [1, 2, 2, 4]  # row order, then position order
     seg, pos, lab = batch["segment_ids"][0], batch["position_ids"][0], batch["labels"][0]
     assert seg.tolist() == [1] * 30 + [2] * 20 + [0] * 14
     assert pos[30:50].tolist() == list(range(20))
@@ -55,7 +57,7 @@ def test_packed_layout_and_boundaries():
 def test_all_skipped_batch_is_inert():
     batch = collate_packed([{"id": "x", "skipped": "too_long"}], pad_id=0, seq_length=64)
     assert batch["num_samples"] == 0 and batch["input_ids"].shape[0] == 1
-    assert (batch["labels"] == IGNORE_INDEX).all() and batch["pixel_values"] is None
+    assert (batch["labels"] == IGNORE_INDEX).all() and batch["media"].image is None
     assert (batch["segment_ids"] == 1).all()
 
 
@@ -94,7 +96,7 @@ def test_packed_loss_equals_token_weighted_loss_one_by_one(synthetic_tokenizer):
     by_id = {r["id"]: i for i, r in enumerate(ds.records)}
     keys = ("input_ids", "position_ids", "segment_ids")
     with torch.no_grad():
-        total, count = _loss(model(**{k: packed[k] for k in keys}, media=media_from_batch(packed)), packed["labels"])
+        total, count = _loss(model(**{k: packed[k] for k in keys}, media=packed["media"]), packed["labels"])
         ref_sum, ref_n = 0.0, 0
         for sid in packed["ids"]:
             s = ds[by_id[sid]]

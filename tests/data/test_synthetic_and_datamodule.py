@@ -69,7 +69,8 @@ def test_datamodule_batches_and_workers(synthetic_tokenizer):
     assert len(batches) == 6
     b = batches[0]
     assert b["input_ids"].shape[0] == 4 and b["input_ids"].shape[1] % 64 == 0
-    assert b["pixel_values"].shape == (4, 3, 32, 32) and b["image_counts"].tolist() == [1, 1, 1, 1]
+    image = b["media"].image
+    assert image.pixels.shape == (4, 3, 32, 32) and image.items_per_row.tolist() == [1, 1, 1, 1]
     assert ((b["input_ids"] == cfg.image_token_id).sum(1) == cfg.num_image_tokens).all()
     assert dm.skip_tracker.used == 24
     val = list(dm.val_dataloader())
@@ -112,8 +113,12 @@ def test_text_only_and_blend(tmp_path, synthetic_tokenizer):
     dm = NevaDataModule(data, synthetic_tokenizer, tiny_cfg(synthetic_tokenizer), micro_batch_size=5)
     ids = [i for b in dm.train_dataloader() for i in b["ids"]]
     assert sum(i.startswith("t") for i in ids) == 12  # 5 records upsampled to ~half of 25 draws (ties: first set)
-    text_batch = next(b for b in dm.train_dataloader() if b["image_counts"].sum() < 5)
-    assert text_batch["pixel_values"] is None or text_batch["pixel_values"].shape[0] == int(
-        text_batch["image_counts"].sum()
-    )
+    text_batch = next(b for b in dm.train_dataloader() if _images(b) < 5)
+    image = text_batch["media"].image
+    assert image is None or image.pixels.shape[0] == int(image.items_per_row.sum())
     assert torch.is_tensor(text_batch["labels"])
+
+
+def _images(batch) -> int:
+    image = batch["media"].image
+    return 0 if image is None else int(image.items_per_row.sum())

@@ -164,10 +164,11 @@ def media_steps(
     cfg: Any, layout: Any, steps: int, kinds: str = "video", micro: int = 2, length: int = 48
 ) -> list[list[dict[str, Any]]]:
     """Seeded micro-batches of videos, images and text (``ROW_KINDS[kinds]``), shaped as the collator's contract
-    (``neva/data/collate.py``): ``video_pixel_values`` [F, 3, H, W] uint8 (row order, then position order),
-    ``video_frames`` [V], ``video_positions`` [M_v, 2]; this rank's share (the same global batch for every layout).
+    (``neva/data/collate.py``: the batch's ``media``, frames and images uint8 in row order, then position order);
+    this rank's share (the same global batch for every layout).
     Video and image tokens share one id (``video_token_id`` None): the positions alone tell them apart."""
     from neva.constants import IGNORE_INDEX
+    from neva.models.media import Media, MediaInputs
 
     gen = torch.Generator().manual_seed(1234)
     side, token = cfg.vision.image_size, cfg.video_token
@@ -213,13 +214,16 @@ def media_steps(
             batch = {
                 "input_ids": ids_B, "labels": labels_B, "segment_ids": real,
                 "position_ids": torch.arange(length).expand(micro, length).clone(),
-                "image_counts": torch.tensor(mb["image_counts"]),
-                "pixel_values": torch.cat(mb["pixel_values"]) if mb["pixel_values"] else None,
-                "image_positions": torch.tensor(mb["image_positions"], dtype=torch.long).reshape(-1, 2),
-                "video_pixel_values": torch.cat(mb["video_pixel_values"]) if mb["video_frames"] else None,
-                "video_frames": torch.tensor(mb["video_frames"], dtype=torch.long) if mb["video_frames"] else None,
-                "video_positions": torch.tensor(mb["video_positions"], dtype=torch.long).reshape(-1, 2)
-                if mb["video_frames"] else None,
+                "media": Media(
+                    image=MediaInputs(torch.cat(mb["pixel_values"]),
+                                      torch.tensor(mb["image_positions"], dtype=torch.long).reshape(-1, 2),
+                                      items_per_row=torch.tensor(mb["image_counts"]))
+                    if mb["pixel_values"] else None,
+                    video=MediaInputs(torch.cat(mb["video_pixel_values"]),
+                                      torch.tensor(mb["video_positions"], dtype=torch.long).reshape(-1, 2),
+                                      frames=torch.tensor(mb["video_frames"], dtype=torch.long))
+                    if mb["video_frames"] else None,
+                ),
             }  # fmt: skip
             mbs.append(batch)
         out.append(mbs[layout.dp_rank * layout.grad_accum : (layout.dp_rank + 1) * layout.grad_accum])

@@ -24,12 +24,14 @@ def test_join_rows_keeps_every_real_token_and_sample(lean_cfg):
     # One segment per sample, in order: samples of neighbouring rows stay apart even when both have id 1.
     assert joined["segment_ids"].max() == batch["num_samples"]
     assert torch.equal(joined["segment_ids"][0].unique_consecutive(), torch.arange(1, batch["num_samples"] + 1))
-    for key in ("image_positions", "output_positions"):
-        old, new = batch[key], joined[key]
+    for old, new in (
+        (batch["media"].image.positions, joined["media"].image.positions),
+        (batch["output_positions"], joined["output_positions"]),
+    ):
         assert (new[:, 0] == 0).all()
         assert torch.equal(joined["input_ids"][0, new[:, 1]], batch["input_ids"][old[:, 0], old[:, 1]])
     assert torch.equal(joined["targets"], batch["targets"])
-    assert joined["image_counts"].tolist() == [int(batch["image_counts"].sum())]
+    assert joined["media"].image.items_per_row.tolist() == [int(batch["media"].image.items_per_row.sum())]
 
 
 def test_joined_rows_give_the_rows_loss_and_gradients(lean_cfg):

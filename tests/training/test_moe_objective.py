@@ -7,7 +7,6 @@ import copy
 import torch
 
 from neva.models.loss import token_cross_entropy
-from neva.models.media import media_from_batch
 from neva.models.moe import Router
 from tests.models.test_moe_hf_parity import switch_loss_megatron
 from tests.training.conftest import micro_batches
@@ -32,7 +31,7 @@ def reference_objective(model, batches, cfg) -> torch.Tensor:
         router_logits.clear()
         logits = model(
             mb["input_ids"],
-            media=media_from_batch(mb),
+            media=mb["media"],
             position_ids=mb["position_ids"],
             segment_ids=mb["segment_ids"],
         )

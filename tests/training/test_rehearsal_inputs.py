@@ -27,8 +27,16 @@ from neva.training.rehearsal_inputs import synthetic_micro_batches
 ANYRES = ["+stage=finetune", "cluster=dgx_a100", "trainer.devices=1", "model.global_batch_size=1", "model.micro_batch_size=1",
           "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
           "model.data.image_aspect_ratio=anyres_max_1"]  # fmt: skip
-TENSOR_KEYS_OF_THE_SHAPE = ("input_ids", "labels", "position_ids", "segment_ids", "pixel_values", "image_counts",
-                            "image_positions", "image_feature_index", "image_feature_weight")  # fmt: skip
+TOKEN_KEYS_OF_THE_SHAPE = ("input_ids", "labels", "position_ids", "segment_ids")
+IMAGE_FIELDS_OF_THE_SHAPE = ("pixels", "items_per_row", "positions", "index", "weight")
+
+
+def _tensors_of_the_shape(batch) -> dict:
+    image = batch["media"].image
+    return {
+        **{k: batch[k] for k in TOKEN_KEYS_OF_THE_SHAPE},
+        **{f: getattr(image, f) for f in IMAGE_FIELDS_OF_THE_SHAPE},
+    }
 
 
 def _collate(cfg, ncfg, samples):
@@ -60,17 +68,18 @@ def test_an_anyres_rehearsal_batch_is_what_the_data_path_collates(size: tuple[in
 
     layout = Layout.from_config(cfg.model, 1)
     fake = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, 0.5, image_size=size)[0]
-    for key in TENSOR_KEYS_OF_THE_SHAPE:
-        assert real[key] is not None, key
-        assert (fake[key].shape, fake[key].dtype) == (real[key].shape, real[key].dtype), key
-    assert torch.equal(fake["image_feature_index"], real["image_feature_index"])
-    assert torch.equal(fake["image_feature_weight"], real["image_feature_weight"])
+    fakes, reals = _tensors_of_the_shape(fake), _tensors_of_the_shape(real)
+    for key, tensor in reals.items():
+        assert tensor is not None, key
+        assert (fakes[key].shape, fakes[key].dtype) == (tensor.shape, tensor.dtype), key
+    assert torch.equal(fakes["index"], reals["index"])
+    assert torch.equal(fakes["weight"], reals["weight"])
     assert int((fake["input_ids"] == image_id).sum()) == positions
-    assert fake["pixel_values"].shape[0] > 1  # the tiles went through, not one fixed-size image
+    assert fakes["pixels"].shape[0] > 1  # the tiles went through, not one fixed-size image
 
     planned = plan_run(cfg, text_tokens=text_tokens, model=ncfg, image_size=size)
     image = planned.extra["image"]
-    assert (image["tokens"], image["tiles"]) == (positions, real["pixel_values"].shape[0])
+    assert (image["tokens"], image["tiles"]) == (positions, reals["pixels"].shape[0])
     assert planned.seq_len == fake["input_ids"].shape[1]
 
 
@@ -82,9 +91,10 @@ def test_a_video_rehearsal_batch_holds_the_planned_frames_and_positions() -> Non
     ncfg = neva_config_from_mm(cfg.model.mm_cfg)
     frames = 3
     (batch,) = synthetic_micro_batches(cfg, ncfg, Layout.from_config(cfg.model, 1), 20, 0.5, num_frames=frames)
-    assert batch["video_frames"].tolist() == [frames, frames]
-    assert batch["video_pixel_values"].shape == (2 * frames, 3, ncfg.vision.image_size, ncfg.vision.image_size)
-    assert batch["video_positions"].shape == (2 * ncfg.video_tokens(frames), 2)
+    video = batch["media"].video
+    assert video.frames.tolist() == [frames, frames]
+    assert video.pixels.shape == (2 * frames, 3, ncfg.vision.image_size, ncfg.vision.image_size)
+    assert video.positions.shape == (2 * ncfg.video_tokens(frames), 2)
     assert int((batch["input_ids"] == ncfg.video_token).sum()) == 2 * ncfg.video_tokens(frames)
-    assert batch["pixel_values"] is None and batch["image_positions"].numel() == 0
+    assert batch["media"].image is None
     assert plan_run(cfg, text_tokens=20, num_frames=frames).seq_len == batch["input_ids"].shape[1]

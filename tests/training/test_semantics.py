@@ -192,8 +192,7 @@ def test_pretrain_step_on_text_only_batches_reaches_the_projector(lean_cfg):
     batch = dict(batches[0])
     image = source.cfg.image_token_id
     batch["input_ids"] = batch["input_ids"].masked_fill(batch["input_ids"] == image, 7)
-    batch["pixel_values"], batch["image_counts"] = None, torch.zeros_like(batch["image_counts"])
-    batch["image_positions"] = torch.zeros(0, 2, dtype=torch.long)
+    batch["media"] = None
     engine = make_engine(cfg, source)
     loss, tokens = engine.forward_backward([batch])
     assert tokens > 0 and torch.isfinite(loss)

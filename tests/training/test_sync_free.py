@@ -1,10 +1,13 @@
 """A training micro-batch runs without host-device syncs: the collator finds image positions, LM-head positions and
 targets on the host, and the model only indexes with them (neva.data.collate, NevaModel.embed, LlamaDecoder)."""
 
+import dataclasses
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from neva.models.loss import learned_positions
+from neva.models.media import Media
 from tests.training.conftest import micro_batches
 from tests.training.test_semantics import make_engine
 
@@ -36,13 +39,14 @@ def test_collated_positions_are_the_model_s_and_the_step_has_no_sync(lean_cfg):
     source, batches = micro_batches(cfg, 1, 4)
     batch = batches[0]
     is_image = batch["input_ids"] == source.cfg.image_token_id
-    assert batch["image_counts"].sum() > 0
-    assert torch.equal(batch["image_positions"], is_image.nonzero())
+    assert batch["media"].image.items_per_row.sum() > 0
+    assert torch.equal(batch["media"].image.positions, is_image.nonzero())
     positions, targets = learned_positions(batch["labels"])
     assert torch.equal(batch["output_positions"], positions) and torch.equal(batch["targets"], targets)
 
     engine = make_engine(cfg, source)
-    plain = {k: v for k, v in batch.items() if k not in ("image_positions", "output_positions", "targets")}
+    plain = {k: v for k, v in batch.items() if k not in ("output_positions", "targets")}
+    plain["media"] = Media(image=dataclasses.replace(batch["media"].image, positions=None))
     with torch.no_grad():  # the same loss as the path that finds positions itself (masked_scatter, boolean mask)
         torch.testing.assert_close(engine.loss_sum(batch), engine.loss_sum(plain), rtol=0, atol=0)
     n_tokens = engine.global_tokens([batch])
