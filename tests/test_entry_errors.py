@@ -25,8 +25,8 @@ ENV = {k: v for k, v in os.environ.items() if k not in (DEBUG_ENV, "HYDRA_FULL_E
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory, tiny_checkpoint) -> Path:
     """The tiny neva checkpoint (``ckpt``), and bad inputs made from it: its weights not safetensors (``corrupt``), its
-    config.json not JSON (``notjson``), an empty directory, and an HF llava directory whose vision tower is a kind neva
-    has none for (DINOv2)."""
+    config.json not JSON (``notjson``), an empty directory, an HF llava directory whose vision tower is a kind neva has
+    none for (DINOv2), and a LLaVA-original one with an ``mm_*`` key neva does not know."""
     root = tmp_path_factory.mktemp("bad")
     for name in ("ckpt", "corrupt", "notjson"):
         shutil.copytree(tiny_checkpoint, root / name)
@@ -37,6 +37,8 @@ def bad(tmp_path_factory, tiny_checkpoint) -> Path:
     text = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     vision = Dinov2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     LlavaConfig(vision_config=vision, text_config=text).save_pretrained(root / "dinov2-llava")
+    (root / "llava-original").mkdir()
+    (root / "llava-original" / "config.json").write_text('{"model_type": "llava_llama", "mm_bogus": 1}')
     return root
 
 
@@ -58,6 +60,7 @@ REFUSED = [
     ("evaluate: missing input file", evaluate.main, f"{BATCH} --output-file {{root}}/a.jsonl", ["{root}/no.jsonl"]),
     ("evaluate: no output file", evaluate.main, BATCH, ["--input-file", "--output-file"]),
     ("convert: unknown tower kind", convert.main, "hf-to-neva --hf {root}/dinov2-llava", ["model_type='dinov2'"]),
+    ("convert: unknown LLaVA mm_ key", convert.main, "hf-to-neva --hf {root}/llava-original", ["mm_bogus=1"]),
     ("convert: missing HF directory", convert.main, "hf-to-neva --hf {root}/nope", ["{root}/nope"]),
     ("convert: HF dir without config", convert.main, "hf-to-neva --hf {root}/empty", ["{root}/empty", "model_type"]),
     ("convert: export of a non-checkpoint", convert.main, "neva-to-hf --ckpt {root}/empty", ["{root}/empty"]),
