@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
 import torch
@@ -36,8 +35,8 @@ from neva.checkpoint.llava_original import import_llava_original, read_llava_con
 from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.checkpoint.step import as_neva_checkpoint, export_peft, is_step_checkpoint, materialize
+from neva.errors import ConfigError, entry_point
 from neva.hf_local import model_dir
-from neva.typed import exit_on_config_error
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -95,21 +94,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@entry_point
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run one conversion and print ``{"command", "out"}`` as JSON."""
     args = parse_args(argv)
-    with exit_on_config_error():
-        for option in ("ckpt", "hf", "llm", "vision"):
-            if getattr(args, option, None) is not None:
-                refuse_nemo_checkpoint(getattr(args, option), f"--{option}")
-        _convert(args)
+    for option in ("ckpt", "hf", "llm", "vision"):
+        if getattr(args, option, None) is not None:
+            refuse_nemo_checkpoint(getattr(args, option), f"--{option}")
+    _convert(args)
 
 
 def _convert(args: argparse.Namespace) -> None:
     common = dict(dtype=DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite)
     if args.command == "neva-to-hf" and args.peft_adapter:
         if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):
-            sys.exit(
+            raise ConfigError(
                 f"--peft-adapter needs a LoRA run's step checkpoint (its `final` holds merged weights): {args.ckpt}"
             )
         out, adapter = export_peft(args.ckpt, args.out, args.peft_adapter, **common)
@@ -120,7 +119,9 @@ def _convert(args: argparse.Namespace) -> None:
             out = export_llava(ckpt, args.out, conv_template=args.conv_template, **common)
     elif args.command == "neva-to-neva":
         if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):
-            sys.exit(f"{args.ckpt} is not a step checkpoint (a .ckpt file or a DCP directory with meta.pt)")
+            raise ConfigError(
+                f"--ckpt {args.ckpt} is not a step checkpoint (a .ckpt file or a DCP directory with meta.pt)"
+            )
         out = materialize(args.ckpt, args.out, dtype=common["dtype"], overwrite=args.overwrite)
     else:
         meta = {
@@ -133,7 +134,9 @@ def _convert(args: argparse.Namespace) -> None:
             out = import_llava_original(args.hf, args.out, vision=args.vision, llm=args.llm, metadata=meta, **common)
         elif args.hf is not None:
             if args.llm is not None or args.vision is not None:
-                sys.exit("--llm/--vision go with --hf only for a LLaVA-original directory (llava_llama config.json)")
+                raise ConfigError(
+                    "--llm/--vision go with --hf only for a LLaVA-original directory (llava_llama config.json)"
+                )
             out = import_llava(args.hf, args.out, metadata=meta, **common)
         else:
             out = import_llm_and_vision(

@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,9 @@ import torch
 
 from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
 from neva.checkpoint.step import is_step_checkpoint
+from neva.errors import ConfigError, entry_point
 from neva.inference import Answerer, Item, read_jsonl, record_image_paths
 from neva.models.generation import GenerationConfig
-from neva.typed import exit_on_config_error
 
 
 def default_checkpoint() -> str:
@@ -254,6 +253,7 @@ def evaluate_file(
     return result
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=None, help="neva checkpoint (default: the default fine-tune output)")
@@ -279,23 +279,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=50)
     args = parser.parse_args(argv)
     checkpoint = args.checkpoint or default_checkpoint()
-    with exit_on_config_error():
-        refuse_nemo_checkpoint(checkpoint, "--checkpoint")
+    refuse_nemo_checkpoint(checkpoint, "--checkpoint")
     if not is_neva_checkpoint(checkpoint) and not is_step_checkpoint(checkpoint):
-        sys.exit(
-            f"no neva checkpoint at {checkpoint}: run `python -m neva.train +stage=pretrain` and "
+        raise ConfigError(
+            f"--checkpoint: no neva checkpoint at {checkpoint}: run `python -m neva.train +stage=pretrain` and "
             "`python -m neva.train +stage=finetune` first, or pass --checkpoint"
         )
     if (args.input_file is None) != (args.output_file is None):
-        sys.exit("--input-file and --output-file go together")
+        raise ConfigError("--input-file and --output-file go together")
     torch.set_grad_enabled(False)
-    with exit_on_config_error():
-        answerer = Answerer(
-            checkpoint,
-            GenerationConfig(max_new_tokens=args.max_new_tokens),
-            template=args.template,
-            dtype=torch.float32,
-        )
+    answerer = Answerer(
+        checkpoint,
+        GenerationConfig(max_new_tokens=args.max_new_tokens),
+        template=args.template,
+        dtype=torch.float32,
+    )
     if args.input_file is not None:
         name = Path(checkpoint).name
         result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, name, args.batch_size)

@@ -40,9 +40,9 @@ import torch
 from neva.checkpoint.neva_format import refuse_nemo_checkpoint
 from neva.data.records import record_videos
 from neva.data.video_decode import VideoError
+from neva.errors import InputError, entry_point
 from neva.inference import Answerer, Item, read_jsonl, record_image_paths
 from neva.models.generation import GenerationConfig
-from neva.typed import exit_on_config_error
 
 NEMO_SAMPLING = dict(temperature=0.2, top_p=0.9, top_k=0, repetition_penalty=1.2)
 
@@ -95,27 +95,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@entry_point
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: answer one prompt (printed) or a JSONL file of them."""
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    with exit_on_config_error():
-        refuse_nemo_checkpoint(args.checkpoint, "--checkpoint")
-        answerer = Answerer(
-            args.checkpoint,
-            decoding(args),
-            template=args.template,
-            raw=args.raw,
-            system=args.system,
-            aspect_ratio=args.image_aspect_ratio,
-            device=args.device,
-            dtype=None if args.dtype == "auto" else getattr(torch, args.dtype),
-        )
+    refuse_nemo_checkpoint(args.checkpoint, "--checkpoint")
+    answerer = Answerer(
+        args.checkpoint,
+        decoding(args),
+        template=args.template,
+        raw=args.raw,
+        system=args.system,
+        aspect_ratio=args.image_aspect_ratio,
+        device=args.device,
+        dtype=None if args.dtype == "auto" else getattr(torch, args.dtype),
+    )
     if args.prompt is not None:
         try:
             videos = [answerer.read_video(v) for v in args.video]
         except VideoError as err:
-            sys.exit(f"neva.generate: --video {err}")
+            raise InputError(f"--video {err}") from err
         print(answerer.answer([(args.prompt, [Path(p) for p in args.image], videos)])[0])
         return
     path = Path(args.input_file)

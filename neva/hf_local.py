@@ -12,10 +12,12 @@ import os
 import re
 from typing import Any
 
+from neva.errors import InputError
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
-class LocalModelError(ValueError):
+class LocalModelError(InputError, ValueError):
     """A model path that is not a local directory, or one whose loading needs the model's own Python code."""
 
 
@@ -54,16 +56,18 @@ def from_local(loader: Any, path: str | os.PathLike, **kwargs: Any) -> Any:
     ``local_files_only=True`` and ``trust_remote_code=False``.
 
     Raises:
-        LocalModelError: ``path`` is not a directory or a cached Hub id, or loading it needs remote code; the message
-            names the path.
+        LocalModelError: ``path`` is not a directory or a cached Hub id, transformers cannot load its files, or
+            loading it needs remote code; the message names the path.
     """
     path = model_dir(path)
     try:
         return loader.from_pretrained(path, local_files_only=True, trust_remote_code=False, **kwargs)
-    except ValueError as err:
-        if "custom code" not in str(err) and "trust_remote_code" not in str(err):
-            raise
-        raise LocalModelError(
-            f"{path}: loading it needs Python code shipped with the model (`auto_map` in its config); neva does not "
-            "run such code. Use a model whose architecture transformers provides."
-        ) from err
+    except (OSError, ValueError) as err:
+        if "custom code" in str(err) or "trust_remote_code" in str(err):
+            raise LocalModelError(
+                f"{path}: loading it needs Python code shipped with the model (`auto_map` in its config); neva does "
+                "not run such code. Use a model whose architecture transformers provides."
+            ) from err
+        # transformers' refusal of the directory's files (none of a tokenizer's, a config.json that is not JSON or
+        # has no model_type): about the user's directory, so its path is named.
+        raise LocalModelError(f"{path}: {loader.__name__} cannot load it: {err}") from err

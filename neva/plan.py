@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as field_replace
 
 from neva.config import TrainConfig, compose_config
+from neva.errors import entry_point
 from neva.planner.images import describe_images, parse_image_size, parse_image_tokens
 from neva.planner.plan import LEARNED_FRACTION, TEXT_TOKENS, GiB, Plan, plan_run
 from neva.planner.report import format_table, to_json
@@ -90,9 +91,9 @@ def parse_args(argv: list[str]) -> Request:
         if key.startswith("plan."):
             option = key[len("plan.") :]
             if option == "text_tokens":
-                req.text_tokens = int(value)
+                req.text_tokens = _integer(arg, value)
             elif option == "num_frames":
-                req.num_frames = int(value)
+                req.num_frames = _integer(arg, value)
             elif option == "scaling" and value in ("weak", "strong"):
                 req.scaling = value
             elif option == "grad_reduce":
@@ -112,7 +113,7 @@ def parse_args(argv: list[str]) -> Request:
                 except ValueError as err:
                     raise ConfigError(str(err)) from err
             elif option == "search":
-                req.search = 10 if value.lower() == "true" else 0 if value.lower() == "false" else int(value)
+                req.search = 10 if value.lower() == "true" else 0 if value.lower() == "false" else _integer(arg, value)
             else:
                 raise ConfigError(
                     f"unknown planner option {arg!r} (text_tokens, num_frames, scaling=weak|strong, grad_reduce, json, "
@@ -127,6 +128,18 @@ def parse_args(argv: list[str]) -> Request:
     if not any(a.lstrip("+").startswith(("stage=", "preset=", "canary=")) for a in req.fixed):
         req.fixed.insert(0, "+stage=pretrain")
     return req
+
+
+def _integer(arg: str, value: str) -> int:
+    """An integer planner option's value.
+
+    Raises:
+        ConfigError: not an integer, naming the option.
+    """
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{arg}: expected an integer") from None
 
 
 def _searched_key(key: str) -> str | None:
@@ -299,9 +312,11 @@ def format_rehearsal(plan: Plan, measured: list[RankMemory]) -> str:
     return "\n".join([title, *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)])
 
 
-def cli() -> None:
-    """Console script ``neva-plan`` (``main`` returns the plans, which ``sys.exit`` would print)."""
-    main()
+@entry_point
+def cli(argv: list[str] | None = None) -> None:
+    """Console script ``neva-plan``: ``main`` under the input-error rule of ``neva.errors`` (``main`` raises, for
+    callers that plan; it returns the plans, which ``sys.exit`` would print)."""
+    main(argv)
 
 
 if __name__ == "__main__":

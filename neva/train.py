@@ -16,8 +16,8 @@ import hydra
 from omegaconf import DictConfig
 
 from neva.config import CONFIG_DIR, to_train_config
+from neva.errors import entry_point, error_line, exit_on_input_error
 from neva.nemo_keys import rewrite_overrides
-from neva.typed import exit_on_config_error
 
 log = logging.getLogger("neva.train")
 
@@ -70,30 +70,36 @@ def main(dcfg: DictConfig) -> None:
     if dcfg.get("stage") is None:
         print(STAGE_HELP, file=sys.stderr)
         sys.exit(2)
-    from neva.checkpoint.verified import CheckpointError
     from neva.data.skips import DataQualityError
     from neva.training.guards import NothingTrained
 
     try:
-        with exit_on_config_error():
+        # The rule of cli again, inside the job: an input error leaves the job as SystemExit, which Hydra lets through
+        # without adding its own "Error executing job" line.
+        with exit_on_input_error():
             sweep_job_exp_dir(dcfg)
             cfg = to_train_config(dcfg, _command_line())
             from neva.training.run import run
 
             final = run(cfg)
-    except (DataQualityError, NothingTrained, CheckpointError) as err:
-        # The run did not train what was asked (or cannot trust what it would resume): no final checkpoint; what it
-        # wrote before stays.
-        print(f"error: {err}", file=sys.stderr)
+    except (DataQualityError, NothingTrained) as err:
+        # Training ran but did not train what was asked (end-of-run checks): no final checkpoint, what it wrote
+        # before stays, and exit 1 tells this apart from a refused input (2, neva.errors).
+        print(error_line(err), file=sys.stderr)
         sys.exit(1)
     if final is not None:
         print(os.fspath(Path(final).resolve()), flush=True)
 
 
-def cli() -> None:
-    """The command line: NeMo keys first (Hydra would refuse them with "use +key"), then Hydra."""
-    with exit_on_config_error():
-        sys.argv[1:] = rewrite_overrides(sys.argv[1:])
+@entry_point
+def cli(argv: list[str] | None = None) -> None:
+    """The command line (``argv``: default ``sys.argv[1:]``, which Hydra reads): NeMo keys first (Hydra would refuse
+    them with "use +key"), then Hydra. A bad input anywhere, on any rank, is one line and exit status 2
+    (``neva.errors``)."""
+    # Hydra then raises a refused override instead of printing its own report, so that the one rule of neva.errors
+    # reports it (and a bug in the job keeps its whole traceback).
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    sys.argv[1:] = rewrite_overrides(sys.argv[1:] if argv is None else argv)
     main()
 
 

@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
-import sys
 import types
 import typing
-from collections.abc import Iterator
 from typing import Any, TypeVar, Union
 
+# ConfigError lives with the other input errors (neva.errors); every config module imports it from here.
+from neva.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported before any work starts."""
-
-
-@contextlib.contextmanager
-def exit_on_config_error() -> Iterator[None]:
-    """An entry point's body: a ``ConfigError`` ends the command with its message alone on stderr (no traceback) and
-    exit status 2 (argparse's status for bad arguments; neva.train's for a bad config)."""
-    try:
-        yield
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:

@@ -15,7 +15,8 @@ import neva
 ROOT = Path(neva.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("neva", "neva.constants", "neva.typed", "neva.hf_local"),
+    ("neva", "neva.errors"),
+    ("neva.constants", "neva.typed", "neva.hf_local"),
     ("neva.nemo_keys",),
     ("neva.models",),
     ("neva.data",),

@@ -53,12 +53,14 @@ def test_generate_video_answers_the_checkpoints_frames(video_checkpoint, capsys)
     assert answerer.prepare((prompt, [], [frames[:1]]))[0] != answerer.prepare((prompt, [], [frames]))[0]
 
 
-def test_generate_video_bad_file_exits_with_the_skip_reason(video_checkpoint, tmp_path):
+def test_generate_video_bad_file_exits_with_the_skip_reason(video_checkpoint, tmp_path, capsys):
     ckpt, _ = video_checkpoint
     bad = tmp_path / "bad.mp4"
     bad.write_bytes(b"not a video at all" * 10)
-    with pytest.raises(SystemExit, match="corrupt_video"):
+    with pytest.raises(SystemExit) as stop:
         generate_main(["--checkpoint", str(ckpt), "--device", "cpu", "--video", str(bad), "--prompt", "x"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("error: --video ") and "corrupt_video" in err, err
 
 
 @one_thread()

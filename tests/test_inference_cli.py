@@ -2,20 +2,17 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from neva.checkpoint.neva_format import save_checkpoint
-from neva.data.synthetic import build_tokenizer
 from neva.evaluate import main as evaluate_main
 from neva.generate import main as generate_main
 from neva.inference import Answerer
 from neva.models.generation import GenerationConfig
-from neva.models.neva import NevaModel
-from neva.models.presets import build_config
 from tests.checkpoint.tiny_hf import one_thread
 
 NEW_TOKENS = 6
@@ -29,16 +26,10 @@ def _restore_grad_mode():
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(tmp_path_factory, tiny_checkpoint):
     """A random tiny model with the synthetic tokenizer, plus two images and a question file."""
     root = tmp_path_factory.mktemp("infer")
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    model = NevaModel(
-        build_config(vocab_size=len(tokenizer), image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
-    )
-    model.init_weights()
-    save_checkpoint(root / "ckpt", model.cfg, model.state_dict(), tokenizer, metadata={"conv_template": "vicuna_v1"})
+    shutil.copytree(tiny_checkpoint, root / "ckpt")
     rng = np.random.default_rng(0)
     for name, size in (("a.png", (30, 41)), ("b.png", (32, 32))):
         Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(root / name)

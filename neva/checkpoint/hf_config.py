@@ -12,11 +12,12 @@ from neva.checkpoint.hf_video import video_config_dict, video_from_hf
 from neva.checkpoint.hf_wrappers import wrapper_named
 from neva.models.anyres import AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
+from neva.typed import ConfigError
 
 
 def llm_config_from_hf(hf: dict[str, Any], where: str = "LLM config") -> LLMConfig:
     """LLMConfig from an HF Llama / Mistral / Qwen2 config dict (transformers 4.x ``rope_scaling`` or 5.x
-    ``rope_parameters``). Every field is honoured or refused (``hf_families``: ``ValueError`` naming it)."""
+    ``rope_parameters``). Every field is honoured or refused (``hf_families``: ``ConfigError`` naming it)."""
     family = check_fields(hf, where)
     rope = dict(hf.get("rope_parameters") or {})
     theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
@@ -53,7 +54,7 @@ def tower_kind(hf: dict[str, Any]) -> str:
     """The neva tower kind of an HF vision config dict (a full CLIPConfig / SiglipConfig: its ``vision_config``).
 
     Raises:
-        ValueError: a ``model_type`` neva has no tower for, named with the supported ones.
+        ConfigError: a ``model_type`` neva has no tower for, named with the supported ones.
     """
     hf = hf.get("vision_config", hf)
     model_type = hf.get("model_type")
@@ -63,7 +64,7 @@ def tower_kind(hf: dict[str, Any]) -> str:
             if (model_type == "siglip2_vision_model")
             else ""
         )
-        raise ValueError(
+        raise ConfigError(
             f"vision config model_type={model_type!r}{why} is not a supported tower; supported: "
             + ", ".join(f"{k} ({v})" for k, v in TOWER_MODEL_TYPES.items())
         )
@@ -98,12 +99,12 @@ def select_feature_from_hf(kind: str, strategy: str) -> str:
     """neva's ``vision_select_feature`` for llava-hf's ``vision_feature_select_strategy`` on a ``kind`` tower.
 
     Raises:
-        ValueError: ``default`` on a tower without a class token: transformers then drops the first *patch*
+        ConfigError: ``default`` on a tower without a class token: transformers then drops the first *patch*
             (``hidden_states[:, 1:]``), a model neva does not build.
     """
     table = _SELECT_FROM_HF[kind]
     if strategy not in table:
-        raise ValueError(
+        raise ConfigError(
             f"vision_feature_select_strategy={strategy!r} on a {kind} tower: transformers drops the first token as if "
             f"it were CLIP's class token, but a {kind} tower has none, so a real patch would be dropped; neva supports "
             + " or ".join(repr(k) for k in table)
@@ -114,7 +115,7 @@ def select_feature_from_hf(kind: str, strategy: str) -> str:
 def neva_config_from_llava(hf: dict[str, Any]) -> NevaConfig:
     """NevaConfig from a ``LlavaConfig`` dict (llava-hf ``config.json``)."""
     if hf.get("projector_hidden_act", "gelu") != "gelu":
-        raise ValueError(f"unsupported projector_hidden_act {hf['projector_hidden_act']!r} (only gelu)")
+        raise ConfigError(f"unsupported projector_hidden_act {hf['projector_hidden_act']!r} (only gelu)")
     strategy = hf.get("vision_feature_select_strategy", "default")
     vision = vision_config_from_hf(
         hf["vision_config"],
@@ -153,20 +154,20 @@ def anyres_from_hf(hf: dict[str, Any]) -> AnyResConfig | None:
         return AnyResConfig(grid_pinpoints=pins)
     aspect = hf.get("vision_aspect_ratio", "anyres_max_9")
     if parse_aspect_ratio(aspect) is None:
-        raise ValueError(f"vision_aspect_ratio={aspect!r}: neva imports LLaVA-OneVision's anyres_max_N only")
+        raise ConfigError(f"vision_aspect_ratio={aspect!r}: neva imports LLaVA-OneVision's anyres_max_N only")
     return AnyResConfig(grid_pinpoints=pins, max_num_patches=parse_aspect_ratio(aspect))
 
 
 def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[str, Any]:
     """``LlavaConfig`` kwargs (vision_config/text_config as dicts) for a NevaConfig; only ``mlp2x_gelu`` exports."""
     if cfg.projector is not None and cfg.projector.type == "mlp_downsample":
-        raise ValueError(
+        raise ConfigError(
             "mlp_downsample cannot be exported to HF LlavaForConditionalGeneration: transformers has no llava-hf class "
             "with NeMo's 2x2 patch merge and LayerNorm projector, and dropping them would be a different model; keep "
             "the neva checkpoint"
         )
     if cfg.anyres is not None and cfg.anyres.patch_merge_type != "spatial_unpad":
-        raise ValueError(
+        raise ConfigError(
             f"mm_patch_merge_type={cfg.anyres.patch_merge_type} cannot be exported: transformers' "
             "LlavaNextForConditionalGeneration lays tiles out only as spatial_unpad (with image_newline)"
         )
@@ -178,7 +179,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             stacklevel=2,
         )
     if cfg.vision is None or cfg.projector is None or cfg.projector.type != "mlp2x_gelu":
-        raise ValueError("HF LlavaForConditionalGeneration needs a vision tower and an mlp2x_gelu projector")
+        raise ConfigError("HF LlavaForConditionalGeneration needs a vision tower and an mlp2x_gelu projector")
     v, t = cfg.vision, cfg.llm
     rope = {"rope_type": "default", "rope_theta": t.rope_theta, **(t.rope_scaling or {})}
     select = v.vision_select_layer

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from neva.typed import ConfigError
+
 
 @dataclass(frozen=True)
 class Read:
@@ -177,15 +179,15 @@ NOT_YET = {
 
 
 def check_fields(hf: dict[str, Any], where: str = "LLM config") -> str:
-    """The family of an HF decoder config dict; raises ``ValueError`` naming every field neva would not honour.
+    """The family of an HF decoder config dict; raises ``ConfigError`` naming every field neva would not honour.
 
     ``model_type`` missing is read as ``llama`` (old Llama ``config.json`` files and NeMo/LLaVA dicts without it).
     """
     family = hf.get("model_type") or "llama"
     if family in NOT_YET:
-        raise ValueError(f"{where}: model_type {family!r} is not supported yet ({NOT_YET[family]})")
+        raise ConfigError(f"{where}: model_type {family!r} is not supported yet ({NOT_YET[family]})")
     if family not in FAMILIES:
-        raise ValueError(f"{where}: model_type {family!r} is not a supported decoder family ({sorted(FAMILIES)})")
+        raise ConfigError(f"{where}: model_type {family!r} is not a supported decoder family ({sorted(FAMILIES)})")
     table, problems = FAMILIES[family].fields, []
     for name, value in hf.items():
         rule = table.get(name)
@@ -197,7 +199,7 @@ def check_fields(hf: dict[str, Any], where: str = "LLM config") -> str:
     if layer_types is not None and any(t != "full_attention" for t in layer_types):
         problems.append(f"layer_types={layer_types!r} (only full_attention layers are implemented)")
     if problems:
-        raise ValueError(f"{where} ({family}): refused field(s): " + "; ".join(problems))
+        raise ConfigError(f"{where} ({family}): refused field(s): " + "; ".join(problems))
     return family
 
 
@@ -208,10 +210,10 @@ def family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
 
 def hf_family_fields(llm: Any) -> dict[str, Any]:
     """The HF text-config fields that make transformers compute what ``llm`` (an ``LLMConfig``) computes; raises
-    ``ValueError`` for a combination the family's HF class cannot express."""
+    ``ConfigError`` for a combination the family's HF class cannot express."""
     written = FAMILIES[llm.family].write(llm)
     if written is None:
-        raise ValueError(
+        raise ConfigError(
             f"HF {llm.family} cannot express qkv_bias={llm.qkv_bias}, o_bias={llm.o_bias}, mlp_bias={llm.mlp_bias}, "
             f"sliding_window={llm.sliding_window}"
         )

@@ -15,6 +15,7 @@ from typing import Any
 from neva.checkpoint.hf_families import CONFIG_BOOKKEEPING
 from neva.checkpoint.hf_wrappers import wrapper_named
 from neva.models.video import VideoConfig
+from neva.typed import ConfigError
 
 # The top-level fields of a LlavaNextVideoConfig and what neva does with them; any other field is refused.
 _READ_ELSEWHERE = (  # hf_config.neva_config_from_llava reads them as it does for llava / llava_next
@@ -32,7 +33,7 @@ def video_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     video.
 
     Raises:
-        ValueError: a pool mode neva does not implement (``conv``: a learned convolution), or a top-level field of a
+        ConfigError: a pool mode neva does not implement (``conv``: a learned convolution), or a top-level field of a
             ``llava_next_video`` config that neva does not know, named.
     """
     wrapper = wrapper_named(hf.get("model_type"))
@@ -41,10 +42,12 @@ def video_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     known = {*_READ_ELSEWHERE, *_READ_HERE, *_INERT, *CONFIG_BOOKKEEPING}
     unknown = sorted(k for k in hf if k not in known)
     if unknown:
-        raise ValueError(f"llava_next_video config: refused field(s) {unknown} (unknown to neva: may change the model)")
+        raise ConfigError(
+            f"llava_next_video config: refused field(s) {unknown} (unknown to neva: may change the model)"
+        )
     mode = hf.get("spatial_pool_mode", "average")
     if mode == "conv":
-        raise ValueError(
+        raise ConfigError(
             "llava_next_video config: spatial_pool_mode='conv' (a learned Conv2d pool, vision_resampler weights) is "
             "not implemented; neva pools with average or max"
         )
@@ -58,13 +61,13 @@ def video_config_dict(cfg: Any) -> dict[str, Any]:
     if cfg.video is None:
         return {}
     if cfg.anyres is None:
-        raise ValueError(
+        raise ConfigError(
             "a video model without AnyRes has no transformers class: LlavaNextVideoForConditionalGeneration lays "
             "images out as AnyRes tiles (image_newline included), so its images would be another model's; keep the "
             "neva checkpoint (docs/INTEROP.md, Video)"
         )
     if cfg.video_token_id is None or cfg.video_token_id == cfg.image_token_id:
-        raise ValueError(
+        raise ConfigError(
             "LlavaNextVideo tells videos from images by their token: the model needs its own video_token_id"
         )
     return dict(

@@ -53,6 +53,7 @@ from neva.constants import IMAGE_TOKEN
 from neva.hf_local import LocalModelError, from_local, model_dir
 from neva.models.anyres import MERGE_TYPES, AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
+from neva.typed import ConfigError
 
 # LLaVA model type → the decoder family whose HF config the rest of config.json is.
 LLAVA_MODEL_TYPES = {"llava_llama": "llama", "llava_mistral": "mistral", "llava_qwen": "qwen2"}
@@ -127,7 +128,7 @@ def split_llava_config(config: dict[str, Any], source: str | os.PathLike) -> tup
     refused naming the key.
 
     Raises:
-        ValueError: an unknown ``mm_*`` key, or a value outside ``MM_KEYS``' accepted ones.
+        ConfigError: an unknown ``mm_*`` key, or a value outside ``MM_KEYS``' accepted ones.
     """
     from transformers import AutoConfig
 
@@ -136,9 +137,9 @@ def split_llava_config(config: dict[str, Any], source: str | os.PathLike) -> tup
     for key, value in mm.items():
         rule = MM_KEYS.get(key)
         if rule is None:
-            raise ValueError(f"{source}: config.json key {key}={value!r} is not known to neva's LLaVA import")
+            raise ConfigError(f"{source}: config.json key {key}={value!r} is not known to neva's LLaVA import")
         if isinstance(rule, tuple) and value not in rule:
-            raise ValueError(f"{source}: config.json {key}={value!r} is not supported (neva reproduces {list(rule)})")
+            raise ConfigError(f"{source}: config.json {key}={value!r} is not supported (neva reproduces {list(rule)})")
     video = {k: v for k, v in mm.items() if MM_KEYS.get(k) == "video" and v not in (None, False)}
     if video:
         warnings.warn(
@@ -157,7 +158,7 @@ def anyres_config(mm: dict[str, Any], image_size: int, source: str | os.PathLike
     ``unpad_image`` (``unpad_truncate``); what neva does not lay out as LLaVA-NeXT does is refused by key.
 
     Raises:
-        ValueError: another ``image_aspect_ratio`` (``highres``, ``crop_split``, ...), an ``mm_patch_merge_type``
+        ConfigError: another ``image_aspect_ratio`` (``highres``, ``crop_split``, ...), an ``mm_patch_merge_type``
             other than flat / spatial / spatial_unpad (``maxpool2x2``, ``nobase`` variants), a spatial layout
             without AnyRes, AnyRes without ``image_grid_pinpoints``.
     """
@@ -165,25 +166,25 @@ def anyres_config(mm: dict[str, Any], image_size: int, source: str | os.PathLike
     merge = mm.get("mm_patch_merge_type", "flat")
     if aspect in ("square", "pad"):
         if merge != "flat":
-            raise ValueError(
+            raise ConfigError(
                 f"{source}: config.json mm_patch_merge_type={merge!r} with image_aspect_ratio={aspect!r} is not "
                 "supported (neva lays out only AnyRes images spatially; with square / pad images it reproduces flat)"
             )
         return None
     max_num_patches = parse_aspect_ratio(aspect)
     if aspect != "anyres" and max_num_patches is None:
-        raise ValueError(
+        raise ConfigError(
             f"{source}: config.json image_aspect_ratio={aspect!r} is not supported (neva reproduces square, pad, "
             "anyres, anyres_max_N)"
         )
     if merge not in MERGE_TYPES:
-        raise ValueError(
+        raise ConfigError(
             f"{source}: config.json mm_patch_merge_type={merge!r} is not supported with image_aspect_ratio={aspect!r} "
             f"(neva reproduces {list(MERGE_TYPES)})"
         )
     pins = mm.get("image_grid_pinpoints")
     if pins is None:
-        raise ValueError(f"{source}: config.json image_aspect_ratio={aspect!r} needs image_grid_pinpoints")
+        raise ConfigError(f"{source}: config.json image_aspect_ratio={aspect!r} needs image_grid_pinpoints")
     if isinstance(pins, str) and "x" not in pins:
         pins = ast.literal_eval(pins)  # LLaVA-NeXT's other string form: a list literal
     try:
@@ -195,7 +196,7 @@ def anyres_config(mm: dict[str, Any], image_size: int, source: str | os.PathLike
             unpad_truncate=True,
         )
     except ValueError as err:
-        raise ValueError(f"{source}: config.json: {err}") from None
+        raise ConfigError(f"{source}: config.json: {err}") from None
 
 
 def tower_trained(mm: dict[str, Any]) -> bool:
@@ -214,7 +215,7 @@ def llava_next_siglip(
     import reads (the checkpoint's or the directory's); a CLIP tower is returned as it is.
 
     Raises:
-        ValueError: SigLIP weights that hold neither the whole tower nor the one shortened by its last layer.
+        ConfigError: SigLIP weights that hold neither the whole tower nor the one shortened by its last layer.
     """
     if vision.kind != "siglip":
         return vision
@@ -230,7 +231,7 @@ def llava_next_siglip(
     if saved == vision.num_layers - 1:
         return dataclasses.replace(vision, num_layers=saved, vision_select_layer=-1)
     if saved != vision.num_layers:
-        raise ValueError(
+        raise ConfigError(
             f"{source}: the SigLIP tower weights hold {saved} layers, its config {vision.num_layers} (LLaVA-NeXT saves "
             f"{vision.num_layers - 1})"
         )
@@ -241,21 +242,21 @@ def projector_config(mm: dict[str, Any], feature_size: int, hidden_size: int, so
     """LLaVA's ``mm_projector_type`` (``linear``, ``mlp{N}x_gelu``, ``identity``) as a ``ProjectorConfig``."""
     kind = mm.get("mm_projector_type", "linear")
     if mm.get("mm_hidden_size", feature_size) != feature_size:
-        raise ValueError(
+        raise ConfigError(
             f"{source}: mm_hidden_size={mm['mm_hidden_size']} but the vision tower's selected features have "
             f"{feature_size} channels"
         )
     try:
         return ProjectorConfig(type=kind, input_size=feature_size, output_size=hidden_size)
     except ValueError as err:
-        raise ValueError(f"{source}: mm_projector_type={kind!r}: {err}") from None
+        raise ConfigError(f"{source}: mm_projector_type={kind!r}: {err}") from None
 
 
 def tower_dir(mm: dict[str, Any], vision: str | os.PathLike | None, source: str | os.PathLike) -> Path:
     """The vision tower's local directory: ``vision`` if given, else the one ``mm_vision_tower`` names."""
     name = vision if vision is not None else mm.get("mm_vision_tower")
     if name is None:
-        raise ValueError(f"{source}: config.json has no mm_vision_tower; pass the tower directory (--vision)")
+        raise ConfigError(f"{source}: config.json has no mm_vision_tower; pass the tower directory (--vision)")
     try:
         return Path(model_dir(name))
     except LocalModelError as err:
@@ -289,14 +290,15 @@ def import_llava_original(
         ``out``.
 
     Raises:
-        ValueError: not a LLaVA-original config, an unsupported ``mm_*`` setting, tensors that map nowhere or are
-            missing, a tokenizer that does not fit the vocabulary.
+        ConfigError: not a LLaVA-original config, an unsupported ``mm_*`` setting, missing decoder or projector
+            weights, a tokenizer that does not fit the vocabulary.
+        ValueError: tensors that map nowhere or are missing (the HF import's checks).
         LocalModelError: the tower (or decoder) is not a local directory; the message says what to pass.
     """
     directory = Path(model_dir(directory))
     config = read_llava_config(directory)
     if config is None:
-        raise ValueError(f"{directory}: config.json model_type is not one of {sorted(LLAVA_MODEL_TYPES)}")
+        raise ConfigError(f"{directory}: config.json model_type is not one of {sorted(LLAVA_MODEL_TYPES)}")
     text, mm = split_llava_config(config, directory)
     vision_dir = tower_dir(mm, vision, directory)
     vision_cfg = vision_config_from_hf(
@@ -308,14 +310,14 @@ def import_llava_original(
     has_llm = _has_weights(directory)
     llm_dir = directory if has_llm else Path(model_dir(llm)) if llm is not None else None
     if llm_dir is None:
-        raise ValueError(f"{directory} holds no decoder weights (a pretrain stage's output): pass the decoder's HF "
-                         "directory (--llm DIR)")  # fmt: skip
+        raise ConfigError(f"{directory} holds no decoder weights (a pretrain stage's output): pass the decoder's HF "
+                          "directory (--llm DIR)")  # fmt: skip
     llm_shapes = hf_tensor_shapes(llm_dir)
     # The tower's weights: the checkpoint's when LLaVA loads those (tower_trained), else mm_vision_tower's directory.
     saved_tower = {k: s for k, s in llm_shapes.items() if k.startswith(_TOWER_PREFIX)}
     tower_from_ckpt = has_llm and tower_trained(mm)
     if tower_from_ckpt and not saved_tower:
-        raise ValueError(
+        raise ConfigError(
             f"{directory}: config.json says the vision tower was trained (unfreeze_mm_vision_tower / "
             f"mm_tunable_parts) but the weights hold no {_TOWER_PREFIX}* tensors"
         )
@@ -341,7 +343,7 @@ def import_llava_original(
     if not any(name.startswith("projector.") for name in llm_map.values()):
         projector_file = directory / PROJECTOR_FILE
         if not projector_file.is_file():
-            raise ValueError(f"{directory}: no model.mm_projector.* weights and no {PROJECTOR_FILE}")
+            raise ConfigError(f"{directory}: no model.mm_projector.* weights and no {PROJECTOR_FILE}")
     projector_tensors = read_projector_file(projector_file) if projector_file is not None else {}
     produced = {vision_map[k]: vision_shapes[k] for k in vision_map}
     produced.update({llm_map[k]: llm_shapes[k] for k in llm_map})
@@ -390,13 +392,13 @@ def _llava_tokenizer(directory: Path, vocab_size: int) -> Any:
     """The checkpoint's tokenizer with ``<image>`` added after the vocabulary (no row) and LLaVA's ``<unk>`` padding.
 
     Raises:
-        ValueError: the tokenizer is larger than the model's vocabulary.
+        ConfigError: the tokenizer is larger than the model's vocabulary.
     """
     from transformers import AutoTokenizer
 
     tokenizer = from_local(AutoTokenizer, directory)
     if len(tokenizer) > vocab_size:
-        raise ValueError(f"{directory}: tokenizer has {len(tokenizer)} tokens, the model's vocabulary {vocab_size}")
+        raise ConfigError(f"{directory}: tokenizer has {len(tokenizer)} tokens, the model's vocabulary {vocab_size}")
     if tokenizer.pad_token is None and tokenizer.unk_token is not None:
         tokenizer.pad_token = tokenizer.unk_token  # train.py: tokenizer.pad_token = tokenizer.unk_token
     if IMAGE_TOKEN not in tokenizer.get_vocab():

@@ -169,17 +169,23 @@ def read_config_file(directory: str | os.PathLike) -> dict[str, Any]:
     """The raw ``config.json`` of a neva checkpoint, format and version checked.
 
     Raises:
-        ValueError: not a neva checkpoint, or a newer format version (ConfigError: a NeMo checkpoint).
+        ConfigError: not a neva checkpoint (no config.json; a NeMo one named as such), a config.json that is not JSON,
+            or a newer format version.
     """
     refuse_nemo_checkpoint(directory)
     path = Path(directory) / CONFIG_NAME
-    data = json.loads(path.read_text())
+    if not path.is_file():
+        raise ConfigError(f"{directory} is not a neva checkpoint directory (no {CONFIG_NAME})")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not JSON ({err})") from err
     if data.get("format") != FORMAT_NAME:
-        raise ValueError(
+        raise ConfigError(
             f"{path} is not a neva checkpoint config (format={data.get('format')!r}); HF dirs need conversion"
         )
     if int(data.get("version", 0)) > FORMAT_VERSION:
-        raise ValueError(f"{path}: format version {data['version']} is newer than this neva ({FORMAT_VERSION})")
+        raise ConfigError(f"{path}: format version {data['version']} is newer than this neva ({FORMAT_VERSION})")
     return data
 
 

@@ -12,10 +12,13 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from neva.errors import InputError
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
 """Shard size limit (HF's historical "5GB" default)."""
@@ -142,10 +145,19 @@ def index_files(index: Path) -> list[Path]:
     return [index.parent / name for name in names]
 
 
+def _open(path: str | os.PathLike) -> Any:
+    """``safe_open`` of a weight file; one whose header is not safetensors' is an ``InputError`` naming it (the
+    library's message does not)."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except SafetensorError as err:
+        raise InputError(f"{path}: not a readable safetensors file ({err})") from err
+
+
 def iter_safetensors(files: Iterable[str | os.PathLike]) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(key, tensor)`` from each file in turn; each tensor is read only when its turn comes."""
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
+        with _open(path) as f:
             for key in f.keys():  # noqa: SIM118 - safe_open handles are not mappings
                 yield key, f.get_tensor(key)
 
@@ -154,7 +166,7 @@ def safetensors_shapes(files: Iterable[str | os.PathLike]) -> dict[str, tuple[in
     """Every tensor's name and shape (headers only; no tensor data is read)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
+        with _open(path) as f:
             for key in f.keys():  # noqa: SIM118 - safe_open handles are not mappings
                 shapes[key] = tuple(f.get_slice(key).get_shape())
     return shapes

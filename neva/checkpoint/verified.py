@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from neva.checkpoint.atomic import atomic_write
+from neva.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ CONFIG_KEY = "neva_config"
 """The checkpoint entry holding the run's resolved config as JSON text (resume checks, step-checkpoint conversion)."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(InputError, RuntimeError):
     """A training checkpoint that is incomplete, corrupt, or holds something other than neva's plain data."""
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
+from neva.typed import ConfigError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
 DEFAULT_TEMPLATE = "vicuna_v1"
@@ -406,10 +407,10 @@ def get_template(
     so a template that refuses system prompts stops the run at start instead of skipping every sample.
 
     Raises:
-        ValueError: unknown template name; a system prompt the tokenizer's chat template cannot render.
+        ConfigError: unknown template name. ValueError: a system prompt the tokenizer's chat template cannot render.
     """
     if name not in TEMPLATE_CLASSES:
-        raise ValueError(f"unknown conversation template {name!r}; choose one of {sorted(TEMPLATE_CLASSES)}")
+        raise ConfigError(f"unknown conversation template {name!r}; choose one of {sorted(TEMPLATE_CLASSES)}")
     base = TEMPLATE_CLASSES[name]()
     if (
         use_chat_template

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from neva.errors import InputError
 
-class SampleError(ValueError):
+
+class SampleError(InputError, ValueError):
     """A record that is skipped: ``reason`` is the skip-count key (``missing_image``, ``too_long``...), ``detail``
     the specifics for the log."""
 

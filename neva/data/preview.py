@@ -25,6 +25,7 @@ from neva.data.images import image_source_for
 from neva.data.records import load_records, record_images, record_videos
 from neva.data.video import VIDEO, VideoSource, check_video_model, load_videos, tag_spans
 from neva.data.video_decode import VideoLimits
+from neva.errors import ConfigError, entry_point
 from neva.hf_local import from_local
 
 _GREEN, _RESET = "\033[32m", "\033[0m"
@@ -129,7 +130,9 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     num_image_tokens = cfg.num_image_tokens if cfg is not None else args.num_image_tokens
     anyres = cfg is not None and cfg.anyres is not None
     if anyres and not args.image_folder:
-        raise SystemExit("an AnyRes checkpoint's image token counts follow from the images' sizes: pass --image-folder")
+        raise ConfigError(
+            "an AnyRes checkpoint's image token counts follow from the images' sizes: pass --image-folder"
+        )
     video_tokens, video_token_id = video_rule(cfg, args.video_grid)
     settings = EncoderSettings(
         tokenizer=tokenizer,
@@ -148,7 +151,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         args.image_folder if args.image_folder and os.path.isdir(args.image_folder) else None
     )
     if args.video_fps is not None and video_folder is None:
-        raise SystemExit("--video-fps: a video's frames then follow from its header: pass --video-folder")
+        raise ConfigError("--video-fps: a video's frames then follow from its header: pass --video-folder")
     videos_from = VideoSource(video_folder, VideoLimits(args.num_frames, args.video_fps)) if video_folder else None
     records = _records(args.data_path, args.conv_template)
     skipped = 0
@@ -241,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     args = build_parser().parse_args(argv)
