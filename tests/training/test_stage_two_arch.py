@@ -161,3 +161,35 @@ def test_a_differing_merge_type_exits_2_with_one_line(runs):
     line = out.stderr.strip().splitlines()[-1]
     assert "model.mm_cfg.mm_patch_merge_type='flat' (the checkpoint has 'spatial_unpad')" in line
     assert not (runs / "refused" / "final").exists()
+
+
+# Layouts that materialise the added newline differently: TP2+SP (replicated DTensor), PP2 (on stage 0), and DP2
+# ZeRO-3 from a model.meta_init=true start (each rank initialises only its shard, in another random order).
+STAGE_TWO_LAYOUTS = {
+    "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    "pp2": ["model.pipeline_model_parallel_size=2"],
+    "dp2_zero3_meta_init": ["model.data_parallel=fsdp", "model.zero_stage=3", "model.meta_init=true"],
+}
+
+
+@pytest.mark.slow
+def test_added_anyres_trains_the_same_in_every_layout(tmp_path):
+    """A fixed-resolution checkpoint restored with AnyRes added: every layout's losses and gradient norms equal one
+    process's, so every layout starts from the same fresh ``image_newline``."""
+    from tests.parallel.harness import FAMILIES, make_checkpoint, run_layouts, train_losses
+    from tests.parallel.llava_data import llava_overrides, write_llava_set
+
+    write_llava_set(tmp_path / "llava")
+    ckpt = make_checkpoint(tmp_path / "ckpt", "llama_clip")
+    assert neva_format.load_config(ckpt).anyres is None
+    data = [
+        f"model.restore_from_path={ckpt}",
+        *llava_overrides(tmp_path / "llava", True),
+        *FAMILIES["llama_clip_anyres"],
+    ]
+    ref = train_losses(data, 2)
+    results = run_layouts(2, [(n, data + o, 2) for n, o in STAGE_TWO_LAYOUTS.items()], tmp_path / "layouts")
+    for name in STAGE_TWO_LAYOUTS:
+        for rank in results:
+            for key in ("losses", "grad_norms"):
+                assert rank[name][key] == pytest.approx(ref[key], rel=1e-5), (name, key, rank[name][key], ref[key])
