@@ -23,10 +23,11 @@ from typing import Any
 import torch
 
 from neva.checkpoint import dcp, neva_format, verified
+from neva.checkpoint.initial_weights import copy_full
 from neva.checkpoint.names import canonical_name, named_parameters
 from neva.checkpoint.peft_adapter import save_peft_adapter
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
-from neva.checkpoint.source import ModelSource, copy_full, resolve_source
+from neva.checkpoint.source import ModelSource, resolve_source
 from neva.config import TrainConfig
 from neva.models.lora import merged_state_dict, split_state_dict
 from neva.models.neva import NevaModel

@@ -30,8 +30,9 @@ from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
+from neva.data.tokens import tokenizer_image_token_id
 from neva.data.video import VideoSource
-from neva.models.anyres import parse_aspect_ratio
+from neva.models.anyres import anyres_on, parse_aspect_ratio
 from neva.models.config import NevaConfig, VisionConfig
 
 
@@ -56,21 +57,6 @@ class ResumableLoader:
             if self.tracker is not None:
                 self.tracker.update(batch)
             yield batch
-
-
-def tokenizer_image_token_id(tokenizer: Any) -> int:
-    """Id of ``<image>``; it must be a special token of the tokenizer.
-
-    Raises:
-        ValueError: the tokenizer does not know ``<image>`` as one token.
-    """
-    ids = tokenizer(IMAGE_TOKEN, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        raise ValueError(
-            f"tokenizer splits {IMAGE_TOKEN!r} into {len(ids)} tokens; add it as a special token "
-            f"(tokenizer.add_special_tokens({{'additional_special_tokens': ['{IMAGE_TOKEN}']}}))"
-        )
-    return ids[0]
 
 
 # More workers than this rarely help one GPU (LLaVA used 4): each holds a process's memory.
@@ -176,22 +162,15 @@ class NevaDataModule:
             tokenization=cfg.tokenization,
             **self._video_settings(cfg, model_config),
         )
-        anyres = cfg.image_aspect_ratio.startswith("anyres")
         model_anyres = getattr(model_config, "anyres", None)
-        if anyres != (model_anyres is not None) or (
-            anyres and parse_aspect_ratio(cfg.image_aspect_ratio) != model_anyres.max_num_patches
-        ):
+        anyres = anyres_on(cfg.image_aspect_ratio, getattr(model_anyres, "grid_pinpoints", None))
+        if anyres and parse_aspect_ratio(cfg.image_aspect_ratio) != model_anyres.max_num_patches:
             raise ValueError(
-                "model.data.image_aspect_ratio=anyres (or anyres_max_N) and the model's AnyRes "
-                f"(model.mm_cfg.image_grid_pinpoints) go together: image_aspect_ratio={cfg.image_aspect_ratio!r}, "
-                f"pinpoints {getattr(model_anyres, 'grid_pinpoints', None)}, "
-                f"max_num_patches {getattr(model_anyres, 'max_num_patches', None)}"
+                f"model.data.image_aspect_ratio={cfg.image_aspect_ratio!r} pools to "
+                f"{parse_aspect_ratio(cfg.image_aspect_ratio)} tiles' features, the model's AnyRes to "
+                f"{model_anyres.max_num_patches} (max_num_patches; None: no pooling)"
             )
         if anyres:
-            if model_config is None:
-                raise ValueError(
-                    "model.data.image_aspect_ratio=anyres needs the model config (its image_grid_pinpoints)"
-                )
             self.image_processor = AnyResProcessor(model_config)
         else:
             self.image_processor = ImageProcessor(vision, cfg.image_aspect_ratio) if vision is not None else None

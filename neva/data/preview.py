@@ -122,7 +122,7 @@ def highlight(text: str, spans: tuple[tuple[int, int], ...], color: bool) -> str
 def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     """Run the CLI on parsed ``args``; returns the number of skipped samples."""
     from neva.data.conversation import get_template
-    from neva.data.datamodule import tokenizer_image_token_id
+    from neva.data.tokens import tokenizer_image_token_id
 
     tokenizer = load_tokenizer(args.tokenizer)
     cfg = checkpoint_config(args.tokenizer) if os.path.isdir(args.tokenizer) else None

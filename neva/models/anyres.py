@@ -37,6 +37,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from neva.typed import ConfigError
+
 MERGE_TYPES = ("flat", "spatial", "spatial_unpad")
 NEWLINE = -1
 """``feature_index`` entry meaning the learned ``image_newline`` row."""
@@ -82,6 +84,23 @@ class AnyResConfig:
         bad = [p for p in self.grid_pinpoints if p[0] % image_size or p[1] % image_size]
         if bad:
             raise ValueError(f"image_grid_pinpoints {bad} are not multiples of the tower's image_size {image_size}")
+
+
+def anyres_on(image_aspect_ratio: str, grid_pinpoints: object) -> bool:
+    """Whether a run tiles its images (LLaVA-NeXT AnyRes): the data's ``image_aspect_ratio`` (``anyres`` /
+    ``anyres_max_N``) and the model's ``image_grid_pinpoints`` turn it on together, so the architecture and the data
+    side ask this one rule and cannot disagree.
+
+    Raises:
+        ConfigError: one is given without the other; names both keys and values.
+    """
+    on = image_aspect_ratio.startswith("anyres")
+    if on != (grid_pinpoints is not None):
+        raise ConfigError(
+            "model.data.image_aspect_ratio=anyres (or anyres_max_N) and model.mm_cfg.image_grid_pinpoints go "
+            f"together: image_aspect_ratio={image_aspect_ratio!r}, image_grid_pinpoints={grid_pinpoints!r}"
+        )
+    return on
 
 
 def parse_aspect_ratio(aspect_ratio: str) -> int | None:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from neva.checkpoint.initial_weights import init_fresh, load_source_weights
 from neva.checkpoint.names import named_parameters
-from neva.checkpoint.source import ModelSource, init_fresh, load_source_weights
+from neva.checkpoint.source import ModelSource
 from neva.config import ModelConfig
 from neva.models.lora import merged_state_dict
 from neva.models.neva import NevaModel

@@ -24,7 +24,7 @@ from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import ModelParallelStrategy, SingleDeviceStrategy, Strategy
 
 from neva.checkpoint import dcp, verified
-from neva.checkpoint.source import copy_full
+from neva.checkpoint.initial_weights import copy_full
 from neva.checkpoint.step import whole_weights
 from neva.parallel.elastic_restart import init_restarted_group
 from neva.parallel.layout import Layout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from neva.checkpoint.source import neva_config_from_mm
+from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
 from neva.parallel.expert_parallel import check_expert_parallel_layout

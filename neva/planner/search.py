@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neva.checkpoint.source import neva_config_from_mm
+from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import ModelConfig, TrainConfig
 from neva.planner.images import image_load
 from neva.planner.plan import Plan, plan_run

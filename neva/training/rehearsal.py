@@ -34,7 +34,8 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
 
-from neva.checkpoint.source import ModelSource, neva_config_from_mm
+from neva.checkpoint.architecture import neva_config_from_mm
+from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model

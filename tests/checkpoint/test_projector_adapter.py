@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from neva.checkpoint.source import init_fresh, load_source_weights, resolve_source
+from neva.checkpoint.initial_weights import init_fresh, load_source_weights
+from neva.checkpoint.source import resolve_source
 from neva.config import compose_config
 from neva.models.neva import NevaModel
 from neva.typed import ConfigError

@@ -10,7 +10,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from neva.checkpoint.source import check_restore_settings, neva_config_from_mm, resolve_source
+from neva.checkpoint.architecture import neva_config_from_mm
+from neva.checkpoint.restored_architecture import check_restore_settings
+from neva.checkpoint.source import resolve_source
 from neva.config import compose_config
 from neva.models.config import LLMConfig, VisionConfig
 from neva.nemo_keys import NEMO_KEYS, SUBTREES, Alias, Derived, Fixed, Ignored, Same, Unsupported, lookup

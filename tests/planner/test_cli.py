@@ -60,7 +60,7 @@ def test_precision_follows_training() -> None:
 def test_video_samples_count_frames_times_tower_and_tokens() -> None:
     """``plan.num_frames``: each sample one video; the planner's FLOPs are the training count (``SampleFlops``) of a
     sample of that many frames and ``video_tokens(frames)`` positions."""
-    from neva.checkpoint.source import neva_config_from_mm
+    from neva.checkpoint.architecture import neva_config_from_mm
     from neva.config import compose_config
     from neva.models.flops import SampleFlops
     from neva.models.trainable import build_meta_model
@@ -82,7 +82,7 @@ def test_video_samples_count_frames_times_tower_and_tokens() -> None:
 def test_anyres_image_workload_follows_the_data_rule(capsys) -> None:
     """AnyRes plans: positions per image from the data side's rule (``NevaConfig.image_tokens``), the tower and
     projector FLOPs × tiles; the worst case by default, ``plan.image_size`` for a typical image; the output says so."""
-    from neva.checkpoint.source import neva_config_from_mm
+    from neva.checkpoint.architecture import neva_config_from_mm
     from neva.config import compose_config
     from neva.planner.plan import sample_tokens
 

@@ -10,7 +10,7 @@ import math
 import pytest
 from PIL import Image
 
-from neva.checkpoint.source import neva_config_from_mm
+from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import compose_config
 from neva.plan import main
 from neva.planner.image_mix import SEED, measure_image_mix

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from neva.checkpoint.source import neva_config_from_mm
+from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import compose_config
 from neva.models.moe import MoEFeedForward
 from neva.planner.activations import _ffn_elements

@@ -13,7 +13,7 @@ import pytest
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import neva
-from neva.checkpoint.source import neva_config_from_mm
+from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import compose_config
 from neva.parallel.layout import Layout
 from neva.plan import main

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from neva.checkpoint.source import neva_config_from_mm
+from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import compose_config
 from neva.data.anyres import AnyResProcessor
 from neva.data.collate import Collator
