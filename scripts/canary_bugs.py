@@ -84,7 +84,7 @@ def _restart_positions_off_by(shift: int) -> None:
             starts = [0, *((seg[r, 1:] != seg[r, :-1]).nonzero().flatten() + 1).tolist()]
             cuts = sorted({min(max(s + shift, 0), seg.shape[1]) for s in starts if seg[r, s] > 0} | {0, seg.shape[1]})
             pos = torch.cat([torch.arange(b - a) for a, b in pairwise(cuts)])
-            out["position_ids"][r] = pos * (seg[r] > 0)
+            out["position_ids"][:, r] = pos * (seg[r] > 0)
 
     _wrap_collator(edit)
 

@@ -4,7 +4,8 @@ Batch contract (both modes)::
 
     input_ids    LongTensor [B, S]   pad id where segment_ids == 0
     labels       LongTensor [B, S]   IGNORE_INDEX where not learned; the first token of every sample is ignored
-    position_ids LongTensor [B, S]   restart at 0 for every sample; 0 on padding
+    position_ids LongTensor [P, B, S] restart at 0 for every sample; 0 on padding. P position axes: 1 here (text and
+                                     LLaVA's flattened image features count along one axis)
     segment_ids  LongTensor [B, S]   1..k for the k samples of a row, 0 on padding
     media        Media               what the model sees besides text (``neva.models.media``): per modality a
                                      ``MediaInputs`` (None: no item of it in the batch) —
@@ -106,7 +107,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
     bsz = max(len(rows), 1)
     input_ids = torch.full((bsz, row_len), pad_id, dtype=torch.long)
     labels = torch.full((bsz, row_len), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((bsz, row_len), dtype=torch.long)
+    position_ids = torch.zeros((1, bsz, row_len), dtype=torch.long)
     segment_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     image_counts = torch.zeros(bsz, dtype=torch.long)
     pixels, ids, image_positions, layouts, tile_tokens = [], [], [], [], None
@@ -119,7 +120,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
             labels[r, pos : pos + n] = sample["labels"]
             # The token before a sample belongs to another sample (or nothing): never a target across the boundary.
             labels[r, pos] = IGNORE_INDEX
-            position_ids[r, pos : pos + n] = torch.arange(n)
+            position_ids[:, r, pos : pos + n] = torch.arange(n)
             segment_ids[r, pos : pos + n] = seg
             pos += n
             image_counts[r] += sample.get("image_count", sample["pixel_values"].shape[0])
@@ -141,7 +142,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
             ids.append(sample["id"])
     if not rows:
         segment_ids[0] = 1  # an all-skipped micro-batch: one inert row (see module docstring)
-        position_ids[0] = torch.arange(row_len)
+        position_ids[:, 0] = torch.arange(row_len)
     num_samples = sum(len(row) for row in rows)
     output_positions, targets = learned_positions(labels)
     return {
@@ -194,7 +195,8 @@ def collate_packed(
     return _assemble(rows, _row_length(longest, pad_to_multiple_of, seq_length), pad_id, skipped)
 
 
-# The per-token [B, S] tensors of a batch (dropout_keys: the engine's LoRA dropout keys, added before the model runs).
+# The per-token [..., B, S] tensors of a batch (dropout_keys: the engine's LoRA dropout keys, added before the model
+# runs; position_ids carry a leading axis of position axes).
 TOKEN_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "dropout_keys")
 
 
@@ -206,7 +208,7 @@ def join_rows(batch: dict[str, Any]) -> dict[str, Any]:
     skips its linear, attention and elementwise work (on the CPU benchmark ~13% of the positions at rows of 1024).
     The loss and gradients are those of the rows (up to float rounding of the differently shaped matmuls).
 
-    Every ``[B, S]`` tensor (ids, labels, positions, segments, LoRA dropout keys) keeps its real tokens in row order;
+    Every ``[..., B, S]`` tensor (ids, labels, positions, segments, LoRA dropout keys) keeps its real tokens in row order;
     segments are renumbered so that samples of neighbouring rows stay apart; (row, column) positions are remapped
     and the media's items per row become the batch total (``Media.joined``). Host tensors in, host tensors out (the collator's side of the step).
     """
@@ -220,7 +222,7 @@ def join_rows(batch: dict[str, Any]) -> dict[str, Any]:
     out = dict(batch)
     for key in TOKEN_KEYS:
         if batch.get(key) is not None:
-            out[key] = batch[key].flatten()[keep][None]
+            out[key] = batch[key].flatten(-2)[..., keep].unsqueeze(-2)
     rows, kept_seg = keep // s, seg.flatten()[keep]
     starts = torch.ones(n, dtype=torch.long)
     starts[1:] = ((kept_seg[1:] != kept_seg[:-1]) | (rows[1:] != rows[:-1])).long()

@@ -100,7 +100,7 @@ def next_tokens(logits: torch.Tensor, seen: torch.Tensor, cfg: GenerationConfig,
 class _Batch:
     input_ids: torch.Tensor  # [B, L] left-padded
     segment_ids: torch.Tensor  # [B, L + max_new] 0 = padding
-    position_ids: torch.Tensor  # [B, L]
+    position_ids: torch.Tensor  # [1, B, L]: one position axis
     lengths: list[int] = field(default_factory=list)
 
 
@@ -112,12 +112,12 @@ def left_pad(prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int,
     width = max(lengths)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     segments = torch.ones(len(prompts), width + max_new_tokens, dtype=torch.long)
-    positions = torch.zeros(len(prompts), width, dtype=torch.long)
+    positions = torch.zeros(1, len(prompts), width, dtype=torch.long)
     for row, prompt in enumerate(prompts):
         start = width - len(prompt)
         ids[row, start:] = torch.as_tensor(list(prompt), dtype=torch.long)
         segments[row, :start] = 0
-        positions[row, start:] = torch.arange(len(prompt))
+        positions[:, row, start:] = torch.arange(len(prompt))
     return _Batch(ids.to(device), segments.to(device), positions.to(device), lengths)
 
 
@@ -193,7 +193,7 @@ def generate(
                     done[row] = True
         if bool(done.all()) or step == cfg.max_new_tokens - 1:
             break
-        pos = (lengths + step)[:, None]
+        pos = (lengths + step)[None, :, None]
         logits = model(
             token[:, None], position_ids=pos, segment_ids=batch.segment_ids[:, : width + step + 1], cache=cache
         )[:, -1]

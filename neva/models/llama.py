@@ -134,7 +134,8 @@ class LlamaDecoder(nn.Module):
 
         Args:
             h: input hidden states of this stage.
-            position_ids: ``[B, S]`` RoPE positions (default ``0..S-1``, offset by the cache length).
+            position_ids: ``[P, B, S]`` RoPE positions, ``P`` axes (default ``0..S-1``, offset by the cache length);
+                ``[B, S]`` is the one-axis case.
             segment_ids: ``[B, K]`` sample id per key position (0 = padding); attention stays within a segment.
                 With a cache, K covers the cached tokens plus the new ones. None = plain causal attention.
             cache: one ``KVCache`` per layer of this stage, for incremental decoding.
@@ -152,7 +153,9 @@ class LlamaDecoder(nn.Module):
         b, s, _ = h.shape
         offset = 0 if cache is None else cache[0].length
         if position_ids is None:
-            position_ids = torch.arange(offset, offset + s, device=h.device).expand(b, s)
+            position_ids = torch.arange(offset, offset + s, device=h.device).expand(1, b, s)
+        elif position_ids.dim() == 2:
+            position_ids = position_ids[None]
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, h.dtype)
         # One plan for every layer: segment boundaries / the BlockMask are found once per forward.
         attn = plan_attention(segment_ids, s, offset, h.device, window=self.cfg.sliding_window)

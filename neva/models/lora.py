@@ -37,7 +37,8 @@ def token_dropout_keys(input_ids: torch.Tensor, position_ids: torch.Tensor, step
     Samples are found by their positions restarting at 0 (packed rows and padding alike); padding tokens form
     samples of their own, so padding never changes a real sample's key.
     """
-    ids, pos = input_ids.long(), position_ids.long()
+    # The first position axis ([P, B, S]; a [B, S] tensor is one axis): it restarts at 0 with every sample.
+    ids, pos = input_ids.long(), position_ids.reshape(-1, *input_ids.shape)[0].long()
     b, s = ids.shape
     sample = torch.cumsum(pos == 0, dim=1) + torch.arange(b, device=ids.device)[:, None] * (s + 1)
     contrib = _mix(ids * 0x9E3779B1 + pos)

@@ -35,8 +35,14 @@ def rope_inv_freq(cfg: LLMConfig, device: torch.device | None = None) -> torch.T
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, dtype: torch.dtype):
-    """``cos, sin`` of shape ``[B, 1, S, head_dim]`` for per-token positions (packed rows restart at 0)."""
-    freqs = position_ids[..., None].float() * inv_freq.float()
+    """``cos, sin`` of shape ``[B, 1, S, head_dim]`` for per-token positions ``[P, B, S]`` (packed rows restart at 0).
+
+    ``P`` is the number of position axes: 1 for text and LLaVA's flattened image features. Several axes (time,
+    height, width) need a rule saying which rotary frequencies each axis drives, which this decoder does not have.
+    """
+    if position_ids.shape[0] != 1:
+        raise ValueError(f"{position_ids.shape[0]} position axes given to a decoder with one-axis RoPE")
+    freqs = position_ids[0, ..., None].float() * inv_freq.float()
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -112,8 +112,8 @@ def pad_micro_batches(
         for key, value in fill.items():
             t = mb.get(key)
             if t is not None and (b, s) != (rows, length):
-                padded = torch.full((rows, length), value, dtype=t.dtype)
-                padded[:b, :s] = t
+                padded = torch.full((*t.shape[:-2], rows, length), value, dtype=t.dtype)  # [P, B, S] positions too
+                padded[..., :b, :s] = t
                 mb[key] = padded
         if mb.get("media") is not None:
             mb["media"] = mb["media"].padded_rows(rows)

@@ -33,7 +33,7 @@ def test_padded_layout():
     image = batch["media"].image
     assert image.items_per_row.tolist() == [1, 0] and image.pixels.shape == (1, 3, 4, 4)
     assert batch["segment_ids"][0].tolist() == [1] * 5 + [0] * 123
-    assert batch["position_ids"][1, :70].tolist() == list(range(70))
+    assert batch["position_ids"][0, 1, :70].tolist() == list(range(70))
     assert (batch["labels"][0, 5:] == IGNORE_INDEX).all()
     assert collate_padded([sample(5)], pad_id=0, pad_to_multiple_of=64, max_length=40)["input_ids"].shape == (1, 40)
 
@@ -48,7 +48,7 @@ def test_packed_layout_and_boundaries():
     image = batch["media"].image
     assert image.items_per_row.tolist() == [1, 2, 1]
     assert image.pixels[:, 0, 0, 0].tolist() == [1, 2, 2, 4]  # row order, then position order
-    seg, pos, lab = batch["segment_ids"][0], batch["position_ids"][0], batch["labels"][0]
+    seg, pos, lab = batch["segment_ids"][0], batch["position_ids"][0, 0], batch["labels"][0]
     assert seg.tolist() == [1] * 30 + [2] * 20 + [0] * 14
     assert pos[30:50].tolist() == list(range(20))
     assert lab[30] == IGNORE_INDEX and lab[0] == IGNORE_INDEX  # nothing learned across a sample boundary

@@ -104,7 +104,7 @@ def test_left_pad_layout():
     batch = left_pad([[5, 6, 7], [8]], max_new_tokens=2, pad_id=0, device=torch.device("cpu"))
     assert batch.input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert batch.segment_ids.tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
-    assert batch.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert batch.position_ids.tolist() == [[[0, 1, 2], [0, 0, 0]]]
 
 
 @pytest.mark.parametrize("penalty", [1.3, 0.7])

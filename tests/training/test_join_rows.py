@@ -20,7 +20,7 @@ def test_join_rows_keeps_every_real_token_and_sample(lean_cfg):
     real = seg > 0
     assert joined["input_ids"].shape == (1, int(real.sum()))
     for key in ("input_ids", "labels", "position_ids"):
-        assert torch.equal(joined[key][0], batch[key][real])
+        assert torch.equal(joined[key][..., 0, :], batch[key][..., real])  # positions: [P, B, S]
     # One segment per sample, in order: samples of neighbouring rows stay apart even when both have id 1.
     assert joined["segment_ids"].max() == batch["num_samples"]
     assert torch.equal(joined["segment_ids"][0].unique_consecutive(), torch.arange(1, batch["num_samples"] + 1))
