@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from neva.data.front_ends import FixedImages
 from neva.evaluate import main as evaluate_main
 from neva.generate import main as generate_main
 from neva.inference import Answerer
@@ -168,7 +169,7 @@ def test_reply_losses_equal_the_training_loss_of_each_record(checkpoint):
         human = f"{IMAGE_TOKEN}\n" * len(imgs) + question
         record = {"id": 0, "conversations": [{"from": "human", "value": human}, {"from": "gpt", "value": reply}]}
         sample = process_record({**record, "image": names} if names else record, settings, source,
-                                ImageProcessor(cfg.vision))  # fmt: skip
+                                FixedImages(ImageProcessor(cfg.vision)))  # fmt: skip
         batch = Collator(answerer.builder.pad_id(), seq_length=cfg.llm.max_seq_len)([sample])
         with torch.no_grad():
             logits = answerer.model(**model_inputs(batch, torch.device("cpu"), packed=False))

@@ -18,13 +18,13 @@ import numpy as np
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from neva.constants import IMAGE_TOKEN
-from neva.data.anyres import AnyResProcessor
 from neva.data.builtin_sets import BUILTIN_SETS
 from neva.data.collate import Collator
 from neva.data.config import DataConfig
 from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings
-from neva.data.images import CallableImageSource, ImageProcessor, image_source_for
+from neva.data.front_ends import front_end_for
+from neva.data.images import CallableImageSource, image_source_for
 from neva.data.records import is_shard_spec, load_records
 from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
@@ -170,10 +170,7 @@ class NevaDataModule:
                 f"{parse_aspect_ratio(cfg.image_aspect_ratio)} tiles' features, the model's AnyRes to "
                 f"{model_anyres.max_num_patches} (max_num_patches; None: no pooling)"
             )
-        if anyres:
-            self.image_processor = AnyResProcessor(model_config)
-        else:
-            self.image_processor = ImageProcessor(vision, cfg.image_aspect_ratio) if vision is not None else None
+        self.front_end = front_end_for(vision, model_config, cfg.image_aspect_ratio)
         self.collator = Collator(pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing)
         self.skip_tracker = SkipTracker(cfg.max_skip_fraction, cfg.skip_check_min_samples)
         self.train_datasets: list[Dataset] = []
@@ -213,13 +210,11 @@ class NevaDataModule:
             source = CallableImageSource(images(self.cfg.synthetic_seed, size))
         else:
             source = image_source_for(self.cfg.image_folder, self.cfg.max_image_pixels)
-        return ConversationDataset(
-            records, self.settings, source, self.image_processor, self._video_source(video_folder)
-        )
+        return ConversationDataset(records, self.settings, source, self.front_end, self._video_source(video_folder))
 
     def _shard_dataset(self, spec: str) -> ShardDataset:
         return ShardDataset.from_spec(
-            spec, self.settings, self.image_processor, self.cfg.max_image_pixels, self._video_source(None)
+            spec, self.settings, self.front_end, self.cfg.max_image_pixels, self._video_source(None)
         )
 
     def setup(self, stage: str | None = None) -> None:

@@ -20,7 +20,6 @@ import torch
 from torch.utils.data import Dataset
 
 from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
-from neva.data.anyres import anyres_sample_fields
 from neva.data.conversation import (
     ASSISTANT,
     ConversationError,
@@ -30,7 +29,8 @@ from neva.data.conversation import (
 )
 from neva.data.encoding import Encoded, encode
 from neva.data.errors import SampleError
-from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
+from neva.data.front_ends import FrontEnd
+from neva.data.images import ImageSource, safe_relative_path
 from neva.data.records import ERROR_KEY, approx_length, record_images, record_videos
 from neva.data.video import IMAGE, VideoSource, load_videos, tag_kinds, video_sample_fields
 
@@ -147,45 +147,33 @@ def process_record(
     record: dict[str, Any],
     settings: EncoderSettings,
     image_source: ImageSource,
-    image_processor: ImageProcessor | None,
+    front_end: FrontEnd,
     video_source: VideoSource | None = None,
 ) -> dict[str, Any]:
-    """One record → ``{"id", "input_ids", "image_positions", "labels", "pixel_values", "truncated",
-    "dropped_leading_reply"}`` (and, with videos, ``video_pixel_values``, ``video_frames``, ``video_positions``) or
-    a skip marker.
+    """One record → ``{"id", "input_ids", "image_positions", "labels", "pixel_values", "image_count", "truncated",
+    "dropped_leading_reply"}`` (the model's front end adds its layout fields; with videos, ``video_pixel_values``,
+    ``video_frames``, ``video_positions``) or a skip marker.
 
     ``truncated`` (the sample was cut to the maximum length) is not a skip; the collate functions count it.
     Videos are decoded first: a video's positions follow from the frames it gives.
     """
     sample_id = record.get("id") if isinstance(record, dict) else None
-    layout = None
     try:
         videos = load_videos(record_videos(record) if isinstance(record, dict) else [], settings, video_source)
         frames = [len(v.frames) for v in videos]
-        if getattr(image_processor, "variable_tokens", False):
-            # AnyRes: an image's positions follow from its size, so images are decoded before the text is encoded
-            # (their count checks and paths are then checked by the decode, before the conversation's).
-            loaded = [image_source.load(safe_relative_path(name)) for name in record_images(record)]
-            layout = image_processor.layouts(loaded)
-            enc, names, tags = encode_media_record(record, settings, [lay.tokens for lay in layout], frames)
-            pixels = [image_processor.tiles(loaded)] if loaded else []
-            images = len(loaded)
-        else:
-            enc, names, tags = encode_media_record(record, settings, None, frames)
-            if names and image_processor is None:
-                raise ImageError("missing_image", "the model has no vision encoder")
-            pixels = [image_processor(image_source.load(name)) for name in names]
-            images = len(pixels)
+        encoded = front_end.encode(
+            record, lambda tokens: encode_media_record(record, settings, tokens, frames), image_source
+        )
     except SampleError as exc:
         return skip_marker(sample_id, exc.reason, exc.detail)
-    size = image_processor.size if image_processor is not None else 0
+    enc = encoded.encoding
     input_ids = torch.tensor(enc.input_ids, dtype=torch.long)
-    extra = {} if layout is None else anyres_sample_fields(layout, image_processor.tile_tokens)
+    extra = dict(encoded.fields)
     # Where the image features go (``encode`` checked their number): the collator turns them into batch
     # positions, so the model splices by index without counting on the device.
     image_positions = (input_ids == settings.image_token_id).nonzero().flatten()
     if videos:
-        video_fields = video_sample_fields(videos, video_source, image_positions, tags)
+        video_fields = video_sample_fields(videos, video_source, image_positions, encoded.tags)
         image_positions = video_fields.pop("image_positions")
         if settings.video_token_id is not None:
             input_ids[video_fields["video_positions"]] = settings.video_token_id
@@ -196,11 +184,9 @@ def process_record(
         "input_ids": input_ids,
         "image_positions": image_positions,
         "labels": torch.tensor(enc.labels, dtype=torch.long),
-        # fixed-size: one [3, s, s] per image; AnyRes: [tiles, 3, s, s], every image's tiles in image order
-        "pixel_values": (torch.stack(pixels) if layout is None else torch.cat(pixels))
-        if pixels
-        else torch.zeros(0, 3, size, size, dtype=torch.uint8),
-        "image_count": images,
+        # the tower inputs: one [3, s, s] per fixed-size image; every AnyRes image's tiles in image order
+        "pixel_values": encoded.pixels,
+        "image_count": encoded.images,
         "truncated": enc.truncated_from is not None,
         "dropped_leading_reply": enc.dropped_leading_reply,
     }
@@ -214,13 +200,13 @@ class ConversationDataset(Dataset):
         records: Sequence[dict[str, Any]],
         settings: EncoderSettings,
         image_source: ImageSource,
-        image_processor: ImageProcessor | None,
+        front_end: FrontEnd,
         video_source: VideoSource | None = None,
     ) -> None:
         self.records = records
         self.settings = settings
         self.image_source = image_source
-        self.image_processor = image_processor
+        self.front_end = front_end
         self.video_source = video_source
         self._log = SkipLogger()
 
@@ -229,7 +215,7 @@ class ConversationDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         sample = process_record(
-            self.records[index], self.settings, self.image_source, self.image_processor, self.video_source
+            self.records[index], self.settings, self.image_source, self.front_end, self.video_source
         )
         if is_skipped(sample):
             self._log(sample)
@@ -240,15 +226,7 @@ class ConversationDataset(Dataset):
         real positions, from their sizes (image headers, not decoded); a video its positions at ``num_frames``."""
         s = self.settings
         per_video = s.video_tokens(s.num_frames) if s.video_tokens is not None else 0
-        anyres = getattr(self.image_processor, "variable_tokens", False)
         return [
-            approx_length(r, s.num_image_tokens, self._anyres_tokens(r) if anyres else None, per_video)
+            approx_length(r, s.num_image_tokens, self.front_end.record_tokens(r, self.image_source), per_video)
             for r in self.records
         ]
-
-    def _anyres_tokens(self, record: dict[str, Any]) -> int | None:
-        try:
-            sizes = [self.image_source.size(safe_relative_path(name)) for name in record_images(record)]
-        except SampleError:
-            return None  # the sample is skipped (and counted) when it is read; its length here is a guess
-        return self.image_processor.tokens(sizes)

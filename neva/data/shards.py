@@ -37,7 +37,8 @@ from webdataset.tariterators import base_plus_ext
 
 from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.dataset import EncoderSettings, SkipLogger, is_skipped, process_record
-from neva.data.images import ImageError, ImageProcessor, ImageSource, decode_image, safe_relative_path
+from neva.data.front_ends import FrontEnd
+from neva.data.images import ImageError, ImageSource, decode_image, safe_relative_path
 from neva.data.records import ERROR_KEY, expand_shard_spec, parse_record
 from neva.data.video import VideoSource, as_video_error, check_video_bytes
 from neva.data.video_decode import DecodedVideo, decode_video
@@ -182,7 +183,7 @@ class ShardDataset(Dataset):
         shards: shard paths.
         counts: samples per shard (``count_samples``).
         settings: tokenizer/template settings (as for JSON records).
-        image_processor: CLIP preprocessing, or None for a text-only model.
+        front_end: the model's vision front end (``neva.data.front_ends``).
         max_pixels: ``model.data.max_image_pixels``.
         video_source: the video caps and the tower's frame fit (its folder is not read: videos are members), or
             None for a model without video.
@@ -193,7 +194,7 @@ class ShardDataset(Dataset):
         shards: Sequence[str],
         counts: Sequence[int],
         settings: EncoderSettings,
-        image_processor: ImageProcessor | None,
+        front_end: FrontEnd,
         max_pixels: int = MAX_IMAGE_PIXELS,
         video_source: VideoSource | None = None,
     ) -> None:
@@ -203,7 +204,7 @@ class ShardDataset(Dataset):
         self.counts = [int(c) for c in counts]
         self.offsets = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)])
         self.settings = settings
-        self.image_processor = image_processor
+        self.front_end = front_end
         self._log = SkipLogger()
         self._lock = threading.Lock()
         self._pid = -1
@@ -214,7 +215,7 @@ class ShardDataset(Dataset):
         cls,
         spec: str,
         settings: EncoderSettings,
-        image_processor: ImageProcessor | None,
+        front_end: FrontEnd,
         max_pixels: int = MAX_IMAGE_PIXELS,
         video_source: VideoSource | None = None,
     ) -> ShardDataset:
@@ -227,7 +228,7 @@ class ShardDataset(Dataset):
         counts = [count_samples(s) for s in shards]
         if sum(counts) == 0:
             raise ValueError(f"model.data.data_path entry {spec!r}: its {len(shards)} shard(s) hold no sample")
-        return cls(shards, counts, settings, image_processor, max_pixels, video_source)
+        return cls(shards, counts, settings, front_end, max_pixels, video_source)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -254,7 +255,7 @@ class ShardDataset(Dataset):
             record = parse_record(raw, default_id)
         images = _MemberImages(tar, sample, path, self._lock, self.max_pixels)
         videos = None if self.video_source is None else _MemberVideos(self.video_source, tar, sample, path, self._lock)
-        out = process_record(record, self.settings, images, self.image_processor, videos)
+        out = process_record(record, self.settings, images, self.front_end, videos)
         if is_skipped(out):
             self._log(out)
         return out

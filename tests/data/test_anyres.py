@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from neva.data.anyres import tile_image
+from neva.data.front_ends import TiledImages
 from neva.models.anyres import AnyResConfig, grid_shape, parse_grid_pinpoints, select_best_resolution
 from neva.models.config import VisionConfig
 from neva.models.vision import normalize_pixels
@@ -125,7 +126,9 @@ def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokeni
         num_image_tokens=cfg.num_image_tokens,
         max_length=1024,
     )
-    ds = ConversationDataset(records, settings, CallableImageSource(pics.__getitem__), AnyResProcessor(cfg))
+    ds = ConversationDataset(
+        records, settings, CallableImageSource(pics.__getitem__), TiledImages(AnyResProcessor(cfg))
+    )
     samples = [ds[i] for i in range(len(ds))]
     for rec, s in zip(records, samples):
         names = [rec["image"]] if "image" in rec else rec.get("images", [])

@@ -13,6 +13,7 @@ from neva.data.config import DataConfig
 from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
 from neva.data.dataset import ConversationDataset, EncoderSettings, is_skipped
+from neva.data.front_ends import FixedImages
 from neva.data.images import ImageProcessor, image_source_for
 from neva.data.records import load_records
 from neva.data.skips import DataQualityError, SkipTracker
@@ -65,7 +66,9 @@ def bad_files(tmp_path):
 
 def make_dataset(path, folder, tokenizer, vision, max_length=128):
     settings = EncoderSettings(tokenizer, get_template("vicuna_v1"), 4, vision.num_image_tokens, max_length)
-    return ConversationDataset(load_records(path), settings, image_source_for(folder), ImageProcessor(vision))
+    return ConversationDataset(
+        load_records(path), settings, image_source_for(folder), FixedImages(ImageProcessor(vision))
+    )
 
 
 def test_each_bad_class_is_skipped_counted_and_logged(bad_files, synthetic_tokenizer, vision, caplog):

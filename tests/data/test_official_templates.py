@@ -11,6 +11,7 @@ import pytest
 
 from neva.data.conversation import VICUNA_SYSTEM, ConversationError, Message, get_template
 from neva.data.dataset import EncoderSettings, process_record
+from neva.data.front_ends import NoImages
 from neva.data.jinja_templates import chat_template_for
 from tests.data import official_templates as official
 
@@ -129,13 +130,13 @@ def test_original_mistral_template_refuses_system_prompt_at_start_or_skips(llama
                                max_length=None)  # fmt: skip
     record = {"id": 7, "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
                                          {"from": "gpt", "value": "Hello"}]}  # fmt: skip
-    assert process_record(record, settings, None, None) == {
+    assert process_record(record, settings, None, NoImages()) == {
         "id": 7,
         "skipped": "template_error",
         "detail": "mistral chat template: Conversation roles must alternate user/assistant/user/assistant/...",
     }
     assert "skipped" not in process_record(
-        {"id": 8, "conversations": record["conversations"][1:]}, settings, None, None
+        {"id": 8, "conversations": record["conversations"][1:]}, settings, None, NoImages()
     )
 
 

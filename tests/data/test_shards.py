@@ -16,6 +16,7 @@ from neva.data.config import DataConfig
 from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
 from neva.data.dataset import ConversationDataset, EncoderSettings
+from neva.data.front_ends import FixedImages
 from neva.data.images import ImageProcessor, image_source_for
 from neva.data.make_shards import main as make_shards_main
 from neva.data.records import load_records
@@ -71,8 +72,10 @@ def test_shards_give_the_json_samples(shard_set, synthetic_tokenizer, vision):
     path, folder, pattern = shard_set
     assert all(os.path.exists(index_path(s)) for s in shards_mod.expand_shard_spec(pattern))
     settings = _settings(synthetic_tokenizer, vision)
-    ref = ConversationDataset(load_records(path), settings, image_source_for(folder), ImageProcessor(vision))
-    ds = ShardDataset.from_spec(pattern, settings, ImageProcessor(vision))
+    ref = ConversationDataset(
+        load_records(path), settings, image_source_for(folder), FixedImages(ImageProcessor(vision))
+    )
+    ds = ShardDataset.from_spec(pattern, settings, FixedImages(ImageProcessor(vision)))
     assert ds.counts == [PER_SHARD] * 4 and len(ds) == len(ref) == N_RECORDS
     for i in range(N_RECORDS):
         a, b = ref[i], ds[i]
@@ -110,7 +113,7 @@ def test_bad_members_are_skipped_and_counted(tmp_path, synthetic_tokenizer, visi
         for s in [good[0], good[1], *bad, good[2], good[3]]:
             w.write(s)
     assert count_samples(shard) == 10  # no index: counted from the headers
-    ds = ShardDataset.from_spec(shard, _settings(synthetic_tokenizer, vision), ImageProcessor(vision))
+    ds = ShardDataset.from_spec(shard, _settings(synthetic_tokenizer, vision), FixedImages(ImageProcessor(vision)))
     reasons = {s["id"]: s.get("skipped") for s in (ds[i] for i in range(len(ds)))}
     assert reasons == {
         "good0": None, "good1": None, "good2": None, "good3": None,

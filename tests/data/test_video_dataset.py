@@ -18,6 +18,7 @@ from neva.data.config import DataConfig
 from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
 from neva.data.dataset import ConversationDataset, EncoderSettings, is_skipped
+from neva.data.front_ends import FixedImages
 from neva.data.images import ImageProcessor, image_source_for
 from neva.data.make_shards import main as make_shards_main
 from neva.data.shards import ShardDataset
@@ -60,7 +61,7 @@ def dataset(records, tokenizer, cfg, folder, limits=LIMITS, max_length=512, vide
         video_tokens=cfg.video_tokens if video else None, video_token_id=cfg.video_token_id, num_frames=NUM_FRAMES,
     )  # fmt: skip
     return ConversationDataset(
-        records, settings, image_source_for(str(folder)), ImageProcessor(cfg.vision),
+        records, settings, image_source_for(str(folder)), FixedImages(ImageProcessor(cfg.vision)),
         VideoSource(str(folder), limits, cfg.vision),
     )  # fmt: skip
 
@@ -220,7 +221,7 @@ def test_shards_carry_videos_as_the_json_file_does(tmp_path, synthetic_tokenizer
                              "--samples-per-shard", "6"]) == 0  # fmt: skip
     pattern = f"{out}-{{000000..000001}}.tar"
     ref = dataset(records + bad, synthetic_tokenizer, cfg, media)
-    shards = ShardDataset.from_spec(pattern, ref.settings, ref.image_processor, video_source=ref.video_source)
+    shards = ShardDataset.from_spec(pattern, ref.settings, ref.front_end, video_source=ref.video_source)
     assert len(shards) == len(ref) == 11
     for i in range(len(ref)):
         a, b = ref[i], shards[i]

@@ -16,6 +16,7 @@ from neva.data.anyres import AnyResProcessor
 from neva.data.collate import Collator
 from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings
+from neva.data.front_ends import TiledImages
 from neva.data.images import CallableImageSource
 from neva.data.synthetic import build_tokenizer
 from neva.parallel.layout import Layout
@@ -61,7 +62,7 @@ def test_an_anyres_rehearsal_batch_is_what_the_data_path_collates(size: tuple[in
     settings = EncoderSettings(tokenizer=tokenizer, template=get_template("vicuna_v1", tokenizer),
                                image_token_id=image_id, num_image_tokens=ncfg.num_image_tokens, max_length=1024)  # fmt: skip
     source = CallableImageSource(lambda _: Image.new("RGB", (w, h), (200, 10, 10)))
-    sample = ConversationDataset([record], settings, source, AnyResProcessor(ncfg))[0]
+    sample = ConversationDataset([record], settings, source, TiledImages(AnyResProcessor(ncfg)))[0]
     real = _collate(cfg, ncfg, [sample])
     positions = sample["image_positions"].numel()
     text_tokens = sample["input_ids"].numel() - positions

@@ -1,0 +1,117 @@
+"""One vision front end per model, chosen once from the model config: how a record's images become tower inputs,
+how many decoder positions each takes, and which sample fields lay their features out.
+
+``FixedImages``: one tower input per image at the tower's resolution, the model's fixed count each (LLaVA-1.5).
+``TiledImages``: LLaVA-NeXT's AnyRes: an image's tiles, its count from its size, its feature index as sample fields
+(``neva.models.anyres``). A new tower kind with its own count per image is one more class here and its rule in
+``front_end_for``; the dataset calls ``encode`` and ``record_tokens`` and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from neva.data.anyres import AnyResProcessor, anyres_sample_fields
+from neva.data.errors import SampleError
+from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
+from neva.data.records import record_images
+from neva.models.anyres import anyres_on
+
+
+@dataclass
+class EncodedImages:
+    """A record encoded with its images: the encoding, its media tags, the tower inputs, the image count and the
+    sample fields the layout needs."""
+
+    encoding: Any
+    tags: list
+    pixels: torch.Tensor
+    images: int
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class FrontEnd(Protocol):
+    size: int
+    processor: ImageProcessor | AnyResProcessor
+
+    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+        """``encode(per_image_tokens)`` encodes the record's text (None: the fixed count per image)."""
+        ...
+
+    def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        """A record's image positions from its images' headers, or None where the count is the fixed rule's."""
+        ...
+
+
+class FixedImages:
+    """One tower input per image; the text is encoded first (its tags say which images, in which order)."""
+
+    def __init__(self, processor: ImageProcessor) -> None:
+        self.processor = processor
+        self.size = processor.size
+
+    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+        enc, names, tags = encode(None)
+        pixels = [self.processor(image_source.load(name)) for name in names]
+        return EncodedImages(enc, tags, _stack(pixels, self.size), len(pixels))
+
+    def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        return None
+
+
+class TiledImages:
+    """AnyRes: an image's positions follow from its size, so the images are decoded before the text is encoded
+    (their count checks and paths are then checked by the decode, before the conversation's)."""
+
+    def __init__(self, processor: AnyResProcessor) -> None:
+        self.processor = processor
+        self.size = processor.size
+
+    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+        loaded = [image_source.load(safe_relative_path(name)) for name in record_images(record)]
+        layouts = self.processor.layouts(loaded)
+        enc, _, tags = encode([lay.tokens for lay in layouts])
+        pixels = self.processor.tiles(loaded) if loaded else _stack([], self.size)
+        return EncodedImages(enc, tags, pixels, len(loaded), anyres_sample_fields(layouts, self.processor.tile_tokens))
+
+    def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        try:
+            sizes = [image_source.size(safe_relative_path(name)) for name in record_images(record)]
+        except SampleError:
+            return None  # the sample is skipped (and counted) when it is read; its length here is a guess
+        return self.processor.tokens(sizes)
+
+
+class NoImages:
+    """A model without a vision tower: a record that names an image is a counted skip."""
+
+    size = 0
+    processor = None
+
+    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+        enc, names, tags = encode(None)
+        if names:
+            raise ImageError("missing_image", "the model has no vision encoder")
+        return EncodedImages(enc, tags, _stack([], 0), 0)
+
+    def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        return None
+
+
+def front_end_for(vision: Any, model: Any, image_aspect_ratio: str) -> FrontEnd:
+    """The front end of a model (``NevaConfig``, or None where only its ``vision`` tower config is known): tiled
+    where its AnyRes and the data's aspect ratio ask for it (``anyres_on``), fixed tiles at the tower's resolution
+    otherwise, none without a tower."""
+    if vision is None:
+        return NoImages()
+    pinpoints = getattr(getattr(model, "anyres", None), "grid_pinpoints", None)
+    if anyres_on(image_aspect_ratio, pinpoints):
+        return TiledImages(AnyResProcessor(model))
+    return FixedImages(ImageProcessor(vision, image_aspect_ratio))
+
+
+def _stack(pixels: list[torch.Tensor], size: int) -> torch.Tensor:
+    return torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size, dtype=torch.uint8)
