@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         with exit_on_config_error():
             result = run_benchmark(args.suite, args.data_dir, args.output_dir,
                                    lambda items, n: answerer.answer_all(items, n, keep_going=True),
-                                   Path(checkpoint).name, args.batch_size)  # fmt: skip
+                                   Path(checkpoint).name, args.batch_size, max_new_tokens)  # fmt: skip
     else:
         evaluate_suite, default_limit = SUITES[args.suite]
         result = evaluate_suite(answerer, args.limit or default_limit, args.seed, args.batch_size)

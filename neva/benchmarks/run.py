@@ -34,9 +34,17 @@ def answer_record(question: Question, text: str, model_id: str) -> dict[str, Any
 
 
 def run_benchmark(
-    name: str, data_dir: Path, output_dir: Path, answer_all: AnswerAll, model_id: str, batch_size: int
+    name: str,
+    data_dir: Path,
+    output_dir: Path,
+    answer_all: AnswerAll,
+    model_id: str,
+    batch_size: int,
+    max_new_tokens: int,
 ) -> dict[str, Any]:
-    """Raises ConfigError: a missing file (named, with the layout expected) or missing images, before generating."""
+    """``max_new_tokens``: what ``answer_all`` generates at most (reported with the scores).
+
+    Raises ConfigError: a missing file (named, with the layout expected) or missing images, before generating."""
     bench = BENCHMARKS[name]
     folder = benchmark_folder(data_dir, name)
     expected = f"expected {bench.layout} under {data_dir}/{bench.folder}/ (LLaVA's docs/Evaluation.md layout)"
@@ -65,6 +73,6 @@ def run_benchmark(
     skipped = read.skipped + sum(a is None for _, a in answered)
     result = {"suite": name, **scores, "questions": len(read.questions), "skipped": skipped,
               "questions_per_s": round(len(read.questions) / seconds, 3) if seconds else None,
-              "answers_file": str(output_dir / "answers.jsonl"), "max_new_tokens": bench.max_new_tokens}  # fmt: skip
+              "answers_file": str(output_dir / "answers.jsonl"), "max_new_tokens": max_new_tokens}  # fmt: skip
     (output_dir / "scores.json").write_text(json.dumps(result, indent=1) + "\n")
     return result

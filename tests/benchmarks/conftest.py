@@ -61,5 +61,5 @@ def run_suite(suite: str, checkpoint: Path, data_dir: Path, out: Path, capsys) -
     result = json.loads(capsys.readouterr().out)
     answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
     assert json.loads((out / "scores.json").read_text())["suite"] == suite
-    assert result["questions_per_s"] > 0
+    assert result["questions_per_s"] > 0 and result["max_new_tokens"] == 3
     return result, answers
