@@ -3,8 +3,10 @@ question is once read."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import dataclasses
+import io
 import json
 import sys
 from pathlib import Path
@@ -20,12 +22,24 @@ class MissingFile(ConfigError):
 
 
 @dataclasses.dataclass(frozen=True)
+class InlineImage:
+    """An image the question file carries (MMBench's base64), decoded only when its question is asked: a whole
+    benchmark's decoded images would not fit in memory."""
+
+    data: str
+
+    def open(self) -> Image.Image:
+        """Raises ValueError (not base64) or OSError (not an image)."""
+        return Image.open(io.BytesIO(base64.b64decode(self.data))).convert("RGB")
+
+
+@dataclasses.dataclass(frozen=True)
 class Question:
     """One question as the model is asked it and as its answer record names it.
 
     ``text`` is what the model gets after its image tag (LLaVA puts ``<image>\\n`` in front, as neva's prompt builder
-    does); ``prompt`` is what the answer record's ``prompt`` says (LLaVA's ``cur_prompt``); ``images``: paths, or PIL
-    images for a benchmark that carries them inline (MMBench's base64); ``extra``: more fields of the answer record
+    does); ``prompt`` is what the answer record's ``prompt`` says (LLaVA's ``cur_prompt``); ``images``: paths, or
+    ``InlineImage``s; ``extra``: more fields of the answer record
     (MMBench's ``round_id``, ``options``, ``option_char``); ``meta``: what the scorer needs (a category, the
     answer key)."""
 
@@ -99,4 +113,4 @@ def vqa_loader_questions(question_file: Path, image_folder: Path, meta_keys: tup
 
 def missing_images(questions: list[Question]) -> list[Path]:
     """The image paths the questions name that are not files."""
-    return [i for q in questions for i in q.images if not isinstance(i, Image.Image) and not Path(i).is_file()]
+    return [i for q in questions for i in q.images if not isinstance(i, InlineImage) and not Path(i).is_file()]

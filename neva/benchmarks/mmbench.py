@@ -9,17 +9,12 @@ then asks ChatGPT about the rest, which here count as wrong (``unparsed``).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, UnidentifiedImageError
-
-from neva.benchmarks.files import Question, Read, load_tsv, need
+from neva.benchmarks.files import InlineImage, Question, Read, load_tsv, need
 from neva.benchmarks.scienceqa import LETTER_INSTRUCTION
 
 DEV_FILE = "mmbench_dev_20230712.tsv"
@@ -41,11 +36,10 @@ def read(folder: Path) -> Read:
             if _absent(row.get(letter)):
                 break
             options.append(row[letter])
-        try:
-            image = Image.open(io.BytesIO(base64.b64decode(row["image"]))).convert("RGB")
-        except (KeyError, TypeError, binascii.Error, UnidentifiedImageError):
+        if _absent(row.get("image")):
             read.skipped += 1
             continue
+        image = InlineImage(row["image"])
         index = int(row["index"])
         stem = row["question"] if _absent(row.get("hint")) else f"{row['hint']}\n{row['question']}"
         answer = LETTERS.index(row["answer"]) if row.get("answer") in LETTERS else None

@@ -10,19 +10,29 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from neva.benchmarks.files import MissingFile, Question, missing_images
+from PIL import Image
+
+from neva.benchmarks.files import InlineImage, MissingFile, Question, missing_images
 from neva.benchmarks.table import BENCHMARKS
 from neva.typed import ConfigError
 
-AnswerAll = Callable[[Iterable[tuple[str, tuple[Any, ...]]], int], Iterator[str | Exception]]
-"""``(items, batch size)`` → each item's answer in order, or the exception that made it unanswerable
-(``neva.inference.Answerer.answer_all`` with ``keep_going``)."""
+AnswerAll = Callable[[Iterable[tuple[str, tuple[Any, ...]] | Exception], int], Iterator[str | Exception]]
+"""``(items, batch size)`` → each item's answer in order, or the exception that made it unanswerable; an item may be
+an exception already, given back in its place (``neva.inference.Answerer.answer_all`` with ``keep_going``)."""
 
 
 def benchmark_folder(data_dir: Path, name: str) -> Path:
     """``DIR/<folder>`` when ``--data-dir`` is LLaVA's ``playground/data/eval``, else ``DIR`` itself."""
     folder = data_dir / BENCHMARKS[name].folder
     return folder if folder.is_dir() else data_dir
+
+
+def asked(question: Question) -> tuple[str, tuple[Any, ...]] | Exception:
+    """The item the answerer gets; an inline image that does not decode makes it a counted skip (the exception)."""
+    try:
+        return question.text, tuple(i.open() if isinstance(i, InlineImage) else i for i in question.images)
+    except (ValueError, OSError, Image.DecompressionBombError) as err:
+        return err
 
 
 def answer_record(question: Question, text: str, model_id: str) -> dict[str, Any]:
@@ -57,7 +67,7 @@ def run_benchmark(
         raise ConfigError(f"{name}: {len(absent)} image(s) missing, the first {absent[0]}; {expected}")
     output_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    answers = answer_all([(q.text, q.images) for q in read.questions], batch_size)
+    answers = answer_all((asked(q) for q in read.questions), batch_size)  # decoded batch by batch
     answered: list[tuple[Question, dict | None]] = []
     with open(output_dir / "answers.jsonl", "w") as f:
         for question, answer in zip(read.questions, answers):

@@ -16,7 +16,7 @@ ROWS = [  # index, question, hint, options, answer, category
 ]
 
 
-def make_mmbench(root):
+def make_mmbench(root, extra_rows=()):
     folder = root / "mmbench"
     folder.mkdir(parents=True)
     buffer = io.BytesIO()
@@ -29,6 +29,8 @@ def make_mmbench(root):
         writer.writerow(header)
         for index, question, hint, options, answer, category in ROWS:
             writer.writerow([index, question, hint, *options, answer, category, "s", "l2", "nan", "dev", image])
+        for row in extra_rows:
+            writer.writerow(row)
 
 
 def picks(text: str, shown: list[str]) -> str | None:
@@ -42,7 +44,8 @@ def picks(text: str, shown: list[str]) -> str | None:
 
 
 def test_mmbench_circular(tiny_checkpoint, tmp_path, capsys):
-    make_mmbench(tmp_path)
+    # a row whose inline image does not decode: each of its two rounds is a counted skip, and the question fails
+    make_mmbench(tmp_path, [[7, "Q?", "nan", "a", "b", "nan", "nan", "A", "color", "s", "l2", "nan", "dev", "@@"]])
     result, answers = run_suite("mmbench", tiny_checkpoint, tmp_path, tmp_path / "out", capsys)
     assert all(set(a) == ANSWER_FIELDS | {"round_id", "options", "option_char"} for a in answers)
     assert [(a["question_id"], a["round_id"]) for a in answers] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1)]
@@ -54,7 +57,7 @@ def test_mmbench_circular(tiny_checkpoint, tmp_path, capsys):
         rounds = [a for a in answers if a["question_id"] == index]
         # the right option's letter in each round: where its original letter sits among option_char
         passed[index] = all(picks(a["text"], a["options"]) == "ABCD"[a["option_char"].index(answer)] for a in rounds)
-    assert result["circular_accuracy"] == sum(passed.values()) / 2 and result["n"] == 2
+    assert result["circular_accuracy"] == sum(passed.values()) / 3 and result["n"] == 3 and result["skipped"] == 2
 
 
 def test_letter_matching():
