@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from neva.benchmarks.run import run_benchmark
+from neva.benchmarks.run import load_benchmark, run_benchmark
 from neva.benchmarks.table import BENCHMARKS
 from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
 from neva.checkpoint.step import is_step_checkpoint
@@ -299,7 +299,11 @@ def main(argv: list[str] | None = None) -> None:
     bench = BENCHMARKS.get(args.suite) if args.input_file is None else None
     if bench is not None and (args.data_dir is None or args.output_dir is None):
         sys.exit(f"--suite {args.suite} needs --data-dir (LLaVA's playground/data/eval) and --output-dir")
-    max_new_tokens = args.max_new_tokens or (bench.max_new_tokens if bench else 16)
+    if bench is not None:
+        with exit_on_config_error():
+            loaded = load_benchmark(args.suite, args.data_dir)
+    default_tokens = bench.max_new_tokens if bench is not None else 16
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else default_tokens
     torch.set_grad_enabled(False)
     with exit_on_config_error():
         answerer = Answerer(
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, name, args.batch_size)
     elif bench is not None:
         with exit_on_config_error():
-            result = run_benchmark(args.suite, args.data_dir, args.output_dir,
+            result = run_benchmark(loaded, args.output_dir,
                                    lambda items, n: answerer.answer_all(items, n, keep_going=True),
                                    Path(checkpoint).name, args.batch_size, max_new_tokens)  # fmt: skip
     else:

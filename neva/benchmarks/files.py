@@ -96,12 +96,22 @@ def load_tsv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f, delimiter="\t"))
 
 
-def vqa_loader_questions(question_file: Path, image_folder: Path, meta_keys: tuple[str, ...] = ()) -> Read:
+def vqa_loader_questions(
+    question_file: Path, image_folder: Path, meta_keys: tuple[str, ...] = (), scorer_files: tuple[Path, ...] = ()
+) -> Read:
     """Question records as LLaVA's ``model_vqa_loader`` reads them (``question_id``, ``image`` relative to the image
     folder, ``text``: the prompt, its instruction already in it); ``meta_keys``: record fields the scorer needs. A
-    record without these three is skipped and counted."""
+    record without these three is skipped and counted. ``scorer_files``: what the scorer reads, checked now so that a
+    missing one is refused before any answer is generated.
+
+    Raises:
+        MissingFile: the question file or one of ``scorer_files``.
+    """
+    records = load_jsonl(question_file)
+    for path in scorer_files:
+        need(path)
     read = Read([])
-    for record in load_jsonl(question_file):
+    for record in records:
         if not isinstance(record, dict) or not all(k in record for k in ("question_id", "image", "text")):
             read.skipped += 1
             continue

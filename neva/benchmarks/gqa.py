@@ -18,7 +18,11 @@ from neva.benchmarks.files import Question, Read, load_json, need, vqa_loader_qu
 
 
 def read(folder: Path) -> Read:
-    return vqa_loader_questions(need(folder / "llava_gqa_testdev_balanced.jsonl"), folder / "data" / "images")
+    return vqa_loader_questions(
+        folder / "llava_gqa_testdev_balanced.jsonl",
+        folder / "data" / "images",
+        scorer_files=(folder / "data" / "testdev_balanced_questions.json",),
+    )
 
 
 def score(folder: Path, answered: list[tuple[Question, dict | None]], out: Path) -> dict[str, Any]:

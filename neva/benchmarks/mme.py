@@ -22,7 +22,7 @@ YES_NO = " Please answer yes or no."
 
 
 def read(folder: Path) -> Read:
-    return vqa_loader_questions(need(folder / "llava_mme.jsonl"), folder / RELEASE)
+    return vqa_loader_questions(folder / "llava_mme.jsonl", folder / RELEASE, scorer_files=(folder / RELEASE,))
 
 
 def answer_key(folder: Path) -> dict[tuple[str, str, str], str]:

@@ -16,7 +16,9 @@ SPLIT_FILE = "coco_pope_{}.json"
 
 
 def read(folder: Path) -> Read:
-    return vqa_loader_questions(need(folder / "llava_pope_test.jsonl"), folder / "val2014", ("category",))
+    return vqa_loader_questions(
+        folder / "llava_pope_test.jsonl", folder / "val2014", ("category",), scorer_files=(folder / "coco",)
+    )
 
 
 def says_yes(text: str) -> bool:

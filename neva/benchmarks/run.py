@@ -1,8 +1,10 @@
-"""One benchmark, end to end: read its files, refuse missing images before generating, answer in batches, write the
-answers as LLaVA's ``model_vqa_loader`` writes them, score, and write ``scores.json``."""
+"""One benchmark, end to end: read its files and refuse missing ones or missing images (``load_benchmark``, before a
+model is loaded), then answer in batches, write the answers as LLaVA's ``model_vqa_loader`` writes them, score, and
+write ``scores.json``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -12,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from neva.benchmarks.files import InlineImage, MissingFile, Question, missing_images
+from neva.benchmarks.files import InlineImage, MissingFile, Question, Read, missing_images
 from neva.benchmarks.table import BENCHMARKS
 from neva.typed import ConfigError
 
@@ -43,21 +45,25 @@ def answer_record(question: Question, text: str, model_id: str) -> dict[str, Any
     }  # fmt: skip
 
 
-def run_benchmark(
-    name: str,
-    data_dir: Path,
-    output_dir: Path,
-    answer_all: AnswerAll,
-    model_id: str,
-    batch_size: int,
-    max_new_tokens: int,
-) -> dict[str, Any]:
-    """``max_new_tokens``: what ``answer_all`` generates at most (reported with the scores).
+@dataclasses.dataclass
+class Loaded:
+    """A benchmark read and checked, ready to answer."""
 
-    Raises ConfigError: a missing file (named, with the layout expected) or missing images, before generating."""
+    name: str
+    folder: Path
+    read: Read
+    expected: str  # the layout, for an error that names a missing file
+
+
+def load_benchmark(name: str, data_dir: Path) -> Loaded:
+    """Read ``name``'s questions from ``data_dir`` (before a model is loaded: bad input fails fast).
+
+    Raises:
+        ConfigError: a missing file (named, with the layout expected) or images the questions name that are absent.
+    """
     bench = BENCHMARKS[name]
-    folder = benchmark_folder(data_dir, name)
     expected = f"expected {bench.layout} under {data_dir}/{bench.folder}/ (LLaVA's docs/Evaluation.md layout)"
+    folder = benchmark_folder(data_dir, name)
     try:
         read = bench.read(folder)
     except MissingFile as err:
@@ -65,6 +71,19 @@ def run_benchmark(
     absent = missing_images(read.questions)
     if absent:
         raise ConfigError(f"{name}: {len(absent)} image(s) missing, the first {absent[0]}; {expected}")
+    return Loaded(name, folder, read, expected)
+
+
+def run_benchmark(
+    loaded: Loaded, output_dir: Path, answer_all: AnswerAll, model_id: str, batch_size: int, max_new_tokens: int
+) -> dict[str, Any]:
+    """Answer, write ``answers.jsonl``, score, write ``scores.json``; ``max_new_tokens``: what ``answer_all``
+    generates at most (reported with the scores).
+
+    Raises:
+        ConfigError: a file only the scorer reads is missing (the answers are written by then).
+    """
+    read, name = loaded.read, loaded.name
     output_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     answers = answer_all((asked(q) for q in read.questions), batch_size)  # decoded batch by batch
@@ -77,9 +96,9 @@ def run_benchmark(
             answered.append((question, record))
     seconds = time.perf_counter() - start
     try:
-        scores = bench.score(folder, answered, output_dir)
+        scores = BENCHMARKS[name].score(loaded.folder, answered, output_dir)
     except MissingFile as err:
-        raise ConfigError(f"{name}: {err}; {expected}") from None
+        raise ConfigError(f"{name}: {err}; {loaded.expected}") from None
     skipped = read.skipped + sum(a is None for _, a in answered)
     result = {"suite": name, **scores, "questions": len(read.questions), "skipped": skipped,
               "questions_per_s": round(len(read.questions) / seconds, 3) if seconds else None,

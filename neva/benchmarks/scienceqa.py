@@ -19,8 +19,10 @@ OPTIONS = ("A", "B", "C", "D", "E")
 
 
 def read(folder: Path) -> Read:
+    records = load_json(need(folder / "llava_test_CQM-A.json"))
+    need(folder / "problems.json"), need(folder / "pid_splits.json")  # the scorer's, checked before generating
     read = Read([])
-    for record in load_json(need(folder / "llava_test_CQM-A.json")):
+    for record in records:
         try:
             question = record["conversations"][0]["value"].replace("<image>", "").strip()
         except (KeyError, IndexError, TypeError, AttributeError):

@@ -18,7 +18,7 @@ from neva.benchmarks.files import Question, Read, load_json, need, vqa_loader_qu
 
 
 def read(folder: Path) -> Read:
-    return vqa_loader_questions(need(folder / "llava-seed-bench.jsonl"), folder)
+    return vqa_loader_questions(folder / "llava-seed-bench.jsonl", folder, scorer_files=(folder / "SEED-Bench.json",))
 
 
 def score(folder: Path, answered: list[tuple[Question, dict | None]], out: Path) -> dict[str, Any]:

@@ -18,7 +18,11 @@ from neva.benchmarks.vqa_normalize import normalize_vqa_answer
 
 
 def read_vqav2(folder: Path) -> Read:
-    return vqa_loader_questions(need(folder / "llava_vqav2_mscoco_test-dev2015.jsonl"), folder / "test2015")
+    return vqa_loader_questions(
+        folder / "llava_vqav2_mscoco_test-dev2015.jsonl",
+        folder / "test2015",
+        scorer_files=(folder / "llava_vqav2_mscoco_test2015.jsonl",),
+    )
 
 
 def score_vqav2(folder: Path, answered: list[tuple[Question, dict | None]], out: Path) -> dict[str, Any]:
@@ -30,7 +34,7 @@ def score_vqav2(folder: Path, answered: list[tuple[Question, dict | None]], out:
 
 
 def read_vizwiz(folder: Path) -> Read:
-    return vqa_loader_questions(need(folder / "llava_test.jsonl"), folder / "test", ("image",))
+    return vqa_loader_questions(folder / "llava_test.jsonl", folder / "test", ("image",))
 
 
 def score_vizwiz(folder: Path, answered: list[tuple[Question, dict | None]], out: Path) -> dict[str, Any]:

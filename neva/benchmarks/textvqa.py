@@ -18,7 +18,11 @@ from neva.benchmarks.vqa_normalize import vqa_soft_score
 
 
 def read(folder: Path) -> Read:
-    return vqa_loader_questions(need(folder / "llava_textvqa_val_v051_ocr.jsonl"), folder / "train_images")
+    return vqa_loader_questions(
+        folder / "llava_textvqa_val_v051_ocr.jsonl",
+        folder / "train_images",
+        scorer_files=(folder / "TextVQA_0.5.1_val.json",),
+    )
 
 
 def question_of(prompt: str) -> str | None:

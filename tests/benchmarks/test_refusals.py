@@ -21,6 +21,15 @@ def test_a_missing_file_is_named_with_the_layout(tiny_checkpoint, tmp_path, caps
     assert "llava_textvqa_val_v051_ocr.jsonl is missing" in err and "TextVQA_0.5.1_val.json" in err
 
 
+def test_a_missing_scorer_file_is_refused_before_answering(tiny_checkpoint, tmp_path, capsys):
+    make_pope(tmp_path)
+    for labels in (tmp_path / "pope" / "coco").iterdir():
+        labels.unlink()
+    (tmp_path / "pope" / "coco").rmdir()
+    err = refusal("pope", tiny_checkpoint, tmp_path, tmp_path / "out", capsys)
+    assert "coco is missing" in err and "coco_pope_" in err
+
+
 def test_absent_images_are_refused(tiny_checkpoint, tmp_path, capsys):
     make_pope(tmp_path)
     for image in (tmp_path / "pope" / "val2014").iterdir():
