@@ -9,7 +9,6 @@ then asks ChatGPT about the rest, which here count as wrong (``unparsed``).
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,9 @@ DEV_FILE = "mmbench_dev_20230712.tsv"
 LETTERS = ("A", "B", "C", "D")
 
 
-def _absent(value: Any) -> bool:
-    """model_vqa_mmbench's ``is_none``: an empty cell (pandas' NaN), or ``nan`` / ``none`` written out."""
-    return (
-        value is None or (isinstance(value, float) and math.isnan(value)) or str(value).lower() in ("", "nan", "none")
-    )
+def _absent(value: str | None) -> bool:
+    """model_vqa_mmbench's ``is_none``: an empty cell (what pandas reads as NaN), or ``nan`` / ``none`` written out."""
+    return value is None or value.lower() in ("", "nan", "none")
 
 
 def read(folder: Path) -> Read:
