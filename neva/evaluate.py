@@ -14,6 +14,10 @@
   (``{"question_id", "image", "text"}``; ``prompt`` is accepted for ``text``) answered greedily; answers are written as
   ``{"question_id", "prompt", "text", "model_id"}`` (what the LLaVA / lmms scorers read). Records carrying an
   ``answer`` get exact-match scored too.
+- ``--suite pope|textvqa|scienceqa|mme|mmbench|gqa|seed|vqav2|vizwiz --data-dir DIR --output-dir OUT``: a LLaVA-1.5
+  benchmark read from LLaVA's ``playground/data/eval`` layout, answered as its scripts ask (``neva.benchmarks``;
+  ``docs/EVALUATION.md``): ``OUT/answers.jsonl`` in ``model_vqa_loader``'s format, the official scores (one JSON line,
+  and ``OUT/scores.json``), questions/s.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 
 import torch
 
+from neva.benchmarks.run import load_benchmark, run_benchmark
+from neva.benchmarks.table import BENCHMARKS
 from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
 from neva.checkpoint.step import is_step_checkpoint
 from neva.errors import ConfigError, entry_point
@@ -263,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--template", default=None, help="conversation template (default: the checkpoint's)")
     parser.add_argument(
         "--suite",
-        choices=tuple(SUITES),
+        choices=(*SUITES, *BENCHMARKS),
         default="shapes",
         help="held-out set: the coloured shapes (default), the skills suite (per-skill accuracy, 95%% Wilson "
         "intervals, the reference reply's mean probability, and the swapped-image and no-image controls; the "
@@ -275,7 +281,9 @@ def main(argv: list[str] | None = None) -> None:
         "--limit", type=int, default=None, help="held-out questions to ask (200; skills: 1000; detail: 300; video: 200)"
     )
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed (as model.data.synthetic_seed)")
-    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--data-dir", type=Path, help="a benchmark suite's files (LLaVA's playground/data/eval)")
+    parser.add_argument("--output-dir", type=Path, help="a benchmark suite's answers and scores.json")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="16; a benchmark suite: LLaVA's setting")
     parser.add_argument("--batch-size", type=int, default=50)
     args = parser.parse_args(argv)
     checkpoint = args.checkpoint or default_checkpoint()
@@ -287,16 +295,26 @@ def main(argv: list[str] | None = None) -> None:
         )
     if (args.input_file is None) != (args.output_file is None):
         raise ConfigError("--input-file and --output-file go together")
+    bench = BENCHMARKS.get(args.suite) if args.input_file is None else None
+    if bench is not None and (args.data_dir is None or args.output_dir is None):
+        raise ConfigError(f"--suite {args.suite} needs --data-dir (LLaVA's playground/data/eval) and --output-dir")
+    loaded = load_benchmark(args.suite, args.data_dir) if bench is not None else None
+    default_tokens = bench.max_new_tokens if bench is not None else 16
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else default_tokens
     torch.set_grad_enabled(False)
     answerer = Answerer(
         checkpoint,
-        GenerationConfig(max_new_tokens=args.max_new_tokens),
+        GenerationConfig(max_new_tokens=max_new_tokens),
         template=args.template,
         dtype=torch.float32,
     )
     if args.input_file is not None:
         name = Path(checkpoint).name
         result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, name, args.batch_size)
+    elif bench is not None:
+        result = run_benchmark(loaded, args.output_dir,
+                               lambda items, n: answerer.answer_all(items, n, keep_going=True),
+                               Path(checkpoint).name, args.batch_size, max_new_tokens)  # fmt: skip
     else:
         evaluate_suite, default_limit = SUITES[args.suite]
         result = evaluate_suite(answerer, args.limit or default_limit, args.seed, args.batch_size)

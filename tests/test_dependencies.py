@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("neva.config",),
     ("neva.checkpoint",),
     ("neva.parallel",),
-    ("neva.training", "neva.planner", "neva.inference"),
+    ("neva.training", "neva.planner", "neva.inference", "neva.benchmarks"),
     ("neva.train", "neva.generate", "neva.evaluate", "neva.convert", "neva.plan", "neva.plot"),
 ]
 UNIT_LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}

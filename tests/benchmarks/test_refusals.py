@@ -1,0 +1,46 @@
+"""Bad input ends ``neva.evaluate --suite BENCH`` before any generation: one line naming the file and the layout, exit
+status 2."""
+
+import pytest
+
+from tests.benchmarks.conftest import run_suite, write_jsonl
+from tests.benchmarks.test_pope import make_pope
+
+
+def refusal(suite, checkpoint, data_dir, out, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        run_suite(suite, checkpoint, data_dir, out, capsys)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and not (out / "answers.jsonl").exists()
+    return err
+
+
+def test_a_missing_file_is_named_with_the_layout(tiny_checkpoint, tmp_path, capsys):
+    err = refusal("textvqa", tiny_checkpoint, tmp_path, tmp_path / "out", capsys)
+    assert "llava_textvqa_val_v051_ocr.jsonl is missing" in err and "TextVQA_0.5.1_val.json" in err
+
+
+def test_a_missing_scorer_file_is_refused_before_answering(tiny_checkpoint, tmp_path, capsys):
+    make_pope(tmp_path)
+    for labels in (tmp_path / "pope" / "coco").iterdir():
+        labels.unlink()
+    (tmp_path / "pope" / "coco").rmdir()
+    err = refusal("pope", tiny_checkpoint, tmp_path, tmp_path / "out", capsys)
+    assert "coco is missing" in err and "coco_pope_" in err
+
+
+def test_absent_images_are_refused(tiny_checkpoint, tmp_path, capsys):
+    make_pope(tmp_path)
+    for image in (tmp_path / "pope" / "val2014").iterdir():
+        image.unlink()
+    err = refusal("pope", tiny_checkpoint, tmp_path, tmp_path / "out", capsys)
+    assert "5 image(s) missing" in err and "val2014" in err
+
+
+def test_unanswerable_records_are_counted_skips(tiny_checkpoint, tmp_path, capsys):
+    questions = make_pope(tmp_path)
+    bad = {"question_id": 1, "image": questions[0]["image"], "text": "<image> <image> two tags", "category": "random"}
+    write_jsonl(tmp_path / "pope" / "llava_pope_test.jsonl", [*questions, {"question_id": 2}, bad])
+    result, answers = run_suite("pope", tiny_checkpoint, tmp_path, tmp_path / "out", capsys)
+    assert result["skipped"] == 2 and result["questions"] == 6 and len(answers) == 5
