@@ -73,10 +73,11 @@ class MediaInputs:
         return replace(self, items_per_row=torch.cat([counts, counts.new_zeros(rows - counts.shape[0])]))
 
     @staticmethod
-    def empty(channels: int, image_size: int, device: torch.device, anyres: bool = False) -> MediaInputs:
-        """No item: zero tower inputs of the tower's shape, zero positions (and an empty AnyRes index)."""
+    def empty(pixels: torch.Tensor, anyres: bool = False) -> MediaInputs:
+        """No item: the tower's empty input (``pixels``, zero rows), zero positions (and an empty AnyRes index)."""
+        device = pixels.device
         return MediaInputs(
-            pixels=torch.zeros(0, channels, image_size, image_size, dtype=torch.uint8, device=device),
+            pixels=pixels,
             positions=torch.zeros(0, 2, dtype=torch.long, device=device),
             index=torch.zeros(0, dtype=torch.long, device=device) if anyres else None,
         )

@@ -87,8 +87,8 @@ class NevaModel(nn.Module):
         return ("image", "video") if self.video_pool is not None else ("image",)
 
     def _empty_inputs(self, modality: str, device: torch.device) -> MediaInputs:
-        v = self.cfg.vision
-        return MediaInputs.empty(v.num_channels, v.image_size, device, anyres=modality == "image" and bool(self.anyres))
+        # The tower says what an input without images is (its shape is the tower kind's own).
+        return MediaInputs.empty(self.vision.empty_input(device), anyres=modality == "image" and bool(self.anyres))
 
     def _token(self, modality: str) -> int:
         return self.cfg.image_token_id if modality == "image" else self.cfg.video_token

@@ -85,6 +85,12 @@ def select_features(tower: nn.Module, pixel_values: torch.Tensor) -> torch.Tenso
     return feats[:, cfg.class_tokens :] if cfg.vision_select_feature == "patch" else feats
 
 
+def no_pixels(cfg: VisionConfig, device: torch.device) -> torch.Tensor:
+    """A tower's input holding no image (``[0, C, H, W]`` uint8): what a micro-batch without images runs, so that
+    every rank runs the tower (``neva.models.media``)."""
+    return torch.zeros(0, cfg.num_channels, cfg.image_size, cfg.image_size, dtype=torch.uint8, device=device)
+
+
 def reaches_features(cfg: VisionConfig, name: str) -> bool:
     """Whether tower parameter ``name`` (relative to the tower) takes part in ``select_features``: the blocks past the
     last one run (``layers_run``) and the post-LayerNorm never do; both tower kinds name them alike."""
@@ -143,6 +149,9 @@ class VisionTower(nn.Module):
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """``[N, num_image_tokens, feature_size]`` image features for the projector."""
         return select_features(self, pixel_values)
+
+    def empty_input(self, device: torch.device) -> torch.Tensor:
+        return no_pixels(self.cfg, device)
 
     def init_weights(self) -> None:
         nn.init.normal_(self.cls_token, std=self.cfg.hidden_size**-0.5)

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from neva.models.config import VisionConfig
-from neva.models.vision import VisionBlock, as_pixels, encoder_states, init_vit_weights, select_features
+from neva.models.vision import VisionBlock, as_pixels, encoder_states, init_vit_weights, no_pixels, select_features
 
 
 class SiglipTower(nn.Module):
-    """SigLIP ViT behind the tower interface (``hidden_states``, ``features``, ``init_weights``)."""
+    """SigLIP ViT behind the tower interface (``hidden_states``, ``features``, ``empty_input``, ``init_weights``)."""
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
@@ -37,6 +37,9 @@ class SiglipTower(nn.Module):
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """``[N, num_patches, feature_size]``: every patch (there is no class token to drop)."""
         return select_features(self, pixel_values)
+
+    def empty_input(self, device: torch.device) -> torch.Tensor:
+        return no_pixels(self.cfg, device)
 
     def init_weights(self) -> None:
         init_vit_weights(self)
