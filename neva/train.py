@@ -78,9 +78,10 @@ def main(dcfg: DictConfig) -> None:
         with exit_on_config_error():
             sweep_job_exp_dir(dcfg)
             cfg = to_train_config(dcfg, _command_line())
+            from neva.planner.forecast import forecast_line
             from neva.training.run import run
 
-            final = run(cfg)
+            final = run(cfg, forecast=forecast_line)
     except (DataQualityError, NothingTrained, CheckpointError) as err:
         # The run did not train what was asked (or cannot trust what it would resume): no final checkpoint; what it
         # wrote before stays.
