@@ -92,9 +92,16 @@ def fill_streams(
     for d, (source, n) in enumerate(zip(sources, draws.tolist())):
         size = int(offsets[d + 1] - offsets[d])
         for cycle in range(-(-n // size) if n else 0):
-            part = source_stream(source, seed, epoch, (d, cycle), buffer)[: n - cycle * size]
-            out[at : at + len(part)] = part + offsets[d]
-            at += len(part)
+            take = min(size, n - cycle * size)
+            if isinstance(source, (int, np.integer)) and take == size:
+                # A whole record-set pass shuffled in place: ``permutation(n)`` is ``shuffle(arange(n))``, the same
+                # draws; in the output's (often 4-byte) dtype it skips a temporary and misses the cache less.
+                view = np.asarray(out[at : at + size])
+                view[:] = np.arange(offsets[d], offsets[d + 1], dtype=out.dtype)
+                np.random.default_rng([seed, epoch, d, cycle]).shuffle(view)
+            else:
+                out[at : at + take] = source_stream(source, seed, epoch, (d, cycle), buffer)[:take] + offsets[d]
+            at += take
 
 
 @dataclass(frozen=True)
@@ -135,14 +142,12 @@ class EpochPlan:
         return parts[start - first * self.round_size : stop - first * self.round_size]
 
 
-def plan_key(
-    sources: Sequence[SourceLayout], weights: Sequence[float] | None, seed: int, epoch: int, buffer: int
-) -> str:
-    """A file name stem naming everything the order depends on."""
-    h = hashlib.sha256(json.dumps([ORDER_RULE, BLEND_ROUND, seed, epoch, buffer, weights]).encode())
+def plan_key(sources: Sequence[SourceLayout], weights: Sequence[float] | None, seed: int, buffer: int) -> str:
+    """A file name stem naming everything the order depends on but the epoch (``<stem>-e<epoch>`` per epoch)."""
+    h = hashlib.sha256(json.dumps([ORDER_RULE, BLEND_ROUND, seed, buffer, weights]).encode())
     for s in sources:
         h.update(np.asarray(s, dtype=np.int64).tobytes() + b"|")
-    return f"order-r{ORDER_RULE}-e{epoch}-{h.hexdigest()[:24]}"
+    return f"order-r{ORDER_RULE}-{h.hexdigest()[:24]}"
 
 
 def build_plan(
@@ -179,7 +184,8 @@ def shared_plan(
     origin = "mapped"
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    stem = plan_key(sources, weights, seed, epoch, buffer)
+    plan = plan_key(sources, weights, seed, buffer)
+    stem = f"{plan}-e{epoch}"
     done = cache / f"{stem}.counts.npy"  # written last: its presence means the streams are complete
     if not done.exists():
         lock = cache / f"{stem}.lock"
@@ -197,8 +203,17 @@ def shared_plan(
                 os.replace(cache / f"{tmp}.counts.npy", done)
             finally:
                 lock.unlink(missing_ok=True)
+            _drop_before(cache, plan, epoch - 1)
     streams = np.load(cache / f"{stem}.streams.npy", mmap_mode="r")
     return EpochPlan(streams, np.load(done), seed, epoch, origin=origin)
+
+
+def _drop_before(cache: Path, plan: str, epoch: int) -> None:
+    """Remove this plan's files of epochs before ``epoch``: every rank has moved past them (ranks change epoch
+    together, at the same step), while ``epoch`` itself may still be read by a rank that has not."""
+    for path in cache.glob(f"{plan}-e*.npy"):
+        if int(path.name[len(plan) + 2 :].split(".", 1)[0]) < epoch:
+            path.unlink(missing_ok=True)
 
 
 def _wait_for(done: Path, lock: Path) -> None:

@@ -85,6 +85,7 @@ def run(cfg: TrainConfig, forecast: Callable[[TrainConfig], str] | None = None) 
         seed=cfg.model.seed,
         accumulation=layout.grad_accum,
         device_type=layout.device_type,
+        plan_dir=exp_dir / "data_plan",  # a streaming blend's epoch order: built once, memory-mapped by every rank
     )
     plan_training_data(data)
     # Epochs become steps here, so the learning-rate schedule, resume and Lightning all see one step count.

@@ -3,9 +3,13 @@ the blend equals a plain-Python reading of the rule, resume at any sample, and o
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import subprocess
+import sys
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,3 +176,22 @@ def test_100m_samples_over_100_sources_in_seconds():
     assert len(plan) == 100 * per and took < 30
     at = 12_345_678
     assert len(set(plan[at : at + 4096].tolist())) == 4096
+
+
+def test_a_new_epochs_build_drops_the_epochs_every_rank_has_left(tmp_path):
+    for epoch in range(3):
+        shared_plan([[5, 5], 10], None, 0, epoch, 0, tmp_path)
+    kept = sorted(p.name.rsplit("-e", 1)[1] for p in tmp_path.iterdir())
+    assert kept == ["1.counts.npy", "1.streams.npy", "2.counts.npy", "2.streams.npy"]
+
+
+def test_benchmark_data_plan_mode_measures_both_rules():
+    script = Path(__file__).resolve().parents[2] / "scripts" / "benchmark.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--data-plan", "--data-plan-cases", "20000x4", "--data-plan-files", "10000"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    summary = json.loads(out.strip().splitlines()[-1])
+    rows = {r["impl"]: r for r in summary["rows"]}
+    assert rows["rule2"]["drawn"] == rows["rule1"]["drawn"] == 20000 and rows["rule2"]["memory_mapped"]
+    assert summary["speedup"]["20000x4"] > 0
