@@ -26,7 +26,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -114,12 +114,20 @@ class EpochPlan:
     epoch: int
     round_size: int = BLEND_ROUND
     origin: str = "memory"  # "memory", "built" (this process wrote the shared files) or "mapped" (another did)
+    # the last round read: a rank reads a round one global batch at a time, so it is permuted once, not per batch
+    _last: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.streams)
 
     def round(self, r: int) -> np.ndarray:
         """The draws of round ``r``: each source's next ones, in the round's seeded permutation."""
+        if r not in self._last:
+            self._last.clear()
+            self._last[r] = self._permuted_round(r)
+        return self._last[r]
+
+    def _permuted_round(self, r: int) -> np.ndarray:
         first, last = self.counts[r], self.counts[r + 1]
         took = last - first
         base = np.cumsum(self.counts[-1]) - self.counts[-1]  # where each source's draws start in ``streams``
