@@ -79,9 +79,10 @@ def main(dcfg: DictConfig) -> None:
         with exit_on_input_error():
             sweep_job_exp_dir(dcfg)
             cfg = to_train_config(dcfg, _command_line())
+            from neva.planner.forecast import forecast_line
             from neva.training.run import run
 
-            final = run(cfg)
+            final = run(cfg, forecast=forecast_line)
     except (DataQualityError, NothingTrained) as err:
         # Training ran but did not train what was asked (end-of-run checks): no final checkpoint, what it wrote
         # before stays, and exit 1 tells this apart from a refused input (2, neva.errors).

@@ -19,6 +19,9 @@ HF ``CLIPImageProcessor`` on the same locally generated JPEGs, and the workers a
 Video input-pipeline mode (``--video-pipeline``): sampled frames/s of one loader worker, neva's seeking decode against
 PyAV's plain decode-all loop on the same locally generated mp4 files, and the workers a DGX node needs.
 
+Data-plan mode (``--data-plan``): seconds and peak MB to plan one epoch's order over samples x sources, neva's order
+rule 2 against rule 1 (the implementation before it) in the same run.
+
 Every mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
 
 Examples::
@@ -30,6 +33,7 @@ Examples::
     python scripts/benchmark.py --device cpu --gpu-shapes-smoke
     python scripts/benchmark.py --input-pipeline              # ~30 s of CPU
     python scripts/benchmark.py --video-pipeline              # a few minutes of CPU (writing the clips)
+    python scripts/benchmark.py --data-plan --data-plan-cases 1e6x3,4e6x10,1e8x100,1e9x100
 """
 
 from __future__ import annotations
@@ -156,6 +160,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--video-samples-per-gpu", type=float, default=4.0, help="video mode: samples/s per GPU the workers must feed"
     )
+    # Data-plan mode
+    p.add_argument("--data-plan", action="store_true", help="seconds / peak MB of one epoch's order, rule 2 vs rule 1")
+    p.add_argument(
+        "--data-plan-cases", default="1e6x3,4e6x10,1e8x100", help="data-plan mode: comma-separated <samples>x<sources>"
+    )
+    p.add_argument(
+        "--data-plan-reference-limit",
+        type=float,
+        default=5e7,
+        help="data-plan mode: largest samples x sources rule 1 runs (it costs ~1 us each)",
+    )
+    p.add_argument(
+        "--data-plan-files",
+        type=float,
+        default=5e8,
+        help="data-plan mode: from this many samples on, rule 2 writes its plan to files and memory-maps them",
+    )
+    p.add_argument("--data-plan-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     gpu_path = args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only
     if args.steps is None:
@@ -170,12 +192,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the chosen mode; the last stdout line is the JSON summary."""
     args = parse_args(argv)
+    if args.data_plan_child:
+        from bench.data_plan import child
+
+        impl, samples, count, plan_dir = args.data_plan_child.split(":")
+        print(json.dumps(child(impl, int(samples), int(count), plan_dir or None)))
+        return
     if args.child:
         from bench.cpu import run_side
 
         print(json.dumps(run_side(args.child, args)))
         return
-    if args.input_pipeline:
+    if args.data_plan:
+        from bench.data_plan import run_data_plan
+
+        summary = run_data_plan(args, os.path.abspath(__file__))
+    elif args.input_pipeline:
         from bench.input_pipeline import run_input_pipeline
 
         summary = run_input_pipeline(args)

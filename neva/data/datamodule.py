@@ -102,6 +102,8 @@ class NevaDataModule:
         accumulation: micro-batches per optimizer step; each epoch holds whole steps only.
         device_type: where training runs (``cuda`` pins batches in page-locked memory, and ``num_workers: auto``
             starts workers only there).
+        plan_dir: where a streaming blend's epoch plan is built once and memory-mapped by every rank
+            (``neva.data.data_plan.shared_plan``); None: each rank plans in memory.
 
     Raises:
         ValueError: inconsistent config (image token id, lengths, ``<image>`` not a special token).
@@ -122,8 +124,10 @@ class NevaDataModule:
         val_micro_batch_size: int | None = None,
         accumulation: int = 1,
         device_type: str = "cpu",
+        plan_dir: str | os.PathLike | None = None,
     ) -> None:
         self.cfg = cfg
+        self.plan_dir = plan_dir
         self.tokenizer = tokenizer
         self.image_token_id = tokenizer_image_token_id(tokenizer)
         # LLM positions per image: after the projector (mlp_downsample merges 2×2 patches) when the model is known.
@@ -298,7 +302,8 @@ class NevaDataModule:
         if any(isinstance(d, ShardDataset) for d in self.train_datasets):
             # Shards: same rank rule and state, but an order that reads one shard at a time.
             layouts = [source_layout(d) for d in self.train_datasets]
-            return StreamingBatchSampler(layouts, shuffle_buffer=self.cfg.shard_shuffle_buffer, **rank)
+            buffer = self.cfg.shard_shuffle_buffer
+            return StreamingBatchSampler(layouts, shuffle_buffer=buffer, plan_dir=self.plan_dir, **rank)
         grouped = self.cfg.group_by_modality_length or self.cfg.group_by_length
         lengths = self._lengths(self.train_datasets) if grouped else None
         grouping = "modality_length" if self.cfg.group_by_modality_length else "length"

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -62,10 +63,16 @@ def log_config(loggers: list[Any], cfg: TrainConfig) -> None:
                 logger.experiment.file_writer.add_summary(summary)
 
 
-def run(cfg: TrainConfig) -> Path | None:
-    """Train one stage; returns the consolidated checkpoint's path (None on non-writing ranks)."""
+def run(cfg: TrainConfig, forecast: Callable[[TrainConfig], str] | None = None) -> Path | None:
+    """Train one stage; returns the consolidated checkpoint's path (None on non-writing ranks).
+
+    ``forecast``: the line rank 0 logs before anything is built (``neva.planner.forecast.forecast_line``, handed
+    in by ``neva.train``: the planner is training's sibling, not its dependency).
+    """
     exp_dir = Path(cfg.exp_manager.exp_dir)
     layout = resolve_layout(cfg)
+    if forecast is not None and global_rank() == 0:
+        log.info("%s", forecast(cfg))
     pl.seed_everything(cfg.model.seed, workers=True, verbose=False)
     source = resolve_source(cfg)
     data = NevaDataModule(
@@ -78,6 +85,7 @@ def run(cfg: TrainConfig) -> Path | None:
         seed=cfg.model.seed,
         accumulation=layout.grad_accum,
         device_type=layout.device_type,
+        plan_dir=exp_dir / "data_plan",  # a streaming blend's epoch order: built once, memory-mapped by every rank
     )
     plan_training_data(data)
     # Epochs become steps here, so the learning-rate schedule, resume and Lightning all see one step count.
