@@ -83,3 +83,21 @@ def test_matrix_notes_are_the_refusal_messages(matrix):
 
 def test_readme_recipes_table_is_the_planners():
     assert section("python -m neva.recipes") == recipes.table(), "paste `python -m neva.recipes` into README.md"
+
+
+# Where dated measurements live. docs/TRAINING.md's trial notes move to docs/notes.md with the DPO stage's rewrite of
+# that file (another change owns it this round).
+DATED_OK = {"PERFORMANCE.md", "notes.md", "TRAINING.md"}
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+MEASURED = re.compile(r"[Mm]easured|\bwall\b|CPU time|\bload\b|\bTried\b")
+
+
+def test_dated_measurements_live_in_performance_and_notes():
+    docs = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in DATED_OK)]
+    dated = [
+        f"{path.name}:{n}: {line.strip()}"
+        for path in docs
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if DATE.search(line) and MEASURED.search(line)
+    ]
+    assert not dated, "move these to docs/PERFORMANCE.md (numbers) or docs/notes.md (trials):\n" + "\n".join(dated)
