@@ -42,6 +42,7 @@ BATCH = ["model.micro_batch_size=1", "model.global_batch_size=8"]
 ANYRES = {"model.mm_cfg.image_grid_pinpoints": "(1x1),...,(2x2)", "model.data.image_aspect_ratio": "anyres"}
 ONEVISION = {**ANYRES, "model.data.image_aspect_ratio": "anyres_max_2"}
 VIDEO = ["model=tiny_video", "data=synthetic_video"]
+MISTRAL = {"family": "mistral", "sliding_window": 16}
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ ROWS = (
     row("CLIP + Llama, mlp2x_gelu, fixed resolution (the default)"),
     row("SigLIP tower", ["vision=tiny_siglip"]),
     row("mlp_downsample projector (NeMo)", keys={"model.mm_cfg.mm_mlp_adapter_type": "mlp_downsample"}),
+    # The tiny Llama as Mistral: the family an export writes and the sliding window are its only differences.
+    row("Mistral decoder (sliding window)", keys={"model.mm_cfg.llm.arch_overrides": MISTRAL}),
     row("Qwen2 decoder (tied embeddings)", ["model=tiny_qwen2"]),
     row("Mixtral MoE decoder", ["model=tiny_moe"]),
     row("AnyRes (LLaVA-NeXT)", keys=ANYRES),

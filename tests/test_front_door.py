@@ -63,6 +63,7 @@ def test_matrix_answers_are_the_refusals(matrix):
     assert {k for k, v in default.items() if v.startswith("no")} == {"O2, DDP", "EP 2"}
     assert got["Mixtral MoE decoder"]["EP 2"] == "yes"
     assert got["Qwen2 decoder (tied embeddings)"]["PP 2"].startswith("no")
+    assert got["Mistral decoder (sliding window)"]["LLaVA-original import"] == "yes"  # llava_mistral
     assert got["LoRA finetune"]["TP 2"].startswith("no") and got["trained vision tower"]["TP 2"].startswith("no")
     assert got["AnyRes (LLaVA-NeXT)"]["llava-hf export + import"] == "llava_next"
     assert got["AnyRes anyres_max_N (OneVision)"]["llava-hf export + import"] == "llava_onevision"
