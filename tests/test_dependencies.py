@@ -24,7 +24,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("neva.checkpoint",),
     ("neva.parallel",),
     ("neva.training", "neva.planner", "neva.inference", "neva.benchmarks"),
-    ("neva.train", "neva.generate", "neva.evaluate", "neva.convert", "neva.plan", "neva.plot"),
+    (
+        "neva.train",
+        "neva.generate",
+        "neva.evaluate",
+        "neva.convert",
+        "neva.plan",
+        "neva.plot",
+        "neva.support",
+        "neva.recipes",
+    ),
 ]
 UNIT_LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

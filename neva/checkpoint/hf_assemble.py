@@ -31,11 +31,10 @@ from neva.checkpoint.hf_read import (
 from neva.checkpoint.neva_format import TIED_HEAD_KEY, check_shape, save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
+from neva.data.tokens import add_vision_tokens
 from neva.hf_local import from_local, model_dir
 from neva.models.config import NevaConfig, ProjectorConfig
 from neva.models.projector import build_projector, init_projector
-
-PAD_TOKEN = "<pad>"
 
 
 def prepare_tokenizer(llm_dir: str | os.PathLike) -> Any:
@@ -43,7 +42,7 @@ def prepare_tokenizer(llm_dir: str | os.PathLike) -> Any:
     from transformers import AutoTokenizer
 
     tokenizer = from_local(AutoTokenizer, llm_dir)
-    _add_vision_tokens(tokenizer)
+    add_vision_tokens(tokenizer)
     return tokenizer
 
 
@@ -86,15 +85,6 @@ def load_hf_weights(model: Any, llm_dir: str | os.PathLike, vision_dir: str | os
             if name in GROWN_KEYS:
                 tensor = grow_rows(tensor, target.shape[0])
             target.copy_(tensor)
-
-
-def _add_vision_tokens(tokenizer: Any) -> None:
-    """Add ``<image>`` as a special token, and ``<pad>`` if there is no pad token (llava-hf's order)."""
-    if IMAGE_TOKEN not in tokenizer.get_vocab():
-        # An extra special token: never split, and skipped by decode(skip_special_tokens=True).
-        tokenizer.add_special_tokens({"extra_special_tokens": [IMAGE_TOKEN]}, replace_extra_special_tokens=False)
-    if tokenizer.pad_token is None:
-        tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
 
 
 def import_llm_and_vision(

@@ -114,13 +114,23 @@ def read_llava_config(directory: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(directory) / "config.json"
     if not path.is_file():
         return None
-    config = json.loads(path.read_text())
+    return llava_config(json.loads(path.read_text()))
+
+
+def llava_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``config.json`` dict with its LLaVA model type settled, or None when it is not a LLaVA-original one (the
+    support matrix asks this too, on configs it writes)."""
     kind = config.get("model_type")
     if kind == "llava" and "mm_vision_tower" in config:
         kind = next(
             (LLAVA_ARCHITECTURES[a] for a in config.get("architectures") or [] if a in LLAVA_ARCHITECTURES), None
         )
     return {**config, "model_type": kind} if kind in LLAVA_MODEL_TYPES else None
+
+
+def not_llava(source: str | os.PathLike) -> ConfigError:
+    """The refusal of a config whose model type LLaVA-original import does not read."""
+    return ConfigError(f"{source}: config.json model_type is not one of {sorted(LLAVA_MODEL_TYPES)}")
 
 
 def split_llava_config(config: dict[str, Any], source: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -241,6 +251,11 @@ def llava_next_siglip(
 def projector_config(mm: dict[str, Any], feature_size: int, hidden_size: int, source: str | os.PathLike):
     """LLaVA's ``mm_projector_type`` (``linear``, ``mlp{N}x_gelu``, ``identity``) as a ``ProjectorConfig``."""
     kind = mm.get("mm_projector_type", "linear")
+    if kind == "mlp_downsample":  # a ProjectorConfig type, but NeMo's: LLaVA's builder has no such projector
+        raise ConfigError(
+            f"{source}: mm_projector_type={kind!r} is NeMo's projector, not one LLaVA builds (linear, identity, "
+            "mlp<N>x_gelu)"
+        )
     if mm.get("mm_hidden_size", feature_size) != feature_size:
         raise ConfigError(
             f"{source}: mm_hidden_size={mm['mm_hidden_size']} but the vision tower's selected features have "
@@ -298,7 +313,7 @@ def import_llava_original(
     directory = Path(model_dir(directory))
     config = read_llava_config(directory)
     if config is None:
-        raise ConfigError(f"{directory}: config.json model_type is not one of {sorted(LLAVA_MODEL_TYPES)}")
+        raise not_llava(directory)
     text, mm = split_llava_config(config, directory)
     vision_dir = tower_dir(mm, vision, directory)
     vision_cfg = vision_config_from_hf(

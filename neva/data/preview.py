@@ -33,14 +33,24 @@ _GREEN, _RESET = "\033[32m", "\033[0m"
 
 def load_tokenizer(path: str) -> Any:
     """``AutoTokenizer`` from a directory (a neva checkpoint has the tokenizer files at its top level), or the
-    built-in synthetic tokenizer for ``synthetic``."""
+    built-in synthetic tokenizer for ``synthetic``. An HF LLM's own tokenizer has no ``<image>``: it gets the tokens
+    training adds to it (``add_vision_tokens``, as ``model.mm_cfg.llm.from_pretrained`` runs do), so the preview's
+    ids are the run's; a note on stderr says so."""
     if path == SYNTHETIC:
         from neva.data.synthetic import build_tokenizer
 
         return build_tokenizer()
     from transformers import AutoTokenizer
 
-    return from_local(AutoTokenizer, path)
+    from neva.constants import IMAGE_TOKEN
+    from neva.data.tokens import add_vision_tokens
+
+    tokenizer = from_local(AutoTokenizer, path)
+    if IMAGE_TOKEN not in tokenizer.get_vocab():
+        add_vision_tokens(tokenizer)
+        print(f"note: {path} has no {IMAGE_TOKEN} token; added as training adds it to an HF LLM's tokenizer "
+              f"(id {tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)})", file=sys.stderr)  # fmt: skip
+    return tokenizer
 
 
 def checkpoint_config(path: str) -> Any:

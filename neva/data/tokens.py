@@ -10,6 +10,8 @@ from typing import Any
 
 from neva.constants import IMAGE_TOKEN
 
+PAD_TOKEN = "<pad>"  # what a tokenizer without a pad token gets (llava-hf's)
+
 
 def tokenizer_image_token_id(tokenizer: Any) -> int:
     """Id of ``<image>``; it must be a special token of the tokenizer.
@@ -24,3 +26,13 @@ def tokenizer_image_token_id(tokenizer: Any) -> int:
             f"(tokenizer.add_special_tokens({{'additional_special_tokens': ['{IMAGE_TOKEN}']}}))"
         )
     return ids[0]
+
+
+def add_vision_tokens(tokenizer: Any) -> None:
+    """Add ``<image>`` as a special token, and ``<pad>`` if there is no pad token (llava-hf's order): what training
+    does to an HF LLM's tokenizer (``model.mm_cfg.llm.from_pretrained``), and ``neva.data.preview`` too."""
+    if IMAGE_TOKEN not in tokenizer.get_vocab():
+        # An extra special token: never split, and skipped by decode(skip_special_tokens=True).
+        tokenizer.add_special_tokens({"extra_special_tokens": [IMAGE_TOKEN]}, replace_extra_special_tokens=False)
+    if tokenizer.pad_token is None:
+        tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})

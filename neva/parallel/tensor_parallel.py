@@ -56,6 +56,25 @@ def check_divisibility(cfg: NevaConfig, tp: int) -> None:
         )
 
 
+def check_tensor_parallel(model: NevaModel, tp: int) -> None:
+    """What a (meta) model with its freeze policy and LoRA applied must be for ``tp`` ranks: sharding runs it first,
+    and the support matrix (``neva.support``) asks it of the tiny models.
+
+    Raises:
+        ConfigError: LoRA adapters, a trainable vision tower, or sizes ``tp`` does not divide.
+    """
+    if any(isinstance(m, LoRALinear) for m in model.modules()):
+        raise ConfigError(
+            "LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet"
+        )
+    check_divisibility(model.cfg, tp)
+    if model.vision is not None and any(p.requires_grad for p in model.vision.parameters()):
+        raise ConfigError(
+            "a trainable vision tower (model.mm_cfg.vision_encoder.freeze=false) with tensor parallelism is not "
+            "supported yet; the tower stays replicated and frozen under TP"
+        )
+
+
 class NoParallel(ParallelStyle):
     """Replicated parameters as DTensors, plain tensors in and out.
 
@@ -178,16 +197,7 @@ def apply_tensor_parallel(
         vocab_parallel_loss: keep the logits vocab-sharded (``loss_parallel`` computes the cross-entropy on the
             shards); otherwise they are gathered.
     """
-    if any(isinstance(m, LoRALinear) for m in model.modules()):
-        raise ConfigError(
-            "LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet"
-        )
-    check_divisibility(model.cfg, tp_mesh.size())
-    if model.vision is not None and any(p.requires_grad for p in model.vision.parameters()):
-        raise ConfigError(
-            "a trainable vision tower (model.mm_cfg.vision_encoder.freeze=false) with tensor parallelism is not "
-            "supported yet; the tower stays replicated and frozen under TP"
-        )
+    check_tensor_parallel(model, tp_mesh.size())
     parallelize_module(model, tp_mesh, tensor_parallel_plan(model, sequence_parallel, vocab_parallel_loss))
     # Each style distributes its module's parameters on its own, which unties a shared embedding / LM head (two
     # tensors that then train apart). Both are sharded on the vocabulary (dim 0): share the embedding's again.
