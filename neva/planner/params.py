@@ -75,15 +75,24 @@ def _part_of(name: str) -> tuple[str, int | None]:
     return "norm", None
 
 
+def meta_model(cfg: NevaConfig, policy: TrainablePolicy) -> NevaModel:
+    """``build_meta_model(cfg, policy)``, memoised: building even a meta 70B model takes a second, and sweeps and
+    layout searches ask for the same one again (its inventory, training's tensor-parallel check)."""
+    key = repr((cfg, policy))
+    if key not in _META_MODELS:
+        _META_MODELS[key] = build_meta_model(cfg, policy)
+    return _META_MODELS[key]
+
+
 def model_inventory(cfg: NevaConfig, policy: TrainablePolicy) -> list[ParamInfo]:
-    """``inventory(build_meta_model(cfg, policy))``, memoised: building even a meta 70B model takes a second, and
-    sweeps reuse it."""
+    """``inventory`` of the memoised meta model."""
     key = repr((cfg, policy))
     if key not in _INVENTORIES:
-        _INVENTORIES[key] = inventory(build_meta_model(cfg, policy))
+        _INVENTORIES[key] = inventory(meta_model(cfg, policy))
     return _INVENTORIES[key]
 
 
+_META_MODELS: dict[str, NevaModel] = {}
 _INVENTORIES: dict[str, list[ParamInfo]] = {}
 
 
