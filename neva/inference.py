@@ -24,7 +24,6 @@ from PIL import Image
 from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
 from neva.checkpoint.step import as_neva_checkpoint
 from neva.constants import IGNORE_INDEX, IMAGE_TOKEN, VIDEO_TOKEN
-from neva.data.anyres import AnyResProcessor
 from neva.data.conversation import (
     DEFAULT_TEMPLATE,
     ChatTemplateRenderer,
@@ -34,6 +33,7 @@ from neva.data.conversation import (
     stop_strings,
 )
 from neva.data.encoding import encode, tokenize_text
+from neva.data.front_ends import front_end_for
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.records import record_images
 from neva.data.video import read_video_file
@@ -241,10 +241,9 @@ class Answerer:
         self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system, use_chat, tokenization)
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
-        if self.model.cfg.anyres is not None:  # the model lays out AnyRes tiles: its images are tiled, always
-            self.processor = AnyResProcessor(self.model.cfg)
-        else:
-            self.processor = ImageProcessor(vision, aspect_ratio) if vision is not None else None
+        # The model's front end, as training chose it; a model that lays out AnyRes tiles has its images tiled, always.
+        tiled = "anyres" if self.model.cfg.anyres is not None else aspect_ratio
+        self.processor = front_end_for(vision, self.model.cfg, tiled).processor
         # Video frames: each processed as the tower's images are (one tile, the tower's square fit)
         self.frame_processor = ImageProcessor(vision) if self.model.cfg.video is not None else None
         # ...sampled as the run sampled them (checkpoints before these keys: the data defaults)
