@@ -40,24 +40,33 @@ class ModelSource:
     seed: int = 0
 
 
+# The stage whose default output a stage starts from when neither model.restore_from_path nor HF weights are given.
+STARTS_FROM = {"finetune": "pretrain", "dpo": "finetune"}
+
+
+def default_stage_output(stage: str) -> str:
+    return os.path.join(os.environ.get("NEVA_OUTPUT_ROOT", "outputs"), stage, "final")
+
+
 def default_pretrain_output() -> str:
-    return os.path.join(os.environ.get("NEVA_OUTPUT_ROOT", "outputs"), "pretrain", "final")
+    return default_stage_output("pretrain")
 
 
 def resolve_source(cfg: TrainConfig) -> ModelSource:
     """Decide the starting point of a run.
 
-    Finetune without ``model.restore_from_path`` starts from the default pretrain output; a missing starting point
-    is a config error that says what to run.
+    Finetune without ``model.restore_from_path`` starts from the default pretrain output, DPO from the default
+    finetune output (``STARTS_FROM``); a missing starting point is a config error that says what to run.
     """
     restore = cfg.model.restore_from_path
-    if restore is None and cfg.stage == "finetune" and not cfg.model.mm_cfg.llm.from_pretrained:
-        restore = default_pretrain_output()
+    before = STARTS_FROM.get(cfg.stage)
+    if restore is None and before is not None and not cfg.model.mm_cfg.llm.from_pretrained:
+        restore = default_stage_output(before)
         if not neva_format.is_neva_checkpoint(restore):
             raise ConfigError(
-                f"finetune needs a pretrained model and none was found at {restore}. Run "
-                "`python -m neva.train +stage=pretrain` first, or pass model.restore_from_path=/path/to/neva_checkpoint "
-                "(a pretrain stage's final checkpoint, or `python -m neva.convert hf-to-neva` output)."
+                f"{cfg.stage} needs a {before}d model and none was found at {restore}. Run "
+                f"`python -m neva.train +stage={before}` first, or pass model.restore_from_path=/path/to/neva_checkpoint "
+                f"(a {before} stage's final checkpoint, or `python -m neva.convert hf-to-neva` output)."
             )
     adapter = cfg.model.mm_cfg.pretrain_mm_mlp_adapter
     if adapter is not None and not os.path.isfile(adapter):
