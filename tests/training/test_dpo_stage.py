@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,15 @@ def test_dpo_stage_trains_from_a_finetune_checkpoint(tmp_path, tiny_checkpoint, 
     assert float(rows[0]["train_loss"]) == pytest.approx(math.log(2), rel=1e-6)
     assert float(rows[0]["rewards/margin"]) == pytest.approx(0.0, abs=1e-6)
     assert float(rows[1]["train_loss"]) != pytest.approx(math.log(2), rel=1e-6)  # the policy moved
+
+
+def test_without_a_finetuned_model_the_stage_says_what_to_run(tmp_path):
+    env = {**os.environ, "NEVA_OUTPUT_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    done = subprocess.run([sys.executable, "-m", "neva.train", "+stage=dpo"], env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "+stage=finetune" in lines[0] and str(tmp_path / "finetune" / "final") in lines[0]
 
 
 @pytest.mark.parametrize(
