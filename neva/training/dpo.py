@@ -19,9 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from neva.checkpoint.source import ModelSource
 from neva.config import DPOConfig, TrainConfig
+from neva.constants import IGNORE_INDEX
 from neva.errors import ConfigError
 from neva.models.lora import adapters_disabled
 from neva.models.preference_loss import PREFERENCE_LOSSES, pair_losses, sequence_logps
@@ -40,8 +43,6 @@ METRICS = (
 REFUSED = (
     ("model.pipeline_model_parallel_size", lambda c: c.model.pipeline_model_parallel_size > 1,
      "the pipeline schedule carries token losses, not pair batches; use data parallelism"),
-    ("model.tensor_model_parallel_size", lambda c: c.model.tensor_model_parallel_size > 1,
-     "the preference head reads the LM head at the replies' positions, which TP layouts do not select"),
     ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
      "the preference stage averages over the global batch's pairs (global_tokens)"),
     ("model.data.packing", lambda c: c.model.data.packing, "every reply keeps a row of its own"),
@@ -65,11 +66,21 @@ def batch_logps(
     logits: torch.Tensor, batch: dict[str, Any], device: torch.device, mean: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sequence log-probs ``[2P]`` as the loss takes them, summed log-probs ``[2P]``, learned tokens ``[2P]``) of a
-    pair batch's rows from its logits at ``output_positions``."""
-    targets = batch["targets"].to(device, non_blocking=True)
-    rows = batch["output_positions"][:, 0].to(device, non_blocking=True)
-    token = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)
-    sums, counts = sequence_logps(token, rows, 2 * int(batch["pairs"]))
+    pair batch's rows, from its logits at ``output_positions`` ``[N, V]`` or at every position ``[B, S, V]`` (TP:
+    vocab-sharded, under ``loss_parallel``)."""
+    n_rows = 2 * int(batch["pairs"])
+    if logits.dim() == 3:
+        target = batch["labels"][:n_rows, 1:].to(device, non_blocking=True)
+        flat = logits[:n_rows, :-1].float().flatten(0, 1)
+        nll = F.cross_entropy(flat, target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        nll = nll.full_tensor() if isinstance(nll, DTensor) else nll
+        learned = target != IGNORE_INDEX
+        sums, counts = -(nll.view(target.shape) * learned).sum(1), learned.sum(1).to(nll.dtype)
+    else:
+        targets = batch["targets"].to(device, non_blocking=True)
+        rows = batch["output_positions"][:, 0].to(device, non_blocking=True)
+        token = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)
+        sums, counts = sequence_logps(token, rows, n_rows)
     return (sums / counts.clamp(min=1) if mean else sums), sums, counts
 
 

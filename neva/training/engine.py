@@ -25,7 +25,7 @@ from neva.checkpoint.names import named_parameters
 from neva.data.collate import join_rows
 from neva.models.attention import attends_per_segment
 from neva.models.lora import LoRALinear, token_dropout_keys
-from neva.models.loss import learned_positions, micro_batch_weight, token_cross_entropy
+from neva.models.loss import learned_positions, micro_batch_weight
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
@@ -147,21 +147,18 @@ class Engine:
         """Summed loss of one micro-batch (forward only): the head objective's, token cross-entropy by default."""
         if self.sp_multiple > 1:
             batch = pad_micro_batches([batch], self.sp_multiple)[0]
-        batch = self._prepare(batch)
-        if not self.learned_only_head:
-            inputs = model_inputs(batch, self.device, self.packed)
-            labels = batch["labels"].to(self.device)
-            with self._autocast():
-                logits = self.model(**inputs)
-            loss = token_cross_entropy(logits, labels)[0]
-            return loss.to_local() if isinstance(loss, DTensor) else loss
-        logits, batch = self.head_logits(batch)
-        return self.head.loss(logits, batch, self.device)
+        logits, batch = self.head_logits(self._prepare(batch))
+        loss = self.head.loss(logits, batch, self.device)
+        return loss.to_local() if isinstance(loss, DTensor) else loss
 
     def head_logits(self, batch: dict[str, Any], model: nn.Module | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-        """``(logits [N, V] at the batch's output positions, the batch as run)`` of ``model`` (default: the trained
-        one; the preference objective passes its reference) on a prepared micro-batch; layouts whose LM head runs
-        at every position (TP) excepted."""
+        """``(logits, the batch as run)`` of ``model`` (default: the trained one; the preference objective passes its
+        reference) on a prepared micro-batch: ``[N, V]`` at the batch's output positions, or ``[B, S, V]`` at every
+        position where the LM head runs on all (TP layouts: vocab-sharded under ``loss_parallel``)."""
+        model = self.model if model is None else model
+        if not self.learned_only_head:
+            with self._autocast():
+                return model(**model_inputs(batch, self.device, self.packed)), batch
         if "output_positions" not in batch:  # a hand-built batch: found from its host labels (still no device sync)
             positions, targets = learned_positions(batch["labels"])
             batch = {**batch, "output_positions": positions, "targets": targets}
@@ -170,7 +167,7 @@ class Engine:
         inputs = model_inputs(batch, self.device, self.packed)
         positions = batch["output_positions"].to(self.device, non_blocking=True)
         with self._autocast():
-            logits = (self.model if model is None else model)(**inputs, output_positions=positions)
+            logits = model(**inputs, output_positions=positions)
         return logits, batch
 
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:

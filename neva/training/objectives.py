@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from neva.models.loss import count_learned_tokens, summed_cross_entropy
+from neva.models.loss import count_learned_tokens, summed_cross_entropy, token_cross_entropy
 from neva.training.moe_loss import MoEAuxLoss
 
 
@@ -26,7 +26,8 @@ class HeadObjective(Protocol):
         ...
 
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
-        """The micro-batch's summed loss from its logits ``[N, V]`` at ``batch["output_positions"]``."""
+        """The micro-batch's summed loss from its logits: ``[N, V]`` at ``batch["output_positions"]``, or ``[B, S, V]``
+        at every position (TP layouts, vocab-sharded under ``loss_parallel``)."""
         ...
 
 
@@ -37,6 +38,8 @@ class TokenCrossEntropy:
         return count_learned_tokens(batch["labels"])
 
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+        if logits.dim() == 3:
+            return token_cross_entropy(logits, batch["labels"].to(device))[0]
         return summed_cross_entropy(logits.float(), batch["targets"].to(device, non_blocking=True))
 
 
