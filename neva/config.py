@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from neva.data.config import DataConfig
 from neva.models.loss import LOSS_NORMALIZATIONS
+from neva.models.preference_loss import PREFERENCE_LOSSES
 from neva.models.trainable import LoraSpec, TrainablePolicy
 from neva.nemo_keys import Same, lookup, rewrite_config_keys, rewrite_overrides, split_override, template_for_model_type
 from neva.typed import ConfigError, build, unknown_keys
@@ -121,6 +122,10 @@ class MMConfig:
 #         cosine to min_lr; with constant_steps > 0 Megatron's variant: s / warmup, cosine over
 #         max - warmup - constant steps, then min_lr for the constant steps.
 SCHED_FORMULAS = ("neva", "hf", "nemo")
+# model.optim.sched.name: cosine annealing by ``formula``, or transformers' linear decay / constant rate after a linear
+# warmup (get_linear_schedule_with_warmup, get_constant_schedule_with_warmup: LLaVA-NeXT's DPO runs linear).
+HF_ONLY_SCHEDULES = ("linear", "constant_with_warmup")
+SCHEDULES = ("CosineAnnealing", "cosine", *HF_ONLY_SCHEDULES)
 
 
 @dataclass
@@ -135,6 +140,13 @@ class SchedConfig:
     formula: str = "neva"
 
     def __post_init__(self) -> None:
+        if self.name not in SCHEDULES:
+            raise ValueError(f"model.optim.sched.name={self.name!r}; choose one of {SCHEDULES}")
+        if self.name in HF_ONLY_SCHEDULES and (self.min_lr or self.constant_steps):
+            raise ValueError(
+                f"model.optim.sched.name={self.name} is transformers' formula (to 0 with no constant steps); got "
+                f"min_lr={self.min_lr}, constant_steps={self.constant_steps}: set them to 0"
+            )
         if self.formula not in SCHED_FORMULAS:
             raise ValueError(f"model.optim.sched.formula={self.formula!r}; choose one of {SCHED_FORMULAS}")
         if self.formula == "hf" and (self.min_lr or self.constant_steps):
@@ -191,6 +203,28 @@ class PeftConfig:
 
 
 @dataclass
+class DPOConfig:
+    """``model.dpo``: the preference stage's objective (``neva.models.preference_loss``, docs/TRAINING.md)."""
+
+    beta: float = 0.1  # TRL's and LLaVA-NeXT's default
+    loss_type: str = "sigmoid"  # sigmoid | robust | hinge | ipo
+    label_smoothing: float = 0.0  # sigmoid (cDPO) and robust: the assumed share of flipped labels
+    sft_weight: float = 0.0  # weight of the chosen reply's mean token NLL (LLaVA-NeXT's gamma, TRL's rpo_alpha)
+    # reference log-probs from the records (ref_chosen_logps / ref_rejected_logps) instead of a reference forward
+    precompute_ref_log_probs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in PREFERENCE_LOSSES:
+            raise ValueError(f"model.dpo.loss_type={self.loss_type!r}; choose one of {tuple(PREFERENCE_LOSSES)}")
+        if not self.beta > 0:
+            raise ValueError(f"model.dpo.beta must be > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"model.dpo.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.sft_weight < 0:
+            raise ValueError(f"model.dpo.sft_weight must be >= 0, got {self.sft_weight}")
+
+
+@dataclass
 class ModelConfig:
     """``model.*``."""
 
@@ -225,6 +259,7 @@ class ModelConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
 
     def trainable_policy(self) -> TrainablePolicy:
         """What trains in this stage: vision frozen unless configured, the projector, and the LLM (or its LoRA
@@ -319,6 +354,7 @@ class RecipeStage:
 class RecipeConfig:
     pretrain: RecipeStage = field(default_factory=RecipeStage)
     finetune: RecipeStage = field(default_factory=RecipeStage)
+    dpo: RecipeStage = field(default_factory=RecipeStage)
 
 
 @dataclass
@@ -335,6 +371,9 @@ class ClusterConfig:
     efficiency: dict[str, Any] = field(default_factory=dict)
 
 
+STAGES = ("pretrain", "finetune", "dpo")
+
+
 @dataclass
 class TrainConfig:
     """The whole composed config of ``python -m neva.train``."""
@@ -347,8 +386,8 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
-        if self.stage not in ("pretrain", "finetune"):
-            raise ValueError(f"stage must be pretrain or finetune, got {self.stage!r}")
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {self.stage!r}")
 
 
 def _leaves(key: str, value: Any) -> list[tuple[str, Any]]:

@@ -22,8 +22,9 @@ from neva.nemo_keys import rewrite_overrides
 log = logging.getLogger("neva.train")
 
 STAGE_HELP = (
-    "neva.train needs a stage: `python -m neva.train +stage=pretrain` (train the projector on image captions) or "
-    "`python -m neva.train +stage=finetune` (projector + LLM on instructions; starts from the pretrain output)."
+    "neva.train needs a stage: `python -m neva.train +stage=pretrain` (train the projector on image captions), "
+    "`python -m neva.train +stage=finetune` (projector + LLM on instructions; starts from the pretrain output) or "
+    "`python -m neva.train +stage=dpo` (preference pairs; starts from the finetune output)."
 )
 
 

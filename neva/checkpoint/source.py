@@ -40,35 +40,36 @@ class ModelSource:
     seed: int = 0
 
 
-def default_pretrain_output(cfg: TrainConfig) -> str:
-    """Where a finetune without ``model.restore_from_path`` starts: ``<root>/pretrain/final`` beside the run's own
-    ``exp_manager.exp_dir`` (``<root>/finetune``), so that a pretrain and a finetune given one root
-    (``exp_manager.exp_dir=<root>/pretrain``, then ``<root>/finetune``; ``NEVA_OUTPUT_ROOT``; the SLURM scripts) find
-    each other; by default ``outputs/pretrain/final``."""
+# The stage a stage starts from when neither model.restore_from_path nor HF weights are given, and how its output is
+# named in the refusal.
+STARTS_FROM = {"finetune": ("pretrain", "pretrained"), "dpo": ("finetune", "finetuned")}
+
+
+def default_start(cfg: TrainConfig) -> str:
+    """Where a stage without ``model.restore_from_path`` starts: ``<root>/<the stage before>/final`` beside the run's
+    own ``exp_manager.exp_dir`` (``<root>/<stage>``), so that stages given one root (``exp_manager.exp_dir=<root>/
+    pretrain``, then ``<root>/finetune``; ``NEVA_OUTPUT_ROOT``; the SLURM scripts) find each other; by default
+    ``outputs/pretrain/final`` for a finetune, ``outputs/finetune/final`` for DPO."""
     root = os.path.dirname(os.path.normpath(cfg.exp_manager.exp_dir))
-    return os.path.join(root, "pretrain", "final")
+    return os.path.join(root, STARTS_FROM[cfg.stage][0], "final")
 
 
-def _env_pretrain_output() -> str:
-    """The pretrain output of a run that kept the default ``exp_manager.exp_dir``."""
-    return os.path.join(os.environ.get("NEVA_OUTPUT_ROOT", "outputs"), "pretrain", "final")
-
-
-def missing_pretrain(restore: str, cfg: TrainConfig) -> ConfigError:
-    """The refusal of a finetune whose default starting point is not there: one line naming where it looked, and
-    the default root's pretrain output when that one exists (a pretrain run without this run's exp_dir)."""
+def missing_start(restore: str, cfg: TrainConfig) -> ConfigError:
+    """The refusal of a stage whose default starting point is not there: one line naming where it looked, and the
+    default root's output of the stage before when that one exists (run without this run's exp_dir)."""
+    before, made = STARTS_FROM[cfg.stage]
     where = f"{restore} (beside exp_manager.exp_dir={cfg.exp_manager.exp_dir})"
-    other = _env_pretrain_output()
+    other = os.path.join(os.environ.get("NEVA_OUTPUT_ROOT", "outputs"), before, "final")
     if os.path.abspath(other) != os.path.abspath(restore) and neva_format.is_neva_checkpoint(other):
         return ConfigError(
-            f"finetune starts from {where}, which holds no neva checkpoint, and will not take {other} instead: pass "
-            f"model.restore_from_path={other} to start from it, or give the pretrain and the finetune one root "
-            "(exp_manager.exp_dir=<root>/pretrain, then <root>/finetune)"
+            f"{cfg.stage} starts from {where}, which holds no neva checkpoint, and will not take {other} instead: "
+            f"pass model.restore_from_path={other} to start from it, or give both stages one root "
+            f"(exp_manager.exp_dir=<root>/{before}, then <root>/{cfg.stage})"
         )
     return ConfigError(
-        f"finetune needs a pretrained model and none was found at {where}. Run `python -m neva.train "
-        "+stage=pretrain` with the same root first (exp_manager.exp_dir=<root>/pretrain for <root>/finetune), or pass "
-        "model.restore_from_path=/path/to/neva_checkpoint (a pretrain stage's final checkpoint, or `python -m "
+        f"{cfg.stage} needs a {made} model and none was found at {where}. Run `python -m neva.train "
+        f"+stage={before}` with the same root first (exp_manager.exp_dir=<root>/{before} for <root>/{cfg.stage}), or "
+        f"pass model.restore_from_path=/path/to/neva_checkpoint (a {before} stage's final checkpoint, or `python -m "
         "neva.convert hf-to-neva` output)."
     )
 
@@ -76,14 +77,15 @@ def missing_pretrain(restore: str, cfg: TrainConfig) -> ConfigError:
 def resolve_source(cfg: TrainConfig) -> ModelSource:
     """Decide the starting point of a run.
 
-    Finetune without ``model.restore_from_path`` starts from the pretrain output beside its ``exp_dir``
-    (``default_pretrain_output``); a missing starting point is a config error that says what to run.
+    A stage without ``model.restore_from_path`` starts from the output of the stage before it beside its
+    ``exp_dir`` (``STARTS_FROM``, ``default_start``); a missing starting point is a config error that says what to
+    run.
     """
     restore = cfg.model.restore_from_path
-    if restore is None and cfg.stage == "finetune" and not cfg.model.mm_cfg.llm.from_pretrained:
-        restore = default_pretrain_output(cfg)
+    if restore is None and cfg.stage in STARTS_FROM and not cfg.model.mm_cfg.llm.from_pretrained:
+        restore = default_start(cfg)
         if not neva_format.is_neva_checkpoint(restore):
-            raise missing_pretrain(restore, cfg)
+            raise missing_start(restore, cfg)
     adapter = cfg.model.mm_cfg.pretrain_mm_mlp_adapter
     if adapter is not None and not os.path.isfile(adapter):
         raise ConfigError(f"model.mm_cfg.pretrain_mm_mlp_adapter={adapter!r}: no such file (LLaVA's mm_projector.bin)")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from neva.data import synthetic, synthetic_detail, synthetic_skills, synthetic_video
+from neva.data import synthetic, synthetic_detail, synthetic_preference, synthetic_skills, synthetic_video
 
 
 @dataclass(frozen=True)
@@ -33,4 +33,6 @@ BUILTIN_SETS: dict[str, BuiltinSet] = {
     ),
     # fine patterns in images twice the tower's size: what AnyRes tiles resolve and a fixed resolution cannot
     "synthetic_detail": BuiltinSet(synthetic_detail.detail_records, synthetic_detail.DetailImages),
+    # the shapes' first question, the right answer preferred to a wrong one (the DPO stage's default data)
+    "synthetic_preference": BuiltinSet(synthetic_preference.preference_records, synthetic.SyntheticImages),
 }

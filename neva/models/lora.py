@@ -73,6 +73,7 @@ class LoRALinear(nn.Module):
         self.scale = alpha / rank
         self.p = dropout
         self.salt = salt  # distinguishes the layers' masks (a hash of the wrapped module's name)
+        self.enabled = True  # False: the base layer alone (``adapters_disabled``)
         self.lora_a = nn.Linear(base.in_features, rank, bias=False, device=base.weight.device, dtype=base.weight.dtype)
         self.lora_b = nn.Linear(rank, base.out_features, bias=False, device=base.weight.device, dtype=base.weight.dtype)
         if base.weight.device.type != "meta":
@@ -83,6 +84,8 @@ class LoRALinear(nn.Module):
         nn.init.zeros_(self.lora_b.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return self.base(x)
         return self.base(x) + self.lora_b(self.lora_a(self._dropout(x))) * self.scale
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,6 +102,20 @@ class LoRALinear(nn.Module):
         value = value or (lambda p: p.detach())
         w, a, b = (value(p).float() for p in (self.base.weight, self.lora_a.weight, self.lora_b.weight))
         return w + self.scale * b @ a
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """Inside, every LoRA layer of ``model`` runs its base layer alone: the model as it was before its adapters,
+    without a second copy of it (PEFT's ``disable_adapter``)."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enabled = True
 
 
 def apply_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float) -> list[str]:

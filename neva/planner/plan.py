@@ -23,10 +23,12 @@ from neva.typed import ConfigError
 
 # Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
 # after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
-TEXT_TOKENS = {"pretrain": 100, "finetune": 450}
+# A preference stage (dpo) is planned as finetuning on its conversations: a pair counts as one sample; its second row
+# and the reference's forward (no gradient, FSDP-sharded like the policy) are not modelled (docs/PRESETS.md).
+TEXT_TOKENS = {"pretrain": 100, "finetune": 450, "dpo": 450}
 # Share of those text tokens that are learned: a pretrain sample's text is its caption, about half of a finetune
 # conversation's is the assistant's replies (the rest prompt and template). The LM head runs only there without TP.
-LEARNED_FRACTION = {"pretrain": 1.0, "finetune": 0.5}
+LEARNED_FRACTION = {"pretrain": 1.0, "finetune": 0.5, "dpo": 0.5}
 
 GiB = 1024**3
 

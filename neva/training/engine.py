@@ -25,18 +25,12 @@ from neva.checkpoint.names import named_parameters
 from neva.data.collate import join_rows
 from neva.models.attention import attends_per_segment
 from neva.models.lora import LoRALinear, token_dropout_keys
-from neva.models.loss import (
-    count_learned_tokens,
-    learned_positions,
-    micro_batch_weight,
-    summed_cross_entropy,
-    token_cross_entropy,
-)
+from neva.models.loss import learned_positions, micro_batch_weight
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
-from neva.training.objectives import aux_objectives
+from neva.training.objectives import AuxObjective, HeadObjective, TokenCrossEntropy, aux_objectives
 
 # The model's per-token inputs besides the ids (dropout_keys: the engine's LoRA dropout keys; token_mask: MoE's).
 TOKEN_INPUTS = ("position_ids", "segment_ids", "dropout_keys", "token_mask")
@@ -70,6 +64,8 @@ class Engine:
         device: where inputs go.
         packed: batches are packed rows (keep ``segment_ids``).
         loss_normalization: ``model.loss_normalization`` (``neva.models.loss.LOSS_NORMALIZATIONS``).
+        head: what the LM head's logits become (``neva.training.objectives``; default token cross-entropy).
+        objectives: auxiliary objectives beside the model's own (MoE's routers).
     """
 
     def __init__(
@@ -79,8 +75,11 @@ class Engine:
         device: torch.device,
         packed: bool,
         loss_normalization: str = "global_tokens",
+        head: HeadObjective | None = None,
+        objectives: tuple[AuxObjective, ...] = (),
     ) -> None:
         self.parallel = parallel
+        self.head = head or TokenCrossEntropy()
         self.loss_normalization = loss_normalization
         self.parts = parallel.parts
         self.master = parallel.master
@@ -105,7 +104,7 @@ class Engine:
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
         # Auxiliary objectives (MoE: the routers' load-balancing losses) join each micro-batch's loss
         # (neva/training/objectives.py); none for a dense model.
-        self.objectives = aux_objectives(self.parts, layout, parallel.group("pp"))
+        self.objectives = aux_objectives(self.parts, layout, parallel.group("pp")) + tuple(objectives)
         self._aux_stats: dict[str, torch.Tensor] = {}
 
     @property
@@ -145,17 +144,21 @@ class Engine:
         return loss_parallel() if self.parallel.vocab_parallel else contextlib.nullcontext()
 
     def loss_sum(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Summed token loss of one micro-batch (forward only)."""
+        """Summed loss of one micro-batch (forward only): the head objective's, token cross-entropy by default."""
         if self.sp_multiple > 1:
             batch = pad_micro_batches([batch], self.sp_multiple)[0]
-        batch = self._prepare(batch)
+        logits, batch = self.head_logits(self._prepare(batch))
+        loss = self.head.loss(logits, batch, self.device)
+        return loss.to_local() if isinstance(loss, DTensor) else loss
+
+    def head_logits(self, batch: dict[str, Any], model: nn.Module | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``(logits, the batch as run)`` of ``model`` (default: the trained one; the preference objective passes its
+        reference) on a prepared micro-batch: ``[N, V]`` at the batch's output positions, or ``[B, S, V]`` at every
+        position where the LM head runs on all (TP layouts: vocab-sharded under ``loss_parallel``)."""
+        model = self.model if model is None else model
         if not self.learned_only_head:
-            inputs = model_inputs(batch, self.device, self.packed)
-            labels = batch["labels"].to(self.device)
             with self._autocast():
-                logits = self.model(**inputs)
-            loss = token_cross_entropy(logits, labels)[0]
-            return loss.to_local() if isinstance(loss, DTensor) else loss
+                return model(**model_inputs(batch, self.device, self.packed)), batch
         if "output_positions" not in batch:  # a hand-built batch: found from its host labels (still no device sync)
             positions, targets = learned_positions(batch["labels"])
             batch = {**batch, "output_positions": positions, "targets": targets}
@@ -163,14 +166,14 @@ class Engine:
             batch = self._prepare(join_rows(batch))
         inputs = model_inputs(batch, self.device, self.packed)
         positions = batch["output_positions"].to(self.device, non_blocking=True)
-        targets = batch["targets"].to(self.device, non_blocking=True)
         with self._autocast():
-            logits = self.model(**inputs, output_positions=positions)
-        return summed_cross_entropy(logits.float(), targets)
+            logits = model(**inputs, output_positions=positions)
+        return logits, batch
 
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:
-        """Learned tokens of the whole global batch (all micro-batches, all data-parallel ranks)."""
-        n = sum(count_learned_tokens(mb["labels"]) for mb in micro_batches).to(self.device, torch.float32)
+        """The head objective's count (learned tokens; pairs) over the whole global batch (all micro-batches, all
+        data-parallel ranks)."""
+        n = sum(self.head.count(mb) for mb in micro_batches).to(self.device, torch.float32)
         if self.dp_group is not None:
             dist.all_reduce(n, group=self.dp_group)
         return n

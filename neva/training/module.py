@@ -21,6 +21,7 @@ from neva.parallel.layout import Layout
 from neva.parallel.parallelize import parallelize
 from neva.parallel.precision import Precision
 from neva.training.callbacks import MetricsCSV
+from neva.training.dpo import PreferenceObjective
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer, build_scheduler
 from neva.training.resume_check import CONFIG_KEY, check_resume, config_record
@@ -174,13 +175,20 @@ class NevaModule(pl.LightningModule):
             self.precision_policy,
             getattr(strategy, "dims", None),
         )
+        preference = PreferenceObjective.of(self.cfg)  # stage=dpo: the pairs' objective replaces token CE
         self.engine = Engine(
             parallel,
             self.precision_policy,
             device,
             packed=self.cfg.model.data.packing,
             loss_normalization=self.cfg.model.loss_normalization,
+            head=preference,
+            objectives=(preference,) if preference is not None else (),
         )
+        if preference is not None:
+            preference.attach_reference(
+                self.engine, self.cfg, self.source, self.layout, self.precision_policy, parallel.dims
+            )
         self.model = self.engine.model
         self.trainable_params = counts["trainable"]
 

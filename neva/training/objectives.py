@@ -1,8 +1,11 @@
-"""Auxiliary objectives: terms a step's objective adds to the token cross-entropy, behind one small protocol.
+"""What a step optimizes, behind two small protocols the engine calls without knowing what they compute.
 
-The engine holds this rank's objectives (none for a dense model) and calls each the same way at three points of a
-step; it knows nothing of what they compute. MoE's router losses (``moe_loss.MoEAuxLoss``) are one today; DPO's
-reference terms would be another.
+- The head objective (``HeadObjective``): what a micro-batch's LM-head logits become, summed, and what the step
+  divides it by (``model.loss_normalization=global_tokens``: the count over the global batch). Token cross-entropy
+  (``TokenCrossEntropy``) by default; the preference stage's DPO objective (``neva.training.dpo``) is the other.
+- Auxiliary objectives (``AuxObjective``): terms added to it and metrics, at three points of a step. MoE's router
+  losses (``moe_loss.MoEAuxLoss``) are one; the preference objective is one too (its reference forward in
+  ``prepare``, its rewards as metrics).
 """
 
 from __future__ import annotations
@@ -12,7 +15,32 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from neva.models.loss import count_learned_tokens, summed_cross_entropy, token_cross_entropy
 from neva.training.moe_loss import MoEAuxLoss
+
+
+class HeadObjective(Protocol):
+    def count(self, batch: dict[str, Any]) -> torch.Tensor:
+        """What ``loss`` is a sum over, counted on the host labels (the engine sums it over micro-batches and
+        data-parallel ranks: the step's divisor)."""
+        ...
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+        """The micro-batch's summed loss from its logits: ``[N, V]`` at ``batch["output_positions"]``, or ``[B, S, V]``
+        at every position (TP layouts, vocab-sharded under ``loss_parallel``)."""
+        ...
+
+
+class TokenCrossEntropy:
+    """The default head objective: next-token cross-entropy summed over learned tokens."""
+
+    def count(self, batch: dict[str, Any]) -> torch.Tensor:
+        return count_learned_tokens(batch["labels"])
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+        if logits.dim() == 3:
+            return token_cross_entropy(logits, batch["labels"].to(device))[0]
+        return summed_cross_entropy(logits.float(), batch["targets"].to(device, non_blocking=True))
 
 
 class AuxObjective(Protocol):

@@ -1,4 +1,5 @@
-"""AdamW with NeMo/LLaVA conventions, and the cosine schedule with linear warmup by neva's, HF's or NeMo's formula."""
+"""AdamW with NeMo/LLaVA conventions; the cosine schedule with linear warmup by neva's, HF's or NeMo's formula, and
+transformers' linear-decay and constant schedules with warmup."""
 
 from __future__ import annotations
 
@@ -107,9 +108,34 @@ def cosine_lr_lambda(cfg: OptimConfig, max_steps: int, base_lr: float, first_bas
     return {"neva": neva, "hf": hf, "nemo": nemo}[cfg.sched.formula]
 
 
+def hf_lr_lambda(cfg: OptimConfig, max_steps: int, base_lr: float, first_base_lr: float | None = None):
+    """transformers' ``get_linear_schedule_with_warmup`` / ``get_constant_schedule_with_warmup`` multiplier for the
+    step after ``s`` earlier ones: ``s / warmup`` during warmup (0 at the first step), then linear to 0 at
+    ``max_steps`` or constant 1."""
+    warm = warmup_steps(cfg, max_steps)
+
+    def linear(step: int) -> float:
+        if step < warm:
+            return step / max(1, warm)
+        return max(0.0, (max_steps - step) / max(1, max_steps - warm))
+
+    def constant(step: int) -> float:
+        return step / max(1, warm) if step < warm else 1.0
+
+    return {"linear": linear, "constant_with_warmup": constant}[cfg.sched.name]
+
+
+# model.optim.sched.name -> the multiplier builder (neva.config.SCHEDULES)
+LR_LAMBDAS = {
+    "CosineAnnealing": cosine_lr_lambda,
+    "cosine": cosine_lr_lambda,
+    "linear": hf_lr_lambda,
+    "constant_with_warmup": hf_lr_lambda,
+}
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int):
-    if cfg.sched.name not in ("CosineAnnealing", "cosine"):
-        raise ValueError(f"model.optim.sched.name={cfg.sched.name!r}: only CosineAnnealing is supported")
+    lr_lambda = LR_LAMBDAS[cfg.sched.name]
     first = optimizer.param_groups[0]["base_lr"]
-    lambdas = [cosine_lr_lambda(cfg, max_steps, g["base_lr"], first) for g in optimizer.param_groups]
+    lambdas = [lr_lambda(cfg, max_steps, g["base_lr"], first) for g in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import warnings
@@ -22,11 +23,13 @@ from neva.checkpoint.neva_format import run_metadata
 from neva.checkpoint.source import resolve_source
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
+from neva.data.preference import PreferenceDataModule
 from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.leave import leave_together
 from neva.parallel.strategy import build_strategy
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints, StepProgressBar
+from neva.training.dpo import check_preference_config
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_steps, plan_training_data
 from neva.training.module import NevaModule
@@ -63,6 +66,15 @@ def log_config(loggers: list[Any], cfg: TrainConfig) -> None:
                 logger.experiment.file_writer.add_summary(summary)
 
 
+def data_module_type(cfg: TrainConfig) -> Callable[..., NevaDataModule]:
+    """The stage's data module: preference pairs for stage=dpo (``neva.data.preference``; the settings that stage
+    refuses are refused here, before data and model are built), conversations otherwise."""
+    if cfg.stage == "dpo":
+        check_preference_config(cfg)
+        return functools.partial(PreferenceDataModule, precomputed=cfg.model.dpo.precompute_ref_log_probs)
+    return NevaDataModule
+
+
 def run(cfg: TrainConfig, forecast: Callable[[TrainConfig], str] | None = None) -> Path | None:
     """Train one stage; returns the consolidated checkpoint's path (None on non-writing ranks).
 
@@ -75,7 +87,7 @@ def run(cfg: TrainConfig, forecast: Callable[[TrainConfig], str] | None = None) 
         log.info("%s", forecast(cfg))
     pl.seed_everything(cfg.model.seed, workers=True, verbose=False)
     source = resolve_source(cfg)
-    data = NevaDataModule(
+    data = data_module_type(cfg)(
         cfg.model.data,
         source.tokenizer,
         source.cfg,

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from neva.checkpoint.source import default_pretrain_output, resolve_source
+from neva.checkpoint.source import default_start, resolve_source
 from neva.config import compose_config
 from neva.typed import ConfigError
 
@@ -19,13 +19,13 @@ def finetune(exp_dir=None):
 
 def test_default_is_outputs_pretrain_final(monkeypatch):
     monkeypatch.delenv("NEVA_OUTPUT_ROOT", raising=False)
-    assert default_pretrain_output(finetune()) == "outputs/pretrain/final"
+    assert default_start(finetune()) == "outputs/pretrain/final"
 
 
 def test_default_follows_the_finetunes_exp_dir_root(tmp_path, tiny_checkpoint):
     shutil.copytree(tiny_checkpoint, tmp_path / "runs" / "pretrain" / "final")  # exp_manager.exp_dir=runs/pretrain
     cfg = finetune(tmp_path / "runs" / "finetune")
-    assert default_pretrain_output(cfg) == str(tmp_path / "runs" / "pretrain" / "final")
+    assert default_start(cfg) == str(tmp_path / "runs" / "pretrain" / "final")
     assert resolve_source(cfg).checkpoint == str(tmp_path / "runs" / "pretrain" / "final")
 
 

@@ -98,22 +98,27 @@ def make_checkpoint(
 
 
 def train_losses(
-    overrides: list[str], steps: int, keep_engine: bool = False, kinds: str | None = None
+    overrides: list[str],
+    steps: int,
+    keep_engine: bool = False,
+    kinds: str | None = None,
+    base: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses, gradient norms (before
-    clipping) and parameter dtypes (``keep_engine``: the trained engine too, for in-process checks). A video model,
-    or ``kinds`` (a ``ROW_KINDS`` name), trains on hand-built micro-batches (``media_steps``)."""
+    clipping), the auxiliary objectives' metrics and parameter dtypes (``keep_engine``: the trained engine too, for
+    in-process checks). A video model, or ``kinds`` (a ``ROW_KINDS`` name), trains on hand-built micro-batches
+    (``media_steps``). ``base``: the overrides under ``overrides`` (default ``BASE``)."""
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
-    from neva.data.datamodule import NevaDataModule
     from neva.parallel.layout import resolve_layout
     from neva.training.module import NevaModule, StepBatches
     from neva.training.optim import build_optimizer, build_scheduler
+    from neva.training.run import data_module_type
 
-    cfg = compose_config(BASE + overrides)
+    cfg = compose_config((BASE if base is None else base) + overrides)
     layout = resolve_layout(cfg)
     source = resolve_source(cfg)
-    data = NevaDataModule(
+    data = data_module_type(cfg)(
         cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=cfg.model.micro_batch_size,
         dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed, accumulation=layout.grad_accum,
     )  # fmt: skip
@@ -124,7 +129,7 @@ def train_losses(
     engine = module.engine
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
-    losses, grad_norms = [], []
+    losses, grad_norms, aux = [], [], []
     if source.cfg.video is not None or kinds is not None:
         steps_of = media_steps(source.cfg, layout, steps, kinds or "video")
     else:
@@ -140,10 +145,12 @@ def train_losses(
         engine.after_optimizer_step()
         scheduler.step()
         losses.append(loss.item())
+        aux.append(engine.aux_metrics)
     dtypes = sorted({str(p.dtype) for _, p in engine.named_trainable_parameters()})
     return {
         "losses": losses,
         "grad_norms": grad_norms,
+        "aux_metrics": aux,
         "param_dtypes": dtypes,
         **({"engine": engine} if keep_engine else {}),
     }

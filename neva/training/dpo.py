@@ -1,0 +1,201 @@
+"""The preference stage's objective (``stage=dpo``): DPO and its variants over concatenated pair batches.
+
+One class plays both of the engine's protocols (``neva.training.objectives``): as the head objective it turns the
+policy's logits at the replies' tokens into per-sequence log-probs (rows ``[0, P)`` chosen, ``[P, 2P)`` rejected:
+``neva.data.preference``) and sums the pairs' losses (``neva.models.preference_loss``) plus the SFT term; the engine
+divides by the global batch's pairs, so the step's loss is the mean over pairs whatever the layout. As an auxiliary
+objective it runs the reference forward in ``prepare`` (no gradient; before the policy's forward) and reports the
+rewards and log-probs as metrics.
+
+The reference is the starting weights: a frozen second model built from the run's own source, or, under LoRA, the
+trained model with its adapters off (no copy); or, with ``model.dpo.precompute_ref_log_probs``, the records' values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from neva.checkpoint.source import ModelSource
+from neva.config import DPOConfig, TrainConfig
+from neva.constants import IGNORE_INDEX
+from neva.errors import ConfigError
+from neva.models.lora import adapters_disabled
+from neva.models.preference_loss import PREFERENCE_LOSSES, pair_losses, sequence_logps
+from neva.models.trainable import TrainablePolicy, build_meta_model
+from neva.parallel.layout import Layout
+from neva.parallel.parallelize import parallelize
+from neva.parallel.precision import Precision
+
+# What a step reports, in the order of the values summed over pairs and data-parallel ranks (then / pairs).
+METRICS = (
+    "rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin",
+    "logps/chosen", "logps/rejected", "ref_logps/chosen", "ref_logps/rejected", "dpo_loss", "sft_loss",
+)  # fmt: skip
+
+# Layouts and settings the preference stage refuses, each with why (key, refused value, reason).
+REFUSED = (
+    ("model.pipeline_model_parallel_size", lambda c: c.model.pipeline_model_parallel_size > 1,
+     "the pipeline schedule carries token losses, not pair batches; use data parallelism"),
+    ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
+     "the preference stage averages over the global batch's pairs (global_tokens)"),
+    ("model.data.packing", lambda c: c.model.data.packing, "every reply keeps a row of its own"),
+)  # fmt: skip
+
+
+def check_preference_config(cfg: TrainConfig) -> None:
+    """Raises: ConfigError naming the first key the preference stage cannot run with."""
+    for key, refused, why in REFUSED:
+        if refused(cfg):
+            raise ConfigError(f"stage=dpo: {key} is not supported here: {why}")
+    policy = cfg.model.trainable_policy()
+    if policy.lora is not None and (policy.vision or policy.projector):
+        raise ConfigError(
+            "stage=dpo with model.peft.peft_scheme=lora takes the model with its adapters off as the reference: set "
+            "model.mm_cfg.freeze_projector=true (and keep the tower frozen) so that it stays the starting weights"
+        )
+
+
+def batch_logps(
+    logits: torch.Tensor, batch: dict[str, Any], device: torch.device, mean: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sequence log-probs ``[2P]`` as the loss takes them, summed log-probs ``[2P]``, learned tokens ``[2P]``) of a
+    pair batch's rows, from its logits at ``output_positions`` ``[N, V]`` or at every position ``[B, S, V]`` (TP:
+    vocab-sharded, under ``loss_parallel``)."""
+    n_rows = 2 * int(batch["pairs"])
+    if logits.dim() == 3:
+        target = batch["labels"][:n_rows, 1:].to(device, non_blocking=True)
+        flat = logits[:n_rows, :-1].float().flatten(0, 1)
+        nll = F.cross_entropy(flat, target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        nll = nll.full_tensor() if isinstance(nll, DTensor) else nll
+        learned = target != IGNORE_INDEX
+        sums, counts = -(nll.view(target.shape) * learned).sum(1), learned.sum(1).to(nll.dtype)
+    else:
+        targets = batch["targets"].to(device, non_blocking=True)
+        rows = batch["output_positions"][:, 0].to(device, non_blocking=True)
+        token = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)
+        sums, counts = sequence_logps(token, rows, n_rows)
+    return (sums / counts.clamp(min=1) if mean else sums), sums, counts
+
+
+class PreferenceObjective:
+    """DPO head objective and auxiliary objective (metrics) of the preference stage.
+
+    Args:
+        cfg: ``model.dpo``.
+        reference: a pair batch → the reference's sequence log-probs ``[2P]``; None: the batch carries
+            ``ref_logps`` (precomputed).
+    """
+
+    def __init__(self, cfg: DPOConfig, reference: Callable[[dict[str, Any]], torch.Tensor] | None = None) -> None:
+        self.cfg = cfg
+        self.mean = PREFERENCE_LOSSES[cfg.loss_type][1]
+        self.reference = reference
+        self._sums: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> PreferenceObjective | None:
+        """The objective of a ``stage=dpo`` run (its reference attached later: ``attach_reference``), else None."""
+        if cfg.stage != "dpo":
+            return None
+        check_preference_config(cfg)
+        return cls(cfg.model.dpo)
+
+    # -- head objective ---------------------------------------------------------------------------------------
+    def count(self, batch: dict[str, Any]) -> torch.Tensor:
+        return torch.tensor(int(batch["pairs"]))
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+        policy, sums, counts = batch_logps(logits, batch, device, self.mean)
+        reference = batch["ref_logps"].to(device, torch.float32)
+        n = policy.shape[0] // 2
+        losses = pair_losses(self.cfg.loss_type, self.cfg.beta, self.cfg.label_smoothing, policy, reference)
+        # The SFT term: the chosen reply's mean token NLL, per pair.
+        sft = -sums[:n] / counts[:n].clamp(min=1)
+        total = losses.sum() + self.cfg.sft_weight * sft.sum()
+        if torch.is_grad_enabled():  # training's forward (validation runs without autograd and reports val_loss)
+            self._record(policy.detach(), reference, losses.detach(), sft.detach())
+        return total
+
+    def _record(self, policy: torch.Tensor, reference: torch.Tensor, losses: torch.Tensor, sft: torch.Tensor) -> None:
+        n = policy.shape[0] // 2
+        chosen = self.cfg.beta * (policy[:n] - reference[:n])
+        rejected = self.cfg.beta * (policy[n:] - reference[n:])
+        per_pair = torch.stack([chosen, rejected, (chosen > rejected).float(), chosen - rejected, policy[:n],
+                                policy[n:], reference[:n], reference[n:], losses, sft])  # fmt: skip
+        values = torch.cat([per_pair.sum(1), per_pair.new_tensor([n])])
+        self._sums = values if self._sums is None else self._sums + values
+
+    # -- auxiliary objective ----------------------------------------------------------------------------------
+    def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if "ref_logps" in batch:
+            return batch
+        if self.reference is not None:  # on every micro-batch, an all-skipped one too: a sharded reference's
+            return {**batch, "ref_logps": self.reference(batch)}  # all-gathers must match on every rank
+        if not batch["pairs"]:
+            return {**batch, "ref_logps": torch.zeros(0)}
+        raise ConfigError("model.dpo.precompute_ref_log_probs=true but a batch carries no reference log-probs")
+
+    def take(self, divisor: int) -> torch.Tensor:
+        return torch.zeros(())  # the objective is the head's loss; nothing is added to it
+
+    def step_values(self, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values = self._sums if self._sums is not None else torch.zeros(len(METRICS) + 1, device=total.device)
+        self._sums = None
+        return total, values.to(total.device)
+
+    def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
+        pairs = values[-1].clamp(min=1)
+        return {name: values[i] / pairs for i, name in enumerate(METRICS)}
+
+    # -- the reference ----------------------------------------------------------------------------------------
+    def attach_reference(
+        self,
+        engine: Any,
+        cfg: TrainConfig,
+        source: ModelSource,
+        layout: Layout,
+        precision: Precision,
+        dims: Any = None,
+    ) -> None:
+        """The reference forward of the run: none under ``precompute_ref_log_probs``; the engine's own model with
+        its adapters off under LoRA; else a frozen model of the starting weights, parallelized as the run is."""
+        if cfg.model.dpo.precompute_ref_log_probs:
+            return
+        if cfg.model.peft.peft_scheme == "lora":
+            self.reference = reference_forward(engine, None, lambda: adapters_disabled(engine.model), self.mean)
+        else:
+            model = frozen_reference(cfg, source, layout, engine.device, precision, dims)
+            self.reference = reference_forward(engine, model, contextlib.nullcontext, self.mean)
+
+
+def reference_forward(
+    engine: Any, model: torch.nn.Module | None, context: Callable[[], Any], mean: bool
+) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """A pair batch → the sequence log-probs ``[2P]`` of ``model`` (None: the engine's own) run by the engine's rules
+    under ``context`` (LoRA: adapters off), without autograd."""
+
+    def reference(batch: dict[str, Any]) -> torch.Tensor:
+        with torch.no_grad(), context():
+            logits, ran = engine.head_logits(batch, model)
+            return batch_logps(logits, ran, engine.device, mean)[0]
+
+    return reference
+
+
+def frozen_reference(
+    cfg: TrainConfig, source: ModelSource, layout: Layout, device: torch.device, precision: Precision, dims: Any
+) -> torch.nn.Module:
+    """The starting weights as a model that trains nothing, sharded by FSDP2 where the run shards (DDP cannot wrap a
+    model without gradients, so a DDP run's reference is sharded too)."""
+    frozen = TrainablePolicy(vision=False, projector=False, llm=False, lora=None)
+    meta = build_meta_model(source.cfg, frozen)
+    ref_layout = dataclasses.replace(layout, data_parallel="fsdp")
+    model = parallelize(meta, source, ref_layout, cfg.model, device, precision, dims).parts[0]
+    return model.eval()

@@ -1,0 +1,125 @@
+"""Preference pairs: both record formats, the rendering and exact masks of finetuning, the bad-pair rules, the
+concatenated batch, the built-in synthetic pairs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from neva.constants import IGNORE_INDEX
+from neva.data import DataConfig
+from neva.data.dataset import process_record
+from neva.data.preference import PreferenceDataModule
+from neva.errors import ConfigError
+from neva.models.presets import build_config
+
+QUESTION = "What color is the shape?"
+LLAVA_NEXT = {"id": "a", "image": "red.png", "prompt": f"<image>\n{QUESTION}", "chosen": "red", "rejected": "blue"}
+TRL = {
+    "id": "b",
+    "images": ["red.png"],
+    "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}],
+    "chosen": [{"role": "assistant", "content": "red"}],
+    "rejected": [{"role": "assistant", "content": [{"type": "text", "text": "blue"}]}],
+}
+BAD = {
+    "no_image": {**LLAVA_NEXT, "image": None},
+    "empty_chosen": {**LLAVA_NEXT, "chosen": "  "},
+    "empty_rejected": {**LLAVA_NEXT, "rejected": ""},
+    "chosen_equals_rejected": {**LLAVA_NEXT, "rejected": "red"},
+    "malformed_pair": {"id": "m", "image": "red.png", "prompt": "<image>\nhi", "chosen": "yes"},
+    "image_count_mismatch": {**LLAVA_NEXT, "prompt": "<image>\n<image>\nTwo?"},
+}
+MULTI_TURN = {
+    "id": "c",
+    "images": ["red.png"],
+    "prompt": [
+        {"role": "user", "content": f"<image>\n{QUESTION}"},
+        {"role": "assistant", "content": "red"},
+        {"role": "user", "content": "And its shape?"},
+    ],
+    "chosen": "circle",
+    "rejected": "square",
+}
+
+
+def module(tmp_path, tokenizer, records, **kw):
+    Image.new("RGB", (32, 32), "red").save(tmp_path / "red.png")
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    fields = dict(data_path=str(path), image_folder=str(tmp_path), conv_template="vicuna_v1", seq_length=256,
+                  pad_to_multiple_of=8)  # fmt: skip
+    cfg = DataConfig(**{**fields, **kw.pop("data", {})})
+    model = build_config(image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    dm = PreferenceDataModule(cfg, tokenizer, model, micro_batch_size=len(records), **kw)
+    dm.setup()
+    return dm
+
+
+def learned_text(tokenizer, sample) -> str:
+    return tokenizer.decode([t for t in sample["labels"].tolist() if t != IGNORE_INDEX]).strip()
+
+
+def test_both_formats_render_as_a_finetuning_turn_and_learn_only_the_reply(tmp_path, synthetic_tokenizer):
+    dm = module(tmp_path, synthetic_tokenizer, [LLAVA_NEXT, TRL])
+    ds = dm.train_datasets[0]
+    a, b = ds[0], ds[1]
+    conversation = {"id": "a", "image": "red.png", "conversations": [
+        {"from": "human", "value": f"<image>\n{QUESTION}"}, {"from": "gpt", "value": "red"}]}  # fmt: skip
+    base = ds.base
+    finetune = process_record(conversation, base.settings, base.image_source, base.front_end)
+    for pair in (a, b):  # the same ids and labels as finetuning's sample of that conversation
+        assert torch.equal(pair["chosen"]["input_ids"], finetune["input_ids"])
+        assert torch.equal(pair["chosen"]["labels"], finetune["labels"])
+    assert torch.equal(a["rejected"]["input_ids"], b["rejected"]["input_ids"])
+    assert learned_text(synthetic_tokenizer, a["chosen"]).startswith("red")
+    assert learned_text(synthetic_tokenizer, a["rejected"]).startswith("blue")
+    assert "color" not in learned_text(synthetic_tokenizer, a["chosen"])
+
+
+def test_a_multi_turn_prompt_learns_only_the_final_reply(tmp_path, synthetic_tokenizer):
+    pair = module(tmp_path, synthetic_tokenizer, [MULTI_TURN]).train_datasets[0][0]
+    for side, reply in (("chosen", "circle"), ("rejected", "square")):
+        text = learned_text(synthetic_tokenizer, pair[side])
+        assert text.replace(" ", "").startswith(reply) and "red" not in text
+
+
+def test_bad_pairs_are_counted_skips_with_their_reason(tmp_path, synthetic_tokenizer):
+    ds = module(tmp_path, synthetic_tokenizer, list(BAD.values())).train_datasets[0]
+    assert [ds[i].get("skipped") for i in range(len(BAD))] == list(BAD)
+
+
+def test_precomputed_reference_logps_ride_in_the_batch_in_row_order(tmp_path, synthetic_tokenizer):
+    records = [{**LLAVA_NEXT, "ref_chosen_logps": -1.5, "ref_rejected_logps": -2.5},
+               {**TRL, "ref_chosen_logps": -3.0, "ref_rejected_logps": -4.0}, LLAVA_NEXT]  # fmt: skip
+    dm = module(tmp_path, synthetic_tokenizer, records, precomputed=True)
+    assert dm.train_datasets[0][2]["skipped"] == "no_reference_logps"
+    batch = dm.collator([dm.train_datasets[0][i] for i in range(3)])
+    assert batch["pairs"] == 2 and batch["input_ids"].shape[0] == 4
+    assert batch["ref_logps"].tolist() == [-1.5, -3.0, -2.5, -4.0]
+    assert batch["skipped"] == {"no_reference_logps": 1}
+    # rows [0, P) the chosen replies, [P, 2P) the rejected ones of the same pairs
+    assert learned_text(synthetic_tokenizer, {"labels": batch["labels"][0]}).startswith("red")
+    assert learned_text(synthetic_tokenizer, {"labels": batch["labels"][2]}).startswith("blue")
+
+
+def test_shards_are_refused_in_one_line(tmp_path, synthetic_tokenizer):
+    for n in range(2):
+        (tmp_path / f"pairs-{n:06d}.tar").write_bytes(b"")
+    spec = str(tmp_path / "pairs-{000000..000001}.tar")
+    with pytest.raises(ConfigError, match=r"model\.data\.data_path"):
+        module(tmp_path, synthetic_tokenizer, [LLAVA_NEXT], data={"data_path": spec})
+
+
+def test_builtin_synthetic_pairs_prefer_the_right_answer(synthetic_tokenizer):
+    cfg = DataConfig(data_path="synthetic_preference", conv_template="vicuna_v1", synthetic_train_samples=12)
+    model = build_config(image_token_id=synthetic_tokenizer.convert_tokens_to_ids("<image>"))
+    dm = PreferenceDataModule(cfg, synthetic_tokenizer, model, micro_batch_size=4)
+    dm.setup()
+    records = dm.train_datasets[0].base.records
+    assert len(records) == 12 and all(r["chosen"] != r["rejected"] for r in records)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["pairs"] == 4 and not batch["skipped"]
