@@ -18,6 +18,7 @@ from neva.planner.plan import plan_run
 SOURCES = (
     ("llava15_", "LLaVA-1.5 (haotian-liu/LLaVA scripts/v1_5)"),
     ("llava_onevision_", "LLaVA-OneVision (LLaVA-VL/LLaVA-NeXT scripts/train)"),
+    ("llava_next_dpo_", "LLaVA-NeXT DPO (LLaVA-VL/LLaVA-NeXT scripts/train/dpo.sh)"),
     ("nemo_launcher_", "NeMo-Framework-Launcher NeVA (current)"),
     ("nemo_", "NeMo 1.x NeVA (2023 examples)"),
 )
