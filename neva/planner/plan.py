@@ -9,7 +9,7 @@ from neva.config import TrainConfig
 from neva.models.config import NevaConfig
 from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.pipeline import check_splittable
-from neva.parallel.tensor_parallel import check_tensor_parallel
+from neva.parallel.tensor_parallel import check_divisibility
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import stage_flops
@@ -17,7 +17,7 @@ from neva.planner.hardware import hardware_from_config
 from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import dispatch_bytes, moe_facts
-from neva.planner.params import meta_model, model_inventory, stage_layers
+from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
 from neva.typed import ConfigError
 
@@ -133,15 +133,14 @@ def plan_run(
             ``cfg.model.data`` (``neva.planner.images.image_load``).
 
     Raises:
-        ConfigError: a layout training refuses (``deployment_from_config``, ``check_tensor_parallel``: LoRA, a trained
-            tower or TP sizes that do not divide the model,
+        ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
             pipeline chunks without a layer, an EP size that does not divide the experts).
     """
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
     layout = dep.layout
-    if layout.tp > 1:  # training's own check (LoRA, a trained tower, sizes tp does not divide)
-        check_tensor_parallel(meta_model(ncfg, cfg.model.trainable_policy()), layout.tp)
+    if layout.tp > 1:
+        check_divisibility(ncfg, layout.tp)
     check_splittable(ncfg, layout.pp)
     check_expert_parallel_layout(layout, ncfg.llm)
     hw = hardware_from_config(cfg.cluster)

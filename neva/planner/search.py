@@ -19,7 +19,9 @@ from typing import Any
 
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import ModelConfig, TrainConfig
+from neva.parallel.tensor_parallel import check_tensor_parallel
 from neva.planner.images import image_load
+from neva.planner.params import meta_model
 from neva.planner.plan import Plan, plan_run
 from neva.typed import ConfigError
 
@@ -123,9 +125,13 @@ def search(
     space.update({k: list(v) for k, v in (constraints or {}).items()})
     tried = 0
     valid: list[Plan] = []
+    policy = cfg.model.trainable_policy()
     for candidate in candidates(cfg, space):
         tried += 1
         try:
+            tp = candidate.model.tensor_model_parallel_size
+            if tp > 1:  # what the planner predicts but training refuses (LoRA, a trained tower): not proposed
+                check_tensor_parallel(meta_model(model, policy), tp)
             valid.append(plan_run(candidate, text_tokens, None, grad_reduce, model, image_size, image_tokens))
         except ConfigError:
             continue  # a layout training refuses: not a candidate
