@@ -41,7 +41,7 @@ from neva.data.video_decode import VideoLimits
 from neva.models.config import NevaConfig
 from neva.models.generation import GenerationConfig, generate, left_pad
 from neva.models.loss import token_cross_entropy
-from neva.models.media import Media, MediaInputs
+from neva.models.media import image_media
 
 ImageInput = Image.Image | str | os.PathLike
 """An image given as a PIL image or as a path to open."""
@@ -338,7 +338,7 @@ class Answerer:
         for row, (_, row_labels) in enumerate(encoded):
             labels[row, labels.shape[1] - len(row_labels) :] = torch.as_tensor(row_labels)
         counts = torch.tensor([len(images) for _, images, _ in scored], device=device)
-        media = Media(image=MediaInputs(torch.cat(pixels).to(device), items_per_row=counts) if pixels else None)
+        media = image_media(torch.cat(pixels).to(device), counts) if pixels else None
         logits = self.model(batch.input_ids, media, position_ids=batch.position_ids, segment_ids=batch.segment_ids)
         return [
             float(token_cross_entropy(logits[row : row + 1], labels[row : row + 1])[0]) for row in range(len(scored))
