@@ -13,7 +13,8 @@ Batch contract (both modes)::
                [B] images per row, positions [M, 2] (row, column) of every image-token position in the order the
                features fill them (None when a sample did not say where its images are), AnyRes: index [M] (or
                [M, 4] taps with weight [M, 4] under anyres_max_N) the row of the batch's flattened tile features for
-               each position, -1 = image_newline (``neva.models.anyres``)
+               each position, -1 = image_newline (``neva.models.anyres``); native resolution: pixels [L, C·T·P·P]
+               every image's flattened patches and grid [N, 3] (t, h, w) per image (the samples' ``image_grid``)
         video: pixels [F, 3, H, W] every sampled frame (row then position order, each video's frames in time
                order), frames [V] per video, positions [M_v, 2] in the order the frames' pooled features fill them
                (``NevaConfig.video_tokens(F)`` per video)
@@ -87,10 +88,13 @@ def _image_inputs(
     positions: list | None,
     layouts: list[Layout],
     tile_tokens: int | None,
+    grids: list[torch.Tensor],
 ) -> MediaInputs | None:
     if not pixels:
         return None
     image = MediaInputs(torch.cat(pixels), _cat_positions(positions), items_per_row=counts)
+    if grids:  # native resolution: each image's patch grid, in the order of its patches
+        return replace(image, grid=torch.cat(grids))
     if tile_tokens is None:
         return image
     lay = concat_layouts(layouts, tile_tokens)  # AnyRes: each image's index offset by the tiles before it
@@ -110,7 +114,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
     position_ids = torch.zeros((1, bsz, row_len), dtype=torch.long)
     segment_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     image_counts = torch.zeros(bsz, dtype=torch.long)
-    pixels, ids, image_positions, layouts, tile_tokens = [], [], [], [], None
+    pixels, ids, image_positions, layouts, tile_tokens, grids = [], [], [], [], None, []
     video_pixels, video_frames, video_positions = [], [], []
     for r, row in enumerate(rows):
         pos = 0
@@ -126,6 +130,8 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
             image_counts[r] += sample.get("image_count", sample["pixel_values"].shape[0])
             if sample["pixel_values"].shape[0]:
                 pixels.append(sample["pixel_values"])
+                if "image_grid" in sample:
+                    grids.append(sample["image_grid"])
             if "image_feature_index" in sample:  # AnyRes: offset by the tiles of the samples before
                 layouts.append(sample_layout(sample))
                 tile_tokens = sample["tile_tokens"]
@@ -151,7 +157,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "position_ids": position_ids,
         "segment_ids": segment_ids,
         "media": Media(
-            image=_image_inputs(pixels, image_counts, image_positions, layouts, tile_tokens),
+            image=_image_inputs(pixels, image_counts, image_positions, layouts, tile_tokens, grids),
             video=MediaInputs(torch.cat(video_pixels), torch.cat(video_positions), frames=torch.cat(video_frames))
             if video_pixels
             else None,

@@ -30,7 +30,7 @@ from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
-from neva.data.tokens import tokenizer_image_token_id
+from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.data.video import VideoSource
 from neva.models.anyres import anyres_on, parse_aspect_ratio
 from neva.models.config import NevaConfig, VisionConfig
@@ -129,7 +129,7 @@ class NevaDataModule:
         self.cfg = cfg
         self.plan_dir = plan_dir
         self.tokenizer = tokenizer
-        self.image_token_id = tokenizer_image_token_id(tokenizer)
+        self.image_token_id = tokenizer_image_token_id(tokenizer, image_token_for(cfg.conv_template))
         # LLM positions per image: after the projector (mlp_downsample merges 2×2 patches) when the model is known.
         image_tokens = vision.num_image_tokens if vision is not None else 0
         if model_config is not None:

@@ -132,7 +132,7 @@ def highlight(text: str, spans: tuple[tuple[int, int], ...], color: bool) -> str
 def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     """Run the CLI on parsed ``args``; returns the number of skipped samples."""
     from neva.data.conversation import get_template
-    from neva.data.tokens import tokenizer_image_token_id
+    from neva.data.tokens import image_token_for, tokenizer_image_token_id
 
     tokenizer = load_tokenizer(args.tokenizer)
     cfg = checkpoint_config(args.tokenizer) if os.path.isdir(args.tokenizer) else None
@@ -147,7 +147,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     settings = EncoderSettings(
         tokenizer=tokenizer,
         template=get_template(args.conv_template, tokenizer),
-        image_token_id=tokenizer_image_token_id(tokenizer),
+        image_token_id=tokenizer_image_token_id(tokenizer, image_token_for(args.conv_template)),
         num_image_tokens=num_image_tokens,
         max_length=args.max_length or ckpt_len,
         image_token_placement=args.image_token_placement,
