@@ -52,7 +52,10 @@ def _qwen3_merger(neva: str, hf: str) -> dict[str, str]:
 
 # Per tower kind: (vision table, projector table).
 TABLES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-    "qwen2_vl": ({**_BLOCKS, **_LAYERNORM_BIASES, **_FC_MLP}, {**_QWEN2_MERGER, "merger.norm.bias": "merger.ln_q.bias"}),
+    "qwen2_vl": (
+        {**_BLOCKS, **_LAYERNORM_BIASES, **_FC_MLP},
+        {**_QWEN2_MERGER, "merger.norm.bias": "merger.ln_q.bias"},
+    ),
     "qwen2_5_vl": ({**_BLOCKS, **_GATED_MLP}, _QWEN2_MERGER),
     "qwen3_vl": (
         {
@@ -125,8 +128,6 @@ def state_dict_from_hf(state: dict[str, torch.Tensor], kind: str) -> dict[str, t
     return out
 
 
-def state_dict_to_hf(
-    state: dict[str, torch.Tensor], kind: str, prefix: str = EXPORT_PREFIX
-) -> dict[str, torch.Tensor]:
+def state_dict_to_hf(state: dict[str, torch.Tensor], kind: str, prefix: str = EXPORT_PREFIX) -> dict[str, torch.Tensor]:
     """neva's ``vision.…`` and ``projector.…`` tensors under HF's names (other keys are left out)."""
     return {neva_key_to_hf(k, kind, prefix): t for k, t in state.items() if k.startswith(("vision.", "projector."))}

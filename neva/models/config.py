@@ -38,7 +38,9 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 TOWER_KINDS = {
     "clip": dict(acts=("quick_gelu", "gelu"), class_tokens=1, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-5, select=-2),
     "siglip": dict(acts=("gelu_pytorch_tanh",), class_tokens=0, mean=SIGLIP_MEAN, std=SIGLIP_STD, eps=1e-5, select=-2),
-    "qwen2_vl": dict(acts=("quick_gelu",), class_tokens=0, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-6, select=-1, native=True),
+    "qwen2_vl": dict(
+        acts=("quick_gelu",), class_tokens=0, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-6, select=-1, native=True
+    ),
     "qwen2_5_vl": dict(acts=("silu",), class_tokens=0, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-6, select=-1, native=True),
     "qwen3_vl": dict(
         acts=("gelu_pytorch_tanh",), class_tokens=0, mean=SIGLIP_MEAN, std=SIGLIP_STD, eps=1e-6, select=-1, native=True
@@ -343,7 +345,9 @@ class ProjectorConfig:
         ``mlp_downsample`` one per 2×2 block of the patch grid, an odd side padded up (NeMo: ceil(side / 2)²). A merger
         has no fixed count (native resolution): an image's comes from its grid."""
         if self.type in MERGERS:
-            raise ValueError(f"projector {self.type}: no fixed count per image (native resolution); count from its grid")
+            raise ValueError(
+                f"projector {self.type}: no fixed count per image (native resolution); count from its grid"
+            )
         if self.type == "mlp_downsample":
             return (-(-vision.grid // 2)) ** 2
         return vision.num_image_tokens

@@ -100,7 +100,9 @@ class Qwen2Tower(nn.Module):
         rows = grid_rows(grid)
         patches = sum(t * h * w for t, h, w in rows)
         if pixels.shape != (patches, cfg.patch_dim):
-            raise ValueError(f"pixels {tuple(pixels.shape)} do not hold the grid's {patches} patches of {cfg.patch_dim}")
+            raise ValueError(
+                f"pixels {tuple(pixels.shape)} do not hold the grid's {patches} patches of {cfg.patch_dim}"
+            )
         x = self.embed(pixels, rows)
         rope = rotary_tables(patch_positions(rows, cfg.spatial_merge_size, x.device), cfg.hidden_size // cfg.num_heads)
         frames = frame_lengths(rows)

@@ -19,9 +19,7 @@ from neva.models.native_vision import init_native_weights, patch_positions
 from neva.models.vision_qwen2 import Qwen2Tower
 
 
-def bilinear_taps(
-    positions: torch.Tensor, sizes: torch.Tensor, side: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def bilinear_taps(positions: torch.Tensor, sizes: torch.Tensor, side: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per patch, the four table entries and weights of an align-corners bilinear resample of a ``side`` × ``side``
     table to its image's grid: ``positions`` ``[L, 2]`` (row, column), ``sizes`` ``[L, 2]`` (h, w) of its grid.
     Returns indices ``[L, 4]`` into the flattened table and weights ``[L, 4]`` (row taps outer)."""

@@ -43,18 +43,37 @@ FAMILIES = {
         Qwen2_5_VisionTransformerPretrainedModel,
         (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
         # window 32 px = 4 merge units of 2 × 4-px patches: the 12 × 16 image has 2 × 2 windows, two cut short
-        dict(depth=3, hidden_size=32, out_hidden_size=48, intermediate_size=40, window_size=32,
-             fullatt_block_indexes=[1], hidden_act="silu"),  # fmt: skip
+        dict(
+            depth=3,
+            hidden_size=32,
+            out_hidden_size=48,
+            intermediate_size=40,
+            window_size=32,
+            fullatt_block_indexes=[1],
+            hidden_act="silu",
+        ),
         dict(num_layers=3, intermediate_size=40, window_size=32, fullatt_block_indexes=[1], hidden_act="silu"),
     ),
     "qwen3_vl": (
         Qwen3VLVisionConfig,
         Qwen3VLVisionModel,
         (Qwen3VLConfig, Qwen3VLForConditionalGeneration),
-        dict(depth=3, hidden_size=32, out_hidden_size=48, intermediate_size=40, num_position_embeddings=36,
-             deepstack_visual_indexes=[0, 2], hidden_act="gelu_pytorch_tanh"),  # fmt: skip
-        dict(num_layers=3, intermediate_size=40, num_position_embeddings=36, deepstack_visual_indexes=[0, 2],
-             hidden_act="gelu_pytorch_tanh"),  # fmt: skip
+        dict(
+            depth=3,
+            hidden_size=32,
+            out_hidden_size=48,
+            intermediate_size=40,
+            num_position_embeddings=36,
+            deepstack_visual_indexes=[0, 2],
+            hidden_act="gelu_pytorch_tanh",
+        ),
+        dict(
+            num_layers=3,
+            intermediate_size=40,
+            num_position_embeddings=36,
+            deepstack_visual_indexes=[0, 2],
+            hidden_act="gelu_pytorch_tanh",
+        ),
     ),
 }
 GRID = torch.tensor([[1, 12, 16], [1, 4, 8], [3, 8, 4]])  # two images and a 3-temporal-patch video
@@ -142,7 +161,7 @@ def test_empty_input_gives_zero_rows_and_zero_gradients(kind):
 def test_key_table_covers_the_whole_visual_module_both_ways(kind):
     """Every ``model.visual.*`` tensor of a real (tiny) ``…ForConditionalGeneration`` has a neva name, every neva
     tower and merger tensor an HF one, and the round trip gives the same keys back (the 4.x ``visual.`` prefix too)."""
-    config_cls, _, (whole_config, whole_cls), fields, _ = FAMILIES[kind]
+    _, _, (whole_config, whole_cls), fields, _ = FAMILIES[kind]
     text = dict(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                 num_key_value_heads=2, head_dim=24)  # fmt: skip
     if kind != "qwen3_vl":
