@@ -21,9 +21,10 @@ from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLConfig, Q
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLForConditionalGeneration, Qwen3VLVisionModel
 
 from neva.checkpoint.hf_qwen_vl_keys import state_dict_from_hf, state_dict_to_hf
-from neva.models.config import ProjectorConfig, VisionConfig
+from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 from neva.models.projector import build_projector
 from neva.models.towers import build_tower
+from neva.models.vision import reaches_features
 from tests.checkpoint.tiny_hf import one_thread
 from tests.hf_oracle import randomise_inits
 from tests.models.test_hf_parity import rel_err
@@ -181,3 +182,31 @@ def test_key_table_covers_the_whole_visual_module_both_ways(kind):
     assert set(state_dict_from_hf(legacy, kind)) == expected
     with pytest.raises(KeyError, match="not a"):
         state_dict_from_hf({"model.visual.unknown.weight": torch.zeros(1)}, kind)
+
+
+def test_native_kinds_config_rules():
+    """``is_native`` is the capability; fixed per-image counts refuse a native kind; CLIP / SigLIP keep their defaults;
+    a native tower takes its own merger with the same merge and DeepStack counts; every block reaches the features."""
+    vision, projector = neva_configs("qwen3_vl")
+    assert vision.is_native and not VisionConfig().is_native and not VisionConfig(kind="siglip",
+        hidden_act="gelu_pytorch_tanh").is_native  # fmt: skip
+    assert (vision.vision_select_layer, vision.layer_norm_eps) == (-1, 1e-6)
+    assert (VisionConfig().vision_select_layer, VisionConfig().layer_norm_eps) == (-2, 1e-5)
+    for prop in ("grid", "num_patches", "seq_len", "num_image_tokens"):
+        with pytest.raises(ValueError, match="native resolution"):
+            getattr(vision, prop)
+    with pytest.raises(ValueError, match="native resolution"):
+        projector.num_tokens(vision)
+    with pytest.raises(ValueError, match="vision_select_layer must be -1"):
+        VisionConfig(kind="qwen2_vl", hidden_size=32, num_heads=2, vision_select_layer=-2)
+    llm = LLMConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_layers=1, num_heads=2)
+    NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=63)
+    wrong = ProjectorConfig(type="qwen2_vl_merger", input_size=32, output_size=48)
+    with pytest.raises(ValueError, match="do not go together"):
+        NevaConfig(llm=llm, vision=vision, projector=wrong, image_token_id=63)
+    with pytest.raises(ValueError, match="deepstack_mergers"):
+        NevaConfig(llm=llm, vision=vision, projector=ProjectorConfig(type="qwen3_vl_merger", input_size=32,
+                   output_size=48), image_token_id=63)  # fmt: skip
+    with torch.device("meta"):
+        names = [n for n, _ in build_tower(vision).named_parameters()]
+    assert all(reaches_features(vision, n) for n in names)
