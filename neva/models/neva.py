@@ -112,7 +112,10 @@ class NevaModel(nn.Module):
     def _features(self, modality: str, inputs: MediaInputs) -> torch.Tensor:
         """``[M, D]``: the features of every position of ``modality``, in position order."""
         if inputs.grid is not None:  # native resolution: the merger's output is already one row per position
-            return self.projector(self._tower_features(inputs.pixels, inputs.grid))
+            merged = self.projector(self._tower_features(inputs.pixels, inputs.grid))
+            if merged.deepstack:
+                raise NotImplementedError("DeepStack features (Qwen3-VL) are not added to the decoder yet")
+            return merged.main
         if modality == "video":
             return self.video_features(inputs.pixels).flatten(0, 1)
         feats_NTD = self.image_features(inputs.pixels)
