@@ -49,7 +49,8 @@ FAMILIES = {
 
 
 def tiny_qwen_vl(family: str, seed: int = 0):
-    """A random ``<Family>ForConditionalGeneration`` in eval mode, its norms randomised (HF inits them to 1)."""
+    """A random ``<Family>ForConditionalGeneration`` in eval mode, its norms and biases randomised (HF inits them to
+    1 and 0) and its q / k projections scaled up: sharp attention, so that positions change the logits visibly."""
     config_cls, model_cls, text, vision = FAMILIES[family]
     vision = dict(vision, spatial_merge_size=MERGE)
     if family == "qwen2_5_vl":
@@ -60,6 +61,8 @@ def tiny_qwen_vl(family: str, seed: int = 0):
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(8)
     return model
 
 
