@@ -41,13 +41,12 @@ def mrope_axes(section: list[int], interleaved: bool, device: torch.device | Non
     Qwen3-VL (``interleaved``): h at frequencies 1, 4, 7, ... (``section[1]`` of them), w at 2, 5, 8, ...
     (``section[2]``), t at every other one.
     """
-    half = sum(section)
+    t, h, w = section
+    j = torch.arange(t + h + w, device=device)
+    # From the index alone (no host list copied to the device: no sync in the forward).
     if not interleaved:
-        return torch.repeat_interleave(torch.arange(3, device=device), torch.tensor(section, device=device))
-    axes = torch.zeros(half, dtype=torch.long, device=device)
-    for axis in (1, 2):
-        axes[axis : 3 * section[axis] : 3] = axis
-    return axes
+        return (j >= t).long() + (j >= t + h).long()
+    return torch.where((j % 3 == 1) & (j < 3 * h), 1, torch.where((j % 3 == 2) & (j < 3 * w), 2, 0))
 
 
 def rope_cos_sin(

@@ -5,11 +5,10 @@ the KV cache = argmax of HF's full-sequence forwards at HF's decode positions, l
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen2VLTextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3VLTextConfig
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 
-from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.constants import IGNORE_INDEX
 from neva.data.collate import collate_packed
 from neva.models.config import LLMConfig, NevaConfig
@@ -17,7 +16,7 @@ from neva.models.generation import GenerationConfig, generate
 from neva.models.llama import LlamaDecoder
 from neva.models.mrope import mrope_positions
 from neva.models.neva import NevaModel
-from neva.models.rope import rope_cos_sin
+from neva.models.rope import rope_cos_sin, rope_inv_freq
 from tests.checkpoint.tiny_hf import one_thread
 from tests.models.qwen_vl_oracle import (
     FAMILIES,
@@ -67,19 +66,40 @@ def prompts(family: str) -> list[tuple[list[int], list, list]]:
     video = qwen3_video((2, 4, 4), 30) if family == "qwen3_vl" else item(VIDEO, (2, 4, 4))
     return [
         (text(3, 1) + item(IMAGE, (1, 4, 6)) + text(5, 2), [(1, 4, 6)], []),
-        (text(2, 3) + item(IMAGE, (1, 2, 4)) + text(1, 4) + item(IMAGE, (1, 6, 4)) + text(2, 5), [(1, 2, 4), (1, 6, 4)], []),
+        (
+            text(2, 3) + item(IMAGE, (1, 2, 4)) + text(1, 4) + item(IMAGE, (1, 6, 4)) + text(2, 5),
+            [(1, 2, 4), (1, 6, 4)],
+            [],
+        ),
         (text(1, 6) + video + text(3, 7), [], [(2, 4, 4)]),
     ]
 
 
-@pytest.mark.parametrize("rotary, family", [(Qwen2VLRotaryEmbedding, "qwen2_vl"), (Qwen3VLTextRotaryEmbedding, "qwen3_vl")])
-def test_rotary_tables_equal_hf(rotary, family):
-    cfg = llm_config(family)
-    hf = rotary(tiny_qwen_vl(family).config.text_config)
-    pos = torch.randint(0, 300, (3, 2, 11))
+# The released models' layouts, head_dim 128: Qwen2-VL / Qwen2.5-VL's [16, 24, 24], Qwen3-VL's interleaved [24, 20, 20].
+RELEASED = {
+    "qwen2_vl": (Qwen2VLTextConfig, dict(rope_theta=1e6, mrope_section=[16, 24, 24])),
+    "qwen3_vl": (Qwen3VLTextConfig, dict(rope_theta=5e6, mrope_section=[24, 20, 20], mrope_interleaved=True)),
+}
+ROTARY = {"qwen2_vl": Qwen2VLRotaryEmbedding, "qwen3_vl": Qwen3VLTextRotaryEmbedding}
+
+
+@pytest.mark.parametrize("size", ["tiny", "released"])
+@pytest.mark.parametrize("family", VL)
+def test_rotary_tables_equal_hf(family, size):
+    if size == "tiny":
+        text_config = tiny_qwen_vl(family).config.text_config
+        cfg = llm_config(family)
+    else:
+        config_cls, rope = RELEASED[family]
+        text_config = config_cls(
+            hidden_size=1024, num_attention_heads=8, head_dim=128, rope_parameters=dict(rope, rope_type="default")
+        )
+        cfg = LLMConfig(hidden_size=1024, num_heads=8, head_dim=128, **rope)
+    hf = ROTARY[family](text_config)
+    pos = torch.randint(0, 3000, (3, 2, 11))
     x = torch.zeros(2, 11, cfg.head_dim)
     hf_cos, hf_sin = hf(x, pos)
-    cos, sin = rope_cos_sin(hf.inv_freq, pos, torch.float32, cfg.mrope_section, cfg.mrope_interleaved)
+    cos, sin = rope_cos_sin(rope_inv_freq(cfg), pos, torch.float32, cfg.mrope_section, cfg.mrope_interleaved)
     assert torch.equal(cos[:, 0], hf_cos) and torch.equal(sin[:, 0], hf_sin)
     assert not torch.equal(cos, rope_cos_sin(hf.inv_freq, pos[:1], torch.float32, cfg.mrope_section)[0])
     # One axis given to an M-RoPE decoder: the three axes are equal.
