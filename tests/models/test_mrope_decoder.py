@@ -221,7 +221,8 @@ def test_packed_row_equals_each_sample_alone(family):
 
 def hf_greedy_full_forwards(hf, name: str, rows: list[tuple], steps: int) -> list[list[int]]:
     """Argmax of HF's full-sequence forward per step, left-padded, at HF's own positions: ``get_rope_index`` for
-    the prompt, ``cumsum(attention_mask) - 1 + rope_deltas`` for every new token (its decode rule)."""
+    the prompt, ``cumsum(attention_mask) - 1 + rope_deltas`` for every new token (its decode rule); checked against
+    HF's ``generate``. No pixels: the visual tokens are embedded as tokens (the decoder alone is under test)."""
     width = max(len(ids) for ids, *_ in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -236,7 +237,7 @@ def hf_greedy_full_forwards(hf, name: str, rows: list[tuple], steps: int) -> lis
         video_grid_thw=torch.tensor(videos) if videos else None,
         attention_mask=mask,
     )
-    out = [[] for _ in rows]
+    out, prompt_ids, prompt_mask = [[] for _ in rows], ids, mask
     for _ in range(steps):
         new = mask.shape[1] - width
         text_pos = (mask.cumsum(-1) - 1)[:, width:] + deltas  # the new tokens' positions
@@ -248,6 +249,14 @@ def hf_greedy_full_forwards(hf, name: str, rows: list[tuple], steps: int) -> lis
             out[r].append(int(token[r]))
         ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, torch.ones_like(token)[:, None]], 1)
         assert new + 1 == mask.shape[1] - width
+    # transformers' own generate (KV cache, rope_deltas) decodes the same tokens.
+    grids = {"image_grid_thw": torch.tensor(images)} if images else {}
+    grids.update({"video_grid_thw": torch.tensor(videos)} if videos else {})
+    kw = dict(attention_mask=prompt_mask, max_new_tokens=steps, do_sample=False, pad_token_id=0, **grids)
+    generated = hf.generate(
+        input_ids=prompt_ids, mm_token_type_ids=(prompt_ids == IMAGE).int() + 2 * (prompt_ids == VIDEO).int(), **kw
+    )
+    assert generated[:, width:].tolist() == out
     return out
 
 
