@@ -3,7 +3,11 @@
 Text tokens count along all three axes alike; a visual item's tokens (one per merged ``spatial_merge_size²`` patch
 block, in t, h, w order) take ``start + (t, h, w)`` of their place in the item's merged grid, where ``start`` is the
 position after the text before it; the text after it starts at ``start + max(h, w)`` (merged). This is transformers'
-``get_rope_index`` (5.x) for one row without padding; the families differ only in videos (``VIDEO_RULES``).
+``get_rope_index`` (5.25) for one row without padding; the families differ only in videos (``VIDEO_RULES``).
+
+transformers <= 5.2 and Qwen's own code start the text after an item one past the item's largest position instead:
+the same for images and Qwen3-VL's frames (t = 1), later for a Qwen2-VL / Qwen2.5-VL video whose temporal positions
+outrun its merged max(h, w). neva follows 5.25 (the installed oracle).
 
 Here, in the lowest layer, so that the data layer (a sample's positions, found on the host) and generation (a
 prompt's) share it. The decoder's side is ``neva.models.rope.rope_cos_sin``.
