@@ -250,6 +250,14 @@ class LLMConfig:
     # Which load-balancing loss ``moe_aux_loss_coeff`` scales: ``megatron`` (Megatron-Core's Switch loss, NeMo's) or
     # ``hf`` (transformers' ``load_balancing_loss_func``); formulas in neva/models/moe.py.
     moe_aux_loss_formula: str = "megatron"
+    # Per-head RMSNorm of q and k before RoPE (Qwen3's ``q_norm`` / ``k_norm``, weights ``[head_dim]``).
+    qk_norm: bool = False
+    # M-RoPE (Qwen2-VL and after): how many of the ``head_dim / 2`` rotary frequencies the time, height and width
+    # position axes drive (HF ``rope_parameters["mrope_section"]``); None = one-axis RoPE. Consecutive blocks
+    # (Qwen2-VL, Qwen2.5-VL) or, with ``mrope_interleaved``, Qwen3-VL's t, h, w, t, h, w, ... layout
+    # (neva/models/rope.py).
+    mrope_section: list[int] | None = None
+    mrope_interleaved: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in LLM_FAMILIES:
@@ -267,12 +275,34 @@ class LLMConfig:
             self.head_dim = self.hidden_size // self.num_heads
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        self._check_mrope()
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type", "default") not in (
             "default",
             "linear",
             "llama3",
         ):
             raise ValueError(f"unsupported rope_scaling {self.rope_scaling}; supported: linear, llama3")
+
+    def _check_mrope(self) -> None:
+        if self.mrope_section is None:
+            if self.mrope_interleaved:
+                raise ValueError("mrope_interleaved needs mrope_section")
+            return
+        self.mrope_section = list(self.mrope_section)
+        if len(self.mrope_section) != 3 or min(self.mrope_section) < 0:
+            raise ValueError(f"mrope_section must be 3 non-negative counts (t, h, w), got {self.mrope_section}")
+        if sum(self.mrope_section) != self.head_dim // 2:
+            raise ValueError(
+                f"mrope_section {self.mrope_section} sums to {sum(self.mrope_section)}, not head_dim / 2 = "
+                f"{self.head_dim // 2} rotary frequencies"
+            )
+        h, w = self.mrope_section[1:]
+        if self.mrope_interleaved and (3 * h - 1 > self.head_dim // 2 or 3 * w > self.head_dim // 2):
+            # Qwen3-VL's layout puts h at frequencies 1, 4, 7, ... and w at 2, 5, 8, ...: each must fit.
+            raise ValueError(
+                f"interleaved mrope_section {self.mrope_section}: h and w take every third of the "
+                f"{self.head_dim // 2} rotary frequencies, which cannot hold {h} and {w}"
+            )
 
     def _check_moe(self) -> None:
         if self.num_moe_experts is None:

@@ -61,13 +61,19 @@ def check_tensor_parallel(model: NevaModel, tp: int) -> None:
     and the support matrix (``neva.support``) asks it of the tiny models.
 
     Raises:
-        ConfigError: LoRA adapters, a trainable vision tower, or sizes ``tp`` does not divide.
+        ConfigError: LoRA adapters, a trainable vision tower, Qwen3's q/k norms, or sizes ``tp`` does not divide.
     """
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ConfigError(
             "LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet"
         )
     check_divisibility(model.cfg, tp)
+    if tp > 1 and model.cfg.llm.qk_norm:
+        # Each rank normalises its own heads: the norms' weight gradients are partial sums over the ranks, which no
+        # plan here reduces yet (a replicated weight would drift apart between ranks).
+        raise ConfigError(
+            "q/k norms (Qwen3, LLMConfig.qk_norm) with model.tensor_model_parallel_size > 1 are not supported yet"
+        )
     if model.vision is not None and any(p.requires_grad for p in model.vision.parameters()):
         raise ConfigError(
             "a trainable vision tower (model.mm_cfg.vision_encoder.freeze=false) with tensor parallelism is not "
