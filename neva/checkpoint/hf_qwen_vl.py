@@ -56,16 +56,15 @@ class QwenVL:
     text_family: str  # LLMConfig.family of its decoder
     config_class: str
     model_class: str
-    processor_class: str
 
 
 QWEN_VL = {
     row.model_type: row
     for row in (
         QwenVL("qwen2_vl", "qwen2_vl", "qwen2_vl_merger", "qwen2_vl", "qwen2",
-               "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor"),
+               "Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
         QwenVL("qwen2_5_vl", "qwen2_5_vl", "qwen2_5_vl_merger", "qwen2_vl", "qwen2",
-               "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor"),
+               "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
     )
 }  # fmt: skip
 NOT_YET = {
@@ -244,8 +243,13 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
         spatial_merge_size=v.spatial_merge_size, in_channels=v.num_channels, hidden_act=v.hidden_act,
     )  # fmt: skip
     if family.tower == "qwen2_vl":
+        if v.intermediate_size % v.hidden_size:
+            raise ConfigError(
+                f"Qwen2-VL's mlp_ratio is an integer: intermediate_size {v.intermediate_size} / hidden_size "
+                f"{v.hidden_size}"
+            )
         vision.update(
-            embed_dim=v.hidden_size, mlp_ratio=v.intermediate_size / v.hidden_size, hidden_size=llm.hidden_size
+            embed_dim=v.hidden_size, mlp_ratio=v.intermediate_size // v.hidden_size, hidden_size=llm.hidden_size
         )
     else:
         vision.update(
@@ -296,20 +300,18 @@ def export_qwen_vl(
     ckpt = Path(ckpt)
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
-    family = QWEN_VL[config["model_type"]]
     with atomic_directory(out, overwrite) as tmp:
         write_safetensors(tmp, _hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)), max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))
+        # The PIL backend (as the llava-hf exports): transformers' default Qwen2-VL processors need torchvision.
+        transformers.Qwen2VLImageProcessorPil(
+            min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, patch_size=spec.patch_size,
+            temporal_patch_size=spec.temporal_patch_size, merge_size=spec.merge_size,
+            image_mean=list(cfg.vision.image_mean), image_std=list(cfg.vision.image_std),
+        ).save_pretrained(str(tmp))  # fmt: skip
         if has_tokenizer(ckpt):
             from transformers import AutoTokenizer
 
-            tokenizer = from_local(AutoTokenizer, ckpt)
-            spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))
-            image_processor = transformers.Qwen2VLImageProcessor(
-                min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, patch_size=spec.patch_size,
-                temporal_patch_size=spec.temporal_patch_size, merge_size=spec.merge_size,
-                image_mean=list(cfg.vision.image_mean), image_std=list(cfg.vision.image_std),
-            )  # fmt: skip
-            processor_class = getattr(transformers, family.processor_class)
-            processor_class(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(str(tmp))
+            from_local(AutoTokenizer, ckpt).save_pretrained(str(tmp))
     return Path(out)

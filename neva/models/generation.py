@@ -155,6 +155,7 @@ def generate(
     image_sizes: Sequence[tuple[int, int] | None] | None = None,
     video_pixel_values: torch.Tensor | None = None,
     position_ids: Sequence[torch.Tensor] | None = None,
+    image_grid: torch.Tensor | None = None,
 ) -> list[list[int]]:
     """Generate continuations for a batch of prompts.
 
@@ -170,6 +171,8 @@ def generate(
             holds every image's tiles (``neva.data.anyres.tile_image``) and each image takes its own positions.
         video_pixel_values: ``[F, C, H, W]``, every frame of every video in prompt order (each video's
             ``NevaConfig.video_tokens(frames)`` positions already expanded to ``video_token`` ids).
+        image_grid: a native-resolution tower's ``[N, 3]`` patch grid of each image (``pixel_values`` then holds
+            their flattened patches, ``neva.data.qwen_images``).
         position_ids: per prompt its RoPE positions ``[P, len]`` (M-RoPE: ``[3, len]`` from
             ``neva.models.mrope.mrope_positions``); None: ``0..len-1``.
 
@@ -186,7 +189,7 @@ def generate(
     out: list[list[int]] = [[] for _ in range(b)]
     if cfg.max_new_tokens == 0:
         return out
-    media = _media(model.cfg, batch.input_ids, pixel_values, image_counts, image_sizes, video_pixel_values)
+    media = _media(model.cfg, batch.input_ids, pixel_values, image_counts, image_sizes, video_pixel_values, image_grid)
     vocab = model.cfg.llm.vocab_size
     seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
     for row, prompt in enumerate(prompts):
@@ -232,6 +235,7 @@ def _media(
     image_counts: Sequence[int] | torch.Tensor | None,
     image_sizes: Sequence[tuple[int, int] | None] | None,
     video_pixel_values: torch.Tensor | None,
+    image_grid: torch.Tensor | None = None,
 ) -> Media:
     """The prompts' images and videos: positions found by the model from the ids of the left-padded batch (padding
     moved them), AnyRes layouts from the images' sizes."""
@@ -240,6 +244,9 @@ def _media(
     if pixel_values is not None:
         counts = None if image_counts is None else torch.as_tensor(list(image_counts), device=device)
         image = MediaInputs(pixel_values.to(device), items_per_row=counts)
+        if image_grid is not None:  # each image's positions: its merged grid (t·h·w / merge²)
+            tokens = image_grid.prod(-1) // cfg.vision.spatial_merge_size**2
+            image = replace(image, grid=image_grid, tokens=tokens.to(device))
         if image_sizes is not None:
             lay, tokens = batch_feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, image_sizes)
             weight = None if lay.weight is None else lay.weight.to(device)

@@ -60,7 +60,9 @@ class MediaInputs:
         return self.pixels.shape[0] == 0
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> MediaInputs:
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        # The grid stays on the host: the tower reads it as integers (from a device copy, a sync per micro-batch).
+        moved = self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        return replace(moved, grid=self.grid)
 
     def pin_memory(self) -> MediaInputs:
         """Pinned host copies (the DataLoader calls this on CUDA runs, as it pins a batch's plain tensors)."""

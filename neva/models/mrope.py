@@ -88,7 +88,7 @@ def mrope_positions(
     grids = {image_token_id: _grid_list(image_grids), video_token_id: _grid_list(video_grids)}
     intervals: dict[int, list] = {image_token_id: [None] * len(grids[image_token_id])}
     videos = grids[video_token_id]
-    if rule.timed:
+    if rule.timed and videos:
         if tokens_per_second is None:
             raise InputError(f"{family} video positions need tokens_per_second")
         seconds = [1.0] * len(videos) if second_per_grid_ts is None else list(second_per_grid_ts)
