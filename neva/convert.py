@@ -4,6 +4,7 @@
 
     # llava-hf (current or legacy layout, safetensors or .bin) → neva
     python -m neva.convert hf-to-neva --hf llava-1.5-7b-hf --out ckpt/llava7b
+    python -m neva.convert hf-to-neva --hf Qwen2.5-VL-7B-Instruct --out ckpt/qwen25vl7b
     # LLaVA's own layout (llava_llama / llava_mistral / llava_qwen config.json; --vision: the local tower directory
     # when mm_vision_tower names a Hub id; --llm: the decoder of a pretrain stage's config.json + mm_projector.bin)
     python -m neva.convert hf-to-neva --hf llava-v1.5-7b --vision clip-vit-large-patch14-336 --out ckpt/llava7b
@@ -31,6 +32,8 @@ import torch
 from neva.checkpoint.hf_assemble import import_llm_and_vision
 from neva.checkpoint.hf_export import export_llava
 from neva.checkpoint.hf_import import import_llava
+from neva.checkpoint.hf_qwen_vl import export_qwen_vl, import_qwen_vl, is_qwen_vl, is_qwen_vl_checkpoint
+from neva.checkpoint.hf_read import load_hf_config
 from neva.checkpoint.llava_original import import_llava_original, read_llava_config
 from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
@@ -52,7 +55,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m neva.convert", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("hf-to-neva", help="HF llava-hf dir, or HF Llama + HF CLIP dirs → neva checkpoint")
-    imp.add_argument("--hf", help="llava-hf directory, or a LLaVA-original one (llava_llama config.json)")
+    imp.add_argument(
+        "--hf", help="llava-hf or Qwen2-VL / Qwen2.5-VL directory, or a LLaVA-original one (llava_llama config.json)"
+    )
     imp.add_argument("--llm", help="HF Llama directory (with --vision; with --hf: a LLaVA pretrain output's decoder)")
     imp.add_argument(
         "--vision", help="HF CLIP or SigLIP directory (vision model or whole model; with --llm; with --hf: the tower)"
@@ -68,7 +73,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="stored as the default template of neva.generate (default: the one a neva export's chat template records)",
     )
     imp.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
-    exp = sub.add_parser("neva-to-hf", help="neva checkpoint (or a run's step checkpoint) → llava-hf directory")
+    exp = sub.add_parser(
+        "neva-to-hf", help="neva checkpoint (or a run's step checkpoint) → llava-hf (or Qwen-VL) directory"
+    )
     exp.add_argument("--ckpt", required=True, help="neva checkpoint directory, or a step checkpoint (.ckpt / DCP dir)")
     exp.add_argument(
         "--conv-template", help="chat template to export (default: the one the checkpoint was trained with)"
@@ -116,7 +123,10 @@ def _convert(args: argparse.Namespace) -> None:
         return
     if args.command == "neva-to-hf":
         with as_neva_checkpoint(args.ckpt) as ckpt:
-            out = export_llava(ckpt, args.out, conv_template=args.conv_template, **common)
+            if is_qwen_vl_checkpoint(ckpt):
+                out = export_qwen_vl(ckpt, args.out, **common)
+            else:
+                out = export_llava(ckpt, args.out, conv_template=args.conv_template, **common)
     elif args.command == "neva-to-neva":
         if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):
             raise ConfigError(
@@ -132,6 +142,8 @@ def _convert(args: argparse.Namespace) -> None:
         if args.hf is not None and read_llava_config(model_dir(args.hf)) is not None:
             # LLaVA's own layout: --vision overrides mm_vision_tower, --llm gives a pretrain output's decoder.
             out = import_llava_original(args.hf, args.out, vision=args.vision, llm=args.llm, metadata=meta, **common)
+        elif args.hf is not None and is_qwen_vl(load_hf_config(model_dir(args.hf))):
+            out = import_qwen_vl(args.hf, args.out, metadata=meta, **common)
         elif args.hf is not None:
             if args.llm is not None or args.vision is not None:
                 raise ConfigError(

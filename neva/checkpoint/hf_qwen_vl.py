@@ -86,6 +86,12 @@ def is_qwen_vl(hf: dict[str, Any]) -> bool:
     return hf.get("model_type") in QWEN_VL or hf.get("model_type") in NOT_YET
 
 
+def is_qwen_vl_checkpoint(ckpt: str | os.PathLike) -> bool:
+    """Whether a neva checkpoint holds a Qwen-VL model (its tower is one ``QWEN_VL`` row's)."""
+    vision = load_config(ckpt).vision
+    return vision is not None and vision.kind in _BY_TOWER
+
+
 def family_of(hf: dict[str, Any]) -> QwenVL:
     model_type = hf.get("model_type")
     if model_type in NOT_YET:

@@ -177,7 +177,11 @@ class NevaDataModule:
                 f"{model_anyres.max_num_patches} (max_num_patches; None: no pooling)"
             )
         self.front_end = front_end_for(vision, model_config, cfg.image_aspect_ratio, cfg.min_pixels, cfg.max_pixels)
-        self.collator = Collator(pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing)
+        # An M-RoPE decoder reads three position axes in every batch, text-only ones too (one shape for every stage).
+        mrope = model_config is not None and model_config.llm.mrope_section is not None
+        self.collator = Collator(
+            pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing, 3 if mrope else 1
+        )
         self.skip_tracker = SkipTracker(cfg.max_skip_fraction, cfg.skip_check_min_samples)
         self.train_datasets: list[Dataset] = []
         self.val_datasets: list[Dataset] = []
