@@ -2,7 +2,8 @@
 
 Megatron-style sharding: q/k/v and the SwiGLU gate/up projections column-wise (each rank owns whole heads / a slice
 of the FFN width), the attention output and down projections row-wise, the token embedding and the LM head over
-the vocabulary, the projector column- then row-wise (``mlp_downsample``'s LayerNorm replicated). The vision tower stays replicated,
+the vocabulary, the projector column- then row-wise (``mlp_downsample``'s LayerNorm replicated; a native tower's patch merger
+likewise, its norm replicated). The vision tower stays replicated,
 CLIP or SigLIP (its patch-embedding bias included: it is small and frozen in both LLaVA stages).
 
 With sequence parallelism the residual stream between blocks holds ``S / tp`` positions per rank; the norms run on
@@ -32,6 +33,7 @@ from neva.models.config import NevaConfig
 from neva.models.lora import LoRALinear
 from neva.models.moe import MoEFeedForward
 from neva.models.neva import NevaModel
+from neva.models.projector_merger import NativeMerger
 from neva.parallel.local_params import use_local_parameters
 from neva.typed import ConfigError
 
@@ -170,7 +172,11 @@ def _dense_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     }
 
 
-def _projector_plan(projector: nn.Sequential) -> dict[str, ParallelStyle]:
+def _projector_plan(projector: nn.Module) -> dict[str, ParallelStyle]:
+    if isinstance(projector, NativeMerger):  # each merger: its norm replicated, fc1 column-, fc2 row-wise
+        prefixes = ["merger"] + [f"deepstack.{i}" for i in range(len(projector.deepstack))]
+        styles = {"norm": NoParallel, "fc1": ColwiseParallel, "fc2": RowwiseParallel}
+        return {f"{p}.{name}": style() for p in prefixes for name, style in styles.items()}
     linears = [name for name, m in projector.named_children() if isinstance(m, nn.Linear)]
     # mlp_downsample's LayerNorm runs before the first Linear, on replicated features: replicated DTensor weights.
     plan: dict[str, ParallelStyle] = {
