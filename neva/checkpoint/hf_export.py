@@ -37,9 +37,12 @@ from neva.checkpoint.neva_format import (
     tensor_pairs,
 )
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
+from neva.constants import IMAGE_TOKEN
+from neva.data.tokens import image_token_for
 from neva.hf_local import from_local
 from neva.models.anyres import parse_aspect_ratio
 from neva.models.config import NevaConfig
+from neva.typed import ConfigError
 
 
 def save_llava_hf(
@@ -162,6 +165,11 @@ def export_llava(
             stacklevel=2,
         )
     template = template_settings(meta, conv_template)
+    if image_token_for(template["conv_template"]) != IMAGE_TOKEN:
+        raise ConfigError(
+            f"conv_template {template['conv_template']!r} writes images as {image_token_for(template['conv_template'])}"
+            f" blocks; a llava-hf export's image token is {IMAGE_TOKEN} (a Qwen-VL model exports as its own family)"
+        )
     if tokenizer is not None and not (conv_template or meta.get("conv_template")):
         warnings.warn(
             f"{ckpt} records no conv_template; the export's chat template is {template['conv_template']} (what "
