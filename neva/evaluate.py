@@ -278,7 +278,11 @@ def main(argv: list[str] | None = None) -> None:
         "colour over time, at the checkpoint's num_frames)",
     )
     parser.add_argument(
-        "--limit", type=int, default=None, help="held-out questions to ask (200; skills: 1000; detail: 300; video: 200)"
+        "--limit",
+        type=int,
+        default=None,
+        help="held-out questions to ask (200; skills: 1000; detail: 300; video: 200; a benchmark: all, else its first "
+        "LIMIT)",
     )
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed (as model.data.synthetic_seed)")
     parser.add_argument("--data-dir", type=Path, help="a benchmark suite's files (LLaVA's playground/data/eval)")
@@ -298,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     bench = BENCHMARKS.get(args.suite) if args.input_file is None else None
     if bench is not None and (args.data_dir is None or args.output_dir is None):
         raise ConfigError(f"--suite {args.suite} needs --data-dir (LLaVA's playground/data/eval) and --output-dir")
-    loaded = load_benchmark(args.suite, args.data_dir) if bench is not None else None
+    loaded = load_benchmark(args.suite, args.data_dir, args.limit) if bench is not None else None
     default_tokens = bench.max_new_tokens if bench is not None else 16
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else default_tokens
     torch.set_grad_enabled(False)

@@ -1,0 +1,129 @@
+"""Evaluation during training (``model.eval``): the training model answers POPE (tiny official-layout files, as
+``tests/benchmarks`` builds them) at step 2 of 3 under one process (LoRA with adapter dropout: train mode must come
+back), DP2 with FSDP2 (every replica answers every question: each forward gathers the shards), DP2 with DDP (each
+replica answers half, gathered) and PP2 (greedy decoding through the stages, a KV cache per stage). Each run's scores
+equal those of ``neva.evaluate`` on the checkpoint consolidated at that step, and its losses (step 3 included) equal
+the same layout's without evaluation, bit for bit. One spawn of two gloo processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.benchmarks.conftest import write_jsonl
+from tests.benchmarks.test_pope import make_pope
+
+from .harness import BASE, make_checkpoint, run_layouts
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY = 3, 2
+TOKENS = 3  # new tokens per answer (LLaVA's 128 for POPE would only make the test slower)
+LAYOUTS = {
+    "fsdp": ["model.data_parallel=fsdp"],
+    "ddp": ["model.data_parallel=ddp"],
+    "pp2": ["model.pipeline_model_parallel_size=2"],
+}
+
+
+def train_with_eval(overrides: list[str], data: str, out: str, with_eval: bool) -> dict:
+    """``STEPS`` optimizer steps as ``NevaModule.training_step`` takes them, and (``with_eval``) the benchmarks
+    after every ``EVERY``-th as ``EvalDuringTraining`` runs them, with that step's consolidated checkpoint."""
+    import torch.distributed as dist
+
+    from neva.checkpoint.neva_format import run_metadata
+    from neva.checkpoint.source import resolve_source
+    from neva.config import EvalConfig, EvalSuiteConfig, compose_config
+    from neva.parallel.layout import resolve_layout
+    from neva.training.eval_hook import training_state_kept
+    from neva.training.export import save_final
+    from neva.training.module import NevaModule, StepBatches
+    from neva.training.optim import build_optimizer, build_scheduler
+    from neva.training.run import data_module_type
+    from neva.training_eval import in_training_eval
+
+    cfg = compose_config(BASE + overrides + [f"exp_manager.exp_dir={out}"])
+    suite = EvalSuiteConfig("pope", data, limit=4, batch_size=1, max_new_tokens=TOKENS)
+    cfg.model.eval = EvalConfig(every_n_steps=EVERY, suites=[suite])
+    evaluate = in_training_eval(cfg) if with_eval else None
+    layout, source = resolve_layout(cfg), resolve_source(cfg)
+    module_data = data_module_type(cfg)(
+        cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=cfg.model.micro_batch_size,
+        dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed, accumulation=layout.grad_accum,
+    )  # fmt: skip
+    module_data.setup("fit")
+    module = NevaModule(cfg, source, module_data, layout)
+    module.configure_model()
+    engine = module.engine
+    optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
+    scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
+    losses, scores = [], {}
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for i, micro_batches in enumerate(StepBatches(module_data, layout.grad_accum)):
+        if i == STEPS:
+            break
+        engine.model.train()
+        loss, *_ = engine.optimizer_step(optimizer, micro_batches, cfg.trainer.gradient_clip_val, step=i)
+        scheduler.step()
+        losses.append(loss.item())
+        step = i + 1
+        if evaluate is not None and step % EVERY == 0:
+            with training_state_kept(engine):
+                scores[step] = evaluate(engine, source.tokenizer, step)
+            save_final(engine, source, Path(out) / f"step{step}", is_writer=rank == 0, **run_metadata(cfg))
+    return {"losses": losses, "scores": scores}
+
+
+def reference_scores(checkpoint: Path, data: Path, out: Path) -> dict:
+    """``neva.evaluate --suite pope`` on ``checkpoint``, as ``train_with_eval``'s suite asks it."""
+    from neva.evaluate import main
+    from neva.training_eval import flat_scores
+
+    main(["--suite", "pope", "--checkpoint", str(checkpoint), "--data-dir", str(data), "--output-dir", str(out),
+          "--limit", "4", "--batch-size", "1", "--max-new-tokens", str(TOKENS)])  # fmt: skip
+    torch.set_grad_enabled(True)  # evaluate turns autograd off for its process
+    return flat_scores("eval/pope", json.loads((out / "scores.json").read_text()))
+
+
+def pope_files(root: Path) -> Path:
+    make_pope(root)
+    # a fifth question beyond the suite's limit, whose image is absent: the limit leaves it unread
+    lines = (root / "pope" / "llava_pope_test.jsonl").read_text().splitlines()
+    extra = {"question_id": 999, "image": "absent.jpg", "text": "Is there a cat?", "category": "random"}
+    write_jsonl(root / "pope" / "llava_pope_test.jsonl", [json.loads(x) for x in lines[:4]] + [extra])
+    return root
+
+
+def check(result: dict, without: dict, data: Path, out: Path) -> None:
+    assert result["losses"] == without["losses"]  # bit-identical: evaluation changed nothing the next step sees
+    assert list(result["scores"]) == [EVERY]
+    got = result["scores"][EVERY]
+    want = reference_scores(out / f"step{EVERY}", data, out / "reference")
+    assert got == want, (got, want)
+    assert got["eval/pope/questions"] == 4 and "eval/pope/mean_accuracy" in got
+    # the same answers, word for word (rank 0 wrote the run's): the scores of a random model say little alone
+    texts = [[json.loads(line)["text"] for line in path.read_text().splitlines()]
+             for path in (out / "eval" / f"step={EVERY}" / "pope" / "answers.jsonl", out / "reference" / "answers.jsonl")]  # fmt: skip
+    assert texts[0] == texts[1] and len(texts[0]) == 4
+
+
+def test_eval_during_training_matches_evaluate(tmp_path):
+    data = pope_files(tmp_path / "data")
+    restore = [f"model.restore_from_path={make_checkpoint(tmp_path / 'ft')}"]
+    lora = ["model.peft.peft_scheme=lora", "model.peft.lora_tuning.adapter_dropout=0.1"]
+    one = {k: train_with_eval(restore + lora, **{"data": str(data), "out": str(tmp_path / f"one_{k}"), "with_eval": k})
+           for k in (True, False)}  # fmt: skip
+    check(one[True], one[False], data, tmp_path / "one_True")
+    jobs = [
+        (f"{name}_{k}", restore + overrides, {"data": str(data), "out": str(tmp_path / f"{name}_{k}"), "with_eval": k})
+        for name, overrides in LAYOUTS.items()
+        for k in (True, False)
+    ]
+    ranks = run_layouts(2, jobs, tmp_path / "dp2", train=train_with_eval)
+    for name in LAYOUTS:
+        for rank in ranks:  # every rank holds the same scores
+            result = {**rank[f"{name}_True"], "scores": {int(k): v for k, v in rank[f"{name}_True"]["scores"].items()}}
+            check(result, rank[f"{name}_False"], data, tmp_path / f"{name}_True")
