@@ -66,5 +66,8 @@ def test_training_refuses_bad_eval_suites_at_start(tmp_path):
         check("{name:pope}")
     with pytest.raises(ConfigError, match=r"suites\[0\]: pope: 1 image\(s\) missing, the first .*000000000103.jpg"):
         check(f"{{name:pope,{data}}}")
+    with pytest.raises(ConfigError, match=r"model.sequence_parallel=true: generation on a sequence-parallel"):
+        check_suites(compose_config(["+stage=finetune", f"model.eval.suites=[{{name:pope,{data}}}]",
+                                     "model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]))  # fmt: skip
     (loaded,) = check(f"{{name:pope,{data},limit:3}}")
     assert len(loaded.read.questions) == 3
