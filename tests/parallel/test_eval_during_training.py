@@ -22,7 +22,10 @@ from .harness import BASE, make_checkpoint, run_layouts
 pytestmark = pytest.mark.slow
 
 STEPS, EVERY = 3, 2
-TOKENS = 3  # new tokens per answer (LLaVA's 128 for POPE would only make the test slower)
+TOKENS = 6  # new tokens per answer (LLaVA's 128 for POPE would only make the test slower)
+# a learning rate that keeps the tiny model near its random start, whose answers are words (a few steps at BASE's
+# rate teach it to end every reply at once: empty answers that any two runs would share)
+SLOW = ["model.optim.lr=1e-5"]
 LAYOUTS = {
     "fsdp": ["model.data_parallel=fsdp"],
     "ddp": ["model.data_parallel=ddp"],
@@ -75,8 +78,39 @@ def train_with_eval(overrides: list[str], data: str, out: str, with_eval: bool) 
         if evaluate is not None and step % EVERY == 0:
             with training_state_kept(engine):
                 scores[step] = evaluate(engine, source.tokenizer, step)
+                probe = probe_logits(engine, source.tokenizer, run_metadata(cfg), data)
             save_final(engine, source, Path(out) / f"step{step}", is_writer=rank == 0, **run_metadata(cfg))
-    return {"losses": losses, "scores": scores}
+    return {"losses": losses, "scores": scores, **({"probe": probe} if evaluate is not None else {})}
+
+
+def probe_question(data: str) -> tuple[str, list[Path]]:
+    question = json.loads((Path(data) / "pope" / "llava_pope_test.jsonl").read_text().splitlines()[0])
+    return question["text"], [Path(data) / "pope" / "val2014" / question["image"]]
+
+
+def probe_logits(engine, tokenizer, meta: dict, data: str) -> list[float]:
+    """The next-token logits of the first POPE question's prompt, from the training model as generation runs it."""
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+    from neva.models.media import image_media
+    from neva.parallel.generation_model import LayoutGenerationModel
+
+    model = LayoutGenerationModel(engine.parallel, engine.autocast)
+    ids, pixels, _, _ = Answerer.for_model(model, tokenizer, meta, GenerationConfig()).prepare(probe_question(data))
+    logits = model(torch.tensor([ids]), image_media(pixels, torch.tensor([1])))
+    model.finish()
+    return logits[0, -1].tolist()
+
+
+def reference_logits(checkpoint: Path, data: Path) -> torch.Tensor:
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+    from neva.models.media import image_media
+
+    answerer = Answerer(checkpoint, GenerationConfig(), dtype=torch.float32)
+    ids, pixels, _, _ = answerer.prepare(probe_question(str(data)))
+    with torch.no_grad():
+        return answerer.model(torch.tensor([ids]), image_media(pixels, torch.tensor([1])))[0, -1]
 
 
 def reference_scores(checkpoint: Path, data: Path, out: Path) -> dict:
@@ -109,12 +143,16 @@ def check(result: dict, without: dict, data: Path, out: Path) -> None:
     # the same answers, word for word (rank 0 wrote the run's): the scores of a random model say little alone
     texts = [[json.loads(line)["text"] for line in path.read_text().splitlines()]
              for path in (out / "eval" / f"step={EVERY}" / "pope" / "answers.jsonl", out / "reference" / "answers.jsonl")]  # fmt: skip
-    assert texts[0] == texts[1] and len(texts[0]) == 4
+    assert texts[0] == texts[1] and len(texts[0]) == 4 and all(texts[0])
+    # and the logits generation starts from, to rounding (a layout sums in another order than one process)
+    probe = torch.tensor(result["probe"])
+    reference = reference_logits(out / f"step{EVERY}", data)
+    torch.testing.assert_close(probe, reference, rtol=1e-4, atol=1e-5)
 
 
 def test_eval_during_training_matches_evaluate(tmp_path):
     data = pope_files(tmp_path / "data")
-    restore = [f"model.restore_from_path={make_checkpoint(tmp_path / 'ft')}"]
+    restore = [f"model.restore_from_path={make_checkpoint(tmp_path / 'ft')}", *SLOW]
     lora = ["model.peft.peft_scheme=lora", "model.peft.lora_tuning.adapter_dropout=0.1"]
     one = {k: train_with_eval(restore + lora, **{"data": str(data), "out": str(tmp_path / f"one_{k}"), "with_eval": k})
            for k in (True, False)}  # fmt: skip
