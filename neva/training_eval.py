@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +115,6 @@ def evaluate_suites(
             answerer = Answerer.for_model(model, tokenizer, meta, GenerationConfig(max_new_tokens=tokens))
 
             def answer_all(items, batch_size, answerer=answerer):
-                items = list(items)
                 if not share:
                     return answerer.answer_all(items, batch_size, keep_going=True)
                 return _shared(answerer, items, batch_size, group)
@@ -127,15 +128,16 @@ def evaluate_suites(
     return metrics
 
 
-def _shared(answerer: Answerer, items: list, batch_size: int, group: Any) -> list:
-    """Every item's answer, this data-parallel rank answering items ``rank, rank + dp, ...``; the others' answers
-    gathered (an unanswerable item's error travels as its text)."""
+def _shared(answerer: Answerer, items: Iterator[Any], batch_size: int, group: Any) -> list:
+    """Every item's answer, this data-parallel rank answering items ``rank, rank + dp, ...`` (the items are decoded as
+    they are drawn: the others' are dropped at once); the others' answers gathered (an unanswerable item's error
+    travels as its text)."""
     dp, rank = dist.get_world_size(group), dist.get_rank(group)
     mine = [a if isinstance(a, str) else ValueError(str(a))
-            for a in answerer.answer_all(items[rank::dp], batch_size, keep_going=True)]  # fmt: skip
+            for a in answerer.answer_all(islice(items, rank, None, dp), batch_size, keep_going=True)]  # fmt: skip
     gathered: list[Any] = [None] * dp
     dist.all_gather_object(gathered, mine, group=group)
-    answers: list[Any] = [None] * len(items)
+    answers: list[Any] = [None] * sum(len(theirs) for theirs in gathered)
     for r, theirs in enumerate(gathered):
         answers[r::dp] = theirs
     return answers
