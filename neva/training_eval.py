@@ -12,8 +12,9 @@ Who answers what:
 - data-parallel replicas whose forward is their own (one process, DDP, pipeline or tensor parallel groups without
   FSDP2): each replica answers every ``dp``-th question (question ``i`` on replica ``i % dp``), and the answers are
   gathered over the data-parallel group before scoring, so every rank scores the same answers;
-- FSDP2 (sharded parameters: every forward gathers them over the data-parallel ranks): every replica answers every
-  question, in the same batches, so that their gathers pair up; there is no whole copy to let rank 0 answer alone.
+- FSDP2 (sharded parameters: every forward gathers them over the data-parallel ranks) and expert parallelism (an
+  all-to-all over data-parallel ranks in every MoE layer): every replica answers every question, in the same
+  batches, so that their collectives pair up; there is no whole copy to let rank 0 answer alone.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ row's next-token logits. ``LayoutGenerationModel`` gives those for this rank's p
 
 - one process, DDP: the model itself (DDP's wrapper is bypassed: it would hook the forward for gradient syncs);
 - FSDP2: the sharded model; each forward gathers its parameters (a collective of the data-parallel ranks, so every
-  data-parallel rank must run the same forwards: ``shares_questions`` is False);
+  data-parallel rank must run the same forwards: ``shares_questions`` is False; so with expert parallelism);
 - tensor parallel: the sharded model; each rank caches its own heads' keys and values, vocabulary-sharded logits are
   gathered for the last position only;
 - pipeline parallel: the stages run in chunk order, each with a KV cache for its own layers, passing hidden states
@@ -56,8 +56,10 @@ class LayoutGenerationModel:
     @property
     def shares_questions(self) -> bool:
         """Whether each data-parallel replica may answer its own questions: not when a forward is a collective over
-        the data-parallel ranks (FSDP2 gathers the sharded parameters in every forward)."""
-        return not any(isinstance(m, FSDPModule) for part in self.parts for m in part.modules())
+        the data-parallel ranks (FSDP2 gathers the sharded parameters in every forward; expert parallelism, carved
+        from the data-parallel ranks, exchanges tokens all-to-all in every MoE layer)."""
+        fsdp = any(isinstance(m, FSDPModule) for part in self.parts for m in part.modules())
+        return not fsdp and self.parallel.layout.ep == 1
 
     def parameters(self):
         return self.parts[0].parameters()
