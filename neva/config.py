@@ -226,13 +226,18 @@ class DPOConfig:
 
 @dataclass
 class EvalSuiteConfig:
-    """One entry of ``model.eval.suites``: a benchmark of ``neva.evaluate --suite`` (``docs/EVALUATION.md``)."""
+    """One entry of ``model.eval.suites``: a suite of ``neva.evaluate --suite`` (``docs/EVALUATION.md``)."""
 
-    name: str = ""  # pope | textvqa | scienceqa | mme | mmbench | gqa | seed | vqav2 | vizwiz
-    data_dir: str = ""  # LLaVA's playground/data/eval (or the benchmark's own folder)
-    limit: int | None = None  # only the first questions of the question file; null: all
+    # a benchmark: pope | textvqa | scienceqa | mme | mmbench | mmbench_test | gqa | seed | vqav2 | vizwiz; or a
+    # built-in synthetic suite: shapes | skills | detail | video
+    name: str = ""
+    data_dir: str = ""  # a benchmark's: LLaVA's playground/data/eval (or the benchmark's own folder)
+    # a benchmark: only the first questions of the question file (null: all); a synthetic suite: its question count
+    # (null: neva.evaluate's default)
+    limit: int | None = None
     batch_size: int = 8
-    max_new_tokens: int | None = None  # null: LLaVA's setting for the benchmark (neva/benchmarks/table.py)
+    # null: LLaVA's setting for the benchmark (neva/benchmarks/table.py); a synthetic suite: 16 (neva.evaluate's)
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:

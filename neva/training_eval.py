@@ -1,4 +1,5 @@
-"""``model.eval``: the benchmarks of ``neva.evaluate --suite`` answered by the training model during training.
+"""``model.eval``: the benchmarks and synthetic suites of ``neva.evaluate --suite`` answered by the training model
+during training.
 
 ``in_training_eval(cfg)`` reads and checks every configured benchmark at start (an unknown name, a missing file or
 image stops the run before step 1, with the benchmark's own message naming the file and its expected layout) and
@@ -7,7 +8,8 @@ answered by this rank's share of the training model (``neva.parallel.generation_
 and scorer of ``neva.evaluate`` (``neva.benchmarks``), served with the run's own metadata as its checkpoint would
 be. Rank 0 writes ``<exp_dir>/eval/step=N/<benchmark>/answers.jsonl`` and ``scores.json``.
 
-Who answers what:
+A synthetic suite (``neva.synthetic_suites``) is answered whole by every rank (its scores need every question's
+answer under three feeds, and its clips are written once by rank 0). Who answers a benchmark's questions:
 
 - data-parallel replicas whose forward is their own (one process, DDP, pipeline or tensor parallel groups without
   FSDP2): each replica answers every ``dp``-th question (question ``i`` on replica ``i % dp``), and the answers are
@@ -19,6 +21,7 @@ Who answers what:
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from collections.abc import Iterator
@@ -32,22 +35,26 @@ from neva.benchmarks.run import Loaded, load_benchmark, run_benchmark
 from neva.benchmarks.table import BENCHMARKS
 from neva.checkpoint.neva_format import run_metadata
 from neva.config import EvalSuiteConfig, TrainConfig
+from neva.data.synthetic_video import default_folder, video_records, write_videos
 from neva.errors import ConfigError
 from neva.inference import Answerer
 from neva.models.generation import GenerationConfig
 from neva.parallel.generation_model import LayoutGenerationModel
+from neva.synthetic_suites import SUITES
 from neva.training.engine import Engine
 from neva.training.eval_hook import InTrainingEval
 
 log = logging.getLogger(__name__)
 
+SYNTHETIC_MAX_NEW_TOKENS = 16  # neva.evaluate's default for its synthetic suites
+
 NOT_SCORES = ("questions_per_s", "max_new_tokens")
 """Numbers of a benchmark's result that are not scores of the model (timing; a setting)."""
 
 
-def check_suites(cfg: TrainConfig) -> list[Loaded]:
-    """Every ``model.eval.suites`` entry read and checked (question files, scorer files, images of the questions
-    asked).
+def check_suites(cfg: TrainConfig) -> list[Loaded | None]:
+    """Every ``model.eval.suites`` benchmark read and checked (question files, scorer files, images of the questions
+    asked); None for a built-in synthetic suite.
 
     Raises:
         ConfigError: an unknown benchmark, no ``data_dir``, or the benchmark's own refusal (a missing file named with
@@ -63,9 +70,13 @@ def check_suites(cfg: TrainConfig) -> list[Loaded]:
     loaded = []
     for i, suite in enumerate(m.eval.suites):
         where = f"model.eval.suites[{i}]"
+        if suite.name in SUITES:  # generated questions: no files
+            loaded.append(None)
+            continue
         if suite.name not in BENCHMARKS:
-            raise ConfigError(f"{where}.name={suite.name!r}: no such benchmark; choose one of {', '.join(BENCHMARKS)}")
-        if not suite.data_dir:
+            names = ", ".join([*BENCHMARKS, *SUITES])
+            raise ConfigError(f"{where}.name={suite.name!r}: no such benchmark or suite; choose one of {names}")
+        if not suite.data_dir:  # a benchmark's files
             raise ConfigError(f"{where}.data_dir: not set (LLaVA's playground/data/eval, or the benchmark's folder)")
         try:
             loaded.append(load_benchmark(suite.name, Path(suite.data_dir), suite.limit))
@@ -88,9 +99,10 @@ def in_training_eval(cfg: TrainConfig) -> InTrainingEval | None:
         return None
     meta = run_metadata(cfg)
     out = Path(cfg.exp_manager.exp_dir) / "eval"
+    seed = cfg.model.data.synthetic_seed
 
     def evaluate(engine: Engine, tokenizer: Any, step: int) -> dict[str, float]:
-        return evaluate_suites(engine, tokenizer, meta, cfg.model.eval.suites, loaded, out / f"step={step}", step)
+        return evaluate_suites(engine, tokenizer, meta, cfg.model.eval.suites, loaded, out / f"step={step}", step, seed)
 
     return evaluate
 
@@ -100,11 +112,13 @@ def evaluate_suites(
     tokenizer: Any,
     meta: dict[str, Any],
     suites: list[EvalSuiteConfig],
-    loaded: list[Loaded],
+    loaded: list[Loaded | None],
     out: Path,
     step: int,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """Answer and score each benchmark with the training model (every rank calls this); ``eval/<bench>/<metric>``."""
+    """Answer and score each suite with the training model (every rank calls this); ``eval/<suite>/<metric>``. A
+    synthetic suite (``neva.synthetic_suites``, ``seed``: the data's) is answered whole by every rank."""
     model = LayoutGenerationModel(engine.parallel, engine.autocast)
     group = engine.dp_group
     share = model.shares_questions and group is not None
@@ -112,6 +126,19 @@ def evaluate_suites(
     metrics: dict[str, float] = {}
     try:
         for suite, bench in zip(suites, loaded):
+            if bench is None:
+                tokens = suite.max_new_tokens or SYNTHETIC_MAX_NEW_TOKENS
+                answerer = Answerer.for_model(model, tokenizer, meta, GenerationConfig(max_new_tokens=tokens))
+                evaluate_suite, default_limit = SUITES[suite.name]
+                limit = suite.limit or default_limit
+                if suite.name == "video":
+                    _write_clips_once(seed, limit, writer)
+                result = evaluate_suite(answerer, limit, seed, suite.batch_size)
+                if writer:
+                    (out / suite.name).mkdir(parents=True, exist_ok=True)
+                    (out / suite.name / "scores.json").write_text(json.dumps(result, indent=1) + "\n")
+                metrics.update(flat_scores(f"eval/{suite.name}", result))
+                continue
             tokens = suite.max_new_tokens or BENCHMARKS[suite.name].max_new_tokens
             answerer = Answerer.for_model(model, tokenizer, meta, GenerationConfig(max_new_tokens=tokens))
 
@@ -127,6 +154,15 @@ def evaluate_suites(
     finally:
         model.finish()
     return metrics
+
+
+def _write_clips_once(seed: int, limit: int, writer: bool) -> None:
+    """The video suite's clips written by rank 0 before any rank reads them (every rank writing the same missing
+    files into the shared cache folder would race)."""
+    if writer:
+        write_videos(seed, video_records(seed, "val", limit, "qa"), default_folder(seed))
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def _shared(answerer: Answerer, items: Iterator[Any], batch_size: int, group: Any) -> list:

@@ -92,12 +92,13 @@ class LayoutGenerationModel:
         segment_ids: torch.Tensor | None = None,
         cache: list[list[KVCache]] | None = None,
     ) -> torch.Tensor:
-        """Last-position logits ``[B, 1, V]`` (fp32, whole vocabulary) on every rank."""
+        """Logits (fp32, whole vocabulary) on every rank: with a cache (decoding) the last position's ``[B, 1, V]``,
+        without one (a teacher-forced reply's loss, ``Answerer.reply_losses``) every position's ``[B, S, V]``."""
         kw = {"position_ids": position_ids, "segment_ids": segment_ids}
         with self.autocast():
             if self.pp_group is None:
                 out = self.parts[0](input_ids, media, cache=None if cache is None else cache[0], **kw)
-                return _last_logits(out)
+                return _whole(out[:, -1:] if cache is not None else out)
             return self._through_stages(input_ids, media, cache, kw)
 
     def _through_stages(self, input_ids, media, cache, kw) -> torch.Tensor:
@@ -108,7 +109,8 @@ class LayoutGenerationModel:
         device = input_ids.device
         h: torch.Tensor | None = None
         last_holder = (self.num_chunks - 1) % pp
-        logits = torch.empty(b, 1, self.cfg.llm.vocab_size, dtype=torch.float32, device=device)
+        width = 1 if cache is not None else s
+        logits = torch.empty(b, width, self.cfg.llm.vocab_size, dtype=torch.float32, device=device)
         for c in range(self.num_chunks):
             owner = c % pp
             if owner != me:
@@ -123,7 +125,7 @@ class LayoutGenerationModel:
             x = input_ids if c == 0 else h
             out = self.parts[k](x, media if c == 0 else None, cache=None if cache is None else cache[k], **kw)
             if c == self.num_chunks - 1:
-                logits = _last_logits(out)
+                logits = _whole(out[:, -width:])
             else:
                 nxt = dist.get_global_rank(group, (c + 1) % pp)
                 out = out.to_local() if isinstance(out, DTensor) else out
@@ -141,9 +143,8 @@ class LayoutGenerationModel:
                     m.reshard()
 
 
-def _last_logits(out: torch.Tensor) -> torch.Tensor:
-    """The last position's logits ``[B, 1, V]`` fp32, whole (a vocabulary-sharded DTensor is gathered)."""
-    last = out[:, -1:]
-    if isinstance(last, DTensor):
-        last = last.full_tensor()
-    return last.float()
+def _whole(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` fp32 over the whole vocabulary (a vocabulary-sharded DTensor is gathered)."""
+    if isinstance(logits, DTensor):
+        logits = logits.full_tensor()
+    return logits.float()

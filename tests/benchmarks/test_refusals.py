@@ -60,7 +60,9 @@ def test_training_refuses_bad_eval_suites_at_start(tmp_path):
         return check_suites(compose_config(["+stage=finetune", f"model.eval.suites=[{suite}]"]))
 
     data = f"data_dir:'{tmp_path}'"
-    with pytest.raises(ConfigError, match=r"suites\[0\]\.name='popo': no such benchmark; choose one of pope"):
+    with pytest.raises(
+        ConfigError, match=r"suites\[0\]\.name='popo': no such benchmark or suite; choose one of pope.*, skills"
+    ):
         check(f"{{name:popo,{data}}}")
     with pytest.raises(ConfigError, match=r"suites\[0\]\.data_dir: not set"):
         check("{name:pope}")
