@@ -98,7 +98,8 @@ def probe_logits(engine, tokenizer, meta: dict, data: str) -> list[float]:
     from neva.parallel.generation_model import LayoutGenerationModel
 
     model = LayoutGenerationModel(engine.parallel, engine.autocast)
-    ids, pixels, _, _ = Answerer.for_model(model, tokenizer, meta, GenerationConfig()).prepare(probe_question(data))
+    prepared = Answerer.for_model(model, tokenizer, meta, GenerationConfig()).prepare(probe_question(data))
+    ids, pixels = prepared[0], prepared[1]
     logits = model(torch.tensor([ids]), image_media(pixels, torch.tensor([1])))
     model.finish()
     return logits[0, -1].tolist()
@@ -110,7 +111,8 @@ def reference_logits(checkpoint: Path, data: Path) -> torch.Tensor:
     from neva.models.media import image_media
 
     answerer = Answerer(checkpoint, GenerationConfig(), dtype=torch.float32)
-    ids, pixels, _, _ = answerer.prepare(probe_question(str(data)))
+    prepared = answerer.prepare(probe_question(str(data)))
+    ids, pixels = prepared[0], prepared[1]
     with torch.no_grad():
         return answerer.model(torch.tensor([ids]), image_media(pixels, torch.tensor([1])))[0, -1]
 
