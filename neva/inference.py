@@ -246,8 +246,31 @@ class Answerer:
     ) -> None:
         with as_neva_checkpoint(checkpoint) as directory:  # a run's step checkpoint: merged into a neva one first
             meta = load_metadata(directory)
-            self.model = load_model(directory, device=device, dtype=dtype)
-            self.tokenizer = load_tokenizer(directory)
+            model = load_model(directory, device=device, dtype=dtype)
+            tokenizer = load_tokenizer(directory)
+        self._serve(model, tokenizer, meta, decoding, template, raw, system, aspect_ratio)
+
+    @classmethod
+    def for_model(cls, model: Any, tokenizer: Any, meta: dict[str, Any], decoding: GenerationConfig) -> Answerer:
+        """An answerer of a model already in memory (the training model during training, ``meta``: the run's
+        ``run_metadata``), served as a checkpoint of it with that metadata would be. ``model``: what ``generate``
+        takes (``neva.parallel.generation_model.LayoutGenerationModel`` for a parallelized training model)."""
+        answerer = cls.__new__(cls)
+        answerer._serve(model, tokenizer, meta, decoding, None, False, None, None)
+        return answerer
+
+    def _serve(
+        self,
+        model: Any,
+        tokenizer: Any,
+        meta: dict[str, Any],
+        decoding: GenerationConfig,
+        template: str | None,
+        raw: bool,
+        system: str | None,
+        aspect_ratio: str | None,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
         template = None if raw else (template or meta.get("conv_template") or DEFAULT_TEMPLATE)
         # Served as trained: the run's system prompt and its choice of the tokenizer's chat template.
         system = system if system is not None else meta.get("system_prompt")

@@ -82,8 +82,10 @@ def main(dcfg: DictConfig) -> None:
             cfg = to_train_config(dcfg, _command_line())
             from neva.planner.forecast import forecast_line
             from neva.training.run import run
+            from neva.training_eval import in_training_eval
 
-            final = run(cfg, forecast=forecast_line)
+            # model.eval's benchmarks are read and checked here, before anything is built
+            final = run(cfg, forecast=forecast_line, evaluation=in_training_eval(cfg))
     except (DataQualityError, NothingTrained) as err:
         # Training ran but did not train what was asked (end-of-run checks): no final checkpoint, what it wrote
         # before stays, and exit 1 tells this apart from a refused input (2, neva.errors).

@@ -305,6 +305,10 @@ class NevaModule(pl.LightningModule):
         if not self.trainer.sanity_checking:
             self._record(self.global_step, {"val_loss": val_loss})
 
+    def record_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """``_record`` for callbacks (evaluation during training: ``neva.training.eval_hook``)."""
+        self._record(step, metrics)
+
     def _record(self, step: int, metrics: dict[str, float]) -> None:
         """One row of ``metrics.csv`` and the same values at the same step in every logger (TensorBoard, W&B).
 
