@@ -50,7 +50,7 @@ from neva.checkpoint.hf_read import (
 from neva.checkpoint.neva_format import save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
-from neva.hf_local import LocalModelError, from_local, model_dir
+from neva.hf_local import LocalModelError, model_dir
 from neva.models.anyres import MERGE_TYPES, AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError
@@ -409,9 +409,9 @@ def _llava_tokenizer(directory: Path, vocab_size: int) -> Any:
     Raises:
         ConfigError: the tokenizer is larger than the model's vocabulary.
     """
-    from transformers import AutoTokenizer
+    from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
 
-    tokenizer = from_local(AutoTokenizer, directory)
+    tokenizer = load_hf_tokenizer(directory)
     if len(tokenizer) > vocab_size:
         raise ConfigError(f"{directory}: tokenizer has {len(tokenizer)} tokens, the model's vocabulary {vocab_size}")
     if tokenizer.pad_token is None and tokenizer.unk_token is not None:
