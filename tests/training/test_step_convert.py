@@ -1,12 +1,17 @@
 """Any step checkpoint of a run converts and serves: a one-process ``.ckpt`` file or a DCP directory, LoRA merged,
-the architecture and tokenizer found from the config the checkpoint records."""
+the architecture and tokenizer found from the config and the start the checkpoint records; the last step of a run
+always has one."""
 
 from __future__ import annotations
+
+import contextlib
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from neva.checkpoint import verified
 from neva.checkpoint.neva_format import iter_tensors
 from neva.checkpoint.step import materialize
 from neva.config import compose_config
@@ -14,10 +19,12 @@ from neva.convert import main as convert_main
 from neva.inference import Answerer
 from neva.models.generation import GenerationConfig
 from neva.training.run import run
+from neva.typed import ConfigError
 from tests.checkpoint.tiny_hf import one_thread
 from tests.training.conftest import LEAN
 
 EVERY_STEP = ["trainer.max_steps=2", "exp_manager.checkpoint_callback_params.every_n_train_steps=1"]
+EVERY_TWO_OF_THREE = ["trainer.max_steps=3", "exp_manager.checkpoint_callback_params.every_n_train_steps=2"]
 
 
 def tensors(directory) -> dict[str, torch.Tensor]:
@@ -32,19 +39,46 @@ def assert_same(got: dict, expected: dict) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A two-step pretrain and a two-step LoRA finetune from it, with a checkpoint at every step."""
+    """A two-step pretrain with a checkpoint at every step, and a three-step LoRA finetune from it with one every two
+    steps, both run in their own directory with relative exp_dirs (the finetune's start: the default one beside its
+    exp_dir, ``rel/pretrain/final``): the tests read them from another directory."""
     root = tmp_path_factory.mktemp("runs")
 
     def cfg(stage, *overrides):
-        return compose_config(
-            [f"+stage={stage}", *LEAN, *EVERY_STEP, f"exp_manager.exp_dir={root}/{stage}", *overrides]
-        )
+        return compose_config([f"+stage={stage}", *LEAN, f"exp_manager.exp_dir=rel/{stage}", *overrides])
 
-    with one_thread():
-        pretrain = run(cfg("pretrain"))
+    with one_thread(), contextlib.chdir(root):
+        pretrain = root / run(cfg("pretrain", *EVERY_STEP))
         lora = ["model.peft.peft_scheme=lora", "model.optim.lr=1e-2"]
-        finetune = run(cfg("finetune", f"model.restore_from_path={pretrain}", *lora))
+        finetune = root / run(cfg("finetune", *lora, *EVERY_TWO_OF_THREE))
     return pretrain, finetune
+
+
+def test_last_step_has_a_checkpoint_off_the_interval(runs):
+    """Three steps, a checkpoint every two: step=3.ckpt is written and last.ckpt holds step 3 (`final`'s step)."""
+    _, finetune = runs
+    checkpoints = finetune.parent / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step=*.ckpt")) == ["step=2.ckpt", "step=3.ckpt"]
+    assert verified.verify(checkpoints / "last.ckpt") == 3
+
+
+def test_step_checkpoint_refuses_a_start_that_moved_or_changed(runs, tmp_path):
+    """The finetune's step checkpoints record their start (absolute path, sha256): gone, or with other files, the
+    conversion stops with one line naming it instead of merging onto other weights."""
+    pretrain, finetune = runs
+    step = finetune.parent / "checkpoints" / "step=2.ckpt"
+    moved = pretrain.with_name("moved")
+    pretrain.rename(moved)
+    try:
+        with pytest.raises(ConfigError, match="holds no neva checkpoint now"):
+            materialize(step, tmp_path / "a")
+        shutil.copytree(moved, pretrain)
+        (pretrain / "config.json").write_text((pretrain / "config.json").read_text() + "\n")
+        with pytest.raises(ConfigError, match="changed since"):
+            materialize(step, tmp_path / "b")
+    finally:
+        shutil.rmtree(pretrain, ignore_errors=True)
+        moved.rename(pretrain)
 
 
 def test_step_checkpoints_convert_like_final_lora_included(runs, tmp_path):
