@@ -39,9 +39,11 @@ def test_no_stage_names_both_stages(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_llava_data_starts_no_loader_workers_on_cpu():
+def test_llava_data_starts_no_loader_workers_on_cpu(tmp_path):
     """data=llava leaves num_workers to ``auto`` (DATA.md: no worker on CPU, where the model computes)."""
-    cfg = compose_config(["+stage=pretrain", "data=llava", "model.data.data_path=d.json", "model.data.image_folder=i"])
+    (tmp_path / "d.json").write_text("[]")
+    paths = [f"model.data.data_path={tmp_path / 'd.json'}", f"model.data.image_folder={tmp_path}"]
+    cfg = compose_config(["+stage=pretrain", "data=llava", *paths])
     assert cfg.model.data.num_workers == "auto"
     assert resolve_num_workers(cfg.model.data.num_workers, "cpu") == 0
 
