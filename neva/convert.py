@@ -57,6 +57,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     imp.add_argument(
         "--vision", help="HF CLIP or SigLIP directory (vision model or whole model; with --llm; with --hf: the tower)"
     )
+    imp.add_argument(
+        "--base", help="with --hf a LLaVA LoRA checkpoint (adapter_config.json): LLaVA's model_base, merged into"
+    )
     imp.add_argument("--vision-select-layer", type=_select_layer, default=-2, help="e.g. -2, or -2,-5 to concat")
     imp.add_argument("--vision-select-feature", choices=("patch", "cls_patch"), default="patch")
     imp.add_argument("--projector-type", default="mlp2x_gelu", help="linear, identity, mlp<N>x_gelu or mlp_downsample")
@@ -131,11 +134,13 @@ def _convert(args: argparse.Namespace) -> None:
         }
         if args.hf is not None and read_llava_config(model_dir(args.hf)) is not None:
             # LLaVA's own layout: --vision overrides mm_vision_tower, --llm gives a pretrain output's decoder.
-            out = import_llava_original(args.hf, args.out, vision=args.vision, llm=args.llm, metadata=meta, **common)
+            out = import_llava_original(
+                args.hf, args.out, vision=args.vision, llm=args.llm, base=args.base, metadata=meta, **common
+            )
         elif args.hf is not None:
-            if args.llm is not None or args.vision is not None:
+            if args.llm is not None or args.vision is not None or args.base is not None:
                 raise ConfigError(
-                    "--llm/--vision go with --hf only for a LLaVA-original directory (llava_llama config.json)"
+                    "--llm/--vision/--base go with --hf only for a LLaVA-original directory (llava_llama config.json)"
                 )
             out = import_llava(args.hf, args.out, metadata=meta, **common)
         else:
