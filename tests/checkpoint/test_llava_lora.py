@@ -75,7 +75,7 @@ def lora_dirs(tmp_path_factory):
 
 
 def test_lora_checkpoint_imports_merged_as_llava_loads_it(lora_dirs, tmp_path):
-    root, base, lora, full = lora_dirs
+    _, base, lora, full = lora_dirs
     convert_main(["hf-to-neva", "--hf", str(lora), "--base", str(base), "--conv-template", "vicuna_v1",
                   "--out", str(tmp_path / "from_lora")])  # fmt: skip
     expected = dict(iter_tensors(quiet(import_llava_original, full, tmp_path / "from_full")))
@@ -91,7 +91,7 @@ def test_lora_checkpoint_imports_merged_as_llava_loads_it(lora_dirs, tmp_path):
 
 
 def test_lora_checkpoint_without_base_or_with_a_foreign_adapter_is_refused(lora_dirs, tmp_path):
-    root, base, lora, _ = lora_dirs
+    _, base, lora, _ = lora_dirs
     with pytest.raises(ConfigError, match="model_base"):
         quiet(import_llava_original, lora, tmp_path / "a")
     bad = tmp_path / "dora"
