@@ -16,6 +16,11 @@
     python -m neva.convert neva-to-hf --ckpt runs/ft/checkpoints/step=500.ckpt --out ft-step500-hf
     # a run's step checkpoint → neva checkpoint (what neva.generate, neva.evaluate and restore_from_path read)
     python -m neva.convert neva-to-neva --ckpt runs/ft/checkpoints/last.ckpt --out ckpt/ft-last
+    # LLaVA's released LoRA layout (adapter_config.json, non_lora_trainables.bin) + its model_base → neva, merged
+    python -m neva.convert hf-to-neva --hf llava-v1.5-7b-lora --base vicuna-7b-v1.5 --vision clip-vit-large-patch14-336 --out ckpt/l
+    # neva → LLaVA's own layout (config.json with mm_* keys, weights, tokenizer, the tower in vision_tower/);
+    # --projector-only: LLaVA's pretrain output (config.json + mm_projector.bin)
+    python -m neva.convert neva-to-llava --ckpt ckpt/llava7b --out llava-v1.5-7b-neva
     # a LoRA run's step checkpoint → llava-hf base (LoRA not merged) + PEFT adapter (PeftModel.from_pretrained)
     python -m neva.convert neva-to-hf --ckpt runs/ft/checkpoints/last.ckpt --out ft-base-hf --peft-adapter ft-lora
 """
@@ -84,10 +89,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="DIR",
         help="LoRA step checkpoint only: write the LoRA as a PEFT adapter in DIR, and the base (LoRA not merged) to --out",
     )
+    llava = sub.add_parser(
+        "neva-to-llava", help="neva checkpoint (or a run's step checkpoint) → LLaVA's own layout (llava_llama)"
+    )
+    llava.add_argument("--ckpt", required=True, help="neva checkpoint directory, or a step checkpoint")
+    llava.add_argument(
+        "--projector-only", action="store_true", help="LLaVA's pretrain output: config.json + mm_projector.bin"
+    )
+    llava.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
     step = sub.add_parser("neva-to-neva", help="a run's step checkpoint (.ckpt file or DCP dir) → neva checkpoint")
     step.add_argument("--ckpt", required=True, help="<exp_dir>/checkpoints/step=N.ckpt or last.ckpt")
     step.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
-    for sp in (imp, exp, step):
+    for sp in (imp, exp, llava, step):
         sp.add_argument("--out", required=True, help="output directory (created atomically)")
         sp.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
         sp.add_argument("--overwrite", action="store_true")
@@ -120,6 +133,11 @@ def _convert(args: argparse.Namespace) -> None:
     if args.command == "neva-to-hf":
         with as_neva_checkpoint(args.ckpt) as ckpt:
             out = export_llava(ckpt, args.out, conv_template=args.conv_template, **common)
+    elif args.command == "neva-to-llava":
+        from neva.checkpoint.llava_export import export_llava_original
+
+        with as_neva_checkpoint(args.ckpt) as ckpt:
+            out = export_llava_original(ckpt, args.out, projector_only=args.projector_only, **common)
     elif args.command == "neva-to-neva":
         if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):
             raise ConfigError(
