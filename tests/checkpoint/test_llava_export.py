@@ -83,3 +83,58 @@ def test_models_llava_cannot_express_are_refused(checkpoints, tmp_path):
     with pytest.raises(ConfigError, match="bias=False"):
         export_llava_original(tmp_path / "nobias", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+# LLaVA's own loader on the export (its cached environment: llava-torch 1.2.2.post1, transformers 4.36): the model,
+# tokenizer and tower load as load_pretrained_model loads them (fp16, as it always casts), are cast back to fp32 (the
+# export is written in fp16, so nothing is lost), and give their logits for the same ids (-200 at the image) and
+# pixels, and their tokenizer's ids.
+LLAVA_DRIVER = r"""
+import json, sys
+import torch
+torch.set_num_threads(1)
+from llava.model.builder import load_pretrained_model
+path, ids, text = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+tokenizer, model, processor, _ = load_pretrained_model(path, None, "llava-neva-export", device_map="cpu", device="cpu")
+model = model.float().eval()
+model.get_vision_tower().float()
+pixels = torch.load(sys.argv[4])
+with torch.no_grad():
+    logits = model(input_ids=torch.tensor([ids]), images=pixels).logits
+torch.save(logits, sys.argv[5])
+print(json.dumps({"ids": tokenizer(text).input_ids, "class": type(tokenizer).__name__}))
+"""
+
+
+@pytest.mark.slow
+def test_llava_load_pretrained_model_loads_the_export(checkpoints, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.pip_site import cached_site
+    from tests.training.test_llava_trainer import LLAVA_IMAGE, LLAVA_PINS
+
+    _, whole, _ = checkpoints
+    export_llava_original(whole, tmp_path / "llava-export", dtype=torch.float16)
+    reference = quiet(import_llava_original, tmp_path / "llava-export", tmp_path / "ref")  # the fp16 weights
+    cfg = load_config(reference)
+    pixels = torch.randn(1, 3, cfg.vision.image_size, cfg.vision.image_size, generator=torch.Generator().manual_seed(0))
+    torch.save(pixels, tmp_path / "pixels.pt")
+    text = "A chat. USER: hi there ASSISTANT: a red ball"
+    site = cached_site("llava-torch-1.2.2.post1", LLAVA_PINS)
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-c", LLAVA_DRIVER, str(tmp_path / "llava-export"), json.dumps([1, 5, LLAVA_IMAGE, 7, 9]),
+           text, str(tmp_path / "pixels.pt"), str(tmp_path / "logits.pt")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, encoding="utf-8", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert theirs["class"] == "LlamaTokenizer"
+    assert theirs["ids"] == load_tokenizer(reference)(text)["input_ids"]
+    ids = torch.tensor([[1, 5, *[cfg.image_token_id] * cfg.num_image_tokens, 7, 9]])
+    with torch.no_grad():
+        ours = load_model(reference, dtype=torch.float32).eval()(ids, image_media(pixels))
+    llava = torch.load(tmp_path / "logits.pt")
+    assert llava.shape == ours.shape
+    torch.testing.assert_close(llava, ours, rtol=1e-4, atol=1e-5)
+    print(f"\nLLaVA load_pretrained_model vs neva logits: max abs diff {(llava - ours).abs().max().item():.2e}")
