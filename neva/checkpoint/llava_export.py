@@ -60,6 +60,17 @@ def llava_refusal(cfg: NevaConfig) -> str | None:
     return None
 
 
+def check_llava_layout(cfg: NevaConfig, what: str) -> None:
+    """Refuse, naming ``what``, a model LLaVA's own layout cannot hold (the export's check; the support matrix's).
+
+    Raises:
+        ConfigError: with ``llava_refusal``'s reason.
+    """
+    reason = llava_refusal(cfg)
+    if reason is not None:
+        raise ConfigError(f"{what} cannot be written in LLaVA's own layout: {reason}")
+
+
 def llava_key(key: str, projector_type: str) -> str:
     """LLaVA's key of a neva decoder / projector key (the tower's go to its own directory: ``tower_key``)."""
     part, rest = key.split(".", 1)
@@ -156,9 +167,7 @@ def export_llava_original(
     import transformers
 
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
-    reason = llava_refusal(cfg)
-    if reason is not None:
-        raise ConfigError(f"{ckpt} cannot be written in LLaVA's own layout: {reason}")
+    check_llava_layout(cfg, str(ckpt))
     tokenizer = load_tokenizer(ckpt)
     with atomic_directory(out, overwrite) as tmp:
         tower = Path(out) / TOWER_DIR
