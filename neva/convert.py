@@ -96,6 +96,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     llava.add_argument(
         "--projector-only", action="store_true", help="LLaVA's pretrain output: config.json + mm_projector.bin"
     )
+    llava.add_argument(
+        "--lora-base",
+        metavar="DIR",
+        help="LoRA step checkpoint only: LLaVA's LoRA layout (adapter + non_lora_trainables.bin) in --out, its "
+        "model_base (the decoder, a plain HF model) in DIR",
+    )
     llava.add_argument("--dtype", choices=sorted(DTYPES), help="cast weights (default: keep)")
     step = sub.add_parser("neva-to-neva", help="a run's step checkpoint (.ckpt file or DCP dir) → neva checkpoint")
     step.add_argument("--ckpt", required=True, help="<exp_dir>/checkpoints/step=N.ckpt or last.ckpt")
@@ -133,6 +139,14 @@ def _convert(args: argparse.Namespace) -> None:
     if args.command == "neva-to-hf":
         with as_neva_checkpoint(args.ckpt) as ckpt:
             out = export_llava(ckpt, args.out, conv_template=args.conv_template, **common)
+    elif args.command == "neva-to-llava" and args.lora_base:
+        from neva.checkpoint.llava_export import export_llava_lora
+
+        if not is_step_checkpoint(args.ckpt) or is_neva_checkpoint(args.ckpt):
+            raise ConfigError(f"--lora-base needs a LoRA run's step checkpoint (its `final` is merged): {args.ckpt}")
+        out, base = export_llava_lora(args.ckpt, args.out, args.lora_base, **common)
+        print(json.dumps({"command": args.command, "out": str(out), "lora_base": str(base)}))
+        return
     elif args.command == "neva-to-llava":
         from neva.checkpoint.llava_export import export_llava_original
 

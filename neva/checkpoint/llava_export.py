@@ -37,6 +37,7 @@ from neva.typed import ConfigError
 # decoder family (neva's LLMConfig.family) → LLaVA's model type and class (llava_original.LLAVA_MODEL_TYPES, reversed)
 LLAVA_CLASSES = {"llama": ("llava_llama", "LlavaLlamaForCausalLM"), "mistral": ("llava_mistral", "LlavaMistralForCausalLM"),
                  "qwen2": ("llava_qwen", "LlavaQwenForCausalLM")}  # fmt: skip
+HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 TOWER_DIR = "vision_tower"
 
 
@@ -147,6 +148,7 @@ def export_llava_original(
     out: str | os.PathLike,
     *,
     projector_only: bool = False,
+    decoder_only: bool = False,
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
@@ -158,20 +160,23 @@ def export_llava_original(
         out: directory to create (atomically).
         projector_only: LLaVA's pretrain-stage output (``config.json`` + ``mm_projector.bin``) instead of the whole
             model.
+        decoder_only: the decoder alone as a plain HF model (``LlamaForCausalLM`` ...): a LoRA export's
+            ``model_base``.
         dtype: cast floating tensors; None keeps them.
         max_shard_bytes, overwrite: as the other exports.
 
     Raises:
         ConfigError: the model has no LLaVA-original form (``llava_refusal``).
     """
-    import transformers
-
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     check_llava_layout(cfg, str(ckpt))
     tokenizer = load_tokenizer(ckpt)
     with atomic_directory(out, overwrite) as tmp:
         tower = Path(out) / TOWER_DIR
         config = llava_config(cfg, tower, meta, getattr(tokenizer, "pad_token_id", None))
+        if decoder_only:
+            config = llava_config_dict(cfg, pad_token_id=getattr(tokenizer, "pad_token_id", None))["text_config"]
+            config.update(model_type=cfg.llm.family, architectures=[HF_CLASSES[cfg.llm.family]])
         if dtype is not None:
             config["torch_dtype"] = str(dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -184,7 +189,7 @@ def export_llava_original(
                     tower_tensors[tower_key(key)] = tensor
                 elif key.startswith("projector."):
                     projector[llava_key(key, cfg.projector.type)] = tensor
-                    if not projector_only:
+                    if not (projector_only or decoder_only):
                         yield llava_key(key, cfg.projector.type), tensor
                 elif key == "llm." + LM_HEAD and cfg.llm.tie_word_embeddings:
                     continue
@@ -200,9 +205,81 @@ def export_llava_original(
             tokenizer.save_pretrained(str(tmp))
             if cfg.image_token_id >= cfg.llm.vocab_size:
                 drop_added_token(tmp, IMAGE_TOKEN)
-        vision = llava_config_dict(cfg)["vision_config"]
-        (tmp / TOWER_DIR).mkdir()
-        transformers.CLIPVisionConfig(**vision).save_pretrained(str(tmp / TOWER_DIR))
-        write_safetensors(tmp / TOWER_DIR, iter(tower_tensors.items()), max_shard_bytes)
-        tower_image_processor(cfg.vision).save_pretrained(str(tmp / TOWER_DIR))
+        if decoder_only:
+            return Path(out)
+        write_tower(cfg, tower_tensors, tmp / TOWER_DIR, max_shard_bytes)
     return Path(out)
+
+
+def write_tower(cfg: NevaConfig, tensors: dict[str, torch.Tensor], directory: Path, max_shard_bytes: int) -> None:
+    """The tower as the ``CLIPVisionModel`` directory ``mm_vision_tower`` names: config, weights (``tower_key``
+    names), image processor."""
+    import transformers
+
+    directory.mkdir()
+    transformers.CLIPVisionConfig(**llava_config_dict(cfg)["vision_config"]).save_pretrained(str(directory))
+    write_safetensors(directory, iter(tensors.items()), max_shard_bytes)
+    tower_image_processor(cfg.vision).save_pretrained(str(directory))
+
+
+def export_llava_lora(
+    step: str | os.PathLike,
+    out: str | os.PathLike,
+    base_out: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> tuple[Path, Path]:
+    """A LoRA run's step checkpoint → LLaVA's LoRA layout in ``out`` (``config.json``, ``adapter_config.json``,
+    ``adapter_model.bin``, ``non_lora_trainables.bin``: what trained besides LoRA) and its ``model_base`` in
+    ``base_out`` (the decoder the adapters sit on, a plain HF model): ``load_pretrained_model(out, base_out, ...)``.
+
+    Raises:
+        ConfigError: the run trained without LoRA, or its model has no LLaVA layout.
+    """
+    import tempfile
+
+    from neva.checkpoint.step import load_step_model
+    from neva.models.lora import split_state_dict
+
+    loaded = load_step_model(step)
+    check_llava_layout(loaded.source.cfg, str(step))
+    base, layers = split_state_dict(loaded.model)
+    if not layers:
+        raise ConfigError(f"{step}: the run trained without LoRA (model.peft.peft_scheme); use neva-to-llava")
+    settings = {(m.lora_a.out_features, m.scale) for m in layers.values()}
+    if len(settings) != 1:
+        raise ConfigError(f"{step}: LoRA layers of different (rank, scale) {sorted(settings)}: not one adapter config")
+    rank, scale = settings.pop()
+    policy = loaded.cfg.model.trainable_policy()
+    if policy.vision:
+        raise ConfigError(f"{step}: a trained tower is not one of LLaVA's non-LoRA trainables (mm_projector)")
+    projector_type = loaded.source.cfg.projector.type
+    dtype_or = dtype or torch.float32
+    with tempfile.TemporaryDirectory(prefix="neva-base-") as tmp:
+        ckpt = loaded.save(Path(tmp) / "base", base, None, False)
+        base_dir = export_llava_original(ckpt, base_out, decoder_only=True, dtype=dtype, overwrite=overwrite,
+                                         max_shard_bytes=max_shard_bytes)  # fmt: skip
+        with atomic_directory(out, overwrite) as target:
+            arch = loaded.source.cfg
+            config = llava_config(arch, Path(out) / TOWER_DIR, load_metadata(ckpt), None)
+            (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            tower = {tower_key(k): cast_floating(v, dtype) for k, v in base.items() if k.startswith("vision.")}
+            write_tower(arch, tower, target / TOWER_DIR, max_shard_bytes)
+            adapter = {}
+            for name, layer in sorted(layers.items()):
+                module = "base_model.model." + llava_key(f"{name}.weight", projector_type).removesuffix(".weight")
+                adapter[f"{module}.lora_A.weight"] = layer.lora_a.weight.detach().to(dtype_or).contiguous()
+                adapter[f"{module}.lora_B.weight"] = layer.lora_b.weight.detach().to(dtype_or).contiguous()
+            torch.save(adapter, target / "adapter_model.bin")
+            targets = sorted({key.split(".lora_")[0].rsplit(".", 1)[1] for key in adapter})
+            adapter_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": scale * rank,
+                              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+                              "modules_to_save": None, "base_model_name_or_path": str(Path(base_out).resolve()),
+                              "target_modules": targets}  # fmt: skip
+            (target / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+            non_lora = {"base_model.model." + llava_key(k, projector_type): v.detach().to(dtype_or).contiguous()
+                        for k, v in base.items() if k.startswith("projector.")}  # fmt: skip
+            torch.save(non_lora, target / "non_lora_trainables.bin")
+    return Path(out), base_dir

@@ -159,3 +159,26 @@ def test_lora_exports_as_a_peft_adapter_that_peft_applies(runs, tmp_path):
             torch.testing.assert_close(logits(with_adapter), expected, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(logits(with_adapter.merge_and_unload()), expected, rtol=1e-4, atol=1e-5)
         assert not torch.allclose(logits(LlavaForConditionalGeneration.from_pretrained(tmp_path / "base")), expected)
+
+
+def test_lora_step_exports_in_llava_lora_layout(runs, tmp_path):
+    """``neva-to-llava --lora-base``: LLaVA's LoRA layout (adapter, non_lora_trainables.bin) and its model_base;
+    LLaVA's merge of them (neva's LoRA import, as load_pretrained_model merges) is the run's own `final`."""
+    import warnings
+
+    from neva.checkpoint.llava_original import import_llava_original
+
+    _, finetune = runs
+    last = finetune.parent / "checkpoints" / "last.ckpt"
+    convert_main(["neva-to-llava", "--ckpt", str(last), "--lora-base", str(tmp_path / "base"),
+                  "--out", str(tmp_path / "lora")])  # fmt: skip
+    names = sorted(p.name for p in (tmp_path / "lora").iterdir())
+    assert names == ["adapter_config.json", "adapter_model.bin", "config.json", "non_lora_trainables.bin",
+                     "vision_tower"]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        merged = import_llava_original(tmp_path / "lora", tmp_path / "merged", base=tmp_path / "base")
+    got, expected = tensors(merged), tensors(finetune)
+    assert set(got) == set(expected)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-6, atol=1e-7, msg=key)
