@@ -24,6 +24,7 @@ import torch
 
 from neva.checkpoint.atomic import atomic_directory
 from neva.checkpoint.hf_config import llava_config_dict
+from neva.checkpoint.hf_files import make_tokenizer_4_readable
 from neva.checkpoint.hf_keys import LLAVA_ORIGINAL_PROJECTOR, LM_HEAD, part_key_to_hf
 from neva.checkpoint.hf_processors import tower_image_processor
 from neva.checkpoint.hf_read import cast_floating
@@ -203,12 +204,28 @@ def export_llava_original(
         else:
             write_safetensors(tmp, decoder(), max_shard_bytes)
             tokenizer.save_pretrained(str(tmp))
+            make_tokenizer_4_readable(tmp)  # LLaVA's loader runs transformers 4.x
+            merges_as_strings(tmp)
             if cfg.image_token_id >= cfg.llm.vocab_size:
                 drop_added_token(tmp, IMAGE_TOKEN)
         if decoder_only:
             return Path(out)
         write_tower(cfg, tower_tensors, tmp / TOWER_DIR, max_shard_bytes)
     return Path(out)
+
+
+def merges_as_strings(directory: Path) -> None:
+    """A ``tokenizer.json``'s BPE merges as ``"a b"`` strings, the form tokenizers < 0.20 (LLaVA's pinned 0.15) reads,
+    when no piece holds a space (then the two forms are the same merges)."""
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    merges = (data.get("model") or {}).get("merges")
+    if not merges or not isinstance(merges[0], list) or any(" " in a or " " in b for a, b in merges):
+        return
+    data["model"]["merges"] = [f"{a} {b}" for a, b in merges]
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
 def write_tower(cfg: NevaConfig, tensors: dict[str, torch.Tensor], directory: Path, max_shard_bytes: int) -> None:
@@ -275,7 +292,7 @@ def export_llava_lora(
             torch.save(adapter, target / "adapter_model.bin")
             targets = sorted({key.split(".lora_")[0].rsplit(".", 1)[1] for key in adapter})
             adapter_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": scale * rank,
-                              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+                              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
                               "modules_to_save": None, "base_model_name_or_path": str(Path(base_out).resolve()),
                               "target_modules": targets}  # fmt: skip
             (target / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")

@@ -182,3 +182,43 @@ def test_lora_step_exports_in_llava_lora_layout(runs, tmp_path):
     assert set(got) == set(expected)
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=1e-6, atol=1e-7, msg=key)
+
+
+@pytest.mark.slow
+def test_llava_load_pretrained_model_merges_the_lora_export(runs, tmp_path):
+    """LLaVA's own loader (llava-torch 1.2.2.post1 side environment) on ``neva-to-llava --lora-base``'s output:
+    ``load_pretrained_model(lora, base, "llava-...-lora")`` merges it into the run's `final` (logits)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from neva.checkpoint.neva_format import load_config, load_model
+    from neva.models.media import image_media
+    from tests.checkpoint.test_llava_export import LLAVA_DRIVER
+    from tests.pip_site import cached_site
+    from tests.training.test_llava_trainer import LLAVA_IMAGE, LLAVA_PINS
+
+    _, finetune = runs
+    last = finetune.parent / "checkpoints" / "last.ckpt"
+    convert_main(["neva-to-llava", "--ckpt", str(last), "--lora-base", str(tmp_path / "base"), "--out",
+                  str(tmp_path / "llava-lora")])  # fmt: skip
+    cfg = load_config(finetune)
+    pixels = torch.randn(1, 3, cfg.vision.image_size, cfg.vision.image_size, generator=torch.Generator().manual_seed(0))
+    torch.save(pixels, tmp_path / "pixels.pt")
+    driver = LLAVA_DRIVER.replace('load_pretrained_model(path, None, "llava-neva-export"',
+                                  'load_pretrained_model(path, sys.argv[6], "llava-neva-export-lora"')  # fmt: skip
+    site = cached_site("llava-torch-1.2.2.post1", LLAVA_PINS)
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-c", driver, str(tmp_path / "llava-lora"), json.dumps([1, 5, LLAVA_IMAGE, 7, 9]), "hi",
+           str(tmp_path / "pixels.pt"), str(tmp_path / "logits.pt"), str(tmp_path / "base")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, encoding="utf-8", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ids = torch.tensor([[1, 5, *[cfg.image_token_id] * cfg.num_image_tokens, 7, 9]])
+    with torch.no_grad():
+        ours = load_model(finetune, dtype=torch.float32).eval()(ids, image_media(pixels))
+    llava = torch.load(tmp_path / "logits.pt")
+    assert llava.shape == ours.shape
+    # LLaVA loads in fp16 (builder.py casts every model): the tolerance is fp16's
+    torch.testing.assert_close(llava, ours, rtol=2e-2, atol=2e-2)
+    print(f"\nLLaVA LoRA load_pretrained_model vs neva final: max abs diff {(llava - ours).abs().max().item():.2e}")
