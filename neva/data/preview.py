@@ -56,8 +56,11 @@ def checkpoint_config(path: str) -> Any:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         return None
-    with open(cfg_path) as f:
-        data = json.load(f)
+    try:
+        with open(cfg_path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as err:  # the user's file: one line naming it (neva.errors)
+        raise ConfigError(f"{cfg_path}: not JSON ({err})") from err
     if not isinstance(data, dict) or "model" not in data:
         return None
     from neva.models.config import NevaConfig, from_dict
