@@ -330,9 +330,12 @@ class NevaModule(pl.LightningModule):
         if self.engine.master is not None:
             checkpoint["master_weights"] = {n: p.detach().clone() for n, p in self.engine.master.named_master}
         checkpoint[CONFIG_KEY] = config_record(self.cfg)
-        if self._start is None and self.source.checkpoint is not None:
+        # Export / serving of this step read the same start from anywhere. Hashed once, on the rank that writes the
+        # checkpoint's plain entries (a one-process file, a DCP meta.pt): the others' copies are not saved.
+        writer = self._trainer is None or self.trainer.is_global_zero
+        if self._start is None and self.source.checkpoint is not None and writer:
             self._start = start_record(self.source.checkpoint)
-        checkpoint[START_KEY] = self._start  # export / serving of this step read the same start from anywhere
+        checkpoint[START_KEY] = self._start
         # Lightning stores optimizer state by position; the names let another layout find each parameter's state.
         names = {id(p): n for n, p in self.engine.named_trainable_parameters()}
         groups = self.trainer.optimizers[0].param_groups if self.trainer.optimizers else []
