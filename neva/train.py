@@ -16,7 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from neva.config import CONFIG_DIR, to_train_config
-from neva.errors import entry_point, error_line, exit_on_input_error
+from neva.errors import ConfigError, entry_point, error_line, exit_on_input_error
 from neva.nemo_keys import rewrite_overrides
 
 log = logging.getLogger("neva.train")
@@ -104,7 +104,17 @@ def cli(argv: list[str] | None = None) -> None:
     # reports it (and a bug in the job keeps its whole traceback).
     os.environ["HYDRA_FULL_ERROR"] = "1"
     sys.argv[1:] = rewrite_overrides(sys.argv[1:] if argv is None else argv)
+    if not _names_a_stage(sys.argv[1:]):
+        # Before Hydra: its run directory (<exp_dir>/hydra/...) is made before the job starts, and without a stage
+        # exp_dir is `outputs/None`.
+        raise ConfigError(STAGE_HELP)
     main()
+
+
+def _names_a_stage(args: list[str]) -> bool:
+    """An override sets ``stage``, or Hydra options (another config, --help, --cfg) leave it to Hydra to say."""
+    flags = [a for a in args if a.startswith("-") and a not in ("-m", "--multirun", "--debug")]
+    return bool(flags) or any(a.lstrip("+~").split("=", 1)[0] == "stage" for a in args)
 
 
 if __name__ == "__main__":

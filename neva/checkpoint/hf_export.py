@@ -39,7 +39,6 @@ from neva.checkpoint.neva_format import (
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.constants import IMAGE_TOKEN
 from neva.data.tokens import image_token_for
-from neva.hf_local import from_local
 from neva.models.anyres import parse_aspect_ratio
 from neva.models.config import NevaConfig
 from neva.typed import ConfigError
@@ -147,9 +146,9 @@ def export_llava(
     meta = load_metadata(ckpt)
     tokenizer = None
     if has_tokenizer(ckpt):
-        from transformers import AutoTokenizer
+        from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
 
-        tokenizer = from_local(AutoTokenizer, ckpt)
+        tokenizer = load_hf_tokenizer(ckpt)
     aspect = meta.get("image_aspect_ratio", "square")
     if aspect not in ("square", "anyres") and parse_aspect_ratio(aspect) is None:  # AnyRes: tiled as the run did
         warnings.warn(

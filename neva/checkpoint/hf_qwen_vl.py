@@ -40,7 +40,7 @@ from neva.checkpoint.neva_format import (
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.data.qwen_images import QwenImageSpec
 from neva.data.tokens import QWEN_IMAGE_PAD
-from neva.hf_local import from_local, model_dir
+from neva.hf_local import model_dir
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError
 
@@ -213,9 +213,9 @@ def import_qwen_vl(
     check_complete(cfg, {mapping[k]: shapes[k] for k in mapping}, str(hf_dir))
     tokenizer = None
     if has_tokenizer(hf_dir):
-        from transformers import AutoTokenizer
+        from neva.data.sentencepiece_tokenizer import load_tokenizer
 
-        tokenizer = from_local(AutoTokenizer, hf_dir)
+        tokenizer = load_tokenizer(hf_dir)
         found = tokenizer.get_vocab().get(QWEN_IMAGE_PAD)
         if found != cfg.image_token_id:
             raise ValueError(f"{hf_dir}: tokenizer maps {QWEN_IMAGE_PAD} to {found}, config says {cfg.image_token_id}")
@@ -317,7 +317,7 @@ def export_qwen_vl(
             image_mean=list(cfg.vision.image_mean), image_std=list(cfg.vision.image_std),
         ).save_pretrained(str(tmp))  # fmt: skip
         if has_tokenizer(ckpt):
-            from transformers import AutoTokenizer
+            from neva.data.sentencepiece_tokenizer import load_tokenizer
 
-            from_local(AutoTokenizer, ckpt).save_pretrained(str(tmp))
+            load_tokenizer(ckpt).save_pretrained(str(tmp))
     return Path(out)

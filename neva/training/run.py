@@ -28,6 +28,7 @@ from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.leave import leave_together
 from neva.parallel.strategy import build_strategy
+from neva.training import quiet
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints, StepProgressBar
 from neva.training.dpo import check_preference_config
 from neva.training.eval_hook import EvalDuringTraining, InTrainingEval
@@ -39,9 +40,7 @@ from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")
 
-# With manual optimization Lightning cannot tell that neva checkpoints at step boundaries (after the optimizer step,
-# which is what resume needs) and warns on every run.
-warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
+quiet.install()  # third-party lines that are not about the run, by message (neva.training.quiet)
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
