@@ -157,9 +157,7 @@ def test_llava_next_video_import_logits_generate_export_reload(hf_video, tmp_pat
     with torch.no_grad():
         theirs = hf.generate(**inputs, pixel_values_videos=video, max_new_tokens=6, min_new_tokens=6,
                              do_sample=False)[0, inputs.input_ids.shape[1]:]  # fmt: skip
-    assert answerer._generate([prepared]) == [
-        answerer.tokenizer.decode(theirs, skip_special_tokens=True)
-    ]
+    assert answerer._generate([prepared]) == [answerer.tokenizer.decode(theirs, skip_special_tokens=True)]
     with pytest.raises(ValueError, match="1 <video> tag"):
         answerer.prepare(("USER: <video>\nWhat? ASSISTANT:", [], [raw, raw]))
 
