@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.checkpoint.hf_config import llava_config_dict, neva_config_from_llava
+from neva.checkpoint.hf_qwen_vl import neva_config_from_qwen_vl, qwen_vl_config_dict
 from neva.checkpoint.hf_wrappers import wrapper_for
 from neva.checkpoint.llava_export import check_llava_layout
 from neva.checkpoint.llava_original import (
@@ -76,6 +77,7 @@ ROWS = (
     row("pretrain stage (projector only)", ["+stage=pretrain"]),
     row("LoRA finetune", keys={"model.peft.peft_scheme": "lora"}),
     row("trained vision tower", keys={"model.mm_cfg.vision_encoder.freeze": False}),
+    row("Qwen2.5-VL: native resolution, M-RoPE", ["model=tiny_qwen2_5_vl", "vision=tiny_qwen2_5_vl"]),
 )
 
 
@@ -141,8 +143,13 @@ def check_layout(cfg: TrainConfig, column: Column) -> None:
 
 
 def hf_round_trip(cfg: TrainConfig) -> str:
-    """The llava-hf class the export writes, after the import has read the config it wrote (``neva.convert``)."""
+    """The HF class the export writes (a llava-hf wrapper, or the model's Qwen-VL family), after the import has read
+    the config it wrote (``neva.convert``)."""
     arch = architecture(cfg)
+    if arch.vision is not None and arch.vision.is_native:
+        config = qwen_vl_config_dict(arch)
+        neva_config_from_qwen_vl(config)
+        return config["model_type"]
     config = llava_config_dict(arch)
     try:
         wrapper = wrapper_for(arch)
@@ -200,7 +207,7 @@ def cell(check: Callable[[], str | None], notes: list[str]) -> str:
 
 def matrix() -> str:
     """The support matrix as Markdown: the table, then its numbered notes."""
-    header = ["feature (finetune unless named)", *(c.label for c in LAYOUTS), "llava-hf export + import"]
+    header = ["feature (finetune unless named)", *(c.label for c in LAYOUTS), "HF export + import"]
     header += ["LLaVA-original import", "LLaVA-original export"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     notes: list[str] = []

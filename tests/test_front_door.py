@@ -65,17 +65,19 @@ def test_matrix_answers_are_the_refusals(matrix):
     assert got["Qwen2 decoder (tied embeddings)"]["PP 2"].startswith("no")
     assert got["Mistral decoder (sliding window)"]["LLaVA-original import"] == "yes"  # llava_mistral
     assert got["LoRA finetune"]["TP 2"].startswith("no") and got["trained vision tower"]["TP 2"].startswith("no")
-    assert got["AnyRes (LLaVA-NeXT)"]["llava-hf export + import"] == "llava_next"
-    assert got["AnyRes anyres_max_N (OneVision)"]["llava-hf export + import"] == "llava_onevision"
+    assert got["AnyRes (LLaVA-NeXT)"]["HF export + import"] == "llava_next"
+    assert got["AnyRes anyres_max_N (OneVision)"]["HF export + import"] == "llava_onevision"
     # neva.train's video models share the image token's id, which LlavaNextVideo cannot tell apart
-    assert got["video + AnyRes images"]["llava-hf export + import"].startswith("no")
-    assert got["video, fixed-resolution images"]["llava-hf export + import"].startswith("no")
-    assert got["mlp_downsample projector (NeMo)"]["llava-hf export + import"].startswith("no")
+    assert got["video + AnyRes images"]["HF export + import"].startswith("no")
+    assert got["video, fixed-resolution images"]["HF export + import"].startswith("no")
+    assert got["mlp_downsample projector (NeMo)"]["HF export + import"].startswith("no")
     assert got["mlp_downsample projector (NeMo)"]["LLaVA-original import"].startswith("no")
     assert got["Mixtral MoE decoder"]["LLaVA-original import"].startswith("no")
     assert got["video + AnyRes images"]["LLaVA-original import"] == "images only"
     assert default["LLaVA-original export"] == got["Qwen2 decoder (tied embeddings)"]["LLaVA-original export"] == "yes"
     assert got["SigLIP tower"]["LLaVA-original export"].startswith("no")  # LLaVA's CLIPVisionTower
+    qwen = got["Qwen2.5-VL: native resolution, M-RoPE"]
+    assert qwen["HF export + import"] == "qwen2_5_vl" and qwen["LLaVA-original import"].startswith("no")
 
 
 def test_matrix_notes_are_the_refusal_messages(matrix):

@@ -53,7 +53,7 @@ from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
 from neva.hf_local import LocalModelError, model_dir
 from neva.models.anyres import MERGE_TYPES, AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
-from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
+from neva.models.config import MERGERS, NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError
 
 # LLaVA model type → the decoder family whose HF config the rest of config.json is.
@@ -252,10 +252,10 @@ def llava_next_siglip(
 def projector_config(mm: dict[str, Any], feature_size: int, hidden_size: int, source: str | os.PathLike):
     """LLaVA's ``mm_projector_type`` (``linear``, ``mlp{N}x_gelu``, ``identity``) as a ``ProjectorConfig``."""
     kind = mm.get("mm_projector_type", "linear")
-    if kind == "mlp_downsample":  # a ProjectorConfig type, but NeMo's: LLaVA's builder has no such projector
+    if kind == "mlp_downsample" or kind in MERGERS:  # ProjectorConfig types, but NeMo's / Qwen's: not LLaVA's
         raise ConfigError(
-            f"{source}: mm_projector_type={kind!r} is NeMo's projector, not one LLaVA builds (linear, identity, "
-            "mlp<N>x_gelu)"
+            f"{source}: mm_projector_type={kind!r} is {'NeMo' if kind == 'mlp_downsample' else 'Qwen-VL'}'s "
+            "projector, not one LLaVA builds (linear, identity, mlp<N>x_gelu)"
         )
     if mm.get("mm_hidden_size", feature_size) != feature_size:
         raise ConfigError(
