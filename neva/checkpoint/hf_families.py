@@ -124,6 +124,16 @@ def _qwen2_write(llm: Any) -> dict[str, Any] | None:
     return dict(use_sliding_window=False) if expressible else None
 
 
+def _qwen3_read(hf: dict[str, Any]) -> dict[str, Any]:
+    bias = bool(hf.get("attention_bias", False))
+    return dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
+
+
+def _qwen3_write(llm: Any) -> dict[str, Any] | None:
+    expressible = llm.qk_norm and llm.qkv_bias == llm.o_bias and not llm.mlp_bias and llm.sliding_window is None
+    return dict(attention_bias=llm.qkv_bias) if expressible and not llm.is_moe else None
+
+
 @dataclass(frozen=True)
 class Family:
     """One HF ``model_type``: its fields' rules, its ``LLMConfig`` family fields from a checked config (``read``), and
@@ -151,6 +161,20 @@ FAMILIES: dict[str, Family] = {
         lambda hf: dict(qkv_bias=True),  # q/k/v biased, o_proj not
         _qwen2_write,
     ),
+    # Qwen3: per-head q / k RMSNorms before RoPE, unbiased projections unless attention_bias, explicit head_dim.
+    # Qwen3-VL's decoder (``qwen3_vl_text``) is this family with M-RoPE (neva/checkpoint/hf_qwen_vl.py).
+    "qwen3": Family(
+        {
+            **COMMON,
+            "attention_bias": READ,
+            "use_sliding_window": Needs((False,), "Qwen3's per-layer sliding windows are not implemented"),
+            "sliding_window": INERT,  # only read with use_sliding_window (refused above)
+            "max_window_layers": INERT,
+            "layer_types": READ,  # checked: every layer full attention
+        },
+        _qwen3_read,
+        _qwen3_write,
+    ),
     # Mixtral: Mistral's attention with a sparse MoE feed-forward (neva/models/moe.py).
     "mixtral": Family(
         {
@@ -171,7 +195,6 @@ FAMILIES: dict[str, Family] = {
 
 NOT_YET = {
     "qwen2_moe": "Qwen2-MoE's shared experts are not implemented",
-    "qwen3": "Qwen3's q/k norms are not implemented",
     "gemma": "Gemma's GeGLU MLP, scaled embeddings and (1 + w) RMSNorm are not implemented",
     "gemma2": "Gemma-2's soft-capping, GeGLU and alternating windows are not implemented",
     "phi3": "Phi-3's fused qkv / gate_up projections are not implemented",

@@ -235,7 +235,7 @@ class LLMConfig:
     max_seq_len: int = 4096
     tie_word_embeddings: bool = False
     # Family variations (HF ``model_type`` and the fields that set them: docs/INTEROP.md "Decoder families").
-    family: str = "llama"  # llama | mistral | qwen2 | mixtral (MoE): the HF model_type an export writes
+    family: str = "llama"  # llama | mistral | qwen2 | qwen3 | mixtral (MoE): the HF model_type an export writes
     qkv_bias: bool = False  # biased q/k/v projections (Qwen2; HF Llama ``attention_bias``)
     o_bias: bool = False  # biased attention output projection (HF Llama ``attention_bias``)
     mlp_bias: bool = False  # biased gate/up/down projections (HF Llama ``mlp_bias``)
@@ -320,7 +320,7 @@ class LLMConfig:
         return self.num_moe_experts is not None
 
 
-LLM_FAMILIES = ("llama", "mistral", "qwen2", "mixtral")
+LLM_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
 
 _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$")
 
@@ -460,6 +460,16 @@ class NevaConfig:
                 f"projector deepstack_mergers {self.projector.deepstack_mergers} != the vision tower's "
                 f"{len(self.vision.deepstack_visual_indexes)} deepstack_visual_indexes"
             )
+        if self.projector.deepstack_mergers > self.llm.num_layers:
+            raise ValueError(
+                f"projector deepstack_mergers {self.projector.deepstack_mergers} add to decoder layers "
+                f"0..{self.projector.deepstack_mergers - 1}, but the LLM has {self.llm.num_layers} layers"
+            )
+
+    @property
+    def deepstack_layers(self) -> int:
+        """Decoder layers (0, 1, ...) after which DeepStack features join the residual stream (Qwen3-VL; else 0)."""
+        return 0 if self.vision is None or self.projector is None else self.projector.deepstack_mergers
 
     @property
     def num_image_tokens(self) -> int:

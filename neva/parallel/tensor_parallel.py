@@ -234,20 +234,7 @@ def tensor_parallel_plan(
         moe = isinstance(llm.layers[name].feed_forward, MoEFeedForward)
         plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel, moe).items()})
     if sequence_parallel and layer_ids:
-        split = dict(
-            input_layouts=(Replicate(), None, None, None, None),
-            desired_input_layouts=(Shard(1), None, None, None, None),
-        )
-        gather = dict(output_layouts=Shard(1), desired_output_layouts=Replicate())
-        first, last = f"llm.layers.{layer_ids[0]}", f"llm.layers.{layer_ids[-1]}"
-        # Blocks take and return local shards (the residual adds mix them with the row-wise outputs).
-        if llm.norm is not None:
-            plan[first] = PrepareModuleInput(**split, use_local_output=True)
-        elif first == last:
-            plan[first] = PrepareModuleInputOutput(**split, use_local_input=True, **gather)
-        else:
-            plan[first] = PrepareModuleInput(**split, use_local_output=True)
-            plan[last] = PrepareModuleOutput(**gather)
+        plan.update(_sequence_split_plan(layer_ids, model.cfg.deepstack_layers, last_stage=llm.norm is not None))
     if llm.norm is not None:
         plan["llm.norm"] = SequenceParallel() if sequence_parallel else NoParallel()
     if llm.output is not None:
@@ -256,6 +243,36 @@ def tensor_parallel_plan(
             output_layouts=Shard(-1) if vocab_parallel_loss else Replicate(),
             use_local_output=not vocab_parallel_loss,
         )
+    return plan
+
+
+def _sequence_split_plan(layer_ids: list[str], deepstack_layers: int, last_stage: bool) -> dict[str, ParallelStyle]:
+    """Under SP: the first block of a chunk splits the replicated stream over the sequence, the chunk's last block
+    (when no final norm follows) gathers it. Blocks take and return local shards (the residual adds mix them with the
+    row-wise outputs); a block that adds DeepStack features (``add``, ``neva.models.deepstack``, built whole from the
+    replicated embedding) splits them as the stream, so each rank adds its own sequence shard."""
+    last = f"llm.layers.{layer_ids[-1]}"
+    split_add = dict(input_kwarg_layouts={"add": Replicate()}, desired_input_kwarg_layouts={"add": Shard(1)})
+    plan: dict[str, ParallelStyle] = {}
+    for name in layer_ids:
+        inputs: dict = {}
+        if name == layer_ids[0]:
+            inputs = dict(
+                input_layouts=(Replicate(), None, None, None, None),
+                desired_input_layouts=(Shard(1), None, None, None, None),
+            )
+        if int(name) < deepstack_layers:
+            inputs |= split_add
+        key = f"llm.layers.{name}"
+        gather = key == last and not last_stage
+        if gather:
+            output = dict(output_layouts=Shard(1), desired_output_layouts=Replicate())
+            if inputs:
+                plan[key] = PrepareModuleInputOutput(**inputs, use_local_input=True, **output)
+            else:
+                plan[key] = PrepareModuleOutput(**output)
+        elif inputs:
+            plan[key] = PrepareModuleInput(**inputs, use_local_output=True)
     return plan
 
 
