@@ -63,19 +63,13 @@ def check_tensor_parallel(model: NevaModel, tp: int) -> None:
     and the support matrix (``neva.support``) asks it of the tiny models.
 
     Raises:
-        ConfigError: LoRA adapters, a trainable vision tower, Qwen3's q/k norms, or sizes ``tp`` does not divide.
+        ConfigError: LoRA adapters, a trainable vision tower, or sizes ``tp`` does not divide.
     """
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ConfigError(
             "LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet"
         )
     check_divisibility(model.cfg, tp)
-    if tp > 1 and model.cfg.llm.qk_norm:
-        # Each rank normalises its own heads: the norms' weight gradients are partial sums over the ranks, which no
-        # plan here reduces yet (a replicated weight would drift apart between ranks).
-        raise ConfigError(
-            "q/k norms (Qwen3, LLMConfig.qk_norm) with model.tensor_model_parallel_size > 1 are not supported yet"
-        )
     if model.vision is not None and any(p.requires_grad for p in model.vision.parameters()):
         raise ConfigError(
             "a trainable vision tower (model.mm_cfg.vision_encoder.freeze=false) with tensor parallelism is not "
@@ -131,6 +125,13 @@ def _moe_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
             output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True,
         )  # fmt: skip
     return plan
+
+
+def _qk_norm_plan() -> dict[str, ParallelStyle]:
+    """Qwen3's q / k norms: each rank normalises its own heads (the column-parallel projections' local
+    ``[B, S, heads / tp, head_dim]``), seen as a shard on the head dim (2) so the replicated weight's gradient, a
+    partial sum over each rank's heads, is all-reduced as any replicated DTensor parameter's."""
+    return {name: SequenceParallel(sequence_dim=2, use_local_output=True) for name in ("q_norm", "k_norm")}
 
 
 def _block_plan(sequence_parallel: bool, moe: bool = False) -> dict[str, ParallelStyle]:
@@ -233,6 +234,8 @@ def tensor_parallel_plan(
     for name in layer_ids:
         moe = isinstance(llm.layers[name].feed_forward, MoEFeedForward)
         plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel, moe).items()})
+        if llm.layers[name].attention.q_norm is not None:
+            plan.update({f"llm.layers.{name}.attention.{k}": v for k, v in _qk_norm_plan().items()})
     if sequence_parallel and layer_ids:
         plan.update(_sequence_split_plan(layer_ids, model.cfg.deepstack_layers, last_stage=llm.norm is not None))
     if llm.norm is not None:

@@ -71,6 +71,9 @@ FAMILIES: dict[str, list[str]] = {
         "vision=tiny_qwen2_5_vl",
         "++model.mm_cfg.llm.arch_overrides={num_layers:4,tie_word_embeddings:false,mrope_section:[4,6,6]}",
     ],
+    # Qwen3-VL: DeepStack features joining decoder layers 0 and 1 (of 4: both on PP2's first stage), q / k norms,
+    # interleaved M-RoPE
+    "qwen3_vl_native": ["model=tiny_qwen3_vl", "vision=tiny_qwen3_vl"],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",
