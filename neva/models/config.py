@@ -460,16 +460,14 @@ class NevaConfig:
                 f"projector deepstack_mergers {self.projector.deepstack_mergers} != the vision tower's "
                 f"{len(self.vision.deepstack_visual_indexes)} deepstack_visual_indexes"
             )
-        if self.projector.deepstack_mergers > self.llm.num_layers:
-            raise ValueError(
-                f"projector deepstack_mergers {self.projector.deepstack_mergers} add to decoder layers "
-                f"0..{self.projector.deepstack_mergers - 1}, but the LLM has {self.llm.num_layers} layers"
-            )
 
     @property
     def deepstack_layers(self) -> int:
-        """Decoder layers (0, 1, ...) after which DeepStack features join the residual stream (Qwen3-VL; else 0)."""
-        return 0 if self.vision is None or self.projector is None else self.projector.deepstack_mergers
+        """Decoder layers (0, 1, ...) after which DeepStack features join the residual stream (Qwen3-VL; else 0): one
+        per DeepStack merger, as far as the decoder reaches (HF's, too, leaves mergers past its depth unused)."""
+        if self.vision is None or self.projector is None:
+            return 0
+        return min(self.projector.deepstack_mergers, self.llm.num_layers)
 
     @property
     def num_image_tokens(self) -> int:

@@ -14,13 +14,13 @@ import torch
 
 
 def layer_additions(
-    h_BSD: torch.Tensor, placed: list[tuple[torch.Tensor, list[torch.Tensor]]]
+    h_BSD: torch.Tensor, placed: list[tuple[torch.Tensor, list[torch.Tensor]]], layers: int
 ) -> dict[str, torch.Tensor] | None:
-    """``{str(i): [B, S, D]}``: for each DeepStack layer ``i``, every modality's i-th features ``[M, D]`` written at
-    its ``[M, 2]`` (row, column) positions (``placed``: one (positions, features per layer) per modality), zeros
-    elsewhere; None when no modality carries DeepStack features (the decoder then runs exactly as without them)."""
-    layers = max((len(feats) for _, feats in placed), default=0)
-    if not layers:
+    """``{str(i): [B, S, D]}``: for each DeepStack layer ``i < layers`` (``NevaConfig.deepstack_layers``), every
+    modality's i-th features ``[M, D]`` written at its ``[M, 2]`` (row, column) positions (``placed``: one
+    (positions, features per layer) per modality), zeros elsewhere; None when no modality carries DeepStack features
+    (the decoder then runs exactly as without them)."""
+    if not placed or not layers:
         return None
     out = {}
     for i in range(layers):

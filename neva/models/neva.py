@@ -92,7 +92,7 @@ class NevaModel(nn.Module):
             h_BSD, positions, deepstack = self._splice(h_BSD, input_ids, modality, inputs)
             if deepstack:
                 placed.append((positions, deepstack))
-        return h_BSD, layer_additions(h_BSD, placed)
+        return h_BSD, layer_additions(h_BSD, placed, self.cfg.deepstack_layers)
 
     @property
     def modalities(self) -> tuple[str, ...]:
