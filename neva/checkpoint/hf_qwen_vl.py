@@ -1,10 +1,12 @@
 """Qwen-VL directories (``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``,
-``Qwen3VLForConditionalGeneration``) ↔ neva checkpoints: config, weights, tokenizer, pixel budget and chat template.
+``Qwen3VLForConditionalGeneration``, ``Qwen3VLMoeForConditionalGeneration``) ↔ neva checkpoints: config, weights, tokenizer, pixel budget and chat template.
 
 A Qwen-VL model is neva's parts under other names: a native-resolution tower (``VisionConfig.kind``), its patch
 merger as the projector (with Qwen3-VL's DeepStack mergers, whose features join the first decoder layers:
 ``neva.models.deepstack``), and a Qwen2 or Qwen3 decoder with M-RoPE (``LLMConfig.mrope_section``; Qwen3-VL's
-interleaved layout, which its HF class always uses, whatever ``rope_parameters.mrope_interleaved`` says). The tower's and merger's keys
+interleaved layout, which its HF class always uses, whatever ``rope_parameters.mrope_interleaved`` says). Qwen3-VL-MoE's
+decoder is the ``qwen3_moe`` family on neva's MoE layer: its stacked experts (``mlp.experts.gate_up_proj`` /
+``down_proj``, router ``mlp.gate``) are read and written in transformers 5's layout through ``hf_moe``. The tower's and merger's keys
 are ``hf_qwen_vl_keys``' table, the decoder's the LLM table every family shares (under transformers 5's
 ``model.language_model.`` or 4.x's ``model.``). Both config layouts are read: transformers 5's nested ``text_config``
 and the hub's flat 4.x one (text fields at the top, ``rope_scaling.mrope_section``). The processor's ``min_pixels`` /
@@ -28,6 +30,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
 from neva.checkpoint.hf_files import export_dtype
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
+from neva.checkpoint.hf_moe import canonical_shapes, canonical_tensors, stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
@@ -72,12 +75,13 @@ QWEN_VL = {
                "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
         QwenVL("qwen3_vl", "qwen3_vl", "qwen3_vl_merger", "qwen3_vl", "qwen3",
                "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", True, (24, 20, 20)),
+        QwenVL("qwen3_vl_moe", "qwen3_vl", "qwen3_vl_merger", "qwen3_vl", "qwen3_moe",
+               "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", True, (24, 20, 20)),
     )
 }  # fmt: skip
-NOT_YET = {
-    "qwen3_vl_moe": "Qwen3-VL-MoE's MoE decoder (stacked experts) is not imported yet",
-}
-_BY_TOWER = {row.tower: row for row in QWEN_VL.values()}
+NOT_YET: dict[str, str] = {}
+# A neva model's row: its tower kind, and whether its decoder is an MoE (Qwen3-VL vs Qwen3-VL-MoE).
+_BY_TOWER = {(row.tower, row.text_family.endswith("_moe")): row for row in QWEN_VL.values()}
 # Top-level fields of a Qwen-VL config that are not its decoder's (the 4.x layout keeps the decoder's at the top too).
 _VL_FIELDS = (
     "vision_config", "text_config", "image_token_id", "video_token_id", "vision_start_token_id",
@@ -94,8 +98,8 @@ def is_qwen_vl(hf: dict[str, Any]) -> bool:
 
 def is_qwen_vl_checkpoint(ckpt: str | os.PathLike) -> bool:
     """Whether a neva checkpoint holds a Qwen-VL model (its tower is one ``QWEN_VL`` row's)."""
-    vision = load_config(ckpt).vision
-    return vision is not None and vision.kind in _BY_TOWER
+    cfg = load_config(ckpt)
+    return cfg.vision is not None and (cfg.vision.kind, cfg.llm.is_moe) in _BY_TOWER
 
 
 def family_of(hf: dict[str, Any]) -> QwenVL:
@@ -215,7 +219,7 @@ def import_qwen_vl(
     hf = json.loads((hf_dir / "config.json").read_text())
     cfg = neva_config_from_qwen_vl(hf)
     kind = cfg.vision.kind
-    shapes = hf_tensor_shapes(hf_dir)
+    shapes = canonical_shapes(hf_tensor_shapes(hf_dir))  # MoE experts in hf_moe's canonical form
     mapping, unknown = {}, []
     for key in shapes:
         neva = hf_key_to_neva(key, kind)
@@ -240,7 +244,8 @@ def import_qwen_vl(
         **_pixel_budget(hf_dir),
         **(metadata or {}),
     }
-    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
+    pairs = canonical_tensors(iter_hf_tensors(hf_dir), {})
+    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in pairs if k in mapping)
     return save_checkpoint(
         out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
     )
@@ -248,9 +253,11 @@ def import_qwen_vl(
 
 def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     """The transformers 5 ``config.json`` of a neva Qwen-VL model (nested text and vision configs)."""
-    family = _BY_TOWER.get(cfg.vision.kind if cfg.vision is not None else None)
+    family = _BY_TOWER.get((cfg.vision.kind, cfg.llm.is_moe) if cfg.vision is not None else None)
     if family is None:
         raise ConfigError("only a model with a Qwen2-VL / Qwen2.5-VL / Qwen3-VL tower exports as a Qwen-VL directory")
+    if cfg.llm.family != family.text_family:
+        raise ConfigError(f"a {family.model_type} export needs a {family.text_family} decoder, not {cfg.llm.family}")
     llm, v = cfg.llm, cfg.vision
     text = dict(
         vocab_size=llm.vocab_size, hidden_size=llm.hidden_size, intermediate_size=llm.intermediate_size,
@@ -261,7 +268,7 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     )  # fmt: skip
     if family.mrope_interleaved:
         text["rope_parameters"]["mrope_interleaved"] = True
-    if family.text_family == "qwen3":  # HF Qwen3 configs default head_dim to 128, not hidden / heads
+    if family.text_family.startswith("qwen3"):  # HF Qwen3 configs default head_dim to 128, not hidden / heads
         text["head_dim"] = llm.head_dim
     vision = dict(
         depth=v.num_layers, num_heads=v.num_heads, patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
@@ -309,7 +316,7 @@ def _hf_tensors(
         elif rest == LM_HEAD:
             if not cfg.llm.tie_word_embeddings:
                 yield LM_HEAD_KEY, tensor
-        else:
+        else:  # MoE experts in hf_moe's canonical form, stacked below
             yield LLM_PREFIXES[0] + part_key_to_hf(rest, "llm"), tensor
 
 
@@ -332,7 +339,8 @@ def export_qwen_vl(
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
     with atomic_directory(out, overwrite) as tmp:
-        write_safetensors(tmp, _hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)), max_shard_bytes)
+        tensors = stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)))
+        write_safetensors(tmp, tensors, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))
         # The PIL backend (as the llava-hf exports): transformers' default Qwen2-VL processors need torchvision.

@@ -1,4 +1,4 @@
-"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (DeepStack) against transformers' own classes (tiny random models written as hub directories):
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL (DeepStack) and Qwen3-VL-MoE (stacked experts) against transformers' own classes (tiny random models written as hub directories):
 import, neva's data path (LLaVA-format records → native front end → collate) equal to the HF processor's ids and
 pixels, whole-model logits, packed rows equal to unpacked, greedy generation with the KV cache, export → reload."""
 
@@ -34,7 +34,7 @@ RECORDS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def imported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     for i, (name, size) in enumerate(SIZES.items()):
@@ -87,7 +87,7 @@ def test_import_and_data_path_equal_transformers(imported):
 
     family, root, hf_dir, ckpt = imported
     meta = load_metadata(ckpt)
-    template = "qwen3_vl" if family == "qwen3_vl" else "qwen2_vl"
+    template = "qwen3_vl" if family.startswith("qwen3") else "qwen2_vl"
     assert (meta["min_pixels"], meta["max_pixels"], meta["conv_template"]) == (*pixel_budget(family), template)
     with one_thread():
         hf = AutoModelForImageTextToText.from_pretrained(str(hf_dir)).eval()

@@ -16,7 +16,7 @@ QWEN_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end
 PATCH, MERGE = 14, 2
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 28 * 28 * 12
 # Qwen3-VL: 16-pixel patches (its processor's factor 32) and 0.5 mean / std; the budget the same 1..12 merged tokens.
-PATCHES = {"qwen2_vl": PATCH, "qwen2_5_vl": PATCH, "qwen3_vl": 16}
+PATCHES = {"qwen2_vl": PATCH, "qwen2_5_vl": PATCH, "qwen3_vl": 16, "qwen3_vl_moe": 16}
 VOCAB = 416
 TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
@@ -33,6 +33,11 @@ VISION = {
 # Qwen3's decoder: q / k norms, explicit head_dim, interleaved M-RoPE (h and w at every third frequency of 8).
 TEXT_OF = {"qwen3_vl": dict(TEXT, num_hidden_layers=3, head_dim=16, rope_parameters=dict(
     rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2], mrope_interleaved=True))}  # fmt: skip
+# Qwen3-VL-MoE: the same with every block 4 SwiGLU experts of width 24 (gate_up [4, 48, 64]: no square to confuse),
+# 2 per token; untied (its text config's own default ties, which the model class does not follow)
+TEXT_OF["qwen3_vl_moe"] = dict(TEXT_OF["qwen3_vl"], moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                               tie_word_embeddings=False)  # fmt: skip
+VISION["qwen3_vl_moe"] = VISION["qwen3_vl"]
 
 
 def pixel_budget(model_type: str) -> tuple[int, int]:
@@ -65,6 +70,7 @@ def tiny_qwen_vl_dir(root: Path, model_type: str, seed: int = 0) -> Path:
         "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
         "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
         "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+        "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration"),
     }[model_type]
     vision = dict(VISION[model_type], patch_size=PATCHES[model_type], spatial_merge_size=MERGE, temporal_patch_size=2)
     torch.manual_seed(seed)
@@ -87,7 +93,7 @@ def tiny_qwen_vl_dir(root: Path, model_type: str, seed: int = 0) -> Path:
 def image_processor(min_pixels: int, max_pixels: int, model_type: str = "qwen2_vl"):
     from transformers import Qwen2VLImageProcessorPil
 
-    stats = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3) if model_type == "qwen3_vl" else {}
+    stats = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3) if model_type.startswith("qwen3") else {}
     return Qwen2VLImageProcessorPil(
         min_pixels=min_pixels, max_pixels=max_pixels, patch_size=PATCHES[model_type], merge_size=MERGE, **stats
     )
