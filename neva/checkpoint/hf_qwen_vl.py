@@ -30,7 +30,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
 from neva.checkpoint.hf_files import export_dtype
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
-from neva.checkpoint.hf_moe import canonical_shapes, canonical_tensors, stacked_tensors
+from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
@@ -200,6 +200,22 @@ def _pixel_budget(hf_dir: Path) -> dict[str, int]:
     return {k: int(v) for k, v in (("min_pixels", low), ("max_pixels", high)) if v is not None}
 
 
+def _check_expert_layout(shapes: dict[str, tuple[int, ...]], llm: LLMConfig, hf_dir: Path) -> None:
+    """Refuse Qwen3-VL-MoE experts in the hub's transformers-4.x layout (``down_proj`` ``[E, I, H]``, ``gate_up_proj``
+    ``[E, H, 2I]``), which transformers 5 transposes while loading: read as its own layout they would be other
+    numbers. Where I == H the two cannot be told apart and transformers 5's own (``save_pretrained``'s) is taken."""
+    if not llm.is_moe or llm.intermediate_size == llm.hidden_size:
+        return
+    hub = (llm.num_moe_experts, llm.intermediate_size, llm.hidden_size)
+    for key, shape in shapes.items():
+        if key.endswith("block_sparse_moe.experts.w2") and tuple(shape) == hub:
+            raise ConfigError(
+                f"{hf_dir}: {key.replace('block_sparse_moe.experts.w2', 'mlp.experts.down_proj')} has the "
+                f"transformers 4.x layout {list(shape)} (experts, moe_intermediate_size, hidden_size), not yet read "
+                "here: load the directory with transformers 5 and save_pretrained it, then import that"
+            )
+
+
 def import_qwen_vl(
     hf_dir: str | os.PathLike,
     out: str | os.PathLike,
@@ -219,7 +235,8 @@ def import_qwen_vl(
     hf = json.loads((hf_dir / "config.json").read_text())
     cfg = neva_config_from_qwen_vl(hf)
     kind = cfg.vision.kind
-    shapes = canonical_shapes(hf_tensor_shapes(hf_dir))  # MoE experts in hf_moe's canonical form
+    shapes = hf_tensor_shapes(hf_dir)  # MoE experts in hf_moe's canonical form
+    _check_expert_layout(shapes, cfg.llm, hf_dir)
     mapping, unknown = {}, []
     for key in shapes:
         neva = hf_key_to_neva(key, kind)
@@ -244,8 +261,7 @@ def import_qwen_vl(
         **_pixel_budget(hf_dir),
         **(metadata or {}),
     }
-    pairs = canonical_tensors(iter_hf_tensors(hf_dir), {})
-    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in pairs if k in mapping)
+    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
     return save_checkpoint(
         out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
     )

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from neva.checkpoint.hf_qwen_vl import export_qwen_vl, import_qwen_vl
-from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
+from neva.checkpoint.neva_format import iter_tensors, load_metadata, load_model, load_tokenizer
 from neva.data.collate import collate_packed, collate_padded
 from neva.data.conversation import Message, get_template
 from neva.data.dataset import EncoderSettings, process_record
@@ -165,3 +165,35 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
         inputs = hf_inputs(tokenizer, processor, "<|vision_start|><|image_pad|><|vision_end|>hello", [image])
         with torch.no_grad():
             assert torch.equal(a(**inputs).logits, b(**inputs).logits)
+
+
+def test_moe_experts_in_the_hub_layout_are_refused_with_the_way_through(imported, tmp_path):
+    """The hub's Qwen3-VL-MoE files keep transformers 4.x's transposed experts (``gate_up_proj`` ``[E, H, 2I]``,
+    ``down_proj`` ``[E, I, H]``): refused by name; transformers 5 loads them, and its save_pretrained imports."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForImageTextToText
+
+    from neva.typed import ConfigError
+
+    family, _, hf_dir, ckpt = imported
+    if family != "qwen3_vl_moe":
+        pytest.skip("an MoE decoder's layout")
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (hub / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    experts = [k for k in tensors if ".mlp.experts." in k]
+    save_file({k: t.transpose(1, 2).contiguous() if k in experts else t for k, t in tensors.items()},
+              str(hub / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"down_proj has the transformers 4\.x layout \[4, 24, 64\]"):
+        import_qwen_vl(hub, tmp_path / "refused")
+    with one_thread():
+        resaved = tmp_path / "resaved"
+        AutoModelForImageTextToText.from_pretrained(str(hub)).save_pretrained(str(resaved))
+        for f in hub.iterdir():
+            if not (resaved / f.name).exists():
+                (resaved / f.name).write_bytes(f.read_bytes())
+        again = import_qwen_vl(resaved, tmp_path / "again")
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(iter_tensors(ckpt), iter_tensors(again)))
