@@ -33,7 +33,7 @@ from neva.models.trainable import build_meta_model
 from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import check_precision_layout
-from neva.parallel.pipeline import check_microbatches, check_splittable, split_layers
+from neva.parallel.pipeline import check_deepstack_split, check_microbatches, check_splittable, split_layers
 from neva.parallel.precision import Precision
 from neva.parallel.tensor_parallel import check_tensor_parallel
 from neva.typed import ConfigError, build
@@ -135,7 +135,7 @@ def check_layout(cfg: TrainConfig, column: Column) -> None:
     precision = Precision.from_config("bf16-mixed" if column.o2 else cfg.trainer.precision, model.megatron_amp_O2)
     check_precision_layout(layout, precision)
     check_splittable(arch, layout.pp)
-    split_layers(arch.llm.num_layers, layout.num_chunks, layout.first_stage_layers)
+    check_deepstack_split(arch, split_layers(arch.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
     check_microbatches(layout.schedule, layout.pp, layout.grad_accum)
     check_expert_parallel_layout(layout, arch.llm)
     if layout.tp > 1:

@@ -22,7 +22,7 @@ def llm_config_from_hf(hf: dict[str, Any], where: str = "LLM config") -> LLMConf
     rope = dict(hf.get("rope_parameters") or {})
     theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
     scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    return LLMConfig(
+    fields = dict(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"],
@@ -35,8 +35,9 @@ def llm_config_from_hf(hf: dict[str, Any], where: str = "LLM config") -> LLMConf
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         max_seq_len=hf.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        **family_fields(hf, family),
     )
+    # A family's own reading wins (Qwen3-MoE: intermediate_size is each expert's, its moe_intermediate_size).
+    return LLMConfig(**{**fields, **family_fields(hf, family)})
 
 
 # HF vision ``model_type`` → neva tower kind (``VisionConfig.kind``), and what a dict without a field means.

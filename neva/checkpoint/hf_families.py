@@ -12,6 +12,7 @@ model than the one asked for. A new family is one more entry (its fields built f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,43 @@ def _qwen2_write(llm: Any) -> dict[str, Any] | None:
     return dict(use_sliding_window=False) if expressible else None
 
 
+def _qwen3_read(hf: dict[str, Any]) -> dict[str, Any]:
+    bias = bool(hf.get("attention_bias", False))
+    return dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
+
+
+def _qwen3_write(llm: Any) -> dict[str, Any] | None:
+    expressible = llm.qk_norm and llm.qkv_bias == llm.o_bias and not llm.mlp_bias and llm.sliding_window is None
+    return dict(attention_bias=llm.qkv_bias) if expressible and not llm.is_moe else None
+
+
+def _qwen3_moe_read(hf: dict[str, Any]) -> dict[str, Any]:
+    experts = hf.get("num_experts", hf.get("num_local_experts"))
+    # Every block sparse (decoder_sparse_step 1, no mlp_only_layers): the dense intermediate_size is never used and
+    # neva's intermediate_size is each expert's width.
+    return dict(
+        _qwen3_read(hf),
+        num_moe_experts=experts,
+        moe_router_topk=hf["num_experts_per_tok"],
+        intermediate_size=hf["moe_intermediate_size"],
+    )
+
+
+def _qwen3_moe_write(llm: Any) -> dict[str, Any] | None:
+    dense = dataclasses.replace(llm, num_moe_experts=None, family="qwen3")
+    if not llm.is_moe or _qwen3_write(dense) is None:
+        return None
+    return dict(
+        _qwen3_write(dense),
+        num_experts=llm.num_moe_experts,
+        num_experts_per_tok=llm.moe_router_topk,
+        moe_intermediate_size=llm.intermediate_size,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+    )
+
+
 @dataclass(frozen=True)
 class Family:
     """One HF ``model_type``: its fields' rules, its ``LLMConfig`` family fields from a checked config (``read``), and
@@ -151,6 +189,45 @@ FAMILIES: dict[str, Family] = {
         lambda hf: dict(qkv_bias=True),  # q/k/v biased, o_proj not
         _qwen2_write,
     ),
+    # Qwen3: per-head q / k RMSNorms before RoPE, unbiased projections unless attention_bias, explicit head_dim.
+    # Qwen3-VL's decoder (``qwen3_vl_text``) is this family with M-RoPE (neva/checkpoint/hf_qwen_vl.py).
+    "qwen3": Family(
+        {
+            **COMMON,
+            "attention_bias": READ,
+            "use_sliding_window": Needs((False,), "Qwen3's per-layer sliding windows are not implemented"),
+            "sliding_window": INERT,  # only read with use_sliding_window (refused above)
+            "max_window_layers": INERT,
+            "layer_types": READ,  # checked: every layer full attention
+        },
+        _qwen3_read,
+        _qwen3_write,
+    ),
+    # Qwen3-MoE (Qwen3-VL-MoE's decoder, ``qwen3_vl_moe_text``): Qwen3's attention, every block a sparse MoE of
+    # ``moe_intermediate_size``-wide SwiGLU experts with Mixtral's routing (softmax, top-k renormalised), no shared
+    # experts.
+    "qwen3_moe": Family(
+        {
+            **COMMON,
+            "intermediate_size": INERT,  # the dense MLP's width: no block is dense (rules below)
+            "attention_bias": READ,
+            "moe_intermediate_size": READ,
+            "num_experts": READ,
+            "num_local_experts": READ,
+            "num_experts_per_tok": READ,
+            "decoder_sparse_step": Needs((1,), "dense blocks between sparse ones are not implemented"),
+            "mlp_only_layers": Needs(([],), "dense blocks between sparse ones are not implemented"),
+            "norm_topk_prob": Needs((True,), "neva's router renormalises the top-k probabilities"),
+            "router_aux_loss_coef": INERT,  # a neva run's own moe_aux_loss_coeff (as Mixtral's)
+            "output_router_logits": INERT,
+            "use_sliding_window": Needs((False,), "Qwen3's per-layer sliding windows are not implemented"),
+            "sliding_window": INERT,
+            "max_window_layers": INERT,
+            "layer_types": READ,
+        },
+        _qwen3_moe_read,
+        _qwen3_moe_write,
+    ),
     # Mixtral: Mistral's attention with a sparse MoE feed-forward (neva/models/moe.py).
     "mixtral": Family(
         {
@@ -171,7 +248,6 @@ FAMILIES: dict[str, Family] = {
 
 NOT_YET = {
     "qwen2_moe": "Qwen2-MoE's shared experts are not implemented",
-    "qwen3": "Qwen3's q/k norms are not implemented",
     "gemma": "Gemma's GeGLU MLP, scaled embeddings and (1 + w) RMSNorm are not implemented",
     "gemma2": "Gemma-2's soft-capping, GeGLU and alternating windows are not implemented",
     "phi3": "Phi-3's fused qkv / gate_up projections are not implemented",

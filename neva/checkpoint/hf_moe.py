@@ -113,6 +113,25 @@ def per_expert_tensors(key: str, tensor: torch.Tensor) -> Iterator[tuple[str, to
         yield f"{match.group(1)}block_sparse_moe.experts.{e}.{match.group(2)}.weight", tensor[e]
 
 
+def stacked_tensors(pairs: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream ``pairs`` (HF keys, experts in the canonical stacked form) in transformers 5's stacked layout (export of
+    a family whose HF class has no per-expert layout: Qwen3-VL-MoE): ``w1`` waits for its layer's ``w3`` (or the
+    reverse) to become ``gate_up_proj``; everything else as ``module_state`` names it."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in pairs:
+        match = _CANONICAL.match(key)
+        if match is None or match.group(2) == "w2":
+            yield from module_state({key: tensor}).items()
+            continue
+        parts = pending.setdefault(match.group(1), {})
+        parts[match.group(2)] = tensor
+        if len(parts) == 2:
+            yield f"{match.group(1)}mlp.experts.gate_up_proj", torch.cat([parts["w1"], parts["w3"]], dim=1)
+            del pending[match.group(1)]
+    if pending:
+        raise ValueError(f"experts without both w1 and w3: {sorted(pending)}")
+
+
 def module_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` (HF keys, experts in the canonical stacked form) as a transformers 5 Mixtral module holds it
     (``mlp.experts.gate_up_proj`` = w1 rows then w3 rows, ``mlp.experts.down_proj``, ``mlp.gate.weight``): what

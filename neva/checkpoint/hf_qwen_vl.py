@@ -1,8 +1,12 @@
-"""Qwen-VL directories (``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``) ↔ neva
-checkpoints: config, weights, tokenizer, pixel budget and chat template.
+"""Qwen-VL directories (``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``,
+``Qwen3VLForConditionalGeneration``, ``Qwen3VLMoeForConditionalGeneration``) ↔ neva checkpoints: config, weights, tokenizer, pixel budget and chat template.
 
 A Qwen-VL model is neva's parts under other names: a native-resolution tower (``VisionConfig.kind``), its patch
-merger as the projector, and a Qwen2 decoder with M-RoPE (``LLMConfig.mrope_section``). The tower's and merger's keys
+merger as the projector (with Qwen3-VL's DeepStack mergers, whose features join the first decoder layers:
+``neva.models.deepstack``), and a Qwen2 or Qwen3 decoder with M-RoPE (``LLMConfig.mrope_section``; Qwen3-VL's
+interleaved layout, which its HF class always uses, whatever ``rope_parameters.mrope_interleaved`` says). Qwen3-VL-MoE's
+decoder is the ``qwen3_moe`` family on neva's MoE layer: its stacked experts (``mlp.experts.gate_up_proj`` /
+``down_proj``, router ``mlp.gate``) are read and written in transformers 5's layout through ``hf_moe``. The tower's and merger's keys
 are ``hf_qwen_vl_keys``' table, the decoder's the LLM table every family shares (under transformers 5's
 ``model.language_model.`` or 4.x's ``model.``). Both config layouts are read: transformers 5's nested ``text_config``
 and the hub's flat 4.x one (text fields at the top, ``rope_scaling.mrope_section``). The processor's ``min_pixels`` /
@@ -26,6 +30,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
 from neva.checkpoint.hf_files import export_dtype
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
+from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
@@ -56,6 +61,9 @@ class QwenVL:
     text_family: str  # LLMConfig.family of its decoder
     config_class: str
     model_class: str
+    # Qwen3-VL: interleaved M-RoPE, and the section HF's rotary falls back to when the config names none.
+    mrope_interleaved: bool = False
+    default_mrope_section: tuple[int, int, int] | None = None
 
 
 QWEN_VL = {
@@ -65,13 +73,15 @@ QWEN_VL = {
                "Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
         QwenVL("qwen2_5_vl", "qwen2_5_vl", "qwen2_5_vl_merger", "qwen2_vl", "qwen2",
                "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+        QwenVL("qwen3_vl", "qwen3_vl", "qwen3_vl_merger", "qwen3_vl", "qwen3",
+               "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", True, (24, 20, 20)),
+        QwenVL("qwen3_vl_moe", "qwen3_vl", "qwen3_vl_merger", "qwen3_vl", "qwen3_moe",
+               "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", True, (24, 20, 20)),
     )
 }  # fmt: skip
-NOT_YET = {
-    "qwen3_vl": "Qwen3-VL's DeepStack features are not added to the decoder yet",
-    "qwen3_vl_moe": "Qwen3-VL-MoE's DeepStack features and MoE decoder are not imported yet",
-}
-_BY_TOWER = {row.tower: row for row in QWEN_VL.values()}
+NOT_YET: dict[str, str] = {}
+# A neva model's row: its tower kind, and whether its decoder is an MoE (Qwen3-VL vs Qwen3-VL-MoE).
+_BY_TOWER = {(row.tower, row.text_family.endswith("_moe")): row for row in QWEN_VL.values()}
 # Top-level fields of a Qwen-VL config that are not its decoder's (the 4.x layout keeps the decoder's at the top too).
 _VL_FIELDS = (
     "vision_config", "text_config", "image_token_id", "video_token_id", "vision_start_token_id",
@@ -88,8 +98,8 @@ def is_qwen_vl(hf: dict[str, Any]) -> bool:
 
 def is_qwen_vl_checkpoint(ckpt: str | os.PathLike) -> bool:
     """Whether a neva checkpoint holds a Qwen-VL model (its tower is one ``QWEN_VL`` row's)."""
-    vision = load_config(ckpt).vision
-    return vision is not None and vision.kind in _BY_TOWER
+    cfg = load_config(ckpt)
+    return cfg.vision is not None and (cfg.vision.kind, cfg.llm.is_moe) in _BY_TOWER
 
 
 def family_of(hf: dict[str, Any]) -> QwenVL:
@@ -111,6 +121,7 @@ def neva_config_from_qwen_vl(hf: dict[str, Any]) -> NevaConfig:
         input_size=vision.hidden_size,
         output_size=llm.hidden_size,
         spatial_merge_size=vision.spatial_merge_size,
+        deepstack_mergers=len(vision.deepstack_visual_indexes),
     )
     return NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=hf["image_token_id"])
 
@@ -122,7 +133,8 @@ def _llm_config(hf: dict[str, Any], family: QwenVL) -> LLMConfig:
     else:
         text = {k: v for k, v in hf.items() if k not in _VL_FIELDS}
     rope = dict(text.pop("rope_parameters", None) or text.pop("rope_scaling", None) or {})
-    section = rope.pop("mrope_section", None)
+    section = rope.pop("mrope_section", family.default_mrope_section)
+    rope.pop("mrope_interleaved", None)  # the family's layout (the HF class reads no flag)
     if section is None:
         raise ConfigError(f"{family.model_type} text config without rope mrope_section: not an M-RoPE decoder")
     rope.pop("type", None)  # "mrope" (or "default" after transformers 4.x rewrote it): the section says it
@@ -130,7 +142,8 @@ def _llm_config(hf: dict[str, Any], family: QwenVL) -> LLMConfig:
         raise ConfigError(f"{family.model_type} rope_type {rope['rope_type']!r}: only default M-RoPE is implemented")
     text["rope_parameters"] = rope
     text["model_type"] = family.text_family
-    return dataclasses.replace(llm_config_from_hf(text, "text_config"), mrope_section=list(section))
+    llm = llm_config_from_hf(text, "text_config")
+    return dataclasses.replace(llm, mrope_section=list(section), mrope_interleaved=family.mrope_interleaved)
 
 
 def _vision_config(v: dict[str, Any], kind: str) -> tuple[VisionConfig, int]:
@@ -150,7 +163,13 @@ def _vision_config(v: dict[str, Any], kind: str) -> tuple[VisionConfig, int]:
         return VisionConfig(hidden_size=width, intermediate_size=int(width * v["mlp_ratio"]), **common), v[
             "hidden_size"
         ]
-    extra = dict(window_size=v["window_size"], fullatt_block_indexes=list(v["fullatt_block_indexes"]))
+    if kind == "qwen3_vl":
+        extra = dict(
+            num_position_embeddings=v["num_position_embeddings"],
+            deepstack_visual_indexes=list(v.get("deepstack_visual_indexes", [])),
+        )
+    else:
+        extra = dict(window_size=v["window_size"], fullatt_block_indexes=list(v["fullatt_block_indexes"]))
     vision = VisionConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"], **common, **extra)
     return vision, v["out_hidden_size"]
 
@@ -181,6 +200,22 @@ def _pixel_budget(hf_dir: Path) -> dict[str, int]:
     return {k: int(v) for k, v in (("min_pixels", low), ("max_pixels", high)) if v is not None}
 
 
+def _check_expert_layout(shapes: dict[str, tuple[int, ...]], llm: LLMConfig, hf_dir: Path) -> None:
+    """Refuse Qwen3-VL-MoE experts in the hub's transformers-4.x layout (``down_proj`` ``[E, I, H]``, ``gate_up_proj``
+    ``[E, H, 2I]``), which transformers 5 transposes while loading: read as its own layout they would be other
+    numbers. Where I == H the two cannot be told apart and transformers 5's own (``save_pretrained``'s) is taken."""
+    if not llm.is_moe or llm.intermediate_size == llm.hidden_size:
+        return
+    hub = (llm.num_moe_experts, llm.intermediate_size, llm.hidden_size)
+    for key, shape in shapes.items():
+        if key.endswith("block_sparse_moe.experts.w2") and tuple(shape) == hub:
+            raise ConfigError(
+                f"{hf_dir}: {key.replace('block_sparse_moe.experts.w2', 'mlp.experts.down_proj')} has the "
+                f"transformers 4.x layout {list(shape)} (experts, moe_intermediate_size, hidden_size), not yet read "
+                "here: load the directory with transformers 5 and save_pretrained it, then import that"
+            )
+
+
 def import_qwen_vl(
     hf_dir: str | os.PathLike,
     out: str | os.PathLike,
@@ -190,7 +225,7 @@ def import_qwen_vl(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
 ) -> Path:
-    """Convert a Qwen2-VL / Qwen2.5-VL directory to a neva checkpoint (streaming, every tensor checked first).
+    """Convert a Qwen2-VL / Qwen2.5-VL / Qwen3-VL directory to a neva checkpoint (streaming, every tensor checked first).
 
     Raises:
         ConfigError: a Qwen-VL kind or field neva does not build. ValueError: tensors that map nowhere, missing
@@ -200,7 +235,8 @@ def import_qwen_vl(
     hf = json.loads((hf_dir / "config.json").read_text())
     cfg = neva_config_from_qwen_vl(hf)
     kind = cfg.vision.kind
-    shapes = hf_tensor_shapes(hf_dir)
+    shapes = hf_tensor_shapes(hf_dir)  # MoE experts in hf_moe's canonical form
+    _check_expert_layout(shapes, cfg.llm, hf_dir)
     mapping, unknown = {}, []
     for key in shapes:
         neva = hf_key_to_neva(key, kind)
@@ -233,9 +269,11 @@ def import_qwen_vl(
 
 def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     """The transformers 5 ``config.json`` of a neva Qwen-VL model (nested text and vision configs)."""
-    family = _BY_TOWER.get(cfg.vision.kind if cfg.vision is not None else None)
+    family = _BY_TOWER.get((cfg.vision.kind, cfg.llm.is_moe) if cfg.vision is not None else None)
     if family is None:
-        raise ConfigError("only a model with a Qwen2-VL / Qwen2.5-VL tower exports as a Qwen-VL directory")
+        raise ConfigError("only a model with a Qwen2-VL / Qwen2.5-VL / Qwen3-VL tower exports as a Qwen-VL directory")
+    if cfg.llm.family != family.text_family:
+        raise ConfigError(f"a {family.model_type} export needs a {family.text_family} decoder, not {cfg.llm.family}")
     llm, v = cfg.llm, cfg.vision
     text = dict(
         vocab_size=llm.vocab_size, hidden_size=llm.hidden_size, intermediate_size=llm.intermediate_size,
@@ -244,6 +282,10 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
         rope_parameters={"rope_type": "default", "rope_theta": llm.rope_theta, "mrope_section": llm.mrope_section},
         **{k: w for k, w in hf_family_fields(llm).items() if k != "model_type"},
     )  # fmt: skip
+    if family.mrope_interleaved:
+        text["rope_parameters"]["mrope_interleaved"] = True
+    if family.text_family.startswith("qwen3"):  # HF Qwen3 configs default head_dim to 128, not hidden / heads
+        text["head_dim"] = llm.head_dim
     vision = dict(
         depth=v.num_layers, num_heads=v.num_heads, patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
         spatial_merge_size=v.spatial_merge_size, in_channels=v.num_channels, hidden_act=v.hidden_act,
@@ -257,6 +299,12 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
         vision.update(
             embed_dim=v.hidden_size, mlp_ratio=v.intermediate_size // v.hidden_size, hidden_size=llm.hidden_size
         )
+    elif family.tower == "qwen3_vl":
+        vision.update(
+            hidden_size=v.hidden_size, intermediate_size=v.intermediate_size, out_hidden_size=llm.hidden_size,
+            num_position_embeddings=v.num_position_embeddings,
+            deepstack_visual_indexes=list(v.deepstack_visual_indexes),
+        )  # fmt: skip
     else:
         vision.update(
             hidden_size=v.hidden_size, intermediate_size=v.intermediate_size, out_hidden_size=llm.hidden_size,
@@ -284,7 +332,7 @@ def _hf_tensors(
         elif rest == LM_HEAD:
             if not cfg.llm.tie_word_embeddings:
                 yield LM_HEAD_KEY, tensor
-        else:
+        else:  # MoE experts in hf_moe's canonical form, stacked below
             yield LLM_PREFIXES[0] + part_key_to_hf(rest, "llm"), tensor
 
 
@@ -307,7 +355,8 @@ def export_qwen_vl(
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
     with atomic_directory(out, overwrite) as tmp:
-        write_safetensors(tmp, _hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)), max_shard_bytes)
+        tensors = stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)))
+        write_safetensors(tmp, tensors, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))
         # The PIL backend (as the llava-hf exports): transformers' default Qwen2-VL processors need torchvision.

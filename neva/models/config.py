@@ -235,7 +235,8 @@ class LLMConfig:
     max_seq_len: int = 4096
     tie_word_embeddings: bool = False
     # Family variations (HF ``model_type`` and the fields that set them: docs/INTEROP.md "Decoder families").
-    family: str = "llama"  # llama | mistral | qwen2 | mixtral (MoE): the HF model_type an export writes
+    # llama | mistral | qwen2 | qwen3 | mixtral, qwen3_moe (MoE): the HF model_type an export writes
+    family: str = "llama"
     qkv_bias: bool = False  # biased q/k/v projections (Qwen2; HF Llama ``attention_bias``)
     o_bias: bool = False  # biased attention output projection (HF Llama ``attention_bias``)
     mlp_bias: bool = False  # biased gate/up/down projections (HF Llama ``mlp_bias``)
@@ -264,8 +265,8 @@ class LLMConfig:
             raise ValueError(f"LLM family must be one of {sorted(LLM_FAMILIES)}, got {self.family!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive number of tokens or None, got {self.sliding_window}")
-        if self.family == "mixtral" and not self.is_moe:
-            raise ValueError("LLM family mixtral needs num_moe_experts")
+        if self.family in ("mixtral", "qwen3_moe") and not self.is_moe:
+            raise ValueError(f"LLM family {self.family} needs num_moe_experts")
         self._check_moe()
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
@@ -320,7 +321,7 @@ class LLMConfig:
         return self.num_moe_experts is not None
 
 
-LLM_FAMILIES = ("llama", "mistral", "qwen2", "mixtral")
+LLM_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
 _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$")
 
@@ -460,6 +461,14 @@ class NevaConfig:
                 f"projector deepstack_mergers {self.projector.deepstack_mergers} != the vision tower's "
                 f"{len(self.vision.deepstack_visual_indexes)} deepstack_visual_indexes"
             )
+
+    @property
+    def deepstack_layers(self) -> int:
+        """Decoder layers (0, 1, ...) after which DeepStack features join the residual stream (Qwen3-VL; else 0): one
+        per DeepStack merger, as far as the decoder reaches (HF's, too, leaves mergers past its depth unused)."""
+        if self.vision is None or self.projector is None:
+            return 0
+        return min(self.projector.deepstack_mergers, self.llm.num_layers)
 
     @property
     def num_image_tokens(self) -> int:

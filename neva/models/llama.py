@@ -103,13 +103,16 @@ class DecoderBlock(nn.Module):
         attn: AttentionPlan,
         cache: KVCache | None = None,
         rows: torch.Tensor | None = None,
+        add: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``rows`` ``[N, 2]`` (row, column): return only these positions, ``[N, D]``. Keys and values still come
         from every position; the output projection, residual and feed-forward run on the N rows only, and the
-        layers inside see the forward's per-token inputs at those rows (``neva.models.token_inputs``)."""
+        layers inside see the forward's per-token inputs at those rows (``neva.models.token_inputs``). ``add``
+        ``[B, S, D]``: added to the output (DeepStack, ``neva.models.deepstack``), in the stream's layout."""
         x = at_rows(x, rows) + self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
         with token_inputs_at(rows):
-            return x + self.feed_forward(self.ffn_norm(x))
+            x = x + self.feed_forward(self.ffn_norm(x))
+        return x if add is None else x + at_rows(add, rows)
 
 
 class LlamaDecoder(nn.Module):
@@ -135,6 +138,7 @@ class LlamaDecoder(nn.Module):
         output_positions: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
+        layer_additions: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -153,6 +157,8 @@ class LlamaDecoder(nn.Module):
                 does not); None = every position. Ignored by dense blocks.
             dropout_keys: ``[B, S]`` LoRA dropout keys (``neva.models.lora.token_dropout_keys``); None = the RNG
                 stream's dropout. Both reach the layers that read them as the forward's ``TokenInputs``.
+            layer_additions: ``{layer name: [B, S, D]}`` added to the residual stream after that layer (Qwen3-VL's
+                DeepStack features, ``neva.models.deepstack``); each layer named must be on this stage.
 
         Returns:
             Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
@@ -171,6 +177,10 @@ class LlamaDecoder(nn.Module):
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
         layers = list(self.layers.values())
+        names = list(self.layers.keys())
+        additions = layer_additions or {}
+        if additions.keys() - set(names):
+            raise ValueError(f"layer additions for layers {sorted(additions.keys() - set(names))} not on this stage")
         # Only the output positions' final states are read: the last layer computes just those (its keys and values
         # still cover every position), skipping most of its work at prompt, image and padding positions. Not an MoE
         # layer: its router's load-balancing statistics cover every token.
@@ -178,7 +188,11 @@ class LlamaDecoder(nn.Module):
         with token_inputs(TokenInputs(dropout_keys, token_mask)):
             for i, layer in enumerate(layers):
                 rows = output_positions if last_rows and i == len(layers) - 1 else None
-                h = layer(h, cos, sin, attn, None if cache is None else cache[i], rows=rows)
+                kv = None if cache is None else cache[i]
+                add = additions.get(names[i])
+                # ``add`` only where there is one: a block's hooks (SP's input plans) see the same call as before.
+                extra = {} if add is None else {"add": add}
+                h = layer(h, cos, sin, attn, kv, rows=rows, **extra)
         if output_positions is not None and not last_rows:
             h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:

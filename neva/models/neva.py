@@ -7,8 +7,10 @@ from torch import nn
 
 from neva.models.anyres import AnyResMerge
 from neva.models.config import NevaConfig
+from neva.models.deepstack import layer_additions
 from neva.models.llama import KVCache, LlamaDecoder
 from neva.models.media import Media, MediaInputs
+from neva.models.native_vision import NativeFeatures
 from neva.models.projector import build_projector, init_projector
 from neva.models.towers import build_tower
 from neva.models.video import VideoPool, find_video_positions
@@ -50,7 +52,15 @@ class NevaModel(nn.Module):
             return self.vision.features(*args)
 
     def embed(self, input_ids: torch.Tensor, media: Media | None = None) -> torch.Tensor:
-        """Token embeddings with each modality's features written over its positions (images, then video).
+        """Token embeddings with each modality's features written over its positions (images, then video)."""
+        return self.embed_with_additions(input_ids, media)[0]
+
+    def embed_with_additions(
+        self, input_ids: torch.Tensor, media: Media | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """``embed``'s hidden states and what the decoder adds to its residual stream after named layers
+        (``LlamaDecoder.forward``'s ``layer_additions``: Qwen3-VL's DeepStack features, ``neva.models.deepstack``;
+        None for every other model).
 
         Args:
             input_ids: ``[B, S]``; each image occupies its count of consecutive ``image_token_id`` positions.
@@ -67,6 +77,7 @@ class NevaModel(nn.Module):
             raise TypeError(f"media must be a neva.models.media.Media, got {type(media).__name__}")
         media = media or Media()
         h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
+        placed = []  # (positions, DeepStack features) per modality that has them
         for modality, inputs in media.items():
             if modality not in self.modalities:
                 if inputs is not None and not inputs.is_empty:
@@ -78,8 +89,10 @@ class NevaModel(nn.Module):
                 if not torch.is_grad_enabled():
                     continue
                 inputs = self._empty_inputs(modality, h_BSD.device)
-            h_BSD = self._splice(h_BSD, input_ids, modality, inputs)
-        return h_BSD
+            h_BSD, positions, deepstack = self._splice(h_BSD, input_ids, modality, inputs)
+            if deepstack:
+                placed.append((positions, deepstack))
+        return h_BSD, layer_additions(h_BSD, placed, self.cfg.deepstack_layers)
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -109,31 +122,34 @@ class NevaModel(nn.Module):
                 f"sample(s) {rows.nonzero().flatten().tolist()} contain {modality} tokens but no {modality}s were given"
             )
 
-    def _features(self, modality: str, inputs: MediaInputs) -> torch.Tensor:
-        """``[M, D]``: the features of every position of ``modality``, in position order."""
+    def _features(self, modality: str, inputs: MediaInputs) -> NativeFeatures:
+        """``main`` ``[M, D]``: the features of every position of ``modality``, in position order; ``deepstack``:
+        one ``[M, D]`` per DeepStack layer (Qwen3-VL; empty for every other model)."""
         if inputs.grid is not None:  # native resolution: the merger's output is already one row per position
-            merged = self.projector(self._tower_features(inputs.pixels, inputs.grid))
-            if merged.deepstack:
-                raise NotImplementedError("DeepStack features (Qwen3-VL) are not added to the decoder yet")
-            return merged.main
+            return self.projector(self._tower_features(inputs.pixels, inputs.grid))
         if modality == "video":
-            return self.video_features(inputs.pixels).flatten(0, 1)
+            return NativeFeatures(self.video_features(inputs.pixels).flatten(0, 1))
         feats_NTD = self.image_features(inputs.pixels)
         if inputs.index is None:
-            return feats_NTD.flatten(0, 1)
-        return self.anyres(feats_NTD, inputs.index, inputs.weight)
+            return NativeFeatures(feats_NTD.flatten(0, 1))
+        return NativeFeatures(self.anyres(feats_NTD, inputs.index, inputs.weight))
 
-    def _splice(self, h_BSD: torch.Tensor, input_ids: torch.Tensor, modality: str, inputs: MediaInputs) -> torch.Tensor:
+    def _splice(
+        self, h_BSD: torch.Tensor, input_ids: torch.Tensor, modality: str, inputs: MediaInputs
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``h_BSD`` with the modality's features written at its positions; those positions and its DeepStack
+        features."""
         positions = inputs.positions
         if positions is None:  # serving: found from the ids (reads the device)
             positions = self._positions_from_ids(input_ids, modality, inputs)
-        feats_MD = self._features(modality, inputs).to(h_BSD.dtype)
+        features = self._features(modality, inputs)
+        feats_MD = features.main.to(h_BSD.dtype)
         if positions.shape[0] != feats_MD.shape[0]:  # shapes only: no sync
             raise ValueError(
                 f"{positions.shape[0]} {modality} positions given for {feats_MD.shape[0]} {modality} features "
                 f"({inputs.pixels.shape[0]} tower inputs)"
             )
-        return _index_put(h_BSD, positions, feats_MD)
+        return _index_put(h_BSD, positions, feats_MD), positions, features.deepstack
 
     def _positions_from_ids(self, input_ids: torch.Tensor, modality: str, inputs: MediaInputs) -> torch.Tensor:
         if modality == "video":
@@ -191,9 +207,12 @@ class NevaModel(nn.Module):
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
-        h = self.embed(input_ids, media) if self.llm.tok_embeddings is not None else input_ids
+        h, additions = input_ids, None  # a stage without tok_embeddings: the previous stage's hidden states
+        if self.llm.tok_embeddings is not None:
+            h, additions = self.embed_with_additions(input_ids, media)
         return self.llm(
             h,
+            layer_additions=additions,
             position_ids=position_ids,
             segment_ids=segment_ids,
             cache=cache,

@@ -38,6 +38,20 @@ VISION_PRESETS: dict[str, dict] = {
         window_size=32,
         fullatt_block_indexes=[1],
     ),
+    # The tiny tower as Qwen3-VL's: LayerNorm + tanh-GELU blocks, a learned 4 × 4 position table resampled to each
+    # image's grid, and both blocks' outputs as DeepStack features (joining decoder layers 0 and 1).
+    "tiny_qwen3_vl": dict(
+        kind="qwen3_vl",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="gelu_pytorch_tanh",
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0, 1],
+    ),
     # google/siglip-so400m-patch14-384 (config.json vision_config): 27×27 = 729 patches, width 1152, 27 layers.
     "siglip_so400m_384": dict(
         kind="siglip",
@@ -76,6 +90,21 @@ LLM_PRESETS: dict[str, dict] = {
         family="qwen2",
         qkv_bias=True,
         tie_word_embeddings=True,
+    ),
+    # The tiny decoder as Qwen3's: q / k RMSNorms per head, no biases, untied (a pipeline can split it).
+    "tiny_qwen3": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen3",
+        qk_norm=True,
     ),
     "qwen2_7b": dict(
         vocab_size=152064,
@@ -151,8 +180,14 @@ def build_config(
     projector = None
     if vision is not None:
         vision_cfg = VisionConfig(**(VISION_PRESETS[vision] if isinstance(vision, str) else vision))
+        merger = {}  # a native tower's merger: its merge and one DeepStack merger per DeepStack block
+        if vision_cfg.is_native:
+            merger = dict(
+                spatial_merge_size=vision_cfg.spatial_merge_size,
+                deepstack_mergers=len(vision_cfg.deepstack_visual_indexes),
+            )
         projector = ProjectorConfig(
-            type=projector_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size
+            type=projector_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size, **merger
         )
     token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
     return NevaConfig(llm=llm_cfg, vision=vision_cfg, projector=projector, image_token_id=token)

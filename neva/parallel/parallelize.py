@@ -25,7 +25,13 @@ from neva.parallel.data_parallel import all_reduce_gradients, apply_fsdp, ddp_sy
 from neva.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel_layout, is_expert_param
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import ParallelDims, build_mesh
-from neva.parallel.pipeline import PipelineRunner, build_chunks, local_chunks, split_layers
+from neva.parallel.pipeline import (
+    PipelineRunner,
+    build_chunks,
+    check_deepstack_split,
+    local_chunks,
+    split_layers,
+)
 from neva.parallel.precision import MasterWeights, Precision, cast_parameters
 from neva.parallel.stage_owners import chunk_of_key
 from neva.parallel.tensor_parallel import apply_tensor_parallel, vocab_parallel_logits
@@ -140,6 +146,7 @@ def parallelize(
         dims = build_mesh(layout)
     export_keys = {k: v.shape for k, v in merged_state_dict(meta_model).items() if not k.endswith("inv_freq")}
     layer_split = split_layers(meta_model.cfg.llm.num_layers, layout.num_chunks, layout.first_stage_layers)
+    check_deepstack_split(meta_model.cfg, layer_split)
     key_stage = {k: chunk_of_key(k, layer_split) % layout.pp for k in export_keys}
     # The default materialises the whole model first, so every layout starts from bit-identical weights (what the
     # equivalence tests compare); meta_init never holds the whole model on a rank (models too large for one).

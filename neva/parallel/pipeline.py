@@ -76,11 +76,28 @@ def check_splittable(cfg: NevaConfig, pp: int) -> None:
         raise ConfigError("tied word embeddings cannot be split over pipeline stages (first and last stage share them)")
 
 
+def check_deepstack_split(cfg: NevaConfig, layer_split: list[list[int]]) -> None:
+    """DeepStack features (Qwen3-VL) are made on the first chunk, by the embedding, and not sent between stages:
+    every layer they join must be there too.
+
+    Raises:
+        ConfigError: a DeepStack layer on a later chunk, naming the keys that move it.
+    """
+    k = cfg.deepstack_layers
+    if k and layer_split[0][-1] < k - 1:
+        raise ConfigError(
+            f"DeepStack features join decoder layers 0..{k - 1} (projector.deepstack_mergers={k}), which must all "
+            f"be on the first pipeline chunk, which holds {len(layer_split[0])}: set model.pipeline_first_stage_layers "
+            f">= {k} (or fewer pipeline chunks)"
+        )
+
+
 def build_chunks(model: NevaModel, pp_rank: int, pp: int, virtual: int, first_layers: int | None) -> list[NevaModel]:
     """This rank's chunk models cut from ``model`` (the last one reuses ``model`` itself)."""
     check_splittable(model.cfg, pp)
     chunks = pp * virtual
     layer_split = split_layers(model.cfg.llm.num_layers, chunks, first_layers)
+    check_deepstack_split(model.cfg, layer_split)
     ids = local_chunks(pp_rank, pp, virtual)
     out = []
     for k, c in enumerate(ids):

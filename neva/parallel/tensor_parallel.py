@@ -63,19 +63,13 @@ def check_tensor_parallel(model: NevaModel, tp: int) -> None:
     and the support matrix (``neva.support``) asks it of the tiny models.
 
     Raises:
-        ConfigError: LoRA adapters, a trainable vision tower, Qwen3's q/k norms, or sizes ``tp`` does not divide.
+        ConfigError: LoRA adapters, a trainable vision tower, or sizes ``tp`` does not divide.
     """
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ConfigError(
             "LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet"
         )
     check_divisibility(model.cfg, tp)
-    if tp > 1 and model.cfg.llm.qk_norm:
-        # Each rank normalises its own heads: the norms' weight gradients are partial sums over the ranks, which no
-        # plan here reduces yet (a replicated weight would drift apart between ranks).
-        raise ConfigError(
-            "q/k norms (Qwen3, LLMConfig.qk_norm) with model.tensor_model_parallel_size > 1 are not supported yet"
-        )
     if model.vision is not None and any(p.requires_grad for p in model.vision.parameters()):
         raise ConfigError(
             "a trainable vision tower (model.mm_cfg.vision_encoder.freeze=false) with tensor parallelism is not "
@@ -131,6 +125,13 @@ def _moe_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
             output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True,
         )  # fmt: skip
     return plan
+
+
+def _qk_norm_plan() -> dict[str, ParallelStyle]:
+    """Qwen3's q / k norms: each rank normalises its own heads (the column-parallel projections' local
+    ``[B, S, heads / tp, head_dim]``), seen as a shard on the head dim (2) so the replicated weight's gradient, a
+    partial sum over each rank's heads, is all-reduced as any replicated DTensor parameter's."""
+    return {name: SequenceParallel(sequence_dim=2, use_local_output=True) for name in ("q_norm", "k_norm")}
 
 
 def _block_plan(sequence_parallel: bool, moe: bool = False) -> dict[str, ParallelStyle]:
@@ -233,21 +234,10 @@ def tensor_parallel_plan(
     for name in layer_ids:
         moe = isinstance(llm.layers[name].feed_forward, MoEFeedForward)
         plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel, moe).items()})
+        if llm.layers[name].attention.q_norm is not None:
+            plan.update({f"llm.layers.{name}.attention.{k}": v for k, v in _qk_norm_plan().items()})
     if sequence_parallel and layer_ids:
-        split = dict(
-            input_layouts=(Replicate(), None, None, None, None),
-            desired_input_layouts=(Shard(1), None, None, None, None),
-        )
-        gather = dict(output_layouts=Shard(1), desired_output_layouts=Replicate())
-        first, last = f"llm.layers.{layer_ids[0]}", f"llm.layers.{layer_ids[-1]}"
-        # Blocks take and return local shards (the residual adds mix them with the row-wise outputs).
-        if llm.norm is not None:
-            plan[first] = PrepareModuleInput(**split, use_local_output=True)
-        elif first == last:
-            plan[first] = PrepareModuleInputOutput(**split, use_local_input=True, **gather)
-        else:
-            plan[first] = PrepareModuleInput(**split, use_local_output=True)
-            plan[last] = PrepareModuleOutput(**gather)
+        plan.update(_sequence_split_plan(layer_ids, model.cfg.deepstack_layers, last_stage=llm.norm is not None))
     if llm.norm is not None:
         plan["llm.norm"] = SequenceParallel() if sequence_parallel else NoParallel()
     if llm.output is not None:
@@ -256,6 +246,36 @@ def tensor_parallel_plan(
             output_layouts=Shard(-1) if vocab_parallel_loss else Replicate(),
             use_local_output=not vocab_parallel_loss,
         )
+    return plan
+
+
+def _sequence_split_plan(layer_ids: list[str], deepstack_layers: int, last_stage: bool) -> dict[str, ParallelStyle]:
+    """Under SP: the first block of a chunk splits the replicated stream over the sequence, the chunk's last block
+    (when no final norm follows) gathers it. Blocks take and return local shards (the residual adds mix them with the
+    row-wise outputs); a block that adds DeepStack features (``add``, ``neva.models.deepstack``, built whole from the
+    replicated embedding) splits them as the stream, so each rank adds its own sequence shard."""
+    last = f"llm.layers.{layer_ids[-1]}"
+    split_add = dict(input_kwarg_layouts={"add": Replicate()}, desired_input_kwarg_layouts={"add": Shard(1)})
+    plan: dict[str, ParallelStyle] = {}
+    for name in layer_ids:
+        inputs: dict = {}
+        if name == layer_ids[0]:
+            inputs = dict(
+                input_layouts=(Replicate(), None, None, None, None),
+                desired_input_layouts=(Shard(1), None, None, None, None),
+            )
+        if int(name) < deepstack_layers:
+            inputs |= split_add
+        key = f"llm.layers.{name}"
+        gather = key == last and not last_stage
+        if gather:
+            output = dict(output_layouts=Shard(1), desired_output_layouts=Replicate())
+            if inputs:
+                plan[key] = PrepareModuleInputOutput(**inputs, use_local_input=True, **output)
+            else:
+                plan[key] = PrepareModuleOutput(**output)
+        elif inputs:
+            plan[key] = PrepareModuleInput(**inputs, use_local_output=True)
     return plan
 
 

@@ -8,7 +8,7 @@ from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
 from neva.parallel.expert_parallel import check_expert_parallel_layout
-from neva.parallel.pipeline import check_splittable
+from neva.parallel.pipeline import check_deepstack_split, check_splittable, split_layers
 from neva.parallel.tensor_parallel import check_divisibility
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
 from neva.planner.deployment import Deployment, deployment_from_config
@@ -142,6 +142,7 @@ def plan_run(
     if layout.tp > 1:
         check_divisibility(ncfg, layout.tp)
     check_splittable(ncfg, layout.pp)
+    check_deepstack_split(ncfg, split_layers(ncfg.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
     check_expert_parallel_layout(layout, ncfg.llm)
     hw = hardware_from_config(cfg.cluster)
     infos = model_inventory(ncfg, cfg.model.trainable_policy())

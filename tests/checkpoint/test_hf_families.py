@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from neva.checkpoint.hf_assemble import import_llm_and_vision, load_hf_weights
 from neva.checkpoint.hf_export import save_llava_hf
@@ -24,6 +24,7 @@ from tests.models.test_hf_parity import image_prompt, rel_err
 LLMS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=8, head_dim=16)),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=16)),  # q / k norms
 }
 
 

@@ -1,4 +1,4 @@
-"""Qwen2-VL and Qwen2.5-VL against transformers' own classes (tiny random models written as hub directories):
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL (DeepStack) and Qwen3-VL-MoE (stacked experts) against transformers' own classes (tiny random models written as hub directories):
 import, neva's data path (LLaVA-format records → native front end → collate) equal to the HF processor's ids and
 pixels, whole-model logits, packed rows equal to unpacked, greedy generation with the KV cache, export → reload."""
 
@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from neva.checkpoint.hf_qwen_vl import export_qwen_vl, import_qwen_vl
-from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
+from neva.checkpoint.neva_format import iter_tensors, load_metadata, load_model, load_tokenizer
 from neva.data.collate import collate_packed, collate_padded
 from neva.data.conversation import Message, get_template
 from neva.data.dataset import EncoderSettings, process_record
@@ -20,14 +20,7 @@ from neva.data.front_ends import front_end_for
 from neva.data.images import FolderImageSource
 from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from tests.checkpoint.tiny_hf import one_thread
-from tests.checkpoint.tiny_qwen_vl import (
-    MAX_PIXELS,
-    MIN_PIXELS,
-    hf_inputs,
-    image_processor,
-    tiny_qwen_vl_dir,
-    write_image,
-)
+from tests.checkpoint.tiny_qwen_vl import hf_inputs, image_processor, pixel_budget, tiny_qwen_vl_dir, write_image
 from tests.models.test_hf_parity import rel_err
 
 SIZES = {"a.png": (70, 45), "b.png": (40, 100), "c.png": (150, 60)}  # (width, height): three aspect ratios
@@ -41,7 +34,7 @@ RECORDS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def imported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     for i, (name, size) in enumerate(SIZES.items()):
@@ -71,14 +64,18 @@ def _samples(ckpt, root):
     return model, tokenizer, settings, samples
 
 
-def _hf_inputs(tokenizer, settings, record, root):
+def _processor(family):
+    return image_processor(*pixel_budget(family), model_type=family)
+
+
+def _hf_inputs(tokenizer, settings, record, root, family):
     from neva.data.conversation import parse_conversations
 
     text = settings.template.render(parse_conversations(record["conversations"])).text
     names = record.get("image", [])
     names = [names] if isinstance(names, str) else names
     images = [Image.open(root / "images" / n).convert("RGB") for n in names]
-    return hf_inputs(tokenizer, image_processor(MIN_PIXELS, MAX_PIXELS), text, images)
+    return hf_inputs(tokenizer, _processor(family), text, images)
 
 
 def _logits(model, batch):
@@ -90,13 +87,14 @@ def test_import_and_data_path_equal_transformers(imported):
 
     family, root, hf_dir, ckpt = imported
     meta = load_metadata(ckpt)
-    assert (meta["min_pixels"], meta["max_pixels"], meta["conv_template"]) == (MIN_PIXELS, MAX_PIXELS, "qwen2_vl")
+    template = "qwen3_vl" if family.startswith("qwen3") else "qwen2_vl"
+    assert (meta["min_pixels"], meta["max_pixels"], meta["conv_template"]) == (*pixel_budget(family), template)
     with one_thread():
         hf = AutoModelForImageTextToText.from_pretrained(str(hf_dir)).eval()
         model, tokenizer, settings, samples = _samples(ckpt, root)
         for record, sample in zip(RECORDS, samples):
             assert "skipped" not in sample, sample
-            inputs = _hf_inputs(tokenizer, settings, record, root)
+            inputs = _hf_inputs(tokenizer, settings, record, root, family)
             # ids (image pads expanded by the grid), pixels and grids as the HF processor makes them
             assert sample["input_ids"].tolist() == inputs["input_ids"][0].tolist()
             if "image_grid_thw" in inputs:
@@ -144,7 +142,7 @@ def test_greedy_generation_equals_transformers(imported):
         for p, (prompt, paths), got in zip(prepared, items, ours):
             images = [Image.open(path).convert("RGB") for path in paths]
             rendered = text([Message("user", prompt)])
-            inputs = hf_inputs(answerer.tokenizer, image_processor(MIN_PIXELS, MAX_PIXELS), rendered, images)
+            inputs = hf_inputs(answerer.tokenizer, _processor(family), rendered, images)
             assert inputs["input_ids"][0].tolist() == p.ids
             out = hf.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
             assert got == out[0, len(p.ids) :].tolist(), family
@@ -161,9 +159,41 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
         b = AutoModelForImageTextToText.from_pretrained(str(out)).eval()
         # the processor's parts (the processor class itself needs torchvision, not installed here)
         processor = AutoImageProcessor.from_pretrained(str(out))
-        assert (processor.size["shortest_edge"], processor.size["longest_edge"]) == (MIN_PIXELS, MAX_PIXELS)
+        assert (processor.size["shortest_edge"], processor.size["longest_edge"]) == pixel_budget(family)
         tokenizer = AutoTokenizer.from_pretrained(str(out))
         image = Image.open(root / "images/c.png").convert("RGB")
         inputs = hf_inputs(tokenizer, processor, "<|vision_start|><|image_pad|><|vision_end|>hello", [image])
         with torch.no_grad():
             assert torch.equal(a(**inputs).logits, b(**inputs).logits)
+
+
+def test_moe_experts_in_the_hub_layout_are_refused_with_the_way_through(imported, tmp_path):
+    """The hub's Qwen3-VL-MoE files keep transformers 4.x's transposed experts (``gate_up_proj`` ``[E, H, 2I]``,
+    ``down_proj`` ``[E, I, H]``): refused by name; transformers 5 loads them, and its save_pretrained imports."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForImageTextToText
+
+    from neva.typed import ConfigError
+
+    family, _, hf_dir, ckpt = imported
+    if family != "qwen3_vl_moe":
+        pytest.skip("an MoE decoder's layout")
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (hub / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    experts = [k for k in tensors if ".mlp.experts." in k]
+    save_file({k: t.transpose(1, 2).contiguous() if k in experts else t for k, t in tensors.items()},
+              str(hub / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"down_proj has the transformers 4\.x layout \[4, 24, 64\]"):
+        import_qwen_vl(hub, tmp_path / "refused")
+    with one_thread():
+        resaved = tmp_path / "resaved"
+        AutoModelForImageTextToText.from_pretrained(str(hub)).save_pretrained(str(resaved))
+        for f in hub.iterdir():
+            if not (resaved / f.name).exists():
+                (resaved / f.name).write_bytes(f.read_bytes())
+        again = import_qwen_vl(resaved, tmp_path / "again")
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(iter_tensors(ckpt), iter_tensors(again)))

@@ -1,4 +1,4 @@
-"""A tiny Qwen2-VL / Qwen2.5-VL directory as the hub ships one (transformers' own model class, random fp32 weights,
+"""A tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL directory as the hub ships one (transformers' own model class, random fp32 weights,
 a byte-level tokenizer with Qwen's special tokens, the Qwen2-VL processor at a small pixel budget), written in the
 test: the oracle of the Qwen-VL import, data path, generation and export."""
 
@@ -15,6 +15,8 @@ from tests.hf_oracle import randomise_inits
 QWEN_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 PATCH, MERGE = 14, 2
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 28 * 28 * 12
+# Qwen3-VL: 16-pixel patches (its processor's factor 32) and 0.5 mean / std; the budget the same 1..12 merged tokens.
+PATCHES = {"qwen2_vl": PATCH, "qwen2_5_vl": PATCH, "qwen3_vl": 16, "qwen3_vl_moe": 16}
 VOCAB = 416
 TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
@@ -24,7 +26,24 @@ VISION = {
     # window 56 px = 2 merge units: the test images hold several windows, some cut short; block 1 attends fully
     "qwen2_5_vl": dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                        window_size=56, fullatt_block_indexes=[1], hidden_act="silu"),
+    # 2 DeepStack mergers (blocks 0 and 2): their features join decoder layers 0 and 1 of 3; a 4×4 position table
+    "qwen3_vl": dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                     num_position_embeddings=16, deepstack_visual_indexes=[0, 2], hidden_act="gelu_pytorch_tanh"),
 }  # fmt: skip
+# Qwen3's decoder: q / k norms, explicit head_dim, interleaved M-RoPE (h and w at every third frequency of 8).
+TEXT_OF = {"qwen3_vl": dict(TEXT, num_hidden_layers=3, head_dim=16, rope_parameters=dict(
+    rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2], mrope_interleaved=True))}  # fmt: skip
+# Qwen3-VL-MoE: the same with every block 4 SwiGLU experts of width 24 (gate_up [4, 48, 64]: no square to confuse),
+# 2 per token; untied (its text config's own default ties, which the model class does not follow)
+TEXT_OF["qwen3_vl_moe"] = dict(TEXT_OF["qwen3_vl"], moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                               tie_word_embeddings=False)  # fmt: skip
+VISION["qwen3_vl_moe"] = VISION["qwen3_vl"]
+
+
+def pixel_budget(model_type: str) -> tuple[int, int]:
+    """(min_pixels, max_pixels) of the tiny directory's processor: 1 to 12 merged tokens."""
+    side = PATCHES[model_type] * MERGE
+    return side * side, side * side * 12
 
 
 def qwen_tokenizer():
@@ -50,10 +69,13 @@ def tiny_qwen_vl_dir(root: Path, model_type: str, seed: int = 0) -> Path:
     config_cls, model_cls = {
         "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
         "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+        "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+        "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration"),
     }[model_type]
-    vision = dict(VISION[model_type], patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=2)
+    vision = dict(VISION[model_type], patch_size=PATCHES[model_type], spatial_merge_size=MERGE, temporal_patch_size=2)
     torch.manual_seed(seed)
-    config = getattr(transformers, config_cls)(text_config=TEXT, vision_config=vision, **ids)
+    text = TEXT_OF.get(model_type, TEXT)
+    config = getattr(transformers, config_cls)(text_config=text, vision_config=vision, **ids)
     model = getattr(transformers, model_cls)(config).eval()
     randomise_inits(model)
     with torch.no_grad():  # unit-scale tower activations: the blocks' share of the features stays visible
@@ -63,15 +85,18 @@ def tiny_qwen_vl_dir(root: Path, model_type: str, seed: int = 0) -> Path:
     out = root / model_type
     model.save_pretrained(str(out))
     # Its processor's parts (transformers' Qwen2-VL processor class itself needs torchvision for videos)
-    image_processor(MIN_PIXELS, MAX_PIXELS).save_pretrained(str(out))
+    image_processor(*pixel_budget(model_type), model_type=model_type).save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out
 
 
-def image_processor(min_pixels: int, max_pixels: int):
+def image_processor(min_pixels: int, max_pixels: int, model_type: str = "qwen2_vl"):
     from transformers import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=PATCH, merge_size=MERGE)
+    stats = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3) if model_type.startswith("qwen3") else {}
+    return Qwen2VLImageProcessorPil(
+        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=PATCHES[model_type], merge_size=MERGE, **stats
+    )
 
 
 def hf_inputs(tokenizer, processor, text: str, images: list) -> dict:

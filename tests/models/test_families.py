@@ -1,13 +1,13 @@
 """Decoder families against transformers' own classes (tiny random llava-hf models, fp32, CPU): Llama-3 (tied
-embeddings, llama3 RoPE, HF attention_bias / mlp_bias), Mistral (sliding window 8, explicit head_dim) and Qwen2
-(q/k/v biases, tied embeddings). Per family: whole-model logits (unpacked and packed rows longer than the window),
+embeddings, llama3 RoPE, HF attention_bias / mlp_bias), Mistral (sliding window 8, explicit head_dim), Qwen2
+(q/k/v biases, tied embeddings) and Qwen3 (q / k norms, explicit head_dim). Per family: whole-model logits (unpacked and packed rows longer than the window),
 greedy generation with the KV cache on a left-padded batch, and export → reload in transformers 5."""
 
 import dataclasses
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlavaForConditionalGeneration, MistralConfig, Qwen2Config
+from transformers import LlamaConfig, LlavaForConditionalGeneration, MistralConfig, Qwen2Config, Qwen3Config
 
 from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_export import save_llava_hf
@@ -31,6 +31,7 @@ FAMILIES = {
     "llama_biases": (LlamaConfig, dict(attention_bias=True, mlp_bias=True)),
     "mistral_window": (MistralConfig, dict(sliding_window=8, head_dim=16)),  # head_dim != hidden / heads (12)
     "qwen2_tied": (Qwen2Config, dict(tie_word_embeddings=True)),
+    "qwen3_norms": (Qwen3Config, dict(head_dim=16)),  # q / k norms, head_dim != hidden / heads
 }
 WINDOW = 8
 
@@ -54,6 +55,7 @@ def test_config_names_the_family(family):
     assert llm.family == hf.config.text_config.model_type
     assert llm.tie_word_embeddings == name.endswith("_tied")
     assert llm.sliding_window == (WINDOW if name == "mistral_window" else None)
+    assert llm.qk_norm == (name == "qwen3_norms")
     assert (llm.qkv_bias, llm.o_bias, llm.mlp_bias) == {
         "llama_biases": (True, True, True),
         "qwen2_tied": (True, False, False),

@@ -71,6 +71,16 @@ FAMILIES: dict[str, list[str]] = {
         "vision=tiny_qwen2_5_vl",
         "++model.mm_cfg.llm.arch_overrides={num_layers:4,tie_word_embeddings:false,mrope_section:[4,6,6]}",
     ],
+    # Qwen3-VL: DeepStack features joining decoder layers 0 and 1 (of 4: both on PP2's first stage), q / k norms,
+    # interleaved M-RoPE
+    "qwen3_vl_native": ["model=tiny_qwen3_vl", "vision=tiny_qwen3_vl"],
+    # Qwen3-VL-MoE: the same decoder with 4 experts of width 64 in every block (the qwen3_moe family)
+    "qwen3_vl_moe_native": [
+        "model=tiny_qwen3_vl",
+        "vision=tiny_qwen3_vl",
+        "++model.mm_cfg.llm.arch_overrides={family:qwen3_moe,num_moe_experts:4,intermediate_size:64,"
+        "mrope_section:[8,4,4],mrope_interleaved:true}",
+    ],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",

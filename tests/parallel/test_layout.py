@@ -8,7 +8,7 @@ from neva.config import compose_config
 from neva.models.presets import build_config
 from neva.models.trainable import LoraSpec, TrainablePolicy, build_meta_model
 from neva.parallel.layout import mesh_coords, resolve_layout
-from neva.parallel.pipeline import local_chunks, split_layers
+from neva.parallel.pipeline import check_deepstack_split, local_chunks, split_layers
 from neva.parallel.stage_owners import chunk_of_key
 from neva.parallel.tensor_parallel import check_divisibility, tp_shard_dims
 from neva.typed import ConfigError
@@ -64,6 +64,19 @@ def test_tp_shard_dims_follow_the_plan():
     assert (dims["projector.0.weight"], dims["projector.0.bias"], dims["projector.2.weight"]) == (0, 0, 1)
     assert dims["projector.2.bias"] is None
     assert all(d is None for n, d in dims.items() if n.startswith("vision."))
+
+
+def test_deepstack_layers_stay_on_the_first_pipeline_chunk():
+    """Qwen3-VL's DeepStack features are made on the first chunk: a split putting layer 0 or 1 elsewhere is refused
+    naming the key that moves it; q / k norms stay replicated under TP (their gradients all-reduced)."""
+    cfg = build_config("tiny_qwen3", "tiny_qwen3_vl", "qwen3_vl_merger", mrope_section=[8, 4, 4])
+    assert cfg.deepstack_layers == 2
+    check_deepstack_split(cfg, split_layers(4, 2))
+    with pytest.raises(ConfigError, match=r"layers 0\.\.1 .*pipeline_first_stage_layers >= 2"):
+        check_deepstack_split(cfg, split_layers(4, 2, first_chunk_layers=1))
+    dims = tp_shard_dims(build_meta_model(cfg, TrainablePolicy()))
+    assert dims["llm.layers.0.attention.q_norm.weight"] is dims["llm.layers.0.attention.k_norm.weight"] is None
+    assert dims["projector.deepstack.1.fc1.weight"] == 0 and dims["projector.deepstack.1.fc2.weight"] == 1
 
 
 def test_pipeline_chunks():

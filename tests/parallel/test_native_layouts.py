@@ -1,7 +1,8 @@
 """Native resolution (Qwen2.5-VL's tower and merger, M-RoPE decoder) on LLaVA-format data — images of five sizes
 (each its own patch grid), text-only and two-image samples, packed rows — under TP2+SP (the merger sharded), PP2
 (tower and merger on stage 0, three position axes through the stages) and DP2 ZeRO-3: each equals one process per
-step."""
+step. Qwen3-VL's DeepStack (features added to decoder layers 0 and 1: sequence-split under SP, on PP's first stage)
+the same in the same spawn, and Qwen3-VL-MoE under EP2."""
 
 from __future__ import annotations
 
@@ -18,15 +19,22 @@ LAYOUTS = {
     "pp2": ["model.pipeline_model_parallel_size=2"],
     "dp2_zero3": ["model.data_parallel=fsdp", "model.zero_stage=3"],
 }
+EP2 = {"ep2": ["model.expert_model_parallel_size=2"]}
 
 
 def test_native_resolution_layouts_match_one_process(tmp_path):
     llava_dir = tmp_path / "llava"
     write_llava_set(llava_dir)
-    family = "qwen2_5_vl_native"
-    ckpt = make_checkpoint(tmp_path / "ckpt", family)
-    data = [f"model.restore_from_path={ckpt}", *FAMILIES[family], *llava_overrides(llava_dir, True)]
-    data.append("model.data.conv_template=chatml")
-    ref = train_losses(data, 2)
-    results = run_layouts(2, [(n, data + o, 2) for n, o in LAYOUTS.items()], tmp_path / "layouts")
-    _check_layouts(results, LAYOUTS, ref)
+    runs, refs = [], {}
+    layouts = {"qwen2_5_vl_native": LAYOUTS, "qwen3_vl_native": LAYOUTS, "qwen3_vl_moe_native": EP2}
+    for family in layouts:
+        ckpt = make_checkpoint(tmp_path / f"ckpt_{family}", family)
+        data = [f"model.restore_from_path={ckpt}", *FAMILIES[family], *llava_overrides(llava_dir, True)]
+        data.append("model.data.conv_template=chatml")
+        refs[family] = train_losses(data, 2)
+        runs += [(f"{family}:{n}", data + o, 2) for n, o in layouts[family].items()]
+    # one spawn for every family's layouts
+    results = run_layouts(2, runs, tmp_path / "layouts")
+    for family, ref in refs.items():
+        ranks = [{n.split(":", 1)[1]: r for n, r in rank.items() if n.startswith(family + ":")} for rank in results]
+        _check_layouts(ranks, layouts[family], ref)
