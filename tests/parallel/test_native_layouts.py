@@ -1,7 +1,8 @@
 """Native resolution (Qwen2.5-VL's tower and merger, M-RoPE decoder) on LLaVA-format data — images of five sizes
 (each its own patch grid), text-only and two-image samples, packed rows — under TP2+SP (the merger sharded), PP2
 (tower and merger on stage 0, three position axes through the stages) and DP2 ZeRO-3: each equals one process per
-step."""
+step; DP2 logs the most and the mean tower patches per rank (their mean × 2 = the one process's patches).
+"""
 
 from __future__ import annotations
 
@@ -30,3 +31,9 @@ def test_native_resolution_layouts_match_one_process(tmp_path):
     ref = train_losses(data, 2)
     results = run_layouts(2, [(n, data + o, 2) for n, o in LAYOUTS.items()], tmp_path / "layouts")
     _check_layouts(results, LAYOUTS, ref)
+    for rank in results:  # the same row on both ranks (one all-reduce), the step's patches shared between them
+        dp2 = rank["dp2_zero3"]["tower_patches"]
+        assert dp2 == results[0]["dp2_zero3"]["tower_patches"]
+        for step, one in zip(dp2, ref["tower_patches"], strict=True):
+            assert step["tower_patches_mean"] * 2 == one["tower_patches_max"] > 0
+            assert step["tower_patches_mean"] <= step["tower_patches_max"] <= one["tower_patches_max"]
