@@ -448,5 +448,11 @@ def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> Neva
         num_layers = first + layers_per_chunk * (layout.num_chunks - 1)
     vision = ncfg.vision
     if vision is not None:
-        vision = dataclasses.replace(vision, num_layers=2, vision_select_layer=-2)
+        # A native tower's merger reads its last block; Qwen2.5-VL's keeps one windowed and one full block.
+        native = {"vision_select_layer": -1}
+        if vision.kind == "qwen2_5_vl":
+            native["fullatt_block_indexes"] = [1]
+        vision = dataclasses.replace(
+            vision, num_layers=2, **(native if vision.is_native else {"vision_select_layer": -2})
+        )
     return dataclasses.replace(ncfg, llm=dataclasses.replace(ncfg.llm, num_layers=num_layers), vision=vision)
