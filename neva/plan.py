@@ -21,7 +21,9 @@ fake tensors and print its measured memory beside the prediction; exits non-zero
 this torch cannot rehearse), ``plan.image_size=HxW`` (AnyRes: a typical image, whose tiles and positions the data
 side's rule gives; default the worst case, the largest pinpoint), ``plan.image_tokens=N`` (AnyRes: the data's mean
 positions per image) or ``plan.image_tokens=data`` (that mean measured from the image headers of a seeded sample of
-at most 2000 records of ``model.data.data_path``; unreadable ones skipped and counted; the output names the source). Without ``+stage=``, ``+preset=`` or ``+canary=`` the stage is pretrain.
+at most 2000 records of ``model.data.data_path``; unreadable ones skipped and counted; the output names the source),
+``plan.max_pixels=N`` (a native-resolution tower's pixel budget per image: the planned image is the largest it lets
+through, or ``plan.image_size`` resized within it; default ``model.data.max_pixels``, else the tower kind's). Without ``+stage=``, ``+preset=`` or ``+canary=`` the stage is pretrain.
 Prints one table row per layout and a final JSON line (the list of rows). See docs/PLANNER.md.
 """
 
@@ -35,7 +37,7 @@ from dataclasses import replace as field_replace
 
 from neva.config import TrainConfig, compose_config
 from neva.errors import entry_point
-from neva.planner.images import describe_images, parse_image_size, parse_image_tokens
+from neva.planner.images import describe_images, parse_image_size, parse_image_tokens, parse_max_pixels
 from neva.planner.plan import LEARNED_FRACTION, TEXT_TOKENS, GiB, Plan, plan_run
 from neva.planner.report import format_table, to_json
 from neva.planner.search import SEARCHED, search
@@ -75,6 +77,7 @@ class Request:
     rehearse: bool = False  # also run the real step of every rank role on fake tensors (neva.training.rehearsal)
     image_size: tuple[int, int] | None = None  # AnyRes: a typical image (height, width); None: the worst case
     image_tokens: float | str | None = None  # AnyRes: mean positions per image, or "data" (measured)
+    max_pixels: int | None = None  # a native tower's pixel budget per image (None: the data's, else the kind's)
 
 
 def parse_args(argv: list[str]) -> Request:
@@ -112,12 +115,17 @@ def parse_args(argv: list[str]) -> Request:
                     req.image_tokens = parse_image_tokens(value)
                 except ValueError as err:
                     raise ConfigError(str(err)) from err
+            elif option == "max_pixels":
+                try:
+                    req.max_pixels = parse_max_pixels(value)
+                except ValueError as err:
+                    raise ConfigError(str(err)) from err
             elif option == "search":
                 req.search = 10 if value.lower() == "true" else 0 if value.lower() == "false" else _integer(arg, value)
             else:
                 raise ConfigError(
                     f"unknown planner option {arg!r} (text_tokens, num_frames, scaling=weak|strong, grad_reduce, json, "
-                    "search=N, rehearse=true|false, image_size=HxW, image_tokens=N|data)"
+                    "search=N, rehearse=true|false, image_size=HxW, image_tokens=N|data, max_pixels=N)"
                 )
         elif "," in value and not value.startswith(("[", "{", "'", '"')):  # a quoted value is one value
             if key.lstrip("+") not in SWEEPABLE:
@@ -207,6 +215,7 @@ def run(req: Request) -> list[Plan]:
                 num_frames=req.num_frames,
                 image_size=req.image_size,
                 image_tokens=req.image_tokens,
+                max_pixels=req.max_pixels,
             )
         )
     return plans
@@ -224,7 +233,10 @@ def run_search(req: Request) -> list[Plan]:
     for point in itertools.product(*(v for _, v in req.sweeps)):
         overrides = [f"{k}={v}" for k, v in zip(keys, point)]
         cfg = compose_config(req.fixed + overrides)
-        found = search(cfg, constraints, req.search, req.text_tokens, req.grad_reduce, req.image_size, req.image_tokens)
+        found = search(
+            cfg, constraints, req.search, req.text_tokens, req.grad_reduce, req.image_size, req.image_tokens,
+            req.max_pixels,
+        )  # fmt: skip
         where = " ".join(overrides) or "the configured nodes"
         print(
             f"# {where}: {found.tried} layouts tried, {found.valid} accepted by training's checks, {found.fitting} fit"

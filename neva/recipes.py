@@ -19,6 +19,8 @@ SOURCES = (
     ("llava15_", "LLaVA-1.5 (haotian-liu/LLaVA scripts/v1_5)"),
     ("llava_onevision_", "LLaVA-OneVision (LLaVA-VL/LLaVA-NeXT scripts/train)"),
     ("llava_next_dpo_", "LLaVA-NeXT DPO (LLaVA-VL/LLaVA-NeXT scripts/train/dpo.sh)"),
+    ("qwen_vl_finetune_", "Qwen2.5-VL qwen-vl-finetune (QwenLM/Qwen2.5-VL scripts/sft_7b.sh)"),
+    ("megatron_bridge_", "Megatron-Bridge (NVIDIA-NeMo/Megatron-Bridge recipes/qwen_vl/qwen25_vl.py)"),
     ("nemo_launcher_", "NeMo-Framework-Launcher NeVA (current)"),
     ("nemo_", "NeMo 1.x NeVA (2023 examples)"),
 )

@@ -15,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-# AnyRes: against HF LlavaNext; video (videos + AnyRes images + text-only samples): against HF LlavaNextVideo
-@pytest.mark.parametrize("mode", [[], ["--anyres"], ["--video"]], ids=["fixed", "anyres", "video"])
+# AnyRes: against HF LlavaNext; video (videos + AnyRes images + text-only samples): against HF LlavaNextVideo;
+# qwen2_5_vl (native-resolution images of random sizes, M-RoPE): against HF Qwen2_5_VLForConditionalGeneration
+@pytest.mark.parametrize(
+    "mode", [[], ["--anyres"], ["--video"], ["--family", "qwen2_5_vl"]], ids=["fixed", "anyres", "video", "qwen2_5_vl"]
+)
 def test_cpu_benchmark_runs_tiny_and_both_sides_agree(mode) -> None:
     cmd = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--device", "cpu", "--smoke", *mode]
     cmd += ["--steps", "1", "--warmup", "1", "--threads", "1", "--no-compare-padding"]
@@ -25,7 +28,7 @@ def test_cpu_benchmark_runs_tiny_and_both_sides_agree(mode) -> None:
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["mode"] == "cpu" and summary["smoke"] and summary["neva_packing"]
     # video lays its images out as AnyRes tiles (LlavaNextVideo's layout)
-    assert summary["anyres"] == bool(mode) and summary["video"] == (mode == ["--video"])
+    assert summary["anyres"] == (mode in (["--anyres"], ["--video"])) and summary["video"] == (mode == ["--video"])
     assert summary["neva_samples_per_sec"] > 0 and summary["hf_samples_per_sec"] > 0
     assert summary["neva_first_loss"] == pytest.approx(summary["hf_first_loss"], rel=1e-5)
     assert summary["first_loss_rel_diff"] < 1e-5

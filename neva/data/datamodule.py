@@ -314,7 +314,14 @@ class NevaDataModule:
         lengths = self._lengths(self.train_datasets) if grouped else None
         grouping = "modality_length" if self.cfg.group_by_modality_length else "length"
         sizes = [len(d) for d in self.train_datasets]
-        return ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, **rank)
+        patches = self._patches(self.train_datasets) if self.dp_world > 1 else None
+        return ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, patches=patches, **rank)
+
+    def _patches(self, datasets: list[Dataset]) -> list[int] | None:
+        """A native-resolution tower's patches per sample over all ``datasets`` (None unless every one knows them):
+        the sampler then balances the tower's work over data-parallel ranks."""
+        per = [d.tower_patches() if hasattr(d, "tower_patches") else None for d in datasets]
+        return None if not per or any(p is None for p in per) else [n for p in per for n in p]
 
     def val_dataloader(self) -> ResumableLoader | list:
         """Validation batches in file order (full global batches only, so every rank runs the same steps)."""

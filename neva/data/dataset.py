@@ -230,3 +230,14 @@ class ConversationDataset(Dataset):
             approx_length(r, s.num_image_tokens, self.front_end.record_tokens(r, self.image_source), per_video)
             for r in self.records
         ]
+
+    def tower_patches(self) -> list[int] | None:
+        """Each record's tower patches from its images' headers where the front end's vary with image size (native
+        resolution; for ``neva.data.patch_balance``), else None."""
+        patches = []
+        for record in self.records:  # a fixed-size front end answers None for the first record: no pass over all
+            n = self.front_end.record_patches(record, self.image_source)
+            if n is None:
+                return None
+            patches.append(n)
+        return patches

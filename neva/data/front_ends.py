@@ -10,6 +10,7 @@ the pixel budget, its count from its size, the grid and the sample's M-RoPE posi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,7 +19,7 @@ import torch
 from neva.data.anyres import AnyResProcessor, anyres_sample_fields
 from neva.data.errors import SampleError
 from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
-from neva.data.qwen_images import QwenImageSpec, image_patches, image_token_count
+from neva.data.qwen_images import QwenImageSpec, image_grid, image_patches, image_token_count
 from neva.data.records import record_images
 from neva.models.anyres import anyres_on
 from neva.models.mrope import mrope_positions
@@ -48,6 +49,11 @@ class FrontEnd(Protocol):
         """A record's image positions from its images' headers, or None where the count is the fixed rule's."""
         ...
 
+    def record_patches(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        """A record's tower patches from its images' headers where they vary with image size (native resolution),
+        else None (a fixed-size tower: every image the same work)."""
+        ...
+
 
 class FixedImages:
     """One tower input per image; the text is encoded first (its tags say which images, in which order)."""
@@ -62,6 +68,9 @@ class FixedImages:
         return EncodedImages(enc, tags, _stack(pixels, self.size), len(pixels))
 
     def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        return None
+
+    def record_patches(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
         return None
 
 
@@ -86,6 +95,9 @@ class TiledImages:
         except SampleError:
             return None  # the sample is skipped (and counted) when it is read; its length here is a guess
         return self.processor.tokens(sizes)
+
+    def record_patches(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        return None  # a tile is one fixed-size tower pass: the token lengths already weigh the tower's work
 
 
 class NativeImages:
@@ -128,6 +140,15 @@ class NativeImages:
             return None  # skipped (and counted) when read
         return sum(image_token_count(self.processor, h, w) for h, w in sizes)
 
+    def record_patches(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        """The tower's patches (t·h·w per image, before the merger), 0 where a header cannot be read (the sample is
+        skipped when read)."""
+        try:
+            sizes = [image_source.size(safe_relative_path(name)) for name in record_images(record)]
+        except SampleError:
+            return 0
+        return sum(math.prod(image_grid(self.processor, h, w)) for h, w in sizes)
+
 
 class NoImages:
     """A model without a vision tower: a record that names an image is a counted skip."""
@@ -142,6 +163,9 @@ class NoImages:
         return EncodedImages(enc, tags, _stack([], 0), 0)
 
     def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        return None
+
+    def record_patches(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
         return None
 
 

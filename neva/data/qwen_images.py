@@ -99,6 +99,13 @@ def image_grid(spec: QwenImageSpec, height: int, width: int) -> tuple[int, int, 
     return 1, h // spec.patch_size, w // spec.patch_size
 
 
+def budget_size(spec: QwenImageSpec) -> tuple[int, int]:
+    """The resized (height, width) of the largest image the pixel budget lets through: a square of ``max_pixels``
+    (any larger image is scaled down to about as many pixels; the planner's worst case)."""
+    side = math.isqrt(spec.max_pixels)
+    return resized_size(spec, side, side)
+
+
 def image_token_count(spec: QwenImageSpec, height: int, width: int) -> int:
     """Decoder positions of one image of ``height`` × ``width`` pixels (t·h·w / merge²), from its size alone."""
     t, h, w = image_grid(spec, height, width)

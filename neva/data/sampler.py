@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from neva.data.patch_balance import balance_patches
+
 
 def blend_choices(weights: Sequence[float], total: int) -> np.ndarray:
     """Megatron's deterministic blend: which dataset each of ``total`` draws comes from.
@@ -175,6 +177,8 @@ class ResumableBatchSampler:
         grouping: with ``lengths``: ``modality_length`` (LLaVA's, ``group_by_modality_length``) or ``length``
             (neva's, ``group_by_length``).
         accumulation: micro-batches per optimizer step (each epoch holds whole steps only).
+        patches: a native-resolution tower's patches per sample (None: fixed-size towers, nothing re-dealt): each
+            global micro-batch is re-dealt to the ranks to balance them (``neva.data.patch_balance``).
 
     Raises:
         ValueError: the samples cannot fill one optimizer step (``global_batch_size`` samples): nothing would train.
@@ -192,6 +196,7 @@ class ResumableBatchSampler:
         lengths: Sequence[int] | None = None,
         accumulation: int = 1,
         grouping: str = "modality_length",
+        patches: Sequence[int] | None = None,
     ) -> None:
         if not 0 <= dp_rank < dp_world:
             raise ValueError(f"dp_rank {dp_rank} outside data-parallel size {dp_world}")
@@ -206,6 +211,7 @@ class ResumableBatchSampler:
         self.weights = None if weights is None else list(weights)
         self.shuffle = shuffle
         self.lengths = lengths
+        self.patches = None if patches is None else np.asarray(patches, dtype=np.int64)
         self.epoch = 0
         self.consumed = 0  # samples of this epoch handed to the training loop, all ranks together
         # Micro-batches per optimizer step. An epoch holds whole steps only: a trainer ends its epoch after the last
@@ -256,6 +262,8 @@ class ResumableBatchSampler:
         mbs = self.micro_batch_size
         for pos in range(start, usable - self.global_batch + 1, self.global_batch):
             chunk = order[pos : pos + self.global_batch]
+            if self.patches is not None:
+                chunk = balance_patches(chunk, self.patches, self.dp_world)
             yield [int(i) for i in chunk[self.dp_rank * mbs : (self.dp_rank + 1) * mbs]]
 
     def advance(self, steps: int = 1) -> None:

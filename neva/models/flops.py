@@ -20,7 +20,9 @@ FLOPs and the benchmark's MFU. Rules, per matmul:
   ``Media.tower_inputs`` counts patches: its pixels' rows): each block weight 2n per patch, the merger per merged
   token (1 / merge² of a patch), the attention core ``4·L·d`` per patch with ``L`` the patches a patch attends: its
   window's under window attention, the nominal ``image_size``'s in a full block (an estimate: the real image's count
-  varies).
+  varies). Given an image's patch grid (``flop_terms(grid=...)``, the planner's image at its pixel budget) the count is
+  that image's exactly: ``L`` averaged over its patches, ``Σ n_w² / P`` over its windows (Qwen2.5-VL's, cut from
+  the top-left in merged units, the last ones partial) or ``P`` in a full block.
 * MoE: the router is a ``[E, H]`` weight like any other; the stacked experts count the k of E each token runs
   (active FLOPs, Megatron's MoE count): ``k / E`` of the stacked tensors per token.
 * Padding is not counted (FLOPs spent on padding are waste), nor activation-checkpoint recomputation (the planner
@@ -127,13 +129,15 @@ def _rows(name: str, shape: tuple[int, ...], cfg: NevaConfig) -> tuple[str, int]
     return None  # tables that are looked up or added: token and ViT position embeddings
 
 
-def flop_terms(params: Iterable[Param], cfg: NevaConfig) -> list[FlopTerm]:
+def flop_terms(params: Iterable[Param], cfg: NevaConfig, grid: tuple[int, int] | None = None) -> list[FlopTerm]:
     """Every counted matmul of one training step of the whole model, per unit of work (see the module docstring).
 
     Args:
         params: the unsharded model's parameters with ``requires_grad`` set by the run's trainable policy
             (``model_params(build_meta_model(cfg, policy))``).
         cfg: the model's config.
+        grid: a native tower's image (height, width) in patches: its own attention count per patch (None: the
+            nominal ``image_size``'s).
     """
     params = [(name, shape, trains, _position(name, cfg)) for name, shape, trains in params]
     trained = [pos for _, _, trains, pos in params if trains and pos is not None]
@@ -155,7 +159,7 @@ def flop_terms(params: Iterable[Param], cfg: NevaConfig) -> list[FlopTerm]:
         backward = forward * (upstream_trains(pos) + trains)
         layer = int(name.split(".")[2]) if name.startswith("llm.layers.") else None
         terms.append(FlopTerm(name, per, forward, backward, layer))
-    terms += _attention_cores(cfg, upstream_trains)
+    terms += _attention_cores(cfg, upstream_trains, grid)
     return terms + _frame_terms(terms, cfg)
 
 
@@ -172,12 +176,14 @@ def _frame_terms(terms: list[FlopTerm], cfg: NevaConfig) -> list[FlopTerm]:
     return out
 
 
-def _attention_cores(cfg: NevaConfig, upstream_trains: Callable[[tuple], bool]) -> list[FlopTerm]:
+def _attention_cores(
+    cfg: NevaConfig, upstream_trains: Callable[[tuple], bool], grid: tuple[int, int] | None = None
+) -> list[FlopTerm]:
     terms = []
     if cfg.vision is not None:
         v = cfg.vision
         for i in range(cfg.vision.layers_run):
-            forward = 4 * _tower_square(v, i) * v.hidden_size
+            forward = 4 * _tower_square(v, i, grid) * v.hidden_size
             backward = 2 * forward if upstream_trains((0, 2 + i, _VISION_STEPS["core"])) else 0
             terms.append(FlopTerm(f"vision.layers.{i}.attn.core", "image", forward, backward))
     width = cfg.llm.num_heads * cfg.llm.head_dim
@@ -188,14 +194,33 @@ def _attention_cores(cfg: NevaConfig, upstream_trains: Callable[[tuple], bool]) 
     return terms
 
 
-def _tower_square(vision, layer: int) -> float:
+def _tower_square(vision, layer: int, grid: tuple[int, int] | None = None) -> float:
     """Rows × keys of a tower block's attention core per unit: a fixed-size tower's whole image; a native tower's per
-    patch (its window's patches, or the nominal image's in a full block)."""
+    patch (its window's patches, or the nominal image's in a full block; of the image of ``grid`` patches when
+    given)."""
     if not vision.is_native:
         return vision.seq_len**2
-    if vision.kind == "qwen2_5_vl" and layer not in vision.fullatt_block_indexes:
+    windowed = vision.kind == "qwen2_5_vl" and layer not in vision.fullatt_block_indexes
+    if grid is not None:
+        return window_square(vision, grid) if windowed else grid[0] * grid[1]
+    if windowed:
         return (vision.window_size // vision.patch_size) ** 2
     return (vision.image_size // vision.patch_size) ** 2
+
+
+def window_square(vision, grid: tuple[int, int]) -> float:
+    """Keys a patch attends, averaged over an image of ``grid`` (height, width) patches, under Qwen2.5-VL's window
+    attention: windows of ``window_size`` pixels cut from the top-left in merged tokens (the last row and column of
+    windows partial), a window of ``n`` patches attending ``n`` keys from each of its ``n`` rows."""
+    merge = vision.spatial_merge_size
+    side = vision.window_size // merge // vision.patch_size  # merged tokens per window side
+
+    def spans(length: int) -> list[int]:
+        return [side] * (length // side) + ([length % side] if length % side else [])
+
+    h, w = grid[0] // merge, grid[1] // merge
+    total = sum((a * b * merge**2) ** 2 for a in spans(h) for b in spans(w))
+    return total / (grid[0] * grid[1])
 
 
 def attended_square(seq_len: int, window: int | None) -> int:

@@ -52,6 +52,21 @@ VISION_PRESETS: dict[str, dict] = {
         num_position_embeddings=16,
         deepstack_visual_indexes=[0, 1],
     ),
+    # Qwen/Qwen2.5-VL-7B-Instruct's tower (config.json vision_config: depth 32, hidden_size 1280, intermediate_size 3420,
+    # num_heads 16, patch_size 14, window_size 112, fullatt_block_indexes [7, 15, 23, 31], silu); image_size is only
+    # the nominal image of the FLOP model's per-patch attention estimate (448 px: 32 × 32 patches, 256 positions).
+    "qwen2_5_vl_7b": dict(
+        kind="qwen2_5_vl",
+        image_size=448,
+        patch_size=14,
+        hidden_size=1280,
+        intermediate_size=3420,
+        num_layers=32,
+        num_heads=16,
+        hidden_act="silu",
+        window_size=112,
+        fullatt_block_indexes=[7, 15, 23, 31],
+    ),
     # google/siglip-so400m-patch14-384 (config.json vision_config): 27×27 = 729 patches, width 1152, 27 layers.
     "siglip_so400m_384": dict(
         kind="siglip",

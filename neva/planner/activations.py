@@ -94,7 +94,9 @@ def stage_activation_bytes(
         head = tokens if layout.tp > 1 or layout.pp > 1 or learned_tokens is None else b * learned_tokens
         vocab = cfg.llm.vocab_size / layout.tp if vocab_parallel_logits(layout.tp, layout.pp) else cfg.llm.vocab_size
         per_mb += head * vocab * (e + 4)
-    if stage == 0 and cfg.vision is not None:
+    if stage == 0 and cfg.vision is not None and cfg.vision.is_native:
+        per_mb += _native_vision_bytes(cfg, infos, dep) * tiles
+    elif stage == 0 and cfg.vision is not None:
         per_mb += _vision_bytes(cfg, infos, dep, frames) * (1 if frames else tiles)
     if stage == 0:  # the first stage's layer input (a later stage's is one of its receive buffers)
         per_mb += e * tokens * cfg.llm.hidden_size
@@ -136,6 +138,26 @@ def _vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment, fram
         total += per_layer * vision.num_layers
     if any(p.trainable for p in infos if p.part == "projector"):
         total += e * images_tokens * (cfg.projector.input_size + 2 * hidden)
+    return total
+
+
+def _native_vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deployment) -> float:
+    """A native-resolution tower + merger's activations per patch of a micro-batch (``tiles`` = an image's
+    patches, ``neva.planner.images``). Attention runs in windows / per image through memory-efficient SDPA, so it keeps
+    no scores: nothing grows with the window or the image, only with its patches. Per block: two norm inputs,
+    q/k/v/out, o_proj and first MLP input, and the MLP's intermediates: SwiGLU (Qwen2.5-VL: gate and up outputs,
+    SiLU output, their product) 4, GELU (Qwen2-VL) 2; and the patch embedding's input, one flattened patch. The merger (``projector``): per merged token its input (merge²
+    patches' width) and two hidden-wide tensors, as the MLP projector's count."""
+    e, b = dep.compute_bytes, dep.layout.micro_batch_size
+    vision = cfg.vision
+    total = 0.0
+    if any(p.trainable for p in infos if p.part == "vision"):
+        mlp = 4 if vision.kind == "qwen2_5_vl" else 2
+        total += e * b * (8 * vision.hidden_size + mlp * vision.intermediate_size) * vision.layers_run
+        total += e * b * vision.patch_dim  # the patch embedding's input (its weight trains)
+    if any(p.trainable for p in infos if p.part == "projector"):
+        merged = b / vision.spatial_merge_size**2
+        total += e * merged * (cfg.projector.input_size + 2 * cfg.llm.hidden_size)
     return total
 
 

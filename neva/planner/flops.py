@@ -52,11 +52,13 @@ def stage_flops(
     layers: list[list[int]],
     tiles: int = 1,
     frames: int = 0,
+    grid: tuple[int, int] | None = None,
 ) -> list[StageFlops]:
     """FLOPs per sample of each pipeline stage for samples of ``seq_len`` tokens with one image each, of ``tiles``
-    tower inputs (AnyRes: the overview and the grid's tiles, each through the tower and the projector), or with one
-    video of ``frames`` frames each (``frames`` > 0)."""
-    terms = _terms(infos, cfg)
+    tower inputs (AnyRes: the overview and the grid's tiles, each through the tower and the projector; a native
+    tower: the image's patches, ``grid`` its height and width in patches, whose windows its attention counts), or
+    with one video of ``frames`` frames each (``frames`` > 0)."""
+    terms = _terms(infos, cfg, grid)
     square = attended_square(seq_len, cfg.llm.sliding_window)
     units = {"token": seq_len, "token2": square, "image": 0 if frames else tiles, "frame": frames}
     params = {p.name: p for p in infos}
@@ -81,12 +83,12 @@ def stage_flops(
     return [StageFlops(m, g, b) for m, g, b in zip(model, per_gpu, backward)]
 
 
-def _terms(infos: list[ParamInfo], cfg: NevaConfig) -> list[FlopTerm]:
+def _terms(infos: list[ParamInfo], cfg: NevaConfig, grid: tuple[int, int] | None = None) -> list[FlopTerm]:
     """``flop_terms`` of the inventory, memoised: they do not depend on the layout, which a search varies."""
     params = tuple((p.name, p.shape, p.trainable) for p in infos)
-    key = (repr(cfg), params)
+    key = (repr(cfg), params, grid)
     if key not in _TERMS:
-        _TERMS[key] = flop_terms(params, cfg)
+        _TERMS[key] = flop_terms(params, cfg, grid)
     return _TERMS[key]
 
 

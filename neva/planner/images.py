@@ -6,6 +6,11 @@ from its size (``neva.models.anyres.feature_index``, what the dataset computes);
 (that mean measured from the configured data's image headers, ``neva.planner.image_mix``) or, by default, the worst
 case: an image of the largest pinpoint, all of whose tiles are kept (OneVision's ``anyres_max_N`` pools its
 positions, not its tiles). A mean is rounded up to whole positions and tiles.
+
+A native-resolution tower (Qwen-VL) takes each image at its own size within the pixel budget: its "tiles" are then its
+patches (the FLOP model's unit for such a tower, ``neva.models.flops``) and its positions patches / merge². The
+planner takes ``plan.image_size`` resized by the data side's ``smart_resize``, or by default the worst case: the
+largest image ``plan.max_pixels`` lets through (default the data's ``model.data.max_pixels``, else the tower kind's).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import math
 from dataclasses import dataclass
 
 from neva.data.config import DataConfig
+from neva.data.images import ImageError
+from neva.data.qwen_images import QwenImageSpec, budget_size, resized_size
 from neva.models.anyres import feature_index, largest_pinpoint
 from neva.models.config import NevaConfig
 from neva.planner.image_mix import measure_image_mix
@@ -25,12 +32,16 @@ class ImageLoad:
     """Per image: decoder ``tokens``, tower inputs (``tiles``) and the ``(height, width)`` assumed (None: fixed)."""
 
     tokens: int
-    tiles: int
+    tiles: int  # a native tower's: patches
     size: tuple[int, int] | None = None
     source: str | None = None  # where a mean per image comes from (plan.image_tokens); None: one image of ``size``
+    grid: tuple[int, int] | None = None  # a native tower's image in patches (height, width)
+    max_pixels: int | None = None  # a native tower's pixel budget
 
     def to_dict(self) -> dict:
         out = {"tokens": self.tokens, "tiles": self.tiles, "size": None if self.size is None else list(self.size)}
+        if self.grid is not None:
+            out.update(grid=list(self.grid), max_pixels=self.max_pixels)
         return out if self.source is None else {**out, "source": self.source}
 
 
@@ -55,15 +66,24 @@ def parse_image_tokens(text: str) -> float | str:
     return value
 
 
+def parse_max_pixels(text: str) -> int:
+    """``plan.max_pixels=N`` (a native tower's pixel budget per image, > 0)."""
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"plan.max_pixels={text!r}: expected a positive number of pixels, e.g. 1003520")
+    return int(text)
+
+
 def image_load(
     cfg: NevaConfig,
     size: tuple[int, int] | None = None,
     tokens: float | str | None = None,
     data: DataConfig | None = None,
+    max_pixels: int | None = None,
 ) -> ImageLoad:
     """The workload of one image of ``size`` (None: AnyRes's worst case, the largest pinpoint), or of the mean image:
     ``tokens`` positions (its tiles: as many as those positions fill at one tile's count, fewer than real for pooled
-    ``anyres_max_N`` images), or ``"data"``: measured from ``data`` (``measure_image_mix``).
+    ``anyres_max_N`` images), or ``"data"``: measured from ``data`` (``measure_image_mix``). A native tower: the
+    image of ``size`` resized within the budget, or the largest the budget lets through (``native_image_load``).
 
     Raises:
         ConfigError: ``tokens`` on a model without AnyRes, with ``size``, or a survey that cannot run.
@@ -80,6 +100,8 @@ def image_load(
                          f"{cfg.num_image_tokens} per tile, rounded up")  # fmt: skip
     if cfg.vision is None:
         return ImageLoad(0, 0)
+    if cfg.vision.is_native:
+        return native_image_load(cfg, size, data or DataConfig(), max_pixels)
     if cfg.anyres is None:
         return ImageLoad(cfg.num_image_tokens, 1)
     if size is None:
@@ -88,8 +110,36 @@ def image_load(
     return ImageLoad(lay.tokens, lay.tiles, (int(size[0]), int(size[1])))
 
 
+def native_image_load(
+    cfg: NevaConfig, size: tuple[int, int] | None, data: DataConfig, max_pixels: int | None
+) -> ImageLoad:
+    """A native tower's image: ``size`` resized as the data side does, or the budget's largest (``budget_size``)
+    under ``max_pixels`` (None: ``data.max_pixels``, else the tower kind's); its patches and positions.
+
+    Raises:
+        ConfigError: a budget below ``model.data.min_pixels``, or an image ``smart_resize`` refuses.
+    """
+    budget = max_pixels or data.max_pixels
+    try:
+        spec = QwenImageSpec.for_tower(cfg.vision, data.min_pixels, budget)
+        h, w = budget_size(spec) if size is None else resized_size(spec, *size)
+    except (ValueError, ImageError) as err:
+        raise ConfigError(f"plan.max_pixels / plan.image_size: {err}") from None
+    grid = (h // spec.patch_size, w // spec.patch_size)
+    patches = grid[0] * grid[1]
+    return ImageLoad(patches // spec.merge_size**2, patches, (h, w), grid=grid, max_pixels=spec.max_pixels)
+
+
 def describe_images(image: dict) -> str:
-    """The line ``neva.plan`` prints under its table for an AnyRes plan (``ImageLoad.to_dict``)."""
+    """The line ``neva.plan`` prints under its table for an AnyRes or native-resolution plan
+    (``ImageLoad.to_dict``)."""
+    if "grid" in image:
+        (h, w), (gh, gw) = image["size"], image["grid"]
+        return (
+            f"# native-resolution images of {h}x{w} px (max_pixels {image['max_pixels']}): {gh}x{gw} = "
+            f"{image['tiles']} patches through the tower, {image['tokens']} decoder positions each "
+            "(plan.image_size=HxW; default: the largest plan.max_pixels lets through)"
+        )
     if "source" in image:
         return (
             f"# AnyRes images: {image['tiles']} tiles through the tower, {image['tokens']} decoder positions each "

@@ -116,6 +116,7 @@ def plan_run(
     num_frames: int | None = None,
     image_size: tuple[int, int] | None = None,
     image_tokens: float | str | None = None,
+    max_pixels: int | None = None,
 ) -> Plan:
     """Predict memory and throughput of ``cfg`` without allocating the model.
 
@@ -131,6 +132,8 @@ def plan_run(
             worst case).
         image_tokens: an AnyRes model's mean positions per image, or ``"data"``: measured from
             ``cfg.model.data`` (``neva.planner.images.image_load``).
+        max_pixels: a native-resolution tower's pixel budget per image (``plan.max_pixels``; None: the data's
+            ``model.data.max_pixels``, else the tower kind's): the image planned is the largest it lets through.
 
     Raises:
         ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
@@ -150,10 +153,10 @@ def plan_run(
     frames = num_frames or 0
     if frames and ncfg.video is None:
         raise ConfigError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
-    images = image_load(ncfg, image_size, image_tokens, cfg.model.data)
+    images = image_load(ncfg, image_size, image_tokens, cfg.model.data, max_pixels)
     seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else images.tokens, text_tokens)
     learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
-    flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames)
+    flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames, images.grid)
     stages = []
     for s in range(layout.pp):
         state = rank_state_bytes(infos, dep, s, layers)

@@ -102,6 +102,7 @@ def search(
     grad_reduce: str | None = None,
     image_size: tuple[int, int] | None = None,
     image_tokens: float | str | None = None,
+    max_pixels: int | None = None,
 ) -> SearchResult:
     """The ``top`` fastest layouts of ``cfg``'s model, stage, cluster and nodes that fit.
 
@@ -109,7 +110,7 @@ def search(
         cfg: a composed config; its layout keys are the starting point, the searched ones are replaced.
         constraints: values some ``SEARCHED`` keys may take (the rest come from ``default_space``).
         top: how many plans to return (all fitting ones when <= 0).
-        text_tokens / grad_reduce / image_size / image_tokens: as ``plan_run``.
+        text_tokens / grad_reduce / image_size / image_tokens / max_pixels: as ``plan_run``.
 
     Raises:
         ConfigError: a constraint names a key the search does not vary.
@@ -120,7 +121,9 @@ def search(
             f"cannot constrain {sorted(unknown)} in a layout search; searched keys: {', '.join(SEARCHED)}"
         )
     model = neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
-    image_load(model, image_size, image_tokens, cfg.model.data)  # a bad image request fails here, not per layout
+    image_load(
+        model, image_size, image_tokens, cfg.model.data, max_pixels
+    )  # a bad image request fails here, not per layout
     space = default_space(cfg, model.llm.num_layers, model.llm.num_moe_experts)
     space.update({k: list(v) for k, v in (constraints or {}).items()})
     tried = 0
@@ -132,7 +135,11 @@ def search(
             tp = candidate.model.tensor_model_parallel_size
             if tp > 1:  # what the planner predicts but training refuses (LoRA, a trained tower): not proposed
                 check_tensor_parallel(meta_model(model, policy), tp)
-            valid.append(plan_run(candidate, text_tokens, None, grad_reduce, model, image_size, image_tokens))
+            plan = plan_run(
+                candidate, text_tokens, None, grad_reduce, model, image_size=image_size, image_tokens=image_tokens,
+                max_pixels=max_pixels,
+            )  # fmt: skip
+            valid.append(plan)
         except ConfigError:
             continue  # a layout training refuses: not a candidate
     fitting = [p for p in valid if p.fits]

@@ -26,6 +26,7 @@ from neva.training.dpo import PreferenceObjective
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer, build_scheduler
 from neva.training.resume_check import CONFIG_KEY, check_resume, config_record
+from neva.training.tower_work import tower_patch_metrics
 from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,9 @@ class NevaModule(pl.LightningModule):
             peak = device_peak_tflops(name, self.cfg.cluster.peak_tflops_bf16)
             if peak:
                 metrics["mfu"] = tflops / peak
+        if self.source.cfg.vision is not None and self.source.cfg.vision.is_native:
+            # Every rank logs a step (skipped or not), so every rank of the group joins this all-reduce.
+            metrics.update(tower_patch_metrics(micro_batches, self.engine.dp_group, self.engine.device))
         metrics.update(self.data.skip_tracker.metrics())
         step = self.global_step
         if loss is None or step % max(1, self.cfg.trainer.log_every_n_steps) == 0:

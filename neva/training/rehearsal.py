@@ -264,6 +264,21 @@ def rehearse(
     ]
 
 
+def _host_grids(mb: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
+    """``mb`` with the loader's own grids back: a native tower reads its grid as host integers
+    (``neva.models.native_vision.grid_rows``), which a real tensor gives under fake mode and a fake clone cannot (it
+    has no values); a grid is a few integers on the host in training too (``MediaInputs.to``)."""
+    media = original.get("media")
+    if media is None:
+        return mb
+    grids = {m: v.grid for m, v in media.items() if v is not None and v.grid is not None}
+    if not grids:
+        return mb
+    cloned = mb["media"]
+    kept = {m: dataclasses.replace(getattr(cloned, m), grid=g) for m, g in grids.items()}
+    return {**mb, "media": dataclasses.replace(cloned, **kept)}
+
+
 class _NoHook:
     def remove(self) -> None:
         pass
@@ -352,6 +367,7 @@ def _rehearse_rank(
             # ``.to(device)`` would alias the loader's tensors, which the trackers then count only through views).
             # (pytree: the batch's Media is a registered node, its tensors cloned and tracked like the others)
             inputs = [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, mb) for mb in micro_batches]
+            inputs = [_host_grids(mb, original) for mb, original in zip(inputs, micro_batches)]
             tensors = [v for v in pytree.tree_leaves(inputs) if isinstance(v, torch.Tensor)]
             root = parallel.parts[0]
             if isinstance(root, tools["FSDPModule"]) and len(parallel.parts) == 1:
@@ -432,5 +448,11 @@ def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> Neva
         num_layers = first + layers_per_chunk * (layout.num_chunks - 1)
     vision = ncfg.vision
     if vision is not None:
-        vision = dataclasses.replace(vision, num_layers=2, vision_select_layer=-2)
+        # A native tower's merger reads its last block; Qwen2.5-VL's keeps one windowed and one full block.
+        native = {"vision_select_layer": -1}
+        if vision.kind == "qwen2_5_vl":
+            native["fullatt_block_indexes"] = [1]
+        vision = dataclasses.replace(
+            vision, num_layers=2, **(native if vision.is_native else {"vision_select_layer": -2})
+        )
     return dataclasses.replace(ncfg, llm=dataclasses.replace(ncfg.llm, num_layers=num_layers), vision=vision)

@@ -7,6 +7,9 @@ rehearsed step sees what a real sample of that shape gives the model (the same k
 * an AnyRes image of ``image_size`` (default the largest pinpoint, ``neva.models.anyres.largest_pinpoint``, the size
   the planner assumes): its tiles through the tower and its positions after unpad, pool and newline from
   ``neva.models.anyres.feature_index``, with the feature index (and, pooled, weights) ``neva.data.anyres`` stores;
+* a native-resolution tower's image of ``image_size`` (the planner's: already resized within the budget; default the
+  largest the data's ``max_pixels`` lets through, ``neva.data.qwen_images.budget_size``): its patches, grid and the
+  sample's M-RoPE positions, as ``neva.data.front_ends.NativeImages`` gives them;
 * a video of ``num_frames`` frames (``plan.num_frames``): that many tower inputs, ``NevaConfig.video_tokens`` positions
   carrying the video token, as ``neva.data.video`` lays them out.
 
@@ -23,13 +26,20 @@ from neva.config import TrainConfig
 from neva.constants import IGNORE_INDEX
 from neva.data.anyres import anyres_sample_fields
 from neva.data.collate import Collator
+from neva.data.config import DataConfig
+from neva.data.qwen_images import QwenImageSpec, budget_size
 from neva.models.anyres import feature_index, largest_pinpoint
 from neva.models.config import NevaConfig
+from neva.models.mrope import mrope_positions
 from neva.parallel.layout import Layout
 
 
-def _visual_fields(ncfg: NevaConfig, image_size: tuple[int, int] | None, num_frames: int | None) -> dict[str, Any]:
+def _visual_fields(
+    ncfg: NevaConfig, image_size: tuple[int, int] | None, num_frames: int | None, data: DataConfig | None = None
+) -> dict[str, Any]:
     """A sample's visual keys, its visual positions' count (``"tokens"``) and the id they carry (``"token_id"``)."""
+    if ncfg.vision is not None and ncfg.vision.is_native and not num_frames:
+        return _native_fields(ncfg, image_size, data or DataConfig())
     if ncfg.vision is None:
         empty = torch.zeros((0, 3, 0, 0), dtype=torch.uint8)
         return {"tokens": 0, "token_id": 0, "pixel_values": empty, "image_positions": torch.zeros(0, dtype=torch.long)}
@@ -63,16 +73,35 @@ def _visual_fields(ncfg: NevaConfig, image_size: tuple[int, int] | None, num_fra
             "image_positions": torch.arange(1, 1 + tokens), **extra}  # fmt: skip
 
 
+def _native_fields(ncfg: NevaConfig, image_size: tuple[int, int] | None, data: DataConfig) -> dict[str, Any]:
+    """A native tower's image: zero patches ``[P, patch_dim]`` of the grid of ``image_size`` (resized by the data
+    side's rule, which keeps a size the planner resized), its grid; the M-RoPE positions follow from the ids."""
+    spec = QwenImageSpec.for_tower(ncfg.vision, data.min_pixels, data.max_pixels)
+    h, w = budget_size(spec) if image_size is None else image_size
+    if h % spec.factor or w % spec.factor:
+        raise ValueError(f"native image {h}x{w}: sides must be multiples of {spec.factor} (the planner's resized size)")
+    grid = torch.tensor([[1, h // spec.patch_size, w // spec.patch_size]])
+    patches = int(grid.prod())
+    return {
+        "tokens": patches // spec.merge_size**2,
+        "token_id": ncfg.image_token_id,
+        "image_count": 1,
+        "pixel_values": torch.zeros((patches, ncfg.vision.patch_dim), dtype=torch.uint8),
+        "image_grid": grid,
+    }
+
+
 def synthetic_sample(
     ncfg: NevaConfig,
     text_tokens: int,
     learned_fraction: float,
     image_size: tuple[int, int] | None = None,
     num_frames: int | None = None,
+    data: DataConfig | None = None,
 ) -> dict[str, Any]:
     """One sample as the dataset gives it: BOS, the visual positions, then text; the last ``learned_fraction`` of the
-    ``text_tokens`` (BOS included) learned."""
-    visual = _visual_fields(ncfg, image_size, num_frames)
+    ``text_tokens`` (BOS included) learned. ``data``: the run's data keys (a native tower's pixel budget)."""
+    visual = _visual_fields(ncfg, image_size, num_frames, data)
     n_vis, token_id = visual.pop("tokens"), visual.pop("token_id")
     learned = max(1, round(text_tokens * learned_fraction))
     ids = torch.full((n_vis + text_tokens,), 5, dtype=torch.long)
@@ -80,6 +109,16 @@ def synthetic_sample(
     ids[1 : 1 + n_vis] = token_id
     labels = torch.full_like(ids, IGNORE_INDEX)
     labels[-learned:] = ids[-learned:]
+    if "image_grid" in visual:  # a native tower: its positions and the sample's M-RoPE positions, as the data gives
+        visual["image_positions"] = torch.arange(1, 1 + n_vis)
+        visual["position_ids"], _ = mrope_positions(
+            ids,
+            visual["image_grid"],
+            spatial_merge_size=ncfg.vision.spatial_merge_size,
+            image_token_id=token_id,
+            video_token_id=-1,
+            family=ncfg.vision.kind,
+        )
     return {"input_ids": ids, "labels": labels, **visual}
 
 
@@ -94,10 +133,12 @@ def synthetic_micro_batches(
 ) -> list[dict[str, Any]]:
     """One step's micro-batches through the run's own collator: ``micro_batch_size`` copies of ``synthetic_sample``
     per micro-batch (host tensors, as the loader gives them)."""
-    sample = synthetic_sample(ncfg, text_tokens, learned_fraction, image_size, num_frames)
     data = cfg.model.data
-    # No ``model.data.seq_length``: the model's ``max_seq_len``, as the data module decides.
-    collate = Collator(0, data.seq_length or ncfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing)
+    sample = synthetic_sample(ncfg, text_tokens, learned_fraction, image_size, num_frames, data)
+    # No ``model.data.seq_length``: the model's ``max_seq_len``, as the data module decides. An M-RoPE decoder reads
+    # three position axes (``NevaDataModule``'s collator).
+    axes = 3 if ncfg.llm.mrope_section is not None else 1
+    collate = Collator(0, data.seq_length or ncfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing, axes)
     return [
         collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])
         for m in range(layout.grad_accum)

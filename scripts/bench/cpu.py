@@ -13,6 +13,7 @@ module names.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -72,7 +73,11 @@ FAMILIES: dict[str, dict[str, dict]] = {
         "llm": dict(family="mixtral", num_moe_experts=8, moe_router_topk=2, moe_aux_loss_coeff=0.0, rope_theta=1e6),
         "vision": {},
     },
+    # Qwen2.5-VL: the Qwen2 decoder with M-RoPE behind a native-resolution tower and its patch merger, against HF
+    # Qwen2_5_VLForConditionalGeneration (``bench.qwen_vl``: its tower shapes, images of random sizes).
+    "qwen2_5_vl": {"llm": _QWEN2, "vision": {}},
 }
+NATIVE_FAMILIES = ("qwen2_5_vl",)  # families whose images are native-resolution patches (``bench.qwen_vl``)
 
 
 def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
@@ -97,6 +102,12 @@ def cpu_model_config(
     from neva.models.video import VideoConfig
 
     shapes = cpu_shapes(smoke, family)
+    if family in NATIVE_FAMILIES:
+        if anyres or video:
+            raise SystemExit(f"--family {family}: native-resolution images, not --anyres / --video")
+        from bench.qwen_vl import model_config
+
+        return model_config(shapes["llm"], smoke)
     cfg = build_config(llm=shapes["llm"], vision=shapes["vision"])
     if not (anyres or video):
         return cfg
@@ -118,7 +129,8 @@ def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False, num_frames: int
         grid_pinpoints=pins,
         vocab_size=cfg.llm.vocab_size,
         image_token_id=cfg.image_token_id,
-        num_image_tokens=cfg.num_image_tokens,
+        # A native tower's images get their own sizes and counts (``bench.qwen_vl.native_sample``) over the stream's.
+        num_image_tokens=16 if cfg.vision.is_native else cfg.num_image_tokens,
         image_size=cfg.vision.image_size,
         seed=seed,
         **(SMOKE_TEXT if smoke else {}),
@@ -150,6 +162,11 @@ def train_config(args: Any) -> TrainConfig:
     )
 
 
+def native_shapes(cfg: NevaConfig) -> dict[str, dict]:
+    """The LLM and tower fields of a native family's model, for the summary."""
+    return {"llm": dataclasses.asdict(cfg.llm), "vision": dataclasses.asdict(cfg.vision)}
+
+
 def _hf_part(name: str) -> str:
     if "vision_tower" in name:
         return "vision"
@@ -176,7 +193,8 @@ def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[A
     engine.model.train()
     optimizer = build_optimizer(engine.named_trainable_parameters(), train_cfg.model.optim)
     data = train_cfg.model.data
-    collate = Collator(PAD_ID, args.seq_length, data.pad_to_multiple_of, data.packing)
+    axes = 3 if cfg.llm.mrope_section is not None else 1  # an M-RoPE decoder's three position axes
+    collate = Collator(PAD_ID, args.seq_length, data.pad_to_multiple_of, data.packing, axes)
     collated = [collate(b) for b in batches]
 
     def step(batch: dict) -> float:
@@ -202,6 +220,8 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf_wrappers import wrapper_for
 
     train_cfg = train_config(args)
+    if cfg.vision.is_native:
+        return _hf_native_side(cfg, train_cfg, batches)
     wrapper = wrapper_for(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
     hf_cfg = getattr(transformers, wrapper.config_class)(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
@@ -215,13 +235,31 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     del neva, state
     gc.collect()
     _apply_policy_hf(model, train_cfg.model.trainable_policy())
+    return _hf_loop(model, train_cfg, [collate_hf(b) for b in batches])
+
+
+def _hf_native_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
+    """HF Qwen2_5_VLForConditionalGeneration from neva's initial weights, the stage's policy, the same loop."""
+    from bench.qwen_vl import collate_hf_native, hf_model, hf_part
+
+    neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
+    model = hf_model(cfg, neva.state_dict())
+    del neva
+    gc.collect()
+    policy = train_cfg.model.trainable_policy()
+    for name, p in model.named_parameters():
+        p.requires_grad_(getattr(policy, hf_part(name)))
+    return _hf_loop(model, train_cfg, [collate_hf_native(cfg, b) for b in batches])
+
+
+def _hf_loop(model: torch.nn.Module, train_cfg: TrainConfig, collated: list[dict]):
+    """The plain HF loop's step over ``collated`` batches: loss, backward, clip, ``torch.optim.AdamW``."""
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optim = train_cfg.model.optim
     optimizer = torch.optim.AdamW(
         params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
     )
-    collated = [collate_hf(b) for b in batches]
 
     def step(batch: dict) -> float:
         loss = model(**batch).loss
@@ -250,6 +288,10 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     cfg = cpu_model_config(args.smoke, args.family, args.anyres, args.video)
     spec = stream_spec(cfg, args.seed, args.smoke, args.num_frames)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
+    if cfg.vision.is_native:
+        from bench.qwen_vl import native_sample
+
+        batches = [[native_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
     gc.collect()
     baseline = _rss_bytes()
     build = _neva_side if side == "neva" else _hf_side
@@ -457,8 +499,9 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "video": cfg.video is not None,
         "seq_length": args.seq_length,
         "model": {
-            **cpu_shapes(args.smoke, args.family),
-            "image_tokens": cfg.num_image_tokens,
+            # a native family's own shapes (``bench.qwen_vl``), not the fixed-tower ones it replaces
+            **(native_shapes(cfg) if cfg.vision.is_native else cpu_shapes(args.smoke, args.family)),
+            "image_tokens": None if cfg.vision.is_native else cfg.num_image_tokens,
             **({"video_tokens": spec.video_tokens, "num_frames": spec.num_frames} if cfg.video is not None else {}),
         },
         "stream": asdict(spec),

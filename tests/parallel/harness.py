@@ -146,7 +146,10 @@ def train_losses(
     engine = module.engine
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
-    losses, grad_norms, aux = [], [], []
+    from neva.training.tower_work import tower_patch_metrics
+
+    native = source.cfg.vision is not None and source.cfg.vision.is_native
+    losses, grad_norms, aux, tower = [], [], [], []
     if source.cfg.video is not None or kinds is not None:
         steps_of = media_steps(source.cfg, layout, steps, kinds or "video")
     else:
@@ -163,12 +166,15 @@ def train_losses(
         scheduler.step()
         losses.append(loss.item())
         aux.append(engine.aux_metrics)
+        if native:  # metrics.csv's tower patches per data-parallel rank (NevaModule._log_step)
+            tower.append(tower_patch_metrics(micro_batches, engine.dp_group, engine.device))
     dtypes = sorted({str(p.dtype) for _, p in engine.named_trainable_parameters()})
     return {
         "losses": losses,
         "grad_norms": grad_norms,
         "aux_metrics": aux,
         "param_dtypes": dtypes,
+        "tower_patches": tower,
         **({"engine": engine} if keep_engine else {}),
     }
 

@@ -1,8 +1,9 @@
 """Native resolution (Qwen2.5-VL's tower and merger, M-RoPE decoder) on LLaVA-format data — images of five sizes
 (each its own patch grid), text-only and two-image samples, packed rows — under TP2+SP (the merger sharded), PP2
 (tower and merger on stage 0, three position axes through the stages) and DP2 ZeRO-3: each equals one process per
-step. Qwen3-VL's DeepStack (features added to decoder layers 0 and 1: sequence-split under SP, on PP's first stage)
-the same in the same spawn, and Qwen3-VL-MoE under EP2."""
+step; DP2 logs the most and the mean tower patches per rank (their mean × 2 = the one process's patches).
+Qwen3-VL's DeepStack (features added to decoder layers 0 and 1: sequence-split under SP, on PP's first stage) the
+same in the same spawn, and Qwen3-VL-MoE under EP2."""
 
 from __future__ import annotations
 
@@ -38,3 +39,10 @@ def test_native_resolution_layouts_match_one_process(tmp_path):
     for family, ref in refs.items():
         ranks = [{n.split(":", 1)[1]: r for n, r in rank.items() if n.startswith(family + ":")} for rank in results]
         _check_layouts(ranks, layouts[family], ref)
+    ref = refs["qwen2_5_vl_native"]
+    dp2_rows = [rank["qwen2_5_vl_native:dp2_zero3"]["tower_patches"] for rank in results]
+    for dp2 in dp2_rows:  # the same row on both ranks (one all-reduce), the step's patches shared between them
+        assert dp2 == dp2_rows[0]
+        for step, one in zip(dp2, ref["tower_patches"], strict=True):
+            assert step["tower_patches_mean"] * 2 == one["tower_patches_max"] > 0
+            assert step["tower_patches_mean"] <= step["tower_patches_max"] <= one["tower_patches_max"]
