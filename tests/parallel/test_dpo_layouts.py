@@ -1,6 +1,6 @@
-"""The preference stage under DP2 (FSDP2 ZeRO-3, DDP) and TP2+SP equals one process per step (loss, gradient norm,
-rewards), with a frozen reference model (sharded too) and with LoRA's adapters-off reference. One spawn of two
-gloo processes. Pipeline parallelism is refused by the stage (``neva.training.dpo.REFUSED``)."""
+"""The preference stage under DP2 (FSDP2 ZeRO-3, DDP), TP2+SP and PP2 (1F1B) equals one process per step (loss,
+gradient norm, rewards), with a frozen reference model (sharded, pipelined too) and with LoRA's adapters-off
+reference. One spawn of two gloo processes."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ LAYOUTS = {
     "ddp": ["model.data_parallel=ddp"],
     # vocab-sharded logits at every position (the pair head under loss_parallel), sequence-parallel activations
     "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    # the pairs' rows reach the last stage in one micro-batch; the reference runs a forward-only pipeline pass
+    "pp2": ["model.pipeline_model_parallel_size=2"],
 }
 UNSUPPORTED = {("lora", "tp2_sp")}  # LoRA under TP is refused by neva (parallel/tensor_parallel.py), any stage
 
