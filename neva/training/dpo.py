@@ -8,7 +8,8 @@ objective it runs the reference forward in ``prepare`` (no gradient; before the 
 rewards and log-probs as metrics.
 
 The reference is the starting weights: a frozen second model built from the run's own source, or, under LoRA, the
-trained model with its adapters off (no copy); or, with ``model.dpo.precompute_ref_log_probs``, the records' values.
+trained model with its adapters off (no copy); or, with ``model.dpo.precompute_ref_log_probs``, the records' values
+and the values of one pass of that reference before training (``neva.training.reference_logps``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from neva.checkpoint.source import ModelSource
 from neva.config import DPOConfig, TrainConfig
 from neva.constants import IGNORE_INDEX
+from neva.data.preference import carries_reference
 from neva.errors import ConfigError
 from neva.models.lora import adapters_disabled
 from neva.models.preference_loss import PREFERENCE_LOSSES, pair_losses, sequence_logps
@@ -34,6 +36,7 @@ from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel, parallelize
 from neva.parallel.pipeline import PipelineRunner
 from neva.parallel.precision import Precision
+from neva.training.reference_logps import attach_precomputed
 
 # What a step reports, in the order of the values summed over pairs and data-parallel ranks (then / pairs).
 METRICS = (
@@ -168,26 +171,42 @@ class PreferenceObjective:
         layout: Layout,
         precision: Precision,
         dims: Any = None,
+        data: Any = None,
     ) -> None:
-        """The reference forward of the run: none under ``precompute_ref_log_probs``; the engine's own model with
-        its adapters off under LoRA; else a frozen model of the starting weights, parallelized as the run is (under
-        pipeline parallelism its forward is a pipeline pass of its own, whose last stage holds the log-probs)."""
+        """The reference forward of the run (``live_reference``): the engine's own model with its adapters off under
+        LoRA; else a frozen model of the starting weights, parallelized as the run is (under pipeline parallelism its
+        forward is a pipeline pass of its own, whose last stage holds the log-probs). Under
+        ``precompute_ref_log_probs`` none: it scores the pairs of ``data`` (the run's data module) that carry no
+        values once, before training, into ``<exp_dir>/reference_logps.pt`` (``neva.training.reference_logps``),
+        and is dropped."""
         if layout.pp > 1:
             self.pp_group = engine.parallel.group("pp")
-        if cfg.model.dpo.precompute_ref_log_probs:
+        if not cfg.model.dpo.precompute_ref_log_probs:
+            self.reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean)
             return
-        if cfg.model.peft.peft_scheme == "lora":
-            off = lambda: adapters_disabled(engine.model)  # noqa: E731
-            if layout.pp > 1:
-                self.reference = pipeline_reference(engine, engine.parallel.runner, off, self.mean)
-            else:
-                self.reference = reference_forward(engine, None, off, self.mean)
-        else:
-            ref = frozen_reference(cfg, source, layout, engine.device, precision, dims)
-            if layout.pp > 1:
-                self.reference = pipeline_reference(engine, ref.runner, contextlib.nullcontext, self.mean)
-            else:
-                self.reference = reference_forward(engine, ref.parts[0], contextlib.nullcontext, self.mean)
+        datasets = [*data.train_datasets, *data.val_datasets] if data is not None else []
+        if any(not carries_reference(r) for d in datasets for r in d.base.records):
+            reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean)
+            attach_precomputed(
+                datasets, data.collator, reference, engine, cfg.exp_manager.exp_dir, source, self.mean,
+                str(cfg.trainer.precision), cfg.model.micro_batch_size, self.pp_group,
+            )  # fmt: skip
+
+
+def live_reference(
+    engine: Any, cfg: TrainConfig, source: ModelSource, layout: Layout, precision: Precision, dims: Any, mean: bool
+) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """The reference forward: the engine's own model with its adapters off under LoRA, else a frozen model of the
+    starting weights; a pipeline pass of their chunks under pipeline parallelism."""
+    if cfg.model.peft.peft_scheme == "lora":
+        off = lambda: adapters_disabled(engine.model)  # noqa: E731
+        if layout.pp > 1:
+            return pipeline_reference(engine, engine.parallel.runner, off, mean)
+        return reference_forward(engine, None, off, mean)
+    ref = frozen_reference(cfg, source, layout, engine.device, precision, dims)
+    if layout.pp > 1:
+        return pipeline_reference(engine, ref.runner, contextlib.nullcontext, mean)
+    return reference_forward(engine, ref.parts[0], contextlib.nullcontext, mean)
 
 
 def reference_forward(
