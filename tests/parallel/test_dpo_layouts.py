@@ -4,10 +4,15 @@ reference. One spawn of two gloo processes."""
 
 from __future__ import annotations
 
+import csv
+import os
+import subprocess
+import sys
+
 import pytest
 
 from .harness import BASE, make_checkpoint, run_layouts, train_losses
-from .test_parallel_training import RTOL, _check_layouts
+from .test_parallel_training import E2E, RTOL, _check_layouts, _tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +56,37 @@ def test_dp2_equals_one_process(tmp_path):
                 for got, want in zip(rank[name]["aux_metrics"], ref["aux_metrics"], strict=True):
                     for key, value in want.items():
                         assert abs(got[key] - value) <= RTOL * max(abs(value), 1.0), (name, key, got[key], value)
+
+
+def test_resume_across_layouts_continues_the_curve(tmp_path):
+    """``torchrun -m neva.train +stage=dpo`` under PP2 checkpoints step 2 (a DCP directory); one process resumes it
+    and its step 3 (loss, rewards, logps) is the uninterrupted one-process run's, the reference rebuilt from the
+    starting weights (not the checkpoint's). Constant learning rate, so legs of different lengths share one curve."""
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    run = [o for o in E2E if o != "+stage=finetune"] + [
+        "+stage=dpo", "model.global_batch_size=4", "model.optim.lr=1e-3", "model.optim.sched.name=constant_with_warmup",
+        "model.optim.sched.warmup_steps=0", "trainer.max_steps=3",
+    ]  # fmt: skip
+    ref = _dpo_train(tmp_path / "one", ckpt, 1, *run)
+    _dpo_train(tmp_path / "chain", ckpt, 2, *run, "trainer.max_steps=2", "model.pipeline_model_parallel_size=2")
+    assert (tmp_path / "chain" / "dpo" / "checkpoints" / "last.ckpt").is_dir()
+    resumed = _dpo_train(tmp_path / "chain", ckpt, 1, *run, resumes_at=2)
+    assert len(ref) == len(resumed) == 3 and float(ref[2]["rewards/margin"]) != 0
+    for got, want in zip(resumed, ref, strict=True):
+        for key in ("train_loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "ref_logps/rejected"):
+            assert abs(float(got[key]) - float(want[key])) <= RTOL * max(abs(float(want[key])), 1.0), (key, got, want)
+
+
+def _dpo_train(root, ckpt, nproc: int, *overrides: str, resumes_at: int | None = None) -> list[dict[str, str]]:
+    env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "neva.train"]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "neva.train"]
+    every = "exp_manager.checkpoint_callback_params.every_n_train_steps=1"
+    cmd = [*launcher, f"model.restore_from_path={ckpt}", *overrides, every]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    output = proc.stdout + proc.stderr
+    assert resumes_at is None or f"at step {resumes_at}" in output, output[-4000:]
+    with open(root / "dpo" / "metrics.csv") as f:
+        return [r for r in csv.DictReader(f) if r.get("train_loss")]
