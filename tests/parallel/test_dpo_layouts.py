@@ -1,6 +1,7 @@
 """The preference stage under DP2 (FSDP2 ZeRO-3, DDP), TP2+SP and PP2 (1F1B) equals one process per step (loss,
-gradient norm, rewards), with a frozen reference model (sharded, pipelined too) and with LoRA's adapters-off
-reference. One spawn of two gloo processes."""
+gradient norm, rewards) and in validation (the pair loss on held-out pairs), with a frozen reference model (sharded,
+pipelined too) and with LoRA's adapters-off reference. One spawn of two gloo processes. A PP2 checkpoint resumes in
+one process on the one-process curve."""
 
 from __future__ import annotations
 
@@ -41,21 +42,45 @@ UNSUPPORTED = {("lora", "tp2_sp")}  # LoRA under TP is refused by neva (parallel
 def test_dp2_equals_one_process(tmp_path):
     restore = [f"model.restore_from_path={make_checkpoint(tmp_path / 'ft')}"]
     args = dict(steps=STEPS, base=DPO_BASE)
-    refs = {name: train_losses(restore + o, **args) for name, o in CASES.items()}
+    refs = {name: train_and_validate(restore + o, **args) for name, o in CASES.items()}
     runs = {case: [lay for lay in LAYOUTS if (case, lay) not in UNSUPPORTED] for case in CASES}
     jobs = [
         (f"{case}_{lay}", restore + CASES[case] + LAYOUTS[lay], args) for case, lays in runs.items() for lay in lays
     ]
-    results = run_layouts(2, jobs, tmp_path / "dp2")
+    results = run_layouts(2, jobs, tmp_path / "dp2", train=train_and_validate)
     for case, ref in refs.items():
         assert ref["aux_metrics"][1]["rewards/margin"] != 0  # the second step's policy is not the reference
         names = [f"{case}_{lay}" for lay in runs[case]]
         _check_layouts(results, names, ref)  # losses and gradient norms
         for name in names:
             for rank in results:
+                got, want = rank[name]["val_loss"], ref["val_loss"]
+                assert abs(got - want) <= RTOL * max(abs(want), 1.0), (name, "val_loss", got, want)
                 for got, want in zip(rank[name]["aux_metrics"], ref["aux_metrics"], strict=True):
                     for key, value in want.items():
                         assert abs(got[key] - value) <= RTOL * max(abs(value), 1.0), (name, key, got[key], value)
+
+
+def train_and_validate(overrides: list[str], steps: int, base: list[str]) -> dict:
+    """``train_losses``, then the validation loss (the pair objective on the held-out pairs, the reference's
+    log-probs prepared as in training) of the trained model over this rank's validation batches."""
+    from neva.checkpoint.source import resolve_source
+    from neva.config import compose_config
+    from neva.parallel.layout import resolve_layout
+    from neva.training.run import data_module_type
+
+    out = train_losses(overrides, steps=steps, base=base, keep_engine=True)
+    engine = out.pop("engine")
+    cfg = compose_config(base + overrides)
+    layout, source = resolve_layout(cfg), resolve_source(cfg)
+    data = data_module_type(cfg)(
+        cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=cfg.model.micro_batch_size,
+        dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed, accumulation=layout.grad_accum,
+    )  # fmt: skip
+    data.setup("fit")
+    engine.model.eval()
+    out["val_loss"] = engine.evaluate(list(data.val_dataloader()))[0].item()
+    return out
 
 
 def test_resume_across_layouts_continues_the_curve(tmp_path):
