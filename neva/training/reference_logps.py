@@ -105,6 +105,8 @@ def precompute_reference_logps(
     sizes = [len(d) for d in datasets]
     n = sum(sizes)
     values = _load(path, key, n)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every rank has read the file before rank 0 writes it again: all score the same pairs
     done = values is not None and not bool(values.isinf().any())
     if values is None:
         values = torch.full((n, 2), float("inf"))  # inf: not scored yet; NaN: no value (skipped, or the record's)

@@ -47,10 +47,15 @@ def test_dp2_equals_one_process(tmp_path):
     jobs = [
         (f"{case}_{lay}", restore + CASES[case] + LAYOUTS[lay], args) for case, lays in runs.items() for lay in lays
     ]
+    # precomputed reference log-probs under PP2: the pass's values are the last stage's (neva.training.reference_logps)
+    precomputed = ["model.dpo.precompute_ref_log_probs=true", f"exp_manager.exp_dir={tmp_path / 'precomputed'}"]
+    jobs.append(("precomputed_pp2", restore + CASES["full"] + precomputed + LAYOUTS["pp2"], args))
     results = run_layouts(2, jobs, tmp_path / "dp2", train=train_and_validate)
+    checked = {case: [f"{case}_{lay}" for lay in lays] for case, lays in runs.items()}
+    checked["full"].append("precomputed_pp2")  # against the live reference's one-process run
     for case, ref in refs.items():
         assert ref["aux_metrics"][1]["rewards/margin"] != 0  # the second step's policy is not the reference
-        names = [f"{case}_{lay}" for lay in runs[case]]
+        names = checked[case]
         _check_layouts(results, names, ref)  # losses and gradient norms
         for name in names:
             for rank in results:
@@ -64,20 +69,8 @@ def test_dp2_equals_one_process(tmp_path):
 def train_and_validate(overrides: list[str], steps: int, base: list[str]) -> dict:
     """``train_losses``, then the validation loss (the pair objective on the held-out pairs, the reference's
     log-probs prepared as in training) of the trained model over this rank's validation batches."""
-    from neva.checkpoint.source import resolve_source
-    from neva.config import compose_config
-    from neva.parallel.layout import resolve_layout
-    from neva.training.run import data_module_type
-
     out = train_losses(overrides, steps=steps, base=base, keep_engine=True)
-    engine = out.pop("engine")
-    cfg = compose_config(base + overrides)
-    layout, source = resolve_layout(cfg), resolve_source(cfg)
-    data = data_module_type(cfg)(
-        cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=cfg.model.micro_batch_size,
-        dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed, accumulation=layout.grad_accum,
-    )  # fmt: skip
-    data.setup("fit")
+    engine, data = out.pop("engine"), out.pop("data")
     engine.model.eval()
     out["val_loss"] = engine.evaluate(list(data.val_dataloader()))[0].item()
     return out
