@@ -14,7 +14,6 @@ from neva.config import compose_config
 from neva.errors import ConfigError
 from neva.parallel.layout import resolve_layout
 from neva.training.reference_logps import FILE, precompute_reference_logps, reference_key
-from neva.training.run import data_module_type
 from tests.parallel.harness import make_checkpoint, train_losses
 from tests.parallel.test_dpo_layouts import DPO_BASE
 
@@ -38,15 +37,10 @@ def test_precomputed_reference_equals_live_and_the_pass_resumes(tmp_path):
     for got, want in zip(pre["aux_metrics"], live["aux_metrics"], strict=True):
         assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
 
-    # The pass itself, with the live run's reference (the starting weights: its first step's policy).
+    # The pass itself, on the live run's pairs, with a reference built as the run builds it (the starting weights).
     cfg = compose_config(DPO_BASE + restore + precomputed)
     layout, source = resolve_layout(cfg), resolve_source(cfg)
-    data = data_module_type(cfg)(
-        cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=2, dp_rank=0, dp_world=1, seed=cfg.model.seed,
-        accumulation=layout.grad_accum,
-    )  # fmt: skip
-    data.setup("fit")
-    engine = live["engine"]
+    engine, data = live["engine"], live["data"]
     reference = make_reference(cfg, source, layout, engine)
     datasets = data.train_datasets
     key = reference_key(
