@@ -186,10 +186,10 @@ class PreferenceObjective:
             return
         datasets = [*data.train_datasets, *data.val_datasets] if data is not None else []
         if any(not carries_reference(r) for d in datasets for r in d.base.records):
-            reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean)
             attach_precomputed(
-                datasets, data.collator, reference, engine, cfg.exp_manager.exp_dir, source, self.mean,
-                str(cfg.trainer.precision), cfg.model.micro_batch_size, self.pp_group,
+                datasets, data.collator, lambda: live_reference(engine, cfg, source, layout, precision, dims, self.mean),
+                engine, cfg.exp_manager.exp_dir, source, self.mean, str(cfg.trainer.precision),
+                cfg.model.micro_batch_size, self.pp_group,
             )  # fmt: skip
 
 

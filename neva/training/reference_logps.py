@@ -47,14 +47,14 @@ def source_identity(path: str | None) -> list[Any]:
 
 
 def settings_identity(settings: Any) -> dict[str, Any]:
-    """The encoder settings that decide a pair's tokens (the tokenizer by name and size; no object addresses)."""
-    out = {
-        f.name: getattr(settings, f.name)
-        for f in dataclasses.fields(settings)
-        if f.name not in ("tokenizer", "video_tokens")
-    }
-    tokenizer = settings.tokenizer
+    """The encoder settings that decide a pair's tokens: plain values, the template by its kind and texts, the
+    tokenizer by name and size (no object's address, which would change the key from run to run)."""
+    objects = ("tokenizer", "video_tokens", "template")
+    out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in objects}
+    tokenizer, template = settings.tokenizer, settings.template
     out["tokenizer"] = (getattr(tokenizer, "name_or_path", type(tokenizer).__name__), len(tokenizer))
+    texts = ("name", "default_system", "eot", "assistant_cue")
+    out["template"] = (type(template).__name__, *(str(getattr(template, a, None)) for a in texts))
     return out
 
 
@@ -159,7 +159,7 @@ def _score(todo, values, collate, reference, engine, path, key, micro_batch_size
 def attach_precomputed(
     datasets: list[Any],
     collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
-    reference: Callable[[dict[str, Any]], torch.Tensor],
+    make_reference: Callable[[], Callable[[dict[str, Any]], torch.Tensor]],
     engine: Any,
     exp_dir: str | os.PathLike,
     source: Any,
@@ -168,11 +168,15 @@ def attach_precomputed(
     micro_batch_size: int,
     pp_group: Any = None,
 ) -> Path:
-    """Score the pairs of ``datasets`` (the run's training then validation sets) with ``reference`` (or read what
-    ``<exp_dir>/reference_logps.pt`` holds) and give each dataset its rows (``reference_table``); returns the file."""
+    """Give each of ``datasets`` (the run's training then validation sets) its rows of ``<exp_dir>/reference_logps.pt``
+    (``reference_table``), scoring first what the file lacks with the reference ``make_reference`` builds (not built
+    when the file is complete: a resumed run loads one model); returns the file."""
     path = Path(exp_dir) / FILE
     key = reference_key([d.base.records for d in datasets], datasets[0].base.settings, source, mean, precision)
-    values = precompute_reference_logps(datasets, collate, reference, engine, path, key, micro_batch_size, pp_group)
+    values = _load(path, key, sum(len(d) for d in datasets))
+    if values is None or bool(values.isinf().any()):
+        reference = make_reference()
+        values = precompute_reference_logps(datasets, collate, reference, engine, path, key, micro_batch_size, pp_group)
     for dataset, rows in zip(datasets, values.split([len(d) for d in datasets])):
         dataset.reference_table = rows
     return path

@@ -1,8 +1,8 @@
 """Precomputed reference log-probs (``model.dpo.precompute_ref_log_probs=true``, ``neva.training.reference_logps``):
 two steps trained from the run's one-pass values equal the steps with the live reference (loss, gradient norm, every
-reward metric), the reference is dropped before training, and the pass is resumable (a pass preempted after some
-micro-batches continues with only the rest and ends with the uninterrupted pass's values) and keyed (a file of
-other data is refused, naming it)."""
+reward metric); the reference is dropped before training, and not built by a restarted run that finds the file
+complete; the pass is resumable (a pass preempted after some micro-batches continues with only the rest and ends with
+the uninterrupted pass's values) and keyed (a file of other data is refused, naming it)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ def test_precomputed_reference_equals_live_and_the_pass_resumes(tmp_path):
         assert pre[key] == pytest.approx(live[key], rel=1e-6, abs=1e-7), key
     for got, want in zip(pre["aux_metrics"], live["aux_metrics"], strict=True):
         assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+    # A restarted run finds the file complete: no pass, no rewrite, the same first step.
+    written = (run_dir / FILE).stat().st_mtime_ns
+    again = train_losses(restore + precomputed, steps=1, base=DPO_BASE)
+    assert (run_dir / FILE).stat().st_mtime_ns == written and again["losses"] == pre["losses"][:1]
 
     # The pass itself, on the live run's pairs, with a reference built as the run builds it (the starting weights).
     cfg = compose_config(DPO_BASE + restore + precomputed)
