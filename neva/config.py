@@ -226,6 +226,41 @@ class DPOConfig:
 
 
 @dataclass
+class EvalSuiteConfig:
+    """One entry of ``model.eval.suites``: a suite of ``neva.evaluate --suite`` (``docs/EVALUATION.md``)."""
+
+    # a benchmark: pope | textvqa | scienceqa | mme | mmbench | mmbench_test | gqa | seed | vqav2 | vizwiz; or a
+    # built-in synthetic suite: shapes | skills | detail | video
+    name: str = ""
+    data_dir: str = ""  # a benchmark's: LLaVA's playground/data/eval (or the benchmark's own folder)
+    # a benchmark: only the first questions of the question file (null: all); a synthetic suite: its question count
+    # (null: neva.evaluate's default)
+    limit: int | None = None
+    batch_size: int = 8
+    # null: LLaVA's setting for the benchmark (neva/benchmarks/table.py); a synthetic suite: 16 (neva.evaluate's)
+    max_new_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"model.eval.suites: {self.name} limit must be >= 1 or null, got {self.limit}")
+        if self.batch_size < 1:
+            raise ValueError(f"model.eval.suites: {self.name} batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class EvalConfig:
+    """``model.eval``: benchmarks answered by the training model every ``every_n_steps`` (0: never), scored as
+    ``neva.evaluate`` scores them (``neva/training_eval.py``)."""
+
+    every_n_steps: int = 0
+    suites: list[EvalSuiteConfig] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.every_n_steps < 0:
+            raise ValueError(f"model.eval.every_n_steps must be >= 0, got {self.every_n_steps}")
+
+
+@dataclass
 class ModelConfig:
     """``model.*``."""
 
@@ -261,6 +296,7 @@ class ModelConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def trainable_policy(self) -> TrainablePolicy:
         """What trains in this stage: vision frozen unless configured, the projector, and the LLM (or its LoRA

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from neva.data.conversation import (
 from neva.data.encoding import encode, tokenize_text
 from neva.data.front_ends import front_end_for
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
+from neva.data.qwen_images import QwenImageSpec, image_patches
 from neva.data.records import record_images
 from neva.data.video import read_video_file
 from neva.data.video_decode import VideoLimits
@@ -42,6 +43,7 @@ from neva.models.config import NevaConfig
 from neva.models.generation import GenerationConfig, generate, left_pad
 from neva.models.loss import token_cross_entropy
 from neva.models.media import image_media
+from neva.models.mrope import mrope_positions
 
 ImageInput = Image.Image | str | os.PathLike
 """An image given as a PIL image or as a path to open."""
@@ -50,6 +52,19 @@ Item = tuple[str, Sequence[ImageInput]] | tuple[str, Sequence[ImageInput], Seque
 """A user prompt and its images, in the order of their ``<image>`` tags; optionally its videos, in the order of their
 ``<video>`` tags, each a video's sampled frames: a uint8 ``[F, H, W, 3]`` array or tensor (RGB, what a decoder gives),
 each frame processed as the tower's images are."""
+
+
+class Prepared(NamedTuple):
+    """One item ready to generate from: token ids, the tower inputs (uint8 ``[N, 3, H, W]``, AnyRes tiles, or a
+    native tower's flattened patches), for an AnyRes model each image's ``(height, width)``, the videos' frames, and
+    for a native-resolution model each image's patch grid and the prompt's M-RoPE positions ``[3, len]``."""
+
+    ids: list[int]
+    pixels: torch.Tensor | None
+    sizes: list[tuple[int, int]] | None
+    frames: torch.Tensor | None
+    grid: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
 
 class PromptBuilder:
@@ -231,8 +246,31 @@ class Answerer:
     ) -> None:
         with as_neva_checkpoint(checkpoint) as directory:  # a run's step checkpoint: merged into a neva one first
             meta = load_metadata(directory)
-            self.model = load_model(directory, device=device, dtype=dtype)
-            self.tokenizer = load_tokenizer(directory)
+            model = load_model(directory, device=device, dtype=dtype)
+            tokenizer = load_tokenizer(directory)
+        self._serve(model, tokenizer, meta, decoding, template, raw, system, aspect_ratio)
+
+    @classmethod
+    def for_model(cls, model: Any, tokenizer: Any, meta: dict[str, Any], decoding: GenerationConfig) -> Answerer:
+        """An answerer of a model already in memory (the training model during training, ``meta``: the run's
+        ``run_metadata``), served as a checkpoint of it with that metadata would be. ``model``: what ``generate``
+        takes (``neva.parallel.generation_model.LayoutGenerationModel`` for a parallelized training model)."""
+        answerer = cls.__new__(cls)
+        answerer._serve(model, tokenizer, meta, decoding, None, False, None, None)
+        return answerer
+
+    def _serve(
+        self,
+        model: Any,
+        tokenizer: Any,
+        meta: dict[str, Any],
+        decoding: GenerationConfig,
+        template: str | None,
+        raw: bool,
+        system: str | None,
+        aspect_ratio: str | None,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
         template = None if raw else (template or meta.get("conv_template") or DEFAULT_TEMPLATE)
         # Served as trained: the run's system prompt and its choice of the tokenizer's chat template.
         system = system if system is not None else meta.get("system_prompt")
@@ -243,7 +281,8 @@ class Answerer:
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
         # The model's front end, as training chose it; a model that lays out AnyRes tiles has its images tiled, always.
         tiled = "anyres" if self.model.cfg.anyres is not None else aspect_ratio
-        self.processor = front_end_for(vision, self.model.cfg, tiled).processor
+        min_pixels, max_pixels = meta.get("min_pixels"), meta.get("max_pixels")  # a native tower's budget as trained
+        self.processor = front_end_for(vision, self.model.cfg, tiled, min_pixels, max_pixels).processor
         # Video frames: each processed as the tower's images are (one tile, the tower's square fit)
         self.frame_processor = ImageProcessor(vision) if self.model.cfg.video is not None else None
         # ...sampled as the run sampled them (checkpoints before these keys: the data defaults)
@@ -256,11 +295,10 @@ class Answerer:
             pad_token_id=self.builder.pad_id(),
         )
 
-    def prepare(
-        self, item: Item
-    ) -> tuple[list[int], torch.Tensor | None, list[tuple[int, int]] | None, torch.Tensor | None]:
-        """One item's token ids, pixels, for an AnyRes model each image's ``(height, width)`` (else None), and its
-        videos' processed frames ``[F, 3, H, W]`` uint8 (None without videos).
+    def prepare(self, item: Item) -> Prepared:
+        """One item's token ids, pixels, for an AnyRes model each image's ``(height, width)`` (else None), its
+        videos' processed frames ``[F, 3, H, W]`` uint8 (None without videos) and a native model's grids and
+        positions (``Prepared``).
 
         Raises:
             ValueError: a prompt that is not a string, whose ``<image>`` / ``<video>`` tags do not match its images /
@@ -275,13 +313,36 @@ class Answerer:
         loaded = load_images(images, self.processor)
         frames = [self._frames(v) for v in videos]
         cfg = self.model.cfg
+        if isinstance(self.processor, QwenImageSpec):
+            return self._prepare_native(prompt, loaded, frames)
         sizes = self.processor.sizes(loaded) if cfg.anyres is not None else None
         image_tokens = None if sizes is None else [cfg.image_tokens(s) for s in sizes]
         ids = self.builder.ids(prompt, len(images), image_tokens, [cfg.video_tokens(len(f)) for f in frames])
-        context = cfg.llm.max_seq_len
+        self._check_context(ids)
+        return Prepared(ids, load_pixels(loaded, self.processor), sizes, torch.cat(frames) if frames else None)
+
+    def _prepare_native(self, prompt: str, loaded: list[Image.Image], frames: list) -> Prepared:
+        """A native-resolution model's item: each image at its own grid (the run's pixel budget), its positions t·h·w
+        / merge², the prompt's M-RoPE positions by the rule training used (``neva.models.mrope``)."""
+        if frames:
+            raise ValueError("videos for a native-resolution model are not served yet")
+        cfg, spec = self.model.cfg, self.processor
+        processed = [image_patches(image, spec) for image in loaded]
+        grid = torch.cat([g for _, g in processed]) if processed else None
+        tokens = [] if grid is None else (grid.prod(-1) // spec.merge_size**2).tolist()
+        ids = self.builder.ids(prompt, len(loaded), tokens)
+        self._check_context(ids)
+        positions, _ = mrope_positions(
+            torch.tensor(ids), grid, spatial_merge_size=spec.merge_size, image_token_id=cfg.image_token_id,
+            video_token_id=-1, family=cfg.vision.kind,
+        )  # fmt: skip
+        pixels = torch.cat([p for p, _ in processed]) if processed else None
+        return Prepared(ids, pixels, None, None, grid, positions)
+
+    def _check_context(self, ids: list[int]) -> None:
+        context = self.model.cfg.llm.max_seq_len
         if len(ids) >= context:
             raise ValueError(f"the prompt is {len(ids)} tokens, which fills the model's context of {context}")
-        return ids, load_pixels(loaded, self.processor), sizes, torch.cat(frames) if frames else None
 
     def read_video(self, path: str | os.PathLike) -> np.ndarray:
         """A video file's frames for an item (uint8 ``[F, H, W, 3]``), sampled as the checkpoint's run sampled them
@@ -305,19 +366,29 @@ class Answerer:
         """
         return self._generate([self.prepare(item) for item in items])
 
-    def _generate(self, prepared: list[tuple]) -> list[str]:
-        pixels = [p for _, p, _, _ in prepared if p is not None]
-        frames = [f for *_, f in prepared if f is not None]
+    def _generate(self, prepared: list[Prepared]) -> list[str]:
+        return [decode_answer(self.tokenizer, ids, self.generation.stop_strings) for ids in self.generate_ids(prepared)]
+
+    def generate_ids(self, prepared: list[Prepared]) -> list[list[int]]:
+        """The new token ids of each prepared item, generated as one left-padded batch."""
+        pixels = [p.pixels for p in prepared if p.pixels is not None]
+        frames = [p.frames for p in prepared if p.frames is not None]
+        grids = [p.grid for p in prepared if p.grid is not None]
         anyres = self.model.cfg.anyres is not None
-        counts = [len(s) if anyres else 0 if p is None else len(p) for _, p, s, _ in prepared]
-        sizes = [size for _, _, s, _ in prepared for size in s] if anyres else None
+        counts = [
+            len(p.sizes) if anyres else len(p.grid) if p.grid is not None else 0 if p.pixels is None else len(p.pixels)
+            for p in prepared
+        ]
+        sizes = [size for p in prepared for size in p.sizes] if anyres else None
+        native = any(p.positions is not None for p in prepared)
         # Stop strings are looked for in the text with special tokens kept, as HF's StopStringCriteria sees tokens.
-        outs = generate(
-            self.model, [p[0] for p in prepared], torch.cat(pixels) if pixels else None, counts,
+        return generate(
+            self.model, [p.ids for p in prepared], torch.cat(pixels) if pixels else None, counts,
             self.generation, decode=self.tokenizer.decode, image_sizes=sizes,
             video_pixel_values=torch.cat(frames) if frames else None,
+            image_grid=torch.cat(grids) if grids else None,
+            position_ids=[p.positions for p in prepared] if native else None,
         )  # fmt: skip
-        return [decode_answer(self.tokenizer, ids, self.generation.stop_strings) for ids in outs]
 
     @torch.no_grad()
     def reply_losses(self, scored: Sequence[tuple[str, Sequence[ImageInput], str]]) -> list[float]:

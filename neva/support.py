@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.checkpoint.hf_config import llava_config_dict, neva_config_from_llava
 from neva.checkpoint.hf_wrappers import wrapper_for
+from neva.checkpoint.llava_export import check_llava_layout
 from neva.checkpoint.llava_original import (
     LLAVA_MODEL_TYPES,
     anyres_config,
@@ -180,6 +181,11 @@ def llava_original(cfg: TrainConfig) -> str:
     return "images only" if any("video path" in str(w.message) for w in caught) else "yes"
 
 
+def llava_export(cfg: TrainConfig) -> None:
+    """Whether ``neva.convert neva-to-llava`` writes this feature's model in LLaVA's own layout (the export's check)."""
+    check_llava_layout(architecture(cfg), "neva-to-llava")
+
+
 def cell(check: Callable[[], str | None], notes: list[str]) -> str:
     """``yes`` (or the check's answer), else ``no (n)`` with the refusal's message as note n."""
     try:
@@ -195,7 +201,7 @@ def cell(check: Callable[[], str | None], notes: list[str]) -> str:
 def matrix() -> str:
     """The support matrix as Markdown: the table, then its numbered notes."""
     header = ["feature (finetune unless named)", *(c.label for c in LAYOUTS), "llava-hf export + import"]
-    header.append("LLaVA-original import")
+    header += ["LLaVA-original import", "LLaVA-original export"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     notes: list[str] = []
     composed: dict[tuple[str, ...], TrainConfig] = {}
@@ -204,6 +210,7 @@ def matrix() -> str:
         cells = [cell(lambda c=c, cfg=cfg: check_layout(cfg, c), notes) for c in LAYOUTS]
         cells.append(cell(lambda cfg=cfg: hf_round_trip(cfg), notes))
         cells.append(cell(lambda cfg=cfg: llava_original(cfg), notes))
+        cells.append(cell(lambda cfg=cfg: llava_export(cfg), notes))
         lines.append("| " + " | ".join([r.label, *cells]) + " |")
     lines.append("")
     lines += [f"{i}. {note}" for i, note in enumerate(notes, 1)]

@@ -16,7 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from neva.config import CONFIG_DIR, to_train_config
-from neva.errors import entry_point, error_line, exit_on_input_error
+from neva.errors import ConfigError, entry_point, error_line, exit_on_input_error
 from neva.nemo_keys import rewrite_overrides
 
 log = logging.getLogger("neva.train")
@@ -82,8 +82,10 @@ def main(dcfg: DictConfig) -> None:
             cfg = to_train_config(dcfg, _command_line())
             from neva.planner.forecast import forecast_line
             from neva.training.run import run
+            from neva.training_eval import in_training_eval
 
-            final = run(cfg, forecast=forecast_line)
+            # model.eval's benchmarks are read and checked here, before anything is built
+            final = run(cfg, forecast=forecast_line, evaluation=in_training_eval(cfg))
     except (DataQualityError, NothingTrained) as err:
         # Training ran but did not train what was asked (end-of-run checks): no final checkpoint, what it wrote
         # before stays, and exit 1 tells this apart from a refused input (2, neva.errors).
@@ -102,7 +104,17 @@ def cli(argv: list[str] | None = None) -> None:
     # reports it (and a bug in the job keeps its whole traceback).
     os.environ["HYDRA_FULL_ERROR"] = "1"
     sys.argv[1:] = rewrite_overrides(sys.argv[1:] if argv is None else argv)
+    if not _names_a_stage(sys.argv[1:]):
+        # Before Hydra: its run directory (<exp_dir>/hydra/...) is made before the job starts, and without a stage
+        # exp_dir is `outputs/None`.
+        raise ConfigError(STAGE_HELP)
     main()
+
+
+def _names_a_stage(args: list[str]) -> bool:
+    """An override sets ``stage``, or Hydra options (another config, --help, --cfg) leave it to Hydra to say."""
+    flags = [a for a in args if a.startswith("-") and a not in ("-m", "--multirun", "--debug")]
+    return bool(flags) or any(a.lstrip("+~").split("=", 1)[0] == "stage" for a in args)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("neva.checkpoint",),
     ("neva.parallel",),
     ("neva.training", "neva.planner", "neva.inference", "neva.benchmarks"),
+    ("neva.synthetic_suites",),  # the synthetic suites' questions and scores, on an Answerer
+    ("neva.training_eval",),  # the benchmarks and the inference front end on the training model, for neva.train
     (
         "neva.train",
         "neva.generate",

@@ -74,6 +74,8 @@ def test_matrix_answers_are_the_refusals(matrix):
     assert got["mlp_downsample projector (NeMo)"]["LLaVA-original import"].startswith("no")
     assert got["Mixtral MoE decoder"]["LLaVA-original import"].startswith("no")
     assert got["video + AnyRes images"]["LLaVA-original import"] == "images only"
+    assert default["LLaVA-original export"] == got["Qwen2 decoder (tied embeddings)"]["LLaVA-original export"] == "yes"
+    assert got["SigLIP tower"]["LLaVA-original export"].startswith("no")  # LLaVA's CLIPVisionTower
 
 
 def test_matrix_notes_are_the_refusal_messages(matrix):

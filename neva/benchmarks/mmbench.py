@@ -15,8 +15,13 @@ from typing import Any
 
 from neva.benchmarks.files import InlineImage, Question, Read, load_tsv, need
 from neva.benchmarks.scienceqa import LETTER_INSTRUCTION
+from neva.benchmarks.xlsx import write_xlsx
 
 DEV_FILE = "mmbench_dev_20230712.tsv"
+TEST_FILE = "mmbench_test_20230712.tsv"
+UPLOAD_FILE = "mmbench_test_upload.xlsx"
+# What convert_mmbench_for_submission.py drops from the TSV before inserting its ``prediction`` column at position 6
+DROPPED = ("hint", "category", "source", "image", "comment", "l2-category")
 LETTERS = ("A", "B", "C", "D")
 
 
@@ -26,8 +31,18 @@ def _absent(value: str | None) -> bool:
 
 
 def read(folder: Path) -> Read:
+    return _read(folder / DEV_FILE, all_rounds=True)
+
+
+def read_test(folder: Path) -> Read:
+    """The test split as LLaVA's ``scripts/v1_5/eval/mmbench.sh`` asks it: one round per row (no ``--all-rounds``),
+    the options in the file's order."""
+    return _read(folder / TEST_FILE, all_rounds=False)
+
+
+def _read(path: Path, all_rounds: bool) -> Read:
     read = Read([])
-    for row in load_tsv(need(folder / DEV_FILE)):
+    for row in load_tsv(need(path)):
         options = []
         for letter in LETTERS:  # up to the first absent option
             if _absent(row.get(letter)):
@@ -40,7 +55,7 @@ def read(folder: Path) -> Read:
         index = int(row["index"])
         stem = row["question"] if _absent(row.get("hint")) else f"{row['hint']}\n{row['question']}"
         answer = LETTERS.index(row["answer"]) if row.get("answer") in LETTERS else None
-        for r in range(len(options)):  # round r shows the options rotated left by r
+        for r in range(len(options) if all_rounds else 1):  # round r shows the options rotated left by r
             shown = options[r:] + options[:r]
             letters = list(LETTERS[r : len(options)] + LETTERS[:r])  # each shown option's original letter
             prompt = stem + "".join(f"\n{letter}. {option}" for letter, option in zip(LETTERS, shown))
@@ -91,3 +106,26 @@ def score(folder: Path, answered: list[tuple[Question, dict | None]], out: Path)
         "n": n, "unparsed": unparsed,
         "categories": {c: sum(v) / len(v) for c, v in sorted(per_category.items())},
     }  # fmt: skip
+
+
+def score_test(folder: Path, answered: list[tuple[Question, dict | None]], out: Path) -> dict[str, Any]:
+    """The server's upload, as LLaVA's ``scripts/convert_mmbench_for_submission.py`` writes it: the TSV's rows in
+    order without the ``DROPPED`` columns (those present), a ``prediction`` column inserted at position 6 holding each
+    row's answer text (empty where none), ``index`` as an integer (pandas reads it so), other cells as text, an
+    absent value (empty, ``nan``) as an empty cell."""
+    rows = load_tsv(need(folder / TEST_FILE))
+    texts = {a["question_id"]: a["text"] for _, a in answered if a is not None}
+    columns = [c for c in (rows[0].keys() if rows else []) if c not in DROPPED]
+    header = [*columns[:6], "prediction", *columns[6:]]
+
+    def cell(column: str, value: str | None) -> str | int | None:
+        if column == "index":
+            return int(value)
+        return None if _absent(value) else value
+
+    table = []
+    for row in rows:
+        cells = [cell(c, row.get(c)) for c in columns]
+        table.append([*cells[:6], texts.get(int(row["index"])), *cells[6:]])
+    path = write_xlsx(out / UPLOAD_FILE, header, table)
+    return {"upload_file": str(path), "n": len(table), "answered": len(texts)}

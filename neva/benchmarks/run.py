@@ -55,8 +55,9 @@ class Loaded:
     expected: str  # the layout, for an error that names a missing file
 
 
-def load_benchmark(name: str, data_dir: Path) -> Loaded:
-    """Read ``name``'s questions from ``data_dir`` (before a model is loaded: bad input fails fast).
+def load_benchmark(name: str, data_dir: Path, limit: int | None = None) -> Loaded:
+    """Read ``name``'s questions from ``data_dir`` (before a model is loaded: bad input fails fast); ``limit``: only
+    the first that many questions (in the question file's order), the rest neither checked nor asked.
 
     Raises:
         ConfigError: a missing file (named, with the layout expected) or images the questions name that are absent.
@@ -68,6 +69,8 @@ def load_benchmark(name: str, data_dir: Path) -> Loaded:
         read = bench.read(folder)
     except MissingFile as err:
         raise ConfigError(f"{name}: {err}; {expected}") from None
+    if limit is not None:
+        read.questions = read.questions[:limit]
     absent = missing_images(read.questions)
     if absent:
         raise ConfigError(f"{name}: {len(absent)} image(s) missing, the first {absent[0]}; {expected}")

@@ -46,6 +46,9 @@ BENCHMARKS: dict[str, Benchmark] = {
                      mme.read, mme.score, LOADER, "scripts/v1_5/eval/mme.sh"),
     "mmbench": Benchmark("mmbench", f"{mmbench.DEV_FILE} (images inline)",
                          mmbench.read, mmbench.score, ALL, "scripts/v1_5/eval/mmbench.sh"),
+    "mmbench_test": Benchmark("mmbench", f"{mmbench.TEST_FILE} (images inline)", mmbench.read_test,
+                              mmbench.score_test, ALL, "scripts/v1_5/eval/mmbench.sh (SPLIT=mmbench_test_20230712), "
+                              "scripts/convert_mmbench_for_submission.py"),
     "gqa": Benchmark("gqa", "llava_gqa_testdev_balanced.jsonl, data/testdev_balanced_questions.json, data/images/",
                      gqa.read, gqa.score, LOADER, "scripts/v1_5/eval/gqa.sh"),
     "seed": Benchmark("seed_bench", "llava-seed-bench.jsonl, SEED-Bench.json, SEED-Bench-image/, "

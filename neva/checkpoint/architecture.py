@@ -61,11 +61,13 @@ def neva_config_from_mm(
             f"model.mm_cfg.vision_encoder.class_token_length={v.class_token_length}, but the {vision_cfg.kind} tower "
             f"has {vision_cfg.class_tokens} class token(s) (CLIP 1, SigLIP 0); remove the key or choose the tower"
         )
-    projector = build(
-        ProjectorConfig,
-        dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size),
-        "model.mm_cfg.mm_mlp_adapter_type.",
-    )
+    projector = dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size)
+    if vision_cfg.is_native:  # a patch merger folds the tower's own merge blocks (and DeepStack's)
+        projector.update(
+            spatial_merge_size=vision_cfg.spatial_merge_size,
+            deepstack_mergers=len(vision_cfg.deepstack_visual_indexes),
+        )
+    projector = build(ProjectorConfig, projector, "model.mm_cfg.mm_mlp_adapter_type.")
     token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
     # Without data settings, pinpoints mean plain anyres (no anyres_max_N pooling).
     ratio = image_aspect_ratio or ("square" if mm.image_grid_pinpoints is None else "anyres")

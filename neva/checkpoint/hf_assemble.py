@@ -32,16 +32,16 @@ from neva.checkpoint.neva_format import TIED_HEAD_KEY, check_shape, save_checkpo
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
 from neva.data.tokens import add_vision_tokens
-from neva.hf_local import from_local, model_dir
+from neva.hf_local import model_dir
 from neva.models.config import NevaConfig, ProjectorConfig
 from neva.models.projector import build_projector, init_projector
 
 
 def prepare_tokenizer(llm_dir: str | os.PathLike) -> Any:
     """The HF tokenizer of ``llm_dir`` with ``<image>`` (and ``<pad>`` if it has no pad token) added as specials."""
-    from transformers import AutoTokenizer
+    from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
 
-    tokenizer = from_local(AutoTokenizer, llm_dir)
+    tokenizer = load_hf_tokenizer(llm_dir)
     add_vision_tokens(tokenizer)
     return tokenizer
 

@@ -37,9 +37,11 @@ from neva.checkpoint.neva_format import (
     tensor_pairs,
 )
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
-from neva.hf_local import from_local
+from neva.constants import IMAGE_TOKEN
+from neva.data.tokens import image_token_for
 from neva.models.anyres import parse_aspect_ratio
 from neva.models.config import NevaConfig
+from neva.typed import ConfigError
 
 
 def save_llava_hf(
@@ -144,9 +146,9 @@ def export_llava(
     meta = load_metadata(ckpt)
     tokenizer = None
     if has_tokenizer(ckpt):
-        from transformers import AutoTokenizer
+        from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
 
-        tokenizer = from_local(AutoTokenizer, ckpt)
+        tokenizer = load_hf_tokenizer(ckpt)
     aspect = meta.get("image_aspect_ratio", "square")
     if aspect not in ("square", "anyres") and parse_aspect_ratio(aspect) is None:  # AnyRes: tiled as the run did
         warnings.warn(
@@ -162,6 +164,11 @@ def export_llava(
             stacklevel=2,
         )
     template = template_settings(meta, conv_template)
+    if image_token_for(template["conv_template"]) != IMAGE_TOKEN:
+        raise ConfigError(
+            f"conv_template {template['conv_template']!r} writes images as {image_token_for(template['conv_template'])}"
+            f" blocks; a llava-hf export's image token is {IMAGE_TOKEN} (a Qwen-VL model exports as its own family)"
+        )
     if tokenizer is not None and not (conv_template or meta.get("conv_template")):
         warnings.warn(
             f"{ckpt} records no conv_template; the export's chat template is {template['conv_template']} (what "

@@ -110,6 +110,15 @@ def make_transformers_4_readable(directory: Path, cfg: NevaConfig, dtype: torch.
         text["rope_scaling"] = dict(cfg.llm.rope_scaling) if cfg.llm.rope_scaling else None
 
     _update_json(directory / "config.json", config)
+    make_tokenizer_4_readable(directory)
+    # 4.x passes every processor_config.json entry to LlavaProcessor(...), the nested image processor included ("got
+    # multiple values for argument 'image_processor'"); 5.x reads it from preprocessor_config.json as well.
+    if (directory / PROCESSOR_CONFIG).is_file() and (directory / "preprocessor_config.json").is_file():
+        _update_json(directory / PROCESSOR_CONFIG, lambda data: data.pop("image_processor", None))
+
+
+def make_tokenizer_4_readable(directory: Path) -> None:
+    """Add the 4.x spellings to a ``tokenizer_config.json`` written by transformers 5 (none: nothing to do)."""
 
     def tokenizer(data: dict[str, Any]) -> None:
         cls = data.get("tokenizer_class")
@@ -126,10 +135,6 @@ def make_transformers_4_readable(directory: Path, cfg: NevaConfig, dtype: torch.
 
     if (directory / TOKENIZER_CONFIG).is_file():
         _update_json(directory / TOKENIZER_CONFIG, tokenizer)
-    # 4.x passes every processor_config.json entry to LlavaProcessor(...), the nested image processor included ("got
-    # multiple values for argument 'image_processor'"); 5.x reads it from preprocessor_config.json as well.
-    if (directory / PROCESSOR_CONFIG).is_file() and (directory / "preprocessor_config.json").is_file():
-        _update_json(directory / PROCESSOR_CONFIG, lambda data: data.pop("image_processor", None))
 
 
 def _update_json(path: Path, change: Any) -> None:

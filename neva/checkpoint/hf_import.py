@@ -30,7 +30,7 @@ from neva.checkpoint.hf_read import (
 from neva.checkpoint.neva_format import save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
-from neva.hf_local import from_local, model_dir
+from neva.hf_local import model_dir
 
 
 def import_llava(
@@ -66,9 +66,9 @@ def import_llava(
     check_complete(cfg, {mapping[k]: shapes[k] for k in mapping}, str(hf_dir))
     tokenizer = None
     if has_tokenizer(hf_dir):
-        from transformers import AutoTokenizer
+        from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
 
-        tokenizer = from_local(AutoTokenizer, hf_dir)
+        tokenizer = load_hf_tokenizer(hf_dir)
         _check_image_token(tokenizer, cfg.image_token_id, hf_dir)
     meta = {"source": {"kind": "llava-hf", "path": str(hf_dir)}, **_template_metadata(hf_dir, tokenizer, metadata)}
     tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)

@@ -58,6 +58,9 @@ LLM_TABLE = {  # neva (under "llm.") : HF Llama model (under the LLM prefix)
     "layers.{}.feed_forward.w1.bias": "layers.{}.mlp.gate_proj.bias",
     "layers.{}.feed_forward.w3.bias": "layers.{}.mlp.up_proj.bias",
     "layers.{}.feed_forward.w2.bias": "layers.{}.mlp.down_proj.bias",
+    # Qwen3's per-head q/k RMSNorms (qk_norm).
+    "layers.{}.attention.q_norm.weight": "layers.{}.self_attn.q_norm.weight",
+    "layers.{}.attention.k_norm.weight": "layers.{}.self_attn.k_norm.weight",
     # Mixtral (num_moe_experts): the router, and the experts in hf_moe's canonical stacked form (reading stacks HF's
     # per-expert tensors into it, writing unstacks it; neva/checkpoint/hf_moe.py).
     "layers.{}.feed_forward.router.weight": "layers.{}.block_sparse_moe.gate.weight",

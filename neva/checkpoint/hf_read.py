@@ -178,6 +178,9 @@ def check_complete(cfg: NevaConfig, produced: dict[str, tuple[int, ...]], source
     missing = sorted(set(expected) - set(produced))
     if missing:
         raise ValueError(f"{source}: {len(missing)} model tensor(s) not found, e.g. {missing[:5]}")
+    extra = sorted(set(produced) - set(expected))
+    if extra:  # a known HF name the config's model lacks (e.g. Qwen3's q/k norms under a config without them)
+        raise ValueError(f"{source}: {len(extra)} tensor(s) the config's model does not have, e.g. {extra[:5]}")
     for key, shape in produced.items():
         if key in expected:
             check_shape(key, shape, expected[key], source, grows=key in GROWN_KEYS)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
-from neva.checkpoint.hf_keys import detect_prefixes
+from neva.checkpoint.hf_keys import LLAVA_ORIGINAL_PROJECTOR, detect_prefixes
 from neva.checkpoint.hf_read import (
     cast_floating,
     check_complete,
@@ -47,10 +47,11 @@ from neva.checkpoint.hf_read import (
     read_projector_file,
     with_image_stats,
 )
+from neva.checkpoint.llava_lora import NON_LORA, LlavaLora, is_llava_lora, read_llava_lora
 from neva.checkpoint.neva_format import save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
-from neva.hf_local import LocalModelError, from_local, model_dir
+from neva.hf_local import LocalModelError, model_dir
 from neva.models.anyres import MERGE_TYPES, AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError
@@ -290,6 +291,7 @@ def import_llava_original(
     metadata: dict[str, Any] | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
+    base: str | os.PathLike | None = None,
 ) -> Path:
     """Convert a LLaVA-original directory to a neva checkpoint.
 
@@ -300,6 +302,9 @@ def import_llava_original(
         vision: the vision tower's directory, overriding ``mm_vision_tower`` (which often names a Hub id).
         llm: the decoder's HF directory when ``directory`` holds no decoder weights (a pretrain stage's output).
         dtype, metadata, max_shard_bytes, overwrite: as ``import_llava``.
+        base: a LoRA run's ``model_base`` (``llava_lora``: ``directory`` holds ``adapter_config.json``), whose
+            weights the adapter and ``non_lora_trainables.bin`` are merged into, as LLaVA's ``load_pretrained_model``
+            does; its tokenizer is the one used.
 
     Returns:
         ``out``.
@@ -322,7 +327,16 @@ def import_llava_original(
     llm_cfg = llm_config_from_hf(text)
     projector = projector_config(mm, vision_cfg.feature_size, llm_cfg.hidden_size, directory)
 
-    has_llm = _has_weights(directory)
+    lora = None
+    if is_llava_lora(directory):
+        if base is None:
+            raise ConfigError(f"{directory} is a LoRA checkpoint (adapter_config.json): pass the model it adapts, "
+                              "LLaVA's model_base (--base DIR, e.g. vicuna-7b-v1.5)")  # fmt: skip
+        lora = read_llava_lora(directory)
+        llm = base
+    elif base is not None:
+        raise ConfigError(f"--base goes with a LoRA checkpoint (adapter_config.json), and {directory} holds none")
+    has_llm = lora is None and _has_weights(directory)
     llm_dir = directory if has_llm else Path(model_dir(llm)) if llm is not None else None
     if llm_dir is None:
         raise ConfigError(f"{directory} holds no decoder weights (a pretrain stage's output): pass the decoder's HF "
@@ -339,7 +353,7 @@ def import_llava_original(
     vision_src = llm_dir if tower_from_ckpt else vision_dir
     vision_shapes = saved_tower if tower_from_ckpt else hf_tensor_shapes(vision_dir)
     vision_cfg = llava_next_siglip(vision_cfg, mm, vision_shapes, directory)
-    tok_dir = directory if has_tokenizer(directory) else llm_dir
+    tok_dir = directory if has_tokenizer(directory) and lora is None else llm_dir  # LoRA: model_base's (builder.py)
     tokenizer = _llava_tokenizer(tok_dir, llm_cfg.vocab_size)
     cfg = NevaConfig(
         llm=llm_cfg,
@@ -355,11 +369,16 @@ def import_llava_original(
     parts = ("llm", "projector") if has_llm else ("llm",)
     llm_map = map_keys(list(llm_shapes), detect_prefixes(list(llm_shapes), parts=parts), llm_dir)
     projector_file = None
-    if not any(name.startswith("projector.") for name in llm_map.values()):
+    if lora is not None:
+        projector_tensors, replaced = _non_lora_tensors(lora, llm_map, directory)
+        _check_deltas(lora, llm_shapes, directory)
+    elif not any(name.startswith("projector.") for name in llm_map.values()):
         projector_file = directory / PROJECTOR_FILE
         if not projector_file.is_file():
             raise ConfigError(f"{directory}: no model.mm_projector.* weights and no {PROJECTOR_FILE}")
-    projector_tensors = read_projector_file(projector_file) if projector_file is not None else {}
+    if lora is None:
+        projector_tensors = read_projector_file(projector_file) if projector_file is not None else {}
+        replaced = {}
     produced = {vision_map[k]: vision_shapes[k] for k in vision_map}
     produced.update({llm_map[k]: llm_shapes[k] for k in llm_map})
     produced.update({k: tuple(t.shape) for k, t in projector_tensors.items()})
@@ -372,8 +391,12 @@ def import_llava_original(
                     yield vision_map[key], cast_floating(tensor, dtype)
         for key, tensor in iter_hf_tensors(llm_dir):
             name = llm_map.get(key) or (vision_map.get(key) if tower_from_ckpt else None)
-            if name is not None:
-                yield name, cast_floating(tensor, dtype)
+            if name is None:
+                continue
+            tensor = replaced.get(key, tensor)
+            if lora is not None and key in lora.deltas:  # PEFT's merge, in fp32, back to the weight's dtype
+                tensor = (tensor.float() + lora.deltas[key]).to(tensor.dtype)
+            yield name, cast_floating(tensor, dtype)
         for key, tensor in projector_tensors.items():
             yield key, cast_floating(tensor, dtype)
 
@@ -382,6 +405,8 @@ def import_llava_original(
         source["vision_weights"] = str(directory)
     if not has_llm:
         source["llm"] = str(llm_dir)
+    if lora is not None:
+        source.update(kind="llava-original-lora", lora_rank=lora.rank, lora_alpha=lora.alpha)
     meta = {"source": source, "tokenization": "llava", "image_aspect_ratio": mm.get("image_aspect_ratio",
             "square"), **(metadata or {})}  # fmt: skip
     if "conv_template" not in meta:
@@ -393,6 +418,33 @@ def import_llava_original(
     return save_checkpoint(
         out, cfg, tensors(), tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
     )
+
+
+def _non_lora_tensors(
+    lora: LlavaLora, llm_map: dict[str, str], directory: Path
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``non_lora_trainables.bin`` split as LLaVA's ``load_state_dict(strict=False)`` places it: the projector
+    (neva keys), and base tensors it replaces (HF keys). A key neither is refused (LLaVA would drop it silently)."""
+    projector_keys = [k for k in lora.non_lora if k.startswith(LLAVA_ORIGINAL_PROJECTOR)]
+    mapping = map_keys(projector_keys, detect_prefixes(projector_keys, parts=("projector",)), directory / NON_LORA)
+    other = [k for k in lora.non_lora if k not in mapping and k not in llm_map]
+    if other:
+        raise ConfigError(f"{directory / NON_LORA}: {len(other)} tensor(s) that are neither the projector nor the "
+                          f"base model's, e.g. {other[:3]}")  # fmt: skip
+    if not mapping:
+        raise ConfigError(f"{directory}: no model.mm_projector.* tensors in {NON_LORA}")
+    replaced = {k: v for k, v in lora.non_lora.items() if k in llm_map}
+    return {mapping[k]: lora.non_lora[k] for k in mapping}, replaced
+
+
+def _check_deltas(lora: LlavaLora, llm_shapes: dict[str, tuple[int, ...]], directory: Path) -> None:
+    """Every adapter sits on a base weight of its shape (else the merge would drop it or fail mid-write)."""
+    for key, delta in lora.deltas.items():
+        if key not in llm_shapes:
+            raise ConfigError(f"{directory}: the adapter of {key} has no weight in the base model")
+        if tuple(llm_shapes[key]) != tuple(delta.shape):
+            raise ConfigError(f"{directory}: the adapter of {key} is {tuple(delta.shape)}, the base weight "
+                              f"{tuple(llm_shapes[key])}")  # fmt: skip
 
 
 def _has_weights(directory: Path) -> bool:
@@ -409,9 +461,9 @@ def _llava_tokenizer(directory: Path, vocab_size: int) -> Any:
     Raises:
         ConfigError: the tokenizer is larger than the model's vocabulary.
     """
-    from transformers import AutoTokenizer
+    from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
 
-    tokenizer = from_local(AutoTokenizer, directory)
+    tokenizer = load_hf_tokenizer(directory)
     if len(tokenizer) > vocab_size:
         raise ConfigError(f"{directory}: tokenizer has {len(tokenizer)} tokens, the model's vocabulary {vocab_size}")
     if tokenizer.pad_token is None and tokenizer.unk_token is not None:

@@ -31,7 +31,6 @@ from neva.checkpoint.safetensors_io import (
     safetensors_shapes,
 )
 from neva.config import TrainConfig
-from neva.hf_local import from_local
 from neva.models.config import NevaConfig, from_dict, to_dict
 from neva.models.neva import NevaModel
 from neva.models.rope import rope_inv_freq
@@ -159,9 +158,9 @@ def _write_weights(directory: Path, cfg: NevaConfig, tensors: TensorSource, max_
 def save_tokenizer(tokenizer: Any, directory: str | os.PathLike) -> None:
     """Save an HF tokenizer (object, or directory to load one from) into ``directory``."""
     if isinstance(tokenizer, (str, os.PathLike)):
-        from transformers import AutoTokenizer
+        from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
 
-        tokenizer = from_local(AutoTokenizer, tokenizer)
+        tokenizer = load_hf_tokenizer(tokenizer)
     tokenizer.save_pretrained(str(directory))
 
 
@@ -309,6 +308,6 @@ def load_model(
 
 def load_tokenizer(directory: str | os.PathLike) -> Any:
     """The checkpoint's HF tokenizer (``<image>`` is one of its special tokens)."""
-    from transformers import AutoTokenizer
+    from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
 
-    return from_local(AutoTokenizer, directory)
+    return load_hf_tokenizer(directory)

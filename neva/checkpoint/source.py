@@ -15,7 +15,7 @@ from neva.checkpoint import neva_format
 from neva.checkpoint.architecture import hf_dir, neva_config_from_mm, read_hf_config
 from neva.checkpoint.restored_architecture import restored_config
 from neva.config import TrainConfig
-from neva.data.tokens import tokenizer_image_token_id
+from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.hf_local import LocalModelError
 from neva.models.config import NevaConfig
 from neva.models.neva import NevaModel
@@ -107,7 +107,7 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
         except LocalModelError as err:
             raise ConfigError(f"model.mm_cfg.llm.from_pretrained: {err}") from err
         neva_cfg = neva_config_from_mm(
-            mm, len(tokenizer), tokenizer_image_token_id(tokenizer), cfg.model.data.image_aspect_ratio
+            mm, len(tokenizer), _image_token_id(cfg, tokenizer), cfg.model.data.image_aspect_ratio
         )
         vision = mm.vision_encoder.from_pretrained
         return ModelSource(
@@ -121,9 +121,13 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
 
     tokenizer = build_tokenizer()
     neva_cfg = neva_config_from_mm(
-        mm, len(tokenizer), tokenizer_image_token_id(tokenizer), cfg.model.data.image_aspect_ratio
+        mm, len(tokenizer), _image_token_id(cfg, tokenizer), cfg.model.data.image_aspect_ratio
     )
     return ModelSource(neva_cfg, tokenizer, projector_weights=adapter)
+
+
+def _image_token_id(cfg: TrainConfig, tokenizer: Any) -> int:
+    return tokenizer_image_token_id(tokenizer, image_token_for(cfg.model.data.conv_template))
 
 
 def _restored_source(cfg: TrainConfig, restore: str) -> ModelSource:

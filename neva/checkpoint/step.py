@@ -3,6 +3,7 @@
 A training checkpoint is a one-process Lightning file (``<exp_dir>/checkpoints/step=N.ckpt``, ``last.ckpt``) or a
 distributed run's DCP directory of the same names. Each records the run's resolved config (``CONFIG_KEY``), so the
 architecture, tokenizer and LoRA setup are found there, exactly as the run built them (``resolve_source``). The
+starting checkpoint is the one the run recorded (``start_record``: absolute path, sha256, refused when changed); the
 checkpoint is verified against its manifest, its tensors are read as plain data (the file's, or DCP's pieces of every
 rank), LoRA is merged as the end-of-stage export merges it, and the result is a neva checkpoint: the format every
 reader of ``final`` takes.
@@ -28,6 +29,7 @@ from neva.checkpoint.names import canonical_name, named_parameters
 from neva.checkpoint.peft_adapter import save_peft_adapter
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.checkpoint.source import ModelSource, resolve_source
+from neva.checkpoint.start_record import START_KEY, recorded_start
 from neva.config import TrainConfig
 from neva.models.lora import merged_state_dict, split_state_dict
 from neva.models.neva import NevaModel
@@ -113,6 +115,9 @@ def load_step_model(path: str | os.PathLike) -> StepModel:
     step = verified.verify(path)
     loop = verified.load_state(path if path.is_file() else path / DCP_LOOP_STATE)
     cfg = recorded_config(loop, path)
+    start = recorded_start(loop.get(START_KEY), path)
+    if start is not None:  # the start the run resolved, not the recorded config's (relative / default) one again
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, restore_from_path=start))
     try:
         source = resolve_source(cfg)
     except ConfigError as err:

@@ -4,8 +4,12 @@ Batch contract (both modes)::
 
     input_ids    LongTensor [B, S]   pad id where segment_ids == 0
     labels       LongTensor [B, S]   IGNORE_INDEX where not learned; the first token of every sample is ignored
-    position_ids LongTensor [P, B, S] restart at 0 for every sample; 0 on padding. P position axes: 1 here (text and
-                                     LLaVA's flattened image features count along one axis)
+    position_ids LongTensor [P, B, S] each sample's own positions at its place in its row; 0 on padding. A sample's
+                                     ``position_ids`` [P_s, n] (M-RoPE: [3, n], ``neva.models.mrope``) if it
+                                     brings them, else 0..n-1: restart at every sample. P = the most axes a sample
+                                     brings (at least the collator's ``position_axes``): 1 for text and LLaVA's
+                                     flattened image features; a one-axis sample broadcasts over the P axes (M-RoPE's
+                                     text: the three axes are equal)
     segment_ids  LongTensor [B, S]   1..k for the k samples of a row, 0 on padding
     media        Media               what the model sees besides text (``neva.models.media``): per modality a
                                      ``MediaInputs`` (None: no item of it in the batch) —
@@ -13,7 +17,8 @@ Batch contract (both modes)::
                [B] images per row, positions [M, 2] (row, column) of every image-token position in the order the
                features fill them (None when a sample did not say where its images are), AnyRes: index [M] (or
                [M, 4] taps with weight [M, 4] under anyres_max_N) the row of the batch's flattened tile features for
-               each position, -1 = image_newline (``neva.models.anyres``)
+               each position, -1 = image_newline (``neva.models.anyres``); native resolution: pixels [L, C·T·P·P]
+               every image's flattened patches and grid [N, 3] (t, h, w) per image (the samples' ``image_grid``)
         video: pixels [F, 3, H, W] every sampled frame (row then position order, each video's frames in time
                order), frames [V] per video, positions [M_v, 2] in the order the frames' pooled features fill them
                (``NevaConfig.video_tokens(F)`` per video)
@@ -87,10 +92,13 @@ def _image_inputs(
     positions: list | None,
     layouts: list[Layout],
     tile_tokens: int | None,
+    grids: list[torch.Tensor],
 ) -> MediaInputs | None:
     if not pixels:
         return None
     image = MediaInputs(torch.cat(pixels), _cat_positions(positions), items_per_row=counts)
+    if grids:  # native resolution: each image's patch grid, in the order of its patches
+        return replace(image, grid=torch.cat(grids))
     if tile_tokens is None:
         return image
     lay = concat_layouts(layouts, tile_tokens)  # AnyRes: each image's index offset by the tiles before it
@@ -103,14 +111,20 @@ def _cat_positions(positions: list | None) -> torch.Tensor | None:
     return torch.cat(positions) if positions else torch.zeros(0, 2, dtype=torch.long)
 
 
-def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipped: Counter) -> dict[str, Any]:
+def _position_axes(rows: list[list[dict[str, Any]]], least: int) -> int:
+    return max([least] + [s["position_ids"].shape[0] for row in rows for s in row if "position_ids" in s])
+
+
+def _assemble(
+    rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipped: Counter, position_axes: int = 1
+) -> dict[str, Any]:
     bsz = max(len(rows), 1)
     input_ids = torch.full((bsz, row_len), pad_id, dtype=torch.long)
     labels = torch.full((bsz, row_len), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((1, bsz, row_len), dtype=torch.long)
+    position_ids = torch.zeros((_position_axes(rows, position_axes), bsz, row_len), dtype=torch.long)
     segment_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     image_counts = torch.zeros(bsz, dtype=torch.long)
-    pixels, ids, image_positions, layouts, tile_tokens = [], [], [], [], None
+    pixels, ids, image_positions, layouts, tile_tokens, grids = [], [], [], [], None, []
     video_pixels, video_frames, video_positions = [], [], []
     for r, row in enumerate(rows):
         pos = 0
@@ -120,12 +134,15 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
             labels[r, pos : pos + n] = sample["labels"]
             # The token before a sample belongs to another sample (or nothing): never a target across the boundary.
             labels[r, pos] = IGNORE_INDEX
-            position_ids[:, r, pos : pos + n] = torch.arange(n)
+            # The one place a sample's positions meet the batch's axes: [P_s, n] or [n] broadcasts over P.
+            position_ids[:, r, pos : pos + n] = sample["position_ids"] if "position_ids" in sample else torch.arange(n)
             segment_ids[r, pos : pos + n] = seg
             pos += n
             image_counts[r] += sample.get("image_count", sample["pixel_values"].shape[0])
             if sample["pixel_values"].shape[0]:
                 pixels.append(sample["pixel_values"])
+                if "image_grid" in sample:
+                    grids.append(sample["image_grid"])
             if "image_feature_index" in sample:  # AnyRes: offset by the tiles of the samples before
                 layouts.append(sample_layout(sample))
                 tile_tokens = sample["tile_tokens"]
@@ -151,7 +168,7 @@ def _assemble(rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipp
         "position_ids": position_ids,
         "segment_ids": segment_ids,
         "media": Media(
-            image=_image_inputs(pixels, image_counts, image_positions, layouts, tile_tokens),
+            image=_image_inputs(pixels, image_counts, image_positions, layouts, tile_tokens, grids),
             video=MediaInputs(torch.cat(video_pixels), torch.cat(video_positions), frames=torch.cat(video_frames))
             if video_pixels
             else None,
@@ -173,26 +190,36 @@ def _split(batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Counter]:
 
 
 def collate_padded(
-    batch: list[dict[str, Any]], pad_id: int, pad_to_multiple_of: int = 64, max_length: int | None = None
+    batch: list[dict[str, Any]],
+    pad_id: int,
+    pad_to_multiple_of: int = 64,
+    max_length: int | None = None,
+    position_axes: int = 1,
 ) -> dict[str, Any]:
-    """One sample per row, right-padded to the longest rounded up to ``pad_to_multiple_of`` (capped at ``max_length``)."""
+    """One sample per row, right-padded to the longest rounded up to ``pad_to_multiple_of`` (capped at ``max_length``).
+
+    ``position_axes``: the fewest position axes of the batch (an M-RoPE model's 3, so that a text-only batch has the
+    shape of every other: pipeline stages and compiled graphs see one shape).
+    """
     good, skipped = _split(batch)
     longest = max((s["input_ids"].numel() for s in good), default=1)
-    return _assemble([[s] for s in good], _row_length(longest, pad_to_multiple_of, max_length), pad_id, skipped)
+    length = _row_length(longest, pad_to_multiple_of, max_length)
+    return _assemble([[s] for s in good], length, pad_id, skipped, position_axes)
 
 
 def collate_packed(
-    batch: list[dict[str, Any]], pad_id: int, seq_length: int, pad_to_multiple_of: int = 64
+    batch: list[dict[str, Any]], pad_id: int, seq_length: int, pad_to_multiple_of: int = 64, position_axes: int = 1
 ) -> dict[str, Any]:
     """Samples packed first-fit (in order) into rows of at most ``seq_length`` tokens.
 
     Rows are as long as the fullest row rounded up to ``pad_to_multiple_of`` (capped at ``seq_length``).
+    ``position_axes`` as in ``collate_padded``.
     """
     good, skipped = _split(batch)
     bins = first_fit([s["input_ids"].numel() for s in good], seq_length)
     rows = [[good[i] for i in b] for b in bins]
     longest = max((sum(s["input_ids"].numel() for s in row) for row in rows), default=1)
-    return _assemble(rows, _row_length(longest, pad_to_multiple_of, seq_length), pad_id, skipped)
+    return _assemble(rows, _row_length(longest, pad_to_multiple_of, seq_length), pad_id, skipped, position_axes)
 
 
 # The per-token [..., B, S] tensors of a batch (dropout_keys: the engine's LoRA dropout keys, added before the model
@@ -242,13 +269,21 @@ def join_rows(batch: dict[str, Any]) -> dict[str, Any]:
 class Collator:
     """Picklable collate function for DataLoader workers (padded or packed by ``packing``)."""
 
-    def __init__(self, pad_id: int, seq_length: int, pad_to_multiple_of: int = 64, packing: bool = False) -> None:
+    def __init__(
+        self,
+        pad_id: int,
+        seq_length: int,
+        pad_to_multiple_of: int = 64,
+        packing: bool = False,
+        position_axes: int = 1,
+    ) -> None:
         self.pad_id = pad_id
         self.seq_length = seq_length
         self.pad_to_multiple_of = pad_to_multiple_of
         self.packing = packing
+        self.position_axes = position_axes  # an M-RoPE model's 3: every batch, text-only ones too, has 3 axes
 
     def __call__(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         if self.packing:
-            return collate_packed(batch, self.pad_id, self.seq_length, self.pad_to_multiple_of)
-        return collate_padded(batch, self.pad_id, self.pad_to_multiple_of, self.seq_length)
+            return collate_packed(batch, self.pad_id, self.seq_length, self.pad_to_multiple_of, self.position_axes)
+        return collate_padded(batch, self.pad_id, self.pad_to_multiple_of, self.seq_length, self.position_axes)

@@ -71,6 +71,10 @@ class DataConfig:
             shuffle buffer of this many samples; shards themselves are shuffled every epoch.
         max_image_pixels: an image with more pixels (width × height, read from its header) is skipped as
             ``image_too_large`` before it is decoded.
+        min_pixels / max_pixels: a native-resolution tower's pixel budget per image (Qwen-VL's processor keys): each
+            image is resized, aspect ratio kept, to sides that are multiples of patch × merge with min_pixels ≤ h·w ≤
+            max_pixels (``neva.data.qwen_images.smart_resize``); None: the tower kind's defaults. Not read by
+            fixed-size towers.
         media_type: NeMo's key: ``image`` or ``video``. Records are read per record whatever it says (a record's
             ``"video"`` key makes it a video sample, mixed freely with image and text-only ones); ``video`` also
             requires a model that takes video (``neva.data.video``).
@@ -110,6 +114,8 @@ class DataConfig:
     skip_check_min_samples: int = 200
     shard_shuffle_buffer: int = 0
     max_image_pixels: int = MAX_IMAGE_PIXELS
+    min_pixels: int | None = None
+    max_pixels: int | None = None
     media_type: str = "image"
     num_frames: int = 8
     video_fps: float | None = None
@@ -142,6 +148,10 @@ class DataConfig:
             raise ValueError(f"model.data.pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
         if self.seq_length is not None and self.seq_length < 2:
             raise ValueError(f"model.data.seq_length must be >= 2, got {self.seq_length}")
+        if (self.min_pixels or 1) < 1 or (self.min_pixels or 0) > (self.max_pixels or float("inf")):
+            raise ValueError(
+                f"model.data.min_pixels={self.min_pixels} / max_pixels={self.max_pixels}: need 1 <= min <= max"
+            )
         if self.max_image_pixels < 1:
             raise ValueError(f"model.data.max_image_pixels must be >= 1, got {self.max_image_pixels}")
         if self.num_workers != "auto" and (not isinstance(self.num_workers, int) or self.num_workers < 0):

@@ -13,6 +13,7 @@ from typing import Any
 
 from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
+from neva.data.tokens import QWEN_IMAGE_PAD
 from neva.typed import ConfigError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
@@ -24,6 +25,8 @@ VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the user's questions."
 )
+QWEN_IMAGE_BLOCK = f"<|vision_start|>{QWEN_IMAGE_PAD}<|vision_end|>"
+"""What an image tag is in Qwen-VL's text: its ``<|image_pad|>`` is the model's image token."""
 LLAMA_2_SYSTEM = (
     "You are a helpful language and vision assistant. You are able to understand the visual content that the user "
     "provides, and assist the user with a variety of tasks using natural language."
@@ -269,6 +272,28 @@ class ChatMLTemplate(Template):
         return out
 
 
+class QwenVLTemplate(ChatMLTemplate):
+    """Qwen2-VL / Qwen2.5-VL's ChatML, as their chat template renders a conversation of strings (a system turn
+    "You are a helpful assistant." when none is given) and as Qwen's ``qwen-vl-finetune`` trainer turns LLaVA-format
+    records into it: each ``<image>`` tag becomes ``<|vision_start|><|image_pad|><|vision_end|>`` in place, the
+    ``<|image_pad|>`` then expanded to the image's positions like any image token (``neva.data.encoding``)."""
+
+    name = "qwen2_vl"
+    default_system = "You are a helpful assistant."
+
+    def pieces(self, messages, system):
+        return [
+            (text.replace(IMAGE_TOKEN, QWEN_IMAGE_BLOCK), learned) for text, learned in super().pieces(messages, system)
+        ]
+
+
+class Qwen3VLTemplate(QwenVLTemplate):
+    """Qwen3-VL's: the same blocks, no system turn unless one is given (its chat template adds none)."""
+
+    name = "qwen3_vl"
+    default_system = None
+
+
 class ChatTemplateRenderer(Template):
     """Renders with a tokenizer's own Jinja chat template and recovers the reply spans exactly.
 
@@ -394,7 +419,16 @@ class ChatTemplateRenderer(Template):
 
 TEMPLATE_CLASSES: dict[str, type[Template]] = {
     t.name: t
-    for t in (PlainTemplate, VicunaV1Template, Llama2Template, MistralTemplate, Llama3Template, ChatMLTemplate)
+    for t in (
+        PlainTemplate,
+        VicunaV1Template,
+        Llama2Template,
+        MistralTemplate,
+        Llama3Template,
+        ChatMLTemplate,
+        QwenVLTemplate,
+        Qwen3VLTemplate,
+    )
 }
 
 

@@ -30,7 +30,7 @@ from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
-from neva.data.tokens import tokenizer_image_token_id
+from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.data.video import VideoSource
 from neva.models.anyres import anyres_on, parse_aspect_ratio
 from neva.models.config import NevaConfig, VisionConfig
@@ -129,12 +129,14 @@ class NevaDataModule:
         self.cfg = cfg
         self.plan_dir = plan_dir
         self.tokenizer = tokenizer
-        self.image_token_id = tokenizer_image_token_id(tokenizer)
-        # LLM positions per image: after the projector (mlp_downsample merges 2×2 patches) when the model is known.
-        image_tokens = vision.num_image_tokens if vision is not None else 0
+        self.image_token_id = tokenizer_image_token_id(tokenizer, image_token_for(cfg.conv_template))
+        # LLM positions per image: after the projector (mlp_downsample merges 2×2 patches) when the model is known;
+        # a native-resolution tower has none fixed (its front end counts each image from its size).
+        fixed = vision is not None and not vision.is_native
+        image_tokens = vision.num_image_tokens if fixed else 0
         if model_config is not None:
             vision = model_config.vision
-            image_tokens = model_config.num_image_tokens
+            image_tokens = model_config.num_image_tokens if vision is not None and not vision.is_native else 0
             if model_config.image_token_id != self.image_token_id:
                 raise ValueError(
                     f"model image_token_id {model_config.image_token_id} != tokenizer's {IMAGE_TOKEN} id "
@@ -174,8 +176,12 @@ class NevaDataModule:
                 f"{parse_aspect_ratio(cfg.image_aspect_ratio)} tiles' features, the model's AnyRes to "
                 f"{model_anyres.max_num_patches} (max_num_patches; None: no pooling)"
             )
-        self.front_end = front_end_for(vision, model_config, cfg.image_aspect_ratio)
-        self.collator = Collator(pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing)
+        self.front_end = front_end_for(vision, model_config, cfg.image_aspect_ratio, cfg.min_pixels, cfg.max_pixels)
+        # An M-RoPE decoder reads three position axes in every batch, text-only ones too (one shape for every stage).
+        mrope = model_config is not None and model_config.llm.mrope_section is not None
+        self.collator = Collator(
+            pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing, 3 if mrope else 1
+        )
         self.skip_tracker = SkipTracker(cfg.max_skip_fraction, cfg.skip_check_min_samples)
         self.train_datasets: list[Dataset] = []
         self.val_datasets: list[Dataset] = []

@@ -3,7 +3,8 @@ how many decoder positions each takes, and which sample fields lay their feature
 
 ``FixedImages``: one tower input per image at the tower's resolution, the model's fixed count each (LLaVA-1.5).
 ``TiledImages``: LLaVA-NeXT's AnyRes: an image's tiles, its count from its size, its feature index as sample fields
-(``neva.models.anyres``). A new tower kind with its own count per image is one more class here and its rule in
+(``neva.models.anyres``). ``NativeImages``: a native-resolution tower (Qwen-VL): each image's own patch grid under
+the pixel budget, its count from its size, the grid and the sample's M-RoPE positions as sample fields. A new tower kind with its own count per image is one more class here and its rule in
 ``front_end_for``; the dataset calls ``encode`` and ``record_tokens`` and nothing else.
 """
 
@@ -17,8 +18,10 @@ import torch
 from neva.data.anyres import AnyResProcessor, anyres_sample_fields
 from neva.data.errors import SampleError
 from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
+from neva.data.qwen_images import QwenImageSpec, image_patches, image_token_count
 from neva.data.records import record_images
 from neva.models.anyres import anyres_on
+from neva.models.mrope import mrope_positions
 
 
 @dataclass
@@ -85,6 +88,47 @@ class TiledImages:
         return self.processor.tokens(sizes)
 
 
+class NativeImages:
+    """Native resolution (Qwen2-VL / Qwen2.5-VL / Qwen3-VL): each image resized to its own patch grid within
+    ``min_pixels`` / ``max_pixels`` (``neva.data.qwen_images``), taking t·h·w / merge² positions; the images are
+    decoded before the text is encoded (their counts follow from their sizes). The sample carries each image's grid
+    (``image_grid``, the tower's and the splice's) and its ``[3, S]`` M-RoPE positions (``neva.models.mrope``), found
+    here per sample so that a packed row holds each sample's own."""
+
+    size = 0
+
+    def __init__(self, model: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> None:
+        self.processor = QwenImageSpec.for_tower(model.vision, min_pixels, max_pixels)
+        self.family = model.vision.kind
+        self.image_token_id = model.image_token_id
+        # A token no sample holds where the model takes no video: the rule then places images only.
+        self.video_token_id = model.video_token if model.video is not None else -1
+        self.empty = torch.zeros(0, model.vision.patch_dim, dtype=torch.uint8)
+
+    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+        spec = self.processor
+        processed = [image_patches(image_source.load(safe_relative_path(n)), spec) for n in record_images(record)]
+        grid = torch.cat([g for _, g in processed]) if processed else torch.zeros(0, 3, dtype=torch.long)
+        enc, _, tags = encode([int(g.prod()) // spec.merge_size**2 for g in grid])
+        positions, _ = mrope_positions(
+            torch.tensor(enc.input_ids),
+            grid,
+            spatial_merge_size=spec.merge_size,
+            image_token_id=self.image_token_id,
+            video_token_id=self.video_token_id,
+            family=self.family,
+        )
+        pixels = torch.cat([p for p, _ in processed]) if processed else self.empty
+        return EncodedImages(enc, tags, pixels, len(processed), {"image_grid": grid, "position_ids": positions})
+
+    def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
+        try:
+            sizes = [image_source.size(safe_relative_path(name)) for name in record_images(record)]
+        except SampleError:
+            return None  # skipped (and counted) when read
+        return sum(image_token_count(self.processor, h, w) for h, w in sizes)
+
+
 class NoImages:
     """A model without a vision tower: a record that names an image is a counted skip."""
 
@@ -101,12 +145,17 @@ class NoImages:
         return None
 
 
-def front_end_for(vision: Any, model: Any, image_aspect_ratio: str) -> FrontEnd:
-    """The front end of a model (``NevaConfig``, or None where only its ``vision`` tower config is known): tiled
-    where its AnyRes and the data's aspect ratio ask for it (``anyres_on``), fixed tiles at the tower's resolution
-    otherwise, none without a tower."""
+def front_end_for(
+    vision: Any, model: Any, image_aspect_ratio: str, min_pixels: int | None = None, max_pixels: int | None = None
+) -> FrontEnd:
+    """The front end of a model (``NevaConfig``, or None where only its ``vision`` tower config is known): its own
+    resolution for a native tower (within ``min_pixels`` / ``max_pixels``; None: the tower kind's), tiled where its
+    AnyRes and the data's aspect ratio ask for it (``anyres_on``), fixed tiles at the tower's resolution otherwise,
+    none without a tower."""
     if vision is None:
         return NoImages()
+    if vision.is_native:
+        return NativeImages(model, min_pixels, max_pixels)
     pinpoints = getattr(getattr(model, "anyres", None), "grid_pinpoints", None)
     if anyres_on(image_aspect_ratio, pinpoints):
         return TiledImages(AnyResProcessor(model))

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from neva.constants import IMAGE_TOKEN
-from neva.data.conversation import ChatTemplateRenderer, get_template
+from neva.data.conversation import QWEN_IMAGE_BLOCK, ChatTemplateRenderer, get_template
 
 # Content parts → one string per message (images first, then text), as LLaVA's front placement leaves a turn.
 _PRELUDE = (
@@ -92,6 +92,16 @@ BODIES = {
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
     ),
 }
+# Qwen-VL's ChatML: each <image> tag is Qwen's vision block (conversation.QwenVLTemplate); qwen3_vl differs in its
+# default system prompt only.
+BODIES["qwen2_vl"] = BODIES["qwen3_vl"] = (
+    "{%- if system -%}{{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' + (m['content'] | replace(IMAGE_TOKEN, "
+    + json.dumps(QWEN_IMAGE_BLOCK)
+    + ")) + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
 
 
 def _literal(value: str | None) -> str:

@@ -26,7 +26,6 @@ from neva.data.records import load_records, record_images, record_videos
 from neva.data.video import VIDEO, VideoSource, check_video_model, load_videos, tag_spans
 from neva.data.video_decode import VideoLimits
 from neva.errors import ConfigError, entry_point
-from neva.hf_local import from_local
 
 _GREEN, _RESET = "\033[32m", "\033[0m"
 
@@ -40,12 +39,11 @@ def load_tokenizer(path: str) -> Any:
         from neva.data.synthetic import build_tokenizer
 
         return build_tokenizer()
-    from transformers import AutoTokenizer
-
     from neva.constants import IMAGE_TOKEN
+    from neva.data.sentencepiece_tokenizer import load_tokenizer as load_hf_tokenizer
     from neva.data.tokens import add_vision_tokens
 
-    tokenizer = from_local(AutoTokenizer, path)
+    tokenizer = load_hf_tokenizer(path)
     if IMAGE_TOKEN not in tokenizer.get_vocab():
         add_vision_tokens(tokenizer)
         print(f"note: {path} has no {IMAGE_TOKEN} token; added as training adds it to an HF LLM's tokenizer "
@@ -58,8 +56,11 @@ def checkpoint_config(path: str) -> Any:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         return None
-    with open(cfg_path) as f:
-        data = json.load(f)
+    try:
+        with open(cfg_path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as err:  # the user's file: one line naming it (neva.errors)
+        raise ConfigError(f"{cfg_path}: not JSON ({err})") from err
     if not isinstance(data, dict) or "model" not in data:
         return None
     from neva.models.config import NevaConfig, from_dict
@@ -132,7 +133,7 @@ def highlight(text: str, spans: tuple[tuple[int, int], ...], color: bool) -> str
 def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     """Run the CLI on parsed ``args``; returns the number of skipped samples."""
     from neva.data.conversation import get_template
-    from neva.data.tokens import tokenizer_image_token_id
+    from neva.data.tokens import image_token_for, tokenizer_image_token_id
 
     tokenizer = load_tokenizer(args.tokenizer)
     cfg = checkpoint_config(args.tokenizer) if os.path.isdir(args.tokenizer) else None
@@ -147,7 +148,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     settings = EncoderSettings(
         tokenizer=tokenizer,
         template=get_template(args.conv_template, tokenizer),
-        image_token_id=tokenizer_image_token_id(tokenizer),
+        image_token_id=tokenizer_image_token_id(tokenizer, image_token_for(args.conv_template)),
         num_image_tokens=num_image_tokens,
         max_length=args.max_length or ckpt_len,
         image_token_placement=args.image_token_placement,

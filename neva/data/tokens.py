@@ -1,4 +1,4 @@
-"""What a tokenizer must hold for neva: the one id of ``<image>``.
+"""What a tokenizer must hold for neva: the one id of its image token (``<image>``, or Qwen-VL's ``<|image_pad|>``).
 
 Its own module (no DataLoader imports) because the architecture side asks it too: a run's ``image_token_id`` is the
 tokenizer's (``neva.checkpoint.architecture``), and the data side checks the model's against it.
@@ -11,19 +11,31 @@ from typing import Any
 from neva.constants import IMAGE_TOKEN
 
 PAD_TOKEN = "<pad>"  # what a tokenizer without a pad token gets (llava-hf's)
+QWEN_IMAGE_PAD = "<|image_pad|>"
+# The image token of the templates whose text writes an <image> tag as something else (Qwen-VL's vision block,
+# neva.data.conversation.QwenVLTemplate); every other template keeps the tag itself as the token. By template, not
+# by what a tokenizer holds: Qwen2.5's text tokenizers carry <|image_pad|> too, and LLaVA-OneVision trains them with
+# <image>.
+IMAGE_TOKEN_OF_TEMPLATE = {"qwen2_vl": QWEN_IMAGE_PAD, "qwen3_vl": QWEN_IMAGE_PAD}
 
 
-def tokenizer_image_token_id(tokenizer: Any) -> int:
-    """Id of ``<image>``; it must be a special token of the tokenizer.
+def image_token_for(template: str | None) -> str:
+    """The image token text of conversation template ``template``."""
+    return IMAGE_TOKEN_OF_TEMPLATE.get(template or "", IMAGE_TOKEN)
+
+
+def tokenizer_image_token_id(tokenizer: Any, token: str = IMAGE_TOKEN) -> int:
+    """Id of the image token ``token`` (``image_token_for`` the run's template); it must be a special token of the
+    tokenizer.
 
     Raises:
-        ValueError: the tokenizer does not know ``<image>`` as one token.
+        ValueError: the tokenizer does not know ``token`` as one token.
     """
-    ids = tokenizer(IMAGE_TOKEN, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(token, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         raise ValueError(
-            f"tokenizer splits {IMAGE_TOKEN!r} into {len(ids)} tokens; add it as a special token "
-            f"(tokenizer.add_special_tokens({{'additional_special_tokens': ['{IMAGE_TOKEN}']}}))"
+            f"tokenizer splits {token!r} into {len(ids)} tokens; add it as a special token "
+            f"(tokenizer.add_special_tokens({{'additional_special_tokens': ['{token}']}}))"
         )
     return ids[0]
 

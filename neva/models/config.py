@@ -7,6 +7,7 @@ typo in a checkpoint's ``config.json`` or a Hydra override fails loudly instead 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,10 +30,21 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-# Per tower kind: the activations its MLP may use, its class tokens, and its image statistics when none are given.
+# Per tower kind: the activations its MLP may use, its class tokens, its image statistics, LayerNorm epsilon and
+# selected hidden state when none are given, and whether it reads images at their own resolution (``native``: a
+# variable number of patches per image, each image's ``grid`` given with its pixels; neva/models/native_vision.py).
+# The Qwen towers' statistics are their HF processors' (Qwen2-VL / Qwen2.5-VL: OpenAI CLIP's; Qwen3-VL's hub
+# preprocessor_config.json: 0.5), their norms' epsilon is 1e-6, and their merger reads the last block's output.
 TOWER_KINDS = {
-    "clip": dict(acts=("quick_gelu", "gelu"), class_tokens=1, mean=CLIP_MEAN, std=CLIP_STD),
-    "siglip": dict(acts=("gelu_pytorch_tanh",), class_tokens=0, mean=SIGLIP_MEAN, std=SIGLIP_STD),
+    "clip": dict(acts=("quick_gelu", "gelu"), class_tokens=1, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-5, select=-2),
+    "siglip": dict(acts=("gelu_pytorch_tanh",), class_tokens=0, mean=SIGLIP_MEAN, std=SIGLIP_STD, eps=1e-5, select=-2),
+    "qwen2_vl": dict(
+        acts=("quick_gelu",), class_tokens=0, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-6, select=-1, native=True
+    ),
+    "qwen2_5_vl": dict(acts=("silu",), class_tokens=0, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-6, select=-1, native=True),
+    "qwen3_vl": dict(
+        acts=("gelu_pytorch_tanh",), class_tokens=0, mean=SIGLIP_MEAN, std=SIGLIP_STD, eps=1e-6, select=-1, native=True
+    ),
 }
 
 
@@ -41,7 +53,21 @@ class VisionConfig:
     """ViT vision encoder (HF ``CLIPVisionConfig`` / ``SiglipVisionConfig`` fields under LLaVA/NeMo names).
 
     ``kind`` picks the tower (``neva.models.towers``): ``clip`` (class token, pre-LN, quick-GELU) or ``siglip``
-    (SigLIP / SigLIP2 at a fixed resolution: no class token, no pre-LN, tanh-GELU, biased patch embedding).
+    (SigLIP / SigLIP2 at a fixed resolution: no class token, no pre-LN, tanh-GELU, biased patch embedding), or a
+    native-resolution Qwen tower (``is_native``; HF ``Qwen2VLVisionConfig`` & co. under these names: ``depth`` →
+    ``num_layers``, ``embed_dim`` / ``hidden_size`` → ``hidden_size``, Qwen2-VL's ``mlp_ratio`` → ``intermediate_size
+    = hidden_size * mlp_ratio``; ``out_hidden_size`` is the merger's ``ProjectorConfig.output_size``):
+
+    * ``qwen2_vl``: LayerNorm blocks, fused qkv, fc1/fc2 quick-GELU MLP, Conv3d patch embedding without bias;
+    * ``qwen2_5_vl``: RMSNorm blocks, biased SwiGLU gate/up/down MLP, window attention except in
+      ``fullatt_block_indexes``;
+    * ``qwen3_vl``: LayerNorm blocks, fc1/fc2 tanh-GELU MLP, biased patch embedding, a learned square grid of
+      ``num_position_embeddings`` positions resampled (bilinear) to each image, DeepStack features after the blocks
+      in ``deepstack_visual_indexes``.
+
+    A native kind has no fixed image size: ``image_size`` is unused, and the per-image counts (``grid``,
+    ``num_patches``, ``seq_len``, ``num_image_tokens``) raise; an image's count comes from its size
+    (``neva.data.qwen_images.image_token_count``) or its ``grid`` row (t·h·w patches, t·h·w / merge² tokens).
     """
 
     kind: str = "clip"
@@ -52,16 +78,25 @@ class VisionConfig:
     intermediate_size: int = 4096
     num_layers: int = 24
     num_heads: int = 16
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: float | None = None  # None: the kind's (1e-5; the Qwen towers' 1e-6)
     hidden_act: str = "quick_gelu"
     # Hidden-state index as in HF ``output_hidden_states`` (0 = embeddings, after CLIP's pre-LN; -1 = last layer); a list
     # concatenates several layers along the feature dimension (HF ``vision_feature_layer`` as a list).
-    vision_select_layer: int | list[int] = -2
+    # None: the kind's (-2 for CLIP / SigLIP as LLaVA; -1, the only choice, for the native Qwen towers).
+    vision_select_layer: int | list[int] | None = None
     # "patch": the patch tokens (CLIP drops its CLS: HF "default"; SigLIP has none to drop: HF "full");
     # "cls_patch": CLIP's CLS and patches (HF "full"), not for a tower without a class token.
     vision_select_feature: str = "patch"
     image_mean: tuple[float, float, float] | None = None  # None: the tower kind's (CLIP's, or SigLIP's 0.5)
     image_std: tuple[float, float, float] | None = None
+    # Native-resolution towers only (``is_native``; HF Qwen vision config names). A patch is ``temporal_patch_size``
+    # frames × ``patch_size``²; the merger folds ``spatial_merge_size``² neighbouring patches into one LLM token.
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    window_size: int = 112  # qwen2_5_vl: window side in pixels (window_size // merge // patch merge units)
+    fullatt_block_indexes: list[int] = field(default_factory=list)  # qwen2_5_vl: blocks attending the whole frame
+    num_position_embeddings: int = 2304  # qwen3_vl: the learned position grid (a square number)
+    deepstack_visual_indexes: list[int] = field(default_factory=list)  # qwen3_vl: blocks whose outputs DeepStack reads
 
     def __post_init__(self) -> None:
         if self.kind not in TOWER_KINDS:
@@ -69,6 +104,8 @@ class VisionConfig:
         kind = TOWER_KINDS[self.kind]
         self.image_mean = kind["mean"] if self.image_mean is None else tuple(self.image_mean)
         self.image_std = kind["std"] if self.image_std is None else tuple(self.image_std)
+        self.layer_norm_eps = kind["eps"] if self.layer_norm_eps is None else self.layer_norm_eps
+        self.vision_select_layer = kind["select"] if self.vision_select_layer is None else self.vision_select_layer
         # The patch convolution (no padding) drops a remainder, as HF's does: SigLIP so400m/14 at 384 px sees 27×27
         # patches (378 px); the image is still resized to image_size.
         if self.image_size < self.patch_size:
@@ -86,6 +123,49 @@ class VisionConfig:
         for layer in self.select_layers:
             if not -(self.num_layers + 1) <= layer <= self.num_layers:
                 raise ValueError(f"vision_select_layer {layer} out of range for {self.num_layers} layers")
+        if self.is_native:
+            self._check_native()
+
+    def _check_native(self) -> None:
+        if self.select_indices != [self.num_layers] or self.vision_select_feature != "patch":
+            raise ValueError(
+                f"a {self.kind} tower's merger reads its last block: vision_select_layer must be -1 and "
+                f"vision_select_feature patch, got {self.vision_select_layer} / {self.vision_select_feature}"
+            )
+        if (self.hidden_size // self.num_heads) % 4:
+            raise ValueError(
+                f"{self.kind}: head size {self.hidden_size // self.num_heads} must be a multiple of 4 (2-D rotary)"
+            )
+        side = math.isqrt(self.num_position_embeddings)
+        if self.kind == "qwen3_vl" and side * side != self.num_position_embeddings:
+            raise ValueError(f"qwen3_vl num_position_embeddings {self.num_position_embeddings} is not a square")
+        for name in ("fullatt_block_indexes", "deepstack_visual_indexes"):
+            bad = [i for i in getattr(self, name) if not 0 <= i < self.num_layers]
+            if bad:
+                raise ValueError(f"vision {name} {bad} outside the {self.num_layers} layers")
+        if self.kind == "qwen2_5_vl" and self.window_size % (self.spatial_merge_size * self.patch_size):
+            raise ValueError(
+                f"qwen2_5_vl window_size {self.window_size} is not a multiple of spatial_merge_size × patch_size "
+                f"({self.spatial_merge_size * self.patch_size})"
+            )
+
+    @property
+    def is_native(self) -> bool:
+        """Whether the tower reads each image at its own resolution (a variable number of patches per image, the
+        image's ``grid`` given with its pixels): the capability others branch on, never the kind's name."""
+        return TOWER_KINDS[self.kind].get("native", False)
+
+    def _fixed(self, what: str) -> None:
+        if self.is_native:
+            raise ValueError(
+                f"vision {what}: a {self.kind} tower has no fixed count per image (native resolution); count from "
+                "the image's grid (neva.data.qwen_images)"
+            )
+
+    @property
+    def patch_dim(self) -> int:
+        """Values of one flattened patch of a native tower: channels × temporal_patch_size × patch_size²."""
+        return self.num_channels * self.temporal_patch_size * self.patch_size**2
 
     @property
     def select_layers(self) -> list[int]:
@@ -104,11 +184,13 @@ class VisionConfig:
 
     @property
     def grid(self) -> int:
-        """Patches per side."""
+        """Patches per side (fixed-size towers only)."""
+        self._fixed("grid")
         return self.image_size // self.patch_size
 
     @property
     def num_patches(self) -> int:
+        self._fixed("num_patches")
         return self.grid**2
 
     @property
@@ -119,11 +201,13 @@ class VisionConfig:
     @property
     def seq_len(self) -> int:
         """Tokens inside the tower (patches and class tokens): the rows its blocks multiply."""
+        self._fixed("seq_len")
         return self.num_patches + self.class_tokens
 
     @property
     def num_image_tokens(self) -> int:
         """Feature tokens per image handed to the projector (``NevaConfig.num_image_tokens``: after it)."""
+        self._fixed("num_image_tokens")
         return self.num_patches + (self.class_tokens if self.vision_select_feature == "cls_patch" else 0)
 
     @property
@@ -166,6 +250,14 @@ class LLMConfig:
     # Which load-balancing loss ``moe_aux_loss_coeff`` scales: ``megatron`` (Megatron-Core's Switch loss, NeMo's) or
     # ``hf`` (transformers' ``load_balancing_loss_func``); formulas in neva/models/moe.py.
     moe_aux_loss_formula: str = "megatron"
+    # Per-head RMSNorm of q and k before RoPE (Qwen3's ``q_norm`` / ``k_norm``, weights ``[head_dim]``).
+    qk_norm: bool = False
+    # M-RoPE (Qwen2-VL and after): how many of the ``head_dim / 2`` rotary frequencies the time, height and width
+    # position axes drive (HF ``rope_parameters["mrope_section"]``); None = one-axis RoPE. Consecutive blocks
+    # (Qwen2-VL, Qwen2.5-VL) or, with ``mrope_interleaved``, Qwen3-VL's t, h, w, t, h, w, ... layout
+    # (neva/models/rope.py).
+    mrope_section: list[int] | None = None
+    mrope_interleaved: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in LLM_FAMILIES:
@@ -183,12 +275,34 @@ class LLMConfig:
             self.head_dim = self.hidden_size // self.num_heads
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        self._check_mrope()
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type", "default") not in (
             "default",
             "linear",
             "llama3",
         ):
             raise ValueError(f"unsupported rope_scaling {self.rope_scaling}; supported: linear, llama3")
+
+    def _check_mrope(self) -> None:
+        if self.mrope_section is None:
+            if self.mrope_interleaved:
+                raise ValueError("mrope_interleaved needs mrope_section")
+            return
+        self.mrope_section = list(self.mrope_section)
+        if len(self.mrope_section) != 3 or min(self.mrope_section) < 0:
+            raise ValueError(f"mrope_section must be 3 non-negative counts (t, h, w), got {self.mrope_section}")
+        if sum(self.mrope_section) != self.head_dim // 2:
+            raise ValueError(
+                f"mrope_section {self.mrope_section} sums to {sum(self.mrope_section)}, not head_dim / 2 = "
+                f"{self.head_dim // 2} rotary frequencies"
+            )
+        h, w = self.mrope_section[1:]
+        if self.mrope_interleaved and (3 * h - 1 > self.head_dim // 2 or 3 * w > self.head_dim // 2):
+            # Qwen3-VL's layout puts h at frequencies 1, 4, 7, ... and w at 2, 5, 8, ...: each must fit.
+            raise ValueError(
+                f"interleaved mrope_section {self.mrope_section}: h and w take every third of the "
+                f"{self.head_dim // 2} rotary frequencies, which cannot hold {h} and {w}"
+            )
 
     def _check_moe(self) -> None:
         if self.num_moe_experts is None:
@@ -210,21 +324,40 @@ LLM_FAMILIES = ("llama", "mistral", "qwen2", "mixtral")
 
 _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$")
 
+# The native towers' patch mergers (neva/models/projector_merger.py), per projector type: the tower kind it follows,
+# the norm over each patch before the merge (``layer``: LayerNorm, ``rms``: RMSNorm; eps 1e-6 as HF), and whether
+# DeepStack mergers (LayerNorm after the merge) sit beside it, one per ``VisionConfig.deepstack_visual_indexes``.
+MERGERS = {
+    "qwen2_vl_merger": dict(tower="qwen2_vl", norm="layer", deepstack=False),
+    "qwen2_5_vl_merger": dict(tower="qwen2_5_vl", norm="rms", deepstack=False),
+    "qwen3_vl_merger": dict(tower="qwen3_vl", norm="layer", deepstack=True),
+}
+
 
 @dataclass
 class ProjectorConfig:
     """Vision→LLM projector: ``linear``, ``identity``, ``mlp{N}x_gelu`` (LLaVA's ``mm_projector_type``) or
-    ``mlp_downsample`` (NeMo's, from VILA: 2×2 neighbouring patches merged into one token, LayerNorm, 2-layer MLP)."""
+    ``mlp_downsample`` (NeMo's, from VILA: 2×2 neighbouring patches merged into one token, LayerNorm, 2-layer MLP),
+    or a native tower's patch merger (``MERGERS``: norm, ``spatial_merge_size``² consecutive patches as one vector,
+    Linear, GELU, Linear; HF ``Qwen2VL`` ``PatchMerger`` & co.)."""
 
     type: str = "mlp2x_gelu"
     input_size: int = 1024
     output_size: int = 4096
     bias: bool = True
+    # Mergers only: patches per side of a merged token, and the DeepStack mergers beside it (qwen3_vl_merger).
+    spatial_merge_size: int = 2
+    deepstack_mergers: int = 0
 
     def __post_init__(self) -> None:
+        if self.type in MERGERS:
+            if self.deepstack_mergers and not MERGERS[self.type]["deepstack"]:
+                raise ValueError(f"projector {self.type} has no DeepStack mergers (deepstack_mergers must be 0)")
+            return
         if not _PROJECTOR_TYPE.match(self.type):
             raise ValueError(
-                f"projector type must be linear, identity, mlp<N>x_gelu or mlp_downsample, got {self.type!r}"
+                "projector type must be linear, identity, mlp<N>x_gelu, mlp_downsample or one of "
+                f"{', '.join(MERGERS)}, got {self.type!r}"
             )
         if self.type == "identity" and self.input_size != self.output_size:
             raise ValueError("identity projector needs input_size == output_size")
@@ -233,13 +366,18 @@ class ProjectorConfig:
     def depth(self) -> int:
         """Number of Linear layers."""
         match = _PROJECTOR_TYPE.match(self.type)
-        if self.type == "mlp_downsample":
+        if self.type == "mlp_downsample" or self.type in MERGERS:
             return 2
         return int(match.group(2)) if match.group(2) else (0 if self.type == "identity" else 1)
 
     def num_tokens(self, vision: VisionConfig) -> int:
         """LLM positions one image occupies after this projector: the tower's feature tokens, or for
-        ``mlp_downsample`` one per 2×2 block of the patch grid, an odd side padded up (NeMo: ceil(side / 2)²)."""
+        ``mlp_downsample`` one per 2×2 block of the patch grid, an odd side padded up (NeMo: ceil(side / 2)²). A merger
+        has no fixed count (native resolution): an image's comes from its grid."""
+        if self.type in MERGERS:
+            raise ValueError(
+                f"projector {self.type}: no fixed count per image (native resolution); count from its grid"
+            )
         if self.type == "mlp_downsample":
             return (-(-vision.grid // 2)) ** 2
         return vision.num_image_tokens
@@ -282,6 +420,7 @@ class NevaConfig:
                     "vision_select_feature must be patch (a class token has no place in the grid)"
                 )
         if self.vision is not None and self.projector is not None:
+            self._check_merger()
             if self.projector.type == "mlp_downsample" and self.vision.vision_select_feature == "cls_patch":
                 raise ValueError(
                     "mlp_downsample merges 2x2 blocks of the patch grid: vision_select_feature=cls_patch adds a "
@@ -299,6 +438,28 @@ class NevaConfig:
         # id -200 and have none), so the softmax has exactly the source model's classes (docs/INTEROP.md).
         if not 0 <= self.image_token_id <= self.llm.vocab_size:
             raise ValueError(f"image_token_id {self.image_token_id} outside vocab of size {self.llm.vocab_size}")
+
+    def _check_merger(self) -> None:
+        """A native tower takes its own merger, and a merger its tower: the merge and DeepStack counts agree."""
+        merger = MERGERS.get(self.projector.type)
+        if merger is None and not self.vision.is_native:
+            return
+        if merger is None or merger["tower"] != self.vision.kind:
+            pairs = ", ".join(f"{m['tower']}: {t}" for t, m in MERGERS.items())
+            raise ValueError(
+                f"vision kind {self.vision.kind} and projector type {self.projector.type} do not go together (a "
+                f"native tower takes its merger: {pairs})"
+            )
+        if self.projector.spatial_merge_size != self.vision.spatial_merge_size:
+            raise ValueError(
+                f"projector spatial_merge_size {self.projector.spatial_merge_size} != vision spatial_merge_size "
+                f"{self.vision.spatial_merge_size}"
+            )
+        if merger["deepstack"] and self.projector.deepstack_mergers != len(self.vision.deepstack_visual_indexes):
+            raise ValueError(
+                f"projector deepstack_mergers {self.projector.deepstack_mergers} != the vision tower's "
+                f"{len(self.vision.deepstack_visual_indexes)} deepstack_visual_indexes"
+            )
 
     @property
     def num_image_tokens(self) -> int:

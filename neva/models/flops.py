@@ -16,6 +16,11 @@ FLOPs and the benchmark's MFU. Rules, per matmul:
 * Only vision layers up to the deepest selected hidden state run; the patch convolution multiplies ``num_patches``
   rows. Embedding lookups, norms, biases and elementwise ops are not counted. The LM head counts at every position
   (Megatron's convention), although the one-process engine runs it on learned positions only.
+* A native-resolution tower (Qwen-VL) counts per patch, not per image (``image`` then means a patch, and
+  ``Media.tower_inputs`` counts patches: its pixels' rows): each block weight 2n per patch, the merger per merged
+  token (1 / merge² of a patch), the attention core ``4·L·d`` per patch with ``L`` the patches a patch attends: its
+  window's under window attention, the nominal ``image_size``'s in a full block (an estimate: the real image's count
+  varies).
 * MoE: the router is a ``[E, H]`` weight like any other; the stacked experts count the k of E each token runs
   (active FLOPs, Megatron's MoE count): ``k / E`` of the stacked tensors per token.
 * Padding is not counted (FLOPs spent on padding are waste), nor activation-checkpoint recomputation (the planner
@@ -37,8 +42,10 @@ Param = tuple[str, tuple[int, ...], bool]  # name, shape, requires_grad
 # Order inside a block along the data flow; siblings (wq, wk, wv read the same input) share a step, and a LoRA
 # ``lora_b`` sits half a step after the ``lora_a`` it reads from.
 _VISION_STEPS = {
-    "norm1": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "core": 2, "o_proj": 3, "norm2": 4, "fc1": 5, "fc2": 6,
+    "norm1": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "qkv": 1, "core": 2, "o_proj": 3, "norm2": 4, "fc1": 5,
+    "gate_proj": 5, "up_proj": 5, "fc2": 6, "down_proj": 6,
 }  # fmt: skip
+_MERGER_STEPS = {"norm": 0, "fc1": 1, "fc2": 2}  # a native tower's patch merger (and its DeepStack mergers)
 _DECODER_STEPS = {
     "attention_norm": 0, "wq": 1, "wk": 1, "wv": 1, "core": 2, "wo": 3, "ffn_norm": 4, "w1": 5, "w3": 5, "w2": 6,
     "router": 4.5,
@@ -92,6 +99,8 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
             return None  # LLaVA's features skip it (CLIP and SigLIP alike)
         return (0, 0 if pieces[1] == "patch_embed" else 1, 0)
     if pieces[0] == "projector":
+        if pieces[1] in ("merger", "deepstack"):
+            return (1, _MERGER_STEPS[pieces[-2]], 0)
         return (1, int(pieces[1]), 0)
     if pieces[1] == "tok_embeddings":
         return (2, -1, 0)
@@ -102,16 +111,17 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
 
 def _rows(name: str, shape: tuple[int, ...], cfg: NevaConfig) -> tuple[str, int] | None:
     """``(per, rows)``: the rows a weight multiplies per unit, or None for a parameter that is no matmul weight."""
+    native = cfg.vision is not None and cfg.vision.is_native
     if name == "vision.patch_embed.weight":
-        return "image", cfg.vision.num_patches
+        return "image", 1 if native else cfg.vision.num_patches
     if ".experts." in name:  # MoE experts [E, ., .]: a token runs k of the E (active FLOPs)
         return "token", cfg.llm.moe_router_topk / cfg.llm.num_moe_experts
     if len(shape) != 2:
         return None  # norms, biases, the CLS token
     if name.startswith("vision.layers."):
-        return "image", cfg.vision.seq_len
+        return "image", 1 if native else cfg.vision.seq_len
     if name.startswith("projector."):
-        return "image", cfg.num_image_tokens
+        return "image", 1 / cfg.vision.spatial_merge_size**2 if native else cfg.num_image_tokens
     if name.startswith(("llm.layers.", "llm.output.")):
         return "token", 1
     return None  # tables that are looked up or added: token and ViT position embeddings
@@ -166,9 +176,8 @@ def _attention_cores(cfg: NevaConfig, upstream_trains: Callable[[tuple], bool]) 
     terms = []
     if cfg.vision is not None:
         v = cfg.vision
-        tokens = v.seq_len
         for i in range(cfg.vision.layers_run):
-            forward = 4 * tokens * tokens * v.hidden_size
+            forward = 4 * _tower_square(v, i) * v.hidden_size
             backward = 2 * forward if upstream_trains((0, 2 + i, _VISION_STEPS["core"])) else 0
             terms.append(FlopTerm(f"vision.layers.{i}.attn.core", "image", forward, backward))
     width = cfg.llm.num_heads * cfg.llm.head_dim
@@ -177,6 +186,16 @@ def _attention_cores(cfg: NevaConfig, upstream_trains: Callable[[tuple], bool]) 
         backward = 2 * forward if upstream_trains((2, i, _DECODER_STEPS["core"])) else 0
         terms.append(FlopTerm(f"llm.layers.{i}.attention.core", "token2", forward, backward, i))
     return terms
+
+
+def _tower_square(vision, layer: int) -> float:
+    """Rows × keys of a tower block's attention core per unit: a fixed-size tower's whole image; a native tower's per
+    patch (its window's patches, or the nominal image's in a full block)."""
+    if not vision.is_native:
+        return vision.seq_len**2
+    if vision.kind == "qwen2_5_vl" and layer not in vision.fullatt_block_indexes:
+        return (vision.window_size // vision.patch_size) ** 2
+    return (vision.image_size // vision.patch_size) ** 2
 
 
 def attended_square(seq_len: int, window: int | None) -> int:

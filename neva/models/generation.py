@@ -4,6 +4,9 @@ Semantics follow transformers' ``generate`` so that outputs can be compared toke
 
 - left padding: pads carry segment 0 (they attend only to each other), real tokens segment 1; RoPE positions start at
   0 on each row's first real token (HF's ``cumsum(attention_mask) - 1``);
+- M-RoPE (Qwen2-VL and after): a prompt may bring its own positions ``[3, L]`` (``neva.models.mrope``); each new
+  token then takes the row's largest prompt position + 1, + 2, ... on all three axes (HF's ``cache_position +
+  rope_deltas``), which is the one-axis next position ``L`` for one-axis prompts;
 - logits processing order: repetition penalty → temperature → top-k → top-p (HF's processor then warper order);
 - repetition penalty: over every token of the row so far (prompt, image tokens included, and generated), a positive
   logit is divided by the penalty, a negative one multiplied;
@@ -100,25 +103,44 @@ def next_tokens(logits: torch.Tensor, seen: torch.Tensor, cfg: GenerationConfig,
 class _Batch:
     input_ids: torch.Tensor  # [B, L] left-padded
     segment_ids: torch.Tensor  # [B, L + max_new] 0 = padding
-    position_ids: torch.Tensor  # [1, B, L]: one position axis
+    position_ids: torch.Tensor  # [P, B, L]: P position axes (1, or M-RoPE's 3), 0 on padding
     lengths: list[int] = field(default_factory=list)
 
+    @property
+    def next_positions(self) -> torch.Tensor:
+        """``[B]`` the position of each row's first new token: its largest prompt position + 1 (one-axis: its length),
+        the same on every axis."""
+        return self.position_ids.amax(dim=(0, 2)) + 1
 
-def left_pad(prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int, device: torch.device) -> _Batch:
-    """Left-padded ids, segment ids covering prompt + new tokens, and per-row RoPE positions."""
+
+def left_pad(
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    pad_id: int,
+    device: torch.device,
+    positions: Sequence[torch.Tensor] | None = None,
+) -> _Batch:
+    """Left-padded ids, segment ids covering prompt + new tokens, and per-row RoPE positions: ``positions`` (each
+    prompt's own ``[P, len]``, as ``neva.models.mrope.mrope_positions`` gives them), or ``0..len-1`` on one axis."""
     lengths = [len(p) for p in prompts]
     if not lengths or min(lengths) == 0:
         raise ValueError("every prompt needs at least one token")
+    if positions is not None and len(positions) != len(prompts):
+        raise ValueError(f"{len(positions)} position tensors for {len(prompts)} prompts")
     width = max(lengths)
+    axes = 1 if positions is None else max(p.shape[0] for p in positions)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     segments = torch.ones(len(prompts), width + max_new_tokens, dtype=torch.long)
-    positions = torch.zeros(1, len(prompts), width, dtype=torch.long)
+    position_ids = torch.zeros(axes, len(prompts), width, dtype=torch.long)
     for row, prompt in enumerate(prompts):
         start = width - len(prompt)
         ids[row, start:] = torch.as_tensor(list(prompt), dtype=torch.long)
         segments[row, :start] = 0
-        positions[:, row, start:] = torch.arange(len(prompt))
-    return _Batch(ids.to(device), segments.to(device), positions.to(device), lengths)
+        own = torch.arange(len(prompt)) if positions is None else positions[row].cpu()
+        if own.shape[-1] != len(prompt):
+            raise ValueError(f"prompt {row}: {own.shape[-1]} positions for {len(prompt)} tokens")
+        position_ids[:, row, start:] = own  # a one-axis row broadcasts over every axis
+    return _Batch(ids.to(device), segments.to(device), position_ids.to(device), lengths)
 
 
 @torch.no_grad()
@@ -132,6 +154,8 @@ def generate(
     generator: torch.Generator | None = None,
     image_sizes: Sequence[tuple[int, int] | None] | None = None,
     video_pixel_values: torch.Tensor | None = None,
+    position_ids: Sequence[torch.Tensor] | None = None,
+    image_grid: torch.Tensor | None = None,
 ) -> list[list[int]]:
     """Generate continuations for a batch of prompts.
 
@@ -147,6 +171,10 @@ def generate(
             holds every image's tiles (``neva.data.anyres.tile_image``) and each image takes its own positions.
         video_pixel_values: ``[F, C, H, W]``, every frame of every video in prompt order (each video's
             ``NevaConfig.video_tokens(frames)`` positions already expanded to ``video_token`` ids).
+        image_grid: a native-resolution tower's ``[N, 3]`` patch grid of each image (``pixel_values`` then holds
+            their flattened patches, ``neva.data.qwen_images``).
+        position_ids: per prompt its RoPE positions ``[P, len]`` (M-RoPE: ``[3, len]`` from
+            ``neva.models.mrope.mrope_positions``); None: ``0..len-1``.
 
     Returns:
         The new token ids of each prompt, ending with the EOS / stop token that ended it, if any.
@@ -156,12 +184,12 @@ def generate(
         raise ValueError("stop_strings need a decode function")
     cfg = _fit_context(cfg, max((len(p) for p in prompts), default=0), model.cfg.llm.max_seq_len)
     device = next(model.parameters()).device
-    batch = left_pad(prompts, cfg.max_new_tokens, cfg.pad_token_id, device)
+    batch = left_pad(prompts, cfg.max_new_tokens, cfg.pad_token_id, device, position_ids)
     b, width = batch.input_ids.shape
     out: list[list[int]] = [[] for _ in range(b)]
     if cfg.max_new_tokens == 0:
         return out
-    media = _media(model.cfg, batch.input_ids, pixel_values, image_counts, image_sizes, video_pixel_values)
+    media = _media(model.cfg, batch.input_ids, pixel_values, image_counts, image_sizes, video_pixel_values, image_grid)
     vocab = model.cfg.llm.vocab_size
     seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
     for row, prompt in enumerate(prompts):
@@ -170,7 +198,7 @@ def generate(
         seen[row, ids[ids < vocab]] = True
     eos = torch.tensor(cfg.eos_token_ids or [-1], device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    lengths = torch.tensor(batch.lengths, device=device)
+    next_positions = batch.next_positions
 
     cache = model.new_cache(b, width + cfg.max_new_tokens)
     logits = model(
@@ -193,7 +221,7 @@ def generate(
                     done[row] = True
         if bool(done.all()) or step == cfg.max_new_tokens - 1:
             break
-        pos = (lengths + step)[None, :, None]
+        pos = (next_positions + step)[None, :, None]  # one axis: equal on M-RoPE's three (rope_cos_sin)
         logits = model(
             token[:, None], position_ids=pos, segment_ids=batch.segment_ids[:, : width + step + 1], cache=cache
         )[:, -1]
@@ -207,6 +235,7 @@ def _media(
     image_counts: Sequence[int] | torch.Tensor | None,
     image_sizes: Sequence[tuple[int, int] | None] | None,
     video_pixel_values: torch.Tensor | None,
+    image_grid: torch.Tensor | None = None,
 ) -> Media:
     """The prompts' images and videos: positions found by the model from the ids of the left-padded batch (padding
     moved them), AnyRes layouts from the images' sizes."""
@@ -215,6 +244,9 @@ def _media(
     if pixel_values is not None:
         counts = None if image_counts is None else torch.as_tensor(list(image_counts), device=device)
         image = MediaInputs(pixel_values.to(device), items_per_row=counts)
+        if image_grid is not None:  # each image's positions: its merged grid (t·h·w / merge²)
+            tokens = image_grid.prod(-1) // cfg.vision.spatial_merge_size**2
+            image = replace(image, grid=image_grid, tokens=tokens.to(device))
         if image_sizes is not None:
             lay, tokens = batch_feature_index(cfg.anyres, cfg.num_image_tokens, cfg.vision.image_size, image_sizes)
             weight = None if lay.weight is None else lay.weight.to(device)

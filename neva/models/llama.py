@@ -44,6 +44,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        # Qwen3: each head's q and k RMS-normalised over head_dim before RoPE (one weight shared by the heads).
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(
         self,
@@ -56,8 +59,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the (kv) heads.
-        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
@@ -135,7 +141,8 @@ class LlamaDecoder(nn.Module):
         Args:
             h: input hidden states of this stage.
             position_ids: ``[P, B, S]`` RoPE positions, ``P`` axes (default ``0..S-1``, offset by the cache length);
-                ``[B, S]`` is the one-axis case.
+                ``[B, S]`` is the one-axis case. M-RoPE (``cfg.mrope_section``): ``P = 3`` (t, h, w), or one axis
+                for positions equal on all three (``neva.models.rope.rope_cos_sin``).
             segment_ids: ``[B, K]`` sample id per key position (0 = padding); attention stays within a segment.
                 With a cache, K covers the cached tokens plus the new ones. None = plain causal attention.
             cache: one ``KVCache`` per layer of this stage, for incremental decoding.
@@ -156,7 +163,9 @@ class LlamaDecoder(nn.Module):
             position_ids = torch.arange(offset, offset + s, device=h.device).expand(1, b, s)
         elif position_ids.dim() == 2:
             position_ids = position_ids[None]
-        cos, sin = rope_cos_sin(self.inv_freq, position_ids, h.dtype)
+        cos, sin = rope_cos_sin(
+            self.inv_freq, position_ids, h.dtype, self.cfg.mrope_section, self.cfg.mrope_interleaved
+        )
         # One plan for every layer: segment boundaries / the BlockMask are found once per forward.
         attn = plan_attention(segment_ids, s, offset, h.device, window=self.cfg.sliding_window)
         if output_positions is not None:

@@ -41,6 +41,9 @@ class MediaInputs:
             ``[M, 4]`` bilinear taps under ``anyres_max_N`` with ``weight`` ``[M, 4]``.
         weight: see ``index``.
         frames: video: ``[V]`` frames of each video (the splice needs only the positions).
+        grid: native-resolution towers (``VisionConfig.is_native``): ``[N, 3]`` (t, h, w) patches of each item, whose
+            patches ``pixels`` holds flattened (``[L, C·T·P·P]``, the items' patches one after another); None: every
+            tower input is one fixed-size image.
     """
 
     pixels: torch.Tensor
@@ -50,13 +53,16 @@ class MediaInputs:
     index: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     frames: torch.Tensor | None = None
+    grid: torch.Tensor | None = None
 
     @property
     def is_empty(self) -> bool:
         return self.pixels.shape[0] == 0
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> MediaInputs:
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        # The grid stays on the host: the tower reads it as integers (from a device copy, a sync per micro-batch).
+        moved = self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        return replace(moved, grid=self.grid)
 
     def pin_memory(self) -> MediaInputs:
         """Pinned host copies (the DataLoader calls this on CUDA runs, as it pins a batch's plain tensors)."""
@@ -73,13 +79,15 @@ class MediaInputs:
         return replace(self, items_per_row=torch.cat([counts, counts.new_zeros(rows - counts.shape[0])]))
 
     @staticmethod
-    def empty(pixels: torch.Tensor, anyres: bool = False) -> MediaInputs:
-        """No item: the tower's empty input (``pixels``, zero rows), zero positions (and an empty AnyRes index)."""
+    def empty(pixels: torch.Tensor, anyres: bool = False, native: bool = False) -> MediaInputs:
+        """No item: the tower's empty input (``pixels``, zero rows), zero positions (and an empty AnyRes index, or an
+        empty grid for a native-resolution tower)."""
         device = pixels.device
         return MediaInputs(
             pixels=pixels,
             positions=torch.zeros(0, 2, dtype=torch.long, device=device),
             index=torch.zeros(0, dtype=torch.long, device=device) if anyres else None,
+            grid=torch.zeros(0, 3, dtype=torch.long, device=device) if native else None,
         )
 
 

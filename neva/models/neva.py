@@ -41,11 +41,13 @@ class NevaModel(nn.Module):
         pooled per frame, then projected."""
         return self.projector(self.video_pool(self._tower_features(video_pixel_values)))
 
-    def _tower_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def _tower_features(self, pixel_values: torch.Tensor, grid: torch.Tensor | None = None) -> torch.Tensor:
+        # A native-resolution tower reads its items' patch grids besides the flattened patches.
+        args = (pixel_values,) if grid is None else (pixel_values, grid)
         if any(p.requires_grad for p in self.vision.parameters()):
-            return self.vision.features(pixel_values)
+            return self.vision.features(*args)
         with torch.no_grad():
-            return self.vision.features(pixel_values)
+            return self.vision.features(*args)
 
     def embed(self, input_ids: torch.Tensor, media: Media | None = None) -> torch.Tensor:
         """Token embeddings with each modality's features written over its positions (images, then video).
@@ -88,7 +90,11 @@ class NevaModel(nn.Module):
 
     def _empty_inputs(self, modality: str, device: torch.device) -> MediaInputs:
         # The tower says what an input without images is (its shape is the tower kind's own).
-        return MediaInputs.empty(self.vision.empty_input(device), anyres=modality == "image" and bool(self.anyres))
+        return MediaInputs.empty(
+            self.vision.empty_input(device),
+            anyres=modality == "image" and bool(self.anyres),
+            native=self.cfg.vision.is_native,
+        )
 
     def _token(self, modality: str) -> int:
         return self.cfg.image_token_id if modality == "image" else self.cfg.video_token
@@ -105,6 +111,11 @@ class NevaModel(nn.Module):
 
     def _features(self, modality: str, inputs: MediaInputs) -> torch.Tensor:
         """``[M, D]``: the features of every position of ``modality``, in position order."""
+        if inputs.grid is not None:  # native resolution: the merger's output is already one row per position
+            merged = self.projector(self._tower_features(inputs.pixels, inputs.grid))
+            if merged.deepstack:
+                raise NotImplementedError("DeepStack features (Qwen3-VL) are not added to the decoder yet")
+            return merged.main
         if modality == "video":
             return self.video_features(inputs.pixels).flatten(0, 1)
         feats_NTD = self.image_features(inputs.pixels)

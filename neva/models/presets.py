@@ -23,6 +23,21 @@ VISION_PRESETS: dict[str, dict] = {
         layer_norm_eps=1e-6,
         hidden_act="gelu_pytorch_tanh",
     ),
+    # The tiny tower as Qwen2.5-VL's native-resolution ViT: 8 px patches merged 2 × 2, RMSNorm + SwiGLU blocks, block 0
+    # in 32 px windows (2 × 2 merged tokens), block 1 attending the whole image. The synthetic set draws its images at
+    # image_size (64 px: 8 × 8 patches, 16 decoder positions, as the tiny CLIP's 16); real images keep their own size.
+    "tiny_qwen2_5_vl": dict(
+        kind="qwen2_5_vl",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="silu",
+        window_size=32,
+        fullatt_block_indexes=[1],
+    ),
     # google/siglip-so400m-patch14-384 (config.json vision_config): 27×27 = 729 patches, width 1152, 27 layers.
     "siglip_so400m_384": dict(
         kind="siglip",

@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neva.models.config import ProjectorConfig
+from neva.models.config import MERGERS, ProjectorConfig
+from neva.models.layers import RMSNorm
+from neva.models.projector_merger import NativeMerger
 
 
 class Downsample2x2(nn.Module):
@@ -32,13 +34,16 @@ class Downsample2x2(nn.Module):
         return blocks.reshape(n, half * half, 4 * c)
 
 
-def build_projector(cfg: ProjectorConfig) -> nn.Sequential:
-    """``linear``, ``identity``, ``mlp{N}x_gelu`` or ``mlp_downsample`` as an ``nn.Sequential``.
+def build_projector(cfg: ProjectorConfig) -> nn.Module:
+    """``linear``, ``identity``, ``mlp{N}x_gelu`` or ``mlp_downsample`` as an ``nn.Sequential``; a native tower's
+    merger (``MERGERS``) as ``neva.models.projector_merger.NativeMerger`` (it maps ``NativeFeatures``).
 
     A Sequential keeps LLaVA's own key names (``0``, ``2``, ... for the Linear layers of ``mlp2x_gelu``), so the
     original LLaVA ``model.mm_projector.{i}`` keys map one to one; ``mlp_downsample`` is NeMo's / VILA's Sequential
     (``0`` the merge, ``1`` the LayerNorm over ``4 × input_size``, ``2`` and ``4`` the Linear layers).
     """
+    if cfg.type in MERGERS:
+        return NativeMerger(cfg)
     if cfg.type == "identity":
         return nn.Sequential(nn.Identity())
     if cfg.type == "mlp_downsample":
@@ -56,7 +61,7 @@ def build_projector(cfg: ProjectorConfig) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def init_projector(projector: nn.Sequential) -> None:
-    for module in projector:
-        if isinstance(module, (nn.Linear, nn.LayerNorm)):
+def init_projector(projector: nn.Module) -> None:
+    for module in projector.modules():
+        if isinstance(module, (nn.Linear, nn.LayerNorm, RMSNorm)):
             module.reset_parameters()

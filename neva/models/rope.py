@@ -34,15 +34,46 @@ def rope_inv_freq(cfg: LLMConfig, device: torch.device | None = None) -> torch.T
     return inv_freq
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, dtype: torch.dtype):
+def mrope_axes(section: list[int], interleaved: bool, device: torch.device | None = None) -> torch.Tensor:
+    """The position axis (0 = t, 1 = h, 2 = w) driving each of the ``sum(section)`` rotary frequencies.
+
+    Qwen2-VL / Qwen2.5-VL: consecutive blocks of ``section[0]`` t, ``section[1]`` h and ``section[2]`` w frequencies.
+    Qwen3-VL (``interleaved``): h at frequencies 1, 4, 7, ... (``section[1]`` of them), w at 2, 5, 8, ...
+    (``section[2]``), t at every other one.
+    """
+    t, h, w = section
+    j = torch.arange(t + h + w, device=device)
+    # From the index alone (no host list copied to the device: no sync in the forward).
+    if not interleaved:
+        return (j >= t).long() + (j >= t + h).long()
+    return torch.where((j % 3 == 1) & (j < 3 * h), 1, torch.where((j % 3 == 2) & (j < 3 * w), 2, 0))
+
+
+def rope_cos_sin(
+    inv_freq: torch.Tensor,
+    position_ids: torch.Tensor,
+    dtype: torch.dtype,
+    mrope_section: list[int] | None = None,
+    mrope_interleaved: bool = False,
+):
     """``cos, sin`` of shape ``[B, 1, S, head_dim]`` for per-token positions ``[P, B, S]`` (packed rows restart at 0).
 
-    ``P`` is the number of position axes: 1 for text and LLaVA's flattened image features. Several axes (time,
-    height, width) need a rule saying which rotary frequencies each axis drives, which this decoder does not have.
+    ``P`` is the number of position axes: 1 for text and LLaVA's flattened image features. A decoder with
+    ``mrope_section`` (M-RoPE) also takes ``P = 3`` (t, h, w): each frequency's angle is that of its axis
+    (``mrope_axes``). One axis given to such a decoder means the three axes are equal (text, and every decode step,
+    whose position is the same on all three): then every frequency's axis holds the same position and the M-RoPE
+    angles are the one-axis ones, so that path computes them.
     """
-    if position_ids.shape[0] != 1:
-        raise ValueError(f"{position_ids.shape[0]} position axes given to a decoder with one-axis RoPE")
-    freqs = position_ids[0, ..., None].float() * inv_freq.float()
+    axes = position_ids.shape[0]
+    if axes == 3 and mrope_section is not None:
+        freqs = position_ids[..., None].float() * inv_freq.float()  # [3, B, S, head_dim / 2]
+        which = mrope_axes(mrope_section, mrope_interleaved, freqs.device)
+        freqs = freqs.gather(0, which.expand(1, *freqs.shape[1:]))[0]
+    elif axes == 1:
+        freqs = position_ids[0, ..., None].float() * inv_freq.float()
+    else:
+        rule = "one-axis RoPE" if mrope_section is None else "M-RoPE (1 or 3 axes)"
+        raise ValueError(f"{axes} position axes given to a decoder with {rule}")
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -2,7 +2,8 @@
 
 Megatron-style sharding: q/k/v and the SwiGLU gate/up projections column-wise (each rank owns whole heads / a slice
 of the FFN width), the attention output and down projections row-wise, the token embedding and the LM head over
-the vocabulary, the projector column- then row-wise (``mlp_downsample``'s LayerNorm replicated). The vision tower stays replicated,
+the vocabulary, the projector column- then row-wise (``mlp_downsample``'s LayerNorm replicated; a native tower's patch merger
+likewise, its norm replicated). The vision tower stays replicated,
 CLIP or SigLIP (its patch-embedding bias included: it is small and frozen in both LLaVA stages).
 
 With sequence parallelism the residual stream between blocks holds ``S / tp`` positions per rank; the norms run on
@@ -32,6 +33,7 @@ from neva.models.config import NevaConfig
 from neva.models.lora import LoRALinear
 from neva.models.moe import MoEFeedForward
 from neva.models.neva import NevaModel
+from neva.models.projector_merger import NativeMerger
 from neva.parallel.local_params import use_local_parameters
 from neva.typed import ConfigError
 
@@ -61,13 +63,19 @@ def check_tensor_parallel(model: NevaModel, tp: int) -> None:
     and the support matrix (``neva.support``) asks it of the tiny models.
 
     Raises:
-        ConfigError: LoRA adapters, a trainable vision tower, or sizes ``tp`` does not divide.
+        ConfigError: LoRA adapters, a trainable vision tower, Qwen3's q/k norms, or sizes ``tp`` does not divide.
     """
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ConfigError(
             "LoRA (model.peft.peft_scheme=lora) with model.tensor_model_parallel_size > 1 is not supported yet"
         )
     check_divisibility(model.cfg, tp)
+    if tp > 1 and model.cfg.llm.qk_norm:
+        # Each rank normalises its own heads: the norms' weight gradients are partial sums over the ranks, which no
+        # plan here reduces yet (a replicated weight would drift apart between ranks).
+        raise ConfigError(
+            "q/k norms (Qwen3, LLMConfig.qk_norm) with model.tensor_model_parallel_size > 1 are not supported yet"
+        )
     if model.vision is not None and any(p.requires_grad for p in model.vision.parameters()):
         raise ConfigError(
             "a trainable vision tower (model.mm_cfg.vision_encoder.freeze=false) with tensor parallelism is not "
@@ -164,7 +172,11 @@ def _dense_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     }
 
 
-def _projector_plan(projector: nn.Sequential) -> dict[str, ParallelStyle]:
+def _projector_plan(projector: nn.Module) -> dict[str, ParallelStyle]:
+    if isinstance(projector, NativeMerger):  # each merger: its norm replicated, fc1 column-, fc2 row-wise
+        prefixes = ["merger"] + [f"deepstack.{i}" for i in range(len(projector.deepstack))]
+        styles = {"norm": NoParallel, "fc1": ColwiseParallel, "fc2": RowwiseParallel}
+        return {f"{p}.{name}": style() for p in prefixes for name, style in styles.items()}
     linears = [name for name, m in projector.named_children() if isinstance(m, nn.Linear)]
     # mlp_downsample's LayerNorm runs before the first Linear, on replicated features: replicated DTensor weights.
     plan: dict[str, ParallelStyle] = {

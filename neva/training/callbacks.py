@@ -59,6 +59,17 @@ class StepCheckpoints(ModelCheckpoint):
         )
         self.keep = save_top_k
 
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning writes step checkpoints (and last.ckpt with them) at multiples of every_n_train_steps only: a run
+        # of 125 steps every 50 would end with last.ckpt at step 100, 25 steps short of `final`. The last step of a
+        # finished run gets its step=N.ckpt and last.ckpt here (a run stopped early by a signal writes its own).
+        done = trainer.global_step >= trainer.max_steps > 0
+        if self._every_n_train_steps and done and not self._should_skip_saving_checkpoint(trainer):
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+        super().on_train_end(trainer, pl_module)
+
     def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)
         if self.keep <= 0 or not verified.STEP_NAME.fullmatch(Path(filepath).name):

@@ -135,6 +135,11 @@ class Engine:
             self.master.publish()
 
     # -- compute -----------------------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward's precision context (bf16 autocast, or nothing): what generation on the training model runs
+        under too."""
+        return self._autocast()
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision.autocast_dtype is None:
             return contextlib.nullcontext()

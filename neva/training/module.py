@@ -12,6 +12,7 @@ import pytorch_lightning as pl
 import torch
 
 from neva.checkpoint.source import ModelSource
+from neva.checkpoint.start_record import START_KEY, start_record
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
 from neva.models.flops import SampleFlops, device_peak_tflops
@@ -153,6 +154,7 @@ class NevaModule(pl.LightningModule):
         self._step_start: float | None = None
         self._flops: SampleFlops | None = None
         self._train_batches: StepBatches | None = None
+        self._start: dict[str, str] | None = None  # the start's path and sha256, hashed at the first save
 
     # -- model ---------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -305,6 +307,10 @@ class NevaModule(pl.LightningModule):
         if not self.trainer.sanity_checking:
             self._record(self.global_step, {"val_loss": val_loss})
 
+    def record_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """``_record`` for callbacks (evaluation during training: ``neva.training.eval_hook``)."""
+        self._record(step, metrics)
+
     def _record(self, step: int, metrics: dict[str, float]) -> None:
         """One row of ``metrics.csv`` and the same values at the same step in every logger (TensorBoard, W&B).
 
@@ -328,6 +334,12 @@ class NevaModule(pl.LightningModule):
         if self.engine.master is not None:
             checkpoint["master_weights"] = {n: p.detach().clone() for n, p in self.engine.master.named_master}
         checkpoint[CONFIG_KEY] = config_record(self.cfg)
+        # Export / serving of this step read the same start from anywhere. Hashed once, on the rank that writes the
+        # checkpoint's plain entries (a one-process file, a DCP meta.pt): the others' copies are not saved.
+        writer = self._trainer is None or self.trainer.is_global_zero
+        if self._start is None and self.source.checkpoint is not None and writer:
+            self._start = start_record(self.source.checkpoint)
+        checkpoint[START_KEY] = self._start
         # Lightning stores optimizer state by position; the names let another layout find each parameter's state.
         names = {id(p): n for n, p in self.engine.named_trainable_parameters()}
         groups = self.trainer.optimizers[0].param_groups if self.trainer.optimizers else []

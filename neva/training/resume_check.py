@@ -43,6 +43,7 @@ APPLIED = (
     "model.compile",
     "model.meta_init",
     "model.distributed_timeout_minutes",
+    "model.eval.",  # benchmarks answered during training: the trained weights do not depend on them
     # data settings that change neither the training samples nor their order
     "model.data.num_workers",
     "model.data.max_skip_fraction",

@@ -28,8 +28,10 @@ from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.leave import leave_together
 from neva.parallel.strategy import build_strategy
+from neva.training import quiet
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints, StepProgressBar
 from neva.training.dpo import check_preference_config
+from neva.training.eval_hook import EvalDuringTraining, InTrainingEval
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_steps, plan_training_data
 from neva.training.module import NevaModule
@@ -38,9 +40,7 @@ from neva.typed import ConfigError
 
 log = logging.getLogger("neva.train")
 
-# With manual optimization Lightning cannot tell that neva checkpoints at step boundaries (after the optimizer step,
-# which is what resume needs) and warns on every run.
-warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
+quiet.install()  # third-party lines that are not about the run, by message (neva.training.quiet)
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -75,11 +75,16 @@ def data_module_type(cfg: TrainConfig) -> Callable[..., NevaDataModule]:
     return NevaDataModule
 
 
-def run(cfg: TrainConfig, forecast: Callable[[TrainConfig], str] | None = None) -> Path | None:
+def run(
+    cfg: TrainConfig,
+    forecast: Callable[[TrainConfig], str] | None = None,
+    evaluation: InTrainingEval | None = None,
+) -> Path | None:
     """Train one stage; returns the consolidated checkpoint's path (None on non-writing ranks).
 
     ``forecast``: the line rank 0 logs before anything is built (``neva.planner.forecast.forecast_line``, handed
-    in by ``neva.train``: the planner is training's sibling, not its dependency).
+    in by ``neva.train``: the planner is training's sibling, not its dependency). ``evaluation``: the benchmarks of
+    ``model.eval``, run every ``model.eval.every_n_steps`` (``neva.training_eval``, handed in the same way).
     """
     exp_dir = Path(cfg.exp_manager.exp_dir)
     layout = resolve_layout(cfg)
@@ -113,6 +118,8 @@ def run(cfg: TrainConfig, forecast: Callable[[TrainConfig], str] | None = None) 
         StepCheckpoints(ckpt_dir, params.every_n_train_steps, params.save_last, params.save_top_k),
         StopOnSignal(ckpt_dir / "last.ckpt"),  # SIGTERM / SIGINT / SIGUSR1: checkpoint, exit 128 + signal, no final
     ]
+    if evaluation is not None and cfg.model.eval.every_n_steps > 0:
+        callbacks.insert(0, EvalDuringTraining(evaluation, cfg.model.eval.every_n_steps))  # before the bar's update
     if cfg.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps // 2)))
     loggers = []

@@ -64,3 +64,56 @@ def test_letter_matching():
     shown = ["red", "green", "blue"]
     for text in ["B", "(C) blue", "The answer is A.", "green", "A or B", "reddish", "blue and red", "nothing"]:
         assert mmbench.infer_letter(text, shown) == picks(text, shown), text
+
+
+def read_xlsx(path) -> list[list]:
+    """The first sheet's rows, read with the standard library (cell references placed by column letter)."""
+    import re
+    import zipfile
+    from xml.etree import ElementTree
+
+    ns = {"m": "http://schemas.openxmlformats.org/spreadsheetml/2006/main"}
+    with zipfile.ZipFile(path) as z:
+        names = set(z.namelist())
+        assert {"[Content_Types].xml", "_rels/.rels", "xl/workbook.xml", "xl/_rels/workbook.xml.rels"} <= names
+        sheets = ElementTree.fromstring(z.read("xl/workbook.xml")).findall("m:sheets/m:sheet", ns)
+        assert [s.get("name") for s in sheets] == ["Sheet1"]
+        root = ElementTree.fromstring(z.read("xl/worksheets/sheet1.xml"))
+    rows = []
+    for row in root.findall("m:sheetData/m:row", ns):
+        cells: dict[int, object] = {}
+        for c in row.findall("m:c", ns):
+            letters = re.match(r"[A-Z]+", c.get("r")).group()
+            col = 0
+            for ch in letters:
+                col = col * 26 + ord(ch) - ord("A") + 1
+            if c.get("t") == "inlineStr":
+                cells[col - 1] = "".join(t.text or "" for t in c.iter(f"{{{ns['m']}}}t"))
+            else:
+                cells[col - 1] = int(c.find("m:v", ns).text)
+        rows.append([cells.get(i) for i in range(max(cells) + 1)] if cells else [])
+    return rows
+
+
+def test_mmbench_test_upload_as_convert_mmbench_for_submission(tiny_checkpoint, tmp_path, capsys):
+    """One round per row (LLaVA's mmbench.sh has no --all-rounds); the xlsx holds the TSV's columns without hint,
+    category, source, image, comment, l2-category, with ``prediction`` inserted at position 6."""
+    make_mmbench(tmp_path)
+    dev = tmp_path / "mmbench" / mmbench.DEV_FILE
+    lines = dev.read_text().splitlines()
+    header = lines[0].split("\t")
+    drop = header.index("answer")  # the test split has no answer column
+    test_rows = [[c for i, c in enumerate(line.split("\t")) if i != drop] for line in lines]
+    (tmp_path / "mmbench" / mmbench.TEST_FILE).write_text("".join("\t".join(r) + "\n" for r in test_rows))
+    dev.unlink()
+    result, answers = run_suite("mmbench_test", tiny_checkpoint, tmp_path, tmp_path / "out", capsys)
+    assert [(a["question_id"], a["round_id"]) for a in answers] == [(0, 0), (1, 0)]
+    got = read_xlsx(tmp_path / "out" / mmbench.UPLOAD_FILE)
+    kept = [c for c in test_rows[0] if c not in ("hint", "category", "source", "image", "comment", "l2-category")]
+    assert kept == ["index", "question", "A", "B", "C", "D", "split"]
+    assert got[0] == ["index", "question", "A", "B", "C", "D", "prediction", "split"]
+    texts = {a["question_id"]: a["text"] for a in answers}
+    assert got[1] == [0, "What colour is it?", "red", "green", "blue", "black", texts[0], "dev"]
+    # absent options (nan in the TSV) are empty cells, as pandas writes its NaN
+    assert got[2] == [1, "How many?", "one", "two", None, None, texts[1], "dev"]
+    assert result["n"] == 2 and result["answered"] == 2

@@ -44,3 +44,32 @@ def test_unanswerable_records_are_counted_skips(tiny_checkpoint, tmp_path, capsy
     write_jsonl(tmp_path / "pope" / "llava_pope_test.jsonl", [*questions, {"question_id": 2}, bad])
     result, answers = run_suite("pope", tiny_checkpoint, tmp_path, tmp_path / "out", capsys)
     assert result["skipped"] == 2 and result["questions"] == 6 and len(answers) == 5
+
+
+def test_training_refuses_bad_eval_suites_at_start(tmp_path):
+    """``model.eval.suites`` is checked by ``neva.train`` before anything is built, with the benchmarks' own checks;
+    a question past the suite's ``limit`` is not read."""
+    from neva.config import compose_config
+    from neva.errors import ConfigError
+    from neva.training_eval import check_suites
+
+    make_pope(tmp_path)
+    (tmp_path / "pope" / "val2014" / "COCO_val2014_000000000103.jpg").unlink()  # the fourth question's image
+
+    def check(suite: str) -> list:
+        return check_suites(compose_config(["+stage=finetune", f"model.eval.suites=[{suite}]"]))
+
+    data = f"data_dir:'{tmp_path}'"
+    with pytest.raises(
+        ConfigError, match=r"suites\[0\]\.name='popo': no such benchmark or suite; choose one of pope.*, skills"
+    ):
+        check(f"{{name:popo,{data}}}")
+    with pytest.raises(ConfigError, match=r"suites\[0\]\.data_dir: not set"):
+        check("{name:pope}")
+    with pytest.raises(ConfigError, match=r"suites\[0\]: pope: 1 image\(s\) missing, the first .*000000000103.jpg"):
+        check(f"{{name:pope,{data}}}")
+    with pytest.raises(ConfigError, match=r"model.sequence_parallel=true: generation on a sequence-parallel"):
+        check_suites(compose_config(["+stage=finetune", f"model.eval.suites=[{{name:pope,{data}}}]",
+                                     "model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]))  # fmt: skip
+    (loaded,) = check(f"{{name:pope,{data},limit:3}}")
+    assert len(loaded.read.questions) == 3

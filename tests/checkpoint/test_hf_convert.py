@@ -111,11 +111,14 @@ def test_unknown_hf_tensor_is_an_error(llava, tmp_path):
     root, hf, _ = llava
     (tmp_path / "config.json").write_bytes((root / "hf" / "config.json").read_bytes())
     state = {k: v.clone() for k, v in hf.state_dict().items()}
-    state["model.language_model.layers.0.self_attn.q_norm.weight"] = torch.ones(12)
-    torch.save(state, tmp_path / "pytorch_model.bin")
-    with pytest.raises(ValueError, match="no neva counterpart"):
-        import_llava(tmp_path, tmp_path / "ckpt")
-    assert not (tmp_path / "ckpt").exists()
+    for extra, message in (
+        ("model.language_model.layers.0.self_attn.rope_gate.weight", "no neva counterpart"),
+        ("model.language_model.layers.0.self_attn.q_norm.weight", "the config's model does not have"),  # Qwen3's
+    ):
+        torch.save({**state, extra: torch.ones(12)}, tmp_path / "pytorch_model.bin")
+        with pytest.raises(ValueError, match=message):
+            import_llava(tmp_path, tmp_path / "ckpt")
+        assert not (tmp_path / "ckpt").exists()
 
 
 def test_llm_plus_clip_import_grows_tokenizer_and_embeddings(tmp_path):

@@ -149,18 +149,15 @@ def test_llava_next_video_import_logits_generate_export_reload(hf_video, tmp_pat
     # tower's images; LlavaNextVideoProcessor's ids (its <video> expansion), transformers' greedy answer
     answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=6), raw=True)
     raw = np.random.default_rng(9).integers(0, 256, (FRAMES, 30, 40, 3), dtype=np.uint8)
-    ids, pixels, sizes, got_frames = answerer.prepare(
-        ("USER: <image>\n<video>\nWhat changed? ASSISTANT:", [image], [raw])
-    )
+    prepared = answerer.prepare(("USER: <image>\n<video>\nWhat changed? ASSISTANT:", [image], [raw]))
+    ids, pixels, sizes, got_frames, *_ = prepared
     assert ids == inputs.input_ids[0].tolist() and sizes == [size] and torch.equal(pixels, tiles)
     assert torch.equal(got_frames, torch.stack([ImageProcessor(cfg.vision)(Image.fromarray(f)) for f in raw]))
     video = normalize_pixels(got_frames, cfg.vision.image_mean, cfg.vision.image_std)[None]
     with torch.no_grad():
         theirs = hf.generate(**inputs, pixel_values_videos=video, max_new_tokens=6, min_new_tokens=6,
                              do_sample=False)[0, inputs.input_ids.shape[1]:]  # fmt: skip
-    assert answerer._generate([(ids, pixels, sizes, got_frames)]) == [
-        answerer.tokenizer.decode(theirs, skip_special_tokens=True)
-    ]
+    assert answerer._generate([prepared]) == [answerer.tokenizer.decode(theirs, skip_special_tokens=True)]
     with pytest.raises(ValueError, match="1 <video> tag"):
         answerer.prepare(("USER: <video>\nWhat? ASSISTANT:", [], [raw, raw]))
 

@@ -71,17 +71,17 @@ def save_tower(directory: Path, model: nn.Module) -> Path:
     return directory
 
 
-def write_tokenizer(directory: Path) -> None:
+def write_tokenizer(directory: Path, user_pieces: tuple[str, ...] = ()) -> None:
     """Vicuna's tokenizer files at toy size: a sentencepiece BPE model normalised as Llama's is (identity rules, a
-    dummy prefix, whitespace kept: what transformers' fast conversion assumes, so the slow tokenizer LLaVA loads and
-    neva's fast one give the same ids), no pad token (LLaVA pads with ``<unk>``)."""
+    dummy prefix, whitespace kept), no pad token (LLaVA pads with ``<unk>``); ``user_pieces``: sentencepiece
+    user-defined pieces (whole before any merge, as many non-Llama tokenizers have them)."""
     directory.mkdir(parents=True, exist_ok=True)
     prefix = directory.with_name(directory.name + "_sp")
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(LINES * 10), model_prefix=str(prefix), vocab_size=SP_VOCAB, model_type="bpe",
         unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, character_coverage=1.0,
         normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True, split_digits=True,
-        allow_whitespace_only_pieces=True, minloglevel=2,
+        allow_whitespace_only_pieces=True, minloglevel=2, user_defined_symbols=list(user_pieces),
     )  # fmt: skip
     (directory / "tokenizer.model").write_bytes(prefix.with_suffix(".model").read_bytes())
     config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": False,
@@ -99,7 +99,9 @@ def llava_config(tower: Path, **mm) -> dict:
             "initializer_range": 0.02, "pretraining_tp": 1, **MM, "mm_vision_tower": str(tower), **mm}  # fmt: skip
 
 
-def make_llava_original(directory: Path, tower: Path, seed: int = 4, pretrain_only: bool = False) -> dict:
+def make_llava_original(
+    directory: Path, tower: Path, seed: int = 4, pretrain_only: bool = False, user_pieces: tuple[str, ...] = ()
+) -> dict:
     """A LLaVA checkpoint (decoder + ``model.mm_projector.*``), or with ``pretrain_only`` what LLaVA's pretrain stage
     saves (``config.json`` + ``mm_projector.bin``) and, beside it in ``<directory>_llm``, the plain HF Llama it
     started from; returns the state dict written (projector included)."""
@@ -123,10 +125,10 @@ def make_llava_original(directory: Path, tower: Path, seed: int = 4, pretrain_on
         plain = {k: v for k, v in llava_config(tower).items() if k not in MM and k != "mm_vision_tower"}
         (base / "config.json").write_text(json.dumps({**plain, "model_type": "llama",
                                                       "architectures": ["LlamaForCausalLM"]}))  # fmt: skip
-        write_tokenizer(base)
+        write_tokenizer(base, user_pieces)
     else:
         save_file({**state, **proj}, str(directory / "model.safetensors"), metadata={"format": "pt"})
-        write_tokenizer(directory)
+        write_tokenizer(directory, user_pieces)
     return {**state, **proj}
 
 

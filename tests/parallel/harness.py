@@ -64,6 +64,13 @@ FAMILIES: dict[str, list[str]] = {
     # AnyRes on the tiny CLIP (32 px tiles): 1x1, 1x2, 2x1 and 2x2 grids, spatial_unpad + image_newline, with
     # LLaVA-OneVision's anyres_max_1: every grid above one tile's features pooled (bilinear), a 1x1 grid not, and
     # the images of two-image samples one fixed-size padded tile each
+    # Qwen2.5-VL's native-resolution tower (windows, one full block) and RMSNorm merger on the tiny Qwen2 decoder with
+    # M-RoPE (three position axes per token), untied so that PP2 applies: every image its own grid
+    "qwen2_5_vl_native": [
+        "model=tiny_qwen2_5_vl",
+        "vision=tiny_qwen2_5_vl",
+        "++model.mm_cfg.llm.arch_overrides={num_layers:4,tie_word_embeddings:false,mrope_section:[4,6,6]}",
+    ],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from neva.config import compose_config
+from neva.data.datamodule import resolve_num_workers
 from tests.training.conftest import LEAN
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
@@ -25,10 +27,25 @@ def read_losses(exp_dir: Path) -> dict[int, float]:
         return {int(r["step"]): float(r["train_loss"]) for r in csv.DictReader(f) if r.get("train_loss")}
 
 
-def test_no_stage_names_both_stages():
-    out = subprocess.run([sys.executable, "-m", "neva.train"], capture_output=True, text=True, env=ENV, timeout=120)
+def test_no_stage_names_both_stages(tmp_path):
+    """One line, exit 2, and nothing written (Hydra's run directory would be ``outputs/None/hydra``)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "neva.train", "trainer.max_steps=1"],
+        capture_output=True, text=True, env=ENV, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
     assert out.returncode == 2
     assert "+stage=pretrain" in out.stderr and "+stage=finetune" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_llava_data_starts_no_loader_workers_on_cpu(tmp_path):
+    """data=llava leaves num_workers to ``auto`` (DATA.md: no worker on CPU, where the model computes)."""
+    (tmp_path / "d.json").write_text("[]")
+    paths = [f"model.data.data_path={tmp_path / 'd.json'}", f"model.data.image_folder={tmp_path}"]
+    cfg = compose_config(["+stage=pretrain", "data=llava", *paths])
+    assert cfg.model.data.num_workers == "auto"
+    assert resolve_num_workers(cfg.model.data.num_workers, "cpu") == 0
 
 
 def test_misspelled_override_fails_at_start(tmp_path):
@@ -116,9 +133,17 @@ def test_mid_epoch_resume_is_silent_and_continues_the_curve(tmp_path):
     reference = read_losses(ref_dir)
     assert sorted(reference) == list(range(1, 10))
 
-    # The state a run killed after step 7 leaves: its checkpoints, and metrics rows up to step 7.
-    shutil.copytree(ref_dir / "checkpoints", run_dir / "checkpoints")
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "step=7.ckpt"]
+    # The run's first screen is neva's: no logging-service advertisement, no deprecation of Lightning's internals.
+    for text in ("litlogger", "LeafSpec"):
+        assert text not in done.stderr + done.stdout, done.stderr[-3000:]
+    # The last step has its checkpoint too (9 is no multiple of 7).
+    ref_ckpts = sorted(p.name for p in (ref_dir / "checkpoints").glob("*.ckpt"))
+    assert ref_ckpts == ["last.ckpt", "step=7.ckpt", "step=9.ckpt"]
+
+    # The state a run killed after step 7 leaves: its step-7 checkpoint, and metrics rows up to step 7.
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for name in ("step=7.ckpt", "step=7.ckpt.manifest.json"):
+        shutil.copy2(ref_dir / "checkpoints" / name, run_dir / "checkpoints" / name)
     again = subprocess.run(train_cmd(run_dir, *common), capture_output=True, text=True, env=ENV, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming from" in again.stderr + again.stdout

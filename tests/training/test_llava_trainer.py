@@ -5,7 +5,8 @@ LLaVA's ``llava/train/train.py`` (the ``llava-torch==1.2.2.post1`` wheel, HF Tra
 cached, ``tests/pip_site.py``) on a tiny LLaVA-original checkpoint (CLIP 28 px, Llama 64 wide, 3 layers) and eight
 records (three multi-turn, one text-only, non-square images of two sizes): one global batch of 8, fp32 on CPU, four
 steps, LLaVA-1.5's finetune settings. neva converts the same directory (``neva.convert hf-to-neva``) and trains with
-the LLaVA preset's keys. Per step the losses agree to 1e-4 relative and the learning rates are equal; the input ids
+the LLaVA preset's keys. The tokenizer has sentencepiece user-defined pieces (the template's ``USER`` /
+``ASSISTANT``, ``▁assistant``, ``▁image``), which neva reads as LLaVA's slow tokenizer does (``neva.data.sentencepiece_tokenizer``). Per step the losses agree to 1e-4 relative and the learning rates are equal; the input ids
 and labels of every sample are LLaVA's.
 """
 
@@ -34,6 +35,13 @@ LLAVA_PINS = ("llava-torch==1.2.2.post1", "transformers==4.36.2", "tokenizers==0
               "idna", "certifi", "charset_normalizer")  # fmt: skip
 # peft: transformers' Trainer imports peft when it is importable, and the test venv's peft needs a newer accelerate.
 STEPS = 4
+# sentencepiece user-defined pieces, whole before any merge: the v1 template's role names and two words of its system
+# prompt and records with their word boundary. transformers 5's own conversion of this tokenizer.model splits
+# `` assistant`` into ``▁a s s i s t a n t`` (and a ``▁USER`` piece into ``▁ <0x55> <0x53> <0x45> <0x52>``); neva reads
+# them as LLaVA's transformers 4.36 does. (``▁USER`` itself is not used here: LLaVA's preprocess_v1 then counts a
+# round's tokens apart from the whole string, where ``</s>USER`` has no ``▁``, and drops multi-turn samples as a
+# "tokenization mismatch"; neva keeps them, docs/DATA.md.)
+USER_PIECES = ("USER", "ASSISTANT", "▁assistant", "▁image")
 LLAVA_IMAGE = -200  # LLaVA's IMAGE_TOKEN_INDEX
 # LLaVA-1.5 finetune (scripts/v1_5/finetune.sh) at toy size, lr 1e-3; what neva reads with the same meaning below.
 LLAVA_ARGS = ["--version", "v1", "--mm_projector_type", "mlp2x_gelu", "--mm_vision_select_layer", "-2",
@@ -109,7 +117,7 @@ def run(cmd: list[str], **extra: str) -> subprocess.CompletedProcess:
 def case(tmp_path_factory):
     root = tmp_path_factory.mktemp("llava_trainer")
     tower = make_tower(root / "clip")
-    make_llava_original(root / "llava", tower)
+    make_llava_original(root / "llava", tower, user_pieces=USER_PIECES)
     records = make_records(root / "images")
     (root / "data.json").write_text(json.dumps(records))
     return root, records
@@ -165,6 +173,7 @@ def test_neva_encodes_every_sample_as_llava_trainer(case, llava_run, neva_run):
         assert ids == theirs["input_ids"], record["id"]
         assert labels == theirs["labels"], record["id"]
         assert any(label != IGNORE_INDEX for label in labels)  # LLaVA did not mask the sample as a mismatch
+        assert tokenizer.convert_tokens_to_ids("▁assistant") in ids  # a user-defined piece, whole
 
 
 def test_per_step_loss_and_lr_equal_llava_trainer(llava_run, neva_run):

@@ -1,0 +1,323 @@
+"""Qwen-VL directories (``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``) ↔ neva
+checkpoints: config, weights, tokenizer, pixel budget and chat template.
+
+A Qwen-VL model is neva's parts under other names: a native-resolution tower (``VisionConfig.kind``), its patch
+merger as the projector, and a Qwen2 decoder with M-RoPE (``LLMConfig.mrope_section``). The tower's and merger's keys
+are ``hf_qwen_vl_keys``' table, the decoder's the LLM table every family shares (under transformers 5's
+``model.language_model.`` or 4.x's ``model.``). Both config layouts are read: transformers 5's nested ``text_config``
+and the hub's flat 4.x one (text fields at the top, ``rope_scaling.mrope_section``). The processor's ``min_pixels`` /
+``max_pixels`` travel as checkpoint metadata, so serving resizes as the model was trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neva.checkpoint.atomic import atomic_directory
+from neva.checkpoint.hf_config import llm_config_from_hf
+from neva.checkpoint.hf_families import hf_family_fields
+from neva.checkpoint.hf_files import export_dtype
+from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
+from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
+from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
+from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
+from neva.checkpoint.neva_format import (
+    TensorSource,
+    iter_tensors,
+    load_config,
+    load_metadata,
+    save_checkpoint,
+    tensor_pairs,
+)
+from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
+from neva.data.qwen_images import QwenImageSpec
+from neva.data.tokens import QWEN_IMAGE_PAD
+from neva.hf_local import model_dir
+from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
+from neva.typed import ConfigError
+
+
+@dataclass(frozen=True)
+class QwenVL:
+    """One transformers Qwen-VL class: the neva parts it is made of and the classes an export names."""
+
+    model_type: str
+    tower: str  # VisionConfig.kind
+    merger: str  # ProjectorConfig.type
+    template: str  # neva.data.conversation template
+    text_family: str  # LLMConfig.family of its decoder
+    config_class: str
+    model_class: str
+
+
+QWEN_VL = {
+    row.model_type: row
+    for row in (
+        QwenVL("qwen2_vl", "qwen2_vl", "qwen2_vl_merger", "qwen2_vl", "qwen2",
+               "Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+        QwenVL("qwen2_5_vl", "qwen2_5_vl", "qwen2_5_vl_merger", "qwen2_vl", "qwen2",
+               "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+    )
+}  # fmt: skip
+NOT_YET = {
+    "qwen3_vl": "Qwen3-VL's DeepStack features are not added to the decoder yet",
+    "qwen3_vl_moe": "Qwen3-VL-MoE's DeepStack features and MoE decoder are not imported yet",
+}
+_BY_TOWER = {row.tower: row for row in QWEN_VL.values()}
+# Top-level fields of a Qwen-VL config that are not its decoder's (the 4.x layout keeps the decoder's at the top too).
+_VL_FIELDS = (
+    "vision_config", "text_config", "image_token_id", "video_token_id", "vision_start_token_id",
+    "vision_end_token_id", "vision_token_id", "model_type", "architectures",
+)  # fmt: skip
+LLM_PREFIXES = ("model.language_model.", "model.")  # transformers 5, then 4.x (hub checkpoints)
+LM_HEAD_KEY = "lm_head.weight"
+
+
+def is_qwen_vl(hf: dict[str, Any]) -> bool:
+    """Whether an HF ``config.json`` dict is a Qwen-VL model (imported here, not by the llava-hf path)."""
+    return hf.get("model_type") in QWEN_VL or hf.get("model_type") in NOT_YET
+
+
+def is_qwen_vl_checkpoint(ckpt: str | os.PathLike) -> bool:
+    """Whether a neva checkpoint holds a Qwen-VL model (its tower is one ``QWEN_VL`` row's)."""
+    vision = load_config(ckpt).vision
+    return vision is not None and vision.kind in _BY_TOWER
+
+
+def family_of(hf: dict[str, Any]) -> QwenVL:
+    model_type = hf.get("model_type")
+    if model_type in NOT_YET:
+        raise ConfigError(f"model_type {model_type!r} is not supported yet ({NOT_YET[model_type]})")
+    return QWEN_VL[model_type]
+
+
+def neva_config_from_qwen_vl(hf: dict[str, Any]) -> NevaConfig:
+    """NevaConfig of a Qwen-VL ``config.json`` dict (transformers 5 nested or 4.x flat layout)."""
+    family = family_of(hf)
+    llm = _llm_config(hf, family)
+    vision, out_width = _vision_config(hf["vision_config"], family.tower)
+    if out_width != llm.hidden_size:
+        raise ConfigError(f"vision_config merger width {out_width} != the decoder's hidden_size {llm.hidden_size}")
+    projector = ProjectorConfig(
+        type=family.merger,
+        input_size=vision.hidden_size,
+        output_size=llm.hidden_size,
+        spatial_merge_size=vision.spatial_merge_size,
+    )
+    return NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=hf["image_token_id"])
+
+
+def _llm_config(hf: dict[str, Any], family: QwenVL) -> LLMConfig:
+    if "text_config" in hf:
+        text = dict(hf["text_config"])
+        text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+    else:
+        text = {k: v for k, v in hf.items() if k not in _VL_FIELDS}
+    rope = dict(text.pop("rope_parameters", None) or text.pop("rope_scaling", None) or {})
+    section = rope.pop("mrope_section", None)
+    if section is None:
+        raise ConfigError(f"{family.model_type} text config without rope mrope_section: not an M-RoPE decoder")
+    rope.pop("type", None)  # "mrope" (or "default" after transformers 4.x rewrote it): the section says it
+    if rope.get("rope_type", "default") != "default":
+        raise ConfigError(f"{family.model_type} rope_type {rope['rope_type']!r}: only default M-RoPE is implemented")
+    text["rope_parameters"] = rope
+    text["model_type"] = family.text_family
+    return dataclasses.replace(llm_config_from_hf(text, "text_config"), mrope_section=list(section))
+
+
+def _vision_config(v: dict[str, Any], kind: str) -> tuple[VisionConfig, int]:
+    """The tower of an HF Qwen vision config dict, and the width its merger writes."""
+    common = dict(
+        kind=kind,
+        num_layers=v["depth"],
+        num_heads=v["num_heads"],
+        patch_size=v.get("patch_size", 14),
+        temporal_patch_size=v.get("temporal_patch_size", 2),
+        spatial_merge_size=v.get("spatial_merge_size", 2),
+        num_channels=v.get("in_channels", v.get("in_chans", 3)),
+        hidden_act=v["hidden_act"],
+    )
+    if kind == "qwen2_vl":  # embed_dim is the tower's width, hidden_size the merger's output
+        width = v["embed_dim"]
+        return VisionConfig(hidden_size=width, intermediate_size=int(width * v["mlp_ratio"]), **common), v[
+            "hidden_size"
+        ]
+    extra = dict(window_size=v["window_size"], fullatt_block_indexes=list(v["fullatt_block_indexes"]))
+    vision = VisionConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"], **common, **extra)
+    return vision, v["out_hidden_size"]
+
+
+def hf_key_to_neva(key: str, kind: str) -> str | None:
+    """neva key of a Qwen-VL tensor (None: a key neva does not keep, e.g. rotary buffers)."""
+    if key == LM_HEAD_KEY:
+        return "llm." + LM_HEAD
+    visual = visual_key_to_neva(key, kind)
+    if visual is not None:
+        return visual
+    for prefix in LLM_PREFIXES:
+        if key.startswith(prefix):
+            neva = part_key_from_hf(key[len(prefix) :], "llm")
+            return None if neva is None else "llm." + neva
+    return None
+
+
+def _pixel_budget(hf_dir: Path) -> dict[str, int]:
+    """``min_pixels`` / ``max_pixels`` of the directory's image processor (either spelling), for the metadata."""
+    path = hf_dir / "preprocessor_config.json"
+    if not path.is_file():
+        return {}
+    pre = json.loads(path.read_text())
+    size = pre.get("size") or {}
+    low = pre.get("min_pixels", size.get("shortest_edge"))
+    high = pre.get("max_pixels", size.get("longest_edge"))
+    return {k: int(v) for k, v in (("min_pixels", low), ("max_pixels", high)) if v is not None}
+
+
+def import_qwen_vl(
+    hf_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = None,
+    metadata: dict[str, Any] | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """Convert a Qwen2-VL / Qwen2.5-VL directory to a neva checkpoint (streaming, every tensor checked first).
+
+    Raises:
+        ConfigError: a Qwen-VL kind or field neva does not build. ValueError: tensors that map nowhere, missing
+            model tensors, a tokenizer whose ``<|image_pad|>`` is not the config's image token.
+    """
+    hf_dir = Path(model_dir(hf_dir))
+    hf = json.loads((hf_dir / "config.json").read_text())
+    cfg = neva_config_from_qwen_vl(hf)
+    kind = cfg.vision.kind
+    shapes = hf_tensor_shapes(hf_dir)
+    mapping, unknown = {}, []
+    for key in shapes:
+        neva = hf_key_to_neva(key, kind)
+        if neva is not None:
+            mapping[key] = neva
+        elif "rotary" not in key:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"{hf_dir}: {len(unknown)} tensor(s) with no neva counterpart, e.g. {unknown[:5]}")
+    check_complete(cfg, {mapping[k]: shapes[k] for k in mapping}, str(hf_dir))
+    tokenizer = None
+    if has_tokenizer(hf_dir):
+        from neva.data.sentencepiece_tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(hf_dir)
+        found = tokenizer.get_vocab().get(QWEN_IMAGE_PAD)
+        if found != cfg.image_token_id:
+            raise ValueError(f"{hf_dir}: tokenizer maps {QWEN_IMAGE_PAD} to {found}, config says {cfg.image_token_id}")
+    meta = {
+        "source": {"kind": "qwen-vl", "path": str(hf_dir)},
+        "conv_template": family_of(hf).template,
+        **_pixel_budget(hf_dir),
+        **(metadata or {}),
+    }
+    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
+    return save_checkpoint(
+        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
+    )
+
+
+def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
+    """The transformers 5 ``config.json`` of a neva Qwen-VL model (nested text and vision configs)."""
+    family = _BY_TOWER.get(cfg.vision.kind if cfg.vision is not None else None)
+    if family is None:
+        raise ConfigError("only a model with a Qwen2-VL / Qwen2.5-VL tower exports as a Qwen-VL directory")
+    llm, v = cfg.llm, cfg.vision
+    text = dict(
+        vocab_size=llm.vocab_size, hidden_size=llm.hidden_size, intermediate_size=llm.intermediate_size,
+        num_hidden_layers=llm.num_layers, num_attention_heads=llm.num_heads, num_key_value_heads=llm.num_kv_heads,
+        rms_norm_eps=llm.rms_norm_eps, max_position_embeddings=llm.max_seq_len, hidden_act="silu",
+        rope_parameters={"rope_type": "default", "rope_theta": llm.rope_theta, "mrope_section": llm.mrope_section},
+        **{k: w for k, w in hf_family_fields(llm).items() if k != "model_type"},
+    )  # fmt: skip
+    vision = dict(
+        depth=v.num_layers, num_heads=v.num_heads, patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
+        spatial_merge_size=v.spatial_merge_size, in_channels=v.num_channels, hidden_act=v.hidden_act,
+    )  # fmt: skip
+    if family.tower == "qwen2_vl":
+        if v.intermediate_size % v.hidden_size:
+            raise ConfigError(
+                f"Qwen2-VL's mlp_ratio is an integer: intermediate_size {v.intermediate_size} / hidden_size "
+                f"{v.hidden_size}"
+            )
+        vision.update(
+            embed_dim=v.hidden_size, mlp_ratio=v.intermediate_size // v.hidden_size, hidden_size=llm.hidden_size
+        )
+    else:
+        vision.update(
+            hidden_size=v.hidden_size, intermediate_size=v.intermediate_size, out_hidden_size=llm.hidden_size,
+            window_size=v.window_size, fullatt_block_indexes=list(v.fullatt_block_indexes),
+        )  # fmt: skip
+    return dict(
+        model_type=family.model_type,
+        architectures=[family.model_class],
+        text_config=text,
+        vision_config=vision,
+        image_token_id=cfg.image_token_id,
+        tie_word_embeddings=llm.tie_word_embeddings,
+    )
+
+
+def _hf_tensors(
+    tensors: TensorSource, cfg: NevaConfig, dtype: torch.dtype | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    kind = cfg.vision.kind
+    for key, tensor in tensor_pairs(tensors):
+        part, rest = key.split(".", 1)
+        tensor = cast_floating(tensor, dtype)
+        if part in ("vision", "projector"):
+            yield visual_key_to_hf(key, kind), tensor
+        elif rest == LM_HEAD:
+            if not cfg.llm.tie_word_embeddings:
+                yield LM_HEAD_KEY, tensor
+        else:
+            yield LLM_PREFIXES[0] + part_key_to_hf(rest, "llm"), tensor
+
+
+def export_qwen_vl(
+    ckpt: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """A neva Qwen-VL checkpoint → a directory transformers loads with the family's class and processor: weights,
+    ``config.json``, the tokenizer with its chat template, and the image processor at the model's pixel budget (the
+    checkpoint's ``min_pixels`` / ``max_pixels``, else the tower kind's defaults).
+
+    ``dtype`` None exports in the run's half precision (as ``export_llava``)."""
+    import transformers
+
+    ckpt = Path(ckpt)
+    cfg, meta = load_config(ckpt), load_metadata(ckpt)
+    config = qwen_vl_config_dict(cfg)
+    with atomic_directory(out, overwrite) as tmp:
+        write_safetensors(tmp, _hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)), max_shard_bytes)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))
+        # The PIL backend (as the llava-hf exports): transformers' default Qwen2-VL processors need torchvision.
+        transformers.Qwen2VLImageProcessorPil(
+            min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, patch_size=spec.patch_size,
+            temporal_patch_size=spec.temporal_patch_size, merge_size=spec.merge_size,
+            image_mean=list(cfg.vision.image_mean), image_std=list(cfg.vision.image_std),
+        ).save_pretrained(str(tmp))  # fmt: skip
+        if has_tokenizer(ckpt):
+            from neva.data.sentencepiece_tokenizer import load_tokenizer
+
+            load_tokenizer(ckpt).save_pretrained(str(tmp))
+    return Path(out)

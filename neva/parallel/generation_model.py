@@ -1,0 +1,150 @@
+"""The training model of any layout as ``neva.models.generation.generate`` calls a model: evaluation during training
+runs the weights being trained, never a second copy.
+
+``generate`` needs ``cfg``, ``parameters()``, ``new_cache(batch, length)`` and a forward whose ``[:, -1]`` are each
+row's next-token logits. ``LayoutGenerationModel`` gives those for this rank's parts:
+
+- one process, DDP: the model itself (DDP's wrapper is bypassed: it would hook the forward for gradient syncs);
+- FSDP2: the sharded model; each forward gathers its parameters (a collective of the data-parallel ranks, so every
+  data-parallel rank must run the same forwards: ``shares_questions`` is False; so with expert parallelism);
+- tensor parallel: the sharded model; each rank caches its own heads' keys and values, vocabulary-sharded logits are
+  gathered for the last position only;
+- pipeline parallel: the stages run in chunk order, each with a KV cache for its own layers, passing hidden states
+  point to point (dtype first, then the tensor); the last stage's last-position logits are broadcast to every
+  pipeline rank, so all of them choose the same tokens and stop together. The same layer computations as the
+  unsplit model with its KV cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from neva.models.llama import KVCache
+from neva.models.media import Media
+from neva.parallel.parallelize import ParallelModel
+
+# Hidden states between stages: their dtype is sent first as an index here (autocast and O2 decide it per layer).
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class LayoutGenerationModel:
+    """``generate``'s model for this rank's share of the training model (see the module docstring).
+
+    Args:
+        parallel: the training engine's parallelized model.
+        autocast: the forward's context (the run's bf16 autocast), or None.
+    """
+
+    def __init__(self, parallel: ParallelModel, autocast: Callable[[], Any] | None = None) -> None:
+        self.parallel = parallel
+        self.parts = parallel.parts
+        self.cfg = self.parts[0].cfg
+        self.autocast = autocast or contextlib.nullcontext
+        layout = parallel.layout
+        self.tp = layout.tp
+        self.pp_group = parallel.group("pp")
+        self.num_chunks = layout.num_chunks
+        self.chunk_ids = [0] if parallel.runner is None else list(parallel.runner.chunk_ids)
+
+    @property
+    def shares_questions(self) -> bool:
+        """Whether each data-parallel replica may answer its own questions: not when a forward is a collective over
+        the data-parallel ranks (FSDP2 gathers the sharded parameters in every forward; expert parallelism, carved
+        from the data-parallel ranks, exchanges tokens all-to-all in every MoE layer)."""
+        fsdp = any(isinstance(m, FSDPModule) for part in self.parts for m in part.modules())
+        return not fsdp and self.parallel.layout.ep == 1
+
+    def parameters(self):
+        return self.parts[0].parameters()
+
+    def new_cache(self, batch_size: int, max_len: int) -> list[list[KVCache]]:
+        """One cache per local chunk, for its own layers (under TP, its own key/value heads)."""
+        llm = self.cfg.llm
+        caches = []
+        for part in self.parts:
+            param = next(part.llm.layers.parameters())
+            local = param.to_local() if isinstance(param, DTensor) else param
+            dtype = self._activation_dtype(local.dtype, local.device)
+            shape = (batch_size, llm.num_kv_heads // self.tp, max_len, llm.head_dim)
+            caches.append(
+                [KVCache(torch.zeros(shape, dtype=dtype, device=local.device),
+                         torch.zeros(shape, dtype=dtype, device=local.device)) for _ in part.llm.layers]
+            )  # fmt: skip
+        return caches
+
+    def _activation_dtype(self, param_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+        """The keys' and values' dtype: the autocast dtype when the run autocasts, else the parameters'."""
+        with self.autocast():
+            return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else param_dtype
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        media: Media | None = None,
+        position_ids: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        cache: list[list[KVCache]] | None = None,
+    ) -> torch.Tensor:
+        """Logits (fp32, whole vocabulary) on every rank: with a cache (decoding) the last position's ``[B, 1, V]``,
+        without one (a teacher-forced reply's loss, ``Answerer.reply_losses``) every position's ``[B, S, V]``."""
+        kw = {"position_ids": position_ids, "segment_ids": segment_ids}
+        with self.autocast():
+            if self.pp_group is None:
+                out = self.parts[0](input_ids, media, cache=None if cache is None else cache[0], **kw)
+                return _whole(out[:, -1:] if cache is not None else out)
+            return self._through_stages(input_ids, media, cache, kw)
+
+    def _through_stages(self, input_ids, media, cache, kw) -> torch.Tensor:
+        group = self.pp_group
+        me = dist.get_rank(group)
+        pp = dist.get_world_size(group)
+        b, s = input_ids.shape
+        device = input_ids.device
+        h: torch.Tensor | None = None
+        last_holder = (self.num_chunks - 1) % pp
+        width = 1 if cache is not None else s
+        logits = torch.empty(b, width, self.cfg.llm.vocab_size, dtype=torch.float32, device=device)
+        for c in range(self.num_chunks):
+            owner = c % pp
+            if owner != me:
+                continue
+            k = self.chunk_ids.index(c)
+            if c > 0:
+                prev = dist.get_global_rank(group, (c - 1) % pp)
+                code = torch.zeros(1, dtype=torch.long, device=device)
+                dist.recv(code, src=prev, group=group)
+                h = torch.empty(b, s, self.cfg.llm.hidden_size, dtype=_DTYPES[int(code)], device=device)
+                dist.recv(h, src=prev, group=group)
+            x = input_ids if c == 0 else h
+            out = self.parts[k](x, media if c == 0 else None, cache=None if cache is None else cache[k], **kw)
+            if c == self.num_chunks - 1:
+                logits = _whole(out[:, -width:])
+            else:
+                nxt = dist.get_global_rank(group, (c + 1) % pp)
+                out = out.to_local() if isinstance(out, DTensor) else out
+                dist.send(torch.tensor([_DTYPES.index(out.dtype)], device=device), dst=nxt, group=group)
+                dist.send(out.contiguous(), dst=nxt, group=group)
+        dist.broadcast(logits, src=dist.get_global_rank(group, last_holder), group=group)
+        return logits
+
+    def finish(self) -> None:
+        """After generating: FSDP2 modules back to their sharded parameters (ZeRO-2 keeps them gathered after a
+        forward; training's next forward then finds them as it left them)."""
+        for part in self.parts:
+            for m in part.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
+
+
+def _whole(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` fp32 over the whole vocabulary (a vocabulary-sharded DTensor is gathered)."""
+    if isinstance(logits, DTensor):
+        logits = logits.full_tensor()
+    return logits.float()

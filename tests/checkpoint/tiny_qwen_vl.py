@@ -1,0 +1,97 @@
+"""A tiny Qwen2-VL / Qwen2.5-VL directory as the hub ships one (transformers' own model class, random fp32 weights,
+a byte-level tokenizer with Qwen's special tokens, the Qwen2-VL processor at a small pixel budget), written in the
+test: the oracle of the Qwen-VL import, data path, generation and export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tests.hf_oracle import randomise_inits
+
+QWEN_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+PATCH, MERGE = 14, 2
+MIN_PIXELS, MAX_PIXELS = 28 * 28, 28 * 28 * 12
+VOCAB = 416
+TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+            mrope_section=[2, 3, 3]))  # fmt: skip
+VISION = {
+    "qwen2_vl": dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, hidden_act="quick_gelu"),
+    # window 56 px = 2 merge units: the test images hold several windows, some cut short; block 1 attends fully
+    "qwen2_5_vl": dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                       window_size=56, fullatt_block_indexes=[1], hidden_act="silu"),
+}  # fmt: skip
+
+
+def qwen_tokenizer():
+    """neva's synthetic byte-level tokenizer with Qwen-VL's special tokens (ids 400 on), no BOS, ``<|im_end|>``
+    as EOS."""
+    from neva.data.synthetic import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": QWEN_SPECIALS})
+    tok._tokenizer.post_processor = None  # Qwen's tokenizers add no BOS
+    tok.eos_token = "<|im_end|>"
+    return tok
+
+
+def tiny_qwen_vl_dir(root: Path, model_type: str, seed: int = 0) -> Path:
+    """Write the directory; returns its path."""
+    import transformers
+
+    tok = qwen_tokenizer()
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in zip(
+        ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
+        ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"))}  # fmt: skip
+    config_cls, model_cls = {
+        "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+        "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+    }[model_type]
+    vision = dict(VISION[model_type], patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=2)
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(text_config=TEXT, vision_config=vision, **ids)
+    model = getattr(transformers, model_cls)(config).eval()
+    randomise_inits(model)
+    with torch.no_grad():  # unit-scale tower activations: the blocks' share of the features stays visible
+        for name, p in model.named_parameters():
+            if "visual" in name and name.endswith("weight") and p.dim() > 1:
+                p.mul_(8)
+    out = root / model_type
+    model.save_pretrained(str(out))
+    # Its processor's parts (transformers' Qwen2-VL processor class itself needs torchvision for videos)
+    image_processor(MIN_PIXELS, MAX_PIXELS).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def image_processor(min_pixels: int, max_pixels: int):
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=PATCH, merge_size=MERGE)
+
+
+def hf_inputs(tokenizer, processor, text: str, images: list) -> dict:
+    """What the Qwen2-VL processor gives: each ``<|image_pad|>`` repeated t·h·w / merge² times, the PIL image
+    processor's pixels and grids."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    out = {}
+    if images:
+        out = dict(processor(images=images, return_tensors="pt"))
+        pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        counts = iter((out["image_grid_thw"].prod(-1) // MERGE**2).tolist())
+        ids = [x for i in ids for x in ([pad] * next(counts) if i == pad else [i])]
+    ids = torch.tensor([ids])
+    # The processor's token kinds (0 text, 1 image): transformers 5 places M-RoPE by them
+    kinds = (ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).long()
+    return {"input_ids": ids, "mm_token_type_ids": kinds, **out}
+
+
+def write_image(path: Path, size: tuple[int, int], seed: int) -> None:
+    """A random RGB image of ``size`` (width, height)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(arr).save(path)
