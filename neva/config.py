@@ -210,7 +210,8 @@ class DPOConfig:
     loss_type: str = "sigmoid"  # sigmoid | robust | hinge | ipo
     label_smoothing: float = 0.0  # sigmoid (cDPO) and robust: the assumed share of flipped labels
     sft_weight: float = 0.0  # weight of the chosen reply's mean token NLL (LLaVA-NeXT's gamma, TRL's rpo_alpha)
-    # reference log-probs from the records (ref_chosen_logps / ref_rejected_logps) instead of a reference forward
+    # no reference forward in training: the records' ref_chosen_logps / ref_rejected_logps, else one pass before the
+    # first step into <exp_dir>/reference_logps.pt (neva.training.reference_logps)
     precompute_ref_log_probs: bool = False
 
     def __post_init__(self) -> None:

@@ -123,9 +123,15 @@ def last_reply_only(labels: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def carries_reference(record: Any) -> bool:
+    """The record carries its own reference log-probs (TRL's precomputed columns)."""
+    values = [record.get(k) for k in REFERENCE_KEYS] if isinstance(record, dict) else [None]
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
 def _reference(record: dict[str, Any]) -> torch.Tensor:
     values = [record.get(k) for k in REFERENCE_KEYS]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    if not carries_reference(record):
         raise PairError("no_reference_logps")
     return torch.tensor(values, dtype=torch.float32)
 
@@ -140,16 +146,23 @@ class PreferenceDataset(Dataset):
         self.base = conversations
         self.precomputed = precomputed
         self._log = SkipLogger()
+        # The run's precomputed reference log-probs ``[N, 2]`` of the records that carry none
+        # (``neva.training.reference_logps``; NaN: none), or None.
+        self.reference_table: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.base.records)
 
-    def _pair(self, record: Any) -> dict[str, Any]:
+    def _pair(self, record: Any, index: int, reference: bool) -> dict[str, Any]:
         if not isinstance(record, dict):
             raise PairError("malformed_pair", f"record {record!r:.80}")
         pair: dict[str, Any] = {"id": record.get("id")}
-        if self.precomputed:
-            pair["ref_logps"] = _reference(record)
+        if reference:
+            table = self.reference_table
+            if table is not None and not carries_reference(record) and bool(table[index].isfinite().all()):
+                pair["ref_logps"] = table[index]
+            else:
+                pair["ref_logps"] = _reference(record)
         for side, conversation in zip(("chosen", "rejected"), pair_conversations(record)):
             b = self.base
             sample = process_record(conversation, b.settings, b.image_source, b.front_end, b.video_source)
@@ -159,14 +172,19 @@ class PreferenceDataset(Dataset):
         return pair
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        record = self.base.records[index]
-        try:
-            pair = self._pair(record)
-        except SampleError as exc:
-            pair = skip_marker(record.get("id") if isinstance(record, dict) else None, exc.reason, exc.detail)
+        pair = self.item(index, self.precomputed)
         if is_skipped(pair):
             self._log(pair)
         return pair
+
+    def item(self, index: int, reference: bool) -> dict[str, Any]:
+        """The pair at ``index`` (a skip marker for a bad one, not logged); with its reference log-probs when
+        ``reference`` (the precompute pass scores the pairs without)."""
+        record = self.base.records[index]
+        try:
+            return self._pair(record, index, reference)
+        except SampleError as exc:
+            return skip_marker(record.get("id") if isinstance(record, dict) else None, exc.reason, exc.detail)
 
     def modality_lengths(self) -> list[int]:
         """The chosen conversation's approximate length (the grouped sampler's key); 1 for a bad record."""

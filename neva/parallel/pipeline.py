@@ -200,6 +200,10 @@ class PipelineRunner:
         self._weight: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._grad_factor = 1.0
         self._loss_sums: list[torch.Tensor] = []
+        # The step's head objective (None: token cross-entropy on the labels) and its micro-batches by their labels'
+        # identity: the schedule hands the loss function only a micro-batch's target (its labels tensor).
+        self._head: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None = None
+        self._by_target: dict[int, dict[str, Any]] = {}
         # Static stage inputs and outputs (``PipelineStage``'s ``input_args`` / ``output_args``) per (chunk id, padded
         # step shape), instead of inferring them over the wire: the full-size rehearsal's fake tensors and fake process
         # group move no data (``neva.training.rehearsal``). None in training.
@@ -207,7 +211,11 @@ class PipelineRunner:
 
     def _loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # The weight comes from the micro-batch's own labels: the schedule does not say which micro-batch this is.
-        loss, _ = token_cross_entropy(logits, labels)
+        # A head objective reads its whole micro-batch (the preference stage: the pairs and the reference's
+        # log-probs). A new schedule's set-up call passes a copy of the labels (no micro-batch of the step): token
+        # cross-entropy there, as without a head; only its gradients' shapes are used.
+        mb = self._by_target.get(id(labels)) if self._head is not None else None
+        loss = token_cross_entropy(logits, labels)[0] if mb is None else self._head(logits, mb)
         weight = self._weight(labels) if self._weight is not None else 1.0
         self._loss_sums.append((loss.detach() * weight).float())
         return loss * (weight * self._grad_factor)
@@ -258,15 +266,22 @@ class PipelineRunner:
         weight: Callable[[torch.Tensor], torch.Tensor],
         grad_factor: float,
         multiple: int = 1,
+        head: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None = None,
     ):
         """Run the schedule (forward + backward of every micro-batch); returns the weighted sum of the micro-batches'
-        token losses (``weight(labels)`` each; backward of that times ``grad_factor``) on every pipeline rank."""
-        return self._run(micro_batches, weight, grad_factor, multiple, train=True)
+        losses (``weight(labels)`` each; backward of that times ``grad_factor``) on every pipeline rank. A loss is
+        ``head(logits, padded micro-batch)`` on the last stage, token cross-entropy when ``head`` is None."""
+        return self._run(micro_batches, weight, grad_factor, multiple, train=True, head=head)
 
     @torch.no_grad()
-    def evaluate(self, micro_batches: list[dict[str, Any]], multiple: int = 1) -> torch.Tensor:
-        """Forward only; the summed token loss on every pipeline rank."""
-        return self._run(micro_batches, None, 1.0, multiple, train=False)
+    def evaluate(
+        self,
+        micro_batches: list[dict[str, Any]],
+        multiple: int = 1,
+        head: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Forward only; the summed loss (``head``'s, token cross-entropy by default) on every pipeline rank."""
+        return self._run(micro_batches, None, 1.0, multiple, train=False, head=head)
 
     def _agreed_shape(self, micro_batches: list[dict[str, Any]], multiple: int) -> tuple[int, int]:
         """The step's padded shape, the largest over the data-parallel replicas.
@@ -282,7 +297,7 @@ class PipelineRunner:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.dp_group)
         return int(agreed[0]), int(agreed[1])
 
-    def _run(self, micro_batches, weight, grad_factor: float, multiple: int, train: bool) -> torch.Tensor:
+    def _run(self, micro_batches, weight, grad_factor: float, multiple: int, train: bool, head=None) -> torch.Tensor:
         micro_batches = pad_micro_batches(micro_batches, shape=self._agreed_shape(micro_batches, multiple))
         n = len(micro_batches)
         schedule, stages = self._schedule(tuple(micro_batches[0]["input_ids"].shape), n, train)
@@ -294,9 +309,14 @@ class PipelineRunner:
         self._weight, self._grad_factor = weight, grad_factor
         self._loss_sums = []
         args, kwargs, targets = self._inputs(micro_batches)
+        self._head = head
+        self._by_target = {id(t): mb for t, mb in zip(targets, micro_batches)} if head is not None else {}
         ctx = self.autocast() if self.autocast is not None else contextlib.nullcontext()
-        with ctx:
-            schedule._step_microbatches(arg_mbs=args, kwarg_mbs=kwargs, target_mbs=targets, return_outputs=False)
+        try:
+            with ctx:
+                schedule._step_microbatches(arg_mbs=args, kwarg_mbs=kwargs, target_mbs=targets, return_outputs=False)
+        finally:
+            self._head, self._by_target = None, {}
         # A new schedule's first step also evaluates the loss once while it sets the stages up; the micro-batch
         # losses are the last ``n`` calls.
         sums = self._loss_sums[-n:] if self.holds_last else []

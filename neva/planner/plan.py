@@ -12,19 +12,25 @@ from neva.parallel.pipeline import check_deepstack_split, check_splittable, spli
 from neva.parallel.tensor_parallel import check_divisibility
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
 from neva.planner.deployment import Deployment, deployment_from_config
-from neva.planner.flops import stage_flops
+from neva.planner.flops import StageFlops, stage_flops
 from neva.planner.hardware import hardware_from_config
 from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import dispatch_bytes, moe_facts
 from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
+from neva.planner.preference import (
+    frozen_inventory,
+    reference_bytes,
+    reference_kind,
+    sequence_deployment,
+    sequences_per_sample,
+)
 from neva.typed import ConfigError
 
 # Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
 # after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
-# A preference stage (dpo) is planned as finetuning on its conversations: a pair counts as one sample; its second row
-# and the reference's forward (no gradient, FSDP-sharded like the policy) are not modelled (docs/PRESETS.md).
+# A preference stage (dpo) has finetuning's conversations: a pair is two of them (neva.planner.preference).
 TEXT_TOKENS = {"pretrain": 100, "finetune": 450, "dpo": 450}
 # Share of those text tokens that are learned: a pretrain sample's text is its caption, about half of a finetune
 # conversation's is the assistant's replies (the rest prompt and template). The LM head runs only there without TP.
@@ -45,10 +51,12 @@ class StageMemory:
     activations: float
     working: float
     overhead: float
+    reference: int = 0  # the preference stage's frozen reference copy (neva.planner.preference)
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.working + self.overhead
+        fixed = self.params + self.grads + self.optimizer + self.reference
+        return fixed + self.activations + self.working + self.overhead
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class Plan:
                 "activations": peak.activations / GiB,
                 "working": peak.working / GiB,
                 "overhead": peak.overhead / GiB,
+                "reference": peak.reference / GiB,
                 "total": peak.total / GiB,
                 "stage": peak.stage,
             },
@@ -142,6 +151,10 @@ def plan_run(
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
     layout = dep.layout
+    # The model sees sequences: a preference pair is two (its micro-batches counted in them); dep stays in samples.
+    rows = sequences_per_sample(cfg)
+    seq_dep = sequence_deployment(dep, rows) if rows > 1 else dep
+    reference = reference_kind(cfg)
     if layout.tp > 1:
         check_divisibility(ncfg, layout.tp)
     check_splittable(ncfg, layout.pp)
@@ -157,13 +170,16 @@ def plan_run(
     seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else images.tokens, text_tokens)
     learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
     flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames, images.grid)
+    if reference is not None:  # its forward of each sequence, without autograd
+        ref = stage_flops(frozen_inventory(infos), ncfg, layout, seq, layers, images.tiles, frames, images.grid)
+        flops = [StageFlops(f.model + r.model, f.per_gpu + r.per_gpu, f.backward) for f, r in zip(flops, ref)]
     stages = []
     for s in range(layout.pp):
         state = rank_state_bytes(infos, dep, s, layers)
         acts = stage_activation_bytes(
             ncfg,
             infos,
-            dep,
+            seq_dep,
             seq,
             s,
             layers[s],
@@ -173,21 +189,22 @@ def plan_run(
             images.tiles,
             frames,
         )
-        working = working_bytes(infos, dep, s, layers)
+        working = working_bytes(infos, seq_dep, s, layers)
         stages.append(
             StageMemory(
                 stage=s,
                 layers=len(layers[s]),
                 params=state.params,
-                grads=peak_grad_bytes(infos, dep, s, layers, state.grads, acts + working),
+                grads=peak_grad_bytes(infos, seq_dep, s, layers, state.grads, acts + working),
                 optimizer=state.optimizer,
                 activations=acts,
                 working=working,
                 overhead=hw.eff.memory_overhead_gb * GiB,
+                reference=reference_bytes(infos, dep, s, layers) if reference == "frozen" else 0,
             )
         )
-    time = step_time(ncfg, infos, dep, hw, seq, layers, flops)
-    per_sample = sum(f.model for f in flops)
+    time = step_time(ncfg, infos, seq_dep, hw, seq, layers, flops)
+    per_sample = sum(f.model for f in flops) * rows
     samples = layout.global_batch_size / time.step
     mfu = per_sample * samples / (layout.world * hw.peak_flops)
     # The dispatched hidden states are the feed-forward norm's output: fp32 under autocast, the parameters' dtype else.

@@ -8,7 +8,8 @@ objective it runs the reference forward in ``prepare`` (no gradient; before the 
 rewards and log-probs as metrics.
 
 The reference is the starting weights: a frozen second model built from the run's own source, or, under LoRA, the
-trained model with its adapters off (no copy); or, with ``model.dpo.precompute_ref_log_probs``, the records' values.
+trained model with its adapters off (no copy); or, with ``model.dpo.precompute_ref_log_probs``, the records' values
+and the values of one pass of that reference before training (``neva.training.reference_logps``).
 """
 
 from __future__ import annotations
@@ -19,19 +20,23 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from neva.checkpoint.source import ModelSource
 from neva.config import DPOConfig, TrainConfig
 from neva.constants import IGNORE_INDEX
+from neva.data.preference import carries_reference
 from neva.errors import ConfigError
 from neva.models.lora import adapters_disabled
 from neva.models.preference_loss import PREFERENCE_LOSSES, pair_losses, sequence_logps
 from neva.models.trainable import TrainablePolicy, build_meta_model
 from neva.parallel.layout import Layout
-from neva.parallel.parallelize import parallelize
+from neva.parallel.parallelize import ParallelModel, parallelize
+from neva.parallel.pipeline import PipelineRunner
 from neva.parallel.precision import Precision
+from neva.training.reference_logps import attach_precomputed
 
 # What a step reports, in the order of the values summed over pairs and data-parallel ranks (then / pairs).
 METRICS = (
@@ -41,8 +46,6 @@ METRICS = (
 
 # Layouts and settings the preference stage refuses, each with why (key, refused value, reason).
 REFUSED = (
-    ("model.pipeline_model_parallel_size", lambda c: c.model.pipeline_model_parallel_size > 1,
-     "the pipeline schedule carries token losses, not pair batches; use data parallelism"),
     ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
      "the preference stage averages over the global batch's pairs (global_tokens)"),
     ("model.data.packing", lambda c: c.model.data.packing, "every reply keeps a row of its own"),
@@ -98,6 +101,8 @@ class PreferenceObjective:
         self.mean = PREFERENCE_LOSSES[cfg.loss_type][1]
         self.reference = reference
         self._sums: torch.Tensor | None = None
+        # Pipeline parallelism: only the last stage forms the pairs' losses; the metrics are summed over the stages.
+        self.pp_group: Any = None
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> PreferenceObjective | None:
@@ -148,6 +153,9 @@ class PreferenceObjective:
     def step_values(self, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         values = self._sums if self._sums is not None else torch.zeros(len(METRICS) + 1, device=total.device)
         self._sums = None
+        if self.pp_group is not None:
+            values = values.to(total.device)
+            dist.all_reduce(values, group=self.pp_group)
         return total, values.to(total.device)
 
     def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -163,16 +171,42 @@ class PreferenceObjective:
         layout: Layout,
         precision: Precision,
         dims: Any = None,
+        data: Any = None,
     ) -> None:
-        """The reference forward of the run: none under ``precompute_ref_log_probs``; the engine's own model with
-        its adapters off under LoRA; else a frozen model of the starting weights, parallelized as the run is."""
-        if cfg.model.dpo.precompute_ref_log_probs:
+        """The reference forward of the run (``live_reference``): the engine's own model with its adapters off under
+        LoRA; else a frozen model of the starting weights, parallelized as the run is (under pipeline parallelism its
+        forward is a pipeline pass of its own, whose last stage holds the log-probs). Under
+        ``precompute_ref_log_probs`` none: it scores the pairs of ``data`` (the run's data module) that carry no
+        values once, before training, into ``<exp_dir>/reference_logps.pt`` (``neva.training.reference_logps``),
+        and is dropped."""
+        if layout.pp > 1:
+            self.pp_group = engine.parallel.group("pp")
+        if not cfg.model.dpo.precompute_ref_log_probs:
+            self.reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean)
             return
-        if cfg.model.peft.peft_scheme == "lora":
-            self.reference = reference_forward(engine, None, lambda: adapters_disabled(engine.model), self.mean)
-        else:
-            model = frozen_reference(cfg, source, layout, engine.device, precision, dims)
-            self.reference = reference_forward(engine, model, contextlib.nullcontext, self.mean)
+        datasets = [*data.train_datasets, *data.val_datasets] if data is not None else []
+        if any(not carries_reference(r) for d in datasets for r in d.base.records):
+            attach_precomputed(
+                datasets, data.collator, lambda: live_reference(engine, cfg, source, layout, precision, dims, self.mean),
+                engine, cfg.exp_manager.exp_dir, source, self.mean, str(cfg.trainer.precision),
+                cfg.model.micro_batch_size, self.pp_group,
+            )  # fmt: skip
+
+
+def live_reference(
+    engine: Any, cfg: TrainConfig, source: ModelSource, layout: Layout, precision: Precision, dims: Any, mean: bool
+) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """The reference forward: the engine's own model with its adapters off under LoRA, else a frozen model of the
+    starting weights; a pipeline pass of their chunks under pipeline parallelism."""
+    if cfg.model.peft.peft_scheme == "lora":
+        off = lambda: adapters_disabled(engine.model)  # noqa: E731
+        if layout.pp > 1:
+            return pipeline_reference(engine, engine.parallel.runner, off, mean)
+        return reference_forward(engine, None, off, mean)
+    ref = frozen_reference(cfg, source, layout, engine.device, precision, dims)
+    if layout.pp > 1:
+        return pipeline_reference(engine, ref.runner, contextlib.nullcontext, mean)
+    return reference_forward(engine, ref.parts[0], contextlib.nullcontext, mean)
 
 
 def reference_forward(
@@ -189,13 +223,36 @@ def reference_forward(
     return reference
 
 
+def pipeline_reference(
+    engine: Any, runner: PipelineRunner, context: Callable[[], Any], mean: bool
+) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """A pair batch → the sequence log-probs ``[2P]`` of the chunks ``runner`` schedules (the frozen reference's, or
+    the trained ones under ``context``: LoRA's adapters off), by a forward-only pipeline pass. Only the last stage,
+    where the policy's pair losses are formed, gets them; the other stages return zeros (read by nothing)."""
+
+    def reference(batch: dict[str, Any]) -> torch.Tensor:
+        found: list[torch.Tensor] = []
+
+        def head(logits: torch.Tensor, mb: dict[str, Any]) -> torch.Tensor:
+            found.append(batch_logps(logits, mb, engine.device, mean)[0])
+            return torch.zeros((), device=engine.device)
+
+        with torch.no_grad(), context():
+            runner.evaluate([batch], engine.sp_multiple, head=head)
+        return found[-1] if found else torch.zeros(2 * int(batch["pairs"]), device=engine.device)
+
+    return reference
+
+
 def frozen_reference(
     cfg: TrainConfig, source: ModelSource, layout: Layout, device: torch.device, precision: Precision, dims: Any
-) -> torch.nn.Module:
+) -> ParallelModel:
     """The starting weights as a model that trains nothing, sharded by FSDP2 where the run shards (DDP cannot wrap a
-    model without gradients, so a DDP run's reference is sharded too)."""
+    model without gradients, so a DDP run's reference is sharded too), cut into the run's pipeline chunks."""
     frozen = TrainablePolicy(vision=False, projector=False, llm=False, lora=None)
     meta = build_meta_model(source.cfg, frozen)
     ref_layout = dataclasses.replace(layout, data_parallel="fsdp")
-    model = parallelize(meta, source, ref_layout, cfg.model, device, precision, dims).parts[0]
-    return model.eval()
+    model = parallelize(meta, source, ref_layout, cfg.model, device, precision, dims)
+    for part in model.parts:
+        part.eval()
+    return model

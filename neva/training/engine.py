@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -175,6 +175,13 @@ class Engine:
             logits = model(**inputs, output_positions=positions)
         return logits, batch
 
+    def pipeline_head(self) -> Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None:
+        """The head objective as the pipeline's last stage calls it on a padded micro-batch's logits; None for token
+        cross-entropy, which the runner computes from the labels alone."""
+        if isinstance(self.head, TokenCrossEntropy):
+            return None
+        return functools.partial(self.head.loss, device=self.device)
+
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:
         """The head objective's count (learned tokens; pairs) over the whole global batch (all micro-batches, all
         data-parallel ranks)."""
@@ -213,7 +220,9 @@ class Engine:
         with self._loss_context():
             if self.parallel.runner is not None:  # each stage's objectives add their terms in its backward
                 micro_batches = [self._prepare(mb) for mb in micro_batches]
-                local = self.parallel.runner.forward_backward(micro_batches, weight, self.dp_size, self.sp_multiple)
+                local = self.parallel.runner.forward_backward(
+                    micro_batches, weight, self.dp_size, self.sp_multiple, head=self.pipeline_head()
+                )
             else:
                 local = torch.zeros((), device=self.device)
                 for i, mb in enumerate(micro_batches):
@@ -247,8 +256,12 @@ class Engine:
     @torch.no_grad()
     def evaluate(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-weighted validation loss over ``micro_batches`` (all data-parallel ranks)."""
-        if self.parallel.runner is not None:
+        if self.parallel.runner is not None and self.pipeline_head() is None:
             total = self.parallel.runner.evaluate(micro_batches, self.sp_multiple)
+        elif self.parallel.runner is not None:  # a head objective reads what its objectives prepare (the reference's)
+            with self._loss_context():
+                micro_batches = [self._prepare(mb) for mb in micro_batches]
+                total = self.parallel.runner.evaluate(micro_batches, self.sp_multiple, head=self.pipeline_head())
         else:
             total = torch.zeros((), device=self.device)
             with self._loss_context():

@@ -190,7 +190,7 @@ class NevaModule(pl.LightningModule):
         )
         if preference is not None:
             preference.attach_reference(
-                self.engine, self.cfg, self.source, self.layout, self.precision_policy, parallel.dims
+                self.engine, self.cfg, self.source, self.layout, self.precision_policy, parallel.dims, data=self.data
             )
         self.model = self.engine.model
         self.trainable_params = counts["trainable"]

@@ -122,8 +122,8 @@ def train_losses(
     base: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses, gradient norms (before
-    clipping), the auxiliary objectives' metrics and parameter dtypes (``keep_engine``: the trained engine too, for
-    in-process checks). A video model, or ``kinds`` (a ``ROW_KINDS`` name), trains on hand-built micro-batches
+    clipping), the auxiliary objectives' metrics and parameter dtypes (``keep_engine``: the trained engine and its data
+    module too, for in-process checks). A video model, or ``kinds`` (a ``ROW_KINDS`` name), trains on hand-built micro-batches
     (``media_steps``). ``base``: the overrides under ``overrides`` (default ``BASE``)."""
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
@@ -175,7 +175,7 @@ def train_losses(
         "aux_metrics": aux,
         "param_dtypes": dtypes,
         "tower_patches": tower,
-        **({"engine": engine} if keep_engine else {}),
+        **({"engine": engine, "data": data} if keep_engine else {}),
     }
 
 

@@ -1,13 +1,19 @@
-"""The preference stage under DP2 (FSDP2 ZeRO-3, DDP) and TP2+SP equals one process per step (loss, gradient norm,
-rewards), with a frozen reference model (sharded too) and with LoRA's adapters-off reference. One spawn of two
-gloo processes. Pipeline parallelism is refused by the stage (``neva.training.dpo.REFUSED``)."""
+"""The preference stage under DP2 (FSDP2 ZeRO-3, DDP), TP2+SP and PP2 (1F1B) equals one process per step (loss,
+gradient norm, rewards) and in validation (the pair loss on held-out pairs), with a frozen reference model (sharded,
+pipelined too) and with LoRA's adapters-off reference. One spawn of two gloo processes. A PP2 checkpoint resumes in
+one process on the one-process curve."""
 
 from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
 
 import pytest
 
 from .harness import BASE, make_checkpoint, run_layouts, train_losses
-from .test_parallel_training import RTOL, _check_layouts
+from .test_parallel_training import E2E, RTOL, _check_layouts, _tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +33,8 @@ LAYOUTS = {
     "ddp": ["model.data_parallel=ddp"],
     # vocab-sharded logits at every position (the pair head under loss_parallel), sequence-parallel activations
     "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    # the pairs' rows reach the last stage in one micro-batch; the reference runs a forward-only pipeline pass
+    "pp2": ["model.pipeline_model_parallel_size=2"],
 }
 UNSUPPORTED = {("lora", "tp2_sp")}  # LoRA under TP is refused by neva (parallel/tensor_parallel.py), any stage
 
@@ -34,18 +42,69 @@ UNSUPPORTED = {("lora", "tp2_sp")}  # LoRA under TP is refused by neva (parallel
 def test_dp2_equals_one_process(tmp_path):
     restore = [f"model.restore_from_path={make_checkpoint(tmp_path / 'ft')}"]
     args = dict(steps=STEPS, base=DPO_BASE)
-    refs = {name: train_losses(restore + o, **args) for name, o in CASES.items()}
+    refs = {name: train_and_validate(restore + o, **args) for name, o in CASES.items()}
     runs = {case: [lay for lay in LAYOUTS if (case, lay) not in UNSUPPORTED] for case in CASES}
     jobs = [
         (f"{case}_{lay}", restore + CASES[case] + LAYOUTS[lay], args) for case, lays in runs.items() for lay in lays
     ]
-    results = run_layouts(2, jobs, tmp_path / "dp2")
+    # precomputed reference log-probs under PP2: the pass's values are the last stage's (neva.training.reference_logps)
+    precomputed = ["model.dpo.precompute_ref_log_probs=true", f"exp_manager.exp_dir={tmp_path / 'precomputed'}"]
+    jobs.append(("precomputed_pp2", restore + CASES["full"] + precomputed + LAYOUTS["pp2"], args))
+    results = run_layouts(2, jobs, tmp_path / "dp2", train=train_and_validate)
+    checked = {case: [f"{case}_{lay}" for lay in lays] for case, lays in runs.items()}
+    checked["full"].append("precomputed_pp2")  # against the live reference's one-process run
     for case, ref in refs.items():
         assert ref["aux_metrics"][1]["rewards/margin"] != 0  # the second step's policy is not the reference
-        names = [f"{case}_{lay}" for lay in runs[case]]
+        names = checked[case]
         _check_layouts(results, names, ref)  # losses and gradient norms
         for name in names:
             for rank in results:
+                got, want = rank[name]["val_loss"], ref["val_loss"]
+                assert abs(got - want) <= RTOL * max(abs(want), 1.0), (name, "val_loss", got, want)
                 for got, want in zip(rank[name]["aux_metrics"], ref["aux_metrics"], strict=True):
                     for key, value in want.items():
                         assert abs(got[key] - value) <= RTOL * max(abs(value), 1.0), (name, key, got[key], value)
+
+
+def train_and_validate(overrides: list[str], steps: int, base: list[str]) -> dict:
+    """``train_losses``, then the validation loss (the pair objective on the held-out pairs, the reference's
+    log-probs prepared as in training) of the trained model over this rank's validation batches."""
+    out = train_losses(overrides, steps=steps, base=base, keep_engine=True)
+    engine, data = out.pop("engine"), out.pop("data")
+    engine.model.eval()
+    out["val_loss"] = engine.evaluate(list(data.val_dataloader()))[0].item()
+    return out
+
+
+def test_resume_across_layouts_continues_the_curve(tmp_path):
+    """``torchrun -m neva.train +stage=dpo`` under PP2 checkpoints step 2 (a DCP directory); one process resumes it
+    and its step 3 (loss, rewards, logps) is the uninterrupted one-process run's, the reference rebuilt from the
+    starting weights (not the checkpoint's). Constant learning rate, so legs of different lengths share one curve."""
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    run = [o for o in E2E if o != "+stage=finetune"] + [
+        "+stage=dpo", "model.global_batch_size=4", "model.optim.lr=1e-3", "model.optim.sched.name=constant_with_warmup",
+        "model.optim.sched.warmup_steps=0", "trainer.max_steps=3",
+    ]  # fmt: skip
+    ref = _dpo_train(tmp_path / "one", ckpt, 1, *run)
+    _dpo_train(tmp_path / "chain", ckpt, 2, *run, "trainer.max_steps=2", "model.pipeline_model_parallel_size=2")
+    assert (tmp_path / "chain" / "dpo" / "checkpoints" / "last.ckpt").is_dir()
+    resumed = _dpo_train(tmp_path / "chain", ckpt, 1, *run, resumes_at=2)
+    assert len(ref) == len(resumed) == 3 and float(ref[2]["rewards/margin"]) != 0
+    for got, want in zip(resumed, ref, strict=True):
+        for key in ("train_loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "ref_logps/rejected"):
+            assert abs(float(got[key]) - float(want[key])) <= RTOL * max(abs(float(want[key])), 1.0), (key, got, want)
+
+
+def _dpo_train(root, ckpt, nproc: int, *overrides: str, resumes_at: int | None = None) -> list[dict[str, str]]:
+    env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "neva.train"]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "neva.train"]
+    every = "exp_manager.checkpoint_callback_params.every_n_train_steps=1"
+    cmd = [*launcher, f"model.restore_from_path={ckpt}", *overrides, every]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    output = proc.stdout + proc.stderr
+    assert resumes_at is None or f"at step {resumes_at}" in output, output[-4000:]
+    with open(root / "dpo" / "metrics.csv") as f:
+        return [r for r in csv.DictReader(f) if r.get("train_loss")]

@@ -62,7 +62,6 @@ def test_without_a_finetuned_model_the_stage_says_what_to_run(tmp_path):
 @pytest.mark.parametrize(
     "override,key",
     [
-        ("model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_size"),
         ("model.loss_normalization=micro_batch_mean", "model.loss_normalization"),
         ("model.peft.peft_scheme=lora", "model.mm_cfg.freeze_projector"),
         ("model.data.packing=true", "model.data.packing"),
