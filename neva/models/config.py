@@ -63,6 +63,11 @@ class VisionConfig:
     image_mean: tuple[float, float, float] | None = None  # None: the tower kind's (CLIP's, or SigLIP's 0.5)
     image_std: tuple[float, float, float] | None = None
 
+    @property
+    def is_native(self) -> bool:
+        """A native-resolution tower (flattened patches with per-item grids): none of the tower kinds yet."""
+        return False
+
     def __post_init__(self) -> None:
         if self.kind not in TOWER_KINDS:
             raise ValueError(f"vision kind must be one of {sorted(TOWER_KINDS)}, got {self.kind!r}")
