@@ -186,9 +186,7 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.global_batch_size": Same(),
     "model.tensor_model_parallel_size": Same(),
     "model.pipeline_model_parallel_size": Same(),
-    "model.context_parallel_size": Fixed(
-        ("1",), "context parallelism is not implemented; long sequences: model.sequence_parallel with TP"
-    ),
+    "model.context_parallel_size": Same(),
     "model.virtual_pipeline_model_parallel_size": Same(),
     "model.restore_from_path": Same("a neva checkpoint directory (NeMo: a .nemo file; " + _NO_NEMO + ")"),
     "model.mm_cfg.llm.from_pretrained": Same("a local HF Llama directory (NeMo: a .nemo file)"),

@@ -138,7 +138,7 @@ class RankMemory:
 def rank_roles(layout: Layout, stages: list[int] | None = None) -> list[tuple[int, int]]:
     """``(pipeline stage, global rank)`` of each distinct rank role: the (dp 0, tp 0) rank of every stage (of
     ``stages``, default all)."""
-    return [(s, s * layout.dp * layout.tp) for s in (range(layout.pp) if stages is None else stages)]
+    return [(s, s * layout.dp * layout.cp * layout.tp) for s in (range(layout.pp) if stages is None else stages)]
 
 
 def edge_stages(layout: Layout) -> list[int]:

@@ -1,0 +1,177 @@
+"""Context parallelism: every row of a micro-batch split over the ``cp`` ranks of a mesh dimension.
+
+The ``cp`` ranks of one data-parallel rank read the same micro-batches (the samplers are keyed on the dp rank). Each
+splits every micro-batch on the host (``split_batch``), load-balanced for causal attention as Megatron does: the row
+length is padded to a multiple of ``2 · cp`` and cut into ``2 · cp`` chunks; rank r holds chunks ``r`` and
+``2 · cp − 1 − r`` (a front chunk, whose queries see few keys, and a back one, whose queries see many). Everything
+per token goes with its tokens: ids, ``position_ids`` ``[P, B, S]`` (RoPE then uses each token's global position),
+segment ids, LoRA dropout keys; the learned positions (``output_positions`` / ``targets``) and the media positions
+keep those on this rank's columns, remapped to local ones.
+
+The model receives a ``ContextShard`` (``neva.models.context_shard``) carrying the whole rows' segment ids and
+``all_gather``, this module's differentiable all-gather over the cp group:
+
+- attention: every layer all-gathers its keys and values (one collective of ``2 · S / cp`` tokens' worth per rank)
+  and the local queries attend per segment. All-gather, not a ring: it is exact with the per-segment kernels
+  unchanged (packing, sliding windows), needs no online-softmax merge of partial results, and its cost — the whole
+  row's keys and values on every rank for one layer at a time — is small beside the activations CP divides
+  (``num_kv_heads · head_dim`` per token, a fraction of the hidden size under GQA). A ring overlaps the transfer
+  with compute at very long rows; that is left for when it is measured to matter;
+- media: each cp rank encodes its share of the micro-batch's tower inputs (images, AnyRes tiles, video frames,
+  balanced by count) and the projected features are all-gathered; each rank writes those at its positions.
+
+Loss and gradients: each rank's summed token loss covers its own learned tokens, normalised by the learned tokens
+of the whole global batch (counted before the split, summed over dp); gradients are reduced over dp × cp (FSDP2
+shards over it), so the step equals one process's (``neva.training.engine``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from neva.models.config import NevaConfig
+from neva.models.context_shard import ContextShard
+from neva.models.media import Media
+from neva.parallel.layout import Layout
+from neva.typed import ConfigError
+
+# Per-token tensors ``[..., B, S]`` split with their tokens, and the value their padding takes.
+_TOKEN_PAD = {"input_ids": 0, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0, "token_mask": False}
+
+
+def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
+    """Refuse what context parallelism does not compose with yet.
+
+    Raises:
+        ConfigError: cp > 1 with tensor or pipeline parallelism, expert parallelism or an MoE decoder, or a
+            native-resolution vision tower.
+    """
+    if layout.cp == 1:
+        return
+    refused = []
+    if layout.tp > 1:
+        refused.append(f"model.tensor_model_parallel_size={layout.tp}")
+    if layout.pp > 1:
+        refused.append(f"model.pipeline_model_parallel_size={layout.pp}")
+    if layout.ep > 1 or cfg.llm.is_moe:
+        refused.append("an MoE decoder (model.expert_model_parallel_size, its routers' statistics)")
+    if cfg.vision is not None and cfg.vision.is_native:
+        refused.append("a native-resolution vision tower")
+    if refused:
+        raise ConfigError(
+            f"model.context_parallel_size={layout.cp} composes with data parallelism (FSDP2 / DDP) only so far, not "
+            f"with {', '.join(refused)}"
+        )
+
+
+def chunk_columns(length: int, cp: int, rank: int) -> torch.Tensor:
+    """The global columns rank ``rank`` holds of a row of ``length`` (a multiple of ``2 · cp``): chunks ``rank``
+    and ``2 · cp − 1 − rank``."""
+    chunk = length // (2 * cp)
+    front = torch.arange(rank * chunk, (rank + 1) * chunk)
+    back = torch.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk)
+    return torch.cat([front, back])
+
+
+def split_batch(
+    batch: dict[str, Any], cp: int, rank: int, group: Any, packed: bool, rotation: int = 0
+) -> dict[str, Any]:
+    """This rank's share of a collated (host) micro-batch, with the ``context`` the model takes (``rotation``: see
+    ``ContextShard``).
+
+    ``labels`` are dropped: the loss reads ``output_positions`` / ``targets`` (a shifted loss over split columns
+    would pair tokens across chunk boundaries). ``packed``: segment ids bound attention (else one causal run per
+    row, as the unpacked forward has it).
+    """
+    ids = batch["input_ids"]
+    b, s = ids.shape
+    length = -(-s // (2 * cp)) * (2 * cp)
+    columns = chunk_columns(length, cp, rank)
+    out = {k: v for k, v in batch.items() if k != "labels"}
+    for key, pad in _TOKEN_PAD.items():
+        value = batch.get(key)
+        if isinstance(value, torch.Tensor):
+            if length > s:
+                value = torch.cat([value, value.new_full((*value.shape[:-1], length - s), pad)], dim=-1)
+            out[key] = value[..., columns]
+    segments = batch.get("segment_ids") if packed else None
+    if segments is None:
+        segments = torch.ones(b, length, dtype=torch.long)
+    elif length > s:
+        segments = torch.cat([segments, segments.new_zeros(b, length - s)], dim=1)
+    local = torch.full((length,), -1, dtype=torch.long)
+    local[columns] = torch.arange(columns.numel())
+    if batch.get("output_positions") is not None:
+        keep, out["output_positions"] = _localize(batch["output_positions"], local)
+        out["targets"] = batch["targets"][keep]
+    features = {}
+    if batch.get("media") is not None:
+        media = {}
+        for modality, inputs in batch["media"].items():
+            if inputs is not None and inputs.positions is not None:
+                keep, positions = _localize(inputs.positions, local)
+                features[modality] = keep.nonzero().squeeze(1)
+                inputs = replace(inputs, positions=positions)
+            media[modality] = inputs
+        out["media"] = Media(**media)
+    every = torch.cat([chunk_columns(length, cp, r) for r in range(cp)])
+    out["context"] = ContextShard(
+        rank=rank,
+        size=cp,
+        columns=columns,
+        order=torch.argsort(every),
+        segment_ids=segments,
+        gather=lambda t, dim, sizes: all_gather(t, dim, sizes, group),
+        features=features,
+        rotation=rotation,
+    )
+    return out
+
+
+def _localize(positions: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep [M] bool, positions [M_local, 2])``: the ``(row, column)`` positions on this rank's columns, their
+    columns made local."""
+    cols = local[positions[:, 1]]
+    keep = cols >= 0
+    return keep, torch.stack([positions[keep, 0], cols[keep]], dim=1)
+
+
+class _AllGather(torch.autograd.Function):
+    """Every rank's tensor concatenated along ``dim`` in rank order; backward: each rank's slice of the gradient
+    summed over the ranks (every rank's queries attended every rank's keys)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, dim: int, sizes: list[int], group: Any) -> torch.Tensor:
+        ctx.dim, ctx.sizes, ctx.group = dim, sizes, group
+        rank = dist.get_rank(group)
+        ctx.rank = rank
+        front = t.movedim(dim, 0).contiguous()
+        widest = max(sizes)
+        if front.shape[0] < widest:  # all_gather takes equal shapes: pad to the widest share
+            front = torch.cat([front, front.new_zeros(widest - front.shape[0], *front.shape[1:])])
+        parts = [torch.empty_like(front) for _ in sizes]
+        dist.all_gather(parts, front, group=group)
+        full = torch.cat([p[:n] for p, n in zip(parts, sizes)])
+        return full.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        sizes, rank = ctx.sizes, ctx.rank
+        front = grad.movedim(ctx.dim, 0).contiguous()
+        if dist.get_backend(ctx.group) == "nccl" and len(set(sizes)) == 1:
+            out = front.new_empty(sizes[rank], *front.shape[1:])
+            dist.reduce_scatter_tensor(out, front, group=ctx.group)
+        else:  # gloo has no reduce-scatter of one tensor: sum everything, keep this rank's slice
+            dist.all_reduce(front, group=ctx.group)
+            start = sum(sizes[:rank])
+            out = front[start : start + sizes[rank]]
+        return out.movedim(0, ctx.dim), None, None, None
+
+
+def all_gather(t: torch.Tensor, dim: int, sizes: list[int], group: Any) -> torch.Tensor:
+    """Differentiable all-gather along ``dim`` over ``group`` (``sizes``: each rank's extent along ``dim``)."""
+    return _AllGather.apply(t, dim, list(sizes), group)
