@@ -186,7 +186,11 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.global_batch_size": Same(),
     "model.tensor_model_parallel_size": Same(),
     "model.pipeline_model_parallel_size": Same(),
-    "model.context_parallel_size": Same(),
+    "model.context_parallel_size": Same(
+        "each sequence split over `cp` ranks (load-balanced chunks, keys/values all-gathered, tower inputs shared "
+        'out); composes with DP (FSDP2 / DDP) so far, TP / PP / MoE refused (docs/DISTRIBUTED.md, "Context '
+        'parallelism")'
+    ),
     "model.virtual_pipeline_model_parallel_size": Same(),
     "model.restore_from_path": Same("a neva checkpoint directory (NeMo: a .nemo file; " + _NO_NEMO + ")"),
     "model.mm_cfg.llm.from_pretrained": Same("a local HF Llama directory (NeMo: a .nemo file)"),
