@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from neva.constants import IGNORE_INDEX
+
 from neva.models.config import NevaConfig
 from neva.models.context_shard import ContextShard
 from neva.models.media import Media
@@ -47,14 +49,12 @@ def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
     """Refuse what context parallelism does not compose with yet.
 
     Raises:
-        ConfigError: cp > 1 with tensor or pipeline parallelism, expert parallelism or an MoE decoder, or a
+        ConfigError: cp > 1 with pipeline parallelism, expert parallelism or an MoE decoder, or a
             native-resolution vision tower.
     """
     if layout.cp == 1:
         return
     refused = []
-    if layout.tp > 1:
-        refused.append(f"model.tensor_model_parallel_size={layout.tp}")
     if layout.pp > 1:
         refused.append(f"model.pipeline_model_parallel_size={layout.pp}")
     if layout.ep > 1 or cfg.llm.is_moe:
@@ -63,8 +63,8 @@ def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
         refused.append("a native-resolution vision tower")
     if refused:
         raise ConfigError(
-            f"model.context_parallel_size={layout.cp} composes with data parallelism (FSDP2 / DDP) only so far, not "
-            f"with {', '.join(refused)}"
+            f"model.context_parallel_size={layout.cp} composes with data and tensor parallelism (FSDP2 / DDP, TP + "
+            f"SP) so far, not with {', '.join(refused)}"
         )
 
 
@@ -78,20 +78,27 @@ def chunk_columns(length: int, cp: int, rank: int) -> torch.Tensor:
 
 
 def split_batch(
-    batch: dict[str, Any], cp: int, rank: int, group: Any, packed: bool, rotation: int = 0
+    batch: dict[str, Any], cp: int, rank: int, group: Any, packed: bool, rotation: int = 0, multiple: int = 1
 ) -> dict[str, Any]:
     """This rank's share of a collated (host) micro-batch, with the ``context`` the model takes (``rotation``: see
-    ``ContextShard``).
+    ``ContextShard``; ``multiple``: each rank's columns a multiple of it, sequence parallelism's tp).
 
-    ``labels`` are dropped: the loss reads ``output_positions`` / ``targets`` (a shifted loss over split columns
-    would pair tokens across chunk boundaries). ``packed``: segment ids bound attention (else one causal run per
-    row, as the unpacked forward has it).
+    ``labels`` become ``next_labels``, what each of this rank's positions predicts (a shifted loss over the split
+    columns would pair tokens across chunk boundaries); the learned-positions head reads ``output_positions`` /
+    ``targets``. ``packed``: segment ids bound attention (else one causal run per row, as the unpacked forward has
+    it).
     """
     ids = batch["input_ids"]
     b, s = ids.shape
-    length = -(-s // (2 * cp)) * (2 * cp)
+    unit = 2 * cp * multiple
+    length = -(-s // unit) * unit
     columns = chunk_columns(length, cp, rank)
     out = {k: v for k, v in batch.items() if k != "labels"}
+    if batch.get("labels") is not None:
+        labels = batch["labels"]
+        following = torch.full((b, length), IGNORE_INDEX, dtype=labels.dtype)
+        following[:, : s - 1] = labels[:, 1:]
+        out["next_labels"] = following[:, columns]
     for key, pad in _TOKEN_PAD.items():
         value = batch.get(key)
         if isinstance(value, torch.Tensor):

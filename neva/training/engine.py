@@ -175,6 +175,7 @@ class Engine:
         position where the LM head runs on all (TP layouts: vocab-sharded under ``loss_parallel``)."""
         model = self.model if model is None else model
         if not self.learned_only_head:
+            batch = self._context_split(batch)
             with self._autocast():
                 return model(**model_inputs(batch, self.device, self.packed)), batch
         if "output_positions" not in batch:  # a hand-built batch: found from its host labels (still no device sync)
@@ -182,15 +183,21 @@ class Engine:
             batch = {**batch, "output_positions": positions, "targets": targets}
         if self.join_rows and batch.get("segment_ids") is not None:
             batch = self._prepare(join_rows(batch))
-        if self.cp > 1:
-            cp_rank, group = self.parallel.dims.cp_rank, self.parallel.group("cp")
-            batch = split_batch(batch, self.cp, cp_rank, group, self.packed, rotation=self._split_count)
-            self._split_count += 1  # the same on every cp rank: they run the same micro-batches
+        batch = self._context_split(batch)
         inputs = model_inputs(batch, self.device, self.packed)
         positions = batch["output_positions"].to(self.device, non_blocking=True)
         with self._autocast():
             logits = model(**inputs, output_positions=positions)
         return logits, batch
+
+    def _context_split(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """This rank's share of the micro-batch's rows under context parallelism (unchanged otherwise)."""
+        if self.cp == 1:
+            return batch
+        cp_rank, group = self.parallel.dims.cp_rank, self.parallel.group("cp")
+        batch = split_batch(batch, self.cp, cp_rank, group, self.packed, self._split_count, self.sp_multiple)
+        self._split_count += 1  # the same on every cp rank: they run the same micro-batches
+        return batch
 
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:
         """The head objective's count (learned tokens; pairs) over the whole global batch (all micro-batches, all

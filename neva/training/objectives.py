@@ -39,6 +39,8 @@ class TokenCrossEntropy:
 
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
         if logits.dim() == 3:
+            if batch.get("next_labels") is not None:  # a context-parallel shard: each position's own target
+                return token_cross_entropy(logits, batch["next_labels"].to(device), shifted=True)[0]
             return token_cross_entropy(logits, batch["labels"].to(device))[0]
         return summed_cross_entropy(logits.float(), batch["targets"].to(device, non_blocking=True))
 

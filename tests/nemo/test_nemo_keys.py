@@ -203,8 +203,7 @@ def test_nemo_keys_in_yaml_files_act_as_on_the_command_line(tmp_path):
 
     # A user's primary config (--config-dir/--config-name) through the real command line: exit 2, the same message.
     (tmp_path / "mine.yaml").write_text(
-        "defaults: [neva, _self_]\nstage: pretrain\nmodel:\n  data: {packed_sequence: true}\n"
-        "  fp8: true\n"
+        "defaults: [neva, _self_]\nstage: pretrain\nmodel:\n  data: {packed_sequence: true}\n  fp8: true\n"
     )
     with pytest.raises(ConfigError) as refused:
         compose_config([*STAGE, "model.data.packed_sequence=true", "model.fp8=true"])

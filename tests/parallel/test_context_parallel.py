@@ -69,8 +69,14 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
     _check(results, "cp2_ddp/packed", refs["packed"])
 
 
-def test_cp2_dp2_matches_one_process(llava_dir, tmp_path):
-    """CP2 × DP2 (FSDP2 over the four ranks): the cp pairs read different micro-batches, split each."""
+FOUR_RANK = {
+    "cp2_dp2": [],  # FSDP2 over the four ranks: the cp pairs read different micro-batches and split each
+    "cp2_tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],  # full logits per shard
+}
+
+
+def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
+    """CP2 × DP2 and CP2 × TP2 + SP equal one process."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
     data = {
@@ -79,9 +85,10 @@ def test_cp2_dp2_matches_one_process(llava_dir, tmp_path):
         "video": [f"model.restore_from_path={video_ckpt}", *FAMILIES["llama_clip_video"]],
     }
     refs = {name: train_losses(d, STEPS) for name, d in data.items()}
-    results = run_layouts(4, [(f"cp2_dp2/{name}", d + CP2, STEPS) for name, d in data.items()], tmp_path / "layouts")
-    for name in data:
-        _check(results, f"cp2_dp2/{name}", refs[name])
+    jobs = [(f"{lay}/{name}", d + CP2 + o, STEPS) for lay, o in FOUR_RANK.items() for name, d in data.items()]
+    results = run_layouts(4, jobs, tmp_path / "layouts")
+    for name, _, _ in jobs:
+        _check(results, name, refs[name.split("/")[1]])
 
 
 def test_cp2_checkpoint_resumes_in_one_process(tmp_path):
