@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 
 from neva.constants import IGNORE_INDEX
-
 from neva.models.config import NevaConfig
 from neva.models.context_shard import ContextShard
 from neva.models.media import Media
