@@ -192,7 +192,7 @@ def plan_attention(
             then ignored: the shard carries the whole rows').
     """
     if shard is not None:
-        return _plan_shard(shard, window)
+        return _plan_shard(shard, window, device)
     if segment_ids is None:
         return AttentionPlan("causal" if offset == 0 else "causal_lower_right", window=window)
     if q_len == 1:
@@ -212,9 +212,30 @@ def plan_attention(
     return AttentionPlan("segments", spans=spans, window=window)
 
 
-def _plan_shard(shard: ContextShard, window: int | None) -> AttentionPlan:
-    """Local queries (runs of consecutive global columns) against the gathered rows: for each chunk and each segment
-    it meets, the chunk's queries in the segment attend the segment's keys up to the chunk's last one."""
+def shard_mask_mod(columns: torch.Tensor, segment_ids: torch.Tensor, window: int | None = None):
+    """FlexAttention ``mask_mod`` of a context-parallel shard: local query ``q`` (global column ``columns[q]``) sees
+    gathered key ``kv`` iff both lie in the same segment, ``kv <= columns[q]`` (and, with ``window``, within it)."""
+
+    def mask_mod(batch, head, q, kv):
+        q_abs = columns[q]
+        visible = (segment_ids[batch, q_abs] == segment_ids[batch, kv]) & (kv <= q_abs)
+        return visible if window is None else visible & (q_abs - kv < window)
+
+    return mask_mod
+
+
+def _plan_shard(shard: ContextShard, window: int | None, device: torch.device) -> AttentionPlan:
+    """Local queries against the gathered rows. CUDA: FlexAttention with a query-column map. Otherwise per segment:
+    for each local chunk (a run of consecutive global columns) and each segment it meets, the chunk's queries in the
+    segment attend the segment's keys up to the chunk's last one (lower-right aligned)."""
+    if not attends_per_segment(device):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        seg = shard.segment_ids.to(device)
+        mask_mod = shard_mask_mod(shard.columns.to(device), seg, window)
+        b, keys = seg.shape
+        block_mask = create_block_mask(mask_mod, b, None, shard.columns.numel(), keys, device=device)
+        return AttentionPlan("flex", block_mask=block_mask, window=window, gather=shard.gather_sequence)
     columns = shard.columns.tolist()
     chunks, start = [], 0  # (local start, global start, global end)
     for i in range(1, len(columns) + 1):
