@@ -49,10 +49,30 @@ def llava_dir(tmp_path_factory):
 def test_cp2_matches_one_process(llava_dir, tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
+    anyres_ckpt = make_checkpoint(tmp_path / "anyres", "llama_clip_anyres")
     data = {
         "padded": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)],
         "packed": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, True)],
         "video": [f"model.restore_from_path={video_ckpt}", *FAMILIES["llama_clip_video"]],
+        # LoRA's adapter dropout keyed by sample and position (the keys split with their tokens), blocks recomputed
+        "packed_lora_recompute": [
+            f"model.restore_from_path={ckpt}",
+            *llava_overrides(llava_dir, True),
+            "model.peft.peft_scheme=lora",
+            "model.activations_checkpoint_granularity=full",
+        ],
+        # LLaVA's / NeMo's per-micro-batch mean: each micro-batch's own learned tokens, counted before the split
+        "packed_micro_batch_mean": [
+            f"model.restore_from_path={ckpt}",
+            *llava_overrides(llava_dir, True),
+            "model.loss_normalization=micro_batch_mean",
+        ],
+        # AnyRes tiles shared out over the cp ranks, laid out (newlines, pooling) after the gather
+        "anyres_packed": [
+            f"model.restore_from_path={anyres_ckpt}",
+            *llava_overrides(llava_dir, True),
+            *FAMILIES["llama_clip_anyres"][1:],
+        ],
     }
     count = {"count_tower_inputs": True}
     refs = {name: train_losses(d, STEPS, count_tower_inputs=True) for name, d in data.items()}
