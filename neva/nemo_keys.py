@@ -188,7 +188,7 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.pipeline_model_parallel_size": Same(),
     "model.context_parallel_size": Same(
         "each sequence split over `cp` ranks (load-balanced chunks, keys/values all-gathered, tower inputs shared "
-        'out); composes with DP (FSDP2 / DDP) so far, TP / PP / MoE refused (docs/DISTRIBUTED.md, "Context '
+        'out); composes with DP (FSDP2 / DDP), TP + SP and PP; MoE refused (docs/DISTRIBUTED.md, "Context '
         'parallelism")'
     ),
     "model.virtual_pipeline_model_parallel_size": Same(),

@@ -48,22 +48,19 @@ def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
     """Refuse what context parallelism does not compose with yet.
 
     Raises:
-        ConfigError: cp > 1 with pipeline parallelism, expert parallelism or an MoE decoder, or a
-            native-resolution vision tower.
+        ConfigError: cp > 1 with expert parallelism or an MoE decoder, or a native-resolution vision tower.
     """
     if layout.cp == 1:
         return
     refused = []
-    if layout.pp > 1:
-        refused.append(f"model.pipeline_model_parallel_size={layout.pp}")
     if layout.ep > 1 or cfg.llm.is_moe:
         refused.append("an MoE decoder (model.expert_model_parallel_size, its routers' statistics)")
     if cfg.vision is not None and cfg.vision.is_native:
         refused.append("a native-resolution vision tower")
     if refused:
         raise ConfigError(
-            f"model.context_parallel_size={layout.cp} composes with data and tensor parallelism (FSDP2 / DDP, TP + "
-            f"SP) so far, not with {', '.join(refused)}"
+            f"model.context_parallel_size={layout.cp} composes with data, tensor and pipeline "
+            f"parallelism (FSDP2 / DDP, TP + SP, PP) so far, not with {', '.join(refused)}"
         )
 
 

@@ -182,6 +182,7 @@ class PipelineRunner:
         self._schedules: dict[tuple[int, int], Any] = {}
         self._weight: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._grad_factor = 1.0
+        self._shifted = False  # context parallelism: the targets are each position's own next-token labels
         self._loss_sums: list[torch.Tensor] = []
         # Static stage inputs and outputs (``PipelineStage``'s ``input_args`` / ``output_args``) per (chunk id, padded
         # step shape), instead of inferring them over the wire: the full-size rehearsal's fake tensors and fake process
@@ -190,7 +191,7 @@ class PipelineRunner:
 
     def _loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # The weight comes from the micro-batch's own labels: the schedule does not say which micro-batch this is.
-        loss, _ = token_cross_entropy(logits, labels)
+        loss, _ = token_cross_entropy(logits, labels, shifted=self._shifted)
         weight = self._weight(labels) if self._weight is not None else 1.0
         self._loss_sums.append((loss.detach() * weight).float())
         return loss * (weight * self._grad_factor)
@@ -231,8 +232,10 @@ class PipelineRunner:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)
             # A micro-batch without one of them passes none, as a batch without it does.
             kw.update({k: mb[k].to(self.device) for k in OPTIONAL_KEYWORD_INPUTS if mb.get(k) is not None})
+            if mb.get("context") is not None:  # context parallelism: this rank's share of the rows, every stage
+                kw["context"] = mb["context"].to(self.device)
             kwargs.append(kw)
-            targets.append(mb["labels"].to(self.device))
+            targets.append(mb["next_labels" if "next_labels" in mb else "labels"].to(self.device))
         return args, kwargs, targets
 
     def forward_backward(
@@ -241,15 +244,19 @@ class PipelineRunner:
         weight: Callable[[torch.Tensor], torch.Tensor],
         grad_factor: float,
         multiple: int = 1,
+        split: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ):
         """Run the schedule (forward + backward of every micro-batch); returns the weighted sum of the micro-batches'
-        token losses (``weight(labels)`` each; backward of that times ``grad_factor``) on every pipeline rank."""
-        return self._run(micro_batches, weight, grad_factor, multiple, train=True)
+        token losses (``weight(labels)`` each; backward of that times ``grad_factor``) on every pipeline rank.
+        ``split``: context parallelism's, applied to each padded micro-batch (``neva.parallel.context_parallel``)."""
+        return self._run(micro_batches, weight, grad_factor, multiple, train=True, split=split)
 
     @torch.no_grad()
-    def evaluate(self, micro_batches: list[dict[str, Any]], multiple: int = 1) -> torch.Tensor:
+    def evaluate(
+        self, micro_batches: list[dict[str, Any]], multiple: int = 1, split: Callable | None = None
+    ) -> torch.Tensor:
         """Forward only; the summed token loss on every pipeline rank."""
-        return self._run(micro_batches, None, 1.0, multiple, train=False)
+        return self._run(micro_batches, None, 1.0, multiple, train=False, split=split)
 
     def _agreed_shape(self, micro_batches: list[dict[str, Any]], multiple: int) -> tuple[int, int]:
         """The step's padded shape, the largest over the data-parallel replicas.
@@ -265,8 +272,11 @@ class PipelineRunner:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.dp_group)
         return int(agreed[0]), int(agreed[1])
 
-    def _run(self, micro_batches, weight, grad_factor: float, multiple: int, train: bool) -> torch.Tensor:
+    def _run(self, micro_batches, weight, grad_factor: float, multiple: int, train: bool, split=None) -> torch.Tensor:
         micro_batches = pad_micro_batches(micro_batches, shape=self._agreed_shape(micro_batches, multiple))
+        if split is not None:
+            micro_batches = [split(mb) for mb in micro_batches]
+        self._shifted = split is not None
         n = len(micro_batches)
         schedule, stages = self._schedule(tuple(micro_batches[0]["input_ids"].shape), n, train)
         # What ``schedule.step`` does before ``_step_microbatches`` (which takes ready-made micro-batches: a step's

@@ -102,6 +102,12 @@ class Engine:
         self.grad_size = layout.dp_cp
         self.cp = layout.cp
         self._split_count = 0
+        if self.cp > 1 and parallel.runner is not None and loss_normalization != "global_tokens":
+            raise ConfigError(
+                f"model.loss_normalization={loss_normalization} with model.context_parallel_size={self.cp} and "
+                "model.pipeline_model_parallel_size > 1: the pipeline's loss sees one shard of a micro-batch, not its "
+                "own learned tokens; use global_tokens"
+            )
         if self.cp > 1 and not isinstance(self.head, TokenCrossEntropy):
             raise ConfigError(
                 f"model.context_parallel_size={self.cp} trains token cross-entropy only so far, not "
@@ -190,6 +196,10 @@ class Engine:
             logits = model(**inputs, output_positions=positions)
         return logits, batch
 
+    @property
+    def _runner_split(self):
+        return self._context_split if self.cp > 1 else None
+
     def _context_split(self, batch: dict[str, Any]) -> dict[str, Any]:
         """This rank's share of the micro-batch's rows under context parallelism (unchanged otherwise)."""
         if self.cp == 1:
@@ -238,7 +248,9 @@ class Engine:
         with self._loss_context():
             if self.parallel.runner is not None:  # each stage's objectives add their terms in its backward
                 micro_batches = [self._prepare(mb) for mb in micro_batches]
-                local = self.parallel.runner.forward_backward(micro_batches, weight, self.grad_size, self.sp_multiple)
+                local = self.parallel.runner.forward_backward(
+                    micro_batches, weight, self.grad_size, self.sp_multiple, split=self._runner_split
+                )
             else:
                 local = torch.zeros((), device=self.device)
                 for i, mb in enumerate(micro_batches):
@@ -273,7 +285,7 @@ class Engine:
     def evaluate(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-weighted validation loss over ``micro_batches`` (all data-parallel ranks)."""
         if self.parallel.runner is not None:
-            total = self.parallel.runner.evaluate(micro_batches, self.sp_multiple)
+            total = self.parallel.runner.evaluate(micro_batches, self.sp_multiple, split=self._runner_split)
         else:
             total = torch.zeros((), device=self.device)
             with self._loss_context():

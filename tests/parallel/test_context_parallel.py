@@ -92,11 +92,12 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
 FOUR_RANK = {
     "cp2_dp2": [],  # FSDP2 over the four ranks: the cp pairs read different micro-batches and split each
     "cp2_tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],  # full logits per shard
+    "cp2_pp2": ["model.pipeline_model_parallel_size=2"],  # every stage's attention gathers over its cp pair
 }
 
 
 def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
-    """CP2 × DP2 and CP2 × TP2 + SP equal one process."""
+    """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
     data = {

@@ -46,9 +46,8 @@ def test_context_parallel_refuses_what_it_does_not_compose_with():
     from neva.parallel.layout import Layout
 
     cfg = build_config("tiny")
-    check_context_parallel_layout(Layout(cp=2, dp=2, tp=2), cfg)
+    check_context_parallel_layout(Layout(cp=2, dp=2, tp=2, pp=2), cfg)
     for layout, named in [
-        (Layout(cp=2, pp=2), "model.pipeline_model_parallel_size=2"),
         (Layout(cp=2, dp=2, ep=2), "MoE"),
     ]:
         with pytest.raises(ConfigError, match=f"model.context_parallel_size=2 .*{named}"):
