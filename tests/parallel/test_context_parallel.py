@@ -15,7 +15,7 @@ from .llava_data import llava_overrides, write_llava_set
 
 pytestmark = pytest.mark.slow
 
-STEPS = 3
+STEPS = 2  # the second step shows the first update: loss and gradient norm of both compared
 TOL = 1e-5
 CP2 = ["model.context_parallel_size=2"]
 
@@ -77,7 +77,12 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
     count = {"count_tower_inputs": True}
     refs = {name: train_losses(d, STEPS, count_tower_inputs=True) for name, d in data.items()}
     jobs = [(f"cp2/{name}", d + CP2, {"steps": STEPS, **count}) for name, d in data.items()]
-    jobs.append(("cp2_ddp/packed", data["packed"] + CP2 + ["model.data_parallel=ddp"], {"steps": STEPS}))
+    ddp = ["model.data_parallel=ddp"]
+    jobs.append(("cp2_ddp/packed", data["packed"] + CP2 + ddp, {"steps": STEPS}))
+    # whole micro-batches of text or of images, alternating: a text-only one still runs the (empty) shared encode
+    alternating = {"steps": STEPS, "kinds": "text_only_alternating"}
+    refs["text_only_alternating"] = train_losses([f"model.restore_from_path={ckpt}"], **alternating)
+    jobs.append(("cp2_ddp/text_only_alternating", [f"model.restore_from_path={ckpt}", *CP2, *ddp], alternating))
     results = run_layouts(2, jobs, tmp_path / "layouts")
     for name in data:
         _check(results, f"cp2/{name}", refs[name])
@@ -87,6 +92,7 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
         assert max(counts) < refs[name]["tower_inputs"], (name, counts)
         print(f"cp2/{name}: tower inputs per rank {counts}, one process {refs[name]['tower_inputs']}")
     _check(results, "cp2_ddp/packed", refs["packed"])
+    _check(results, "cp2_ddp/text_only_alternating", refs["text_only_alternating"])
 
 
 FOUR_RANK = {
