@@ -40,3 +40,17 @@ def test_cp_divides_a_ranks_share_and_adds_the_gathered_keys_and_values(monkeypa
     assert cp4.deployment.layout.grad_accum == 4 * one.deployment.layout.grad_accum
     assert cp4.time.compute == pytest.approx(one.time.compute, rel=1e-6)
     assert one.time.cp_comm == 0 < cp4.time.cp_comm
+
+
+def test_search_varies_context_parallelism_when_asked(monkeypatch):
+    from neva.planner.search import search
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    cfg = compose_config([*LONG, "cluster.gpu_memory_gb=1000"])
+    fixed = {"tensor_model_parallel_size": [1], "pipeline_model_parallel_size": [1], "sequence_parallel": [False],
+             "data_parallel": ["fsdp"], "zero_stage": [3], "activations_checkpoint_granularity": ["full"],
+             "micro_batch_size": [1]}  # fmt: skip
+    result = search(cfg, {**fixed, "context_parallel_size": [1, 2, 4]}, top=0, text_tokens=TOKENS)
+    assert sorted(p.deployment.layout.cp for p in result.plans) == [1, 2, 4]
+    by_cp = {p.deployment.layout.cp: p for p in result.plans}
+    assert by_cp[4].peak.activations < by_cp[2].peak.activations < by_cp[1].peak.activations
