@@ -36,12 +36,9 @@ import torch.distributed as dist
 from neva.constants import IGNORE_INDEX
 from neva.models.config import NevaConfig
 from neva.models.context_shard import ContextShard
-from neva.models.media import Media
 from neva.parallel.layout import Layout
+from neva.parallel.pipeline import PAD_FILL
 from neva.typed import ConfigError
-
-# Per-token tensors ``[..., B, S]`` split with their tokens, and the value their padding takes.
-_TOKEN_PAD = {"input_ids": 0, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0, "token_mask": False}
 
 
 def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
@@ -95,9 +92,9 @@ def split_batch(
         following = torch.full((b, length), IGNORE_INDEX, dtype=labels.dtype)
         following[:, : s - 1] = labels[:, 1:]
         out["next_labels"] = following[:, columns]
-    for key, pad in _TOKEN_PAD.items():
+    for key, pad in PAD_FILL.items():  # every per-token tensor goes with its tokens (labels as next_labels)
         value = batch.get(key)
-        if isinstance(value, torch.Tensor):
+        if key != "labels" and isinstance(value, torch.Tensor):
             if length > s:
                 value = torch.cat([value, value.new_full((*value.shape[:-1], length - s), pad)], dim=-1)
             out[key] = value[..., columns]
@@ -120,7 +117,7 @@ def split_batch(
                 features[modality] = keep.nonzero().squeeze(1)
                 inputs = replace(inputs, positions=positions)
             media[modality] = inputs
-        out["media"] = Media(**media)
+        out["media"] = replace(batch["media"], **media)
     every = torch.cat([chunk_columns(length, cp, r) for r in range(cp)])
     out["context"] = ContextShard(
         rank=rank,

@@ -96,20 +96,23 @@ def step_shape(micro_batches: list[dict[str, Any]], multiple: int = 1) -> tuple[
     return rows, -(-length // multiple) * multiple
 
 
+# Per-token tensors ``[..., B, S]`` of a micro-batch and what their padding holds (it learns nothing and precedes no
+# real token).
+PAD_FILL = {
+    "input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0, "token_mask": False,
+}  # fmt: skip
+
+
 def pad_micro_batches(
     micro_batches: list[dict[str, Any]], multiple: int = 1, shape: tuple[int, int] | None = None
 ) -> list[dict[str, Any]]:
     """Pad every micro-batch to ``shape`` (default ``step_shape``); padding learns nothing and precedes no real token."""
     rows, length = shape or step_shape(micro_batches, multiple)
-    fill = {
-        "input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0,
-        "token_mask": False,
-    }  # fmt: skip
     out = []
     for mb in micro_batches:
         mb = dict(mb)
         b, s = mb["input_ids"].shape
-        for key, value in fill.items():
+        for key, value in PAD_FILL.items():
             t = mb.get(key)
             if t is not None and (b, s) != (rows, length):
                 padded = torch.full((*t.shape[:-2], rows, length), value, dtype=t.dtype)  # [P, B, S] positions too
