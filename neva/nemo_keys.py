@@ -188,8 +188,8 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.pipeline_model_parallel_size": Same(),
     "model.context_parallel_size": Same(
         "each sequence split over `cp` ranks (load-balanced chunks, keys/values all-gathered, tower inputs shared "
-        'out); composes with DP (FSDP2 / DDP), TP + SP and PP; MoE refused (docs/DISTRIBUTED.md, "Context '
-        'parallelism")'
+        "out); composes with DP (FSDP2 / DDP), TP + SP, PP and MoE decoders; expert parallelism refused "
+        '(docs/DISTRIBUTED.md, "Context parallelism")'
     ),
     "model.virtual_pipeline_model_parallel_size": Same(),
     "model.restore_from_path": Same("a neva checkpoint directory (NeMo: a .nemo file; " + _NO_NEMO + ")"),

@@ -45,13 +45,13 @@ def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
     """Refuse what context parallelism does not compose with yet.
 
     Raises:
-        ConfigError: cp > 1 with expert parallelism or an MoE decoder, or a native-resolution vision tower.
+        ConfigError: cp > 1 with expert parallelism or a native-resolution vision tower.
     """
     if layout.cp == 1:
         return
     refused = []
-    if layout.ep > 1 or cfg.llm.is_moe:
-        refused.append("an MoE decoder (model.expert_model_parallel_size, its routers' statistics)")
+    if layout.ep > 1:
+        refused.append(f"model.expert_model_parallel_size={layout.ep}")
     if cfg.vision is not None and cfg.vision.is_native:
         refused.append("a native-resolution vision tower")
     if refused:
@@ -170,6 +170,29 @@ class _AllGather(torch.autograd.Function):
             start = sum(sizes[:rank])
             out = front[start : start + sizes[rank]]
         return out.movedim(0, ctx.dim), None, None, None
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """The sum over the group, on every rank; backward: the gradients summed too (every rank's objective used the
+    sum)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        out = t.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def all_reduce_sum(t: torch.Tensor, group: Any) -> torch.Tensor:
+    """Differentiable sum of ``t`` over ``group`` (MoE routing statistics of a row split over cp ranks)."""
+    return _AllReduceSum.apply(t, group)
 
 
 def all_gather(t: torch.Tensor, dim: int, sizes: list[int], group: Any) -> torch.Tensor:

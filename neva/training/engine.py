@@ -128,7 +128,9 @@ class Engine:
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
         # Auxiliary objectives (MoE: the routers' load-balancing losses) join each micro-batch's loss
         # (neva/training/objectives.py); none for a dense model.
-        self.objectives = aux_objectives(self.parts, layout, parallel.group("pp")) + tuple(objectives)
+        self.objectives = aux_objectives(self.parts, layout, parallel.group("pp"), parallel.group("cp")) + tuple(
+            objectives
+        )
         self._aux_stats: dict[str, torch.Tensor] = {}
 
     @property

@@ -68,6 +68,8 @@ class AuxObjective(Protocol):
         ...
 
 
-def aux_objectives(parts: list[nn.Module], layout: Any, pp_group: Any) -> tuple[AuxObjective, ...]:
+def aux_objectives(
+    parts: list[nn.Module], layout: Any, pp_group: Any, cp_group: Any = None
+) -> tuple[AuxObjective, ...]:
     """This rank's auxiliary objectives for its model ``parts`` (empty for a dense model without one)."""
-    return tuple(o for o in (MoEAuxLoss.of(parts, layout, pp_group),) if o is not None)
+    return tuple(o for o in (MoEAuxLoss.of(parts, layout, pp_group, cp_group),) if o is not None)

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 STEPS = 2  # the second step shows the first update: loss and gradient norm of both compared
 TOL = 1e-5
 CP2 = ["model.context_parallel_size=2"]
+MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
 
 
 def _max_rel(a: list[float], b: list[float]) -> float:
@@ -50,6 +51,7 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
     anyres_ckpt = make_checkpoint(tmp_path / "anyres", "llama_clip_anyres")
+    moe_ckpt = make_checkpoint(tmp_path / "moe", extra=[MOE])
     data = {
         "padded": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)],
         "packed": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, True)],
@@ -67,6 +69,8 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
             *llava_overrides(llava_dir, True),
             "model.loss_normalization=micro_batch_mean",
         ],
+        # Mixtral-style experts: each layer's routing statistics summed over the cp ranks, the router term counted once
+        "moe_packed": [f"model.restore_from_path={moe_ckpt}", MOE, *llava_overrides(llava_dir, True)],
         # AnyRes tiles shared out over the cp ranks, laid out (newlines, pooling) after the gather
         "anyres_packed": [
             f"model.restore_from_path={anyres_ckpt}",
@@ -91,6 +95,9 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
         assert sum(counts) == refs[name]["tower_inputs"] > 0, (name, counts, refs[name]["tower_inputs"])
         assert max(counts) < refs[name]["tower_inputs"], (name, counts)
         print(f"cp2/{name}: tower inputs per rank {counts}, one process {refs[name]['tower_inputs']}")
+    for rank in results:  # the routers' term and loads: one process's
+        for got, want in zip(rank["cp2/moe_packed"]["aux_metrics"], refs["moe_packed"]["aux_metrics"]):
+            assert got.keys() == want.keys() and all(abs(got[k] - want[k]) <= 1e-5 * abs(want[k]) for k in want)
     _check(results, "cp2_ddp/packed", refs["packed"])
     _check(results, "cp2_ddp/text_only_alternating", refs["text_only_alternating"])
 

@@ -48,7 +48,7 @@ def test_context_parallel_refuses_what_it_does_not_compose_with():
     cfg = build_config("tiny")
     check_context_parallel_layout(Layout(cp=2, dp=2, tp=2, pp=2), cfg)
     for layout, named in [
-        (Layout(cp=2, dp=2, ep=2), "MoE"),
+        (Layout(cp=2, dp=2, ep=2), "model.expert_model_parallel_size=2"),
     ]:
         with pytest.raises(ConfigError, match=f"model.context_parallel_size=2 .*{named}"):
             check_context_parallel_layout(layout, cfg)
