@@ -66,9 +66,9 @@ ENOUGH_MICRO_BATCHES = 3
 
 
 class RehearsalUnavailable(RuntimeError):
-    """This torch lacks (or changed) a private API the rehearsal needs."""
     """The rehearsal cannot run here: this torch lacks (or changed) a private API it needs, or the layout is one it does
     not rehearse yet (context parallelism)."""
+
 
 def _torch_tools() -> dict[str, Any]:
     """The private torch pieces, imported together so that a torch without them fails in one place."""
