@@ -53,4 +53,8 @@ def test_search_varies_context_parallelism_when_asked(monkeypatch):
     result = search(cfg, {**fixed, "context_parallel_size": [1, 2, 4]}, top=0, text_tokens=TOKENS)
     assert sorted(p.deployment.layout.cp for p in result.plans) == [1, 2, 4]
     by_cp = {p.deployment.layout.cp: p for p in result.plans}
+    from neva.planner.report import format_table
+
+    dp_column = [line.split()[3] for line in format_table([by_cp[1], by_cp[4]]).splitlines()]
+    assert dp_column == ["dp", "8", "2+cp4"]
     assert by_cp[4].peak.activations < by_cp[2].peak.activations < by_cp[1].peak.activations
