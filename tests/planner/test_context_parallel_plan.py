@@ -7,6 +7,8 @@ import pytest
 
 from neva.config import compose_config
 from neva.planner.plan import plan_run
+from neva.planner.report import format_table
+from neva.planner.search import search
 
 LONG = [
     "+stage=finetune",
@@ -43,8 +45,6 @@ def test_cp_divides_a_ranks_share_and_adds_the_gathered_keys_and_values(monkeypa
 
 
 def test_search_varies_context_parallelism_when_asked(monkeypatch):
-    from neva.planner.search import search
-
     monkeypatch.setenv("WORLD_SIZE", "8")
     cfg = compose_config([*LONG, "cluster.gpu_memory_gb=1000"])
     fixed = {"tensor_model_parallel_size": [1], "pipeline_model_parallel_size": [1], "sequence_parallel": [False],
@@ -53,8 +53,6 @@ def test_search_varies_context_parallelism_when_asked(monkeypatch):
     result = search(cfg, {**fixed, "context_parallel_size": [1, 2, 4]}, top=0, text_tokens=TOKENS)
     assert sorted(p.deployment.layout.cp for p in result.plans) == [1, 2, 4]
     by_cp = {p.deployment.layout.cp: p for p in result.plans}
-    from neva.planner.report import format_table
-
     dp_column = [line.split()[3] for line in format_table([by_cp[1], by_cp[4]]).splitlines()]
     assert dp_column == ["dp", "8", "2+cp4"]
     assert by_cp[4].peak.activations < by_cp[2].peak.activations < by_cp[1].peak.activations
