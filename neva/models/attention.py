@@ -234,7 +234,8 @@ def _plan_shard(shard: ContextShard, window: int | None, device: torch.device) -
         seg = shard.segment_ids.to(device)
         mask_mod = shard_mask_mod(shard.columns.to(device), seg, window)
         b, keys = seg.shape
-        block_mask = create_block_mask(mask_mod, b, None, shard.columns.numel(), keys, device=device)
+        # _compile: as document_causal_block_mask (the eager builder evaluates mask_mod on the whole grid at once)
+        block_mask = create_block_mask(mask_mod, b, None, shard.columns.numel(), keys, device=device, _compile=True)
         return AttentionPlan("flex", block_mask=block_mask, window=window, gather=shard.gather_sequence)
     columns = shard.columns.tolist()
     chunks, start = [], 0  # (local start, global start, global end)
