@@ -275,6 +275,9 @@ class ModelConfig:
     # MoE experts split over this many data-parallel ranks (Megatron-Core's EP, carved from dp; neva/parallel/
     # expert_parallel.py)
     expert_model_parallel_size: int = 1
+    # each sequence split over this many ranks (Megatron's CP: between dp and tp on the mesh;
+    # neva/parallel/context_parallel.py)
+    context_parallel_size: int = 1
     data_parallel: str = "fsdp"  # fsdp | ddp
     zero_stage: int = 3  # FSDP2: 3 reshards parameters after forward, 2 keeps them
     megatron_amp_O2: bool = False

@@ -186,8 +186,10 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.global_batch_size": Same(),
     "model.tensor_model_parallel_size": Same(),
     "model.pipeline_model_parallel_size": Same(),
-    "model.context_parallel_size": Fixed(
-        ("1",), "context parallelism is not implemented; long sequences: model.sequence_parallel with TP"
+    "model.context_parallel_size": Same(
+        "each sequence split over `cp` ranks (load-balanced chunks, keys/values all-gathered, tower inputs shared "
+        "out); composes with DP (FSDP2 / DDP), TP + SP, PP and MoE decoders; expert parallelism refused "
+        '(docs/DISTRIBUTED.md, "Context parallelism")'
     ),
     "model.virtual_pipeline_model_parallel_size": Same(),
     "model.restore_from_path": Same("a neva checkpoint directory (NeMo: a .nemo file; " + _NO_NEMO + ")"),

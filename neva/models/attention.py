@@ -18,6 +18,11 @@ exactly: where some query could see more than ``window`` keys, the causal SDPA c
 ``[Sq, Sk]`` mask (per segment, broadcast over batch and heads), the key-padding mask drops keys further back, and
 the BlockMask's ``mask_mod`` adds the distance. Generation keeps the whole cache and masks what lies outside.
 
+Context parallelism (``neva.models.context_shard``): a forward over a shard of every row's columns (two chunks of
+it, load-balanced for causal attention) gathers every layer's keys and values into row order (``gather``) and its
+queries attend per segment: each local query chunk against the segment's keys up to the chunk's end, lower-right
+aligned, on the per-segment path (no dense mask; the window, if any, as above).
+
 Segments are the maximal runs of equal ``segment_ids`` in a row (the collator writes each sample contiguously;
 padding is a run of 0s that attends causally within itself, exactly as the dense mask had it). Every path computes
 the same function as a dense segment-causal mask + SDPA (the reference in tests/models/test_attention.py).
@@ -25,10 +30,13 @@ the same function as a dense segment-causal mask + SDPA (the reference in tests/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from neva.models.context_shard import ContextShard
 
 _COMPILED_FLEX = None
 
@@ -92,9 +100,13 @@ class AttentionPlan:
     spans: list[list[tuple[int, int, int, int]]] | None = None  # segments: per row, (q0, q1, k0, k1)
     mask: torch.Tensor | None = None  # key_padding: [B, 1, 1, K] bool (the window already applied)
     window: int | None = None  # sliding window in tokens (None: no limit)
+    # context parallelism: keys/values ``[B, Hkv, S_local, D]`` → the whole rows' ``[B, Hkv, S, D]`` (a collective)
+    gather: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
+        if self.gather is not None:  # one collective for keys and values
+            k, v = self.gather(torch.stack([k, v]), 3).unbind(0)
         if self.kind in ("causal", "causal_lower_right"):
             return _causal(q, k, v, gqa, self.window)
         if self.kind == "key_padding":
@@ -162,7 +174,12 @@ def attends_per_segment(device: torch.device) -> bool:
 
 
 def plan_attention(
-    segment_ids: torch.Tensor | None, q_len: int, offset: int, device: torch.device, window: int | None = None
+    segment_ids: torch.Tensor | None,
+    q_len: int,
+    offset: int,
+    device: torch.device,
+    window: int | None = None,
+    shard: ContextShard | None = None,
 ) -> AttentionPlan:
     """The attention of one forward over ``q_len`` new tokens after ``offset`` cached ones.
 
@@ -171,7 +188,11 @@ def plan_attention(
             per row; right padding allowed).
         device: where the activations are; CUDA training takes FlexAttention.
         window: sliding window (a query sees itself and ``window - 1`` earlier keys), or None.
+        shard: context parallelism: the ``q_len`` queries are this rank's columns of longer rows (``segment_ids`` is
+            then ignored: the shard carries the whole rows').
     """
+    if shard is not None:
+        return _plan_shard(shard, window, device)
     if segment_ids is None:
         return AttentionPlan("causal" if offset == 0 else "causal_lower_right", window=window)
     if q_len == 1:
@@ -189,3 +210,46 @@ def plan_attention(
         # Keys of a run up to the last query in it; queries are the run's positions at or after ``offset``.
         spans.append([(max(s, offset) - offset, e - offset, s, e) for s, e in runs if e > offset])
     return AttentionPlan("segments", spans=spans, window=window)
+
+
+def shard_mask_mod(columns: torch.Tensor, segment_ids: torch.Tensor, window: int | None = None):
+    """FlexAttention ``mask_mod`` of a context-parallel shard: local query ``q`` (global column ``columns[q]``) sees
+    gathered key ``kv`` iff both lie in the same segment, ``kv <= columns[q]`` (and, with ``window``, within it)."""
+
+    def mask_mod(batch, head, q, kv):
+        q_abs = columns[q]
+        visible = (segment_ids[batch, q_abs] == segment_ids[batch, kv]) & (kv <= q_abs)
+        return visible if window is None else visible & (q_abs - kv < window)
+
+    return mask_mod
+
+
+def _plan_shard(shard: ContextShard, window: int | None, device: torch.device) -> AttentionPlan:
+    """Local queries against the gathered rows. CUDA: FlexAttention with a query-column map. Otherwise per segment:
+    for each local chunk (a run of consecutive global columns) and each segment it meets, the chunk's queries in the
+    segment attend the segment's keys up to the chunk's last one (lower-right aligned)."""
+    if not attends_per_segment(device):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        seg = shard.segment_ids.to(device)
+        mask_mod = shard_mask_mod(shard.columns.to(device), seg, window)
+        b, keys = seg.shape
+        # _compile: as document_causal_block_mask (the eager builder evaluates mask_mod on the whole grid at once)
+        block_mask = create_block_mask(mask_mod, b, None, shard.columns.numel(), keys, device=device, _compile=True)
+        return AttentionPlan("flex", block_mask=block_mask, window=window, gather=shard.gather_sequence)
+    columns = shard.columns.tolist()
+    chunks, start = [], 0  # (local start, global start, global end)
+    for i in range(1, len(columns) + 1):
+        if i == len(columns) or columns[i] != columns[i - 1] + 1:
+            chunks.append((start, columns[start], columns[i - 1] + 1))
+            start = i
+    spans = []
+    for runs in segment_runs(shard.segment_ids):
+        row = []
+        for local, g0, g1 in chunks:
+            for s, e in runs:
+                a, b = max(s, g0), min(e, g1)
+                if a < b:
+                    row.append((local + a - g0, local + b - g0, s, b))
+        spans.append(row)
+    return AttentionPlan("segments", spans=spans, window=window, gather=shard.gather_sequence)

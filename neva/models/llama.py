@@ -14,6 +14,7 @@ from torch import nn
 
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
+from neva.models.context_shard import ContextShard
 from neva.models.layers import RMSNorm, swiglu
 from neva.models.moe import MoEFeedForward
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -139,6 +140,7 @@ class LlamaDecoder(nn.Module):
         token_mask: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
         layer_additions: dict[str, torch.Tensor] | None = None,
+        context: ContextShard | None = None,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -159,6 +161,8 @@ class LlamaDecoder(nn.Module):
                 stream's dropout. Both reach the layers that read them as the forward's ``TokenInputs``.
             layer_additions: ``{layer name: [B, S, D]}`` added to the residual stream after that layer (Qwen3-VL's
                 DeepStack features, ``neva.models.deepstack``); each layer named must be on this stage.
+            context: context parallelism: ``h`` holds this rank's columns of longer rows (``neva.models.context_shard``;
+                attention gathers keys and values); the per-token inputs are this rank's columns too.
 
         Returns:
             Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
@@ -173,7 +177,7 @@ class LlamaDecoder(nn.Module):
             self.inv_freq, position_ids, h.dtype, self.cfg.mrope_section, self.cfg.mrope_interleaved
         )
         # One plan for every layer: segment boundaries / the BlockMask are found once per forward.
-        attn = plan_attention(segment_ids, s, offset, h.device, window=self.cfg.sliding_window)
+        attn = plan_attention(segment_ids, s, offset, h.device, window=self.cfg.sliding_window, shard=context)
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
         layers = list(self.layers.values())

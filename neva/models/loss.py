@@ -16,7 +16,9 @@ from neva.constants import IGNORE_INDEX
 LOSS_NORMALIZATIONS = ("global_tokens", "micro_batch_mean")
 
 
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy and the number of learned tokens.
 
     Labels are aligned with the inputs (HF convention); the shift happens here: logits at position t predict the
@@ -26,12 +28,14 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
     Args:
         logits: ``[B, S, V]`` in any dtype (upcast to fp32 here).
         labels: ``[B, S]`` with ``IGNORE_INDEX`` (-100) where nothing is learned.
+        shifted: ``labels`` are already what each position predicts (label t is the target of logits t): a
+            context-parallel shard, whose columns are not contiguous, carries them so.
 
     Returns:
         ``(loss_sum, n_tokens)`` as 0-dim tensors.
     """
-    shift_logits = logits[:, :-1].float()
-    shift_labels = labels[:, 1:].to(logits.device)
+    shift_logits = (logits if shifted else logits[:, :-1]).float()
+    shift_labels = (labels if shifted else labels[:, 1:]).to(logits.device)
     loss_sum = F.cross_entropy(
         shift_logits.reshape(-1, shift_logits.shape[-1]),
         shift_labels.reshape(-1),

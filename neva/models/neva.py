@@ -7,6 +7,7 @@ from torch import nn
 
 from neva.models.anyres import AnyResMerge
 from neva.models.config import NevaConfig
+from neva.models.context_shard import ContextShard
 from neva.models.deepstack import layer_additions
 from neva.models.llama import KVCache, LlamaDecoder
 from neva.models.media import Media, MediaInputs
@@ -51,12 +52,14 @@ class NevaModel(nn.Module):
         with torch.no_grad():
             return self.vision.features(*args)
 
-    def embed(self, input_ids: torch.Tensor, media: Media | None = None) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, media: Media | None = None, context: ContextShard | None = None
+    ) -> torch.Tensor:
         """Token embeddings with each modality's features written over its positions (images, then video)."""
-        return self.embed_with_additions(input_ids, media)[0]
+        return self.embed_with_additions(input_ids, media, context)[0]
 
     def embed_with_additions(
-        self, input_ids: torch.Tensor, media: Media | None = None
+        self, input_ids: torch.Tensor, media: Media | None = None, context: ContextShard | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         """``embed``'s hidden states and what the decoder adds to its residual stream after named layers
         (``LlamaDecoder.forward``'s ``layer_additions``: Qwen3-VL's DeepStack features, ``neva.models.deepstack``;
@@ -65,6 +68,8 @@ class NevaModel(nn.Module):
         Args:
             input_ids: ``[B, S]``; each image occupies its count of consecutive ``image_token_id`` positions.
             media: the micro-batch's images and videos (``neva.models.media``); None: text only.
+            context: context parallelism (``neva.models.context_shard``): ``input_ids`` are this rank's columns; each
+                rank encodes its share of the tower inputs and writes the gathered features at its own positions.
 
         While gradients are recorded, a modality the model has and the micro-batch lacks runs as an empty one, so
         every rank runs the same modules (``neva.models.media``). Outside training mode, ids holding tokens of a
@@ -89,7 +94,7 @@ class NevaModel(nn.Module):
                 if not torch.is_grad_enabled():
                     continue
                 inputs = self._empty_inputs(modality, h_BSD.device)
-            h_BSD, positions, deepstack = self._splice(h_BSD, input_ids, modality, inputs)
+            h_BSD, positions, deepstack = self._splice(h_BSD, input_ids, modality, inputs, context)
             if deepstack:
                 placed.append((positions, deepstack))
         return h_BSD, layer_additions(h_BSD, placed, self.cfg.deepstack_layers)
@@ -122,28 +127,35 @@ class NevaModel(nn.Module):
                 f"sample(s) {rows.nonzero().flatten().tolist()} contain {modality} tokens but no {modality}s were given"
             )
 
-    def _features(self, modality: str, inputs: MediaInputs) -> NativeFeatures:
-        """``main`` ``[M, D]``: the features of every position of ``modality``, in position order; ``deepstack``:
-        one ``[M, D]`` per DeepStack layer (Qwen3-VL; empty for every other model)."""
+    def _features(self, modality: str, inputs: MediaInputs, context: ContextShard | None = None) -> NativeFeatures:
+        """``main`` ``[M, D]``: the features of every position of ``modality``, in position order (under ``context``,
+        each rank's share of the tower inputs encoded there and gathered); ``deepstack``: one ``[M, D]`` per
+        DeepStack layer (Qwen3-VL; empty for every other model)."""
         if inputs.grid is not None:  # native resolution: the merger's output is already one row per position
             return self.projector(self._tower_features(inputs.pixels, inputs.grid))
-        if modality == "video":
-            return NativeFeatures(self.video_features(inputs.pixels).flatten(0, 1))
-        feats_NTD = self.image_features(inputs.pixels)
-        if inputs.index is None:
+        encode = self.video_features if modality == "video" else self.image_features
+        feats_NTD = encode(inputs.pixels) if context is None else context.encode_shared(encode, inputs.pixels, modality)
+        if modality == "video" or inputs.index is None:
             return NativeFeatures(feats_NTD.flatten(0, 1))
         return NativeFeatures(self.anyres(feats_NTD, inputs.index, inputs.weight))
 
     def _splice(
-        self, h_BSD: torch.Tensor, input_ids: torch.Tensor, modality: str, inputs: MediaInputs
+        self,
+        h_BSD: torch.Tensor,
+        input_ids: torch.Tensor,
+        modality: str,
+        inputs: MediaInputs,
+        context: ContextShard | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """``h_BSD`` with the modality's features written at its positions; those positions and its DeepStack
-        features."""
+        features (a native tower's; context parallelism refuses those, so they are never sharded here)."""
         positions = inputs.positions
         if positions is None:  # serving: found from the ids (reads the device)
             positions = self._positions_from_ids(input_ids, modality, inputs)
-        features = self._features(modality, inputs)
+        features = self._features(modality, inputs, context)
         feats_MD = features.main.to(h_BSD.dtype)
+        if context is not None:  # the features of this rank's positions
+            feats_MD = context.local_features(modality, feats_MD)
         if positions.shape[0] != feats_MD.shape[0]:  # shapes only: no sync
             raise ValueError(
                 f"{positions.shape[0]} {modality} positions given for {feats_MD.shape[0]} {modality} features "
@@ -197,19 +209,21 @@ class NevaModel(nn.Module):
         output_positions: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
+        context: ContextShard | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
         ``media``: see ``embed``. ``output_positions`` ``[N, 2]`` (row, column) limits the LM head to those positions
         (logits ``[N, V]``). ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA
         adapters' dropout masks. ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing
-        (``LlamaDecoder.forward``).
+        (``LlamaDecoder.forward``). ``context``: this forward holds a shard of every row's columns (context
+        parallelism, ``neva.models.context_shard``).
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
         h, additions = input_ids, None  # a stage without tok_embeddings: the previous stage's hidden states
         if self.llm.tok_embeddings is not None:
-            h, additions = self.embed_with_additions(input_ids, media)
+            h, additions = self.embed_with_additions(input_ids, media, context)
         return self.llm(
             h,
             layer_additions=additions,
@@ -219,6 +233,7 @@ class NevaModel(nn.Module):
             output_positions=output_positions,
             token_mask=token_mask,
             dropout_keys=dropout_keys,
+            context=context,
         )
 
     def tie_weights(self) -> None:

@@ -55,8 +55,8 @@ def timeout_note(err: BaseException, timeout: timedelta, rank: int, layout: Layo
         where = f" (called from {Path(f.filename).resolve().relative_to(_NEVA.parent)}:{f.lineno} in {f.name})"
     coords = ""
     if layout is not None and layout.is_distributed:
-        pp, dp, tp = mesh_coords(rank, layout)
-        coords = f" (pp {pp}, dp {dp}, tp {tp})"
+        pp, dp, cp, tp = mesh_coords(rank, layout)
+        coords = f" (pp {pp}, dp {dp}, {f'cp {cp}, ' if layout.cp > 1 else ''}tp {tp})"
     seconds = timeout.total_seconds()
     return (
         f"rank {rank}{coords}: {op}{where} timed out after {seconds:g} s "

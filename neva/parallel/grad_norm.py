@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
-from neva.parallel.mesh import EXPERT_DIMS, MESH_DIMS, ParallelDims
+from neva.parallel.mesh import EXPERT_DIMS, FLATTENED, MESH_DIMS, ParallelDims
 
 
 def _local(g: torch.Tensor) -> torch.Tensor:
@@ -62,6 +62,8 @@ def _counted_here(g: torch.Tensor, coords: dict[str, int]) -> bool:
         # Every placement but Replicate and Partial splits the tensor (Shard, and FSDP2's _StridedShard on TP
         # parameters, whose is_shard() is False).
         sharded = {names[d] for d, p in enumerate(g.placements) if not (p.is_replicate() or p.is_partial())}
+        # A flattened dimension (FSDP2 over dp × cp) shards over each of its factors.
+        sharded |= {factor for name in tuple(sharded) for factor in FLATTENED.get(name, ())}
     # An expert tensor lives on dp's factors (edp, ep); every other tensor on dp itself.
     other = {"dp"} if sharded & set(EXPERT_DIMS) else set(EXPERT_DIMS)
     return all(coords[name] == 0 for name in coords if name not in ("pp", *sharded, *other))

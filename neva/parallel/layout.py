@@ -1,7 +1,8 @@
 """The run's layout: how many processes, how the model is split over them, and this process's place.
 
-One type for training, the planner (which adds cluster facts around it) and the benchmark. world = pp × dp × tp; the
-mesh is ``("pp", "dp", "tp")`` with tp fastest, so a TP group stays inside a node (NVLink) and only pipeline
+One type for training, the planner (which adds cluster facts around it) and the benchmark. world = pp × dp × cp × tp;
+the mesh is ``("pp", "dp", "cp", "tp")`` with tp fastest, so a TP group stays inside a node (NVLink), the context-
+parallel ranks of one sequence (whose keys and values are gathered in every layer) sit next to it, and only pipeline
 point-to-point traffic crosses the slower links.
 """
 
@@ -33,6 +34,8 @@ class Layout:
         dp_rank: this process's data-parallel rank.
         ep: expert-parallel size (MoE experts split over groups of ``ep`` consecutive data-parallel ranks; the
             ``dp / ep`` groups hold replicas of them), carved from dp as Megatron-Core does.
+        cp: context-parallel size: each sequence of a micro-batch split over ``cp`` ranks, which read the same
+            micro-batches (``neva.parallel.context_parallel``); gradients are reduced over dp × cp.
     """
 
     tp: int = 1
@@ -51,10 +54,16 @@ class Layout:
     device_type: str = "cpu"
     dp_rank: int = 0
     ep: int = 1
+    cp: int = 1
 
     @property
     def world(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks over which gradients are reduced (and FSDP2 shards): data- × context-parallel."""
+        return self.dp * self.cp
 
     @property
     def is_distributed(self) -> bool:
@@ -76,24 +85,27 @@ class Layout:
 
     @property
     def sharded(self) -> bool:
-        """Parameters, gradients and optimizer state are sharded over dp at rest (FSDP2, ZeRO-2 or ZeRO-3)."""
-        return self.data_parallel == "fsdp" and self.dp > 1
+        """Parameters, gradients and optimizer state are sharded over dp × cp at rest (FSDP2, ZeRO-2 or ZeRO-3)."""
+        return self.data_parallel == "fsdp" and self.dp_cp > 1
 
     @classmethod
     def from_config(cls, m: ModelConfig, world: int, device_type: str = "cpu", dp_rank: int = 0) -> Layout:
         """The layout ``model.*`` asks for on ``world`` processes.
 
         Raises:
-            ConfigError: ``tp × pp`` does not divide the world, the global batch does not divide into micro-batches
-                × dp, or a pipeline option is set without pipeline parallelism.
+            ConfigError: ``tp × pp × cp`` does not divide the world, the global batch does not divide into
+                micro-batches × dp, or a pipeline option is set without pipeline parallelism.
         """
-        tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-        if world % (tp * pp):
+        tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
+        if cp < 1:
+            raise ConfigError(f"model.context_parallel_size={cp} must be at least 1")
+        if world % (tp * pp * cp):
             raise ConfigError(
                 f"world size {world} is not divisible by model.tensor_model_parallel_size ({tp}) × "
-                f"model.pipeline_model_parallel_size ({pp}); choose sizes whose product divides the number of processes"
+                f"model.pipeline_model_parallel_size ({pp}) × model.context_parallel_size ({cp}); choose sizes whose "
+                "product divides the number of processes"
             )
-        dp = world // (tp * pp)
+        dp = world // (tp * pp * cp)
         per_step = m.micro_batch_size * dp
         if m.global_batch_size % per_step:
             raise ConfigError(
@@ -129,6 +141,7 @@ class Layout:
             device_type=device_type,
             dp_rank=dp_rank,
             ep=ep,
+            cp=cp,
         )
 
 
@@ -177,9 +190,11 @@ def global_rank(per_node: int = 1) -> int:
     return node * per_node + local
 
 
-def mesh_coords(rank: int, layout: Layout) -> tuple[int, int, int]:
-    """``(pp, dp, tp)`` coordinates of ``rank`` in the row-major mesh ``("pp", "dp", "tp")`` (tp fastest)."""
-    return rank // (layout.dp * layout.tp), (rank // layout.tp) % layout.dp, rank % layout.tp
+def mesh_coords(rank: int, layout: Layout) -> tuple[int, int, int, int]:
+    """``(pp, dp, cp, tp)`` coordinates of ``rank`` in the row-major mesh ``("pp", "dp", "cp", "tp")`` (tp
+    fastest)."""
+    tp, cp, dp = layout.tp, layout.cp, layout.dp
+    return rank // (dp * cp * tp), (rank // (cp * tp)) % dp, (rank // tp) % cp, rank % tp
 
 
 def resolve_layout(cfg: TrainConfig) -> Layout:
@@ -188,5 +203,5 @@ def resolve_layout(cfg: TrainConfig) -> Layout:
     layout = Layout.from_config(cfg.model, world, device_type(cfg))
     if world == 1:
         return layout
-    _, dp_rank, _ = mesh_coords(global_rank(world // cfg.trainer.num_nodes), layout)
+    _, dp_rank, _, _ = mesh_coords(global_rank(world // cfg.trainer.num_nodes), layout)
     return Layout.from_config(cfg.model, world, layout.device_type, dp_rank)

@@ -1,4 +1,4 @@
-"""The run's one device mesh ``("pp", "dp", "tp")`` and the process groups derived from it."""
+"""The run's one device mesh ``("pp", "dp", "cp", "tp")`` and the process groups derived from it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from neva.parallel.layout import Layout
 
-MESH_DIMS = ("pp", "dp", "tp")
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+# Gradients are reduced, and FSDP2 shards, over dp × cp flattened into one dimension (Megatron's data-parallel group
+# with context parallelism): the cp ranks of one sequence each hold a share of its tokens' gradient.
+DP_CP = "dp_cp"
+FLATTENED = {DP_CP: ("dp", "cp")}
 EXPERT_DIMS = ("edp", "ep")  # dp as expert-parallel groups: (replicas of an expert group, ranks within one)
 
 
@@ -32,6 +36,24 @@ class ParallelDims:
     @property
     def dp_mesh(self) -> DeviceMesh:
         return self.mesh["dp"]
+
+    @property
+    def cp_mesh(self) -> DeviceMesh:
+        return self.mesh["cp"]
+
+    @property
+    def dp_cp_mesh(self) -> DeviceMesh:
+        """dp × cp as one dimension (what gradients are reduced and parameters sharded over)."""
+        return self.mesh[DP_CP]
+
+    @property
+    def grad_mesh(self) -> DeviceMesh:
+        """What gradients are reduced and parameters sharded over: dp, or dp × cp with context parallelism."""
+        return self.dp_cp_mesh if self.layout.cp > 1 else self.dp_mesh
+
+    @property
+    def cp_rank(self) -> int:
+        return self.cp_mesh.get_local_rank()
 
     @property
     def pp_mesh(self) -> DeviceMesh:
@@ -65,8 +87,13 @@ def build_mesh(layout: Layout, timeout: timedelta | None = None) -> ParallelDims
         options = _group_options("nccl" if layout.is_cuda else "gloo", timeout)
         override = dict.fromkeys(MESH_DIMS, options)
     mesh = init_device_mesh(
-        layout.device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS, backend_override=override
+        layout.device_type,
+        (layout.pp, layout.dp, layout.cp, layout.tp),
+        mesh_dim_names=MESH_DIMS,
+        backend_override=override,
     )
+    if layout.cp > 1:
+        mesh[FLATTENED[DP_CP]]._flatten(DP_CP, options)
     expert_mesh = None
     if layout.ep > 1:
         expert_override = None if options is None else dict.fromkeys(EXPERT_DIMS, options)

@@ -21,10 +21,11 @@ from neva.config import ModelConfig
 from neva.models.lora import merged_state_dict
 from neva.models.neva import NevaModel
 from neva.parallel.compute_plans import apply_compute_plans
+from neva.parallel.context_parallel import check_context_parallel_layout
 from neva.parallel.data_parallel import all_reduce_gradients, apply_fsdp, ddp_sync_context, fsdp_sync_context
 from neva.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel_layout, is_expert_param
 from neva.parallel.layout import Layout
-from neva.parallel.mesh import ParallelDims, build_mesh
+from neva.parallel.mesh import DP_CP, ParallelDims, build_mesh
 from neva.parallel.pipeline import (
     PipelineRunner,
     build_chunks,
@@ -77,12 +78,18 @@ class ParallelModel:
     key_stage: dict[str, int] = field(default_factory=dict)
 
     def all_reduce_gradients(self, params: Iterable[nn.Parameter]) -> None:
-        """``manual_dp_sync``'s reduction: gradients averaged over dp, an expert tensor's over its replicas (edp)."""
+        """``manual_dp_sync``'s reduction: gradients averaged over dp × cp, an expert tensor's over its replicas
+        (edp)."""
         params = list(params)
         experts = [p for p in params if is_expert_param(p)]
-        all_reduce_gradients([p for p in params if not is_expert_param(p)], self.group("dp"))
+        all_reduce_gradients([p for p in params if not is_expert_param(p)], self.grad_group)
         if experts and self.dims.expert_mesh["edp"].size() > 1:
             all_reduce_gradients(experts, self.dims.expert_mesh["edp"].get_group())
+
+    @property
+    def grad_group(self):
+        """The group gradients are reduced over: dp, or dp × cp with context parallelism (None: one rank)."""
+        return self.group(DP_CP if self.layout.cp > 1 else "dp")
 
     def group(self, dim: str):
         """The process group of mesh dimension ``dim``, or None when that dimension has size 1."""
@@ -94,7 +101,7 @@ class ParallelModel:
 def uses_fsdp(layout: Layout, precision: Precision) -> bool:
     """FSDP2 wraps the model when data-parallel replicas shard it, and under O2 in distributed runs (its
     mixed-precision policy keeps the sharded fp32 parameters as master weights)."""
-    return layout.data_parallel == "fsdp" and (layout.dp > 1 or (precision.master_weights and layout.is_distributed))
+    return layout.data_parallel == "fsdp" and (layout.dp_cp > 1 or (precision.master_weights and layout.is_distributed))
 
 
 def check_precision_layout(layout: Layout, precision: Precision) -> None:
@@ -160,6 +167,7 @@ def parallelize(
         chunk_ids, parts = [0], [meta_model]
     vocab_parallel = vocab_parallel_logits(layout.tp, layout.pp)
     check_expert_parallel_layout(layout, meta_model.cfg.llm)
+    check_context_parallel_layout(layout, meta_model.cfg)
     for part in parts:
         if layout.tp > 1:
             apply_tensor_parallel(part, dims.tp_mesh, layout.sp, vocab_parallel)
@@ -173,7 +181,7 @@ def parallelize(
     if fsdp:
         param_dtype = precision.param_dtype if precision.master_weights else None
         for part in parts:
-            apply_fsdp(part, dims.dp_mesh, param_dtype, reshard=layout.zero_stage == 3, expert_mesh=dims.expert_mesh)
+            apply_fsdp(part, dims.grad_mesh, param_dtype, reshard=layout.zero_stage == 3, expert_mesh=dims.expert_mesh)
         out.sync_context = fsdp_sync_context(parts)
     if allocation is not None and not m.meta_init:
         raise ValueError("parallelize(allocation=...) needs model.meta_init=true (plans are applied on meta first)")
@@ -201,10 +209,10 @@ def _materialize(
         for part in parts:
             init_fresh(part, device, m.seed)
         load_source_weights(parts, source)
-    if not fsdp and layout.dp > 1:
+    if not fsdp and layout.dp_cp > 1:
         if layout.tp == 1 and layout.pp == 1 and layout.ep == 1:
             out.forward_model = nn.parallel.DistributedDataParallel(
-                parts[0], process_group=dims.group("dp"), device_ids=[device.index] if layout.is_cuda else None
+                parts[0], process_group=out.grad_group, device_ids=[device.index] if layout.is_cuda else None
             )
             out.sync_context = ddp_sync_context(out.forward_model)
         else:

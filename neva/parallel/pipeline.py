@@ -113,20 +113,23 @@ def step_shape(micro_batches: list[dict[str, Any]], multiple: int = 1) -> tuple[
     return rows, -(-length // multiple) * multiple
 
 
+# Per-token tensors ``[..., B, S]`` of a micro-batch and what their padding holds (it learns nothing and precedes no
+# real token).
+PAD_FILL = {
+    "input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0, "token_mask": False,
+}  # fmt: skip
+
+
 def pad_micro_batches(
     micro_batches: list[dict[str, Any]], multiple: int = 1, shape: tuple[int, int] | None = None
 ) -> list[dict[str, Any]]:
     """Pad every micro-batch to ``shape`` (default ``step_shape``); padding learns nothing and precedes no real token."""
     rows, length = shape or step_shape(micro_batches, multiple)
-    fill = {
-        "input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0,
-        "token_mask": False,
-    }  # fmt: skip
     out = []
     for mb in micro_batches:
         mb = dict(mb)
         b, s = mb["input_ids"].shape
-        for key, value in fill.items():
+        for key, value in PAD_FILL.items():
             t = mb.get(key)
             if t is not None and (b, s) != (rows, length):
                 padded = torch.full((*t.shape[:-2], rows, length), value, dtype=t.dtype)  # [P, B, S] positions too
@@ -199,6 +202,7 @@ class PipelineRunner:
         self._schedules: dict[tuple[int, int], Any] = {}
         self._weight: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._grad_factor = 1.0
+        self._shifted = False  # context parallelism: the targets are each position's own next-token labels
         self._loss_sums: list[torch.Tensor] = []
         # The step's head objective (None: token cross-entropy on the labels) and its micro-batches by their labels'
         # identity: the schedule hands the loss function only a micro-batch's target (its labels tensor).
@@ -215,7 +219,7 @@ class PipelineRunner:
         # log-probs). A new schedule's set-up call passes a copy of the labels (no micro-batch of the step): token
         # cross-entropy there, as without a head; only its gradients' shapes are used.
         mb = self._by_target.get(id(labels)) if self._head is not None else None
-        loss = token_cross_entropy(logits, labels)[0] if mb is None else self._head(logits, mb)
+        loss = token_cross_entropy(logits, labels, shifted=self._shifted)[0] if mb is None else self._head(logits, mb)
         weight = self._weight(labels) if self._weight is not None else 1.0
         self._loss_sums.append((loss.detach() * weight).float())
         return loss * (weight * self._grad_factor)
@@ -256,8 +260,10 @@ class PipelineRunner:
                 kw["segment_ids"] = mb["segment_ids"].to(self.device)
             # A micro-batch without one of them passes none, as a batch without it does.
             kw.update({k: mb[k].to(self.device) for k in OPTIONAL_KEYWORD_INPUTS if mb.get(k) is not None})
+            if mb.get("context") is not None:  # context parallelism: this rank's share of the rows, every stage
+                kw["context"] = mb["context"].to(self.device)
             kwargs.append(kw)
-            targets.append(mb["labels"].to(self.device))
+            targets.append(mb["next_labels" if "next_labels" in mb else "labels"].to(self.device))
         return args, kwargs, targets
 
     def forward_backward(
@@ -267,11 +273,13 @@ class PipelineRunner:
         grad_factor: float,
         multiple: int = 1,
         head: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None = None,
+        split: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ):
         """Run the schedule (forward + backward of every micro-batch); returns the weighted sum of the micro-batches'
         losses (``weight(labels)`` each; backward of that times ``grad_factor``) on every pipeline rank. A loss is
-        ``head(logits, padded micro-batch)`` on the last stage, token cross-entropy when ``head`` is None."""
-        return self._run(micro_batches, weight, grad_factor, multiple, train=True, head=head)
+        ``head(logits, padded micro-batch)`` on the last stage, token cross-entropy when ``head`` is None.
+        ``split``: context parallelism's, applied to each padded micro-batch (``neva.parallel.context_parallel``)."""
+        return self._run(micro_batches, weight, grad_factor, multiple, train=True, head=head, split=split)
 
     @torch.no_grad()
     def evaluate(
@@ -279,9 +287,10 @@ class PipelineRunner:
         micro_batches: list[dict[str, Any]],
         multiple: int = 1,
         head: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None = None,
+        split: Callable | None = None,
     ) -> torch.Tensor:
         """Forward only; the summed loss (``head``'s, token cross-entropy by default) on every pipeline rank."""
-        return self._run(micro_batches, None, 1.0, multiple, train=False, head=head)
+        return self._run(micro_batches, None, 1.0, multiple, train=False, head=head, split=split)
 
     def _agreed_shape(self, micro_batches: list[dict[str, Any]], multiple: int) -> tuple[int, int]:
         """The step's padded shape, the largest over the data-parallel replicas.
@@ -297,8 +306,13 @@ class PipelineRunner:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.dp_group)
         return int(agreed[0]), int(agreed[1])
 
-    def _run(self, micro_batches, weight, grad_factor: float, multiple: int, train: bool, head=None) -> torch.Tensor:
+    def _run(
+        self, micro_batches, weight, grad_factor: float, multiple: int, train: bool, head=None, split=None
+    ) -> torch.Tensor:
         micro_batches = pad_micro_batches(micro_batches, shape=self._agreed_shape(micro_batches, multiple))
+        if split is not None:
+            micro_batches = [split(mb) for mb in micro_batches]
+        self._shifted = split is not None
         n = len(micro_batches)
         schedule, stages = self._schedule(tuple(micro_batches[0]["input_ids"].shape), n, train)
         # What ``schedule.step`` does before ``_step_microbatches`` (which takes ready-made micro-batches: a step's

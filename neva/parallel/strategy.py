@@ -1,4 +1,4 @@
-"""The Lightning strategies: one process, or one ``("pp", "dp", "tp")`` mesh of processes; checkpoint I/O for both.
+"""The Lightning strategies: one process, or one ``("pp", "dp", "cp", "tp")`` mesh of processes; checkpoint I/O for both.
 
 One process writes Lightning checkpoint files; distributed runs write DCP directories (``neva.checkpoint.dcp``) under
 the whole model's parameter names. Both strategies read both: a DCP directory through ``load_dcp`` (each rank reads the
@@ -144,7 +144,7 @@ class NevaSingleDeviceStrategy(SingleDeviceStrategy):
 
 class NevaParallelStrategy(ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` (process launch under torchrun / SLURM / Lightning's own launcher,
-    process-group setup, the ``configure_model`` hook) with neva's ``("pp", "dp", "tp")`` mesh in place of its 2-D one
+    process-group setup, the ``configure_model`` hook) with neva's ``("pp", "dp", "cp", "tp")`` mesh in place of its 2-D one
     and DCP checkpoints under layout-independent keys; gloo without GPUs, NCCL with them. ``timeout`` (default:
     Lightning's, 30 min) bounds the collectives of the default group and of every mesh group."""
 

@@ -19,15 +19,16 @@ from neva.planner.flops import checkpointed_layers
 from neva.planner.params import ParamInfo
 
 
-def _layer_bytes(cfg: NevaConfig, dep: Deployment, tokens: int, trains: bool, mode: str | None) -> float:
-    """Bytes one decoder layer keeps for ``tokens`` tokens of a micro-batch."""
-    llm, e, t = cfg.llm, dep.compute_bytes, dep.layout.tp
+def _layer_bytes(cfg: NevaConfig, dep: Deployment, tokens: float, trains: bool, mode: str | None) -> float:
+    """Bytes one decoder layer keeps for ``tokens`` tokens of a micro-batch on this rank (``1/cp`` of each row under
+    context parallelism, whose attention keeps the whole rows' gathered keys and values: ``cp`` times its own)."""
+    llm, e, t, cp = cfg.llm, dep.compute_bytes, dep.layout.tp, dep.layout.cp
     rep = t if dep.layout.sp else 1
     h = tokens * llm.hidden_size
     q = tokens * llm.num_heads * llm.head_dim / t
     kv = tokens * llm.num_kv_heads * llm.head_dim / t
     f, dispatched = _ffn_elements(cfg, tokens, t)
-    sdpa = e * (2 * q + 2 * kv) + 4 * tokens * llm.num_heads / t
+    sdpa = e * (2 * q + 2 * kv * cp) + 4 * tokens * llm.num_heads / t
     if mode == "full":
         return e * h / rep  # only the layer input survives; the recomputed layer is counted once per stage
     linear_inputs = (2 * e * h + e * q + e * f + e * dispatched) if trains else 0.0
@@ -80,6 +81,7 @@ def stage_activation_bytes(
         return 0.0
     layout = dep.layout
     e, b = dep.compute_bytes, layout.micro_batch_size
+    seq_len = seq_len / layout.cp  # context parallelism: this rank's share of each row
     tokens = b * seq_len
     trains = {i: any(p.trainable for p in infos if p.layer == i) for i in layers}
     per_mb = 0.0
@@ -91,13 +93,14 @@ def stage_activation_bytes(
     if last:
         # Logits (vocab-sharded under TP without PP): bf16 output plus the fp32 copy the cross-entropy keeps for its
         # backward; at learned positions only without TP and PP (``Engine.learned_only_head``).
-        head = tokens if layout.tp > 1 or layout.pp > 1 or learned_tokens is None else b * learned_tokens
+        head = tokens if layout.tp > 1 or layout.pp > 1 or learned_tokens is None else b * learned_tokens / layout.cp
         vocab = cfg.llm.vocab_size / layout.tp if vocab_parallel_logits(layout.tp, layout.pp) else cfg.llm.vocab_size
         per_mb += head * vocab * (e + 4)
+    # each cp rank encodes 1/cp of the tower inputs (a native tower is refused under cp)
     if stage == 0 and cfg.vision is not None and cfg.vision.is_native:
         per_mb += _native_vision_bytes(cfg, infos, dep) * tiles
     elif stage == 0 and cfg.vision is not None:
-        per_mb += _vision_bytes(cfg, infos, dep, frames) * (1 if frames else tiles)
+        per_mb += _vision_bytes(cfg, infos, dep, frames) * (1 if frames else tiles) / layout.cp
     if stage == 0:  # the first stage's layer input (a later stage's is one of its receive buffers)
         per_mb += e * tokens * cfg.llm.hidden_size
     recompute = 0.0

@@ -1,7 +1,8 @@
 """Collective costs on a DGX-style cluster: NVLink inside a node, one InfiniBand rail per GPU between nodes.
 
-Ranks are laid out on the mesh ``("pp", "dp", "tp")`` with tp innermost, so a TP group is ``tp`` consecutive GPUs,
-a DP group's members are ``tp`` ranks apart, and pipeline neighbours ``dp × tp`` apart.
+Ranks are laid out on the mesh ``("pp", "dp", "cp", "tp")`` with tp innermost, so a TP group is ``tp`` consecutive
+GPUs, a CP group's members are ``tp`` ranks apart, the dp × cp group that reduces gradients ``tp`` apart too, and
+pipeline neighbours ``dp × cp × tp`` apart.
 """
 
 from __future__ import annotations
@@ -46,8 +47,13 @@ def tp_group_per_node(dep: Deployment) -> int:
 
 
 def dp_group_per_node(dep: Deployment) -> int:
-    """Members of one DP group that share a node (DP peers sit ``tp`` GPUs apart)."""
-    return max(1, min(dep.layout.dp, dep.gpus_per_node // dep.layout.tp))
+    """Members of one gradient-reduction (dp × cp) group that share a node (peers sit ``tp`` GPUs apart)."""
+    return max(1, min(dep.layout.dp_cp, dep.gpus_per_node // dep.layout.tp))
+
+
+def cp_group_per_node(dep: Deployment) -> int:
+    """Members of one context-parallel group that share a node (``tp`` GPUs apart)."""
+    return max(1, min(dep.layout.cp, dep.gpus_per_node // dep.layout.tp))
 
 
 def all_to_all_time(size: float, dep: Deployment, hw: Hardware) -> float:
@@ -62,8 +68,8 @@ def all_to_all_time(size: float, dep: Deployment, hw: Hardware) -> float:
 
 
 def p2p_time(size: float, dep: Deployment, hw: Hardware) -> float:
-    """One pipeline send of ``size`` bytes to the neighbouring stage (``dp × tp`` ranks away)."""
-    bw = _nvlink(hw) if dep.layout.dp * dep.layout.tp < dep.gpus_per_node else _ib(hw)
+    """One pipeline send of ``size`` bytes to the neighbouring stage (``dp × cp × tp`` ranks away)."""
+    bw = _nvlink(hw) if dep.layout.dp_cp * dep.layout.tp < dep.gpus_per_node else _ib(hw)
     return size / bw + hw.eff.latency_us * 1e-6
 
 

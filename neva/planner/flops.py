@@ -21,7 +21,8 @@ class StageFlops:
     Attributes:
         model: useful FLOPs (each matmul counted once across TP ranks; what MFU divides by).
         per_gpu: what one GPU of the stage executes: TP-sharded parts divided by tp, replicated parts (vision
-            tower, LoRA factors on the unsharded side) in full, plus activation-checkpointing recomputation.
+            tower, LoRA factors on the unsharded side) in full, everything divided by cp, plus
+            activation-checkpointing recomputation.
         backward: whether this stage runs a backward pass at all.
     """
 
@@ -68,7 +69,9 @@ def stage_flops(
     share: dict[str, float] = {}
     for t in terms:
         stage, sharded = _placement(t, params, layers)
-        share[t.name] = 1 / layout.tp if sharded else 1.0
+        # Context parallelism: every rank runs 1/cp of the tokens, of the (load-balanced) causal attention square and
+        # of the tower inputs.
+        share[t.name] = (1 / layout.tp if sharded else 1.0) / layout.cp
         model[stage] += t.total * units[t.per]
         per_gpu[stage] += t.total * units[t.per] * share[t.name]
         backward[stage] = backward[stage] or t.backward > 0

@@ -41,6 +41,7 @@ def _overrides(cfg: TrainConfig, plan: Plan) -> str:
         "data_parallel": lay.data_parallel,
         "zero_stage": lay.zero_stage,
         "expert_model_parallel_size": lay.ep,
+        "context_parallel_size": lay.cp,
         "activations_checkpoint_granularity": lay.ac,
         "micro_batch_size": lay.micro_batch_size,
     }

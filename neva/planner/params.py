@@ -142,7 +142,7 @@ def local_numel(info: ParamInfo, layout: Layout, tp_rank: int = 0, dp_rank: int 
     shape = list(info.shape)
     if info.tp_dim is not None and layout.tp > 1:
         shape[info.tp_dim] = chunk_len(shape[info.tp_dim], layout.tp, tp_rank)
-    shards = layout.dp
+    shards = layout.dp_cp  # FSDP2 shards over dp × cp
     if is_expert(info) and layout.ep > 1:
         shape[0] = chunk_len(shape[0], layout.ep, dp_rank % layout.ep)
         shards, dp_rank = layout.dp // layout.ep, dp_rank // layout.ep

@@ -18,6 +18,7 @@ from neva.parallel.layout import Layout
 from neva.planner.comm import (
     all_reduce_time,
     all_to_all_time,
+    cp_group_per_node,
     dp_group_per_node,
     expected_max_normal,
     half_time,
@@ -45,6 +46,7 @@ class StepTime:
     jitter: float
     step: float
     ep_comm: float = 0.0  # expert-parallel all-to-alls (MoE), on the critical path: the experts wait for them
+    cp_comm: float = 0.0  # context parallelism's key/value all-gathers (and their reduce-scatters), not overlapped
 
 
 def _tp_collectives(layout: Layout, layers: list[int], recomputed: frozenset[int], stage: int, backward: bool) -> int:
@@ -69,6 +71,14 @@ def _all_to_alls(cfg: NevaConfig, layers: list[int], recomputed: frozenset[int],
     return sum(2 + (2 if backward else 0) + (2 if backward and i in recomputed else 0) for i in layers)
 
 
+def _cp_gathers(layout: Layout, layers: list[int], recomputed: frozenset[int], backward: bool) -> int:
+    """Key/value all-gathers (or their backward reduce-scatters) per micro-batch on one stage: one per layer forward,
+    one per layer backward, one more per fully recomputed layer."""
+    if layout.cp == 1:
+        return 0
+    return sum(1 + backward + (backward and layout.ac == "full" and i in recomputed) for i in layers)
+
+
 def _exposed(comm: float, window: float, overlap: float) -> float:
     """Seconds of ``comm`` left after hiding it behind ``window`` seconds of compute (never below 1 − overlap)."""
     return max(comm - window, (1 - overlap) * comm) if comm > 0 else 0.0
@@ -85,7 +95,7 @@ def _dp_comm(
     all prefetched across the whole step.
     """
     layout = dep.layout
-    if layout.dp == 1:
+    if layout.dp_cp == 1:
         return 0.0, 0.0
     mine = [p for p in infos if on_stage(p, stage, layers)]
     grad_bytes = 2 if dep.grad_reduce == "bf16" else 4
@@ -95,10 +105,10 @@ def _dp_comm(
     per_node, m, ov = dp_group_per_node(dep), layout.grad_accum, hw.eff.dp_overlap
     backward, forward = 2 / 3 * compute_mb, 1 / 3 * compute_mb
     if layout.data_parallel == "ddp":
-        reduce = all_reduce_time(trained, layout.dp, per_node, hw)
+        reduce = all_reduce_time(trained, layout.dp_cp, per_node, hw)
         return reduce, _exposed(reduce, backward, ov)
-    reduce_scatter = half_time(trained, layout.dp, per_node, hw)
-    gather = half_time(gathered, layout.dp, per_node, hw)
+    reduce_scatter = half_time(trained, layout.dp_cp, per_node, hw)
+    gather = half_time(gathered, layout.dp_cp, per_node, hw)
     if layout.zero_stage == 2:
         return gather + reduce_scatter, _exposed(gather, forward, ov) + _exposed(reduce_scatter, backward, ov)
     total = m * (2 * gather + reduce_scatter)
@@ -117,11 +127,13 @@ def step_time(
     """Predicted seconds per optimizer step."""
     layout = dep.layout
     b, m, e = layout.micro_batch_size, layout.grad_accum, dep.compute_bytes
-    act = e * b * seq_len * cfg.llm.hidden_size
+    act = e * b * seq_len * cfg.llm.hidden_size / layout.cp  # a rank's tokens: 1/cp of each row
+    # the whole rows' keys and values of one layer, gathered over cp (each rank contributes 1/cp of them)
+    kv = 2 * e * b * seq_len * cfg.llm.num_kv_heads * cfg.llm.head_dim / layout.tp
     rate = hw.peak_flops * hw.eff.compute
     # each token's hidden state goes to its k experts and back (the dispatch carries k rows per token)
     routed = dispatch_bytes(dep.precision) * b * seq_len * cfg.llm.hidden_size * (cfg.llm.moe_router_topk or 0)
-    comp, tp, p2p, a2a = [], [], [], []
+    comp, tp, p2p, a2a, cpc = [], [], [], [], []
     recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
     for s, f in enumerate(flops):
         comp.append(f.per_gpu * b / rate)
@@ -130,7 +142,9 @@ def step_time(
         sends = 0 if layout.pp == 1 else (1 + f.backward) * layout.vpp
         p2p.append(sends * p2p_time(act, dep, hw) if sends else 0.0)  # one GPU (cluster=local): no link to time
         a2a.append(_all_to_alls(cfg, layers[s], recomputed, f.backward) * all_to_all_time(routed, dep, hw))
-    per_mb = [c + t + p + a for c, t, p, a in zip(comp, tp, p2p, a2a)]
+        gathers = _cp_gathers(layout, layers[s], recomputed, f.backward)
+        cpc.append(gathers * half_time(kv, layout.cp, cp_group_per_node(dep), hw) if gathers else 0.0)
+    per_mb = [c + t + p + a + g for c, t, p, a, g in zip(comp, tp, p2p, a2a, cpc)]
     worst = max(range(len(per_mb)), key=per_mb.__getitem__)
     bubble = (layout.pp - 1) / layout.vpp * sum(per_mb) / len(per_mb) if layout.pp > 1 else 0.0
     pipe = m * per_mb[worst] + bubble
@@ -156,4 +170,5 @@ def step_time(
         jitter=jitter,
         step=base + jitter,
         ep_comm=m * a2a[worst],
+        cp_comm=m * cpc[worst],
     )

@@ -36,7 +36,7 @@ def _row(plan: Plan) -> tuple[str, ...]:
         str(plan.deployment.nodes),
         str(lay.tp) + ("+sp" if lay.sp else ""),
         str(lay.pp) + (f"x{lay.vpp}" if lay.vpp > 1 else ""),
-        str(lay.dp),
+        str(lay.dp) + (f"+cp{lay.cp}" if lay.cp > 1 else ""),  # context parallelism beside the dp it multiplies
         str(lay.ep),
         dp_mode,
         lay.ac or "-",

@@ -34,6 +34,7 @@ SEARCHED = (
     "data_parallel",
     "zero_stage",
     "expert_model_parallel_size",
+    "context_parallel_size",
     "activations_checkpoint_granularity",
     "micro_batch_size",
 )
@@ -56,7 +57,8 @@ def _powers_of_two(limit: int) -> list[int]:
 def default_space(cfg: TrainConfig, num_layers: int, num_experts: int | None = None) -> dict[str, list[Any]]:
     """Candidate values of every searched key: TP within a node (its NVLink domain, as Megatron places it), PP up to
     the decoder's depth, the three data-parallel modes, no / selective / full checkpointing, micro-batches of powers
-    of two up to the global batch; the configured virtual pipeline size; EP sizes dividing ``num_experts`` (MoE)."""
+    of two up to the global batch; the configured virtual pipeline and context-parallel sizes; EP sizes dividing
+    ``num_experts`` (MoE)."""
     world = cfg.trainer.num_nodes * (
         cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else cfg.cluster.gpus_per_node
     )
@@ -69,6 +71,8 @@ def default_space(cfg: TrainConfig, num_layers: int, num_experts: int | None = N
         "data_parallel": ["fsdp", "ddp"],
         "zero_stage": [3, 2],
         "expert_model_parallel_size": [e for e in _powers_of_two(world) if num_experts and num_experts % e == 0] or [1],
+        # the configured size unless constrained (``--constraint context_parallel_size=1,2,4``): long-sequence runs
+        "context_parallel_size": [cfg.model.context_parallel_size],
         "activations_checkpoint_granularity": [None, "selective", "full"],
         "micro_batch_size": _powers_of_two(cfg.model.global_batch_size),
     }

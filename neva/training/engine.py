@@ -6,6 +6,10 @@ Gradient accumulation and every parallel layout then compute the same update as 
 batch (a per-micro-batch mean would weight tokens differently whenever micro-batches hold different numbers of learned
 tokens). ``micro_batch_mean`` is that per-micro-batch mean, as LLaVA (HF Trainer) and NeMo compute it, for
 reproducing their curves (``neva.models.loss.micro_batch_weight``).
+
+Under context parallelism (``neva.parallel.context_parallel``) each cp rank runs its share of every micro-batch's
+tokens: the learned tokens are counted before the split (the normaliser stays the global batch's), each rank's loss
+sums its own learned tokens, and gradients and the step objective are summed over dp × cp.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from neva.data.collate import join_rows
 from neva.models.attention import attends_per_segment
 from neva.models.lora import LoRALinear, token_dropout_keys
 from neva.models.loss import learned_positions, micro_batch_weight
+from neva.parallel.context_parallel import split_batch
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
 from neva.training.objectives import AuxObjective, HeadObjective, TokenCrossEntropy, aux_objectives
+from neva.typed import ConfigError
 
 # The model's per-token inputs besides the ids (dropout_keys: the engine's LoRA dropout keys; token_mask: MoE's).
 TOKEN_INPUTS = ("position_ids", "segment_ids", "dropout_keys", "token_mask")
@@ -52,6 +58,8 @@ def model_inputs(batch: dict[str, Any], device: torch.device, packed: bool = Tru
         if key == "segment_ids" and not packed:
             continue
         out[key] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+    if batch.get("context") is not None:  # context parallelism: this rank's share of the rows
+        out["context"] = batch["context"].to(device, non_blocking=True)
     return out
 
 
@@ -89,6 +97,22 @@ class Engine:
         layout = parallel.layout
         self.dp_group = parallel.group("dp")
         self.dp_size = layout.dp
+        # Gradients and the step objective are summed over dp × cp (each cp rank holds a share of every micro-batch).
+        self.grad_group = parallel.grad_group
+        self.grad_size = layout.dp_cp
+        self.cp = layout.cp
+        self._split_count = 0
+        if self.cp > 1 and parallel.runner is not None and loss_normalization != "global_tokens":
+            raise ConfigError(
+                f"model.loss_normalization={loss_normalization} with model.context_parallel_size={self.cp} and "
+                "model.pipeline_model_parallel_size > 1: the pipeline's loss sees one shard of a micro-batch, not its "
+                "own learned tokens; use global_tokens"
+            )
+        if self.cp > 1 and not isinstance(self.head, TokenCrossEntropy):
+            raise ConfigError(
+                f"model.context_parallel_size={self.cp} trains token cross-entropy only so far, not "
+                f"{type(self.head).__name__} (its per-sequence terms would need a reduction over the cp ranks)"
+            )
         # train()/eval() and the hooks of the data-parallel wrapper go through ``model``.
         self.model: nn.Module = parallel.forward_model if len(self.parts) == 1 else nn.ModuleList(self.parts)
         # LM head only at learned positions; selecting positions of a (sequence-)sharded activation would need a
@@ -104,7 +128,9 @@ class Engine:
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
         # Auxiliary objectives (MoE: the routers' load-balancing losses) join each micro-batch's loss
         # (neva/training/objectives.py); none for a dense model.
-        self.objectives = aux_objectives(self.parts, layout, parallel.group("pp")) + tuple(objectives)
+        self.objectives = aux_objectives(self.parts, layout, parallel.group("pp"), parallel.group("cp")) + tuple(
+            objectives
+        )
         self._aux_stats: dict[str, torch.Tensor] = {}
 
     @property
@@ -162,6 +188,7 @@ class Engine:
         position where the LM head runs on all (TP layouts: vocab-sharded under ``loss_parallel``)."""
         model = self.model if model is None else model
         if not self.learned_only_head:
+            batch = self._context_split(batch)
             with self._autocast():
                 return model(**model_inputs(batch, self.device, self.packed)), batch
         if "output_positions" not in batch:  # a hand-built batch: found from its host labels (still no device sync)
@@ -169,6 +196,7 @@ class Engine:
             batch = {**batch, "output_positions": positions, "targets": targets}
         if self.join_rows and batch.get("segment_ids") is not None:
             batch = self._prepare(join_rows(batch))
+        batch = self._context_split(batch)
         inputs = model_inputs(batch, self.device, self.packed)
         positions = batch["output_positions"].to(self.device, non_blocking=True)
         with self._autocast():
@@ -181,6 +209,19 @@ class Engine:
         if isinstance(self.head, TokenCrossEntropy):
             return None
         return functools.partial(self.head.loss, device=self.device)
+
+    @property
+    def _runner_split(self):
+        return self._context_split if self.cp > 1 else None
+
+    def _context_split(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """This rank's share of the micro-batch's rows under context parallelism (unchanged otherwise)."""
+        if self.cp == 1:
+            return batch
+        cp_rank, group = self.parallel.dims.cp_rank, self.parallel.group("cp")
+        batch = split_batch(batch, self.cp, cp_rank, group, self.packed, self._split_count, self.sp_multiple)
+        self._split_count += 1  # the same on every cp rank: they run the same micro-batches
+        return batch
 
     def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:
         """The head objective's count (learned tokens; pairs) over the whole global batch (all micro-batches, all
@@ -209,7 +250,8 @@ class Engine:
         if n_tokens is None:
             n_tokens = self.global_tokens(micro_batches)
         # Each micro-batch's summed loss enters the step objective with its weight (model.loss_normalization).
-        # Data-parallel wrappers average gradients over replicas; backward scales by dp_size to make that the sum.
+        # Data-parallel wrappers average gradients over replicas (dp × cp); backward scales by their number to make
+        # that the sum.
         weight = functools.partial(
             micro_batch_weight,
             self.loss_normalization,
@@ -221,7 +263,12 @@ class Engine:
             if self.parallel.runner is not None:  # each stage's objectives add their terms in its backward
                 micro_batches = [self._prepare(mb) for mb in micro_batches]
                 local = self.parallel.runner.forward_backward(
-                    micro_batches, weight, self.dp_size, self.sp_multiple, head=self.pipeline_head()
+                    micro_batches,
+                    weight,
+                    self.grad_size,
+                    self.sp_multiple,
+                    head=self.pipeline_head(),
+                    split=self._runner_split,
                 )
             else:
                 local = torch.zeros((), device=self.device)
@@ -230,7 +277,7 @@ class Engine:
                         loss = self.loss_sum(mb) * weight(mb["labels"])
                         for objective in self.objectives:  # this forward's term, weighted 1 / (micro-batches x dp)
                             loss = loss + objective.take(len(micro_batches) * self.dp_size)
-                        (loss * self.dp_size).backward()
+                        (loss * self.grad_size).backward()
                     local += loss.detach()
         if self.parallel.manual_dp_sync:
             self.parallel.all_reduce_gradients(p for _, p in self.named_trainable_parameters())
@@ -245,8 +292,8 @@ class Engine:
             total, v = objective.step_values(total)
             values.append(v)
         flat = torch.cat([total.reshape(1), *values])
-        if self.dp_group is not None:
-            dist.all_reduce(flat, group=self.dp_group)
+        if self.grad_group is not None:
+            dist.all_reduce(flat, group=self.grad_group)
         self._aux_stats, offset = {}, 1
         for objective, v in zip(self.objectives, values):
             self._aux_stats.update(objective.metrics(flat[offset : offset + v.numel()]))
@@ -257,7 +304,7 @@ class Engine:
     def evaluate(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-weighted validation loss over ``micro_batches`` (all data-parallel ranks)."""
         if self.parallel.runner is not None and self.pipeline_head() is None:
-            total = self.parallel.runner.evaluate(micro_batches, self.sp_multiple)
+            total = self.parallel.runner.evaluate(micro_batches, self.sp_multiple, split=self._runner_split)
         elif self.parallel.runner is not None:  # a head objective reads what its objectives prepare (the reference's)
             with self._loss_context():
                 micro_batches = [self._prepare(mb) for mb in micro_batches]
@@ -268,8 +315,8 @@ class Engine:
                 for mb in micro_batches:
                     total += self.loss_sum(mb).float()
         n_tokens = self.global_tokens(micro_batches)
-        if self.dp_group is not None:
-            dist.all_reduce(total, group=self.dp_group)
+        if self.grad_group is not None:
+            dist.all_reduce(total, group=self.grad_group)
         return total / n_tokens.clamp(min=1.0), n_tokens
 
     def optimizer_step(

@@ -9,6 +9,10 @@ tokens), not a sum over tokens, so neva's token normalisation of the cross-entro
 does not apply to it; for a fixed global batch and micro-batch size the term is the same in every layout.
 ``train_loss`` is cross-entropy plus this term; ``moe_aux_loss`` is the term alone.
 
+Under context parallelism a micro-batch's rows are split over the cp ranks: each layer's statistics are summed over
+them first (differentiably), so the term is the one-process micro-batch's, and each cp rank adds ``1 / cp`` of it
+(the step objective and gradients are summed over dp × cp): counted once.
+
 Which tokens count: every real token of the micro-batch, image and prompt tokens included; padding does not (the
 collator's ``segment_ids`` 0), whether the batch is padded, packed or joined into one row.
 """
@@ -16,13 +20,15 @@ collator's ``segment_ids`` 0), whether the batch is padded, packed or joined int
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from neva.models.moe import MoEFeedForward, aux_objective
+from neva.models.moe import MoEFeedForward, RoutingStats, aux_objective
+from neva.parallel.context_parallel import all_reduce_sum
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -54,9 +60,10 @@ class MoEAuxLoss:
         self._entries: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._expected = 0  # under PP: the entries a step keeps (its last ones), else 0 (all)
         self.pp_group = None
+        self.cp_group, self.cp = None, 1  # context parallelism: the ranks sharing each micro-batch's rows
 
     @classmethod
-    def of(cls, parts: list[nn.Module], layout: Any, pp_group: Any = None) -> MoEAuxLoss | None:
+    def of(cls, parts: list[nn.Module], layout: Any, pp_group: Any = None, cp_group: Any = None) -> MoEAuxLoss | None:
         """The helper for this rank's parts, or None for a dense model. Under pipeline parallelism (``pp_group``)
         each chunk adds its own layers' objective in its own backward (``attach_to_chunks``): the ``megatron``
         formula is a sum over layers, so the stages' shares add up to the whole model's (``hf``'s pooled one is
@@ -66,6 +73,8 @@ class MoEAuxLoss:
             return None
         ids = [int(_LAYER.search(n).group(1)) for n, _ in named]
         aux = cls([m for _, m in named], ids, parts[0].cfg.llm, parts[0].cfg.llm.num_layers)
+        if layout.cp > 1:
+            aux.cp_group, aux.cp = cp_group, layout.cp
         if layout.pp > 1:
             aux.attach_to_chunks(parts, layout, pp_group)
         return aux
@@ -85,7 +94,7 @@ class MoEAuxLoss:
                 if not torch.is_grad_enabled() or not layers:
                     return out
                 term = self._take(layers, divisor)
-                return _WithAux.apply(out, term, float(layout.dp)) if term.requires_grad else out
+                return _WithAux.apply(out, term, float(layout.dp_cp)) if term.requires_grad else out
 
             part.register_forward_hook(hook)
 
@@ -98,15 +107,28 @@ class MoEAuxLoss:
     def _take(self, layers: list[MoEFeedForward], divisor: int) -> torch.Tensor:
         """``layers``' router objective of this forward / ``divisor``, recorded with their loads for the metrics."""
         stats = [m.routing for m in layers]
+        if self.cp_group is not None:
+            stats = self._summed_over_cp(stats)
         counts = torch.stack([s.counts for s in stats])
         term = aux_objective(stats, self.cfg)
-        term = counts.new_zeros(()) if term is None else term / divisor
+        term = counts.new_zeros(()) if term is None else term / (divisor * self.cp)
+        counts = counts / self.cp  # summed over dp × cp with the step's values: each micro-batch's loads once
         loads = counts.new_zeros((self.num_layers, counts.shape[1]))
         loads[[self._row[id(m)] for m in layers]] = counts
         self._entries.append((term.detach(), loads))
         for m in layers:
             m.routing = None  # the graph it holds is freed with this step's backward
         return term
+
+    def _summed_over_cp(self, stats: list[RoutingStats]) -> list[RoutingStats]:
+        """Each layer's statistics of the whole micro-batch: the cp ranks' sums added up (one collective)."""
+        parts = [t.reshape(-1) for s in stats for t in (s.counts, s.prob_sum, s.z_sum, s.tokens)]
+        summed = all_reduce_sum(torch.cat(parts), self.cp_group).split([p.numel() for p in parts])
+        out = []
+        for i, s in enumerate(stats):
+            counts, prob_sum, z_sum, tokens = summed[4 * i : 4 * i + 4]
+            out.append(replace(s, counts=counts.detach(), prob_sum=prob_sum, z_sum=z_sum[0], tokens=tokens[0].detach()))
+        return out
 
     def take(self, divisor: int) -> torch.Tensor:
         """This forward's router objective (every MoE layer of the rank) / ``divisor``."""

@@ -39,6 +39,8 @@ class TokenCrossEntropy:
 
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
         if logits.dim() == 3:
+            if batch.get("next_labels") is not None:  # a context-parallel shard: each position's own target
+                return token_cross_entropy(logits, batch["next_labels"].to(device), shifted=True)[0]
             return token_cross_entropy(logits, batch["labels"].to(device))[0]
         return summed_cross_entropy(logits.float(), batch["targets"].to(device, non_blocking=True))
 
@@ -66,6 +68,8 @@ class AuxObjective(Protocol):
         ...
 
 
-def aux_objectives(parts: list[nn.Module], layout: Any, pp_group: Any) -> tuple[AuxObjective, ...]:
+def aux_objectives(
+    parts: list[nn.Module], layout: Any, pp_group: Any, cp_group: Any = None
+) -> tuple[AuxObjective, ...]:
     """This rank's auxiliary objectives for its model ``parts`` (empty for a dense model without one)."""
-    return tuple(o for o in (MoEAuxLoss.of(parts, layout, pp_group),) if o is not None)
+    return tuple(o for o in (MoEAuxLoss.of(parts, layout, pp_group, cp_group),) if o is not None)

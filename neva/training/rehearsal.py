@@ -66,7 +66,8 @@ ENOUGH_MICRO_BATCHES = 3
 
 
 class RehearsalUnavailable(RuntimeError):
-    """This torch lacks (or changed) a private API the rehearsal needs."""
+    """The rehearsal cannot run here: this torch lacks (or changed) a private API it needs, or the layout is one it does
+    not rehearse yet (context parallelism)."""
 
 
 def _torch_tools() -> dict[str, Any]:
@@ -138,7 +139,7 @@ class RankMemory:
 def rank_roles(layout: Layout, stages: list[int] | None = None) -> list[tuple[int, int]]:
     """``(pipeline stage, global rank)`` of each distinct rank role: the (dp 0, tp 0) rank of every stage (of
     ``stages``, default all)."""
-    return [(s, s * layout.dp * layout.tp) for s in (range(layout.pp) if stages is None else stages)]
+    return [(s, s * layout.dp * layout.cp * layout.tp) for s in (range(layout.pp) if stages is None else stages)]
 
 
 def edge_stages(layout: Layout) -> list[int]:
@@ -249,12 +250,18 @@ def rehearse(
 
     Raises:
         RehearsalUnavailable: this torch lacks a private API the rehearsal needs.
+        RehearsalUnavailable: also for a context-parallel layout (not rehearsed yet).
         Exception: whatever the real path raises for this layout (the pre-flight's answer).
     """
     tools = _torch_tools()
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
+    if layout.cp > 1:  # the split reads the batch's values (learned and media positions), which fake tensors lack
+        raise RehearsalUnavailable(
+            f"plan.rehearse does not run context-parallel layouts yet (model.context_parallel_size={layout.cp}); "
+            "the plan's estimate for them is the planner's alone"
+        )
     batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction, image_size, num_frames)
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
         batches = batches[: micro_batches - 1] + batches[-1:]

@@ -32,6 +32,7 @@ APPLIED = (
     "model.tensor_model_parallel_size",
     "model.pipeline_model_parallel_size",
     "model.virtual_pipeline_model_parallel_size",
+    "model.context_parallel_size",
     "model.pipeline_schedule",
     "model.pipeline_first_stage_layers",
     "model.sequence_parallel",

@@ -111,7 +111,6 @@ def test_alias_gives_the_same_config_as_the_neva_key(nemo, neva):
         ("model.energon.use_energon=true", "Energon datasets are not read"),
         ("model.max_position_embeddings=8192", "derived from model.encoder_seq_length"),
         ("exp_manager.checkpoint_callback_params.monitor=val_loss", "not the best by a metric"),
-        ("model.context_parallel_size=2", "context parallelism is not implemented"),
     ],
 )
 def test_unsupported_key_is_refused_with_the_reason(override, reason):
@@ -204,16 +203,15 @@ def test_nemo_keys_in_yaml_files_act_as_on_the_command_line(tmp_path):
 
     # A user's primary config (--config-dir/--config-name) through the real command line: exit 2, the same message.
     (tmp_path / "mine.yaml").write_text(
-        "defaults: [neva, _self_]\nstage: pretrain\nmodel:\n  data: {packed_sequence: true}\n"
-        "  context_parallel_size: 2\n"
+        "defaults: [neva, _self_]\nstage: pretrain\nmodel:\n  data: {packed_sequence: true}\n  fp8: true\n"
     )
     with pytest.raises(ConfigError) as refused:
-        compose_config([*STAGE, "model.data.packed_sequence=true", "model.context_parallel_size=2"])
+        compose_config([*STAGE, "model.data.packed_sequence=true", "model.fp8=true"])
     cmd = [sys.executable, "-m", "neva.train", "--config-dir", str(tmp_path), "--config-name", "mine"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"config error: {refused.value}"
-    assert "context parallelism is not implemented" in proc.stderr
+    assert "FP8 training is not implemented" in proc.stderr
 
 
 def test_a_nemo_file_given_to_convert_generate_evaluate_is_one_message(tmp_path, capsys):

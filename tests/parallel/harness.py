@@ -120,11 +120,14 @@ def train_losses(
     keep_engine: bool = False,
     kinds: str | None = None,
     base: list[str] | None = None,
+    count_tower_inputs: bool = False,
 ) -> dict[str, Any]:
     """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses, gradient norms (before
     clipping), the auxiliary objectives' metrics and parameter dtypes (``keep_engine``: the trained engine and its data
-    module too, for in-process checks). A video model, or ``kinds`` (a ``ROW_KINDS`` name), trains on hand-built micro-batches
-    (``media_steps``). ``base``: the overrides under ``overrides`` (default ``BASE``)."""
+    module too, for in-process checks). A video model, or ``kinds`` (a ``ROW_KINDS`` name), trains on hand-built
+    micro-batches (``media_steps``). ``base``: the overrides under ``overrides`` (default ``BASE``).
+    ``count_tower_inputs``: also return how many tower inputs this rank's vision tower encoded (a forward hook on its
+    patch embedding, which every tower input passes once)."""
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.parallel.layout import resolve_layout
@@ -144,6 +147,13 @@ def train_losses(
     module = NevaModule(cfg, source, data, layout)
     module.configure_model()
     engine = module.engine
+    tower_inputs = [0]
+    if count_tower_inputs:
+        for part in engine.parts:
+            if part.vision is not None:
+                part.vision.patch_embed.register_forward_hook(
+                    lambda mod, args, out: tower_inputs.__setitem__(0, tower_inputs[0] + args[0].shape[0])
+                )
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
     from neva.training.tower_work import tower_patch_metrics
@@ -175,6 +185,7 @@ def train_losses(
         "aux_metrics": aux,
         "param_dtypes": dtypes,
         "tower_patches": tower,
+        **({"tower_inputs": tower_inputs[0]} if count_tower_inputs else {}),
         **({"engine": engine, "data": data} if keep_engine else {}),
     }
 

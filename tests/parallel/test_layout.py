@@ -23,8 +23,35 @@ def test_layout_from_world_size(monkeypatch):
     monkeypatch.setenv("RANK", "5")
     layout = resolve_layout(_cfg("model.tensor_model_parallel_size=2", "model.pipeline_model_parallel_size=2"))
     assert (layout.world, layout.tp, layout.pp, layout.dp) == (8, 2, 2, 2)
-    assert mesh_coords(5, layout) == (1, 0, 1)
+    assert mesh_coords(5, layout) == (1, 0, 0, 1)
     assert layout.dp_rank == 0
+
+
+def test_context_parallel_sits_between_dp_and_tp(monkeypatch):
+    """world = pp × dp × cp × tp, tp fastest then cp: the cp ranks of one dp rank share its dp rank (and data)."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "6")
+    layout = resolve_layout(_cfg("model.tensor_model_parallel_size=2", "model.context_parallel_size=2"))
+    assert (layout.world, layout.tp, layout.cp, layout.dp, layout.dp_cp) == (8, 2, 2, 2, 4)
+    assert [mesh_coords(r, layout) for r in (0, 1, 2, 5, 6)] == [
+        (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 1), (0, 1, 1, 0)
+    ]  # fmt: skip
+    assert layout.dp_rank == 1
+    with pytest.raises(ConfigError, match=r"model.context_parallel_size \(4\)"):
+        resolve_layout(_cfg("model.tensor_model_parallel_size=4", "model.context_parallel_size=4"))
+
+
+def test_context_parallel_refuses_what_it_does_not_compose_with():
+    from neva.parallel.context_parallel import check_context_parallel_layout
+    from neva.parallel.layout import Layout
+
+    cfg = build_config("tiny")
+    check_context_parallel_layout(Layout(cp=2, dp=2, tp=2, pp=2), cfg)
+    for layout, named in [
+        (Layout(cp=2, dp=2, ep=2), "model.expert_model_parallel_size=2"),
+    ]:
+        with pytest.raises(ConfigError, match=f"model.context_parallel_size=2 .*{named}"):
+            check_context_parallel_layout(layout, cfg)
 
 
 def test_layout_from_slurm_and_devices(monkeypatch):

@@ -31,7 +31,7 @@ def test_two_rank_state_bytes_are_exact(tmp_path) -> None:
         layers = stage_layers(source.cfg.llm.num_layers, dep.layout)
         for rank in range(2):
             real = measured[rank][name]
-            pp_rank, dp_rank, tp_rank = mesh_coords(rank, dep.layout)
+            pp_rank, dp_rank, _, tp_rank = mesh_coords(rank, dep.layout)
             held, real_names = {p.name for p in infos if on_stage(p, pp_rank, layers)}, real.pop("names")
             assert held == real_names, (
                 f"{name} rank {rank}: only predicted {held - real_names}, only real {real_names - held}"

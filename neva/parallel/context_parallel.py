@@ -1,0 +1,200 @@
+"""Context parallelism: every row of a micro-batch split over the ``cp`` ranks of a mesh dimension.
+
+The ``cp`` ranks of one data-parallel rank read the same micro-batches (the samplers are keyed on the dp rank). Each
+splits every micro-batch on the host (``split_batch``), load-balanced for causal attention as Megatron does: the row
+length is padded to a multiple of ``2 · cp`` and cut into ``2 · cp`` chunks; rank r holds chunks ``r`` and
+``2 · cp − 1 − r`` (a front chunk, whose queries see few keys, and a back one, whose queries see many). Everything
+per token goes with its tokens: ids, ``position_ids`` ``[P, B, S]`` (RoPE then uses each token's global position),
+segment ids, LoRA dropout keys; the learned positions (``output_positions`` / ``targets``) and the media positions
+keep those on this rank's columns, remapped to local ones.
+
+The model receives a ``ContextShard`` (``neva.models.context_shard``) carrying the whole rows' segment ids and
+``all_gather``, this module's differentiable all-gather over the cp group:
+
+- attention: every layer all-gathers its keys and values (one collective of ``2 · S / cp`` tokens' worth per rank)
+  and the local queries attend per segment. All-gather, not a ring: it is exact with the per-segment kernels
+  unchanged (packing, sliding windows), needs no online-softmax merge of partial results, and its cost — the whole
+  row's keys and values on every rank for one layer at a time — is small beside the activations CP divides
+  (``num_kv_heads · head_dim`` per token, a fraction of the hidden size under GQA). A ring overlaps the transfer
+  with compute at very long rows; that is left for when it is measured to matter;
+- media: each cp rank encodes its share of the micro-batch's tower inputs (images, AnyRes tiles, video frames,
+  balanced by count) and the projected features are all-gathered; each rank writes those at its positions.
+
+Loss and gradients: each rank's summed token loss covers its own learned tokens, normalised by the learned tokens
+of the whole global batch (counted before the split, summed over dp); gradients are reduced over dp × cp (FSDP2
+shards over it), so the step equals one process's (``neva.training.engine``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from neva.constants import IGNORE_INDEX
+from neva.models.config import NevaConfig
+from neva.models.context_shard import ContextShard
+from neva.parallel.layout import Layout
+from neva.parallel.pipeline import PAD_FILL
+from neva.typed import ConfigError
+
+
+def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
+    """Refuse what context parallelism does not compose with yet.
+
+    Raises:
+        ConfigError: cp > 1 with expert parallelism or a native-resolution vision tower.
+    """
+    if layout.cp == 1:
+        return
+    refused = []
+    if layout.ep > 1:
+        refused.append(f"model.expert_model_parallel_size={layout.ep}")
+    if cfg.vision is not None and cfg.vision.is_native:
+        refused.append("a native-resolution vision tower")
+    if refused:
+        raise ConfigError(
+            f"model.context_parallel_size={layout.cp} composes with data, tensor and pipeline "
+            f"parallelism (FSDP2 / DDP, TP + SP, PP) so far, not with {', '.join(refused)}"
+        )
+
+
+def chunk_columns(length: int, cp: int, rank: int) -> torch.Tensor:
+    """The global columns rank ``rank`` holds of a row of ``length`` (a multiple of ``2 · cp``): chunks ``rank``
+    and ``2 · cp − 1 − rank``."""
+    chunk = length // (2 * cp)
+    front = torch.arange(rank * chunk, (rank + 1) * chunk)
+    back = torch.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk)
+    return torch.cat([front, back])
+
+
+def split_batch(
+    batch: dict[str, Any], cp: int, rank: int, group: Any, packed: bool, rotation: int = 0, multiple: int = 1
+) -> dict[str, Any]:
+    """This rank's share of a collated (host) micro-batch, with the ``context`` the model takes (``rotation``: see
+    ``ContextShard``; ``multiple``: each rank's columns a multiple of it, sequence parallelism's tp).
+
+    ``labels`` become ``next_labels``, what each of this rank's positions predicts (a shifted loss over the split
+    columns would pair tokens across chunk boundaries); the learned-positions head reads ``output_positions`` /
+    ``targets``. ``packed``: segment ids bound attention (else one causal run per row, as the unpacked forward has
+    it).
+    """
+    ids = batch["input_ids"]
+    b, s = ids.shape
+    unit = 2 * cp * multiple
+    length = -(-s // unit) * unit
+    columns = chunk_columns(length, cp, rank)
+    out = {k: v for k, v in batch.items() if k != "labels"}
+    if batch.get("labels") is not None:
+        labels = batch["labels"]
+        following = torch.full((b, length), IGNORE_INDEX, dtype=labels.dtype)
+        following[:, : s - 1] = labels[:, 1:]
+        out["next_labels"] = following[:, columns]
+    for key, pad in PAD_FILL.items():  # every per-token tensor goes with its tokens (labels as next_labels)
+        value = batch.get(key)
+        if key != "labels" and isinstance(value, torch.Tensor):
+            if length > s:
+                value = torch.cat([value, value.new_full((*value.shape[:-1], length - s), pad)], dim=-1)
+            out[key] = value[..., columns]
+    segments = batch.get("segment_ids") if packed else None
+    if segments is None:
+        segments = torch.ones(b, length, dtype=torch.long)
+    elif length > s:
+        segments = torch.cat([segments, segments.new_zeros(b, length - s)], dim=1)
+    local = torch.full((length,), -1, dtype=torch.long)
+    local[columns] = torch.arange(columns.numel())
+    if batch.get("output_positions") is not None:
+        keep, out["output_positions"] = _localize(batch["output_positions"], local)
+        out["targets"] = batch["targets"][keep]
+    features = {}
+    if batch.get("media") is not None:
+        media = {}
+        for modality, inputs in batch["media"].items():
+            if inputs is not None and inputs.positions is not None:
+                keep, positions = _localize(inputs.positions, local)
+                features[modality] = keep.nonzero().squeeze(1)
+                inputs = replace(inputs, positions=positions)
+            media[modality] = inputs
+        out["media"] = replace(batch["media"], **media)
+    every = torch.cat([chunk_columns(length, cp, r) for r in range(cp)])
+    out["context"] = ContextShard(
+        rank=rank,
+        size=cp,
+        columns=columns,
+        order=torch.argsort(every),
+        segment_ids=segments,
+        gather=lambda t, dim, sizes: all_gather(t, dim, sizes, group),
+        features=features,
+        rotation=rotation,
+    )
+    return out
+
+
+def _localize(positions: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep [M] bool, positions [M_local, 2])``: the ``(row, column)`` positions on this rank's columns, their
+    columns made local."""
+    cols = local[positions[:, 1]]
+    keep = cols >= 0
+    return keep, torch.stack([positions[keep, 0], cols[keep]], dim=1)
+
+
+class _AllGather(torch.autograd.Function):
+    """Every rank's tensor concatenated along ``dim`` in rank order; backward: each rank's slice of the gradient
+    summed over the ranks (every rank's queries attended every rank's keys)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, dim: int, sizes: list[int], group: Any) -> torch.Tensor:
+        ctx.dim, ctx.sizes, ctx.group = dim, sizes, group
+        rank = dist.get_rank(group)
+        ctx.rank = rank
+        front = t.movedim(dim, 0).contiguous()
+        widest = max(sizes)
+        if front.shape[0] < widest:  # all_gather takes equal shapes: pad to the widest share
+            front = torch.cat([front, front.new_zeros(widest - front.shape[0], *front.shape[1:])])
+        parts = [torch.empty_like(front) for _ in sizes]
+        dist.all_gather(parts, front, group=group)
+        full = torch.cat([p[:n] for p, n in zip(parts, sizes)])
+        return full.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        sizes, rank = ctx.sizes, ctx.rank
+        front = grad.movedim(ctx.dim, 0).contiguous()
+        if dist.get_backend(ctx.group) == "nccl" and len(set(sizes)) == 1:
+            out = front.new_empty(sizes[rank], *front.shape[1:])
+            dist.reduce_scatter_tensor(out, front, group=ctx.group)
+        else:  # gloo has no reduce-scatter of one tensor: sum everything, keep this rank's slice
+            dist.all_reduce(front, group=ctx.group)
+            start = sum(sizes[:rank])
+            out = front[start : start + sizes[rank]]
+        return out.movedim(0, ctx.dim), None, None, None
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """The sum over the group, on every rank; backward: the gradients summed too (every rank's objective used the
+    sum)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        out = t.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def all_reduce_sum(t: torch.Tensor, group: Any) -> torch.Tensor:
+    """Differentiable sum of ``t`` over ``group`` (MoE routing statistics of a row split over cp ranks)."""
+    return _AllReduceSum.apply(t, group)
+
+
+def all_gather(t: torch.Tensor, dim: int, sizes: list[int], group: Any) -> torch.Tensor:
+    """Differentiable all-gather along ``dim`` over ``group`` (``sizes``: each rank's extent along ``dim``)."""
+    return _AllGather.apply(t, dim, list(sizes), group)
