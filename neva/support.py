@@ -30,6 +30,7 @@ from neva.checkpoint.llava_original import (
 from neva.config import TrainConfig, compose_config
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model
+from neva.parallel.context_parallel import check_context_parallel_layout
 from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import check_precision_layout
@@ -99,6 +100,7 @@ LAYOUTS = (
     Column("DP 2 DDP", 2, {"data_parallel": "ddp"}),
     Column("DP 2 FSDP2", 2, {"data_parallel": "fsdp", "zero_stage": 3}),
     Column("EP 2", 2, {"expert_model_parallel_size": 2}),
+    Column("CP 2", 2, {"context_parallel_size": 2}),
     Column("O2, FSDP2", 2, {"data_parallel": "fsdp", "megatron_amp_O2": True}, o2=True),
     Column("O2, DDP", 2, {"data_parallel": "ddp", "megatron_amp_O2": True}, o2=True),
     Column("act. ckpt", 1, {"activations_checkpoint_granularity": "full"}),
@@ -138,6 +140,7 @@ def check_layout(cfg: TrainConfig, column: Column) -> None:
     check_deepstack_split(arch, split_layers(arch.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
     check_microbatches(layout.schedule, layout.pp, layout.grad_accum)
     check_expert_parallel_layout(layout, arch.llm)
+    check_context_parallel_layout(layout, arch)
     if layout.tp > 1:
         check_tensor_parallel(build_meta_model(arch, model.trainable_policy()), layout.tp)
 
