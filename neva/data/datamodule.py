@@ -11,8 +11,8 @@ loader raises ``DataQualityError`` when more than ``max_skip_fraction`` of the s
 from __future__ import annotations
 
 import os
-from functools import partial
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np

@@ -99,7 +99,7 @@ class VisionConfig:
     deepstack_visual_indexes: list[int] = field(default_factory=list)  # qwen3_vl: blocks whose outputs DeepStack reads
     # qwen2_5_vl: M-RoPE temporal positions per second of video (HF ``vision_config.tokens_per_second``); None: the
     # HF class default (4) where a video needs it.
-    tokens_per_second: float | None = None
+    tokens_per_second: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in TOWER_KINDS:

@@ -161,3 +161,38 @@ def test_packed_row_with_videos_equals_each_sample_alone(imported):
                 alone = _logits(model, collate_padded([sample], pad_id=0, position_axes=3))[0, :n]
                 assert rel_err(row[start : start + n], alone) < 1e-5
                 start += n
+
+
+def test_export_writes_the_video_token_and_timing_back(imported, tmp_path):
+    import json
+
+    from neva.checkpoint.hf_qwen_vl import export_qwen_vl
+
+    family, _, hf_dir, ckpt = imported
+    source = json.loads((hf_dir / "config.json").read_text())
+    written = json.loads((export_qwen_vl(ckpt, tmp_path / "export") / "config.json").read_text())
+    assert written["video_token_id"] == source["video_token_id"]
+    if family == "qwen2_5_vl":
+        assert written["vision_config"]["tokens_per_second"] == source["vision_config"]["tokens_per_second"] == 4
+
+
+def test_qwen3_vl_video_is_a_counted_skip_naming_the_gap(imported):
+    """Qwen3-VL writes a timestamp and its own vision block per frame: not written yet, so its videos are refused."""
+    import dataclasses
+
+    from neva.models.config import VisionConfig
+
+    family, root, _, ckpt = imported
+    if family != "qwen2_5_vl":
+        pytest.skip("one family's config suffices")
+    model, _, settings, _ = _samples(ckpt, root)
+    v = model.cfg.vision
+    qwen3 = VisionConfig(kind="qwen3_vl", num_layers=1, num_heads=2, hidden_size=32, intermediate_size=48,
+                         patch_size=16, hidden_act="gelu_pytorch_tanh")  # fmt: skip
+    cfg = dataclasses.replace(model.cfg, vision=qwen3, projector=dataclasses.replace(
+        model.cfg.projector, type="qwen3_vl_merger", input_size=32))  # fmt: skip
+    assert v.kind == "qwen2_5_vl" and cfg.native_video
+    front_end = front_end_for(cfg.vision, cfg, "square")
+    images, videos = FolderImageSource(str(root / "images")), VideoSource(str(root / "images"), VideoLimits(3))
+    skipped = process_record(RECORDS[0], settings, images, front_end, videos)
+    assert skipped["skipped"] == "video_unsupported" and "qwen3_vl video" in skipped["detail"]
