@@ -89,10 +89,13 @@ def _hf_patchify(frames: torch.Tensor, patch: int, merge: int, temporal: int) ->
     return x.reshape(t * gh * gw, c * temporal * patch * patch), [t, gh, gw]
 
 
-def _hf_inputs(tokenizer, settings, record, root, family) -> dict:
-    """What HF's Qwen-VL processor gives for the record (its video block written where the ``<video>`` tag is)."""
-    convs = [dict(c, value=c["value"].replace("<video>", VIDEO_BLOCK)) for c in record["conversations"]]
-    text = settings.template.render(parse_conversations(convs)).text
+def _hf_inputs(tokenizer, settings, record, root, family, text: str | None = None) -> dict:
+    """What HF's Qwen-VL processor gives for the record (its video block written where the ``<video>`` tag is), or
+    for ``text`` with the record's image and its video (a record with an ``image`` key has the video too)."""
+    if text is None:
+        convs = [dict(c, value=c["value"].replace("<video>", VIDEO_BLOCK)) for c in record["conversations"]]
+        text = settings.template.render(parse_conversations(convs)).text
+    video = "video" in record or text.count("<|video_pad|>")
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     image_pad, video_pad = (tokenizer.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>"))
     out, counts = {}, {}
@@ -100,9 +103,9 @@ def _hf_inputs(tokenizer, settings, record, root, family) -> dict:
         image = Image.open(root / "images" / record["image"]).convert("RGB")
         out.update(image_processor(*pixel_budget(family), model_type=family)(images=[image], return_tensors="pt"))
         counts[image_pad] = int(out["image_grid_thw"].prod()) // MERGE**2
-    if "video" in record:
+    if video:
         indices = np.linspace(0, FRAMES - 1, NUM_FRAMES, dtype=int).tolist()
-        frames = torch.from_numpy(np.stack(reference_decode(root / "images" / record["video"], indices)))
+        frames = torch.from_numpy(np.stack(reference_decode(root / "images" / "clip.mp4", indices)))
         patches, grid = _hf_patchify(frames.permute(0, 3, 1, 2), 14, MERGE, 2)  # 56 px: no resize in the budget
         stats = image_processor(*pixel_budget(family), model_type=family)  # the video processor's mean / std too
         mean, std = (torch.tensor(x).repeat_interleave(2 * 14 * 14) for x in (stats.image_mean, stats.image_std))
@@ -196,3 +199,37 @@ def test_qwen3_vl_video_is_a_counted_skip_naming_the_gap(imported):
     images, videos = FolderImageSource(str(root / "images")), VideoSource(str(root / "images"), VideoLimits(3))
     skipped = process_record(RECORDS[0], settings, images, front_end, videos)
     assert skipped["skipped"] == "video_unsupported" and "qwen3_vl video" in skipped["detail"]
+
+
+def test_greedy_generation_with_a_video_equals_transformers(imported):
+    """Served: a video prompt and a video-and-image prompt in one left-padded batch, equal to HF generate (served
+    frames carry no timing: Qwen2.5-VL's positions take HF's default of one second per grid, given to neither)."""
+    import dataclasses
+
+    from transformers import AutoModelForImageTextToText
+
+    from neva.data.conversation import Message
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+
+    family, root, hf_dir, ckpt = imported
+    indices = np.linspace(0, FRAMES - 1, NUM_FRAMES, dtype=int).tolist()
+    frames = np.stack(reference_decode(root / "images" / "clip.mp4", indices))
+    with one_thread():
+        hf = AutoModelForImageTextToText.from_pretrained(str(hf_dir)).eval()
+        answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=6))
+        answerer.generation = dataclasses.replace(answerer.generation, eos_token_ids=(), stop_strings=())
+        items = [("<video>\nWhat happens?", [], [frames]), ("See <image> then <video> now.", [root / "images/a.png"],
+                 [frames])]  # fmt: skip
+        prepared = [answerer.prepare(item) for item in items]
+        ours = answerer.generate_ids(prepared)
+        record = {"conversations": []}
+        for p, (prompt, images, _), got in zip(prepared, items, ours):
+            text = answerer.builder.template.render_prompt([Message("user", prompt.replace("<video>", VIDEO_BLOCK))])
+            inputs = _hf_inputs(answerer.tokenizer, None, dict(record, image=images[0].name) if images else record,
+                                root, family, text=text)  # fmt: skip
+            inputs.pop("video_patches_uint8")
+            inputs.pop("second_per_grid_ts", None)
+            assert inputs["input_ids"][0].tolist() == p.ids
+            out = hf.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+            assert got == out[0, len(p.ids) :].tolist(), family
