@@ -233,4 +233,3 @@ def test_greedy_generation_with_a_video_equals_transformers(imported):
             assert inputs["input_ids"][0].tolist() == p.ids
             out = hf.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
             assert got == out[0, len(p.ids) :].tolist(), family
-
