@@ -32,7 +32,7 @@ from neva.data.records import record_images
 from neva.data.video import VIDEO, tag_spans
 from neva.data.video_decode import VideoError
 from neva.models.anyres import anyres_on
-from neva.models.mrope import HF_TOKENS_PER_SECOND, NATIVE_VIDEO_FAMILIES, mrope_positions
+from neva.models.mrope import HF_TOKENS_PER_SECOND, NATIVE_VIDEO_FAMILIES, VIDEO_RULES, mrope_positions
 
 
 @dataclass
@@ -124,7 +124,10 @@ class NativeImages:
     ``min_pixels`` / ``max_pixels`` (``neva.data.qwen_images``), taking t·h·w / merge² positions; the images are
     decoded before the text is encoded (their counts follow from their sizes). The sample carries each image's grid
     (``image_grid``, the tower's and the splice's) and its ``[3, S]`` M-RoPE positions (``neva.models.mrope``), found
-    here per sample so that a packed row holds each sample's own."""
+    here per sample so that a packed row holds each sample's own. A model that takes video (``native_video``) has a
+    record's decoded videos as temporal patches (``video_patches``: frames at the image budget, grouped
+    ``temporal_patch_size`` at a time), each ``<video>`` tag's positions given the video token, a ``video_grid`` per
+    video and, for Qwen2.5-VL, the videos' ``second_per_grid_ts`` in the positions."""
 
     size = 0
 
@@ -189,7 +192,7 @@ class NativeImages:
             "video_frames": torch.tensor([len(v.frames) for v in videos], dtype=torch.long),
             "video_positions": at,
         }
-        if self.family == "qwen2_5_vl":
+        if VIDEO_RULES[self.family].timed:  # Qwen2.5-VL: temporal positions in real time
             fields["second_per_grid_ts"] = [
                 video_second_per_grid(self.processor, len(v.indices), v.header.total, v.header.rate) for v in videos
             ]
