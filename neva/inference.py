@@ -35,7 +35,7 @@ from neva.data.conversation import (
 from neva.data.encoding import encode, tokenize_text
 from neva.data.front_ends import front_end_for
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
-from neva.data.qwen_images import QwenImageSpec, image_patches
+from neva.data.qwen_images import QwenImageSpec, image_patches, video_patches
 from neva.data.records import record_images
 from neva.data.video import read_video_file
 from neva.data.video_decode import VideoLimits
@@ -43,7 +43,7 @@ from neva.models.config import NevaConfig
 from neva.models.generation import GenerationConfig, generate, left_pad
 from neva.models.loss import token_cross_entropy
 from neva.models.media import image_media
-from neva.models.mrope import mrope_positions
+from neva.models.mrope import HF_TOKENS_PER_SECOND, NATIVE_VIDEO_FAMILIES, mrope_positions
 
 ImageInput = Image.Image | str | os.PathLike
 """An image given as a PIL image or as a path to open."""
@@ -65,6 +65,9 @@ class Prepared(NamedTuple):
     frames: torch.Tensor | None
     grid: torch.Tensor | None = None
     positions: torch.Tensor | None = None
+    video_grid: torch.Tensor | None = (
+        None  # a native tower's [V, 3] temporal-patch grid per video (``frames``: patches)
+    )
 
 
 class PromptBuilder:
@@ -120,6 +123,7 @@ class PromptBuilder:
         self._check_tags(prompt, num_images, len(video_tokens))
         # Each position's count in tag order (a video tag may be written as the image token: the order tells them).
         counts = iter([next(images) if t == IMAGE_TOKEN else next(videos) for t in re.findall(_TAGS, prompt)])
+        video_tag = getattr(self.template, "video_block", video_tag)  # Qwen-VL: the video's vision block
         text = self.template.render_prompt([Message("user", prompt.replace(VIDEO_TOKEN, video_tag))],
                                            system_prompt=self.system)  # fmt: skip
         # Same tokenization as training (neva.data.encoding, the checkpoint's tokenization), then expand media.
@@ -311,33 +315,42 @@ class Answerer:
         if not isinstance(prompt, str):
             raise ValueError(f"no prompt: expected a string, got {type(prompt).__name__}")
         loaded = load_images(images, self.processor)
+        if isinstance(self.processor, QwenImageSpec):
+            return self._prepare_native(prompt, loaded, videos)
         frames = [self._frames(v) for v in videos]
         cfg = self.model.cfg
-        if isinstance(self.processor, QwenImageSpec):
-            return self._prepare_native(prompt, loaded, frames)
         sizes = self.processor.sizes(loaded) if cfg.anyres is not None else None
         image_tokens = None if sizes is None else [cfg.image_tokens(s) for s in sizes]
         ids = self.builder.ids(prompt, len(images), image_tokens, [cfg.video_tokens(len(f)) for f in frames])
         self._check_context(ids)
         return Prepared(ids, load_pixels(loaded, self.processor), sizes, torch.cat(frames) if frames else None)
 
-    def _prepare_native(self, prompt: str, loaded: list[Image.Image], frames: list) -> Prepared:
-        """A native-resolution model's item: each image at its own grid (the run's pixel budget), its positions t·h·w
-        / merge², the prompt's M-RoPE positions by the rule training used (``neva.models.mrope``)."""
-        if frames:
-            raise ValueError("videos for a native-resolution model are not served yet")
+    def _prepare_native(self, prompt: str, loaded: list[Image.Image], videos: Sequence[Any]) -> Prepared:
+        """A native-resolution model's item: each image at its own grid (the run's pixel budget), each video's frames
+        as temporal patches (``video_patches``), their positions t·h·w / merge², the prompt's M-RoPE positions by the
+        rule training used (``neva.models.mrope``). A served video's frames carry no timing: Qwen2.5-VL's temporal
+        positions take transformers' default of one second per grid."""
         cfg, spec = self.model.cfg, self.processor
+        if videos and not (cfg.native_video and cfg.vision.kind in NATIVE_VIDEO_FAMILIES):
+            raise ValueError(
+                f"this checkpoint ({cfg.vision.kind}, video_token_id {cfg.video_token_id}) serves no video"
+            )
         processed = [image_patches(image, spec) for image in loaded]
+        clips = [video_patches([Image.fromarray(f) for f in _frame_array(v)], spec) for v in videos]
         grid = torch.cat([g for _, g in processed]) if processed else None
+        video_grid = torch.cat([g for _, g in clips]) if clips else None
         tokens = [] if grid is None else (grid.prod(-1) // spec.merge_size**2).tolist()
-        ids = self.builder.ids(prompt, len(loaded), tokens)
+        video_tokens = [] if video_grid is None else (video_grid.prod(-1) // spec.merge_size**2).tolist()
+        ids = self.builder.ids(prompt, len(loaded), tokens, video_tokens)
         self._check_context(ids)
         positions, _ = mrope_positions(
-            torch.tensor(ids), grid, spatial_merge_size=spec.merge_size, image_token_id=cfg.image_token_id,
-            video_token_id=-1, family=cfg.vision.kind,
+            torch.tensor(ids), grid, video_grid, spatial_merge_size=spec.merge_size,
+            image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id if cfg.native_video else -1,
+            family=cfg.vision.kind, tokens_per_second=cfg.vision.tokens_per_second or HF_TOKENS_PER_SECOND,
         )  # fmt: skip
         pixels = torch.cat([p for p, _ in processed]) if processed else None
-        return Prepared(ids, pixels, None, None, grid, positions)
+        video_pixels = torch.cat([p for p, _ in clips]) if clips else None
+        return Prepared(ids, pixels, None, video_pixels, grid, positions, video_grid)
 
     def _check_context(self, ids: list[int]) -> None:
         context = self.model.cfg.llm.max_seq_len
@@ -353,10 +366,7 @@ class Answerer:
         """A video's ``[F, H, W, 3]`` uint8 frames → ``[F, 3, s, s]`` uint8, each frame as the tower's images."""
         if self.frame_processor is None:
             raise ValueError("this checkpoint takes no video (its model has no video config)")
-        array = np.asarray(video)
-        if array.ndim != 4 or array.shape[-1] != 3 or array.dtype != np.uint8 or len(array) == 0:
-            raise ValueError(f"a video is uint8 [frames, height, width, 3] RGB frames, got {array.dtype} {array.shape}")
-        return torch.stack([self.frame_processor(Image.fromarray(frame)) for frame in array])
+        return torch.stack([self.frame_processor(Image.fromarray(frame)) for frame in _frame_array(video)])
 
     def answer(self, items: Sequence[Item]) -> list[str]:
         """Answer ``items`` as one left-padded batch: texts without special tokens, cut at the first stop string.
@@ -374,6 +384,7 @@ class Answerer:
         pixels = [p.pixels for p in prepared if p.pixels is not None]
         frames = [p.frames for p in prepared if p.frames is not None]
         grids = [p.grid for p in prepared if p.grid is not None]
+        video_grids = [p.video_grid for p in prepared if p.video_grid is not None]
         anyres = self.model.cfg.anyres is not None
         counts = [
             len(p.sizes) if anyres else len(p.grid) if p.grid is not None else 0 if p.pixels is None else len(p.pixels)
@@ -387,6 +398,7 @@ class Answerer:
             self.generation, decode=self.tokenizer.decode, image_sizes=sizes,
             video_pixel_values=torch.cat(frames) if frames else None,
             image_grid=torch.cat(grids) if grids else None,
+            video_grid=torch.cat(video_grids) if video_grids else None,
             position_ids=[p.positions for p in prepared] if native else None,
         )  # fmt: skip
 
@@ -467,3 +479,11 @@ def read_jsonl(path: str | os.PathLike, keep_going: bool = False) -> list[Any]:
 def record_image_paths(record: dict[str, Any], root: Path) -> list[Path]:
     """A record's image paths (``image``: one path or a list, as in training records), relative to ``root``."""
     return [root / name for name in record_images(record)]
+
+
+def _frame_array(video: Any) -> np.ndarray:
+    """A served video's frames, checked: uint8 ``[F, H, W, 3]`` RGB."""
+    array = np.asarray(video)
+    if array.ndim != 4 or array.shape[-1] != 3 or array.dtype != np.uint8 or len(array) == 0:
+        raise ValueError(f"a video is uint8 [frames, height, width, 3] RGB frames, got {array.dtype} {array.shape}")
+    return array

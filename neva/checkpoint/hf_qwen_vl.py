@@ -123,7 +123,11 @@ def neva_config_from_qwen_vl(hf: dict[str, Any]) -> NevaConfig:
         spatial_merge_size=vision.spatial_merge_size,
         deepstack_mergers=len(vision.deepstack_visual_indexes),
     )
-    return NevaConfig(llm=llm, vision=vision, projector=projector, image_token_id=hf["image_token_id"])
+    # The video token makes the model take video (``NevaConfig.native_video``).
+    video_token_id = hf.get("video_token_id", hf.get("text_config", {}).get("video_token_id"))
+    return NevaConfig(
+        llm=llm, vision=vision, projector=projector, image_token_id=hf["image_token_id"], video_token_id=video_token_id
+    )
 
 
 def _llm_config(hf: dict[str, Any], family: QwenVL) -> LLMConfig:
@@ -169,7 +173,11 @@ def _vision_config(v: dict[str, Any], kind: str) -> tuple[VisionConfig, int]:
             deepstack_visual_indexes=list(v.get("deepstack_visual_indexes", [])),
         )
     else:
-        extra = dict(window_size=v["window_size"], fullatt_block_indexes=list(v["fullatt_block_indexes"]))
+        extra = dict(
+            window_size=v["window_size"],
+            fullatt_block_indexes=list(v["fullatt_block_indexes"]),
+            tokens_per_second=v.get("tokens_per_second"),
+        )
     vision = VisionConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"], **common, **extra)
     return vision, v["out_hidden_size"]
 
@@ -310,12 +318,15 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
             hidden_size=v.hidden_size, intermediate_size=v.intermediate_size, out_hidden_size=llm.hidden_size,
             window_size=v.window_size, fullatt_block_indexes=list(v.fullatt_block_indexes),
         )  # fmt: skip
+        if v.tokens_per_second is not None:
+            vision["tokens_per_second"] = v.tokens_per_second
     return dict(
         model_type=family.model_type,
         architectures=[family.model_class],
         text_config=text,
         vision_config=vision,
         image_token_id=cfg.image_token_id,
+        **({} if cfg.video_token_id is None else {"video_token_id": cfg.video_token_id}),
         tie_word_embeddings=llm.tie_word_embeddings,
     )
 

@@ -21,7 +21,8 @@ Batch contract (both modes)::
                every image's flattened patches and grid [N, 3] (t, h, w) per image (the samples' ``image_grid``)
         video: pixels [F, 3, H, W] every sampled frame (row then position order, each video's frames in time
                order), frames [V] per video, positions [M_v, 2] in the order the frames' pooled features fill them
-               (``NevaConfig.video_tokens(F)`` per video)
+               (``NevaConfig.video_tokens(F)`` per video); native resolution: pixels [L, C·T·P·P] every video's
+               temporal patches and grid [V, 3] per video (the samples' ``video_grid``)
     output_positions LongTensor [T, 2]   (row, column) of every position whose logits predict a learned label
     targets      LongTensor [T]      the label each of those positions predicts
     num_samples  int                 samples in the batch (skipped ones excluded)
@@ -125,7 +126,7 @@ def _assemble(
     segment_ids = torch.zeros((bsz, row_len), dtype=torch.long)
     image_counts = torch.zeros(bsz, dtype=torch.long)
     pixels, ids, image_positions, layouts, tile_tokens, grids = [], [], [], [], None, []
-    video_pixels, video_frames, video_positions = [], [], []
+    video_pixels, video_frames, video_positions, video_grids = [], [], [], []
     for r, row in enumerate(rows):
         pos = 0
         for seg, sample in enumerate(row, start=1):
@@ -156,6 +157,8 @@ def _assemble(
                 video_positions.append(torch.stack([torch.full_like(cols, r), cols], dim=1))
                 video_pixels.append(sample["video_pixel_values"])
                 video_frames.append(sample["video_frames"])
+                if "video_grid" in sample:  # native resolution: each video's temporal-patch grid
+                    video_grids.append(sample["video_grid"])
             ids.append(sample["id"])
     if not rows:
         segment_ids[0] = 1  # an all-skipped micro-batch: one inert row (see module docstring)
@@ -169,7 +172,12 @@ def _assemble(
         "segment_ids": segment_ids,
         "media": Media(
             image=_image_inputs(pixels, image_counts, image_positions, layouts, tile_tokens, grids),
-            video=MediaInputs(torch.cat(video_pixels), torch.cat(video_positions), frames=torch.cat(video_frames))
+            video=MediaInputs(
+                torch.cat(video_pixels),
+                torch.cat(video_positions),
+                frames=torch.cat(video_frames),
+                grid=torch.cat(video_grids) if video_grids else None,
+            )
             if video_pixels
             else None,
         ),

@@ -26,6 +26,7 @@ VICUNA_SYSTEM = (
     "The assistant gives helpful, detailed, and polite answers to the user's questions."
 )
 QWEN_IMAGE_BLOCK = f"<|vision_start|>{QWEN_IMAGE_PAD}<|vision_end|>"
+QWEN_VIDEO_BLOCK = "<|vision_start|><|video_pad|><|vision_end|>"
 """What an image tag is in Qwen-VL's text: its ``<|image_pad|>`` is the model's image token."""
 LLAMA_2_SYSTEM = (
     "You are a helpful language and vision assistant. You are able to understand the visual content that the user "
@@ -280,6 +281,9 @@ class QwenVLTemplate(ChatMLTemplate):
 
     name = "qwen2_vl"
     default_system = "You are a helpful assistant."
+    # What a served prompt's ``<video>`` tag is written as (``neva.inference.PromptBuilder``); training's video tags
+    # reach the template as ``<image>`` tags and get their video token after encoding (``neva.data.front_ends``).
+    video_block = QWEN_VIDEO_BLOCK
 
     def pieces(self, messages, system):
         return [

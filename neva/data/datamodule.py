@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings
 from neva.data.front_ends import front_end_for
 from neva.data.images import CallableImageSource, image_source_for
+from neva.data.qwen_images import QwenImageSpec, native_video_estimate
 from neva.data.records import is_shard_spec, load_records
 from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
@@ -193,11 +195,15 @@ class NevaDataModule:
     def _video_settings(cfg: DataConfig, model_config: NevaConfig | None) -> dict[str, Any]:
         """``EncoderSettings``' video fields: records with videos are skipped (``video_unsupported``) when the model
         takes no video, unless ``media_type: video`` says video is what this run is for."""
-        video = model_config is not None and model_config.video is not None
+        video = model_config is not None and model_config.takes_video
         if cfg.media_type == "video" and not video:
             raise ValueError("model.data.media_type=video needs a model that takes video (model.video is not set)")
         if not video:
             return {}
+        if model_config.native_video:  # each video's count follows from its frames' size (``NativeImages``)
+            spec = QwenImageSpec.for_tower(model_config.vision, cfg.min_pixels, cfg.max_pixels)
+            return dict(video_tokens=partial(native_video_estimate, spec), video_token_id=model_config.video_token_id,
+                        num_frames=cfg.num_frames)  # fmt: skip
         return dict(video_tokens=model_config.video_tokens, video_token_id=model_config.video_token_id,
                     num_frames=cfg.num_frames)  # fmt: skip
 
@@ -206,7 +212,9 @@ class NevaDataModule:
         if self.settings.video_tokens is None:
             return None
         image_dir = self.cfg.image_folder if self.cfg.image_folder and os.path.isdir(self.cfg.image_folder) else None
-        return VideoSource(folder or self.cfg.video_folder or image_dir, self.cfg.video_limits, self.vision)
+        # A native tower's front end makes the frames its patches itself (``NativeImages``).
+        vision = None if self.vision is not None and self.vision.is_native else self.vision
+        return VideoSource(folder or self.cfg.video_folder or image_dir, self.cfg.video_limits, vision)
 
     # -- datasets -------------------------------------------------------------------------------------------------
 

@@ -106,10 +106,12 @@ def encode_media_record(
     settings: EncoderSettings,
     image_tokens: list[int] | None = None,
     video_frames: list[int] | None = None,
+    video_tokens: list[int] | None = None,
 ) -> tuple[Encoded, list[str], list[tuple[str, int]]]:
     """``encode_record`` plus ``(kind, positions)`` of every visual tag in sequence order (``image`` / ``video``).
 
-    A video of F frames takes ``settings.video_tokens(F)`` positions (``neva.data.video``).
+    A video of F frames takes ``settings.video_tokens(F)`` positions (``neva.data.video``), or its entry of
+    ``video_tokens`` where given (a native-resolution video: its count follows from its frames' size).
     """
     if ERROR_KEY in record:
         raise ConversationError(record[ERROR_KEY], record.get("detail", ""))
@@ -127,8 +129,8 @@ def encode_media_record(
         raise ConversationError("image_count_mismatch", f"{tags} <image> tags for {len(images)} images")
     names = [safe_relative_path(name) for name in images]
     per_image = iter([settings.num_image_tokens] * len(images) if image_tokens is None else image_tokens)
-    per_video = iter(video_frames)
-    counts = [next(per_image) if kind == IMAGE else settings.video_tokens(next(per_video)) for kind in kinds]
+    per_video = iter([settings.video_tokens(f) for f in video_frames] if video_tokens is None else video_tokens)
+    counts = [next(per_image) if kind == IMAGE else next(per_video) for kind in kinds]
     messages = place_image_tags(messages, settings.image_token_placement)
     rendered = settings.template.render(messages, settings.system_prompt)
     enc = encode(
@@ -162,7 +164,10 @@ def process_record(
         videos = load_videos(record_videos(record) if isinstance(record, dict) else [], settings, video_source)
         frames = [len(v.frames) for v in videos]
         encoded = front_end.encode(
-            record, lambda tokens: encode_media_record(record, settings, tokens, frames), image_source
+            record,
+            lambda tokens, video_tokens=None: encode_media_record(record, settings, tokens, frames, video_tokens),
+            image_source,
+            videos,
         )
     except SampleError as exc:
         return skip_marker(sample_id, exc.reason, exc.detail)
@@ -172,7 +177,7 @@ def process_record(
     # Where the image features go (``encode`` checked their number): the collator turns them into batch
     # positions, so the model splices by index without counting on the device.
     image_positions = (input_ids == settings.image_token_id).nonzero().flatten()
-    if videos:
+    if videos and "video_positions" not in extra:  # the front end made no tower inputs of its own of them
         video_fields = video_sample_fields(videos, video_source, image_positions, encoded.tags)
         image_positions = video_fields.pop("image_positions")
         if settings.video_token_id is not None:

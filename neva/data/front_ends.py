@@ -10,6 +10,7 @@ the pixel budget, its count from its size, the grid and the sample's M-RoPE posi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,10 +20,19 @@ import torch
 from neva.data.anyres import AnyResProcessor, anyres_sample_fields
 from neva.data.errors import SampleError
 from neva.data.images import ImageError, ImageProcessor, ImageSource, safe_relative_path
-from neva.data.qwen_images import QwenImageSpec, image_grid, image_patches, image_token_count
+from neva.data.qwen_images import (
+    QwenImageSpec,
+    image_grid,
+    image_patches,
+    image_token_count,
+    video_patches,
+    video_second_per_grid,
+)
 from neva.data.records import record_images
+from neva.data.video import VIDEO, tag_spans
+from neva.data.video_decode import VideoError
 from neva.models.anyres import anyres_on
-from neva.models.mrope import mrope_positions
+from neva.models.mrope import HF_TOKENS_PER_SECOND, NATIVE_VIDEO_FAMILIES, VIDEO_RULES, mrope_positions
 
 
 @dataclass
@@ -41,8 +51,13 @@ class FrontEnd(Protocol):
     size: int
     processor: ImageProcessor | AnyResProcessor
 
-    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
-        """``encode(per_image_tokens)`` encodes the record's text (None: the fixed count per image)."""
+    def encode(
+        self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
+    ) -> EncodedImages:
+        """``encode(per_image_tokens, per_video_tokens=None)`` encodes the record's text (None: the fixed count per
+        image; the settings' count per video). ``videos``: the record's decoded videos (``DecodedVideo``), which
+        only a front end that makes them its own tower inputs reads (``NativeImages``; the others' videos are the
+        dataset's ``video_sample_fields``)."""
         ...
 
     def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
@@ -62,7 +77,9 @@ class FixedImages:
         self.processor = processor
         self.size = processor.size
 
-    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+    def encode(
+        self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
+    ) -> EncodedImages:
         enc, names, tags = encode(None)
         pixels = [self.processor(image_source.load(name)) for name in names]
         return EncodedImages(enc, tags, _stack(pixels, self.size), len(pixels))
@@ -82,7 +99,9 @@ class TiledImages:
         self.processor = processor
         self.size = processor.size
 
-    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+    def encode(
+        self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
+    ) -> EncodedImages:
         loaded = [image_source.load(safe_relative_path(name)) for name in record_images(record)]
         layouts = self.processor.layouts(loaded)
         enc, _, tags = encode([lay.tokens for lay in layouts])
@@ -105,7 +124,10 @@ class NativeImages:
     ``min_pixels`` / ``max_pixels`` (``neva.data.qwen_images``), taking t·h·w / merge² positions; the images are
     decoded before the text is encoded (their counts follow from their sizes). The sample carries each image's grid
     (``image_grid``, the tower's and the splice's) and its ``[3, S]`` M-RoPE positions (``neva.models.mrope``), found
-    here per sample so that a packed row holds each sample's own."""
+    here per sample so that a packed row holds each sample's own. A model that takes video (``native_video``) has a
+    record's decoded videos as temporal patches (``video_patches``: frames at the image budget, grouped
+    ``temporal_patch_size`` at a time), each ``<video>`` tag's positions given the video token, a ``video_grid`` per
+    video and, for Qwen2.5-VL, the videos' ``second_per_grid_ts`` in the positions."""
 
     size = 0
 
@@ -114,24 +136,67 @@ class NativeImages:
         self.family = model.vision.kind
         self.image_token_id = model.image_token_id
         # A token no sample holds where the model takes no video: the rule then places images only.
-        self.video_token_id = model.video_token if model.video is not None else -1
+        self.video_token_id = model.video_token_id if model.native_video else -1
+        self.tokens_per_second = model.vision.tokens_per_second
+        if self.tokens_per_second is None:
+            self.tokens_per_second = HF_TOKENS_PER_SECOND
         self.empty = torch.zeros(0, model.vision.patch_dim, dtype=torch.uint8)
 
-    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+    def encode(
+        self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
+    ) -> EncodedImages:
         spec = self.processor
         processed = [image_patches(image_source.load(safe_relative_path(n)), spec) for n in record_images(record)]
         grid = torch.cat([g for _, g in processed]) if processed else torch.zeros(0, 3, dtype=torch.long)
-        enc, _, tags = encode([int(g.prod()) // spec.merge_size**2 for g in grid])
+        clips = self._videos(videos)
+        video_grid = torch.cat([g for _, g in clips]) if clips else torch.zeros(0, 3, dtype=torch.long)
+        enc, _, tags = encode(
+            [int(g.prod()) // spec.merge_size**2 for g in grid],
+            [int(g.prod()) // spec.merge_size**2 for g in video_grid],
+        )
+        fields: dict[str, Any] = {"image_grid": grid}
+        if clips:  # the video tags' positions carry the video token (each tag was encoded as an image's)
+            enc, video_fields = self._video_fields(enc, tags, clips, video_grid, videos)
+            fields.update(video_fields)
         positions, _ = mrope_positions(
             torch.tensor(enc.input_ids),
             grid,
+            video_grid if clips else None,
             spatial_merge_size=spec.merge_size,
             image_token_id=self.image_token_id,
             video_token_id=self.video_token_id,
             family=self.family,
+            second_per_grid_ts=fields.pop("second_per_grid_ts", None),
+            tokens_per_second=self.tokens_per_second,
         )
         pixels = torch.cat([p for p, _ in processed]) if processed else self.empty
-        return EncodedImages(enc, tags, pixels, len(processed), {"image_grid": grid, "position_ids": positions})
+        return EncodedImages(enc, tags, pixels, len(processed), {**fields, "position_ids": positions})
+
+    def _videos(self, videos: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if videos and self.family not in NATIVE_VIDEO_FAMILIES:
+            raise VideoError(
+                "video_unsupported",
+                f"{len(videos)} video(s): {self.family} video (per-frame timestamp text) is not implemented yet",
+            )
+        return [video_patches(v.frames, self.processor) for v in videos]
+
+    def _video_fields(self, enc: Any, tags: list, clips: list, video_grid: torch.Tensor, videos: list) -> tuple:
+        ids = torch.tensor(enc.input_ids)
+        spans = tag_spans(enc.input_ids, self.image_token_id, tags)
+        at = torch.cat([torch.arange(a, b) for kind, a, b in spans if kind == VIDEO])
+        ids[at] = self.video_token_id
+        enc = dataclasses.replace(enc, input_ids=ids.tolist())
+        fields = {
+            "video_pixel_values": torch.cat([p for p, _ in clips]),
+            "video_grid": video_grid,
+            "video_frames": torch.tensor([len(v.frames) for v in videos], dtype=torch.long),
+            "video_positions": at,
+        }
+        if VIDEO_RULES[self.family].timed:  # Qwen2.5-VL: temporal positions in real time
+            fields["second_per_grid_ts"] = [
+                video_second_per_grid(self.processor, len(v.indices), v.header.total, v.header.rate) for v in videos
+            ]
+        return enc, fields
 
     def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
         try:
@@ -156,7 +221,9 @@ class NoImages:
     size = 0
     processor = None
 
-    def encode(self, record: dict[str, Any], encode: Any, image_source: ImageSource) -> EncodedImages:
+    def encode(
+        self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
+    ) -> EncodedImages:
         enc, names, tags = encode(None)
         if names:
             raise ImageError("missing_image", "the model has no vision encoder")

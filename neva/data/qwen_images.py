@@ -118,6 +118,19 @@ def video_token_count(spec: QwenImageSpec, frames: int, height: int, width: int)
     return -(-frames // spec.temporal_patch_size) * h * w // spec.merge_size**2
 
 
+def native_video_estimate(spec: QwenImageSpec, frames: int) -> int:
+    """Decoder positions of a video of ``frames`` frames at the pixel budget's largest size: the length a record is
+    sorted and planned by before its video is decoded (its sample then counts its own frames' size)."""
+    return video_token_count(spec, frames, *budget_size(spec))
+
+
+def video_second_per_grid(spec: QwenImageSpec, sampled: int, total: int, rate: float) -> float:
+    """Qwen2.5-VL's ``second_per_grid_ts`` of one video: ``temporal_patch_size / fps`` with fps the sampled rate,
+    ``sampled / total × rate`` (``sampled`` frames taken of the file's ``total`` at ``rate`` frames/s), as its
+    processor computes it (transformers' ``VideoMetadata.sampled_fps``)."""
+    return spec.temporal_patch_size / (sampled / total * rate)
+
+
 def flatten_patches(frames: torch.Tensor, spec: QwenImageSpec) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """uint8 frames ``[F, C, H, W]`` (sides multiples of ``factor``) → patches ``[t·h·w, C·T·P·P]`` in the processor's
     order and the grid (t, h, w); the last frame repeated up to a multiple of ``temporal_patch_size``."""

@@ -97,6 +97,9 @@ class VisionConfig:
     fullatt_block_indexes: list[int] = field(default_factory=list)  # qwen2_5_vl: blocks attending the whole frame
     num_position_embeddings: int = 2304  # qwen3_vl: the learned position grid (a square number)
     deepstack_visual_indexes: list[int] = field(default_factory=list)  # qwen3_vl: blocks whose outputs DeepStack reads
+    # qwen2_5_vl: M-RoPE temporal positions per second of video (HF ``vision_config.tokens_per_second``); None: the
+    # HF class default (4) where a video needs it.
+    tokens_per_second: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in TOWER_KINDS:
@@ -491,6 +494,22 @@ class NevaConfig:
     @property
     def video_token(self) -> int:
         return self.image_token_id if self.video_token_id is None else self.video_token_id
+
+    @property
+    def native_video(self) -> bool:
+        """A native-resolution model takes video (frames as temporal patches through the same tower and merger, no
+        frame pooling) exactly when it has its own video token id (HF ``video_token_id``, set by the import)."""
+        return (
+            self.vision is not None
+            and self.vision.is_native
+            and self.video_token_id is not None
+            and self.video_token_id != self.image_token_id
+        )
+
+    @property
+    def takes_video(self) -> bool:
+        """LLaVA-style pooled frames (``video``) or a native model's temporal patches (``native_video``)."""
+        return self.video is not None or self.native_video
 
     def video_tokens(self, frames: int) -> int:
         """Decoder positions of one video of ``frames`` sampled frames (``neva.models.video.video_token_count``)."""

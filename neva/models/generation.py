@@ -156,6 +156,7 @@ def generate(
     video_pixel_values: torch.Tensor | None = None,
     position_ids: Sequence[torch.Tensor] | None = None,
     image_grid: torch.Tensor | None = None,
+    video_grid: torch.Tensor | None = None,
 ) -> list[list[int]]:
     """Generate continuations for a batch of prompts.
 
@@ -171,6 +172,8 @@ def generate(
             holds every image's tiles (``neva.data.anyres.tile_image``) and each image takes its own positions.
         video_pixel_values: ``[F, C, H, W]``, every frame of every video in prompt order (each video's
             ``NevaConfig.video_tokens(frames)`` positions already expanded to ``video_token`` ids).
+        video_grid: a native-resolution tower's ``[V, 3]`` temporal-patch grid of each video
+            (``video_pixel_values`` then holds their flattened patches).
         image_grid: a native-resolution tower's ``[N, 3]`` patch grid of each image (``pixel_values`` then holds
             their flattened patches, ``neva.data.qwen_images``).
         position_ids: per prompt its RoPE positions ``[P, len]`` (M-RoPE: ``[3, len]`` from
@@ -189,7 +192,9 @@ def generate(
     out: list[list[int]] = [[] for _ in range(b)]
     if cfg.max_new_tokens == 0:
         return out
-    media = _media(model.cfg, batch.input_ids, pixel_values, image_counts, image_sizes, video_pixel_values, image_grid)
+    media = _media(
+        model.cfg, batch.input_ids, pixel_values, image_counts, image_sizes, video_pixel_values, image_grid, video_grid
+    )
     vocab = model.cfg.llm.vocab_size
     seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
     for row, prompt in enumerate(prompts):
@@ -236,6 +241,7 @@ def _media(
     image_sizes: Sequence[tuple[int, int] | None] | None,
     video_pixel_values: torch.Tensor | None,
     image_grid: torch.Tensor | None = None,
+    video_grid: torch.Tensor | None = None,
 ) -> Media:
     """The prompts' images and videos: positions found by the model from the ids of the left-padded batch (padding
     moved them), AnyRes layouts from the images' sizes."""
@@ -255,7 +261,7 @@ def _media(
             )
     if video_pixel_values is not None:
         positions = find_video_positions(input_ids, cfg.video_token)
-        video = MediaInputs(video_pixel_values.to(device), positions=positions)
+        video = MediaInputs(video_pixel_values.to(device), positions=positions, grid=video_grid)
         if cfg.video_token == cfg.image_token_id and image is not None:  # one id: the positions cannot tell them apart
             raise ValueError("images and videos in one batch need a model whose video_token_id is its own")
     return Media(image=image, video=video)

@@ -35,6 +35,10 @@ class VideoRule:
     timed: bool
 
 
+# The families whose videos neva's data path writes (Qwen3-VL's per-frame timestamp text is not written yet).
+NATIVE_VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+HF_TOKENS_PER_SECOND = 4  # Qwen2.5-VL: transformers' Qwen2_5_VLVisionConfig default
+
 VIDEO_RULES = {
     "qwen2_vl": VideoRule(per_frame=False, timed=False),
     "qwen2_5_vl": VideoRule(per_frame=False, timed=True),
