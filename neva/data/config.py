@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.builtin_sets import BUILTIN_SETS
+from neva.data.conversation import TEMPLATE_CLASSES
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
 from neva.data.video_decode import MAX_FRAME_PIXELS, MAX_VIDEO_BYTES, MAX_VIDEO_SECONDS, VideoLimits
 from neva.models.anyres import parse_aspect_ratio
 
-TEMPLATES = ("plain", "vicuna_v1", "llama_2", "mistral", "llama_3", "chatml")
+TEMPLATES = tuple(TEMPLATE_CLASSES)  # the conversation templates, one table (neva.data.conversation)
 # anyres: LLaVA-NeXT tiles (the model's image_grid_pinpoints); anyres_max_N (LLaVA-OneVision) too, its features
 # pooled down to about N tiles (neva.models.anyres.pool_grid)
 ASPECT_RATIOS = ("square", "pad", "keep", "anyres")

@@ -36,6 +36,7 @@ from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.data.video import VideoSource
 from neva.models.anyres import anyres_on, parse_aspect_ratio
 from neva.models.config import NevaConfig, VisionConfig
+from neva.typed import ConfigError
 
 
 class ResumableLoader:
@@ -131,7 +132,14 @@ class NevaDataModule:
         self.cfg = cfg
         self.plan_dir = plan_dir
         self.tokenizer = tokenizer
-        self.image_token_id = tokenizer_image_token_id(tokenizer, image_token_for(cfg.conv_template))
+        token = image_token_for(cfg.conv_template)
+        try:
+            self.image_token_id = tokenizer_image_token_id(tokenizer, token)
+        except ValueError as err:  # e.g. a Qwen-VL tokenizer (no <image>) under a LLaVA template
+            raise ConfigError(
+                f"model.data.conv_template={cfg.conv_template!r} writes images as {token}: {err} (a Qwen-VL "
+                "checkpoint takes model.data.conv_template=qwen2_vl or qwen3_vl)"
+            ) from None
         # LLM positions per image: after the projector (mlp_downsample merges 2×2 patches) when the model is known;
         # a native-resolution tower has none fixed (its front end counts each image from its size).
         fixed = vision is not None and not vision.is_native

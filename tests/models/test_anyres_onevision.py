@@ -112,7 +112,7 @@ def test_token_counts_logits_and_generation_match_llava_onevision():
     # the layer itself: neva's tiles and gather reproduce transformers' packed features
     tiles = torch.cat([tile_image(im, cfg.anyres, S) for im in imgs])
     with torch.no_grad():
-        got = ours._features("image", MediaInputs(tiles, index=lay.index, weight=lay.weight))
+        got = ours._features("image", MediaInputs(tiles, index=lay.index, weight=lay.weight)).main
     expected = torch.cat(feats)
     assert ((got - expected).norm() / expected.norm()).item() <= 1e-5
 

@@ -3,7 +3,6 @@
 three samples (positions by neva/models/mrope.py through the collator) = each sample alone, and greedy decoding with
 the KV cache = argmax of HF's full-sequence forwards at HF's decode positions, left-padded batch included."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -19,8 +18,6 @@ from neva.models.llama import LlamaDecoder
 from neva.models.mrope import mrope_positions
 from neva.models.neva import NevaModel
 from neva.models.rope import rope_cos_sin, rope_inv_freq
-from neva.parallel.tensor_parallel import check_tensor_parallel
-from neva.typed import ConfigError
 from tests.checkpoint.tiny_hf import one_thread
 from tests.models.qwen_vl_oracle import (
     FAMILIES,
@@ -144,16 +141,6 @@ def test_qk_norm_decoder_matches_qwen3():
     ids = torch.randint(0, VOCAB, (2, 17))
     with torch.no_grad():
         assert rel_err(ours(ours.tok_embeddings(ids)), hf(input_ids=ids).logits) < 1e-5
-
-
-def test_qk_norm_is_refused_under_tensor_parallelism():
-    with torch.device("meta"):
-        llm = dataclasses.replace(llm_config("qwen3_vl"), vocab_size=100)  # every size divisible by 2
-        model = NevaModel(NevaConfig(llm=llm, vision=None, projector=None, image_token_id=VOCAB))
-    with pytest.raises(
-        ConfigError, match=r"q/k norms .* with model\.tensor_model_parallel_size > 1 are not supported yet"
-    ):
-        check_tensor_parallel(model, 2)
 
 
 def test_decoder_logits_match_hf_from_3d_positions(family):
