@@ -134,19 +134,6 @@ class NativeAttention(nn.Module):
         return self.o_proj(attend_segments(q, k, v, lengths).flatten(1))
 
 
-class FcMLP(nn.Module):
-    """fc1, activation, fc2 (Qwen2-VL, Qwen3-VL)."""
-
-    def __init__(self, cfg: VisionConfig) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.act = ACTIVATIONS[cfg.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class GatedMLP(nn.Module):
     """Biased ``down(act(gate(x)) · up(x))`` (Qwen2.5-VL's SwiGLU)."""
 

@@ -17,7 +17,6 @@ from torch import nn
 
 from neva.models.config import VisionConfig
 from neva.models.native_vision import (
-    FcMLP,
     GatedMLP,
     NativeBlock,
     NativeFeatures,
@@ -30,12 +29,13 @@ from neva.models.native_vision import (
     patch_positions,
     rotary_tables,
 )
+from neva.models.vision import VisionMLP  # fc1, activation, fc2: CLIP's MLP is Qwen2-VL's and Qwen3-VL's
 
 # Per tower kind: block norm, MLP, whether some blocks attend within windows.
 _KINDS = {
-    "qwen2_vl": dict(norm="layer", mlp=FcMLP, windows=False, patch_bias=False),
+    "qwen2_vl": dict(norm="layer", mlp=VisionMLP, windows=False, patch_bias=False),
     "qwen2_5_vl": dict(norm="rms", mlp=GatedMLP, windows=True, patch_bias=False),
-    "qwen3_vl": dict(norm="layer", mlp=FcMLP, windows=False, patch_bias=True),
+    "qwen3_vl": dict(norm="layer", mlp=VisionMLP, windows=False, patch_bias=True),
 }
 
 
