@@ -3,7 +3,6 @@
 three samples (positions by neva/models/mrope.py through the collator) = each sample alone, and greedy decoding with
 the KV cache = argmax of HF's full-sequence forwards at HF's decode positions, left-padded batch included."""
 
-
 import pytest
 import torch
 from transformers import Qwen2VLTextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3VLTextConfig
