@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -112,9 +113,21 @@ def cli(argv: list[str] | None = None) -> None:
 
 
 def _names_a_stage(args: list[str]) -> bool:
-    """An override sets ``stage``, or Hydra options (another config, --help, --cfg) leave it to Hydra to say."""
+    """An override sets ``stage`` or chooses a config that selects one in its defaults (``+preset=``,
+    ``+canary=``: ``- /stage: ...``), or Hydra options (another config, --help, --cfg) leave it to Hydra to say."""
     flags = [a for a in args if a.startswith("-") and a not in ("-m", "--multirun", "--debug")]
-    return bool(flags) or any(a.lstrip("+~").split("=", 1)[0] == "stage" for a in args)
+    return bool(flags) or any(_selects_stage(a) for a in args)
+
+
+_STAGE_DEFAULT = re.compile(r"^\s*-\s*/?stage\s*:", re.M)
+
+
+def _selects_stage(arg: str) -> bool:
+    key, _, value = arg.lstrip("+~").partition("=")
+    if key == "stage":
+        return True
+    chosen = Path(CONFIG_DIR) / key / f"{value}.yaml"  # a group choice (a sweep's list is left to Hydra)
+    return "," not in value and chosen.is_file() and bool(_STAGE_DEFAULT.search(chosen.read_text()))
 
 
 if __name__ == "__main__":

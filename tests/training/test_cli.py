@@ -39,6 +39,14 @@ def test_no_stage_names_both_stages(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_presets_and_canaries_select_their_stage():
+    """``+preset=...`` / ``+canary=...`` alone name a stage (their defaults choose it): not refused before Hydra."""
+    from neva.train import _names_a_stage
+
+    assert _names_a_stage(["+preset=llava15_llama2_7b_pretrain"]) and _names_a_stage(["+canary=finetune"])
+    assert _names_a_stage(["+stage=dpo"]) and not _names_a_stage(["model=tiny_qwen2_5_vl", "vision=tiny_qwen2_5_vl"])
+
+
 def test_llava_data_starts_no_loader_workers_on_cpu(tmp_path):
     """data=llava leaves num_workers to ``auto`` (DATA.md: no worker on CPU, where the model computes)."""
     (tmp_path / "d.json").write_text("[]")
