@@ -48,6 +48,10 @@ def test_readme_newcomer_path_runs_end_to_end(tmp_path):
         make_clip_dir(tmp_path / "models" / "clip")
     data = tmp_path / "data"
     write_llava_set(data, n=16)
+    records = json.loads((data / "data.json").read_text())
+    (data / "conversations.json").write_text(json.dumps(records))
+    captions = [{**r, "conversations": r["conversations"][:2]} for r in records if r.get("image")]  # one turn each
+    (data / "captions.json").write_text(json.dumps(captions))
     questions = [{"question_id": i, "image": f"00{i}_0.png", "text": "What is in the image?"} for i in (0, 2)]
     (data / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
     work = tmp_path / "work"
