@@ -164,9 +164,8 @@ def _vision_config(v: dict[str, Any], kind: str) -> tuple[VisionConfig, int]:
     )
     if kind == "qwen2_vl":  # embed_dim is the tower's width, hidden_size the merger's output
         width = v["embed_dim"]
-        return VisionConfig(hidden_size=width, intermediate_size=int(width * v["mlp_ratio"]), **common), v[
-            "hidden_size"
-        ]
+        vision = VisionConfig(hidden_size=width, intermediate_size=int(width * v["mlp_ratio"]), **common)
+        return vision, v["hidden_size"]
     if kind == "qwen3_vl":
         extra = dict(
             num_position_embeddings=v["num_position_embeddings"],
