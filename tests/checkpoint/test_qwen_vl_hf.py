@@ -12,15 +12,20 @@ import torch
 from PIL import Image
 
 from neva.checkpoint.hf_qwen_vl import export_qwen_vl, import_qwen_vl
-from neva.checkpoint.neva_format import iter_tensors, load_metadata, load_model, load_tokenizer
+from neva.checkpoint.neva_format import iter_tensors, load_metadata
 from neva.data.collate import collate_packed, collate_padded
-from neva.data.conversation import Message, get_template
-from neva.data.dataset import EncoderSettings, process_record
-from neva.data.front_ends import front_end_for
+from neva.data.conversation import Message
+from neva.data.dataset import process_record
 from neva.data.images import FolderImageSource
-from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from tests.checkpoint.tiny_hf import one_thread
-from tests.checkpoint.tiny_qwen_vl import hf_inputs, image_processor, pixel_budget, tiny_qwen_vl_dir, write_image
+from tests.checkpoint.tiny_qwen_vl import (
+    checkpoint_data_path,
+    hf_inputs,
+    image_processor,
+    pixel_budget,
+    tiny_qwen_vl_dir,
+    write_image,
+)
 from tests.models.test_hf_parity import rel_err
 
 SIZES = {"a.png": (70, 45), "b.png": (40, 100), "c.png": (150, 60)}  # (width, height): three aspect ratios
@@ -46,19 +51,7 @@ def imported(request, tmp_path_factory):
 
 
 def _samples(ckpt, root):
-    model = load_model(ckpt).eval()
-    tokenizer = load_tokenizer(ckpt)
-    meta = load_metadata(ckpt)
-    template = meta["conv_template"]
-    settings = EncoderSettings(
-        tokenizer=tokenizer,
-        template=get_template(template, tokenizer),
-        image_token_id=tokenizer_image_token_id(tokenizer, image_token_for(template)),
-        num_image_tokens=0,
-        max_length=512,
-        image_token_placement="inline",
-    )
-    front_end = front_end_for(model.cfg.vision, model.cfg, "square", meta["min_pixels"], meta["max_pixels"])
+    model, tokenizer, settings, front_end = checkpoint_data_path(ckpt)
     source = FolderImageSource(str(root / "images"))
     samples = [process_record(r, settings, source, front_end) for r in RECORDS]
     return model, tokenizer, settings, samples

@@ -16,18 +16,24 @@ import torch
 from PIL import Image
 
 from neva.checkpoint.hf_qwen_vl import import_qwen_vl
-from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
+from neva.checkpoint.neva_format import load_config, load_metadata
 from neva.data.collate import collate_packed, collate_padded
-from neva.data.conversation import get_template, parse_conversations
-from neva.data.dataset import EncoderSettings, process_record
+from neva.data.conversation import parse_conversations
+from neva.data.dataset import process_record
 from neva.data.front_ends import front_end_for
 from neva.data.images import FolderImageSource
 from neva.data.qwen_images import QwenImageSpec, native_video_estimate
-from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.data.video import VideoSource
 from neva.data.video_decode import VideoLimits
 from tests.checkpoint.tiny_hf import one_thread
-from tests.checkpoint.tiny_qwen_vl import MERGE, image_processor, pixel_budget, tiny_qwen_vl_dir, write_image
+from tests.checkpoint.tiny_qwen_vl import (
+    MERGE,
+    checkpoint_data_path,
+    image_processor,
+    pixel_budget,
+    tiny_qwen_vl_dir,
+    write_image,
+)
 from tests.data.video_files import reference_decode, write_video
 from tests.models.test_hf_parity import rel_err
 
@@ -55,23 +61,15 @@ def imported(request, tmp_path_factory):
 
 
 def _samples(ckpt, root):
-    model = load_model(ckpt).eval()
-    assert model.modalities == ("image", "video")  # the imported video token makes it take video
-    tokenizer, meta = load_tokenizer(ckpt), load_metadata(ckpt)
-    template = meta["conv_template"]
-    spec = QwenImageSpec.for_tower(model.cfg.vision, meta["min_pixels"], meta["max_pixels"])
-    settings = EncoderSettings(
-        tokenizer=tokenizer,
-        template=get_template(template, tokenizer),
-        image_token_id=tokenizer_image_token_id(tokenizer, image_token_for(template)),
-        num_image_tokens=0,
-        max_length=512,
-        image_token_placement="inline",
+    meta, cfg = load_metadata(ckpt), load_config(ckpt)
+    spec = QwenImageSpec.for_tower(cfg.vision, meta["min_pixels"], meta["max_pixels"])
+    model, tokenizer, settings, front_end = checkpoint_data_path(
+        ckpt,
         video_tokens=partial(native_video_estimate, spec),
-        video_token_id=model.cfg.video_token_id,
+        video_token_id=cfg.video_token_id,
         num_frames=NUM_FRAMES,
     )
-    front_end = front_end_for(model.cfg.vision, model.cfg, "square", meta["min_pixels"], meta["max_pixels"])
+    assert model.modalities == ("image", "video")  # the imported video token makes it take video
     images = FolderImageSource(str(root / "images"))
     videos = VideoSource(str(root / "images"), VideoLimits(NUM_FRAMES))
     samples = [process_record(r, settings, images, front_end, videos) for r in RECORDS]

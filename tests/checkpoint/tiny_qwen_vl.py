@@ -120,3 +120,28 @@ def write_image(path: Path, size: tuple[int, int], seed: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
     Image.fromarray(arr).save(path)
+
+
+def checkpoint_data_path(ckpt, **settings):
+    """An imported checkpoint's model (eval), tokenizer, ``EncoderSettings`` (its recorded template, inline image
+    tags, plus ``settings``) and native front end at its recorded pixel budget: training's data path for it."""
+    from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
+    from neva.data.conversation import get_template
+    from neva.data.dataset import EncoderSettings
+    from neva.data.front_ends import front_end_for
+    from neva.data.tokens import image_token_for, tokenizer_image_token_id
+
+    model = load_model(ckpt).eval()
+    tokenizer, meta = load_tokenizer(ckpt), load_metadata(ckpt)
+    template = meta["conv_template"]
+    encoder = EncoderSettings(
+        tokenizer=tokenizer,
+        template=get_template(template, tokenizer),
+        image_token_id=tokenizer_image_token_id(tokenizer, image_token_for(template)),
+        num_image_tokens=0,
+        max_length=512,
+        image_token_placement="inline",
+        **settings,
+    )
+    front_end = front_end_for(model.cfg.vision, model.cfg, "square", meta["min_pixels"], meta["max_pixels"])
+    return model, tokenizer, encoder, front_end
