@@ -45,7 +45,7 @@ def test_only_distributed_timeouts_get_a_note():
     assert note.startswith("rank 1: a collective timed out after 60 s (model.distributed_timeout_minutes=1)"), note
 
 
-MESH_TIMEOUT_S = 2.0
+MESH_TIMEOUT_S = 5.0
 
 
 def _mesh_worker(rank: int, port: int, out: str) -> None:
@@ -61,8 +61,11 @@ def _mesh_worker(rank: int, port: int, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    Path(out, f"pid{rank}").write_text(str(os.getpid()))
     timeout = timedelta(seconds=MESH_TIMEOUT_S)
-    dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timeout)
+    # The default group keeps a start-up's worth of time (4 processes importing torch on a loaded machine): the
+    # sub-groups' timeout can then only come from ``build_mesh``.
+    dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(minutes=5))
     layout = Layout(dp=2, tp=2)
     dims = build_mesh(layout, timeout)
     result_file = Path(out, f"rank{rank}.json")
@@ -76,12 +79,28 @@ def _mesh_worker(rank: int, port: int, out: str) -> None:
             result = {"error": str(err), "note": timeout_note(err, timeout, rank, layout)}
         result["elapsed"] = time.monotonic() - start
         result_file.write_text(json.dumps(result))
+        # Leave without tearing the groups down: gloo's worker thread is still inside the timed-out receive, and
+        # destroying it at interpreter exit can std::terminate the process ("terminate called without an active
+        # exception", SIGABRT) — seen once in CI on a loaded machine.
+        os._exit(0)
     else:
-        # Stay alive (sockets open, like a hung peer) until both waiting ranks have given up: a peer that exits
-        # would close its sockets and end their wait early, for another reason.
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not all(Path(out, f"rank{r}.json").exists() for r in (0, 3)):
+        # Stay alive (sockets open, like a hung peer) until both waiting ranks have given up and exited: a peer
+        # that closes its sockets earlier ends their wait for another reason, or — while a rank with a timed-out
+        # receive still tears down its group — makes gloo's transport thread abort that rank (SIGABRT).
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not all(_ended(out, r) for r in (0, 3)):
             time.sleep(0.1)
+
+
+def _ended(out: str, rank: int) -> bool:
+    """Whether ``rank`` wrote its result and its process has exited (gone, or a zombie its parent has not reaped)."""
+    if not Path(out, f"rank{rank}.json").exists():
+        return False
+    try:
+        stat = Path(f"/proc/{Path(out, f'pid{rank}').read_text()}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 @pytest.mark.slow
@@ -91,10 +110,10 @@ def test_mesh_sub_groups_time_out_after_the_configured_timeout(tmp_path):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["error"] is not None, "the collective should have failed"
         assert "Timed out" in result["error"], result["error"]
-        # The timeout is 2 s; generous slack for a loaded machine, far below torch's default of 30 minutes.
+        # The timeout is 5 s; generous slack for a loaded machine, far below torch's default of 30 minutes.
         assert MESH_TIMEOUT_S * 0.5 <= result["elapsed"] < 60, result
         assert result["note"].startswith(f"rank {rank} ({dim_peer}): torch.distributed all_reduce"), result["note"]
-        assert "timed out after 2 s (model.distributed_timeout_minutes=0.0333333)" in result["note"], result["note"]
+        assert "timed out after 5 s (model.distributed_timeout_minutes=0.0833333)" in result["note"], result["note"]
 
 
 TIMEOUT_MIN = 0.3  # 18 s: long enough that the two processes' start-up never trips it on a loaded machine
