@@ -2,7 +2,8 @@
 
 On LLaVA-format data (long and short samples, text-only and two-image ones), padded and packed, and on micro-batches
 mixing video, image + video, image and text rows: CP2 (FSDP2 and DDP) and CP2 × DP2 equal one process step by step;
-each tower input is encoded by one cp rank only; a checkpoint written under CP2 resumes in one process on the same
+each tower input is encoded by one cp rank only; bf16 O2 under CP2 stays within bf16's error of the fp32 run; a
+checkpoint written under CP2 resumes in one process and one written by one process resumes under CP2, on the same
 curve. The split itself is checked against a direct computation in process.
 """
 
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.slow
 STEPS = 2  # the second step shows the first update: loss and gradient norm of both compared
 TOL = 1e-5
 CP2 = ["model.context_parallel_size=2"]
+O2 = ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"]
 MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
 
 
@@ -83,6 +85,7 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
     jobs = [(f"cp2/{name}", d + CP2, {"steps": STEPS, **count}) for name, d in data.items()]
     ddp = ["model.data_parallel=ddp"]
     jobs.append(("cp2_ddp/packed", data["packed"] + CP2 + ddp, {"steps": STEPS}))
+    jobs.append(("cp2_o2/packed", data["packed"] + CP2 + O2, {"steps": STEPS}))  # bf16 compute, fp32 sharded masters
     # whole micro-batches of text or of images, alternating: a text-only one still runs the (empty) shared encode
     alternating = {"steps": STEPS, "kinds": "text_only_alternating"}
     refs["text_only_alternating"] = train_losses([f"model.restore_from_path={ckpt}"], **alternating)
@@ -99,6 +102,11 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
         for got, want in zip(rank["cp2/moe_packed"]["aux_metrics"], refs["moe_packed"]["aux_metrics"]):
             assert got.keys() == want.keys() and all(abs(got[k] - want[k]) <= 1e-5 * abs(want[k]) for k in want)
     _check(results, "cp2_ddp/packed", refs["packed"])
+    for rank in results:  # bf16 O2 against the fp32 run, within bf16's error (the tolerance of the other O2 layouts)
+        o2 = rank["cp2_o2/packed"]
+        assert o2["param_dtypes"] == ["torch.float32"], o2["param_dtypes"]
+        assert _max_rel(o2["losses"], refs["packed"]["losses"]) < 2e-2, (o2, refs["packed"])
+        assert _max_rel(o2["grad_norms"], refs["packed"]["grad_norms"]) < 5e-2, (o2, refs["packed"])
     _check(results, "cp2_ddp/text_only_alternating", refs["text_only_alternating"])
 
 
@@ -126,16 +134,18 @@ def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
 
 
 def test_cp2_checkpoint_resumes_in_one_process(tmp_path):
-    """``torchrun -m neva.train`` under CP2 writes a DCP checkpoint at step 2; one process resumes it and continues
-    the uninterrupted one-process curve."""
+    """``torchrun -m neva.train`` under CP2 writes a DCP checkpoint at step 2; one process resumes it for a step and
+    writes a checkpoint file; CP2 resumes that: every step continues the uninterrupted one-process curve."""
     from .test_parallel_training import FLAT_LR, _tiny_checkpoint, _train
 
     ckpt = _tiny_checkpoint(tmp_path / "ckpt")
-    run = [*FLAT_LR, "trainer.max_steps=4"]
-    ref = _train(tmp_path / "one", ckpt, 1, *run, every=2)
+    ref = _train(tmp_path / "one", ckpt, 1, *FLAT_LR, "trainer.max_steps=4", every=4)
     cp2 = _train(tmp_path / "run", ckpt, 2, *FLAT_LR, "trainer.max_steps=2", *CP2, every=2)
     assert (tmp_path / "run" / "finetune" / "checkpoints" / "last.ckpt").is_dir()
-    resumed = _train(tmp_path / "run", ckpt, 1, *run, every=2)
-    print(f"cp2 resume: one process {ref}, cp2 {cp2}, resumed {resumed}")
-    assert len(resumed) == 4 and _max_rel(resumed, ref) < TOL, (resumed, ref)
+    one = _train(tmp_path / "run", ckpt, 1, *FLAT_LR, "trainer.max_steps=3", every=1)
+    assert (tmp_path / "run" / "finetune" / "checkpoints" / "last.ckpt").is_file()
+    resumed = _train(tmp_path / "run", ckpt, 2, *FLAT_LR, "trainer.max_steps=4", *CP2, every=4)
+    print(f"cp2 resume: one process {ref}, cp2 {cp2}, one process after cp2 {one}, cp2 after that {resumed}")
     assert _max_rel(cp2, ref[:2]) < TOL, (cp2, ref)
+    assert len(one) == 3 and _max_rel(one, ref[:3]) < TOL, (one, ref)
+    assert len(resumed) == 4 and _max_rel(resumed, ref) < TOL, (resumed, ref)
