@@ -1,6 +1,7 @@
 """The preference stage under DP2 (FSDP2 ZeRO-3, DDP), TP2+SP and PP2 (1F1B) equals one process per step (loss,
 gradient norm, rewards) and in validation (the pair loss on held-out pairs), with a frozen reference model (sharded,
-pipelined too) and with LoRA's adapters-off reference. One spawn of two gloo processes. A PP2 checkpoint resumes in
+pipelined too) and with LoRA's adapters-off reference; so do EP2 on a Mixtral-style decoder, AnyRes tiles and
+recomputed blocks, and bf16 O2 stays within bf16's error. One spawn of two gloo processes. A PP2 checkpoint resumes in
 one process on the one-process curve."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from .harness import BASE, make_checkpoint, run_layouts, train_losses
+from .harness import BASE, FAMILIES, make_checkpoint, run_layouts, train_losses
 from .test_parallel_training import E2E, RTOL, _check_layouts, _tiny_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -37,6 +38,8 @@ LAYOUTS = {
     "pp2": ["model.pipeline_model_parallel_size=2"],
 }
 UNSUPPORTED = {("lora", "tp2_sp")}  # LoRA under TP is refused by neva (parallel/tensor_parallel.py), any stage
+MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
+O2 = ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"]
 
 
 def test_dp2_equals_one_process(tmp_path):
@@ -50,9 +53,30 @@ def test_dp2_equals_one_process(tmp_path):
     # precomputed reference log-probs under PP2: the pass's values are the last stage's (neva.training.reference_logps)
     precomputed = ["model.dpo.precompute_ref_log_probs=true", f"exp_manager.exp_dir={tmp_path / 'precomputed'}"]
     jobs.append(("precomputed_pp2", restore + CASES["full"] + precomputed + LAYOUTS["pp2"], args))
+    # the other layouts and settings of finetuning, each once on the full case: experts over two ranks (their own
+    # one-process run: a Mixtral-style decoder, the routers' term joining the pair loss), AnyRes tiles under ZeRO-3,
+    # recomputed blocks
+    moe = [f"model.restore_from_path={make_checkpoint(tmp_path / 'moe', extra=[MOE])}", MOE, *CASES["full"]]
+    anyres = [
+        f"model.restore_from_path={make_checkpoint(tmp_path / 'anyres', 'llama_clip_anyres')}",
+        *FAMILIES["llama_clip_anyres"],
+        *CASES["full"],
+    ]
+    refs |= {"moe": train_and_validate(moe, **args), "anyres": train_and_validate(anyres, **args)}
+    jobs += [
+        ("moe_ep2", moe + ["model.expert_model_parallel_size=2"], args),
+        ("anyres_zero3", anyres + LAYOUTS["zero3"], args),
+        ("full_recompute", restore + CASES["full"] + ["model.activations_checkpoint_granularity=full"], args),
+        ("full_o2", restore + CASES["full"] + O2, args),
+    ]
     results = run_layouts(2, jobs, tmp_path / "dp2", train=train_and_validate)
     checked = {case: [f"{case}_{lay}" for lay in lays] for case, lays in runs.items()}
-    checked["full"].append("precomputed_pp2")  # against the live reference's one-process run
+    checked["full"] += ["precomputed_pp2", "full_recompute"]  # against the live reference's one-process run
+    checked |= {"moe": ["moe_ep2"], "anyres": ["anyres_zero3"]}
+    for rank in results:  # bf16 O2 (fp32 sharded masters) within bf16's error of the fp32 run
+        o2, ref = rank["full_o2"], refs["full"]
+        assert o2["param_dtypes"] == ["torch.float32"], o2["param_dtypes"]
+        assert all(abs(a - b) <= 2e-2 * abs(b) for a, b in zip(o2["losses"], ref["losses"], strict=True)), (o2, ref)
     for case, ref in refs.items():
         assert ref["aux_metrics"][1]["rewards/margin"] != 0  # the second step's policy is not the reference
         names = checked[case]
