@@ -2,8 +2,8 @@
 
 Two record formats, JSON or JSONL (``neva.data.records.load_records``):
 
-- LLaVA-NeXT's DPO records (``llava/train/train_dpo.py``): ``id``, ``image`` (a name or a list), ``prompt`` (a user
-  turn holding ``<image>``), ``chosen`` and ``rejected`` (reply strings);
+- LLaVA-NeXT's DPO records (``llava/train/train_dpo.py``): ``id``, ``image`` (a name or a list) or ``video``,
+  ``prompt`` (a user turn holding ``<image>``), ``chosen`` and ``rejected`` (reply strings);
 - TRL's conversational preference records: ``prompt`` a message list (``role`` / ``content``; content a string, or
   TRL's parts ``{"type": "image"}`` / ``{"type": "text", "text": ...}``), ``chosen`` / ``rejected`` one assistant
   message each, ``images`` the image names.
@@ -15,12 +15,14 @@ assistant turn inside a multi-turn prompt is context. Bad pairs are counted skip
 Precomputed reference log-probs ride in the records as TRL names them (``ref_chosen_logps``, ``ref_rejected_logps``).
 
 The collator puts a micro-batch's chosen samples in its first rows and their rejected samples, in the same order, in
-the rows after (TRL's concatenated batch): one forward scores both sides of every pair.
+the rows after (TRL's concatenated batch): one forward scores both sides of every pair, and each pair's images (or
+video) are encoded once, the rejected rows reading the chosen rows' features (``pair_media``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,14 +34,15 @@ from neva.data.config import DataConfig
 from neva.data.datamodule import NevaDataModule, pad_token_id
 from neva.data.dataset import ConversationDataset, SkipLogger, is_skipped, process_record, skip_marker
 from neva.data.errors import SampleError
-from neva.data.records import ERROR_KEY, approx_length, record_images
+from neva.data.records import ERROR_KEY, approx_length, record_images, record_videos
 from neva.errors import ConfigError
+from neva.models.media import Media
 
 REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")
 
 # Skip reason of each bad pair (counted like every skipped sample: metrics.csv's skipped_* columns, max_skip_fraction).
 BAD_PAIRS = {
-    "no_image": "a preference record without an image (neva's DPO stage trains image-grounded replies)",
+    "no_image": "a preference record without an image or a video (neva's DPO stage trains grounded replies)",
     "empty_chosen": "the chosen reply is empty",
     "empty_rejected": "the rejected reply is empty",
     "chosen_equals_rejected": "chosen and rejected are the same text: the pair carries no preference",
@@ -94,8 +97,8 @@ def pair_conversations(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         raise SampleError(record[ERROR_KEY], record.get("detail", ""))
     if "prompt" not in record or "chosen" not in record or "rejected" not in record:
         raise PairError("malformed_pair", f"keys {sorted(record)}")
-    images = record_images(record)
-    if not images:
+    images, videos = record_images(record), record_videos(record)
+    if not images and not videos:
         raise PairError("no_image")
     prompt = _messages(record["prompt"], "user")
     chosen, rejected = _reply(record, "chosen"), _reply(record, "rejected")
@@ -105,7 +108,9 @@ def pair_conversations(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         raise PairError("empty_rejected")
     if chosen.strip() == rejected.strip():
         raise PairError("chosen_equals_rejected")
-    base = {"id": record.get("id"), "image": images}
+    # A video pair (LLaVA-NeXT's train_dpo.py reads ``video`` as finetuning does) keeps the finetuning record's keys:
+    # its ``<image>`` / ``<video>`` tags are then the video's (neva.data.video).
+    base = {"id": record.get("id"), **({"image": images} if images else {}), **({"video": videos} if videos else {})}
 
     def conversation(reply: str) -> dict[str, Any]:
         return {**base, "conversations": [*prompt, {"role": "assistant", "content": reply}]}
@@ -212,11 +217,34 @@ class PairCollator:
         markers = [p for p in batch if is_skipped(p)]
         samples = [p["chosen"] for p in good] + [p["rejected"] for p in good] + markers
         out = collate_padded(samples, self.pad_id, self.pad_to_multiple_of, self.seq_length)
+        if good and out.get("media") is not None:
+            chosen = collate_padded([p["chosen"] for p in good], self.pad_id, self.pad_to_multiple_of, self.seq_length)
+            out["media"] = pair_media(out["media"], chosen["media"], len(good))
         out["pairs"] = out["num_samples"] = len(good)  # a sample of this stage is a pair (samples/s, skip fraction)
         if good and "ref_logps" in good[0]:
             refs = torch.stack([p["ref_logps"] for p in good])
             out["ref_logps"] = torch.cat([refs[:, 0], refs[:, 1]])
         return out
+
+
+def pair_media(both: Media, chosen: Media, pairs: int) -> Media:
+    """``both`` (the media of the ``2 · pairs`` rows) with each pair's items encoded once: the tower inputs of the
+    chosen rows only, whose features the rejected rows read again (``MediaInputs.feature_rows``). A pair's rows share
+    the prompt, and with it every item and its columns (a placeholder never sits in a reply), so the rejected rows'
+    positions are the chosen rows' ``pairs`` rows down; a modality where they are not keeps both sides' inputs."""
+    out = {}
+    for modality, inputs in both.items():
+        once = getattr(chosen, modality)
+        if inputs is not None and once is not None:
+            positions = torch.cat([once.positions, once.positions + torch.tensor([pairs, 0])])
+            if torch.equal(positions, inputs.positions):
+                # the positions and their per-row / per-item counts stay those of every row; what is encoded
+                # (pixels, AnyRes index and weights, frames, grids) is the chosen rows'
+                rows = torch.arange(once.positions.shape[0]).repeat(2)
+                inputs = replace(once, positions=positions, items_per_row=inputs.items_per_row,
+                                 tokens=inputs.tokens, feature_rows=rows)  # fmt: skip
+        out[modality] = inputs
+    return Media(**out)
 
 
 class PreferenceDataModule(NevaDataModule):

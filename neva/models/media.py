@@ -44,6 +44,9 @@ class MediaInputs:
         grid: native-resolution towers (``VisionConfig.is_native``): ``[N, 3]`` (t, h, w) patches of each item, whose
             patches ``pixels`` holds flattened (``[L, C·T·P·P]``, the items' patches one after another); None: every
             tower input is one fixed-size image.
+        feature_rows: ``[M]`` the row of the encoded features (those of the tower inputs given) that each position
+            takes; None: one row per position, in order. Rows that hold the same items then encode them once: a
+            preference pair's chosen and rejected rows share the prompt's images (``neva.data.preference``).
     """
 
     pixels: torch.Tensor
@@ -54,6 +57,7 @@ class MediaInputs:
     weight: torch.Tensor | None = None
     frames: torch.Tensor | None = None
     grid: torch.Tensor | None = None
+    feature_rows: torch.Tensor | None = None
 
     @property
     def is_empty(self) -> bool:

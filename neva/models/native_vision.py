@@ -38,6 +38,10 @@ class NativeFeatures:
     main: torch.Tensor
     deepstack: list[torch.Tensor] = field(default_factory=list)
 
+    def rows(self, index: torch.Tensor) -> NativeFeatures:
+        """The rows ``index`` of every tensor (``MediaInputs.feature_rows``: positions sharing an item's features)."""
+        return NativeFeatures(self.main.index_select(0, index), [d.index_select(0, index) for d in self.deepstack])
+
 
 def grid_rows(grid: torch.Tensor) -> list[tuple[int, int, int]]:
     """``grid`` ``[N, 3]`` as host integers (one device sync when it lives on a GPU; the loader's is on the CPU)."""

@@ -154,6 +154,8 @@ class NevaModel(nn.Module):
         if positions is None:  # serving: found from the ids (reads the device)
             positions = self._positions_from_ids(input_ids, modality, inputs)
         features = self._features(modality, inputs, context)
+        if inputs.feature_rows is not None:  # positions that share items' features (a preference pair's two rows)
+            features = features.rows(inputs.feature_rows)
         feats_MD = features.main.to(h_BSD.dtype)
         if context is not None:  # the features of this rank's positions
             feats_MD = context.local_features(modality, feats_MD)

@@ -123,3 +123,59 @@ def test_builtin_synthetic_pairs_prefer_the_right_answer(synthetic_tokenizer):
     assert len(records) == 12 and all(r["chosen"] != r["rejected"] for r in records)
     batch = next(iter(dm.train_dataloader()))
     assert batch["pairs"] == 4 and not batch["skipped"]
+
+
+def test_a_pair_encodes_its_images_once(tmp_path, synthetic_tokenizer):
+    """The rejected rows read the chosen rows' features: the tower sees each pair's images once, and the model's
+    embeddings equal those of a batch where both sides carry their own images."""
+    from neva.data.collate import collate_padded
+    from neva.models.neva import NevaModel
+
+    two = {**LLAVA_NEXT, "id": "two", "image": ["red.png", "red.png"], "prompt": f"<image>\n<image>\n{QUESTION}"}
+    dm = module(tmp_path, synthetic_tokenizer, [LLAVA_NEXT, two, TRL])
+    pairs = [dm.train_datasets[0][i] for i in range(3)]
+    batch = dm.collator(pairs)
+    image = batch["media"].image
+    assert image.pixels.shape[0] == 4 and image.items_per_row.tolist() == [1, 2, 1, 1, 2, 1]
+    once = image.positions.shape[0] // 2
+    assert image.feature_rows.tolist() == list(range(once)) * 2
+    both = collate_padded([p["chosen"] for p in pairs] + [p["rejected"] for p in pairs], dm.collator.pad_id, 8, 256)
+    assert both["media"].image.pixels.shape[0] == 8 and torch.equal(both["input_ids"], batch["input_ids"])
+    torch.manual_seed(0)
+    model = NevaModel(build_config(image_token_id=synthetic_tokenizer.convert_tokens_to_ids("<image>")))
+    model.init_weights()
+    with torch.no_grad():
+        got = model.embed(batch["input_ids"], batch["media"])
+        want = model.embed(both["input_ids"], both["media"])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_video_pair_renders_as_finetuning_and_encodes_its_frames_once(tmp_path, synthetic_tokenizer):
+    """LLaVA-NeXT's DPO records may name a ``video`` (LLaVA-Hound's video DPO): the pair renders as finetuning's video
+    sample and the tower sees each pair's frames once."""
+    import dataclasses
+
+    from neva.models.video import VideoConfig
+
+    from .video_files import write_video
+
+    write_video(tmp_path / "clip.mp4", 8)
+    record = {"id": "v", "video": "clip.mp4", "prompt": "<video>\nWhich way?", "chosen": "left", "rejected": "up"}
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(record))
+    image_id = synthetic_tokenizer.convert_tokens_to_ids("<image>")
+    model = dataclasses.replace(build_config(image_token_id=image_id), video=VideoConfig(), video_token_id=image_id)
+    data = DataConfig(data_path=str(tmp_path / "pairs.jsonl"), video_folder=str(tmp_path), num_frames=4,
+                      conv_template="vicuna_v1", seq_length=512, pad_to_multiple_of=8)  # fmt: skip
+    dm = PreferenceDataModule(data, synthetic_tokenizer, model, micro_batch_size=1)
+    dm.setup()
+    ds = dm.train_datasets[0]
+    pair = ds[0]
+    conversation = {"id": "v", "video": ["clip.mp4"], "conversations": [
+        {"from": "human", "value": "<video>\nWhich way?"}, {"from": "gpt", "value": "left"}]}  # fmt: skip
+    b = ds.base
+    finetune = process_record(conversation, b.settings, b.image_source, b.front_end, b.video_source)
+    assert torch.equal(pair["chosen"]["input_ids"], finetune["input_ids"])
+    assert torch.equal(pair["chosen"]["labels"], finetune["labels"])
+    video = dm.collator([pair])["media"].video
+    assert video.frames.tolist() == [4] and video.pixels.shape[0] == 4  # one pair, one video of 4 frames
+    assert video.positions.shape[0] == 2 * model.video_tokens(4) and video.feature_rows is not None
