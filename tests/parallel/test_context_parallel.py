@@ -1,8 +1,9 @@
 """Context parallelism (``model.context_parallel_size``) computes the one-process training run (CPU, gloo, fp32).
 
 On LLaVA-format data (long and short samples, text-only and two-image ones), padded and packed, and on micro-batches
-mixing video, image + video, image and text rows: CP2 (FSDP2 and DDP) and CP2 × DP2 equal one process step by step;
-each tower input is encoded by one cp rank only; a checkpoint written under CP2 resumes in one process on the same
+mixing video, image + video, image and text rows: CP2 (FSDP2 and DDP) and CP2 × DP2 equal one process step by step,
+native-resolution Qwen2.5-VL and Qwen3-VL (DeepStack) under CP2 too; each tower input (a native tower's patches) is
+encoded by one cp rank only; a checkpoint written under CP2 resumes in one process on the same
 curve. The split itself is checked against a direct computation in process.
 """
 
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.slow
 STEPS = 2  # the second step shows the first update: loss and gradient norm of both compared
 TOL = 1e-5
 CP2 = ["model.context_parallel_size=2"]
+NATIVE = ("qwen2_5_vl_native", "qwen3_vl_native")
 MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
 
 
@@ -78,6 +80,16 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
             *FAMILIES["llama_clip_anyres"][1:],
         ],
     }
+    # native resolution: whole images (each its own patch grid) shared out by patches; Qwen2.5-VL's window and full
+    # blocks, Qwen3-VL's DeepStack features written at each rank's positions like the merger's
+    for family in NATIVE:
+        native_ckpt = make_checkpoint(tmp_path / family, family)
+        data[f"{family}_packed"] = [
+            f"model.restore_from_path={native_ckpt}",
+            *FAMILIES[family],
+            *llava_overrides(llava_dir, True),
+            "model.data.conv_template=chatml",
+        ]
     count = {"count_tower_inputs": True}
     refs = {name: train_losses(d, STEPS, count_tower_inputs=True) for name, d in data.items()}
     jobs = [(f"cp2/{name}", d + CP2, {"steps": STEPS, **count}) for name, d in data.items()]
