@@ -2,7 +2,7 @@
 
 On LLaVA-format data (long and short samples, text-only and two-image ones), padded and packed, and on micro-batches
 mixing video, image + video, image and text rows: CP2 (FSDP2 and DDP) and CP2 × DP2 equal one process step by step,
-native-resolution Qwen2.5-VL and Qwen3-VL (DeepStack) under CP2 too; each tower input (a native tower's patches) is
+native-resolution Qwen2.5-VL (CP2) and Qwen3-VL (DeepStack; every layout) too; each tower input (a native tower's patches) is
 encoded by one cp rank only; a checkpoint written under CP2 resumes in one process on the same
 curve. The split itself is checked against a direct computation in process.
 """
@@ -122,13 +122,21 @@ FOUR_RANK = {
 
 
 def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
-    """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process."""
+    """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process; Qwen3-VL's native tower too (its DeepStack
+    additions sequence-split under SP, on PP's first stage)."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
+    qwen3_ckpt = make_checkpoint(tmp_path / "qwen3", "qwen3_vl_native")
     data = {
         "padded": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)],
         "packed": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, True)],
         "video": [f"model.restore_from_path={video_ckpt}", *FAMILIES["llama_clip_video"]],
+        "qwen3_vl_native_packed": [
+            f"model.restore_from_path={qwen3_ckpt}",
+            *FAMILIES["qwen3_vl_native"],
+            *llava_overrides(llava_dir, True),
+            "model.data.conv_template=chatml",
+        ],
     }
     refs = {name: train_losses(d, STEPS) for name, d in data.items()}
     jobs = [(f"{lay}/{name}", d + CP2 + o, STEPS) for lay, o in FOUR_RANK.items() for name, d in data.items()]
