@@ -2,9 +2,9 @@
 
 On LLaVA-format data (long and short samples, text-only and two-image ones), padded and packed, and on micro-batches
 mixing video, image + video, image and text rows: CP2 (FSDP2 and DDP) and CP2 × DP2 equal one process step by step,
-native-resolution Qwen2.5-VL (CP2) and Qwen3-VL (DeepStack; every layout) too; each tower input (a native tower's patches) is
-encoded by one cp rank only; a checkpoint written under CP2 resumes in one process on the same
-curve. The split itself is checked against a direct computation in process.
+native-resolution Qwen2.5-VL (CP2) and Qwen3-VL (DeepStack; every layout) too; each tower input (a native tower's
+patches) is encoded by one cp rank only; a checkpoint written under CP2 resumes in one process on the same curve.
+The split itself is checked against a direct computation in process.
 """
 
 from __future__ import annotations
