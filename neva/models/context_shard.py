@@ -10,7 +10,9 @@ shard tells it; it uses the shard at two places:
   the local queries attend them per segment, lower-right aligned: a query chunk against the whole row's keys up to
   its end, with the segment boundaries and sliding window of the one-process forward;
 - media (``NevaModel.embed``): each rank encodes its share of the tower inputs, the projected features are gathered,
-  and each rank writes the features whose positions it holds.
+  and each rank writes the features whose positions it holds. Fixed-size tower inputs (images, AnyRes tiles, video
+  frames) are shared by count (``encode_shared``); a native-resolution tower's items (images, videos: one grid row
+  each, of very different patch counts) by patch count (``encode_native_shared``), DeepStack features with them.
 
 Every tensor field is on the host until ``to``; ``gather`` is differentiable (its backward sums each rank's slice of
 the gradient over the ranks, a reduce-scatter).
@@ -18,12 +20,14 @@ the gradient over the ranks, a reduce-scatter).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from neva.models.media import MODALITIES
+from neva.models.native_vision import NativeFeatures, grid_rows
 
 # gather(t, dim, sizes): every rank's ``t`` concatenated along ``dim`` in rank order; ``sizes[r]`` is rank r's extent
 # along ``dim`` (ranks may differ, e.g. a share of the images).
@@ -86,9 +90,51 @@ class ContextShard:
         start = sum(sizes[: self.rank])
         return self.gather(encode(inputs[start : start + sizes[self.rank]]), 0, sizes)
 
+    def encode_native_shared(
+        self,
+        encode: Callable[[torch.Tensor, torch.Tensor], NativeFeatures],
+        pixels: torch.Tensor,
+        grid: torch.Tensor,
+        merge: int,
+        modality: str,
+    ) -> NativeFeatures:
+        """``encode(pixels, grid)`` of a native-resolution tower and merger (``[L, C·T·P·P]`` patches of the items of
+        ``grid`` ``[N, 3]``, host ints) → ``NativeFeatures`` of ``L / merge²`` rows, each rank encoding a contiguous run
+        of whole items (``native_shares``: balanced by patches) and every output (``main`` and each DeepStack one)
+        gathered in item order. Exact: the tower and merger never mix two items (attention within frames or windows,
+        positions per item)."""
+        patches = [t * h * w for t, h, w in grid_rows(grid)]
+        counts = native_shares(patches, self.size, (self.rotation + MODALITIES.index(modality)) % 2 == 1)
+        first = sum(counts[: self.rank])
+        bounds = list(itertools.accumulate(counts, initial=0))
+        per_rank = [sum(patches[a:b]) for a, b in itertools.pairwise(bounds)]
+        start = sum(patches[:first])
+        mine = encode(pixels[start : start + per_rank[self.rank]], grid[first : first + counts[self.rank]])
+        sizes = [n // merge**2 for n in per_rank]
+        return NativeFeatures(self.gather(mine.main, 0, sizes), [self.gather(d, 0, sizes) for d in mine.deepstack])
+
     def local_features(self, modality: str, feats: torch.Tensor) -> torch.Tensor:
         """The rows of ``feats`` (``[M, D]``, every position of ``modality``) whose positions this rank holds."""
         rows = self.features.get(modality)
         if rows is None:
             return feats[:0]
         return feats.index_select(0, rows.to(feats.device))
+
+
+def native_shares(patches: list[int], size: int, from_back: bool = False) -> list[int]:
+    """How many of the items (in order; ``patches``: each one's tower patches) each of ``size`` ranks encodes:
+    contiguous runs, item i to the rank whose ``1 / size`` of the total patches holds the item's middle (so each rank's
+    patches are within one item of an equal share). By patches, not by count: native items differ by up to ~100×
+    in patches (a 2048² image against a 224² one) and the tower's work follows them. ``from_back``: the same rule
+    from the last item (the ties of equal items then fall on the other ranks: the splitter alternates it per
+    micro-batch, as ``share_sizes`` rotates its remainders)."""
+    if from_back:
+        return native_shares(patches[::-1], size)[::-1]
+    total = sum(patches)
+    counts = [0] * size
+    prefix = 0
+    for n in patches:
+        rank = min(size - 1, (2 * prefix + n) * size // (2 * total)) if total else 0
+        counts[rank] += 1
+        prefix += n
+    return counts

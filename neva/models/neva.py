@@ -133,12 +133,19 @@ class NevaModel(nn.Module):
         each rank's share of the tower inputs encoded there and gathered); ``deepstack``: one ``[M, D]`` per
         DeepStack layer (Qwen3-VL; empty for every other model)."""
         if inputs.grid is not None:  # native resolution: the merger's output is already one row per position
-            return self.projector(self._tower_features(inputs.pixels, inputs.grid))
+            if context is None:
+                return self._native_features(inputs.pixels, inputs.grid)
+            merge = self.cfg.vision.spatial_merge_size
+            return context.encode_native_shared(self._native_features, inputs.pixels, inputs.grid, merge, modality)
         encode = self.video_features if modality == "video" else self.image_features
         feats_NTD = encode(inputs.pixels) if context is None else context.encode_shared(encode, inputs.pixels, modality)
         if modality == "video" or inputs.index is None:
             return NativeFeatures(feats_NTD.flatten(0, 1))
         return NativeFeatures(self.anyres(feats_NTD, inputs.index, inputs.weight))
+
+    def _native_features(self, pixels: torch.Tensor, grid: torch.Tensor) -> NativeFeatures:
+        """A native-resolution tower's patches ``[L, C·T·P·P]`` of the items of ``grid`` through tower and merger."""
+        return self.projector(self._tower_features(pixels, grid))
 
     def _splice(
         self,
@@ -149,7 +156,7 @@ class NevaModel(nn.Module):
         context: ContextShard | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """``h_BSD`` with the modality's features written at its positions; those positions and its DeepStack
-        features (a native tower's; context parallelism refuses those, so they are never sharded here)."""
+        features (a native tower's; under ``context`` those of this rank's positions, as the main features)."""
         positions = inputs.positions
         if positions is None:  # serving: found from the ids (reads the device)
             positions = self._positions_from_ids(input_ids, modality, inputs)
@@ -157,14 +164,16 @@ class NevaModel(nn.Module):
         if inputs.feature_rows is not None:  # positions that share items' features (a preference pair's two rows)
             features = features.rows(inputs.feature_rows)
         feats_MD = features.main.to(h_BSD.dtype)
+        deepstack = features.deepstack
         if context is not None:  # the features of this rank's positions
             feats_MD = context.local_features(modality, feats_MD)
+            deepstack = [context.local_features(modality, d) for d in deepstack]
         if positions.shape[0] != feats_MD.shape[0]:  # shapes only: no sync
             raise ValueError(
                 f"{positions.shape[0]} {modality} positions given for {feats_MD.shape[0]} {modality} features "
                 f"({inputs.pixels.shape[0]} tower inputs)"
             )
-        return _index_put(h_BSD, positions, feats_MD), positions, features.deepstack
+        return _index_put(h_BSD, positions, feats_MD), positions, deepstack
 
     def _positions_from_ids(self, input_ids: torch.Tensor, modality: str, inputs: MediaInputs) -> torch.Tensor:
         if modality == "video":

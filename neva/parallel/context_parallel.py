@@ -18,7 +18,8 @@ The model receives a ``ContextShard`` (``neva.models.context_shard``) carrying t
   (``num_kv_heads · head_dim`` per token, a fraction of the hidden size under GQA). A ring overlaps the transfer
   with compute at very long rows; that is left for when it is measured to matter;
 - media: each cp rank encodes its share of the micro-batch's tower inputs (images, AnyRes tiles, video frames,
-  balanced by count) and the projected features are all-gathered; each rank writes those at its positions.
+  balanced by count; a native-resolution tower's images and videos, whole items balanced by patches) and the
+  projected features (and Qwen3-VL's DeepStack features) are all-gathered; each rank writes those at its positions.
 
 Loss and gradients: each rank's summed token loss covers its own learned tokens, normalised by the learned tokens
 of the whole global batch (counted before the split, summed over dp); gradients are reduced over dp × cp (FSDP2
@@ -42,22 +43,22 @@ from neva.typed import ConfigError
 
 
 def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
-    """Refuse what context parallelism does not compose with yet.
+    """Refuse what context parallelism does not compose with yet (native-resolution towers do: their items are
+    shared out by patches, ``ContextShard.encode_native_shared``).
 
     Raises:
-        ConfigError: cp > 1 with expert parallelism or a native-resolution vision tower.
+        ConfigError: cp > 1 with expert parallelism.
     """
     if layout.cp == 1:
         return
     refused = []
     if layout.ep > 1:
         refused.append(f"model.expert_model_parallel_size={layout.ep}")
-    if cfg.vision is not None and cfg.vision.is_native:
-        refused.append("a native-resolution vision tower")
     if refused:
         raise ConfigError(
             f"model.context_parallel_size={layout.cp} composes with data, tensor and pipeline "
-            f"parallelism (FSDP2 / DDP, TP + SP, PP) so far, not with {', '.join(refused)}"
+            f"parallelism (FSDP2 / DDP, TP + SP, PP) and native-resolution towers so far, not with "
+            f"{', '.join(refused)}"
         )
 
 

@@ -75,3 +75,22 @@ def test_tower_inputs_are_shared_out_evenly():
     assert shard().share_sizes(7) == [3, 2, 2]
     assert shard().share_sizes(7, turn=1) == [2, 3, 2]
     assert [shard(t).share_sizes(4) for t in range(3)] == [[2, 1, 1], [1, 2, 1], [1, 1, 2]]
+
+
+def test_native_items_are_shared_out_by_patches():
+    """Whole native items (patch counts of their grids), contiguous runs, each rank's patches within one item of an
+    equal share; equal items' ties fall the other way from the back (odd micro-batches)."""
+    from neva.models.context_shard import native_shares
+
+    # 2304 patches: the third item's middle (768) in rank 0's half, the fourth's (1792) in rank 1's: 1280 | 1024
+    assert native_shares([128, 128, 1024, 1024], 2) == [3, 1]
+    assert native_shares([64, 64, 64], 2) == [1, 2] and native_shares([64, 64, 64], 2, from_back=True) == [2, 1]
+    assert native_shares([], 2) == [0, 0] and native_shares([100], 3) == [0, 1, 0]
+    generator = torch.Generator().manual_seed(0)
+    for size in (2, 3, 4):
+        patches = (torch.randint(1, 60, (23,), generator=generator) * 16).tolist()
+        counts = native_shares(patches, size)
+        assert sum(counts) == len(patches)
+        ends = torch.tensor(counts).cumsum(0).tolist()
+        loads = [sum(patches[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+        assert max(abs(load - sum(patches) / size) for load in loads) <= max(patches)

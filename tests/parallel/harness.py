@@ -127,7 +127,8 @@ def train_losses(
     module too, for in-process checks). A video model, or ``kinds`` (a ``ROW_KINDS`` name), trains on hand-built
     micro-batches (``media_steps``). ``base``: the overrides under ``overrides`` (default ``BASE``).
     ``count_tower_inputs``: also return how many tower inputs this rank's vision tower encoded (a forward hook on its
-    patch embedding, which every tower input passes once)."""
+    patch embedding, which every tower input passes once; a native-resolution tower: the patches its first block
+    reads)."""
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.parallel.layout import resolve_layout
@@ -147,18 +148,19 @@ def train_losses(
     module = NevaModule(cfg, source, data, layout)
     module.configure_model()
     engine = module.engine
+    native = source.cfg.vision is not None and source.cfg.vision.is_native
     tower_inputs = [0]
     if count_tower_inputs:
         for part in engine.parts:
-            if part.vision is not None:
-                part.vision.patch_embed.register_forward_hook(
+            if part.vision is not None:  # a native tower runs its patch embedding as a Linear (no module call)
+                counted = part.vision.layers["0"] if native else part.vision.patch_embed
+                counted.register_forward_hook(
                     lambda mod, args, out: tower_inputs.__setitem__(0, tower_inputs[0] + args[0].shape[0])
                 )
     optimizer = build_optimizer(engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
     from neva.training.tower_work import tower_patch_metrics
 
-    native = source.cfg.vision is not None and source.cfg.vision.is_native
     losses, grad_norms, aux, tower = [], [], [], []
     if source.cfg.video is not None or kinds is not None:
         steps_of = media_steps(source.cfg, layout, steps, kinds or "video")

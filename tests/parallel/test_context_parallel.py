@@ -1,10 +1,11 @@
 """Context parallelism (``model.context_parallel_size``) computes the one-process training run (CPU, gloo, fp32).
 
 On LLaVA-format data (long and short samples, text-only and two-image ones), padded and packed, and on micro-batches
-mixing video, image + video, image and text rows: CP2 (FSDP2 and DDP) and CP2 × DP2 equal one process step by step;
-each tower input is encoded by one cp rank only; bf16 O2 under CP2 stays within bf16's error of the fp32 run; a
-checkpoint written under CP2 resumes in one process and one written by one process resumes under CP2, on the same
-curve. The split itself is checked against a direct computation in process.
+mixing video, image + video, image and text rows: CP2 (FSDP2 and DDP) and CP2 × DP2 equal one process step by step,
+native-resolution Qwen2.5-VL (CP2) and Qwen3-VL (DeepStack; every layout) too; each tower input (a native tower's
+patches) is encoded by one cp rank only; bf16 O2 under CP2 stays within bf16's error of the fp32 run; a checkpoint
+written under CP2 resumes in one process and one written by one process resumes under CP2, on the same curve.
+The split itself is checked against a direct computation in process.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ STEPS = 2  # the second step shows the first update: loss and gradient norm of b
 TOL = 1e-5
 CP2 = ["model.context_parallel_size=2"]
 O2 = ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"]
+NATIVE = ("qwen2_5_vl_native", "qwen3_vl_native")
 MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
 
 
@@ -80,6 +82,16 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
             *FAMILIES["llama_clip_anyres"][1:],
         ],
     }
+    # native resolution: whole images (each its own patch grid) shared out by patches; Qwen2.5-VL's window and full
+    # blocks, Qwen3-VL's DeepStack features written at each rank's positions like the merger's
+    for family in NATIVE:
+        native_ckpt = make_checkpoint(tmp_path / family, family)
+        data[f"{family}_packed"] = [
+            f"model.restore_from_path={native_ckpt}",
+            *FAMILIES[family],
+            *llava_overrides(llava_dir, True),
+            "model.data.conv_template=chatml",
+        ]
     count = {"count_tower_inputs": True}
     refs = {name: train_losses(d, STEPS, count_tower_inputs=True) for name, d in data.items()}
     jobs = [(f"cp2/{name}", d + CP2, {"steps": STEPS, **count}) for name, d in data.items()]
@@ -118,13 +130,21 @@ FOUR_RANK = {
 
 
 def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
-    """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process."""
+    """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process; Qwen3-VL's native tower too (its DeepStack
+    additions sequence-split under SP, on PP's first stage)."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
+    qwen3_ckpt = make_checkpoint(tmp_path / "qwen3", "qwen3_vl_native")
     data = {
         "padded": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)],
         "packed": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, True)],
         "video": [f"model.restore_from_path={video_ckpt}", *FAMILIES["llama_clip_video"]],
+        "qwen3_vl_native_packed": [
+            f"model.restore_from_path={qwen3_ckpt}",
+            *FAMILIES["qwen3_vl_native"],
+            *llava_overrides(llava_dir, True),
+            "model.data.conv_template=chatml",
+        ],
     }
     refs = {name: train_losses(d, STEPS) for name, d in data.items()}
     jobs = [(f"{lay}/{name}", d + CP2 + o, STEPS) for lay, o in FOUR_RANK.items() for name, d in data.items()]
