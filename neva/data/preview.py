@@ -5,7 +5,8 @@ line, ``{"id", "input_ids", "labels"}`` (aligned; -100 = not learned; image posi
 or ``{"id", "skipped": reason}``. With an AnyRes checkpoint as ``--tokenizer`` (``--image-folder`` required), each
 image's size, tile grid, tiles and decoder positions too (``"images"``). A record's videos: frames sampled (their
 indices and the stream's frame count with ``--video-folder``), decoder positions (``"videos"``); a video that cannot
-be used is the record's skip reason, as in training.
+be used is the record's skip reason, as in training. A preference record (the DPO stage's ``prompt`` / ``chosen`` /
+``rejected``) shows as its two samples, ``<id> chosen`` and ``<id> rejected``, each learning its final reply only.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import os
 import sys
 from typing import Any
 
+import torch
+
 from neva.data.config import SYNTHETIC, TEMPLATES
 from neva.data.conversation import count_image_tags, parse_conversations, place_image_tags
 from neva.data.dataset import EncoderSettings, encode_media_record
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.errors import SampleError
 from neva.data.images import image_source_for
+from neva.data.preference import last_reply_only, pair_conversations
 from neva.data.records import load_records, record_images, record_videos
 from neva.data.video import VIDEO, VideoSource, check_video_model, load_videos, tag_spans
 from neva.data.video_decode import VideoLimits
@@ -112,11 +116,25 @@ def record_video_info(record: dict[str, Any], settings: EncoderSettings, source:
 
 
 def _records(data_path: str, template: str) -> list[dict[str, Any]]:
-    if data_path == SYNTHETIC:
-        from neva.data.synthetic import synthetic_records
+    from neva.data.builtin_sets import BUILTIN_SETS
 
-        return synthetic_records(0, "train", 20, "caption" if template == "plain" else "qa")
+    if data_path in BUILTIN_SETS:  # the built-in sets' first 20 training records, as the run's seed 0 makes them
+        return BUILTIN_SETS[data_path].records(0, "train", 20, "caption" if template == "plain" else "qa")
     return load_records(data_path)
+
+
+def _samples(record: Any) -> list[tuple[Any, Any, bool]]:
+    """``(id, conversation record or the SampleError that skips it, is a preference side)`` of each sample training
+    makes of ``record``: a preference record (``prompt``, ``chosen``, ``rejected``; the DPO stage) makes two, its
+    chosen and its rejected conversation (``neva.data.preference``), every other record one."""
+    rid = record.get("id") if isinstance(record, dict) else None
+    if not (isinstance(record, dict) and "prompt" in record and ("chosen" in record or "rejected" in record)):
+        return [(rid, record, False)]
+    try:
+        chosen, rejected = pair_conversations(record)
+    except SampleError as exc:
+        return [(rid, exc, True)]
+    return [(f"{rid} chosen", chosen, True), (f"{rid} rejected", rejected, True)]
 
 
 def highlight(text: str, spans: tuple[tuple[int, int], ...], color: bool) -> str:
@@ -166,9 +184,11 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
     videos_from = VideoSource(video_folder, VideoLimits(args.num_frames, args.video_fps)) if video_folder else None
     records = _records(args.data_path, args.conv_template)
     skipped = 0
-    for record in records[: args.limit] if args.limit else records:
-        rid = record.get("id")
+    samples = [s for record in (records[: args.limit] if args.limit else records) for s in _samples(record)]
+    for rid, record, pair_side in samples:
         try:
+            if isinstance(record, SampleError):
+                raise record
             images = anyres_images(record, source, cfg) if anyres else None
             videos = record_video_info(record, settings, videos_from)
             enc, names, tags = encode_media_record(
@@ -178,6 +198,8 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
                 [v["frames"] for v in videos],
             )
             input_ids, labels = enc.input_ids, enc.labels
+            if pair_side:  # a preference pair learns its final reply only (an assistant turn of the prompt is context)
+                labels = last_reply_only(torch.tensor(labels)).tolist()
             if source is not None and not anyres:
                 for name in names:
                     source.load(name)
@@ -207,6 +229,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         messages = place_image_tags(parse_conversations(record.get("conversations")), settings.image_token_placement)
         rendered = settings.template.render(messages, settings.system_prompt)
         learned = sum(label != -100 for label in labels)
+        learned_spans = rendered.learned_spans[-1:] if pair_side else rendered.learned_spans
         cut = f" (truncated from {enc.truncated_from})" if enc.truncated_from is not None else ""
         cut += " (leading gpt turn dropped)" if enc.dropped_leading_reply else ""
         per_image = f"× {num_image_tokens} tokens" if images is None else "(AnyRes)"
@@ -225,10 +248,10 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
                 + f", {v['tokens']} positions [{v['positions'][0]}, {v['positions'][1]})\n"
                 for v in videos
             )
-            + f"{highlight(rendered.text, rendered.learned_spans, args.color)}\n\n"
+            + f"{highlight(rendered.text, learned_spans, args.color)}\n\n"
         )
     if not args.json:
-        out.write(f"{skipped} of {min(len(records), args.limit or len(records))} samples skipped\n")
+        out.write(f"{skipped} of {len(samples)} samples skipped\n")
     return skipped
 
 

@@ -179,3 +179,30 @@ def test_a_video_pair_renders_as_finetuning_and_encodes_its_frames_once(tmp_path
     video = dm.collator([pair])["media"].video
     assert video.frames.tolist() == [4] and video.pixels.shape[0] == 4  # one pair, one video of 4 frames
     assert video.positions.shape[0] == 2 * model.video_tokens(4) and video.feature_rows is not None
+
+
+def test_preview_shows_both_sides_as_training_encodes_them(tmp_path, synthetic_tokenizer):
+    """``neva.data.preview --json`` on preference records: ``<id> chosen`` and ``<id> rejected`` with the ids and labels
+    the DPO stage trains on (final reply only), a bad pair as its skip reason; the text view highlights one reply."""
+    import io
+
+    from neva.data.preview import build_parser, preview
+
+    records = [LLAVA_NEXT, MULTI_TURN, BAD["chosen_equals_rejected"]]
+    ds = module(tmp_path, synthetic_tokenizer, records).train_datasets[0]
+    common = ["--data-path", str(tmp_path / "pairs.jsonl"), "--conv-template", "vicuna_v1", "--tokenizer", "synthetic",
+              "--num-image-tokens", str(ds.base.settings.num_image_tokens)]  # fmt: skip
+    out = io.StringIO()
+    assert preview(build_parser().parse_args([*common, "--json"]), out) == 1
+    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["id"] for r in rows] == ["a chosen", "a rejected", "c chosen", "c rejected", "a"]
+    assert rows[-1]["skipped"] == "chosen_equals_rejected"
+    for i, record in enumerate(records[:2]):
+        pair = ds[i]
+        for side, row in zip(("chosen", "rejected"), rows[2 * i : 2 * i + 2]):
+            assert (
+                row["input_ids"] == pair[side]["input_ids"].tolist() and row["labels"] == pair[side]["labels"].tolist()
+            )
+    out = io.StringIO()
+    preview(build_parser().parse_args([*common, "--no-color"]), out)
+    assert "ASSISTANT: red</s>" in out.getvalue() and "ASSISTANT: ⟦circle</s>⟧" in out.getvalue()  # context, reply
