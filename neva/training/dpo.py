@@ -96,6 +96,8 @@ class PreferenceObjective:
             ``ref_logps`` (precomputed).
     """
 
+    headline = ("rewards/accuracy", "rewards/margin")  # is the policy learning the preferences, at a glance
+
     def __init__(self, cfg: DPOConfig, reference: Callable[[dict[str, Any]], torch.Tensor] | None = None) -> None:
         self.cfg = cfg
         self.mean = PREFERENCE_LOSSES[cfg.loss_type][1]

@@ -139,6 +139,11 @@ class Engine:
         expert load), read on the host."""
         return {k: float(v) for k, v in self._aux_stats.items()}
 
+    @property
+    def headline_metrics(self) -> list[str]:
+        """The auxiliary objectives' metrics the progress bar shows (``AuxObjective.headline``)."""
+        return [k for objective in self.objectives for k in objective.headline]
+
     def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
         for objective in self.objectives:
             batch = objective.prepare(batch)

@@ -294,6 +294,9 @@ class NevaModule(pl.LightningModule):
             self._record(step, metrics)
         if loss is not None:
             self.log("loss", metrics["train_loss"], prog_bar=True, logger=False)
+            for key in self.engine.headline_metrics:
+                if key in metrics:
+                    self.log(key, metrics[key], prog_bar=True, logger=False)
         self.log("samples/s", metrics["samples_per_sec"], prog_bar=True, logger=False)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:

@@ -51,6 +51,8 @@ class _WithAux(torch.autograd.Function):
 class MoEAuxLoss:
     """The routers' objective of this rank's MoE layers: ``prepare``, ``take``, ``step_values``, ``metrics``."""
 
+    headline = ()  # per-layer loads: too many for the bar
+
     def __init__(self, layers: list[MoEFeedForward], layer_ids: list[int], cfg: Any, num_layers: int) -> None:
         self.layers = layers
         self._row = {id(m): i for m, i in zip(layers, layer_ids)}  # the model's layer index of each MoE layer

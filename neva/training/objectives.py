@@ -46,6 +46,10 @@ class TokenCrossEntropy:
 
 
 class AuxObjective(Protocol):
+    # The metrics the progress bar shows beside the loss (DPO: the rewards' accuracy and margin); the rest go to
+    # metrics.csv / TensorBoard only.
+    headline: tuple[str, ...]
+
     def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
         """``batch`` with what the model needs for this objective (MoE: the routers' ``token_mask``); called on every
         micro-batch before the model runs, again after the engine reshapes one (joined rows)."""

@@ -35,10 +35,12 @@ def dpo_cfg(tmp_path: Path, checkpoint: Path, *extra: str):
 
 
 @pytest.mark.parametrize("extra", [[], ["model.peft.peft_scheme=lora", "model.mm_cfg.freeze_projector=true"]])
-def test_dpo_stage_trains_from_a_finetune_checkpoint(tmp_path, tiny_checkpoint, extra):
+def test_dpo_stage_trains_from_a_finetune_checkpoint(tmp_path, tiny_checkpoint, extra, capsys):
     torch.set_num_threads(1)
-    cfg = dpo_cfg(tmp_path, tiny_checkpoint, *extra)
+    cfg = dpo_cfg(tmp_path, tiny_checkpoint, *extra, "trainer.enable_progress_bar=true")
     final = run(cfg)
+    bar = capsys.readouterr().out  # Lightning's bar writes to stdout
+    assert "rewards/accuracy=" in bar and "rewards/margin=" in bar, bar[-2000:]  # the headline beside the loss
     assert neva_format.is_neva_checkpoint(final)
     with open(Path(cfg.exp_manager.exp_dir) / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("train_loss")]
