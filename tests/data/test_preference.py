@@ -197,7 +197,7 @@ def test_preview_shows_both_sides_as_training_encodes_them(tmp_path, synthetic_t
     rows = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [r["id"] for r in rows] == ["a chosen", "a rejected", "c chosen", "c rejected", "a"]
     assert rows[-1]["skipped"] == "chosen_equals_rejected"
-    for i, record in enumerate(records[:2]):
+    for i in range(2):
         pair = ds[i]
         for side, row in zip(("chosen", "rejected"), rows[2 * i : 2 * i + 2]):
             assert (
