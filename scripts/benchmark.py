@@ -22,6 +22,10 @@ PyAV's plain decode-all loop on the same locally generated mp4 files, and the wo
 Data-plan mode (``--data-plan``): seconds and peak MB to plan one epoch's order over samples x sources, neva's order
 rule 2 against rule 1 (the implementation before it) in the same run.
 
+Context-parallel mode (``--context-parallel``): one long packed row through a decoder in one process and under CP2
+(two gloo processes), and CP2 with its key/value all-gather replaced by a local tensor: the gathers' share of the
+step and each process's peak memory (``bench/context_parallel.py``).
+
 Every mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
 
 Examples::
@@ -34,6 +38,7 @@ Examples::
     python scripts/benchmark.py --input-pipeline              # ~30 s of CPU
     python scripts/benchmark.py --video-pipeline              # a few minutes of CPU (writing the clips)
     python scripts/benchmark.py --data-plan --data-plan-cases 1e6x3,4e6x10,1e8x100,1e9x100
+    python scripts/benchmark.py --context-parallel            # ~2 minutes of CPU
 """
 
 from __future__ import annotations
@@ -178,6 +183,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="data-plan mode: from this many samples on, rule 2 writes its plan to files and memory-maps them",
     )
     p.add_argument("--data-plan-child", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--context-parallel", action="store_true", help="CP2's key/value all-gather: its share of the step, memory"
+    )
+    p.add_argument("--cp-seq", type=int, default=4096, help="context-parallel mode: tokens of the packed row")
+    p.add_argument("--cp-docs", type=int, default=4, help="context-parallel mode: documents in the row")
+    p.add_argument("--cp-layers", type=int, default=4, help="context-parallel mode: decoder layers")
+    p.add_argument("--cp-kv-heads", type=int, default=8, help="context-parallel mode: key/value heads (of 8)")
     args = p.parse_args(argv)
     gpu_path = args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only
     if args.steps is None:
@@ -203,7 +215,11 @@ def main(argv: list[str] | None = None) -> None:
 
         print(json.dumps(run_side(args.child, args)))
         return
-    if args.data_plan:
+    if args.context_parallel:
+        from bench.context_parallel import run_context_parallel
+
+        summary = run_context_parallel(args)
+    elif args.data_plan:
         from bench.data_plan import run_data_plan
 
         summary = run_data_plan(args, os.path.abspath(__file__))
