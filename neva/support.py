@@ -30,7 +30,6 @@ from neva.checkpoint.llava_original import (
 from neva.config import TrainConfig, compose_config
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model
-from neva.parallel.context_parallel import check_context_parallel_layout
 from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import check_precision_layout
@@ -140,7 +139,6 @@ def check_layout(cfg: TrainConfig, column: Column) -> None:
     check_deepstack_split(arch, split_layers(arch.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
     check_microbatches(layout.schedule, layout.pp, layout.grad_accum)
     check_expert_parallel_layout(layout, arch.llm)
-    check_context_parallel_layout(layout, arch)
     if layout.tp > 1:
         check_tensor_parallel(build_meta_model(arch, model.trainable_policy()), layout.tp)
 

@@ -23,7 +23,11 @@ The model receives a ``ContextShard`` (``neva.models.context_shard``) carrying t
 
 Loss and gradients: each rank's summed token loss covers its own learned tokens, normalised by the learned tokens
 of the whole global batch (counted before the split, summed over dp); gradients are reduced over dp × cp (FSDP2
-shards over it), so the step equals one process's (``neva.training.engine``).
+shards over it), so the step equals one process's (``neva.training.engine``). Expert parallelism draws its groups
+from dp × cp (``mesh.build_mesh``): an MoE layer's all-to-all exchanges the tokens of ranks holding different
+chunks, and an expert's gradient is reduced over the ``dp · cp / ep`` ranks holding the same experts. With that, no
+layout or model is refused here; what the engine refuses under CP (a head other than token cross-entropy,
+``micro_batch_mean`` with PP) it checks itself (``neva.training.engine``).
 """
 
 from __future__ import annotations
@@ -35,31 +39,8 @@ import torch
 import torch.distributed as dist
 
 from neva.constants import IGNORE_INDEX
-from neva.models.config import NevaConfig
 from neva.models.context_shard import ContextShard
-from neva.parallel.layout import Layout
 from neva.parallel.pipeline import PAD_FILL
-from neva.typed import ConfigError
-
-
-def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
-    """Refuse what context parallelism does not compose with yet (native-resolution towers do: their items are
-    shared out by patches, ``ContextShard.encode_native_shared``).
-
-    Raises:
-        ConfigError: cp > 1 with expert parallelism.
-    """
-    if layout.cp == 1:
-        return
-    refused = []
-    if layout.ep > 1:
-        refused.append(f"model.expert_model_parallel_size={layout.ep}")
-    if refused:
-        raise ConfigError(
-            f"model.context_parallel_size={layout.cp} composes with data, tensor and pipeline "
-            f"parallelism (FSDP2 / DDP, TP + SP, PP) and native-resolution towers so far, not with "
-            f"{', '.join(refused)}"
-        )
 
 
 def chunk_columns(length: int, cp: int, rank: int) -> torch.Tensor:

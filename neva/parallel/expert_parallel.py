@@ -1,7 +1,8 @@
 """Expert parallelism: each MoE layer's experts split over ``ep`` data-parallel ranks, tokens sent to them and back.
 
 The mesh's ``dp`` dimension is unflattened into ``("edp", "ep")`` (``mesh.EXPERT_DIMS``; ep fastest, as Megatron-Core
-carves EP from DP). Rank ``r`` of an expert group owns experts ``[r E/ep, (r+1) E/ep)``: the stacked expert tensors
+carves EP from DP); under context parallelism the flattened dp × cp is (every dp and cp rank holds different tokens,
+so an expert group may span both: Megatron-Core's expert groups under CP). Rank ``r`` of an expert group owns experts ``[r E/ep, (r+1) E/ep)``: the stacked expert tensors
 become ``DTensor``\\ s sharded on dim 0 over ``ep`` (checkpoints keep the whole tensors' names and shapes, so a run
 resumes under another EP size or in one process). Routers, attention and every other parameter stay data-parallel
 over all of dp as before.
@@ -13,10 +14,11 @@ contiguous run of tokens for its experts); received tokens are regrouped by loca
 experts (the ``Experts`` module: grouped GEMM or loop, on its local shard) and travel back the same way, so the layer combines
 them exactly as in one process. Both all-to-alls are autograd functions whose backward is the reverse all-to-all.
 
-Gradients. The engine scales every backward by dp (data-parallel wrappers average over dp). An expert's gradient
-arrives, through the all-to-all's backward, from the tokens of every rank of its expert group, and FSDP2 (over
-``edp``, when ``dp > ep``) averages it over the group's replicas: ``dp / edp = ep`` times the true gradient, so the
-local expert weights' gradient is scaled by ``1 / ep`` (Megatron-Core scales expert gradients by ``edp / dp``):
+Gradients. The engine scales every backward by dp × cp (data-parallel wrappers average over dp × cp). An expert's
+gradient arrives, through the all-to-all's backward, from the tokens of every rank of its expert group, and FSDP2
+(over ``edp``, when ``dp · cp > ep``) averages it over the group's replicas: ``dp · cp / edp = ep`` times the true
+gradient, so the local expert weights' gradient is scaled by ``1 / ep`` (Megatron-Core scales expert gradients by
+``edp / dp``):
 the gradient reaching the experts' outputs is divided by ep and the one leaving their inputs multiplied back.
 """
 

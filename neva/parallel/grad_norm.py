@@ -64,8 +64,9 @@ def _counted_here(g: torch.Tensor, coords: dict[str, int]) -> bool:
         sharded = {names[d] for d, p in enumerate(g.placements) if not (p.is_replicate() or p.is_partial())}
         # A flattened dimension (FSDP2 over dp × cp) shards over each of its factors.
         sharded |= {factor for name in tuple(sharded) for factor in FLATTENED.get(name, ())}
-    # An expert tensor lives on dp's factors (edp, ep); every other tensor on dp itself.
-    other = {"dp"} if sharded & set(EXPERT_DIMS) else set(EXPERT_DIMS)
+    # An expert tensor lives on the factors (edp, ep) of dp (of dp × cp under context parallelism); every other
+    # tensor on dp and cp themselves.
+    other = {"dp", "cp"} if sharded & set(EXPERT_DIMS) else set(EXPERT_DIMS)
     return all(coords[name] == 0 for name in coords if name not in ("pp", *sharded, *other))
 
 

@@ -32,8 +32,9 @@ class Layout:
         micro_batch_size / global_batch_size: samples per micro-batch and per optimizer step.
         device_type: ``cuda`` (one GPU per process, NCCL) or ``cpu`` (gloo).
         dp_rank: this process's data-parallel rank.
-        ep: expert-parallel size (MoE experts split over groups of ``ep`` consecutive data-parallel ranks; the
-            ``dp / ep`` groups hold replicas of them), carved from dp as Megatron-Core does.
+        ep: expert-parallel size (MoE experts split over groups of ``ep`` consecutive data-parallel ranks, of
+            dp × cp under context parallelism; the ``dp · cp / ep`` groups hold replicas of them), carved from them
+            as Megatron-Core does.
         cp: context-parallel size: each sequence of a micro-batch split over ``cp`` ranks, which read the same
             micro-batches (``neva.parallel.context_parallel``); gradients are reduced over dp × cp.
     """
@@ -118,10 +119,11 @@ class Layout:
         if pp == 1 and m.pipeline_schedule == "interleaved_1f1b":
             raise ConfigError("model.pipeline_schedule=interleaved_1f1b needs model.pipeline_model_parallel_size > 1")
         ep = m.expert_model_parallel_size
-        if ep < 1 or dp % ep:
+        if ep < 1 or (dp * cp) % ep:
+            ranks = f"data-parallel size {dp}" if cp == 1 else f"data- × context-parallel size {dp} × {cp}"
             raise ConfigError(
-                f"model.expert_model_parallel_size={ep} must divide the data-parallel size {dp} (experts are split "
-                "over data-parallel ranks)"
+                f"model.expert_model_parallel_size={ep} must divide the {ranks} (experts are split over the ranks "
+                "that hold different tokens)"
             )
         schedule = "interleaved_1f1b" if vpp > 1 and m.pipeline_schedule == "1f1b" else m.pipeline_schedule
         return cls(

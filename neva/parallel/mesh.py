@@ -16,7 +16,9 @@ MESH_DIMS = ("pp", "dp", "cp", "tp")
 # with context parallelism): the cp ranks of one sequence each hold a share of its tokens' gradient.
 DP_CP = "dp_cp"
 FLATTENED = {DP_CP: ("dp", "cp")}
-EXPERT_DIMS = ("edp", "ep")  # dp as expert-parallel groups: (replicas of an expert group, ranks within one)
+# dp (dp × cp with context parallelism: every dp and cp rank holds different tokens, as Megatron-Core draws its expert
+# groups) as expert-parallel groups: (replicas of an expert group, ranks within one)
+EXPERT_DIMS = ("edp", "ep")
 
 
 @dataclass
@@ -25,8 +27,8 @@ class ParallelDims:
 
     mesh: DeviceMesh
     layout: Layout
-    # ``dp`` unflattened into ``("edp", "ep")`` (ep fastest: an expert group is ep consecutive dp ranks), with
-    # expert parallelism only (``layout.ep > 1``).
+    # ``dp`` (or the flattened dp × cp) unflattened into ``("edp", "ep")`` (ep fastest: an expert group is ep
+    # consecutive ranks of it), with expert parallelism only (``layout.ep > 1``).
     expert_mesh: DeviceMesh | None = None
 
     @property
@@ -97,7 +99,8 @@ def build_mesh(layout: Layout, timeout: timedelta | None = None) -> ParallelDims
     expert_mesh = None
     if layout.ep > 1:
         expert_override = None if options is None else dict.fromkeys(EXPERT_DIMS, options)
-        expert_mesh = mesh["dp"]._unflatten(0, (layout.dp // layout.ep, layout.ep), EXPERT_DIMS, expert_override)
+        tokens = mesh[DP_CP] if layout.cp > 1 else mesh["dp"]  # the ranks holding different tokens
+        expert_mesh = tokens._unflatten(0, (layout.dp_cp // layout.ep, layout.ep), EXPERT_DIMS, expert_override)
     return ParallelDims(mesh, layout, expert_mesh)
 
 

@@ -129,12 +129,19 @@ FOUR_RANK = {
 }
 
 
+# Expert groups drawn from dp × cp: EP2 is each dp rank's cp pair (the all-to-all trades the pair's chunks), EP4 spans
+# both dp ranks and both cp ranks (one expert per rank)
+EXPERT_LAYOUTS = {"cp2_ep2": ["model.expert_model_parallel_size=2"], "cp2_ep4": ["model.expert_model_parallel_size=4"]}
+
+
 def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
     """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process; Qwen3-VL's native tower too (its DeepStack
-    additions sequence-split under SP, on PP's first stage)."""
+    additions sequence-split under SP, on PP's first stage); so do CP2 × EP2 and CP2 × EP4 on a tiny MoE (loss with
+    the routers' term, gradient norm, the routers' term and loads)."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
     qwen3_ckpt = make_checkpoint(tmp_path / "qwen3", "qwen3_vl_native")
+    moe_ckpt = make_checkpoint(tmp_path / "moe", extra=[MOE])
     data = {
         "padded": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)],
         "packed": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, True)],
@@ -146,11 +153,18 @@ def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
             "model.data.conv_template=chatml",
         ],
     }
-    refs = {name: train_losses(d, STEPS) for name, d in data.items()}
+    moe = [f"model.restore_from_path={moe_ckpt}", MOE, *llava_overrides(llava_dir, True)]
+    refs = {name: train_losses(d, STEPS) for name, d in {**data, "moe_packed": moe}.items()}
     jobs = [(f"{lay}/{name}", d + CP2 + o, STEPS) for lay, o in FOUR_RANK.items() for name, d in data.items()]
+    jobs += [(f"{lay}/moe_packed", moe + CP2 + o, STEPS) for lay, o in EXPERT_LAYOUTS.items()]
     results = run_layouts(4, jobs, tmp_path / "layouts")
     for name, _, _ in jobs:
         _check(results, name, refs[name.split("/")[1]])
+    for rank in results:  # the routers' term and loads: one process's
+        for lay in EXPERT_LAYOUTS:
+            for got, want in zip(rank[f"{lay}/moe_packed"]["aux_metrics"], refs["moe_packed"]["aux_metrics"]):
+                assert got.keys() == want.keys(), lay
+                assert all(abs(got[k] - want[k]) <= 1e-5 * abs(want[k]) for k in want), (lay, got, want)
 
 
 def test_cp2_checkpoint_resumes_in_one_process(tmp_path):

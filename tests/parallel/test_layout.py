@@ -41,19 +41,6 @@ def test_context_parallel_sits_between_dp_and_tp(monkeypatch):
         resolve_layout(_cfg("model.tensor_model_parallel_size=4", "model.context_parallel_size=4"))
 
 
-def test_context_parallel_refuses_what_it_does_not_compose_with():
-    from neva.parallel.context_parallel import check_context_parallel_layout
-    from neva.parallel.layout import Layout
-
-    cfg = build_config("tiny")
-    check_context_parallel_layout(Layout(cp=2, dp=2, tp=2, pp=2), cfg)
-    for layout, named in [
-        (Layout(cp=2, dp=2, ep=2), "model.expert_model_parallel_size=2"),
-    ]:
-        with pytest.raises(ConfigError, match=f"model.context_parallel_size=2 .*{named}"):
-            check_context_parallel_layout(layout, cfg)
-
-
 def test_layout_from_slurm_and_devices(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
