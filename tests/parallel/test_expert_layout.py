@@ -1,4 +1,4 @@
-"""Expert-parallel layout checks (single process, fast): EP carved from dp, and what it refuses."""
+"""Expert-parallel layout checks (single process, fast): EP carved from dp (dp × cp), and what it refuses."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ def test_expert_parallel_is_carved_from_data_parallel(monkeypatch):
     assert (layout.dp, layout.ep, layout.world) == (4, 2, 8)
     with pytest.raises(ConfigError, match="expert_model_parallel_size=3 must divide the data-parallel size 4"):
         resolve_layout(compose_config([*base, "model.expert_model_parallel_size=3"]))
+    # under context parallelism from dp × cp (Megatron-Core's expert groups): every dp and cp rank holds other tokens
+    cp2 = [*base, "model.context_parallel_size=2"]
+    layout = resolve_layout(compose_config([*cp2, "model.expert_model_parallel_size=4"]))
+    assert (layout.dp, layout.cp, layout.ep, layout.world) == (2, 2, 4, 8)
+    with pytest.raises(
+        ConfigError, match=r"expert_model_parallel_size=8 must divide the data- × context-parallel size 2 × 2"
+    ):
+        resolve_layout(compose_config([*cp2, "model.expert_model_parallel_size=8"]))
 
 
 HF_FORMULA = dataclasses.replace(MOE, moe_aux_loss_formula="hf", moe_aux_loss_coeff=0.01)
