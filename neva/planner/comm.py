@@ -58,8 +58,8 @@ def cp_group_per_node(dep: Deployment) -> int:
 
 def all_to_all_time(size: float, dep: Deployment, hw: Hardware) -> float:
     """An expert-parallel all-to-all of ``size`` bytes per rank: ``(ep - 1) / ep`` of it leaves the rank (uniform
-    routing). An expert group is ``ep`` consecutive dp ranks, ``tp`` GPUs apart: NVLink while its ``ep × tp`` GPUs
-    share a node, else each rank's rail."""
+    routing). An expert group is ``ep`` consecutive ranks of dp (of dp × cp under context parallelism), ``tp`` GPUs
+    apart: NVLink while its ``ep × tp`` GPUs share a node, else each rank's rail."""
     ep = dep.layout.ep
     if ep <= 1 or size <= 0:
         return 0.0

@@ -3,10 +3,11 @@ volume per step (``Plan.extra["moe"]``).
 
 Rules (training's own): a token runs k of the E experts of each layer, so active parameters count ``k / E`` of the
 stacked expert tensors and everything else whole (the router included); under EP a rank holds ``E / ep`` experts per
-layer (``neva.parallel.expert_parallel``), FSDP2-sharded over the ``dp / ep`` replicas when there are several. The
-dispatch sends each token's hidden state to its k experts and the result back, forward and again in backward
-(the all-to-all's gradient): ``4 k H`` elements per token per MoE layer cross the all-to-all, of which the share
-``(ep - 1) / ep`` leaves the rank when destinations are uniform (the aux loss's aim).
+layer (``neva.parallel.expert_parallel``), FSDP2-sharded over the ``dp · cp / ep`` replicas when there are several
+(expert groups are drawn from dp × cp). The dispatch sends each of a rank's tokens' hidden state to its k experts and
+the result back, forward and again in backward (the all-to-all's gradient): ``4 k H`` elements per token per MoE layer
+cross the all-to-all, of which the share ``(ep - 1) / ep`` leaves the rank when destinations are uniform (the aux
+loss's aim). Under context parallelism a rank holds ``1 / cp`` of each row's tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def moe_facts(
     experts_here = max(
         sum(local_numel(p, layout) for p in infos if is_expert(p) and on_stage(p, s, layers)) for s in range(layout.pp)
     )
-    tokens = seq * layout.micro_batch_size * layout.grad_accum  # per data-parallel rank and step
+    tokens = seq / layout.cp * layout.micro_batch_size * layout.grad_accum  # per rank and step
     moe_layers = max(len(stage) for stage in layers)
     volume = 4 * llm.moe_router_topk * llm.hidden_size * tokens * moe_layers * act_bytes
     return {

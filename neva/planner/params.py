@@ -137,15 +137,16 @@ def is_expert(info: ParamInfo) -> bool:
 def local_numel(info: ParamInfo, layout: Layout, tp_rank: int = 0, dp_rank: int = 0) -> int:
     """Elements of ``info`` stored at rest on the rank at (tp_rank, dp_rank) of a stage holding it.
 
-    Expert tensors under expert parallelism: ``E / ep`` experts per rank, FSDP2-sharded over the ``dp / ep``
-    replicas of the expert group (``neva.parallel.data_parallel.apply_fsdp``)."""
+    Expert tensors under expert parallelism: ``E / ep`` experts per rank, FSDP2-sharded over the ``dp · cp / ep``
+    replicas of the expert group (``neva.parallel.data_parallel.apply_fsdp``; groups drawn from dp × cp,
+    ``neva.parallel.mesh``). ``dp_rank``: the rank's place in dp × cp."""
     shape = list(info.shape)
     if info.tp_dim is not None and layout.tp > 1:
         shape[info.tp_dim] = chunk_len(shape[info.tp_dim], layout.tp, tp_rank)
     shards = layout.dp_cp  # FSDP2 shards over dp × cp
     if is_expert(info) and layout.ep > 1:
         shape[0] = chunk_len(shape[0], layout.ep, dp_rank % layout.ep)
-        shards, dp_rank = layout.dp // layout.ep, dp_rank // layout.ep
+        shards, dp_rank = layout.dp_cp // layout.ep, dp_rank // layout.ep
     if layout.sharded and shards > 1:
         shape[0] = chunk_len(shape[0], shards, dp_rank)
     return math.prod(shape)

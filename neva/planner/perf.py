@@ -131,8 +131,10 @@ def step_time(
     # the whole rows' keys and values of one layer, gathered over cp (each rank contributes 1/cp of them)
     kv = 2 * e * b * seq_len * cfg.llm.num_kv_heads * cfg.llm.head_dim / layout.tp
     rate = hw.peak_flops * hw.eff.compute
-    # each token's hidden state goes to its k experts and back (the dispatch carries k rows per token)
-    routed = dispatch_bytes(dep.precision) * b * seq_len * cfg.llm.hidden_size * (cfg.llm.moe_router_topk or 0)
+    # each of a rank's tokens (1/cp of each row) goes to its k experts and back (the dispatch carries k rows per token)
+    routed = (
+        dispatch_bytes(dep.precision) * b * seq_len / layout.cp * cfg.llm.hidden_size * (cfg.llm.moe_router_topk or 0)
+    )
     comp, tp, p2p, a2a, cpc = [], [], [], [], []
     recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
     for s, f in enumerate(flops):

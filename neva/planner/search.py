@@ -3,7 +3,7 @@ ranked by predicted throughput (what NeMo's auto-configurator does, over the pla
 
 The searched keys are training's own (``model.*``): tensor- and pipeline-parallel sizes, sequence parallelism, data
 parallelism (DDP, FSDP2 ZeRO-2, ZeRO-3), expert parallelism (MoE models: powers of two dividing the experts; the
-layout check keeps those that divide the data-parallel size), activation checkpointing and the micro-batch size. The global batch, the
+layout check keeps those that divide dp × cp), activation checkpointing and the micro-batch size. The global batch, the
 precision, the model and the cluster stay as configured. A candidate is kept only if ``plan_run`` accepts it, i.e.
 training's own checks pass (``Layout.from_config``, ``check_tensor_parallel``, ``check_precision_layout``,
 ``check_microbatches``, ``split_layers``), and only if its busiest rank fits in the GPU's memory.

@@ -71,3 +71,36 @@ def test_search_varies_expert_parallelism_over_divisors_of_the_experts(monkeypat
     result = search(cfg, fixed, top=0)
     assert sorted(p.deployment.layout.ep for p in result.plans) == [1, 2, 4, 8]  # every power of two dividing 8
     assert "ep" in format_table(result.plans).splitlines()[0].split()
+
+
+def test_context_parallel_draws_expert_groups_from_dp_and_cp(monkeypatch):
+    """CP4 × EP8 on 8 GPUs (dp 2): training draws expert groups from dp × cp (``neva.parallel.mesh``), so the plan
+    and the search accept EP up to 8; each rank routes its quarter of every row, over four micro-batches a step."""
+    from neva.planner.hardware import hardware_from_config
+    from neva.planner.search import search
+
+    both = _plan(monkeypatch, 8, "model.expert_model_parallel_size=8", "model.context_parallel_size=4")
+    lay = both.deployment.layout
+    assert (lay.dp, lay.cp, lay.ep, lay.grad_accum) == (2, 4, 8, 4)
+    moe = both.extra["moe"]
+    experts = 32 * 3 * 8 * 4096 * 14336
+    assert moe["expert_params_per_rank"] == experts // 8  # one expert per rank, whole
+    # EP2: four experts per rank, FSDP2-sharded over the dp × cp / ep = 4 replicas of the expert group
+    ep2 = _plan(monkeypatch, 8, "model.expert_model_parallel_size=2", "model.context_parallel_size=4").extra["moe"]
+    assert ep2["expert_params_per_rank"] == experts // 8
+    tokens = both.seq_len / 4 * 4  # a quarter of each row, four micro-batches
+    assert moe["all_to_all_bytes_per_step"] == pytest.approx(4 * 2 * 4096 * tokens * 32 * 4 * 7 / 8)
+    hw = hardware_from_config(compose_config([*MIXTRAL, "trainer.devices=8"]).cluster)
+    routed = 4 * 1 * both.seq_len / 4 * 4096 * 2  # fp32 rows, k = 2, a quarter of the row per micro-batch
+    per_call = 7 / 8 * routed / (hw.nvlink_bytes_per_s * hw.eff.nvlink) + hw.eff.latency_us * 1e-6
+    assert both.time.ep_comm == pytest.approx(4 * 32 * 4 * per_call)
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    cfg = compose_config([*MIXTRAL, "model.global_batch_size=8", "trainer.devices=8", "cluster.gpu_memory_gb=1000"])
+    fixed = {
+        "tensor_model_parallel_size": [1], "pipeline_model_parallel_size": [1], "data_parallel": ["fsdp"],
+        "zero_stage": [3], "activations_checkpoint_granularity": ["full"], "micro_batch_size": [1],
+        "context_parallel_size": [4],
+    }  # fmt: skip
+    result = search(cfg, fixed, top=0)
+    assert sorted(p.deployment.layout.ep for p in result.plans) == [1, 2, 4, 8]  # every divisor of dp × cp = 8
