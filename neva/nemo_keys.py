@@ -188,7 +188,8 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.pipeline_model_parallel_size": Same(),
     "model.context_parallel_size": Same(
         "each sequence split over `cp` ranks (load-balanced chunks, keys/values all-gathered, tower inputs shared "
-        "out); composes with DP (FSDP2 / DDP), TP + SP, PP and MoE decoders; expert parallelism refused "
+        "out, a native-resolution tower's items by patches); composes with DP (FSDP2 / DDP), TP + SP, PP, MoE "
+        "decoders, EP (expert groups drawn from dp × cp) and native-resolution (Qwen-VL) towers "
         '(docs/DISTRIBUTED.md, "Context parallelism")'
     ),
     "model.virtual_pipeline_model_parallel_size": Same(),
@@ -360,7 +361,9 @@ NEMO_KEYS.update(
             "Megatron-Core's Switch load-balancing loss per layer, summed over layers, mean over micro-batches; "
             + _MOE,
         ),
-        "model.expert_model_parallel_size": Same("carved from data parallelism, as Megatron-Core"),
+        "model.expert_model_parallel_size": Same(
+            "carved from data parallelism (dp × cp under context parallelism), as Megatron-Core"
+        ),
         "model.moe_token_dispatcher_type": Fixed(
             ("alltoall",), "under expert parallelism tokens travel by all-to-all (NeMo's Mixtral setting)"
         ),
