@@ -17,13 +17,14 @@ from .llava_data import llava_overrides, write_llava_set
 pytestmark = pytest.mark.slow
 
 STEPS = 2  # per layout; the checkpoint chain continues to RESUMED_STEPS
-RESUMED_STEPS = 4
+RESUMED_STEPS = 5
 RTOL = 1e-5
 # bf16 O2 against the fp32 reference: bf16 keeps 8 significant bits (relative spacing 2^-8 ~ 0.4 %); a step's loss,
 # norms and gradients accumulate several such roundings
 BF16_RTOL = 3e-2
 O2 = ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"]
 EP2 = "model.expert_model_parallel_size=2"
+CP2 = "model.context_parallel_size=2"
 MOE = "++model.mm_cfg.llm.arch_overrides={num_layers:2,num_moe_experts:4,moe_aux_loss_coeff:0.1,moe_z_loss_coeff:0.01}"
 WATCHED = ("llm.layers.1.feed_forward.router.weight", "llm.layers.1.feed_forward.experts.w1")
 
@@ -160,15 +161,17 @@ def check(got: dict, ref: dict, name: str, start: int = 0, rtol: float = RTOL) -
 
 def test_expert_parallel_two_ranks_and_resume_across_ep_sizes(setup, tmp_path):
     """EP2 (its two steps against one process) writes a DCP checkpoint; EP1×DP2 resumes it for a step and writes
-    another; one process resumes that: every step on the uninterrupted one-process curve. In the same spawn: EP2
+    another; CP2×EP2 (the expert group drawn from the cp pair) resumes that for a step and writes a third; one process
+    resumes that: every step on the uninterrupted one-process curve. In the same spawn: EP2
     under DDP (experts' gradients reduced over their replicas by hand), under bf16 O2 (FSDP2's fp32 masters and
     gradients, the experts cast by FSDP2 as the rest) and with every block recomputed in backward (the routers and
     the all-to-all dispatch run again: the objective and the logged loads must count once), one step each."""
     data, ref = setup
-    ep2, dp2 = str(tmp_path / "ep2.dcp"), str(tmp_path / "dp2.dcp")
+    ep2, dp2, cp2 = str(tmp_path / "ep2.dcp"), str(tmp_path / "dp2.dcp"), str(tmp_path / "cp2_ep2.dcp")
     jobs = [
         ("ep2", data + [EP2], dict(steps=STEPS, save=ep2)),
         ("ep1_dp2", data, dict(steps=STEPS + 1, start=STEPS, load=ep2, save=dp2)),
+        ("cp2_ep2", data + [CP2, EP2], dict(steps=STEPS + 2, start=STEPS + 1, load=dp2, save=cp2)),
         ("ep2_ddp", data + [EP2, "model.data_parallel=ddp"], dict(steps=1)),
         ("ep2_o2", data + [EP2, *O2], dict(steps=1)),
         ("ep2_recompute", data + [EP2, "model.activations_checkpoint_granularity=full"], dict(steps=1)),
@@ -177,11 +180,12 @@ def test_expert_parallel_two_ranks_and_resume_across_ep_sizes(setup, tmp_path):
     for rank in results:
         check(rank["ep2"], ref, "ep2")
         check(rank["ep1_dp2"], ref, "ep1_dp2", start=STEPS)
+        check(rank["cp2_ep2"], ref, "cp2_ep2", start=STEPS + 1)
         check(rank["ep2_ddp"], ref, "ep2_ddp")
         check(rank["ep2_o2"], ref, "ep2_o2", rtol=BF16_RTOL)
         check(rank["ep2_recompute"], ref, "ep2_recompute")
-    one = train(data, RESUMED_STEPS, start=STEPS + 1, load=dp2)
-    check(one, ref, "one process", start=STEPS + 1)
+    one = train(data, RESUMED_STEPS, start=STEPS + 2, load=cp2)
+    check(one, ref, "one process", start=STEPS + 2)
 
 
 FOUR_RANK = {
