@@ -101,6 +101,7 @@ class PreferenceObjective:
         self.mean = PREFERENCE_LOSSES[cfg.loss_type][1]
         self.reference = reference
         self._sums: torch.Tensor | None = None
+        self._held_out: torch.Tensor | None = None  # the same sums over the validation forwards
         # Pipeline parallelism: only the last stage forms the pairs' losses; the metrics are summed over the stages.
         self.pp_group: Any = None
 
@@ -124,18 +125,23 @@ class PreferenceObjective:
         # The SFT term: the chosen reply's mean token NLL, per pair.
         sft = -sums[:n] / counts[:n].clamp(min=1)
         total = losses.sum() + self.cfg.sft_weight * sft.sum()
-        if torch.is_grad_enabled():  # training's forward (validation runs without autograd and reports val_loss)
-            self._record(policy.detach(), reference, losses.detach(), sft.detach())
+        # Training's forward (with autograd) feeds the step's metrics; validation's, the held-out ones.
+        self._record(policy.detach(), reference, losses.detach(), sft.detach(), held_out=not torch.is_grad_enabled())
         return total
 
-    def _record(self, policy: torch.Tensor, reference: torch.Tensor, losses: torch.Tensor, sft: torch.Tensor) -> None:
+    def _record(
+        self, policy: torch.Tensor, reference: torch.Tensor, losses: torch.Tensor, sft: torch.Tensor, held_out: bool
+    ) -> None:
         n = policy.shape[0] // 2
         chosen = self.cfg.beta * (policy[:n] - reference[:n])
         rejected = self.cfg.beta * (policy[n:] - reference[n:])
         per_pair = torch.stack([chosen, rejected, (chosen > rejected).float(), chosen - rejected, policy[:n],
                                 policy[n:], reference[:n], reference[n:], losses, sft])  # fmt: skip
         values = torch.cat([per_pair.sum(1), per_pair.new_tensor([n])])
-        self._sums = values if self._sums is None else self._sums + values
+        if held_out:
+            self._held_out = values if self._held_out is None else self._held_out + values
+        else:
+            self._sums = values if self._sums is None else self._sums + values
 
     # -- auxiliary objective ----------------------------------------------------------------------------------
     def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -157,6 +163,15 @@ class PreferenceObjective:
             values = values.to(total.device)
             dist.all_reduce(values, group=self.pp_group)
         return total, values.to(total.device)
+
+    def held_out_values(self, device: torch.device) -> torch.Tensor:
+        """The validation forwards' sums (zeros where this rank formed no pair loss: an earlier pipeline stage)."""
+        values = self._held_out if self._held_out is not None else torch.zeros(len(METRICS) + 1)
+        self._held_out = None
+        values = values.to(device)
+        if self.pp_group is not None:
+            dist.all_reduce(values, group=self.pp_group)
+        return values
 
     def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
         pairs = values[-1].clamp(min=1)

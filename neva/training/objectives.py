@@ -67,6 +67,12 @@ class AuxObjective(Protocol):
         """The step's metrics (device tensors, read when logged) from the values summed over data-parallel ranks."""
         ...
 
+    def held_out_values(self, device: torch.device) -> torch.Tensor | None:
+        """This rank's values ``[n]`` of the validation forwards run since the last call, that sum over data-parallel
+        ranks (``metrics`` turns them into the held-out metrics, logged as ``val_<name>``); None: the objective
+        reports nothing held out. Called on every rank after each validation."""
+        ...
+
 
 def aux_objectives(
     parts: list[nn.Module], layout: Any, pp_group: Any, cp_group: Any = None
