@@ -32,6 +32,7 @@ from neva.errors import ConfigError
 from neva.models.lora import adapters_disabled
 from neva.models.preference_loss import PREFERENCE_LOSSES, pair_losses, sequence_logps
 from neva.models.trainable import TrainablePolicy, build_meta_model
+from neva.parallel.context_parallel import all_reduce_sum
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel, parallelize
 from neva.parallel.pipeline import PipelineRunner
@@ -66,15 +67,23 @@ def check_preference_config(cfg: TrainConfig) -> None:
 
 
 def batch_logps(
-    logits: torch.Tensor, batch: dict[str, Any], device: torch.device, mean: bool
+    logits: torch.Tensor, batch: dict[str, Any], device: torch.device, mean: bool, cp_group: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sequence log-probs ``[2P]`` as the loss takes them, summed log-probs ``[2P]``, learned tokens ``[2P]``) of a
     pair batch's rows, from its logits at ``output_positions`` ``[N, V]`` or at every position ``[B, S, V]`` (TP:
-    vocab-sharded, under ``loss_parallel``)."""
+    vocab-sharded, under ``loss_parallel``).
+
+    ``cp_group``: the batch is this rank's context-parallel shard of the rows (``neva.parallel.context_parallel``);
+    the sums and counts of its tokens are summed over the group (differentiably), so every cp rank holds the whole
+    sequences' values, as one process computes them."""
     n_rows = 2 * int(batch["pairs"])
     if logits.dim() == 3:
-        target = batch["labels"][:n_rows, 1:].to(device, non_blocking=True)
-        flat = logits[:n_rows, :-1].float().flatten(0, 1)
+        if batch.get("next_labels") is not None:  # a context-parallel shard: each position's own target
+            target = batch["next_labels"][:n_rows].to(device, non_blocking=True)
+            flat = logits[:n_rows].float().flatten(0, 1)
+        else:
+            target = batch["labels"][:n_rows, 1:].to(device, non_blocking=True)
+            flat = logits[:n_rows, :-1].float().flatten(0, 1)
         nll = F.cross_entropy(flat, target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
         nll = nll.full_tensor() if isinstance(nll, DTensor) else nll
         learned = target != IGNORE_INDEX
@@ -84,6 +93,8 @@ def batch_logps(
         rows = batch["output_positions"][:, 0].to(device, non_blocking=True)
         token = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)
         sums, counts = sequence_logps(token, rows, n_rows)
+    if cp_group is not None:
+        sums, counts = all_reduce_sum(sums, cp_group), all_reduce_sum(counts, cp_group)
     return (sums / counts.clamp(min=1) if mean else sums), sums, counts
 
 
@@ -104,6 +115,11 @@ class PreferenceObjective:
         self._held_out: torch.Tensor | None = None  # the same sums over the validation forwards
         # Pipeline parallelism: only the last stage forms the pairs' losses; the metrics are summed over the stages.
         self.pp_group: Any = None
+        # Context parallelism: each cp rank holds a share of every row's tokens; the sequences' log-probs are summed
+        # over the group, so every cp rank forms the same pair losses and returns 1 / cp of them (the engine sums
+        # the step objective and the gradients over dp x cp).
+        self.cp_group: Any = None
+        self.cp_size = 1
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> PreferenceObjective | None:
@@ -117,14 +133,17 @@ class PreferenceObjective:
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
         return torch.tensor(int(batch["pairs"]))
 
+    # The loss is right on a context-parallel shard of a batch (``Engine`` refuses a head that is not).
+    context_parallel = True
+
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
-        policy, sums, counts = batch_logps(logits, batch, device, self.mean)
+        policy, sums, counts = batch_logps(logits, batch, device, self.mean, self.cp_group)
         reference = batch["ref_logps"].to(device, torch.float32)
         n = policy.shape[0] // 2
         losses = pair_losses(self.cfg.loss_type, self.cfg.beta, self.cfg.label_smoothing, policy, reference)
         # The SFT term: the chosen reply's mean token NLL, per pair.
         sft = -sums[:n] / counts[:n].clamp(min=1)
-        total = losses.sum() + self.cfg.sft_weight * sft.sum()
+        total = (losses.sum() + self.cfg.sft_weight * sft.sum()) / self.cp_size
         # Training's forward (with autograd) feeds the step's metrics; validation's, the held-out ones.
         self._record(policy.detach(), reference, losses.detach(), sft.detach(), held_out=not torch.is_grad_enabled())
         return total
@@ -196,6 +215,8 @@ class PreferenceObjective:
         and is dropped."""
         if layout.pp > 1:
             self.pp_group = engine.parallel.group("pp")
+        if layout.cp > 1:
+            self.cp_group, self.cp_size = engine.parallel.group("cp"), layout.cp
         if not cfg.model.dpo.precompute_ref_log_probs:
             self.reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean)
             return
@@ -233,7 +254,7 @@ def reference_forward(
     def reference(batch: dict[str, Any]) -> torch.Tensor:
         with torch.no_grad(), context():
             logits, ran = engine.head_logits(batch, model)
-            return batch_logps(logits, ran, engine.device, mean)[0]
+            return batch_logps(logits, ran, engine.device, mean, cp_group(engine))[0]
 
     return reference
 
@@ -249,7 +270,7 @@ def pipeline_reference(
         found: list[torch.Tensor] = []
 
         def head(logits: torch.Tensor, mb: dict[str, Any]) -> torch.Tensor:
-            found.append(batch_logps(logits, mb, engine.device, mean)[0])
+            found.append(batch_logps(logits, mb, engine.device, mean, cp_group(engine))[0])
             return torch.zeros((), device=engine.device)
 
         with torch.no_grad(), context():
@@ -257,6 +278,11 @@ def pipeline_reference(
         return found[-1] if found else torch.zeros(2 * int(batch["pairs"]), device=engine.device)
 
     return reference
+
+
+def cp_group(engine: Any) -> Any:
+    """The engine's context-parallel group, None without context parallelism."""
+    return engine.parallel.group("cp") if engine.cp > 1 else None
 
 
 def frozen_reference(

@@ -108,10 +108,10 @@ class Engine:
                 "model.pipeline_model_parallel_size > 1: the pipeline's loss sees one shard of a micro-batch, not its "
                 "own learned tokens; use global_tokens"
             )
-        if self.cp > 1 and not isinstance(self.head, TokenCrossEntropy):
+        if self.cp > 1 and not self.head.context_parallel:
             raise ConfigError(
-                f"model.context_parallel_size={self.cp} trains token cross-entropy only so far, not "
-                f"{type(self.head).__name__} (its per-sequence terms would need a reduction over the cp ranks)"
+                f"model.context_parallel_size={self.cp} cannot train {type(self.head).__name__} (its per-sequence "
+                "terms would need a reduction over the cp ranks)"
             )
         # train()/eval() and the hooks of the data-parallel wrapper go through ``model``.
         self.model: nn.Module = parallel.forward_model if len(self.parts) == 1 else nn.ModuleList(self.parts)

@@ -20,6 +20,9 @@ from neva.training.moe_loss import MoEAuxLoss
 
 
 class HeadObjective(Protocol):
+    # ``loss`` is right on a context-parallel shard of a micro-batch (its rank's share of every row's tokens).
+    context_parallel: bool
+
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
         """What ``loss`` is a sum over, counted on the host labels (the engine sums it over micro-batches and
         data-parallel ranks: the step's divisor)."""
@@ -33,6 +36,8 @@ class HeadObjective(Protocol):
 
 class TokenCrossEntropy:
     """The default head objective: next-token cross-entropy summed over learned tokens."""
+
+    context_parallel = True  # each cp rank sums its own learned tokens (the engine sums over dp x cp)
 
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
         return count_learned_tokens(batch["labels"])

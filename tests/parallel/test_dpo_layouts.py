@@ -1,7 +1,8 @@
-"""The preference stage under DP2 (FSDP2 ZeRO-3, DDP), TP2+SP and PP2 (1F1B) equals one process per step (loss,
-gradient norm, rewards) and in validation (the pair loss on held-out pairs), with a frozen reference model (sharded,
-pipelined too) and with LoRA's adapters-off reference. One spawn of two gloo processes. A PP2 checkpoint resumes in
-one process on the one-process curve."""
+"""The preference stage under DP2 (FSDP2 ZeRO-3, DDP), TP2+SP, PP2 (1F1B) and CP2 equals one process per step
+(loss, gradient norm, rewards) and in validation (the pair loss on held-out pairs), with a frozen reference model
+(sharded, pipelined too) and with LoRA's adapters-off reference; under CP2 each tower input (both rows of a pair carry
+its image) is encoded by one cp rank. One spawn of two gloo processes. A PP2 checkpoint resumes in one process on the
+one-process curve."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ UNSUPPORTED = {("lora", "tp2_sp")}  # LoRA under TP is refused by neva (parallel
 def test_dp2_equals_one_process(tmp_path):
     restore = [f"model.restore_from_path={make_checkpoint(tmp_path / 'ft')}"]
     args = dict(steps=STEPS, base=DPO_BASE)
-    refs = {name: train_and_validate(restore + o, **args) for name, o in CASES.items()}
+    refs = {name: train_and_validate(restore + o, **args, count_tower_inputs=True) for name, o in CASES.items()}
     runs = {case: [lay for lay in LAYOUTS if (case, lay) not in UNSUPPORTED] for case in CASES}
     jobs = [
         (f"{case}_{lay}", restore + CASES[case] + LAYOUTS[lay], args) for case, lays in runs.items() for lay in lays
@@ -50,9 +51,14 @@ def test_dp2_equals_one_process(tmp_path):
     # precomputed reference log-probs under PP2: the pass's values are the last stage's (neva.training.reference_logps)
     precomputed = ["model.dpo.precompute_ref_log_probs=true", f"exp_manager.exp_dir={tmp_path / 'precomputed'}"]
     jobs.append(("precomputed_pp2", restore + CASES["full"] + precomputed + LAYOUTS["pp2"], args))
+    # context parallelism: each row's tokens split over the two ranks, the sequences' log-probs (the policy's and the
+    # frozen reference's) summed over them before the pair losses
+    jobs.append(
+        ("full_cp2", restore + CASES["full"] + ["model.context_parallel_size=2"], {**args, "count_tower_inputs": True})
+    )
     results = run_layouts(2, jobs, tmp_path / "dp2", train=train_and_validate)
     checked = {case: [f"{case}_{lay}" for lay in lays] for case, lays in runs.items()}
-    checked["full"].append("precomputed_pp2")  # against the live reference's one-process run
+    checked["full"] += ["precomputed_pp2", "full_cp2"]  # against the live reference's one-process run
     for case, ref in refs.items():
         assert ref["aux_metrics"][1]["rewards/margin"] != 0  # the second step's policy is not the reference
         names = checked[case]
@@ -64,12 +70,16 @@ def test_dp2_equals_one_process(tmp_path):
                 for got, want in zip(rank[name]["aux_metrics"], ref["aux_metrics"], strict=True):
                     for key, value in want.items():
                         assert abs(got[key] - value) <= RTOL * max(abs(value), 1.0), (name, key, got[key], value)
+    # CP2: every tower input encoded once, by one cp rank (the ranks' counts sum to one process's, none has them all)
+    counts = [rank["full_cp2"]["tower_inputs"] for rank in results]
+    want = refs["full"]["tower_inputs"]
+    assert sum(counts) == want > 0 and max(counts) < want, (counts, want)
 
 
-def train_and_validate(overrides: list[str], steps: int, base: list[str]) -> dict:
+def train_and_validate(overrides: list[str], steps: int, base: list[str], count_tower_inputs: bool = False) -> dict:
     """``train_losses``, then the validation loss (the pair objective on the held-out pairs, the reference's
     log-probs prepared as in training) of the trained model over this rank's validation batches."""
-    out = train_losses(overrides, steps=steps, base=base, keep_engine=True)
+    out = train_losses(overrides, steps=steps, base=base, keep_engine=True, count_tower_inputs=count_tower_inputs)
     engine, data = out.pop("engine"), out.pop("data")
     engine.model.eval()
     out["val_loss"] = engine.evaluate(list(data.val_dataloader()))[0].item()
