@@ -206,10 +206,12 @@ class PreferenceObjective:
         precision: Precision,
         dims: Any = None,
         data: Any = None,
+        frozen: ParallelModel | None = None,
     ) -> None:
         """The reference forward of the run (``live_reference``): the engine's own model with its adapters off under
         LoRA; else a frozen model of the starting weights, parallelized as the run is (under pipeline parallelism its
-        forward is a pipeline pass of its own, whose last stage holds the log-probs). Under
+        forward is a pipeline pass of its own, whose last stage holds the log-probs; ``frozen``: that model, built
+        by the caller: the rehearsal builds it under its fake allocation). Under
         ``precompute_ref_log_probs`` none: it scores the pairs of ``data`` (the run's data module) that carry no
         values once, before training, into ``<exp_dir>/reference_logps.pt`` (``neva.training.reference_logps``),
         and is dropped."""
@@ -218,7 +220,7 @@ class PreferenceObjective:
         if layout.cp > 1:
             self.cp_group, self.cp_size = engine.parallel.group("cp"), layout.cp
         if not cfg.model.dpo.precompute_ref_log_probs:
-            self.reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean)
+            self.reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean, frozen)
             return
         datasets = [*data.train_datasets, *data.val_datasets] if data is not None else []
         if any(not carries_reference(r) for d in datasets for r in d.base.records):
@@ -230,7 +232,14 @@ class PreferenceObjective:
 
 
 def live_reference(
-    engine: Any, cfg: TrainConfig, source: ModelSource, layout: Layout, precision: Precision, dims: Any, mean: bool
+    engine: Any,
+    cfg: TrainConfig,
+    source: ModelSource,
+    layout: Layout,
+    precision: Precision,
+    dims: Any,
+    mean: bool,
+    frozen: ParallelModel | None = None,
 ) -> Callable[[dict[str, Any]], torch.Tensor]:
     """The reference forward: the engine's own model with its adapters off under LoRA, else a frozen model of the
     starting weights; a pipeline pass of their chunks under pipeline parallelism."""
@@ -239,7 +248,7 @@ def live_reference(
         if layout.pp > 1:
             return pipeline_reference(engine, engine.parallel.runner, off, mean)
         return reference_forward(engine, None, off, mean)
-    ref = frozen_reference(cfg, source, layout, engine.device, precision, dims)
+    ref = frozen if frozen is not None else frozen_reference(cfg, source, layout, engine.device, precision, dims)
     if layout.pp > 1:
         return pipeline_reference(engine, ref.runner, contextlib.nullcontext, mean)
     return reference_forward(engine, ref.parts[0], contextlib.nullcontext, mean)
@@ -285,15 +294,28 @@ def cp_group(engine: Any) -> Any:
     return engine.parallel.group("cp") if engine.cp > 1 else None
 
 
+def uses_frozen_reference(cfg: TrainConfig) -> bool:
+    """The run's reference is a frozen second model (``frozen_reference``): not under LoRA (adapters off), not with
+    precomputed log-probs."""
+    return cfg.stage == "dpo" and not cfg.model.dpo.precompute_ref_log_probs and cfg.model.peft.peft_scheme != "lora"
+
+
 def frozen_reference(
-    cfg: TrainConfig, source: ModelSource, layout: Layout, device: torch.device, precision: Precision, dims: Any
+    cfg: TrainConfig,
+    source: ModelSource,
+    layout: Layout,
+    device: torch.device,
+    precision: Precision,
+    dims: Any,
+    allocation: contextlib.AbstractContextManager | None = None,
 ) -> ParallelModel:
     """The starting weights as a model that trains nothing, sharded by FSDP2 where the run shards (DDP cannot wrap a
-    model without gradients, so a DDP run's reference is sharded too), cut into the run's pipeline chunks."""
+    model without gradients, so a DDP run's reference is sharded too), cut into the run's pipeline chunks
+    (``allocation``: as ``parallelize`` takes it, the rehearsal's fake tensors)."""
     frozen = TrainablePolicy(vision=False, projector=False, llm=False, lora=None)
     meta = build_meta_model(source.cfg, frozen)
     ref_layout = dataclasses.replace(layout, data_parallel="fsdp")
-    model = parallelize(meta, source, ref_layout, cfg.model, device, precision, dims)
+    model = parallelize(meta, source, ref_layout, cfg.model, device, precision, dims, allocation)
     for part in model.parts:
         part.eval()
     return model
