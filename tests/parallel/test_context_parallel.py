@@ -12,6 +12,7 @@ import pytest
 
 from .harness import FAMILIES, make_checkpoint, run_layouts, train_losses
 from .llava_data import llava_overrides, write_llava_set
+from .test_dpo_layouts import CASES, DPO_BASE
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +111,8 @@ FOUR_RANK = {
 
 
 def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
-    """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process."""
+    """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process; the preference stage (DPO) under CP2 × TP2 + SP
+    too."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
     data = {
@@ -120,6 +122,13 @@ def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
     }
     refs = {name: train_losses(d, STEPS) for name, d in data.items()}
     jobs = [(f"{lay}/{name}", d + CP2 + o, STEPS) for lay, o in FOUR_RANK.items() for name, d in data.items()]
+    # the preference stage under CP2 x TP2 + SP: its pair head reads the vocab-sharded logits of each cp shard's
+    # positions (next_labels) and sums each sequence's log-probs over the cp pair (CP2 alone: test_dpo_layouts)
+    dpo = {"steps": STEPS, "base": DPO_BASE}
+    refs["dpo"] = train_losses([f"model.restore_from_path={ckpt}", *CASES["full"]], **dpo)
+    jobs.append(
+        ("cp2_tp2_sp/dpo", [f"model.restore_from_path={ckpt}", *CASES["full"], *CP2, *FOUR_RANK["cp2_tp2_sp"]], dpo)
+    )
     results = run_layouts(4, jobs, tmp_path / "layouts")
     for name, _, _ in jobs:
         _check(results, name, refs[name.split("/")[1]])
