@@ -61,12 +61,17 @@ def test_dp2_equals_one_process(tmp_path):
     checked["full"] += ["precomputed_pp2", "full_cp2"]  # against the live reference's one-process run
     for case, ref in refs.items():
         assert ref["aux_metrics"][1]["rewards/margin"] != 0  # the second step's policy is not the reference
+        assert "val_rewards/accuracy" in ref["held_out"]
         names = checked[case]
         _check_layouts(results, names, ref)  # losses and gradient norms
         for name in names:
             for rank in results:
                 got, want = rank[name]["val_loss"], ref["val_loss"]
                 assert abs(got - want) <= RTOL * max(abs(want), 1.0), (name, "val_loss", got, want)
+                assert rank[name]["held_out"].keys() == ref["held_out"].keys(), name
+                for key, value in ref["held_out"].items():
+                    got = rank[name]["held_out"][key]
+                    assert abs(got - value) <= RTOL * max(abs(value), 1.0), (name, key, got, value)
                 for got, want in zip(rank[name]["aux_metrics"], ref["aux_metrics"], strict=True):
                     for key, value in want.items():
                         assert abs(got[key] - value) <= RTOL * max(abs(value), 1.0), (name, key, got[key], value)
@@ -78,11 +83,13 @@ def test_dp2_equals_one_process(tmp_path):
 
 def train_and_validate(overrides: list[str], steps: int, base: list[str], count_tower_inputs: bool = False) -> dict:
     """``train_losses``, then the validation loss (the pair objective on the held-out pairs, the reference's
-    log-probs prepared as in training) of the trained model over this rank's validation batches."""
+    log-probs prepared as in training) of the trained model over this rank's validation batches, and the held-out
+    metrics (``val_rewards/…``) that validation logs."""
     out = train_losses(overrides, steps=steps, base=base, keep_engine=True, count_tower_inputs=count_tower_inputs)
     engine, data = out.pop("engine"), out.pop("data")
     engine.model.eval()
     out["val_loss"] = engine.evaluate(list(data.val_dataloader()))[0].item()
+    out["held_out"] = engine.held_out_metrics()  # the held-out pairs' rewards, as validation logs them
     return out
 
 
