@@ -160,6 +160,7 @@ class _PeakLocator:
         # ``roots``: the rank's pipeline chunks (one without pipelining); the first one's forwards count micro-batches.
         self.tracker, self.roots, self.root = tracker, roots, roots[0]
         self._started = False
+        self._after_reference = False
         # Under 1F1B a micro-batch's statistics also hold the backward of an earlier one (up to pp - stage are in
         # flight): the place says which forward the backward followed.
         self.pipelined = pipelined
@@ -179,8 +180,11 @@ class _PeakLocator:
         if module in tracking:
             self.archive.append((self.micro_batch, {m: tracking.pop(m) for m in module.modules() if m in tracking}))
         if module is self.root:
-            self.micro_batch += self._started
+            # A forward without autograd is the preference stage's reference on this very model (LoRA's adapters
+            # off), run just before its micro-batch's own forward: the two are one micro-batch.
+            self.micro_batch += self._started and not self._after_reference
             self._started = True
+            self._after_reference = not torch.is_grad_enabled()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
