@@ -13,7 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from neva.data import synthetic, synthetic_detail, synthetic_preference, synthetic_skills, synthetic_video
+from neva.data import (
+    synthetic,
+    synthetic_detail,
+    synthetic_preference,
+    synthetic_skills,
+    synthetic_skills_preference,
+    synthetic_video,
+)
 
 
 @dataclass(frozen=True)
@@ -35,4 +42,8 @@ BUILTIN_SETS: dict[str, BuiltinSet] = {
     "synthetic_detail": BuiltinSet(synthetic_detail.detail_records, synthetic_detail.DetailImages),
     # the shapes' first question, the right answer preferred to a wrong one (the DPO stage's default data)
     "synthetic_preference": BuiltinSet(synthetic_preference.preference_records, synthetic.SyntheticImages),
+    # the skills suite's image questions, the right answer preferred to a wrong one (the canary's DPO stage)
+    "synthetic_skills_preference": BuiltinSet(
+        synthetic_skills_preference.skills_preference_records, synthetic_skills.SkillImages
+    ),
 }

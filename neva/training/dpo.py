@@ -32,6 +32,7 @@ from neva.errors import ConfigError
 from neva.models.lora import adapters_disabled
 from neva.models.preference_loss import PREFERENCE_LOSSES, pair_losses, sequence_logps
 from neva.models.trainable import TrainablePolicy, build_meta_model
+from neva.parallel.context_parallel import all_reduce_sum
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel, parallelize
 from neva.parallel.pipeline import PipelineRunner
@@ -66,15 +67,23 @@ def check_preference_config(cfg: TrainConfig) -> None:
 
 
 def batch_logps(
-    logits: torch.Tensor, batch: dict[str, Any], device: torch.device, mean: bool
+    logits: torch.Tensor, batch: dict[str, Any], device: torch.device, mean: bool, cp_group: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sequence log-probs ``[2P]`` as the loss takes them, summed log-probs ``[2P]``, learned tokens ``[2P]``) of a
     pair batch's rows, from its logits at ``output_positions`` ``[N, V]`` or at every position ``[B, S, V]`` (TP:
-    vocab-sharded, under ``loss_parallel``)."""
+    vocab-sharded, under ``loss_parallel``).
+
+    ``cp_group``: the batch is this rank's context-parallel shard of the rows (``neva.parallel.context_parallel``);
+    the sums and counts of its tokens are summed over the group (differentiably), so every cp rank holds the whole
+    sequences' values, as one process computes them."""
     n_rows = 2 * int(batch["pairs"])
     if logits.dim() == 3:
-        target = batch["labels"][:n_rows, 1:].to(device, non_blocking=True)
-        flat = logits[:n_rows, :-1].float().flatten(0, 1)
+        if batch.get("next_labels") is not None:  # a context-parallel shard: each position's own target
+            target = batch["next_labels"][:n_rows].to(device, non_blocking=True)
+            flat = logits[:n_rows].float().flatten(0, 1)
+        else:
+            target = batch["labels"][:n_rows, 1:].to(device, non_blocking=True)
+            flat = logits[:n_rows, :-1].float().flatten(0, 1)
         nll = F.cross_entropy(flat, target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
         nll = nll.full_tensor() if isinstance(nll, DTensor) else nll
         learned = target != IGNORE_INDEX
@@ -84,6 +93,8 @@ def batch_logps(
         rows = batch["output_positions"][:, 0].to(device, non_blocking=True)
         token = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)
         sums, counts = sequence_logps(token, rows, n_rows)
+    if cp_group is not None:
+        sums, counts = all_reduce_sum(sums, cp_group), all_reduce_sum(counts, cp_group)
     return (sums / counts.clamp(min=1) if mean else sums), sums, counts
 
 
@@ -103,8 +114,14 @@ class PreferenceObjective:
         self.mean = PREFERENCE_LOSSES[cfg.loss_type][1]
         self.reference = reference
         self._sums: torch.Tensor | None = None
+        self._held_out: torch.Tensor | None = None  # the same sums over the validation forwards
         # Pipeline parallelism: only the last stage forms the pairs' losses; the metrics are summed over the stages.
         self.pp_group: Any = None
+        # Context parallelism: each cp rank holds a share of every row's tokens; the sequences' log-probs are summed
+        # over the group, so every cp rank forms the same pair losses and returns 1 / cp of them (the engine sums
+        # the step objective and the gradients over dp x cp).
+        self.cp_group: Any = None
+        self.cp_size = 1
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> PreferenceObjective | None:
@@ -118,26 +135,34 @@ class PreferenceObjective:
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
         return torch.tensor(int(batch["pairs"]))
 
+    # The loss is right on a context-parallel shard of a batch (``Engine`` refuses a head that is not).
+    context_parallel = True
+
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
-        policy, sums, counts = batch_logps(logits, batch, device, self.mean)
+        policy, sums, counts = batch_logps(logits, batch, device, self.mean, self.cp_group)
         reference = batch["ref_logps"].to(device, torch.float32)
         n = policy.shape[0] // 2
         losses = pair_losses(self.cfg.loss_type, self.cfg.beta, self.cfg.label_smoothing, policy, reference)
         # The SFT term: the chosen reply's mean token NLL, per pair.
         sft = -sums[:n] / counts[:n].clamp(min=1)
-        total = losses.sum() + self.cfg.sft_weight * sft.sum()
-        if torch.is_grad_enabled():  # training's forward (validation runs without autograd and reports val_loss)
-            self._record(policy.detach(), reference, losses.detach(), sft.detach())
+        total = (losses.sum() + self.cfg.sft_weight * sft.sum()) / self.cp_size
+        # Training's forward (with autograd) feeds the step's metrics; validation's, the held-out ones.
+        self._record(policy.detach(), reference, losses.detach(), sft.detach(), held_out=not torch.is_grad_enabled())
         return total
 
-    def _record(self, policy: torch.Tensor, reference: torch.Tensor, losses: torch.Tensor, sft: torch.Tensor) -> None:
+    def _record(
+        self, policy: torch.Tensor, reference: torch.Tensor, losses: torch.Tensor, sft: torch.Tensor, held_out: bool
+    ) -> None:
         n = policy.shape[0] // 2
         chosen = self.cfg.beta * (policy[:n] - reference[:n])
         rejected = self.cfg.beta * (policy[n:] - reference[n:])
         per_pair = torch.stack([chosen, rejected, (chosen > rejected).float(), chosen - rejected, policy[:n],
                                 policy[n:], reference[:n], reference[n:], losses, sft])  # fmt: skip
         values = torch.cat([per_pair.sum(1), per_pair.new_tensor([n])])
-        self._sums = values if self._sums is None else self._sums + values
+        if held_out:
+            self._held_out = values if self._held_out is None else self._held_out + values
+        else:
+            self._sums = values if self._sums is None else self._sums + values
 
     # -- auxiliary objective ----------------------------------------------------------------------------------
     def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +185,15 @@ class PreferenceObjective:
             dist.all_reduce(values, group=self.pp_group)
         return total, values.to(total.device)
 
+    def held_out_values(self, device: torch.device) -> torch.Tensor:
+        """The validation forwards' sums (zeros where this rank formed no pair loss: an earlier pipeline stage)."""
+        values = self._held_out if self._held_out is not None else torch.zeros(len(METRICS) + 1)
+        self._held_out = None
+        values = values.to(device)
+        if self.pp_group is not None:
+            dist.all_reduce(values, group=self.pp_group)
+        return values
+
     def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
         pairs = values[-1].clamp(min=1)
         return {name: values[i] / pairs for i, name in enumerate(METRICS)}
@@ -174,17 +208,21 @@ class PreferenceObjective:
         precision: Precision,
         dims: Any = None,
         data: Any = None,
+        frozen: ParallelModel | None = None,
     ) -> None:
         """The reference forward of the run (``live_reference``): the engine's own model with its adapters off under
         LoRA; else a frozen model of the starting weights, parallelized as the run is (under pipeline parallelism its
-        forward is a pipeline pass of its own, whose last stage holds the log-probs). Under
+        forward is a pipeline pass of its own, whose last stage holds the log-probs; ``frozen``: that model, built
+        by the caller: the rehearsal builds it under its fake allocation). Under
         ``precompute_ref_log_probs`` none: it scores the pairs of ``data`` (the run's data module) that carry no
         values once, before training, into ``<exp_dir>/reference_logps.pt`` (``neva.training.reference_logps``),
         and is dropped."""
         if layout.pp > 1:
             self.pp_group = engine.parallel.group("pp")
+        if layout.cp > 1:
+            self.cp_group, self.cp_size = engine.parallel.group("cp"), layout.cp
         if not cfg.model.dpo.precompute_ref_log_probs:
-            self.reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean)
+            self.reference = live_reference(engine, cfg, source, layout, precision, dims, self.mean, frozen)
             return
         datasets = [*data.train_datasets, *data.val_datasets] if data is not None else []
         if any(not carries_reference(r) for d in datasets for r in d.base.records):
@@ -196,7 +234,14 @@ class PreferenceObjective:
 
 
 def live_reference(
-    engine: Any, cfg: TrainConfig, source: ModelSource, layout: Layout, precision: Precision, dims: Any, mean: bool
+    engine: Any,
+    cfg: TrainConfig,
+    source: ModelSource,
+    layout: Layout,
+    precision: Precision,
+    dims: Any,
+    mean: bool,
+    frozen: ParallelModel | None = None,
 ) -> Callable[[dict[str, Any]], torch.Tensor]:
     """The reference forward: the engine's own model with its adapters off under LoRA, else a frozen model of the
     starting weights; a pipeline pass of their chunks under pipeline parallelism."""
@@ -205,7 +250,7 @@ def live_reference(
         if layout.pp > 1:
             return pipeline_reference(engine, engine.parallel.runner, off, mean)
         return reference_forward(engine, None, off, mean)
-    ref = frozen_reference(cfg, source, layout, engine.device, precision, dims)
+    ref = frozen if frozen is not None else frozen_reference(cfg, source, layout, engine.device, precision, dims)
     if layout.pp > 1:
         return pipeline_reference(engine, ref.runner, contextlib.nullcontext, mean)
     return reference_forward(engine, ref.parts[0], contextlib.nullcontext, mean)
@@ -220,7 +265,7 @@ def reference_forward(
     def reference(batch: dict[str, Any]) -> torch.Tensor:
         with torch.no_grad(), context():
             logits, ran = engine.head_logits(batch, model)
-            return batch_logps(logits, ran, engine.device, mean)[0]
+            return batch_logps(logits, ran, engine.device, mean, cp_group(engine))[0]
 
     return reference
 
@@ -236,7 +281,7 @@ def pipeline_reference(
         found: list[torch.Tensor] = []
 
         def head(logits: torch.Tensor, mb: dict[str, Any]) -> torch.Tensor:
-            found.append(batch_logps(logits, mb, engine.device, mean)[0])
+            found.append(batch_logps(logits, mb, engine.device, mean, cp_group(engine))[0])
             return torch.zeros((), device=engine.device)
 
         with torch.no_grad(), context():
@@ -246,15 +291,33 @@ def pipeline_reference(
     return reference
 
 
+def cp_group(engine: Any) -> Any:
+    """The engine's context-parallel group, None without context parallelism."""
+    return engine.parallel.group("cp") if engine.cp > 1 else None
+
+
+def uses_frozen_reference(cfg: TrainConfig) -> bool:
+    """The run's reference is a frozen second model (``frozen_reference``): not under LoRA (adapters off), not with
+    precomputed log-probs."""
+    return cfg.stage == "dpo" and not cfg.model.dpo.precompute_ref_log_probs and cfg.model.peft.peft_scheme != "lora"
+
+
 def frozen_reference(
-    cfg: TrainConfig, source: ModelSource, layout: Layout, device: torch.device, precision: Precision, dims: Any
+    cfg: TrainConfig,
+    source: ModelSource,
+    layout: Layout,
+    device: torch.device,
+    precision: Precision,
+    dims: Any,
+    allocation: contextlib.AbstractContextManager | None = None,
 ) -> ParallelModel:
     """The starting weights as a model that trains nothing, sharded by FSDP2 where the run shards (DDP cannot wrap a
-    model without gradients, so a DDP run's reference is sharded too), cut into the run's pipeline chunks."""
+    model without gradients, so a DDP run's reference is sharded too), cut into the run's pipeline chunks
+    (``allocation``: as ``parallelize`` takes it, the rehearsal's fake tensors)."""
     frozen = TrainablePolicy(vision=False, projector=False, llm=False, lora=None)
     meta = build_meta_model(source.cfg, frozen)
     ref_layout = dataclasses.replace(layout, data_parallel="fsdp")
-    model = parallelize(meta, source, ref_layout, cfg.model, device, precision, dims)
+    model = parallelize(meta, source, ref_layout, cfg.model, device, precision, dims, allocation)
     for part in model.parts:
         part.eval()
     return model

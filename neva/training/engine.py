@@ -108,10 +108,10 @@ class Engine:
                 "model.pipeline_model_parallel_size > 1: the pipeline's loss sees one shard of a micro-batch, not its "
                 "own learned tokens; use global_tokens"
             )
-        if self.cp > 1 and not isinstance(self.head, TokenCrossEntropy):
+        if self.cp > 1 and not self.head.context_parallel:
             raise ConfigError(
-                f"model.context_parallel_size={self.cp} trains token cross-entropy only so far, not "
-                f"{type(self.head).__name__} (its per-sequence terms would need a reduction over the cp ranks)"
+                f"model.context_parallel_size={self.cp} cannot train {type(self.head).__name__} (its per-sequence "
+                "terms would need a reduction over the cp ranks)"
             )
         # train()/eval() and the hooks of the data-parallel wrapper go through ``model``.
         self.model: nn.Module = parallel.forward_model if len(self.parts) == 1 else nn.ModuleList(self.parts)
@@ -323,6 +323,22 @@ class Engine:
         if self.grad_group is not None:
             dist.all_reduce(total, group=self.grad_group)
         return total / n_tokens.clamp(min=1.0), n_tokens
+
+    def held_out_metrics(self) -> dict[str, float]:
+        """The auxiliary objectives' metrics over the validation forwards since the last call (the preference stage's
+        held-out rewards), each named ``val_<metric>``, summed over data-parallel ranks in one all-reduce; {} when no
+        objective reports any. Every rank calls it after each validation."""
+        found = [(o, v) for o in self.objectives if (v := o.held_out_values(self.device)) is not None]
+        if not found:
+            return {}
+        flat = torch.cat([v.to(self.device, torch.float32) for _, v in found])
+        if self.grad_group is not None:
+            dist.all_reduce(flat, group=self.grad_group)
+        out, offset = {}, 0
+        for objective, v in found:
+            out.update({f"val_{k}": float(x) for k, x in objective.metrics(flat[offset : offset + v.numel()]).items()})
+            offset += v.numel()
+        return out
 
     def optimizer_step(
         self,

@@ -310,9 +310,10 @@ class NevaModule(pl.LightningModule):
         total = torch.stack(self._val_sums).sum(0)
         self._val_sums.clear()
         val_loss = (total[0] / total[1].clamp(min=1)).item()
+        held_out = self.engine.held_out_metrics()  # the objectives' (the preference stage's held-out rewards)
         self.log("val_loss", val_loss, prog_bar=True, logger=False, rank_zero_only=True)
         if not self.trainer.sanity_checking:
-            self._record(self.global_step, {"val_loss": val_loss})
+            self._record(self.global_step, {"val_loss": val_loss, **held_out})
 
     def record_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """``_record`` for callbacks (evaluation during training: ``neva.training.eval_hook``)."""

@@ -161,3 +161,7 @@ class MoEAuxLoss:
             metrics[f"moe_load_min_layer{layer}"] = lo[layer]
             metrics[f"moe_load_max_layer{layer}"] = hi[layer]
         return metrics
+
+    def held_out_values(self, device: torch.device) -> None:
+        """The routers' terms are a training objective: nothing held out."""
+        return None

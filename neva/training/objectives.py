@@ -20,6 +20,9 @@ from neva.training.moe_loss import MoEAuxLoss
 
 
 class HeadObjective(Protocol):
+    # ``loss`` is right on a context-parallel shard of a micro-batch (its rank's share of every row's tokens).
+    context_parallel: bool
+
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
         """What ``loss`` is a sum over, counted on the host labels (the engine sums it over micro-batches and
         data-parallel ranks: the step's divisor)."""
@@ -33,6 +36,8 @@ class HeadObjective(Protocol):
 
 class TokenCrossEntropy:
     """The default head objective: next-token cross-entropy summed over learned tokens."""
+
+    context_parallel = True  # each cp rank sums its own learned tokens (the engine sums over dp x cp)
 
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
         return count_learned_tokens(batch["labels"])
@@ -69,6 +74,12 @@ class AuxObjective(Protocol):
 
     def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
         """The step's metrics (device tensors, read when logged) from the values summed over data-parallel ranks."""
+        ...
+
+    def held_out_values(self, device: torch.device) -> torch.Tensor | None:
+        """This rank's values ``[n]`` of the validation forwards run since the last call, that sum over data-parallel
+        ranks (``metrics`` turns them into the held-out metrics, logged as ``val_<name>``); None: the objective
+        reports nothing held out. Called on every rank after each validation."""
         ...
 
 

@@ -45,6 +45,7 @@ from neva.parallel.mesh import MESH_DIMS, build_mesh
 from neva.parallel.parallelize import parallelize
 from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
+from neva.training.dpo import PreferenceObjective, frozen_reference, uses_frozen_reference
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer
 from neva.training.rehearsal_inputs import synthetic_micro_batches
@@ -159,6 +160,7 @@ class _PeakLocator:
         # ``roots``: the rank's pipeline chunks (one without pipelining); the first one's forwards count micro-batches.
         self.tracker, self.roots, self.root = tracker, roots, roots[0]
         self._started = False
+        self._after_reference = False
         # Under 1F1B a micro-batch's statistics also hold the backward of an earlier one (up to pp - stage are in
         # flight): the place says which forward the backward followed.
         self.pipelined = pipelined
@@ -178,8 +180,11 @@ class _PeakLocator:
         if module in tracking:
             self.archive.append((self.micro_batch, {m: tracking.pop(m) for m in module.modules() if m in tracking}))
         if module is self.root:
-            self.micro_batch += self._started
+            # A forward without autograd is the preference stage's reference on this very model (LoRA's adapters
+            # off), run just before its micro-batch's own forward: the two are one micro-batch.
+            self.micro_batch += self._started and not self._after_reference
             self._started = True
+            self._after_reference = not torch.is_grad_enabled()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -250,7 +255,8 @@ def rehearse(
 
     Raises:
         RehearsalUnavailable: this torch lacks a private API the rehearsal needs.
-        RehearsalUnavailable: also for a context-parallel layout (not rehearsed yet).
+        RehearsalUnavailable: also for a context-parallel layout, or a preference stage under pipeline parallelism
+            (not rehearsed yet).
         Exception: whatever the real path raises for this layout (the pre-flight's answer).
     """
     tools = _torch_tools()
@@ -261,6 +267,11 @@ def rehearse(
         raise RehearsalUnavailable(
             f"plan.rehearse does not run context-parallel layouts yet (model.context_parallel_size={layout.cp}); "
             "the plan's estimate for them is the planner's alone"
+        )
+    if cfg.stage == "dpo" and layout.pp > 1:  # its reference's own pipeline pass would need its schedule set up too
+        raise RehearsalUnavailable(
+            "plan.rehearse does not run a preference stage under pipeline parallelism yet "
+            f"(model.pipeline_model_parallel_size={layout.pp}); the plan's estimate for it is the planner's alone"
         )
     batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction, image_size, num_frames)
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
@@ -363,11 +374,21 @@ def _rehearse_rank(
         meta_model = build_meta_model(ncfg, cfg.model.trainable_policy())
         source = ModelSource(cfg=ncfg, tokenizer=None)
         parallel = parallelize(meta_model, source, layout, m, device, precision, dims, allocation=mode)
+        # A preference stage: its pair objective, and its reference as training runs it (a frozen copy, allocated
+        # like the trained model; LoRA's adapters off; none when precomputed).
+        preference = PreferenceObjective.of(cfg)
+        run_cfg = dataclasses.replace(cfg, model=m)
+        frozen = None
+        if uses_frozen_reference(cfg):
+            frozen = frozen_reference(run_cfg, source, layout, device, precision, dims, allocation=mode)
         if fake:  # MoE: routing has no values on fake tensors; the experts take uniform routing's group sizes
-            for part in parallel.parts:
+            for part in parallel.parts + (frozen.parts if frozen is not None else []):
                 use_uniform_dispatch(part)
         with mode, propagation:
-            engine = Engine(parallel, precision, device, packed=m.data.packing, loss_normalization=m.loss_normalization)
+            engine = Engine(parallel, precision, device, packed=m.data.packing, loss_normalization=m.loss_normalization,
+                            head=preference, objectives=(preference,) if preference is not None else ())  # fmt: skip
+            if preference is not None:
+                preference.attach_reference(engine, run_cfg, source, layout, precision, dims, frozen=frozen)
             optimizer = build_optimizer(engine.named_trainable_parameters(), m.optim)
             _warm_optimizer(engine, optimizer)
             # The step's inputs as the device holds them (a GPU run copies each micro-batch over; on the CPU path
@@ -380,13 +401,20 @@ def _rehearse_rank(
             if isinstance(root, tools["FSDPModule"]) and len(parallel.parts) == 1:
                 tracker = tools["FSDPMemTracker"](root, optimizer)
                 tracker.track_inputs(tuple(tensors))
+                if frozen is not None:  # its shards, under "other" (this tracker follows its one root's parameters)
+                    tracker.track_inputs(tuple(p for part in frozen.parts for p in part.parameters()))
             else:
                 tracker = tools["MemTracker"]()
                 _skip_frozen_grad_hooks(tracker, parallel.parts, tools["FSDPModule"])
                 tracker.track_external(*parallel.parts, optimizer, *tensors)
+                if frozen is not None:
+                    _skip_frozen_grad_hooks(tracker, frozen.parts, tools["FSDPModule"])
+                    tracker.track_external(*frozen.parts)
                 if parallel.master is not None:
                     tracker.track_external(parallel.master.main_grad, *(p for _, p in parallel.master.named_master))
-            locator = _PeakLocator(tracker, parallel.parts, pipelined=parallel.runner is not None)
+            # The frozen reference's forwards too: one per micro-batch, archived like the chunks' (not counted).
+            roots = parallel.parts + (frozen.parts if frozen is not None else [])
+            locator = _PeakLocator(tracker, roots, pipelined=parallel.runner is not None)
             optimizer.register_step_pre_hook(locator.before_optimizer)
             with locator.installed(), tracker:
                 if parallel.runner is not None:  # inside the trackers: the stage's receive buffers are its memory

@@ -14,6 +14,10 @@ rehearsed step sees what a real sample of that shape gives the model (the same k
   carrying the video token, as ``neva.data.video`` lays them out.
 
 Pixel values are zeros (uint8, as the loader gives them): the step's memory depends on shapes only.
+
+A preference stage (``stage=dpo``) steps on pairs: ``micro_batch_size`` pairs of that sample, chosen and rejected,
+through the stage's own collator (``neva.data.preference.PairCollator``: ``2 · micro_batch_size`` rows), with zero
+reference log-probs when the run precomputes them (no reference forward in its step).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from neva.constants import IGNORE_INDEX
 from neva.data.anyres import anyres_sample_fields
 from neva.data.collate import Collator
 from neva.data.config import DataConfig
+from neva.data.preference import PairCollator
 from neva.data.qwen_images import QwenImageSpec, budget_size
 from neva.models.anyres import feature_index, largest_pinpoint
 from neva.models.config import NevaConfig
@@ -138,7 +143,16 @@ def synthetic_micro_batches(
     # No ``model.data.seq_length``: the model's ``max_seq_len``, as the data module decides. An M-RoPE decoder reads
     # three position axes (``NevaDataModule``'s collator).
     axes = 3 if ncfg.llm.mrope_section is not None else 1
-    collate = Collator(0, data.seq_length or ncfg.llm.max_seq_len, data.pad_to_multiple_of, data.packing, axes)
+    seq_length = data.seq_length or ncfg.llm.max_seq_len
+    if cfg.stage == "dpo":  # pairs of the sample, as the preference stage's data module collates them
+        collate = PairCollator(0, seq_length, data.pad_to_multiple_of)
+        reference = {"ref_logps": torch.zeros(2)} if cfg.model.dpo.precompute_ref_log_probs else {}
+        return [
+            collate([{"chosen": {**sample, "id": i}, "rejected": {**sample, "id": i}, **reference}
+                     for i in range(m * layout.micro_batch_size, (m + 1) * layout.micro_batch_size)])
+            for m in range(layout.grad_accum)
+        ]  # fmt: skip
+    collate = Collator(0, seq_length, data.pad_to_multiple_of, data.packing, axes)
     return [
         collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])
         for m in range(layout.grad_accum)

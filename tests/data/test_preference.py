@@ -206,3 +206,26 @@ def test_preview_shows_both_sides_as_training_encodes_them(tmp_path, synthetic_t
     out = io.StringIO()
     preview(build_parser().parse_args([*common, "--no-color"]), out)
     assert "ASSISTANT: red</s>" in out.getvalue() and "ASSISTANT: ⟦circle</s>⟧" in out.getvalue()  # context, reply
+
+
+def test_builtin_skills_pairs_prefer_the_suites_answer_to_a_wrong_one_of_its_kind(synthetic_tokenizer):
+    """The canary's DPO pairs: each image question of the skills suite (text sums have no image), prompt and chosen
+    as the suite's own finetuning record asks and answers it, rejected another answer of the same kind."""
+    from neva.data.synthetic import COLORS, SHAPES
+    from neva.data.synthetic_skills import make_record
+
+    cfg = DataConfig(data_path="synthetic_skills_preference", conv_template="vicuna_v1", synthetic_val_samples=12)
+    model = build_config(image_token_id=synthetic_tokenizer.convert_tokens_to_ids("<image>"))
+    dm = PreferenceDataModule(cfg, synthetic_tokenizer, model, micro_batch_size=4)
+    dm.setup()
+    records = dm.val_datasets[0].base.records
+    kinds = ({str(n) for n in range(5, 10)}, {"yes", "no"}, set(COLORS), set(SHAPES), {"first", "second"})
+    indices = [int(r["id"].rsplit("-", 1)[1]) for r in records]
+    assert len(records) == 12 and 4 not in indices and 9 not in indices  # held-out 4, 9, ...: text questions
+    for r, i in zip(records, indices):
+        asked = make_record(0, "val", i, "qa")
+        assert r["prompt"] == asked["conversations"][0]["value"] and r["image"] == asked["image"]
+        assert r["chosen"] == asked["conversations"][1]["value"] != r["rejected"]
+        assert any({r["chosen"], r["rejected"]} <= kind for kind in kinds)
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["pairs"] == 4 and not batch["skipped"]

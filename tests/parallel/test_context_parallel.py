@@ -14,6 +14,7 @@ import pytest
 
 from .harness import FAMILIES, make_checkpoint, run_layouts, train_losses
 from .llava_data import llava_overrides, write_llava_set
+from .test_dpo_layouts import CASES, DPO_BASE
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +138,8 @@ EXPERT_LAYOUTS = {"cp2_ep2": ["model.expert_model_parallel_size=2"], "cp2_ep4": 
 def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
     """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process; Qwen3-VL's native tower too (its DeepStack
     additions sequence-split under SP, on PP's first stage); so do CP2 × EP2 and CP2 × EP4 on a tiny MoE (loss with
-    the routers' term, gradient norm, the routers' term and loads)."""
+    the routers' term, gradient norm, the routers' term and loads), and the preference stage (DPO) under CP2 × TP2 +
+    SP."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
     qwen3_ckpt = make_checkpoint(tmp_path / "qwen3", "qwen3_vl_native")
@@ -157,6 +159,13 @@ def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
     refs = {name: train_losses(d, STEPS) for name, d in {**data, "moe_packed": moe}.items()}
     jobs = [(f"{lay}/{name}", d + CP2 + o, STEPS) for lay, o in FOUR_RANK.items() for name, d in data.items()]
     jobs += [(f"{lay}/moe_packed", moe + CP2 + o, STEPS) for lay, o in EXPERT_LAYOUTS.items()]
+    # the preference stage under CP2 x TP2 + SP: its pair head reads the vocab-sharded logits of each cp shard's
+    # positions (next_labels) and sums each sequence's log-probs over the cp pair (CP2 alone: test_dpo_layouts)
+    dpo = {"steps": STEPS, "base": DPO_BASE}
+    refs["dpo"] = train_losses([f"model.restore_from_path={ckpt}", *CASES["full"]], **dpo)
+    jobs.append(
+        ("cp2_tp2_sp/dpo", [f"model.restore_from_path={ckpt}", *CASES["full"], *CP2, *FOUR_RANK["cp2_tp2_sp"]], dpo)
+    )
     results = run_layouts(4, jobs, tmp_path / "layouts")
     for name, _, _ in jobs:
         _check(results, name, refs[name.split("/")[1]])

@@ -1,8 +1,8 @@
-"""The preference stage under DP2 (FSDP2 ZeRO-3, DDP), TP2+SP and PP2 (1F1B) equals one process per step (loss,
-gradient norm, rewards) and in validation (the pair loss on held-out pairs), with a frozen reference model (sharded,
-pipelined too) and with LoRA's adapters-off reference; so do EP2 on a Mixtral-style decoder, AnyRes tiles and
-recomputed blocks, and bf16 O2 stays within bf16's error. One spawn of two gloo processes. A PP2 checkpoint resumes in
-one process on the one-process curve."""
+"""The preference stage under DP2 (FSDP2 ZeRO-3, DDP), TP2+SP, PP2 (1F1B) and CP2 equals one process per step
+(loss, gradient norm, rewards) and in validation (the pair loss on held-out pairs), with a frozen reference model
+(sharded, pipelined too) and with LoRA's adapters-off reference; under CP2 each tower input is encoded by one cp rank;
+so do EP2 on a Mixtral-style decoder, AnyRes tiles and recomputed blocks, and bf16 O2 stays within bf16's error. One
+spawn of two gloo processes. A PP2 checkpoint resumes in one process on the one-process curve."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ O2 = ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"]
 def test_dp2_equals_one_process(tmp_path):
     restore = [f"model.restore_from_path={make_checkpoint(tmp_path / 'ft')}"]
     args = dict(steps=STEPS, base=DPO_BASE)
-    refs = {name: train_and_validate(restore + o, **args) for name, o in CASES.items()}
+    refs = {name: train_and_validate(restore + o, **args, count_tower_inputs=True) for name, o in CASES.items()}
     runs = {case: [lay for lay in LAYOUTS if (case, lay) not in UNSUPPORTED] for case in CASES}
     jobs = [
         (f"{case}_{lay}", restore + CASES[case] + LAYOUTS[lay], args) for case, lays in runs.items() for lay in lays
@@ -69,9 +69,14 @@ def test_dp2_equals_one_process(tmp_path):
         ("full_recompute", restore + CASES["full"] + ["model.activations_checkpoint_granularity=full"], args),
         ("full_o2", restore + CASES["full"] + O2, args),
     ]
+    # context parallelism: each row's tokens split over the two ranks, the sequences' log-probs (the policy's and the
+    # frozen reference's) summed over them before the pair losses
+    jobs.append(
+        ("full_cp2", restore + CASES["full"] + ["model.context_parallel_size=2"], {**args, "count_tower_inputs": True})
+    )
     results = run_layouts(2, jobs, tmp_path / "dp2", train=train_and_validate)
     checked = {case: [f"{case}_{lay}" for lay in lays] for case, lays in runs.items()}
-    checked["full"] += ["precomputed_pp2", "full_recompute"]  # against the live reference's one-process run
+    checked["full"] += ["precomputed_pp2", "full_recompute", "full_cp2"]  # against the live reference's run
     checked |= {"moe": ["moe_ep2"], "anyres": ["anyres_zero3"]}
     for rank in results:  # bf16 O2 (fp32 sharded masters) within bf16's error of the fp32 run
         o2, ref = rank["full_o2"], refs["full"]
@@ -79,24 +84,35 @@ def test_dp2_equals_one_process(tmp_path):
         assert all(abs(a - b) <= 2e-2 * abs(b) for a, b in zip(o2["losses"], ref["losses"], strict=True)), (o2, ref)
     for case, ref in refs.items():
         assert ref["aux_metrics"][1]["rewards/margin"] != 0  # the second step's policy is not the reference
+        assert "val_rewards/accuracy" in ref["held_out"]
         names = checked[case]
         _check_layouts(results, names, ref)  # losses and gradient norms
         for name in names:
             for rank in results:
                 got, want = rank[name]["val_loss"], ref["val_loss"]
                 assert abs(got - want) <= RTOL * max(abs(want), 1.0), (name, "val_loss", got, want)
+                assert rank[name]["held_out"].keys() == ref["held_out"].keys(), name
+                for key, value in ref["held_out"].items():
+                    got = rank[name]["held_out"][key]
+                    assert abs(got - value) <= RTOL * max(abs(value), 1.0), (name, key, got, value)
                 for got, want in zip(rank[name]["aux_metrics"], ref["aux_metrics"], strict=True):
                     for key, value in want.items():
                         assert abs(got[key] - value) <= RTOL * max(abs(value), 1.0), (name, key, got[key], value)
+    # CP2: every tower input encoded once, by one cp rank (the ranks' counts sum to one process's, none has them all)
+    counts = [rank["full_cp2"]["tower_inputs"] for rank in results]
+    want = refs["full"]["tower_inputs"]
+    assert sum(counts) == want > 0 and max(counts) < want, (counts, want)
 
 
-def train_and_validate(overrides: list[str], steps: int, base: list[str]) -> dict:
+def train_and_validate(overrides: list[str], steps: int, base: list[str], count_tower_inputs: bool = False) -> dict:
     """``train_losses``, then the validation loss (the pair objective on the held-out pairs, the reference's
-    log-probs prepared as in training) of the trained model over this rank's validation batches."""
-    out = train_losses(overrides, steps=steps, base=base, keep_engine=True)
+    log-probs prepared as in training) of the trained model over this rank's validation batches, and the held-out
+    metrics (``val_rewards/…``) that validation logs."""
+    out = train_losses(overrides, steps=steps, base=base, keep_engine=True, count_tower_inputs=count_tower_inputs)
     engine, data = out.pop("engine"), out.pop("data")
     engine.model.eval()
     out["val_loss"] = engine.evaluate(list(data.val_dataloader()))[0].item()
+    out["held_out"] = engine.held_out_metrics()  # the held-out pairs' rewards, as validation logs them
     return out
 
 

@@ -26,7 +26,7 @@ def dpo_cfg(tmp_path: Path, checkpoint: Path, *extra: str):
     return compose_config([
         "+stage=dpo", f"model.restore_from_path={checkpoint}", f"exp_manager.exp_dir={tmp_path}/dpo",
         "trainer.max_steps=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
-        "trainer.val_check_interval=1000", "trainer.accelerator=cpu", "exp_manager.create_tensorboard_logger=false",
+        "trainer.val_check_interval=2", "trainer.accelerator=cpu", "exp_manager.create_tensorboard_logger=false",
         "model.micro_batch_size=2", "model.global_batch_size=4", "model.data.synthetic_train_samples=8",
         "model.data.synthetic_val_samples=4", "model.data.pad_to_multiple_of=8",
         "model.optim.sched.warmup_steps=0",  # HF's warmup starts at lr 0: the first step would not move the policy
@@ -43,13 +43,21 @@ def test_dpo_stage_trains_from_a_finetune_checkpoint(tmp_path, tiny_checkpoint, 
     assert "rewards/accuracy=" in bar and "rewards/margin=" in bar, bar[-2000:]  # the headline beside the loss
     assert neva_format.is_neva_checkpoint(final)
     with open(Path(cfg.exp_manager.exp_dir) / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("train_loss")]
+        every = list(csv.DictReader(f))
+    rows = [r for r in every if r.get("train_loss")]
     assert [int(r["step"]) for r in rows] == [1, 2]
     assert set(METRICS) <= set(rows[0])
     # the first step's policy is the reference: every margin 0, the sigmoid loss log 2
     assert float(rows[0]["train_loss"]) == pytest.approx(math.log(2), rel=1e-6)
     assert float(rows[0]["rewards/margin"]) == pytest.approx(0.0, abs=1e-6)
     assert float(rows[1]["train_loss"]) != pytest.approx(math.log(2), rel=1e-6)  # the policy moved
+    # the validation after step 2 logs the held-out pairs' rewards too; its loss is their mean pair loss (no SFT term)
+    (held_out,) = [r for r in every if r.get("val_loss")]
+    assert int(held_out["step"]) == 2 and {f"val_{m}" for m in METRICS} <= set(held_out)
+    assert float(held_out["val_dpo_loss"]) == pytest.approx(float(held_out["val_loss"]), rel=1e-6)
+    assert float(held_out["val_rewards/margin"]) == pytest.approx(
+        float(held_out["val_rewards/chosen"]) - float(held_out["val_rewards/rejected"]), abs=1e-6
+    )
 
 
 def test_without_a_finetuned_model_the_stage_says_what_to_run(tmp_path):

@@ -163,3 +163,28 @@ def test_a_private_member_that_differs_makes_the_rehearsal_unavailable() -> None
     require(MemTracker, "reset_mod_stats")
     with pytest.raises(RehearsalUnavailable, match="MemTracker has no reset_mod_statistics, which the rehearsal"):
         require(MemTracker, "reset_mod_statistics")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["trainer.devices=1"], ["trainer.devices=2"], ["trainer.devices=1", "model.dpo.precompute_ref_log_probs=true"]],
+    ids=["frozen_reference", "dp2_zero3_frozen_reference", "precomputed"],
+)
+def test_the_dpo_step_rehearses_pairs_and_its_reference_as_planned(overrides: list[str]) -> None:
+    """A preference stage's rehearsal steps on pairs (two rows a pair) with its reference's forward and weights (a
+    frozen copy; none when precomputed): its peak is the planner's (``neva.planner.preference``) within 10 %, its
+    parameters (the reference's shards too) exactly, and it exceeds finetuning's on the same samples."""
+    base = ["cluster=dgx_a100", "model.micro_batch_size=2", "model.global_batch_size=4", *overrides]
+    cfg = compose_config(["+stage=dpo", *base])
+    (measured,) = rehearse(cfg, text_tokens=64)
+    planned = plan_run(cfg, text_tokens=64).stages[0]
+    total = planned.params + planned.grads + planned.optimizer + planned.activations + planned.working
+    total += planned.reference
+    assert abs(measured.peak - total) <= 0.1 * measured.peak, (measured, planned)
+    if cfg.trainer.devices == 1:
+        assert measured.categories["params"] == planned.params + planned.reference
+    else:  # FSDPMemTracker follows its root's parameters: the reference's shards are counted under "other"
+        assert measured.categories["params"] == planned.params
+        assert measured.categories["other"] >= planned.reference > 0
+    (finetune,) = rehearse(compose_config(["+stage=finetune", *base]), text_tokens=64)
+    assert measured.categories["activations"] > finetune.categories["activations"]
