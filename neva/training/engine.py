@@ -215,8 +215,10 @@ class Engine:
         return self._context_split if self.cp > 1 else None
 
     def _context_split(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """This rank's share of the micro-batch's rows under context parallelism (unchanged otherwise)."""
-        if self.cp == 1:
+        """This rank's share of the micro-batch's rows under context parallelism (unchanged otherwise, and for a
+        micro-batch that carries its ``context`` already: the rehearsal splits its host batches before fake mode,
+        since the split reads their index values)."""
+        if self.cp == 1 or batch.get("context") is not None:
             return batch
         cp_rank, group = self.parallel.dims.cp_rank, self.parallel.group("cp")
         batch = split_batch(batch, self.cp, cp_rank, group, self.packed, self._split_count, self.sp_multiple)

@@ -4,6 +4,7 @@ pipeline stages included)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -163,3 +164,54 @@ def test_a_private_member_that_differs_makes_the_rehearsal_unavailable() -> None
     require(MemTracker, "reset_mod_stats")
     with pytest.raises(RehearsalUnavailable, match="MemTracker has no reset_mod_statistics, which the rehearsal"):
         require(MemTracker, "reset_mod_statistics")
+
+
+# Context parallelism at a reduced but telling size: Llama-2-7B's shape of layer (multi-head attention, head_dim 64,
+# the 11/4 MLP ratio) at width 1024 and depth 8, one 4112-token row (16 image positions, 4096 text tokens) per step and
+# rank, on 4 ranks (dp = 4 / cp: one micro-batch per rank at every cp).
+CP_WIDTH, CP_LAYERS, CP_TEXT = 1024, 8, 4096
+
+
+def _cp_step(cp: int) -> tuple:
+    cfg = compose_config(TINY_O2 + ["cluster=dgx_a100", "trainer.devices=4", f"model.global_batch_size={4 // cp}",
+                                    f"model.context_parallel_size={cp}", f"model.data.seq_length={CP_TEXT + 64}"])  # fmt: skip
+    ncfg = neva_config_from_mm(cfg.model.mm_cfg)
+    llm = dataclasses.replace(ncfg.llm, hidden_size=CP_WIDTH, num_heads=CP_WIDTH // 64, num_kv_heads=CP_WIDTH // 64,
+                              head_dim=64, intermediate_size=CP_WIDTH * 11 // 4, num_layers=CP_LAYERS,
+                              max_seq_len=CP_TEXT + 64)  # fmt: skip
+    model = dataclasses.replace(ncfg, llm=llm, projector=dataclasses.replace(ncfg.projector, output_size=CP_WIDTH))
+    (measured,) = rehearse(cfg, text_tokens=CP_TEXT, model=model)
+    return measured, plan_run(cfg, text_tokens=CP_TEXT, model=model)
+
+
+def test_context_parallel_rehearses_a_share_of_the_activations_and_the_gathered_keys_and_values() -> None:
+    """The real CP step on fake tensors (cp rank 0, the micro-batch split on the host before fake mode): per rank its
+    activations are at most CP 1's / cp plus the attention working set, computed here, and the planner's activations
+    are within ±10 % of it at CP 1, 2 and 4.
+
+    The attention working set of a rank, per layer: the whole row's keys and values, all-gathered and kept for
+    backward (``2 · S · kv_heads · head_dim`` bf16), and, on the CPU path the rehearsal runs (CUDA takes FlexAttention
+    instead), the mask of every local chunk whose queries see more keys than themselves: the per-segment SDPA of a
+    chunk of ``c = S / 2cp`` queries against the ``k`` keys up to its end keeps its ``[c, k]`` mask in bf16 for
+    backward. cp rank 0's chunks end at ``c`` (no mask: top-left causal) and at ``S``: ``c · S`` per layer."""
+    steps = {cp: _cp_step(cp) for cp in (1, 2, 4)}
+    e, kv_width = 2, CP_WIDTH  # bf16; MHA: kv_heads · head_dim = hidden
+    cpu_masks, gathered = {}, {}
+    for cp, (measured, planned) in steps.items():
+        length = -(-planned.seq_len // (2 * cp)) * 2 * cp  # the row as the split pads it
+        chunk = length // (2 * cp)
+        cpu_masks[cp] = CP_LAYERS * chunk * length * e if cp > 1 else 0
+        gathered[cp] = CP_LAYERS * 2 * length * kv_width * e if cp > 1 else 0
+        assert measured.stage == 0 and measured.rank == 0 and measured.peak == sum(measured.categories.values())
+    act = {cp: measured.categories["activations"] for cp, (measured, _) in steps.items()}
+    for cp in (2, 4):
+        assert act[cp] <= act[1] / cp + gathered[cp] + cpu_masks[cp]
+        # the gathered keys and values are in the peak (a share of CP 1 alone falls short by half of them)
+        assert act[cp] >= act[1] / cp + gathered[cp] / 2
+    # The planner's activations (CUDA kernels: no masks) against the rehearsal's less the CPU masks. The tracker files
+    # a layer's backward buffers under temporaries: compared whole with gradients, as docs/PERFORMANCE.md does.
+    for cp, (measured, planned) in steps.items():
+        c = measured.categories
+        rehearsed = c["grads"] + c["activations"] + c["temporaries"] - cpu_masks[cp]
+        stage = planned.stages[0]
+        assert stage.grads + stage.activations == pytest.approx(rehearsed, rel=0.10), cp
