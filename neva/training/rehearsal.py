@@ -40,9 +40,9 @@ from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model
+from neva.parallel.context_parallel import split_batch
 from neva.parallel.expert_parallel import use_uniform_dispatch
 from neva.parallel.layout import Layout
-from neva.parallel.context_parallel import split_batch
 from neva.parallel.mesh import MESH_DIMS, build_mesh
 from neva.parallel.parallelize import parallelize
 from neva.parallel.pipeline import pad_micro_batches, step_shape
