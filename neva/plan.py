@@ -235,7 +235,7 @@ def run_search(req: Request) -> list[Plan]:
         cfg = compose_config(req.fixed + overrides)
         found = search(
             cfg, constraints, req.search, req.text_tokens, req.grad_reduce, req.image_size, req.image_tokens,
-            req.max_pixels,
+            req.max_pixels, req.num_frames,
         )  # fmt: skip
         where = " ".join(overrides) or "the configured nodes"
         print(

@@ -61,6 +61,29 @@ def check_context_parallel_layout(layout: Layout, cfg: NevaConfig) -> None:
         )
 
 
+def check_context_parallel_objective(layout: Layout, loss_normalization: str, head: str | None = None) -> None:
+    """Refuse an objective the split does not compute yet (training's ``Engine`` and the planner both ask, so a layout
+    search proposes only what training runs). ``head``: None for token cross-entropy, else the head objective's name.
+
+    Raises:
+        ConfigError: cp > 1 with pipeline parallelism and a loss normalisation other than ``global_tokens``, or with a
+            head objective other than token cross-entropy.
+    """
+    if layout.cp == 1:
+        return
+    if layout.pp > 1 and loss_normalization != "global_tokens":
+        raise ConfigError(
+            f"model.loss_normalization={loss_normalization} with model.context_parallel_size={layout.cp} and "
+            "model.pipeline_model_parallel_size > 1: the pipeline's loss sees one shard of a micro-batch, not its "
+            "own learned tokens; use global_tokens"
+        )
+    if head is not None:
+        raise ConfigError(
+            f"model.context_parallel_size={layout.cp} trains token cross-entropy only so far, not "
+            f"{head} (its per-sequence terms would need a reduction over the cp ranks)"
+        )
+
+
 def chunk_columns(length: int, cp: int, rank: int) -> torch.Tensor:
     """The global columns rank ``rank`` holds of a row of ``length`` (a multiple of ``2 · cp``): chunks ``rank``
     and ``2 · cp − 1 − rank``."""

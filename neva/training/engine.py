@@ -30,13 +30,12 @@ from neva.data.collate import join_rows
 from neva.models.attention import attends_per_segment
 from neva.models.lora import LoRALinear, token_dropout_keys
 from neva.models.loss import learned_positions, micro_batch_weight
-from neva.parallel.context_parallel import split_batch
+from neva.parallel.context_parallel import check_context_parallel_objective, split_batch
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
 from neva.training.objectives import AuxObjective, HeadObjective, TokenCrossEntropy, aux_objectives
-from neva.typed import ConfigError
 
 # The model's per-token inputs besides the ids (dropout_keys: the engine's LoRA dropout keys; token_mask: MoE's).
 TOKEN_INPUTS = ("position_ids", "segment_ids", "dropout_keys", "token_mask")
@@ -102,17 +101,8 @@ class Engine:
         self.grad_size = layout.dp_cp
         self.cp = layout.cp
         self._split_count = 0
-        if self.cp > 1 and parallel.runner is not None and loss_normalization != "global_tokens":
-            raise ConfigError(
-                f"model.loss_normalization={loss_normalization} with model.context_parallel_size={self.cp} and "
-                "model.pipeline_model_parallel_size > 1: the pipeline's loss sees one shard of a micro-batch, not its "
-                "own learned tokens; use global_tokens"
-            )
-        if self.cp > 1 and not isinstance(self.head, TokenCrossEntropy):
-            raise ConfigError(
-                f"model.context_parallel_size={self.cp} trains token cross-entropy only so far, not "
-                f"{type(self.head).__name__} (its per-sequence terms would need a reduction over the cp ranks)"
-            )
+        head_name = None if isinstance(self.head, TokenCrossEntropy) else type(self.head).__name__
+        check_context_parallel_objective(layout, loss_normalization, head_name)
         # train()/eval() and the hooks of the data-parallel wrapper go through ``model``.
         self.model: nn.Module = parallel.forward_model if len(self.parts) == 1 else nn.ModuleList(self.parts)
         # LM head only at learned positions; selecting positions of a (sequence-)sharded activation would need a
