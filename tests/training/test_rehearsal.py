@@ -40,8 +40,12 @@ TINY_O2 = ["+stage=finetune", "trainer.precision=bf16", "model.megatron_amp_O2=t
         # last the head; sequence-sharded norms between the TP regions of each stage.
         ["trainer.devices=8", "model.pipeline_model_parallel_size=2", "model.tensor_model_parallel_size=2",
          "model.sequence_parallel=true", "model.global_batch_size=6"],
+        # Context parallelism 2 × two 1F1B stages (O2, FSDP2 over dp × cp): the micro-batches split on the host before
+        # fake mode, the stages' shapes the shares', the keys' and values' all-gathers.
+        ["trainer.devices=4", "model.pipeline_model_parallel_size=2", "model.context_parallel_size=2",
+         "model.global_batch_size=2", "model.loss_normalization=global_tokens"],
     ],
-    ids=["tp2_fsdp2_o2_ac", "one_process_o2", "pp2_tp2_sp_fsdp2_o2"],
+    ids=["tp2_fsdp2_o2_ac", "one_process_o2", "pp2_tp2_sp_fsdp2_o2", "cp2_pp2_fsdp2_o2"],
 )  # fmt: skip
 def test_fake_step_allocates_what_the_real_step_allocates(overrides: list[str]) -> None:
     """Byte for byte, with one decoder layer per pipeline chunk (the tracker's cost is per operation)."""
