@@ -321,7 +321,14 @@ def format_rehearsal(plan: Plan, measured: list[RankMemory]) -> str:
         f"# rehearsal: one real optimizer step per rank role on fake tensors (tensor storage; the planner's "
         f"{plan.stages[0].overhead / GiB:g} GiB overhead is not included in either total)"
     )
-    return "\n".join([title, *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)])
+    lines = [title, *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)]
+    cp = plan.deployment.layout.cp
+    if cp > 1:
+        lines.append(
+            f"# context parallelism: cp rank 0 rehearsed; its activ includes a [S/{2 * cp}, S] causal mask per layer "
+            "that the CPU attention keeps and CUDA's FlexAttention does not (docs/PLANNER.md, 'Rehearsal')"
+        )
+    return "\n".join(lines)
 
 
 @entry_point

@@ -141,6 +141,15 @@ def test_plan_rehearse_prints_the_measured_peak_beside_the_plan(capsys: pytest.C
     assert any(line.lstrip().startswith("planned") for line in out.splitlines())
 
 
+def test_plan_rehearse_of_a_context_parallel_layout_says_what_the_cpu_path_adds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    main(TINY_PLAN + ["trainer.devices=4", "model.context_parallel_size=2"])
+    out = capsys.readouterr().out
+    assert any(" rehearsed " in line for line in out.splitlines())
+    assert "# context parallelism: cp rank 0 rehearsed; its activ includes a [S/4, S] causal mask" in out
+
+
 def test_plan_rehearse_exits_non_zero_when_the_real_path_fails(capsys: pytest.CaptureFixture[str]) -> None:
     """LoRA under TP: the planner predicts its shards, training's plan refuses it; the pre-flight says so."""
     with pytest.raises(SystemExit) as exit_info:
