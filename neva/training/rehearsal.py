@@ -145,8 +145,10 @@ def rank_roles(layout: Layout, stages: list[int] | None = None) -> list[tuple[in
     differ by one at most, the remainder rotating over the ranks from micro-batch to micro-batch
     (``ContextShard.share_sizes``); what differs is the learned positions the head runs on. Rank 0 holds the row's
     last chunk, so with a sample's learned tokens at its end (the rehearsal's samples, and a conversation's answers)
-    it holds the most of them whenever they are at most half the row (more learned tokens reach the other ranks'
-    front chunks, which no longer makes rank 0 lighter by more than a chunk's head). cp rank 0 stands for them."""
+    it holds the most of them whenever they are at most half the row: cp rank 0 stands for the others. When more is
+    learned (pretraining's captions), the other ranks' front chunks are learned too while rank 0's front chunk holds
+    the image positions: a rank can then hold up to ``min(S / 2cp, image positions)`` learned positions more than
+    rank 0, whose logits (``· vocab · 6`` bytes without TP) the rehearsal does not show."""
     return [(s, s * layout.dp * layout.cp * layout.tp) for s in (range(layout.pp) if stages is None else stages)]
 
 
