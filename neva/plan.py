@@ -235,7 +235,7 @@ def run_search(req: Request) -> list[Plan]:
         cfg = compose_config(req.fixed + overrides)
         found = search(
             cfg, constraints, req.search, req.text_tokens, req.grad_reduce, req.image_size, req.image_tokens,
-            req.max_pixels,
+            req.max_pixels, req.num_frames,
         )  # fmt: skip
         where = " ".join(overrides) or "the configured nodes"
         print(
@@ -321,7 +321,14 @@ def format_rehearsal(plan: Plan, measured: list[RankMemory]) -> str:
         f"# rehearsal: one real optimizer step per rank role on fake tensors (tensor storage; the planner's "
         f"{plan.stages[0].overhead / GiB:g} GiB overhead is not included in either total)"
     )
-    return "\n".join([title, *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)])
+    lines = [title, *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)]
+    cp = plan.deployment.layout.cp
+    if cp > 1:
+        lines.append(
+            f"# context parallelism: cp rank 0 rehearsed; its activ includes a [S/{2 * cp}, S] causal mask per layer "
+            "that the CPU attention keeps and CUDA's FlexAttention does not (docs/PLANNER.md, 'Rehearsal')"
+        )
+    return "\n".join(lines)
 
 
 @entry_point

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from neva.config import CONFIG_DIR, compose_config
 from neva.planner.plan import plan_run
+from neva.planner.preset_layout import preset_frames
 
 # Preset name prefix → where the recipe was published (each value's file and line: docs/PRESETS.md). Longest first:
 # ``nemo_launcher_`` before ``nemo_``.
@@ -19,6 +20,7 @@ SOURCES = (
     ("llava15_", "LLaVA-1.5 (haotian-liu/LLaVA scripts/v1_5)"),
     ("llava_onevision_", "LLaVA-OneVision (LLaVA-VL/LLaVA-NeXT scripts/train)"),
     ("llava_next_dpo_", "LLaVA-NeXT DPO (LLaVA-VL/LLaVA-NeXT scripts/train/dpo.sh)"),
+    ("llava_video_", "LLaVA-Video (LLaVA-VL/LLaVA-NeXT scripts/video/train)"),
     ("qwen_vl_finetune_", "Qwen2.5-VL qwen-vl-finetune (QwenLM/Qwen2.5-VL scripts/sft_7b.sh)"),
     ("megatron_bridge_", "Megatron-Bridge (NVIDIA-NeMo/Megatron-Bridge recipes/qwen_vl/qwen25_vl.py)"),
     ("nemo_launcher_", "NeMo-Framework-Launcher NeVA (current)"),
@@ -42,6 +44,8 @@ def layout_text(plan, cluster: str) -> str:
     parts = [f"{nodes} × {cluster}", tp, f"PP {lay.pp}", f"DP {lay.dp} {dp}"]
     if lay.ep > 1:
         parts.append(f"EP {lay.ep}")
+    if lay.cp > 1:
+        parts.append(f"CP {lay.cp}")
     parts.append(f"act. ckpt {lay.ac or 'off'}")
     parts.append(f"mbs {lay.micro_batch_size} / gbs {lay.global_batch_size}")
     return ", ".join(parts)
@@ -51,7 +55,7 @@ def table() -> str:
     lines = ["| preset | source | layout | predicted samples/s (MFU) |", "|---|---|---|---|"]
     for name in presets():
         cfg = compose_config([f"+preset={name}"])
-        plan = plan_run(cfg)
+        plan = plan_run(cfg, num_frames=preset_frames(cfg))  # a video preset on its own samples' frames
         speed = f"{plan.samples_per_s:.1f} ({100 * plan.mfu:.1f}%)"
         lines.append(f"| `{name}` | {source(name)} | {layout_text(plan, cfg.cluster.name)} | {speed} |")
     return "\n".join(lines)

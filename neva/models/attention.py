@@ -78,14 +78,15 @@ def document_causal_block_mask(
 
 
 def segment_runs(segment_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
-    """``[(start, end), ...]`` per row: the maximal runs of equal segment id (host-side; a CPU tensor costs no sync)."""
-    seg = segment_ids.cpu()
-    b, keys = seg.shape
-    change = (seg[:, 1:] != seg[:, :-1]).nonzero().tolist()
-    starts: list[list[int]] = [[0] for _ in range(b)]
-    for row, col in change:
-        starts[row].append(col + 1)
-    return [list(zip(s, s[1:] + [keys])) for s in starts]
+    """``[(start, end), ...]`` per row: the maximal runs of equal segment id (host-side; a CPU tensor costs no sync).
+
+    Read as Python integers, without tensor ops: the full-size rehearsal runs the step under a fake tensor mode,
+    which passes a host tensor's ``tolist`` through but would fake (and lose the values of) an op on it."""
+    out = []
+    for row in segment_ids.tolist():
+        starts = [0] + [i for i in range(1, len(row)) if row[i] != row[i - 1]]
+        out.append(list(zip(starts, starts[1:] + [len(row)])))
+    return out
 
 
 @dataclass

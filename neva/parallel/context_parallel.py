@@ -26,8 +26,9 @@ of the whole global batch (counted before the split, summed over dp); gradients 
 shards over it), so the step equals one process's (``neva.training.engine``). Expert parallelism draws its groups
 from dp × cp (``mesh.build_mesh``): an MoE layer's all-to-all exchanges the tokens of ranks holding different
 chunks, and an expert's gradient is reduced over the ``dp · cp / ep`` ranks holding the same experts. With that, no
-layout or model is refused here; what the engine refuses under CP (a head other than token cross-entropy,
-``micro_batch_mean`` with PP) it checks itself (``neva.training.engine``).
+layout or model is refused here; ``check_context_parallel_objective`` refuses what the split does not compute
+(``micro_batch_mean`` with PP; a head objective that is not written for a shard), asked by training's engine and the
+planner alike.
 """
 
 from __future__ import annotations
@@ -40,7 +41,33 @@ import torch.distributed as dist
 
 from neva.constants import IGNORE_INDEX
 from neva.models.context_shard import ContextShard
+from neva.parallel.layout import Layout
 from neva.parallel.pipeline import PAD_FILL
+from neva.typed import ConfigError
+
+
+def check_context_parallel_objective(layout: Layout, loss_normalization: str, head: str | None = None) -> None:
+    """Refuse an objective the split does not compute yet (training's ``Engine`` and the planner both ask, so a layout
+    search proposes only what training runs). ``head``: the name of a head objective not written for a shard of the
+    rows (``HeadObjective.context_parallel`` False), else None (token cross-entropy and DPO's pair objective are).
+
+    Raises:
+        ConfigError: cp > 1 with pipeline parallelism and a loss normalisation other than ``global_tokens``, or with
+            such a head objective.
+    """
+    if layout.cp == 1:
+        return
+    if layout.pp > 1 and loss_normalization != "global_tokens":
+        raise ConfigError(
+            f"model.loss_normalization={loss_normalization} with model.context_parallel_size={layout.cp} and "
+            "model.pipeline_model_parallel_size > 1: the pipeline's loss sees one shard of a micro-batch, not its "
+            "own learned tokens; use global_tokens"
+        )
+    if head is not None:
+        raise ConfigError(
+            f"model.context_parallel_size={layout.cp} cannot train {head} (its per-sequence terms would need a "
+            "reduction over the cp ranks)"
+        )
 
 
 def chunk_columns(length: int, cp: int, rank: int) -> torch.Tensor:

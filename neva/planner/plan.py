@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
+from neva.parallel.context_parallel import check_context_parallel_objective
 from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.pipeline import check_deepstack_split, check_splittable, split_layers
 from neva.parallel.tensor_parallel import check_divisibility
@@ -146,7 +147,8 @@ def plan_run(
 
     Raises:
         ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
-            pipeline chunks without a layer, an EP size that does not divide the experts).
+            pipeline chunks without a layer, an EP size that does not divide the experts, context parallelism with
+            what it does not compose with yet).
     """
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
@@ -160,6 +162,7 @@ def plan_run(
     check_splittable(ncfg, layout.pp)
     check_deepstack_split(ncfg, split_layers(ncfg.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
     check_expert_parallel_layout(layout, ncfg.llm)
+    check_context_parallel_objective(layout, cfg.model.loss_normalization)  # both stages' heads split under cp
     hw = hardware_from_config(cfg.cluster)
     infos = model_inventory(ncfg, cfg.model.trainable_policy())
     layers = stage_layers(ncfg.llm.num_layers, layout)

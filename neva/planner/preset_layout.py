@@ -1,5 +1,7 @@
-"""The layout a preset ships: the planner's fastest fitting data-parallel mode, ZeRO stage and activation
-checkpointing for the recipe's own model parallelism and micro-batch, and how that layout scales to 16 nodes.
+"""The layout a preset ships: the planner's fastest fitting data-parallel mode, ZeRO stage, activation checkpointing
+and context-parallel size for the recipe's own model parallelism and micro-batch, and how that layout scales to 16
+nodes. A video preset (``model.data.media_type: video``) is planned on its own samples: one video of
+``model.data.num_frames`` frames each (``preset_frames``).
 
 The recipe keeps what changes the update or names the published layout (TP, PP, virtual PP, SP, EP and the micro
 -batch: under ``loss_normalization: micro_batch_mean`` the loss is a mean per micro-batch, so another micro-batch is
@@ -18,7 +20,7 @@ from neva.planner.search import search
 from neva.typed import ConfigError
 
 # model.* keys a preset takes from the planner (speed and memory only, the same update).
-DECIDED = ("data_parallel", "zero_stage", "activations_checkpoint_granularity")
+DECIDED = ("data_parallel", "zero_stage", "activations_checkpoint_granularity", "context_parallel_size")
 # model.* keys a preset takes from its recipe: the published model parallelism and the loss's micro-batch.
 KEPT = (
     "tensor_model_parallel_size",
@@ -45,6 +47,12 @@ class Scaling:
         return self.speedup / (self.nodes / self.base)
 
 
+def preset_frames(cfg: TrainConfig) -> int | None:
+    """Frames of the sample a preset is planned on: its ``model.data.num_frames`` for a video run, else None (one
+    image per sample)."""
+    return cfg.model.data.num_frames if cfg.model.data.media_type == "video" else None
+
+
 def with_layout(cfg: TrainConfig, **model: object) -> TrainConfig:
     """``cfg`` with some ``model.*`` layout keys replaced."""
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
@@ -59,12 +67,12 @@ def scaling(cfg: TrainConfig, nodes: int = SCALE_NODES) -> Scaling:
     node count) to ``nodes`` at the same per-node batch, as ``neva.plan``'s weak-scaling sweep computes it."""
     for base in dict.fromkeys((1, cfg.trainer.num_nodes)):
         try:
-            first = plan_run(at_nodes(cfg, base))
+            first = plan_run(at_nodes(cfg, base), num_frames=preset_frames(cfg))
         except ConfigError:
             continue
         if nodes % base == 0:
             gbs = first.deployment.layout.global_batch_size * nodes // base
-            last = plan_run(at_nodes(cfg, nodes), global_batch_size=gbs)
+            last = plan_run(at_nodes(cfg, nodes), global_batch_size=gbs, num_frames=preset_frames(cfg))
             return Scaling(base, nodes, last.samples_per_s / first.samples_per_s)
     raise ConfigError(f"no node count of (1, {cfg.trainer.num_nodes}) plans this layout and divides {nodes}")
 
@@ -75,6 +83,7 @@ def _decided(plan: Plan) -> dict[str, object]:
         "data_parallel": layout.data_parallel,
         "zero_stage": layout.zero_stage,
         "activations_checkpoint_granularity": layout.ac,
+        "context_parallel_size": layout.cp,
         "micro_batch_size": layout.micro_batch_size,
     }
 
@@ -90,7 +99,7 @@ def fastest_layout(cfg: TrainConfig, keep_micro_batch: bool = True) -> tuple[dic
         ConfigError: no layout fits.
     """
     kept = KEPT if keep_micro_batch else KEPT[:-1]
-    found = search(cfg, {k: [getattr(cfg.model, k)] for k in kept}, top=0)
+    found = search(cfg, {k: [getattr(cfg.model, k)] for k in kept}, top=0, num_frames=preset_frames(cfg))
     if not found.plans:
         raise ConfigError(f"no layout of {kept} as configured fits ({found.valid} of {found.tried} valid)")
     best = found.plans[0].samples_per_s

@@ -30,13 +30,12 @@ from neva.data.collate import join_rows
 from neva.models.attention import attends_per_segment
 from neva.models.lora import LoRALinear, token_dropout_keys
 from neva.models.loss import learned_positions, micro_batch_weight
-from neva.parallel.context_parallel import split_batch
+from neva.parallel.context_parallel import check_context_parallel_objective, split_batch
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
 from neva.training.objectives import AuxObjective, HeadObjective, TokenCrossEntropy, aux_objectives
-from neva.typed import ConfigError
 
 # The model's per-token inputs besides the ids (dropout_keys: the engine's LoRA dropout keys; token_mask: MoE's).
 TOKEN_INPUTS = ("position_ids", "segment_ids", "dropout_keys", "token_mask")
@@ -102,17 +101,9 @@ class Engine:
         self.grad_size = layout.dp_cp
         self.cp = layout.cp
         self._split_count = 0
-        if self.cp > 1 and parallel.runner is not None and loss_normalization != "global_tokens":
-            raise ConfigError(
-                f"model.loss_normalization={loss_normalization} with model.context_parallel_size={self.cp} and "
-                "model.pipeline_model_parallel_size > 1: the pipeline's loss sees one shard of a micro-batch, not its "
-                "own learned tokens; use global_tokens"
-            )
-        if self.cp > 1 and not self.head.context_parallel:
-            raise ConfigError(
-                f"model.context_parallel_size={self.cp} cannot train {type(self.head).__name__} (its per-sequence "
-                "terms would need a reduction over the cp ranks)"
-            )
+        # what the split does not compute (shared with the planner, so a layout search proposes only what trains)
+        head_name = None if self.head.context_parallel else type(self.head).__name__
+        check_context_parallel_objective(layout, loss_normalization, head_name)
         # train()/eval() and the hooks of the data-parallel wrapper go through ``model``.
         self.model: nn.Module = parallel.forward_model if len(self.parts) == 1 else nn.ModuleList(self.parts)
         # LM head only at learned positions; selecting positions of a (sequence-)sharded activation would need a
@@ -220,8 +211,10 @@ class Engine:
         return self._context_split if self.cp > 1 else None
 
     def _context_split(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """This rank's share of the micro-batch's rows under context parallelism (unchanged otherwise)."""
-        if self.cp == 1:
+        """This rank's share of the micro-batch's rows under context parallelism (unchanged otherwise, and for a
+        micro-batch that carries its ``context`` already: the rehearsal splits its host batches before fake mode,
+        since the split reads their index values)."""
+        if self.cp == 1 or batch.get("context") is not None:
             return batch
         cp_rank, group = self.parallel.dims.cp_rank, self.parallel.group("cp")
         batch = split_batch(batch, self.cp, cp_rank, group, self.packed, self._split_count, self.sp_multiple)

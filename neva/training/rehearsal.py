@@ -1,7 +1,8 @@
 """Full-size rehearsal: one real optimizer step of a layout's rank, at real size, on fake tensors, on this CPU.
 
 For each distinct rank role of the layout (every pipeline stage; TP and DP ranks are symmetric, so the stage's
-``(dp 0, tp 0)`` rank stands for them: it holds the largest ``torch.chunk`` pieces) the run's own path is executed:
+``(dp 0, cp 0, tp 0)`` rank stands for them: it holds the largest ``torch.chunk`` pieces; for cp rank 0 see
+``rank_roles``) the run's own path is executed:
 ``build_meta_model`` → ``parallelize`` → ``Engine`` with the run's precision, O2 bookkeeping, activation
 checkpointing, sequence length and micro-batches, then gradient clipping and the AdamW step — under
 ``FakeTensorMode`` (tensors carry shapes, dtypes and storage sizes, no data) and torch's fake process group (every
@@ -39,6 +40,7 @@ from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model
+from neva.parallel.context_parallel import split_batch
 from neva.parallel.expert_parallel import use_uniform_dispatch
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import MESH_DIMS, build_mesh
@@ -67,8 +69,7 @@ ENOUGH_MICRO_BATCHES = 3
 
 
 class RehearsalUnavailable(RuntimeError):
-    """The rehearsal cannot run here: this torch lacks (or changed) a private API it needs, or the layout is one it does
-    not rehearse yet (context parallelism)."""
+    """The rehearsal cannot run here: this torch lacks (or changed) a private API it needs."""
 
 
 def _torch_tools() -> dict[str, Any]:
@@ -138,8 +139,17 @@ class RankMemory:
 
 
 def rank_roles(layout: Layout, stages: list[int] | None = None) -> list[tuple[int, int]]:
-    """``(pipeline stage, global rank)`` of each distinct rank role: the (dp 0, tp 0) rank of every stage (of
-    ``stages``, default all)."""
+    """``(pipeline stage, global rank)`` of each distinct rank role: the (dp 0, cp 0, tp 0) rank of every stage (of
+    ``stages``, default all).
+
+    Context-parallel ranks hold the same number of columns (two chunks of ``S / 2cp``) and the tower inputs' shares
+    differ by one at most, the remainder rotating over the ranks from micro-batch to micro-batch
+    (``ContextShard.share_sizes``); what differs is the learned positions the head runs on. Rank 0 holds the row's
+    last chunk, so with a sample's learned tokens at its end (the rehearsal's samples, and a conversation's answers)
+    it holds the most of them whenever they are at most half the row: cp rank 0 stands for the others. When more is
+    learned (pretraining's captions), the other ranks' front chunks are learned too while rank 0's front chunk holds
+    the image positions: a rank can then hold up to ``min(S / 2cp, image positions)`` learned positions more than
+    rank 0, whose logits (``· vocab · 6`` bytes without TP) the rehearsal does not show."""
     return [(s, s * layout.dp * layout.cp * layout.tp) for s in (range(layout.pp) if stages is None else stages)]
 
 
@@ -255,30 +265,46 @@ def rehearse(
 
     Raises:
         RehearsalUnavailable: this torch lacks a private API the rehearsal needs.
-        RehearsalUnavailable: also for a context-parallel layout, or a preference stage under pipeline parallelism
-            (not rehearsed yet).
+        RehearsalUnavailable: also for a preference stage under pipeline parallelism (not rehearsed yet).
         Exception: whatever the real path raises for this layout (the pre-flight's answer).
     """
     tools = _torch_tools()
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
-    if layout.cp > 1:  # the split reads the batch's values (learned and media positions), which fake tensors lack
-        raise RehearsalUnavailable(
-            f"plan.rehearse does not run context-parallel layouts yet (model.context_parallel_size={layout.cp}); "
-            "the plan's estimate for them is the planner's alone"
-        )
     if cfg.stage == "dpo" and layout.pp > 1:  # its reference's own pipeline pass would need its schedule set up too
         raise RehearsalUnavailable(
             "plan.rehearse does not run a preference stage under pipeline parallelism yet "
             f"(model.pipeline_model_parallel_size={layout.pp}); the plan's estimate for it is the planner's alone"
         )
     batches = synthetic_micro_batches(cfg, ncfg, layout, text_tokens, learned_fraction, image_size, num_frames)
+    # Each micro-batch's place in the step: context parallelism's split rotates the media remainders by it.
+    batches = list(enumerate(batches))
     if micro_batches is not None and layout.pp == 1 and len(batches) > micro_batches:
         batches = batches[: micro_batches - 1] + batches[-1:]
     return [
         _rehearse_rank(cfg, ncfg, layout, rank, stage, batches, tools, fake)
         for stage, rank in rank_roles(layout, stages)
+    ]
+
+
+def _host_split(
+    numbered: list[tuple[int, dict[str, Any]]], layout: Layout, parallel: Any
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(as the engine runs it, the loader's micro-batch)`` of each micro-batch. Under context parallelism the first
+    is this rank's share, split here on the host before fake mode as training splits its host batches
+    (``Engine._context_split``, which leaves a batch carrying its ``context`` as it is): the split reads index values
+    (learned and media positions, segment ids, columns) that fake tensors lack. The share keeps the unsplit
+    ``labels``: the engine counts the global batch's learned tokens on them, as it does before its own split. Only the
+    share is cloned to fake tensors, so the step's inputs are what a GPU holds (the share, not the whole rows)."""
+    if layout.cp == 1:
+        return [(mb, mb) for _, mb in numbered]
+    # The batches run unpacked (``_rehearse_rank``): one causal run per row; sequence parallelism pads to tp.
+    multiple = layout.tp if layout.sp else 1
+    cp_rank, group = parallel.dims.cp_rank, parallel.group("cp")
+    return [
+        ({**split_batch(mb, layout.cp, cp_rank, group, False, i, multiple), "labels": mb["labels"]}, mb)
+        for i, mb in numbered
     ]
 
 
@@ -342,7 +368,7 @@ def _rehearse_rank(
     layout: Layout,
     rank: int,
     stage: int,
-    micro_batches: list[dict[str, Any]],
+    micro_batches: list[tuple[int, dict[str, Any]]],
     tools: dict[str, Any],
     fake: bool = True,
 ) -> RankMemory:
@@ -381,6 +407,7 @@ def _rehearse_rank(
         frozen = None
         if uses_frozen_reference(cfg):
             frozen = frozen_reference(run_cfg, source, layout, device, precision, dims, allocation=mode)
+        split = _host_split(micro_batches, layout, parallel)
         if fake:  # MoE: routing has no values on fake tensors; the experts take uniform routing's group sizes
             for part in parallel.parts + (frozen.parts if frozen is not None else []):
                 use_uniform_dispatch(part)
@@ -394,8 +421,9 @@ def _rehearse_rank(
             # The step's inputs as the device holds them (a GPU run copies each micro-batch over; on the CPU path
             # ``.to(device)`` would alias the loader's tensors, which the trackers then count only through views).
             # (pytree: the batch's Media is a registered node, its tensors cloned and tracked like the others)
-            inputs = [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, mb) for mb in micro_batches]
-            inputs = [_host_grids(mb, original) for mb, original in zip(inputs, micro_batches)]
+            # (a ``ContextShard`` is a leaf: its index tensors stay on the host, as training keeps them)
+            inputs = [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, mb) for mb, _ in split]
+            inputs = [_host_grids(mb, original) for mb, (_, original) in zip(inputs, split)]
             tensors = [v for v in pytree.tree_leaves(inputs) if isinstance(v, torch.Tensor)]
             root = parallel.parts[0]
             if isinstance(root, tools["FSDPModule"]) and len(parallel.parts) == 1:

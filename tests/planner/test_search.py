@@ -24,6 +24,7 @@ def _replan(cfg, plan):
         sequence_parallel=lay.sp,
         data_parallel=lay.data_parallel,
         zero_stage=lay.zero_stage,
+        context_parallel_size=lay.cp,
         activations_checkpoint_granularity=lay.ac,
         micro_batch_size=lay.micro_batch_size,
     )

@@ -4,6 +4,7 @@ pipeline stages included)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -39,8 +40,12 @@ TINY_O2 = ["+stage=finetune", "trainer.precision=bf16", "model.megatron_amp_O2=t
         # last the head; sequence-sharded norms between the TP regions of each stage.
         ["trainer.devices=8", "model.pipeline_model_parallel_size=2", "model.tensor_model_parallel_size=2",
          "model.sequence_parallel=true", "model.global_batch_size=6"],
+        # Context parallelism 2 × two 1F1B stages (O2, FSDP2 over dp × cp): the micro-batches split on the host before
+        # fake mode, the stages' shapes the shares', the keys' and values' all-gathers.
+        ["trainer.devices=4", "model.pipeline_model_parallel_size=2", "model.context_parallel_size=2",
+         "model.global_batch_size=2", "model.loss_normalization=global_tokens"],
     ],
-    ids=["tp2_fsdp2_o2_ac", "one_process_o2", "pp2_tp2_sp_fsdp2_o2"],
+    ids=["tp2_fsdp2_o2_ac", "one_process_o2", "pp2_tp2_sp_fsdp2_o2", "cp2_pp2_fsdp2_o2"],
 )  # fmt: skip
 def test_fake_step_allocates_what_the_real_step_allocates(overrides: list[str]) -> None:
     """Byte for byte, with one decoder layer per pipeline chunk (the tracker's cost is per operation)."""
@@ -136,6 +141,15 @@ def test_plan_rehearse_prints_the_measured_peak_beside_the_plan(capsys: pytest.C
     assert any(line.lstrip().startswith("planned") for line in out.splitlines())
 
 
+def test_plan_rehearse_of_a_context_parallel_layout_says_what_the_cpu_path_adds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    main(TINY_PLAN + ["trainer.devices=4", "model.context_parallel_size=2"])
+    out = capsys.readouterr().out
+    assert any(" rehearsed " in line for line in out.splitlines())
+    assert "# context parallelism: cp rank 0 rehearsed; its activ includes a [S/4, S] causal mask" in out
+
+
 def test_plan_rehearse_exits_non_zero_when_the_real_path_fails(capsys: pytest.CaptureFixture[str]) -> None:
     """LoRA under TP: the planner predicts its shards, training's plan refuses it; the pre-flight says so."""
     with pytest.raises(SystemExit) as exit_info:
@@ -188,3 +202,54 @@ def test_the_dpo_step_rehearses_pairs_and_its_reference_as_planned(overrides: li
         assert measured.categories["other"] >= planned.reference > 0
     (finetune,) = rehearse(compose_config(["+stage=finetune", *base]), text_tokens=64)
     assert measured.categories["activations"] > finetune.categories["activations"]
+
+
+# Context parallelism at a reduced but telling size: Llama-2-7B's shape of layer (multi-head attention, head_dim 64,
+# the 11/4 MLP ratio) at width 1024 and depth 8, one 4112-token row (16 image positions, 4096 text tokens) per step and
+# rank, on 4 ranks (dp = 4 / cp: one micro-batch per rank at every cp).
+CP_WIDTH, CP_LAYERS, CP_TEXT = 1024, 8, 4096
+
+
+def _cp_step(cp: int) -> tuple:
+    cfg = compose_config(TINY_O2 + ["cluster=dgx_a100", "trainer.devices=4", f"model.global_batch_size={4 // cp}",
+                                    f"model.context_parallel_size={cp}", f"model.data.seq_length={CP_TEXT + 64}"])  # fmt: skip
+    ncfg = neva_config_from_mm(cfg.model.mm_cfg)
+    llm = dataclasses.replace(ncfg.llm, hidden_size=CP_WIDTH, num_heads=CP_WIDTH // 64, num_kv_heads=CP_WIDTH // 64,
+                              head_dim=64, intermediate_size=CP_WIDTH * 11 // 4, num_layers=CP_LAYERS,
+                              max_seq_len=CP_TEXT + 64)  # fmt: skip
+    model = dataclasses.replace(ncfg, llm=llm, projector=dataclasses.replace(ncfg.projector, output_size=CP_WIDTH))
+    (measured,) = rehearse(cfg, text_tokens=CP_TEXT, model=model)
+    return measured, plan_run(cfg, text_tokens=CP_TEXT, model=model)
+
+
+def test_context_parallel_rehearses_a_share_of_the_activations_and_the_gathered_keys_and_values() -> None:
+    """The real CP step on fake tensors (cp rank 0, the micro-batch split on the host before fake mode): per rank its
+    activations are at most CP 1's / cp plus the attention working set, computed here, and the planner's activations
+    are within ±10 % of it at CP 1, 2 and 4.
+
+    The attention working set of a rank, per layer: the whole row's keys and values, all-gathered and kept for
+    backward (``2 · S · kv_heads · head_dim`` bf16), and, on the CPU path the rehearsal runs (CUDA takes FlexAttention
+    instead), the mask of every local chunk whose queries see more keys than themselves: the per-segment SDPA of a
+    chunk of ``c = S / 2cp`` queries against the ``k`` keys up to its end keeps its ``[c, k]`` mask in bf16 for
+    backward. cp rank 0's chunks end at ``c`` (no mask: top-left causal) and at ``S``: ``c · S`` per layer."""
+    steps = {cp: _cp_step(cp) for cp in (1, 2, 4)}
+    e, kv_width = 2, CP_WIDTH  # bf16; MHA: kv_heads · head_dim = hidden
+    cpu_masks, gathered = {}, {}
+    for cp, (measured, planned) in steps.items():
+        length = -(-planned.seq_len // (2 * cp)) * 2 * cp  # the row as the split pads it
+        chunk = length // (2 * cp)
+        cpu_masks[cp] = CP_LAYERS * chunk * length * e if cp > 1 else 0
+        gathered[cp] = CP_LAYERS * 2 * length * kv_width * e if cp > 1 else 0
+        assert measured.stage == 0 and measured.rank == 0 and measured.peak == sum(measured.categories.values())
+    act = {cp: measured.categories["activations"] for cp, (measured, _) in steps.items()}
+    for cp in (2, 4):
+        assert act[cp] <= act[1] / cp + gathered[cp] + cpu_masks[cp]
+        # the gathered keys and values are in the peak (a share of CP 1 alone falls short by half of them)
+        assert act[cp] >= act[1] / cp + gathered[cp] / 2
+    # The planner's activations (CUDA kernels: no masks) against the rehearsal's less the CPU masks. The tracker files
+    # a layer's backward buffers under temporaries: compared whole with gradients, as docs/PERFORMANCE.md does.
+    for cp, (measured, planned) in steps.items():
+        c = measured.categories
+        rehearsed = c["grads"] + c["activations"] + c["temporaries"] - cpu_masks[cp]
+        stage = planned.stages[0]
+        assert stage.grads + stage.activations == pytest.approx(rehearsed, rel=0.10), cp
