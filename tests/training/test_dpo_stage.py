@@ -107,3 +107,32 @@ def test_hf_schedules(name):
         assert opt.param_groups[0]["lr"] == pytest.approx(2.0 * expected(s)), s
         opt.step()
         sched.step()
+
+
+def test_video_pairs_train(tmp_path):
+    """LLaVA-NeXT's DPO records with a ``video`` (LLaVA-Hound's video DPO) on a LLaVA-NeXT-Video-style model: the stage
+    trains (the first step's loss log 2, then the policy moves); its batches encode each pair's frames once
+    (tests/data/test_preference.py)."""
+    import json
+
+    from tests.data.video_files import write_video
+    from tests.parallel.harness import FAMILIES, make_checkpoint
+
+    torch.set_num_threads(1)
+    ckpt = make_checkpoint(tmp_path / "video_ckpt", "llama_clip_video")
+    pairs = tmp_path / "pairs.jsonl"
+    records = []
+    for i, (chosen, rejected) in enumerate([("left", "up"), ("up", "down"), ("down", "left"), ("right", "up")]):
+        write_video(tmp_path / f"clip{i}.mp4", 6 + i)
+        records.append({"id": f"v{i}", "video": f"clip{i}.mp4", "prompt": "<video>\nWhich way does it move?",
+                        "chosen": chosen, "rejected": rejected})  # fmt: skip
+    pairs.write_text("\n".join(json.dumps(r) for r in records))
+    data = [f"model.data.data_path={pairs}", f"model.data.validation_data_path={pairs}", f"model.data.video_folder={tmp_path}",
+            "model.data.num_frames=4", *FAMILIES["llama_clip_video"]]  # fmt: skip
+    cfg = dpo_cfg(tmp_path, ckpt, *data)
+    run(cfg)
+    with open(Path(cfg.exp_manager.exp_dir) / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train_loss")]
+    assert [int(r["step"]) for r in rows] == [1, 2]
+    assert float(rows[0]["train_loss"]) == pytest.approx(math.log(2), rel=1e-6)
+    assert float(rows[1]["train_loss"]) != pytest.approx(math.log(2), rel=1e-6)
