@@ -138,8 +138,8 @@ EXPERT_LAYOUTS = {"cp2_ep2": ["model.expert_model_parallel_size=2"], "cp2_ep4": 
 def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
     """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process; Qwen3-VL's native tower too (its DeepStack
     additions sequence-split under SP, on PP's first stage); so do CP2 × EP2 and CP2 × EP4 on a tiny MoE (loss with
-    the routers' term, gradient norm, the routers' term and loads), and the preference stage (DPO) under CP2 × TP2 +
-    SP."""
+    the routers' term, gradient norm, the routers' term and loads; CP2 × EP4 under bf16 O2 within bf16's error), and
+    the preference stage (DPO) under CP2 × TP2 + SP."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
     qwen3_ckpt = make_checkpoint(tmp_path / "qwen3", "qwen3_vl_native")
@@ -166,9 +166,15 @@ def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
     jobs.append(
         ("cp2_tp2_sp/dpo", [f"model.restore_from_path={ckpt}", *CASES["full"], *CP2, *FOUR_RANK["cp2_tp2_sp"]], dpo)
     )
-    results = run_layouts(4, jobs, tmp_path / "layouts")
+    # bf16 O2 with experts over dp × cp: fp32 sharded masters of the experts too, within bf16's error of fp32
+    o2 = ("cp2_ep4_o2/moe_packed", moe + CP2 + EXPERT_LAYOUTS["cp2_ep4"] + O2, STEPS)
+    results = run_layouts(4, [*jobs, o2], tmp_path / "layouts")
     for name, _, _ in jobs:
         _check(results, name, refs[name.split("/")[1]])
+    for rank in results:
+        got, want = rank[o2[0]], refs["moe_packed"]
+        assert got["param_dtypes"] == ["torch.float32"], got["param_dtypes"]
+        assert _max_rel(got["losses"], want["losses"]) < 2e-2 and _max_rel(got["grad_norms"], want["grad_norms"]) < 5e-2
     for rank in results:  # the routers' term and loads: one process's
         for lay in EXPERT_LAYOUTS:
             for got, want in zip(rank[f"{lay}/moe_packed"]["aux_metrics"], refs["moe_packed"]["aux_metrics"]):
