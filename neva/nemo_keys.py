@@ -189,7 +189,7 @@ NEMO_KEYS: dict[str, Entry] = {
     "model.context_parallel_size": Same(
         "each sequence split over `cp` ranks (load-balanced chunks, keys/values all-gathered, tower inputs shared "
         "out, a native-resolution tower's items by patches); composes with DP (FSDP2 / DDP), TP + SP, PP, MoE "
-        "decoders, EP (expert groups drawn from dp × cp) and native-resolution (Qwen-VL) towers "
+        "decoders, EP (expert groups drawn from dp × cp), bf16 O2, native-resolution (Qwen-VL) towers and the DPO stage "
         '(docs/DISTRIBUTED.md, "Context parallelism")'
     ),
     "model.virtual_pipeline_model_parallel_size": Same(),
