@@ -2,17 +2,17 @@
 
 On LLaVA-format data (long and short samples, text-only and two-image ones), padded and packed, and on micro-batches
 mixing video, image + video, image and text rows: CP2 (FSDP2 and DDP) and CP2 × DP2 equal one process step by step,
-native-resolution Qwen2.5-VL (CP2) and Qwen3-VL (DeepStack; every layout) too; each tower input (a native tower's
-patches) is encoded by one cp rank only; bf16 O2 under CP2 stays within bf16's error of the fp32 run; a checkpoint
-written under CP2 resumes in one process and one written by one process resumes under CP2, on the same curve.
-The split itself is checked against a direct computation in process.
+native-resolution Qwen2.5-VL (CP2; an imported one on videos too) and Qwen3-VL (DeepStack; every layout) too; each
+tower input (a native tower's patches) is encoded by one cp rank only; bf16 O2 under CP2 stays within bf16's error of
+the fp32 run; a checkpoint written under CP2 resumes in one process and one written by one process resumes under CP2,
+on the same curve. The split itself is checked against a direct computation in process.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from .harness import FAMILIES, make_checkpoint, run_layouts, train_losses
+from .harness import BASE, FAMILIES, make_checkpoint, run_layouts, train_losses
 from .llava_data import llava_overrides, write_llava_set
 from .test_dpo_layouts import CASES, DPO_BASE
 
@@ -103,8 +103,14 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
     alternating = {"steps": STEPS, "kinds": "text_only_alternating"}
     refs["text_only_alternating"] = train_losses([f"model.restore_from_path={ckpt}"], **alternating)
     jobs.append(("cp2_ddp/text_only_alternating", [f"model.restore_from_path={ckpt}", *CP2, *ddp], alternating))
+    # native video: an imported Qwen2.5-VL (its video token: frames as temporal patches through the same tower and
+    # merger) on images, videos and text; whole videos shared out by patches like images
+    qwen_video = _imported_qwen_video(tmp_path / "qwen_video")
+    video_run = {"steps": STEPS, "base": [o for o in BASE if "arch_overrides" not in o]}  # the import's architecture
+    refs["qwen2_5_vl_imported_video"] = train_losses(qwen_video, **video_run, **count)
+    jobs.append(("cp2/qwen2_5_vl_imported_video", qwen_video + CP2, {**video_run, **count}))
     results = run_layouts(2, jobs, tmp_path / "layouts")
-    for name in data:
+    for name in [*data, "qwen2_5_vl_imported_video"]:
         _check(results, f"cp2/{name}", refs[name])
         # every tower input encoded once, by one cp rank: the ranks' counts sum to one process's, none has them all
         counts = [rank[f"cp2/{name}"]["tower_inputs"] for rank in results]
@@ -121,6 +127,29 @@ def test_cp2_matches_one_process(llava_dir, tmp_path):
         assert _max_rel(o2["losses"], refs["packed"]["losses"]) < 2e-2, (o2, refs["packed"])
         assert _max_rel(o2["grad_norms"], refs["packed"]["grad_norms"]) < 5e-2, (o2, refs["packed"])
     _check(results, "cp2_ddp/text_only_alternating", refs["text_only_alternating"])
+
+
+def _imported_qwen_video(root) -> list[str]:
+    """Overrides training an imported tiny Qwen2.5-VL on LLaVA records of images, text and four mp4 videos of 5-14
+    frames at two sizes (``model.data.num_frames=4``: two temporal patches each)."""
+    import json
+
+    from neva.checkpoint.hf_qwen_vl import import_qwen_vl
+    from tests.checkpoint.tiny_qwen_vl import tiny_qwen_vl_dir
+    from tests.data.video_files import write_video
+
+    path, images = write_llava_set(root / "data", n=20)
+    records = json.loads(path.read_text())
+    for i in range(4):
+        write_video(images / f"clip{i}.mp4", 5 + 3 * i, size=32 + 16 * (i % 2))
+        reply = "The colours change. " * (i + 1)
+        records.insert(2 * i, {"id": f"v{i}", "video": f"clip{i}.mp4", "conversations": [
+            {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": reply}]})  # fmt: skip
+    path.write_text(json.dumps(records))
+    ckpt = import_qwen_vl(tiny_qwen_vl_dir(root / "hf", "qwen2_5_vl"), root / "neva")
+    return [f"model.restore_from_path={ckpt}", "data=llava", f"model.data.data_path={path}",
+            f"model.data.image_folder={images}", "model.data.conv_template=qwen2_vl", "model.data.num_workers=0",
+            "model.data.packing=true", "model.data.num_frames=4"]  # fmt: skip
 
 
 FOUR_RANK = {
