@@ -78,6 +78,16 @@ def precision_kind(precision: str | int, megatron_amp_O2: bool) -> tuple[str, in
     return "fp32", 4 if policy.autocast_dtype is None else 2
 
 
+def planned_gpus_per_node(cfg: TrainConfig) -> int:
+    """``trainer.devices``, or the cluster's GPUs per node when it is not a number (``auto``)."""
+    return cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else cfg.cluster.gpus_per_node
+
+
+def planned_world(cfg: TrainConfig) -> int:
+    """The GPUs a config plans for: ``planned_gpus_per_node`` times the nodes."""
+    return cfg.trainer.num_nodes * planned_gpus_per_node(cfg)
+
+
 def deployment_from_config(
     cfg: TrainConfig, global_batch_size: int | None = None, grad_reduce: str | None = None
 ) -> Deployment:
@@ -90,11 +100,10 @@ def deployment_from_config(
             (O2 with DDP across processes, fewer micro-batches than pipeline stages under 1F1B), an unknown
             ``grad_reduce`` or precision.
     """
-    devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else cfg.cluster.gpus_per_node
     model = cfg.model
     if global_batch_size is not None:
         model = dataclasses.replace(model, global_batch_size=global_batch_size)
-    layout = Layout.from_config(model, cfg.trainer.num_nodes * devices)
+    layout = Layout.from_config(model, planned_world(cfg))
     if grad_reduce not in (None, "fp32", "bf16"):
         raise ConfigError(f"grad_reduce must be fp32 or bf16, got {grad_reduce!r}")
     precision, compute = precision_kind(cfg.trainer.precision, model.megatron_amp_O2)
@@ -104,7 +113,7 @@ def deployment_from_config(
     return Deployment(
         layout=layout,
         nodes=cfg.trainer.num_nodes,
-        gpus_per_node=devices,
+        gpus_per_node=planned_gpus_per_node(cfg),
         precision=precision,
         compute_bytes=compute,
         grad_reduce=grad_reduce or ("bf16" if precision == "half" else "fp32"),

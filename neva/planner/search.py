@@ -23,6 +23,7 @@ from typing import Any
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import ModelConfig, TrainConfig
 from neva.parallel.tensor_parallel import check_tensor_parallel
+from neva.planner.deployment import planned_gpus_per_node, planned_world
 from neva.planner.images import image_load
 from neva.planner.params import meta_model
 from neva.planner.plan import Plan, plan_run
@@ -63,12 +64,6 @@ def _powers_of_two(limit: int) -> list[int]:
     return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
 
 
-def _world(cfg: TrainConfig) -> int:
-    return cfg.trainer.num_nodes * (
-        cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else cfg.cluster.gpus_per_node
-    )
-
-
 def context_parallel_sizes(cfg: TrainConfig, configured: Plan | None) -> list[int]:
     """The CP sizes to search: ``CP_SIZES`` dividing the world, with the configured size, when the configured layout's
     plan (``configured``; None: training refuses it) does not fit or its row is at least ``LONG_ROW`` tokens; the
@@ -76,7 +71,7 @@ def context_parallel_sizes(cfg: TrainConfig, configured: Plan | None) -> list[in
     own = cfg.model.context_parallel_size
     if configured is not None and configured.fits and configured.seq_len < LONG_ROW:
         return [own]
-    world = _world(cfg)
+    world = planned_world(cfg)
     return sorted({own, *(c for c in CP_SIZES if world % c == 0)})
 
 
@@ -85,8 +80,7 @@ def default_space(cfg: TrainConfig, num_layers: int, num_experts: int | None = N
     the decoder's depth, the three data-parallel modes, no / selective / full checkpointing, micro-batches of powers
     of two up to the global batch; the configured virtual pipeline and context-parallel sizes (``search`` widens the
     latter, ``context_parallel_sizes``); EP sizes dividing ``num_experts`` (MoE)."""
-    world = _world(cfg)
-    per_node = world // cfg.trainer.num_nodes
+    world, per_node = planned_world(cfg), planned_gpus_per_node(cfg)
     return {
         "tensor_model_parallel_size": _powers_of_two(per_node),
         "pipeline_model_parallel_size": [p for p in _powers_of_two(world) if p <= num_layers],
