@@ -429,6 +429,14 @@ class TrainConfig:
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {self.stage!r}")
 
+    def reference_kind(self) -> str | None:
+        """How the preference stage's reference runs (training and the planner alike): ``frozen`` (a second model),
+        ``adapters_off`` (the trained model, LoRA), or None (not a preference stage, or precomputed log-probs: no
+        reference forward in training)."""
+        if self.stage != "dpo" or self.model.dpo.precompute_ref_log_probs:
+            return None
+        return "adapters_off" if self.model.peft.peft_scheme == "lora" else "frozen"
+
 
 def _leaves(key: str, value: Any) -> list[tuple[str, Any]]:
     if isinstance(value, dict) and value:

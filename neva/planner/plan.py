@@ -23,7 +23,6 @@ from neva.planner.perf import StepTime, step_time
 from neva.planner.preference import (
     frozen_inventory,
     reference_bytes,
-    reference_kind,
     sequence_deployment,
     sequences_per_sample,
 )
@@ -156,7 +155,7 @@ def plan_run(
     # The model sees sequences: a preference pair is two (its micro-batches counted in them); dep stays in samples.
     rows = sequences_per_sample(cfg)
     seq_dep = sequence_deployment(dep, rows) if rows > 1 else dep
-    reference = reference_kind(cfg)
+    reference = cfg.reference_kind()
     if layout.tp > 1:
         check_divisibility(ncfg, layout.tp)
     check_splittable(ncfg, layout.pp)

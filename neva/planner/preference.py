@@ -38,14 +38,6 @@ def sequence_deployment(dep: Deployment, sequences: int) -> Deployment:
     )
 
 
-def reference_kind(cfg: TrainConfig) -> str | None:
-    """How the run's reference runs: ``frozen`` (a second model), ``adapters_off`` (the trained model, LoRA), or
-    None (not a preference stage, or precomputed log-probs: no reference forward in training)."""
-    if cfg.stage != "dpo" or cfg.model.dpo.precompute_ref_log_probs:
-        return None
-    return "adapters_off" if cfg.model.peft.peft_scheme == "lora" else "frozen"
-
-
 def frozen_inventory(infos: list[ParamInfo]) -> list[ParamInfo]:
     """The same parameters, none trained (the reference: its FLOPs are forward only)."""
     return [dataclasses.replace(p, trainable=False) for p in infos]

@@ -296,12 +296,6 @@ def cp_group(engine: Any) -> Any:
     return engine.parallel.group("cp") if engine.cp > 1 else None
 
 
-def uses_frozen_reference(cfg: TrainConfig) -> bool:
-    """The run's reference is a frozen second model (``frozen_reference``): not under LoRA (adapters off), not with
-    precomputed log-probs."""
-    return cfg.stage == "dpo" and not cfg.model.dpo.precompute_ref_log_probs and cfg.model.peft.peft_scheme != "lora"
-
-
 def frozen_reference(
     cfg: TrainConfig,
     source: ModelSource,

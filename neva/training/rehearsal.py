@@ -47,7 +47,7 @@ from neva.parallel.mesh import MESH_DIMS, build_mesh
 from neva.parallel.parallelize import parallelize
 from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
-from neva.training.dpo import PreferenceObjective, frozen_reference, uses_frozen_reference
+from neva.training.dpo import PreferenceObjective, frozen_reference
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer
 from neva.training.rehearsal_inputs import synthetic_micro_batches
@@ -405,7 +405,7 @@ def _rehearse_rank(
         preference = PreferenceObjective.of(cfg)
         run_cfg = dataclasses.replace(cfg, model=m)
         frozen = None
-        if uses_frozen_reference(cfg):
+        if cfg.reference_kind() == "frozen":
             frozen = frozen_reference(run_cfg, source, layout, device, precision, dims, allocation=mode)
         split = _host_split(micro_batches, layout, parallel)
         if fake:  # MoE: routing has no values on fake tensors; the experts take uniform routing's group sizes
