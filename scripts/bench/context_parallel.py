@@ -96,16 +96,16 @@ def _cp_worker(rank: int, port: int, args: Any, local_gather: bool, out: Any) ->
     dist.destroy_process_group()
 
 
-def _one_process(args: Any, out: Any) -> None:
+def _one_process(rank: int, args: Any, out: Any) -> None:
     torch.set_num_threads(1)
     model = _model(args.cp_layers, args.cp_kv_heads, args.cp_seq)
-    out.put((0, _measure(model, _batch(args.cp_seq, args.cp_docs), None, args.warmup, args.steps)))
+    out.put((rank, _measure(model, _batch(args.cp_seq, args.cp_docs), None, args.warmup, args.steps)))
 
 
 def _spawn(target: Any, nprocs: int, *extra: Any) -> list[dict]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*((r,) if nprocs > 1 else ()), *extra, queue)) for r in range(nprocs)]
+    procs = [ctx.Process(target=target, args=(r, *extra, queue)) for r in range(nprocs)]
     for p in procs:
         p.start()
     results = dict(queue.get() for _ in procs)
