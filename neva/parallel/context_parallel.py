@@ -15,8 +15,9 @@ The model receives a ``ContextShard`` (``neva.models.context_shard``) carrying t
   and the local queries attend per segment. All-gather, not a ring: it is exact with the per-segment kernels
   unchanged (packing, sliding windows), needs no online-softmax merge of partial results, and its cost — the whole
   row's keys and values on every rank for one layer at a time — is small beside the activations CP divides
-  (``num_kv_heads · head_dim`` per token, a fraction of the hidden size under GQA). A ring overlaps the transfer
-  with compute at very long rows; that is left for when it is measured to matter;
+  (``num_kv_heads · head_dim`` per token, a fraction of the hidden size under GQA). Measured, the gathers'
+  exposed time is 5-7 % of a CP2 step on CPU and planned at 1-7 % of an H100 step (``scripts/benchmark.py
+  --context-parallel``, docs/PERFORMANCE.md): all a ring, overlapping the transfer with compute, could save;
 - media: each cp rank encodes its share of the micro-batch's tower inputs (images, AnyRes tiles, video frames,
   balanced by count; a native-resolution tower's images and videos, whole items balanced by patches) and the
   projected features (and Qwen3-VL's DeepStack features) are all-gathered; each rank writes those at its positions.
