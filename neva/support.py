@@ -15,9 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from neva.checkpoint.architecture import neva_config_from_mm
-from neva.checkpoint.hf_config import llava_config_dict, neva_config_from_llava
-from neva.checkpoint.hf_qwen_vl import neva_config_from_qwen_vl, qwen_vl_config_dict
-from neva.checkpoint.hf_wrappers import wrapper_for
+from neva.checkpoint.interop import interop_for
 from neva.checkpoint.llava_export import check_llava_layout
 from neva.checkpoint.llava_original import (
     LLAVA_MODEL_TYPES,
@@ -144,22 +142,10 @@ def check_layout(cfg: TrainConfig, column: Column) -> None:
 
 
 def hf_round_trip(cfg: TrainConfig) -> str:
-    """The HF class the export writes (a llava-hf wrapper, or the model's Qwen-VL family), after the import has read
-    the config it wrote (``neva.convert``)."""
+    """The HF class the export writes (its family's interop: a llava-hf wrapper, or the family's own class), after
+    the import has read the config it wrote (``neva.convert``)."""
     arch = architecture(cfg)
-    if arch.vision is not None and arch.vision.is_native:
-        config = qwen_vl_config_dict(arch)
-        neva_config_from_qwen_vl(config)
-        return config["model_type"]
-    config = llava_config_dict(arch)
-    try:
-        wrapper = wrapper_for(arch)
-    except ValueError as err:  # no transformers class takes the features together; the export refuses the same way
-        raise ConfigError(str(err)) from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        neva_config_from_llava({**config, "model_type": wrapper.model_type})
-    return wrapper.model_type
+    return interop_for(arch).round_trip(arch)
 
 
 def llava_original(cfg: TrainConfig) -> str:

@@ -34,6 +34,7 @@ from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
+from neva.checkpoint.interop import Interop
 from neva.checkpoint.neva_format import (
     TensorSource,
     iter_tensors,
@@ -123,7 +124,7 @@ def neva_config_from_qwen_vl(hf: dict[str, Any]) -> NevaConfig:
         spatial_merge_size=vision.spatial_merge_size,
         deepstack_mergers=len(vision.deepstack_visual_indexes),
     )
-    # The video token makes the model take video (``NevaConfig.native_video``).
+    # The video token makes the model take video (``NevaConfig.patch_video``).
     video_token_id = hf.get("video_token_id", hf.get("text_config", {}).get("video_token_id"))
     return NevaConfig(
         llm=llm, vision=vision, projector=projector, image_token_id=hf["image_token_id"], video_token_id=video_token_id
@@ -380,3 +381,17 @@ def export_qwen_vl(
 
             load_tokenizer(ckpt).save_pretrained(str(tmp))
     return Path(out)
+
+
+def _round_trip(arch: NevaConfig) -> str:
+    config = qwen_vl_config_dict(arch)
+    neva_config_from_qwen_vl(config)
+    return config["model_type"]
+
+
+def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
+    # The chat template an export ships is the family's own (its tokenizer's): no neva template is written.
+    return export_qwen_vl(ckpt, out, **common)
+
+
+QWEN_VL_INTEROP = Interop("Qwen-VL", is_qwen_vl, import_qwen_vl, _export, _round_trip)

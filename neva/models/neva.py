@@ -102,17 +102,17 @@ class NevaModel(nn.Module):
     @property
     def modalities(self) -> tuple[str, ...]:
         """The media this model reads: images with a tower and projector, video where it pools frames or where a
-        native-resolution model has its video token (``NevaConfig.native_video``: the same tower and merger)."""
+        native-resolution model has its video token (``NevaConfig.patch_video``: the same tower and merger)."""
         if self.vision is None or self.projector is None:
             return ()
-        return ("image", "video") if self.video_pool is not None or self.cfg.native_video else ("image",)
+        return ("image", "video") if self.video_pool is not None or self.cfg.patch_video else ("image",)
 
     def _empty_inputs(self, modality: str, device: torch.device) -> MediaInputs:
         # The tower says what an input without images is (its shape is the tower kind's own).
         return MediaInputs.empty(
             self.vision.empty_input(device),
             anyres=modality == "image" and bool(self.anyres),
-            native=self.cfg.vision.is_native,
+            grid=self.cfg.vision.spec.patch_grid,
         )
 
     def _token(self, modality: str) -> int:

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neva.models.config import MERGERS, ProjectorConfig
+from neva.families import MERGERS
+from neva.models.config import ProjectorConfig
 from neva.models.layers import RMSNorm
 from neva.models.projector_merger import NativeMerger
 

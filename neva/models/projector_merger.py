@@ -1,4 +1,4 @@
-"""The native towers' patch mergers as projectors (``ProjectorConfig.type`` in ``neva.models.config.MERGERS``).
+"""The native towers' patch mergers as projectors (a family's ``MergerSpec.projector``, ``neva.families``).
 
 HF ``PatchMerger`` (Qwen2-VL), ``Qwen2_5_VLPatchMerger`` and ``Qwen3VLVisionPatchMerger``: a norm over each patch
 (LayerNorm or RMSNorm, eps 1e-6), then ``spatial_merge_size``² consecutive patches (one merge block, the processor's
@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neva.models.config import MERGERS, ProjectorConfig
+from neva.families import merger_spec
+from neva.models.config import ProjectorConfig
 from neva.models.native_vision import NativeFeatures, make_norm
 
 
@@ -38,8 +39,7 @@ class NativeMerger(nn.Module):
 
     def __init__(self, cfg: ProjectorConfig) -> None:
         super().__init__()
-        kind = MERGERS[cfg.type]
-        self.merger = PatchMerger(cfg, kind["norm"], post_merge_norm=False)
+        self.merger = PatchMerger(cfg, merger_spec(cfg.type).merger.norm, post_merge_norm=False)
         self.deepstack = nn.ModuleList(PatchMerger(cfg, "layer", True) for _ in range(cfg.deepstack_mergers))
 
     def forward(self, features: NativeFeatures) -> NativeFeatures:

@@ -97,7 +97,7 @@ def stage_activation_bytes(
         vocab = cfg.llm.vocab_size / layout.tp if vocab_parallel_logits(layout.tp, layout.pp) else cfg.llm.vocab_size
         per_mb += head * vocab * (e + 4)
     # each cp rank encodes 1/cp of the tower inputs (a native tower is refused under cp)
-    if stage == 0 and cfg.vision is not None and cfg.vision.is_native:
+    if stage == 0 and cfg.vision is not None and cfg.vision.spec.patch_grid:
         per_mb += _native_vision_bytes(cfg, infos, dep) * tiles
     elif stage == 0 and cfg.vision is not None:
         per_mb += _vision_bytes(cfg, infos, dep, frames) * (1 if frames else tiles) / layout.cp
@@ -149,13 +149,13 @@ def _native_vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deploymen
     patches, ``neva.planner.images``). Attention runs in windows / per image through memory-efficient SDPA, so it keeps
     no scores: nothing grows with the window or the image, only with its patches. Per block: two norm inputs,
     q/k/v/out, o_proj and first MLP input, and the MLP's intermediates: SwiGLU (Qwen2.5-VL: gate and up outputs,
-    SiLU output, their product) 4, GELU (Qwen2-VL) 2; and the patch embedding's input, one flattened patch. The merger (``projector``): per merged token its input (merge²
+    SiLU output, their product; the family's ``gated_mlp``) 4, GELU (Qwen2-VL) 2; and the patch embedding's input, one flattened patch. The merger (``projector``): per merged token its input (merge²
     patches' width) and two hidden-wide tensors, as the MLP projector's count."""
     e, b = dep.compute_bytes, dep.layout.micro_batch_size
     vision = cfg.vision
     total = 0.0
     if any(p.trainable for p in infos if p.part == "vision"):
-        mlp = 4 if vision.kind == "qwen2_5_vl" else 2
+        mlp = 4 if vision.spec.gated_mlp else 2
         total += e * b * (8 * vision.hidden_size + mlp * vision.intermediate_size) * vision.layers_run
         total += e * b * vision.patch_dim  # the patch embedding's input (its weight trains)
     if any(p.trainable for p in infos if p.part == "projector"):

@@ -26,15 +26,22 @@ from neva.planner.preference import (
     sequence_deployment,
     sequences_per_sample,
 )
+from neva.stages import stage_spec
 from neva.typed import ConfigError
 
-# Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
-# after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
-# A preference stage (dpo) has finetuning's conversations: a pair is two of them (neva.planner.preference).
-TEXT_TOKENS = {"pretrain": 100, "finetune": 450, "dpo": 450}
-# Share of those text tokens that are learned: a pretrain sample's text is its caption, about half of a finetune
-# conversation's is the assistant's replies (the rest prompt and template). The LM head runs only there without TP.
-LEARNED_FRACTION = {"pretrain": 1.0, "finetune": 0.5, "dpo": 0.5}
+
+def text_tokens_of(cfg: TrainConfig) -> int:
+    """Mean text tokens per sample of the stage's data (its spec's ``text_tokens``: the datasets NVIDIA measured on,
+    docs/PLANNER.md "Workload": LCS-558K captions after `plain`, LLaVA-Instruct-150K conversations after
+    `vicuna_v1`; a preference pair is two of the latter, neva.planner.preference)."""
+    return stage_spec(cfg.stage).text_tokens
+
+
+def learned_fraction_of(cfg: TrainConfig) -> float:
+    """Share of those text tokens that are learned (the spec's ``learned_fraction``: a caption wholly, about half a
+    conversation). The LM head runs only there without TP."""
+    return stage_spec(cfg.stage).learned_fraction
+
 
 GiB = 1024**3
 
@@ -111,7 +118,7 @@ class Plan:
 
 def sample_tokens(cfg: TrainConfig, num_image_tokens: int, text_tokens: int | None) -> int:
     """Tokens one sample occupies: image tokens + text, padded like the collator (multiple of pad_to_multiple_of)."""
-    text = TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens
+    text = text_tokens_of(cfg) if text_tokens is None else text_tokens
     pad = max(1, cfg.model.data.pad_to_multiple_of)
     return -(-(num_image_tokens + text) // pad) * pad
 
@@ -131,7 +138,7 @@ def plan_run(
 
     Args:
         cfg: a composed, validated config (``neva.config.compose_config``).
-        text_tokens: mean text tokens per sample (default: ``TEXT_TOKENS[cfg.stage]``).
+        text_tokens: mean text tokens per sample (default: ``text_tokens_of(cfg)``).
         global_batch_size: overrides ``cfg.model.global_batch_size`` (weak-scaling sweeps).
         grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Deployment``).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (the benchmark's own shapes).
@@ -170,7 +177,7 @@ def plan_run(
         raise ConfigError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
     images = image_load(ncfg, image_size, image_tokens, cfg.model.data, max_pixels)
     seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else images.tokens, text_tokens)
-    learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
+    learned = (text_tokens_of(cfg) if text_tokens is None else text_tokens) * learned_fraction_of(cfg)
     flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames, images.grid)
     if reference is not None:  # its forward of each sequence, without autograd
         ref = stage_flops(frozen_inventory(infos), ncfg, layout, seq, layers, images.tiles, frames, images.grid)

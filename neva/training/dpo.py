@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from neva.checkpoint.source import ModelSource
 from neva.config import DPOConfig, TrainConfig
 from neva.constants import IGNORE_INDEX
-from neva.data.preference import carries_reference
+from neva.data.preference import PairCollator, PreferenceDataModule, carries_reference
 from neva.errors import ConfigError
 from neva.models.lora import adapters_disabled
 from neva.models.preference_loss import PREFERENCE_LOSSES, pair_losses, sequence_logps
@@ -315,3 +316,28 @@ def frozen_reference(
     for part in model.parts:
         part.eval()
     return model
+
+
+def preference_objective(cfg: TrainConfig) -> PreferenceObjective:
+    """The stage's objective (``neva.stages.dpo``): the pairs' losses replace token cross-entropy."""
+    return PreferenceObjective.of(cfg)
+
+
+def preference_data_module(cfg: TrainConfig) -> Callable[..., Any]:
+    """The stage's data module (``neva.stages.dpo``): preference pairs (``neva.data.preference``); the settings the
+    stage refuses are refused here, before data and model are built."""
+    check_preference_config(cfg)
+    return functools.partial(PreferenceDataModule, precomputed=cfg.model.dpo.precompute_ref_log_probs)
+
+
+def rehearsal_pairs(cfg: TrainConfig, sample: dict[str, Any], seq_length: int, layout: Layout) -> list[dict[str, Any]]:
+    """The rehearsal's micro-batches (``neva.stages.dpo``): pairs of the plan's sample, as the stage's data module
+    collates them."""
+    data = cfg.model.data
+    collate = PairCollator(0, seq_length, data.pad_to_multiple_of)
+    reference = {"ref_logps": torch.zeros(2)} if cfg.model.dpo.precompute_ref_log_probs else {}
+    return [
+        collate([{"chosen": {**sample, "id": i}, "rejected": {**sample, "id": i}, **reference}
+                 for i in range(m * layout.micro_batch_size, (m + 1) * layout.micro_batch_size)])
+        for m in range(layout.grad_accum)
+    ]  # fmt: skip

@@ -22,8 +22,8 @@ from neva.parallel.layout import Layout
 from neva.parallel.parallelize import parallelize
 from neva.parallel.precision import Precision
 from neva.training.callbacks import MetricsCSV
-from neva.training.dpo import PreferenceObjective
 from neva.training.engine import Engine
+from neva.training.objectives import stage_objective
 from neva.training.optim import build_optimizer, build_scheduler
 from neva.training.resume_check import CONFIG_KEY, check_resume, config_record
 from neva.training.tower_work import tower_patch_metrics
@@ -178,7 +178,7 @@ class NevaModule(pl.LightningModule):
             self.precision_policy,
             getattr(strategy, "dims", None),
         )
-        preference = PreferenceObjective.of(self.cfg)  # stage=dpo: the pairs' objective replaces token CE
+        preference = stage_objective(self.cfg)  # the stage's own (DPO's pairs) replaces token CE
         self.engine = Engine(
             parallel,
             self.precision_policy,
@@ -285,7 +285,7 @@ class NevaModule(pl.LightningModule):
             peak = device_peak_tflops(name, self.cfg.cluster.peak_tflops_bf16)
             if peak:
                 metrics["mfu"] = tflops / peak
-        if self.source.cfg.vision is not None and self.source.cfg.vision.is_native:
+        if self.source.cfg.vision is not None and self.source.cfg.vision.spec.patch_grid:
             # Every rank logs a step (skipped or not), so every rank of the group joins this all-reduce.
             metrics.update(tower_patch_metrics(micro_batches, self.engine.dp_group, self.engine.device))
         metrics.update(self.data.skip_tracker.metrics())

@@ -47,8 +47,10 @@ from neva.parallel.mesh import MESH_DIMS, build_mesh
 from neva.parallel.parallelize import parallelize
 from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
-from neva.training.dpo import PreferenceObjective, frozen_reference
+from neva.stages import stage_spec
+from neva.training.dpo import frozen_reference
 from neva.training.engine import Engine
+from neva.training.objectives import stage_objective
 from neva.training.optim import build_optimizer
 from neva.training.rehearsal_inputs import synthetic_micro_batches
 
@@ -272,7 +274,9 @@ def rehearse(
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
-    if cfg.stage == "dpo" and layout.pp > 1:  # its reference's own pipeline pass would need its schedule set up too
+    if (
+        not stage_spec(cfg.stage).rehearses_pipeline and layout.pp > 1
+    ):  # its reference's own pipeline pass would need its schedule set up too
         raise RehearsalUnavailable(
             "plan.rehearse does not run a preference stage under pipeline parallelism yet "
             f"(model.pipeline_model_parallel_size={layout.pp}); the plan's estimate for it is the planner's alone"
@@ -402,7 +406,7 @@ def _rehearse_rank(
         parallel = parallelize(meta_model, source, layout, m, device, precision, dims, allocation=mode)
         # A preference stage: its pair objective, and its reference as training runs it (a frozen copy, allocated
         # like the trained model; LoRA's adapters off; none when precomputed).
-        preference = PreferenceObjective.of(cfg)
+        preference = stage_objective(cfg)
         run_cfg = dataclasses.replace(cfg, model=m)
         frozen = None
         if cfg.reference_kind() == "frozen":
@@ -511,11 +515,10 @@ def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> Neva
         num_layers = first + layers_per_chunk * (layout.num_chunks - 1)
     vision = ncfg.vision
     if vision is not None:
-        # A native tower's merger reads its last block; Qwen2.5-VL's keeps one windowed and one full block.
-        native = {"vision_select_layer": -1}
-        if vision.kind == "qwen2_5_vl":
-            native["fullatt_block_indexes"] = [1]
-        vision = dataclasses.replace(
-            vision, num_layers=2, **(native if vision.is_native else {"vision_select_layer": -2})
-        )
+        # A merger reads its tower's last block (the family's ``select``); window attention keeps one windowed and
+        # one full block.
+        kept = {"vision_select_layer": vision.spec.select}
+        if vision.spec.window_attention:
+            kept["fullatt_block_indexes"] = [1]
+        vision = dataclasses.replace(vision, num_layers=2, **kept)
     return dataclasses.replace(ncfg, llm=dataclasses.replace(ncfg.llm, num_layers=num_layers), vision=vision)

@@ -18,7 +18,7 @@ from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import compose_config
 from neva.parallel.layout import Layout
 from neva.plan import main
-from neva.planner.plan import TEXT_TOKENS, plan_run
+from neva.planner.plan import plan_run, text_tokens_of
 from neva.training.rehearsal import CATEGORIES, RehearsalUnavailable, edge_stages, rehearse, require, shallow
 from neva.typed import ConfigError
 
@@ -123,7 +123,7 @@ def test_every_preset_layout_runs_its_step(preset: str) -> None:
         cfg = compose_config([f"+preset={preset}", f"model.global_batch_size={gbs}"])
     model = shallow(neva_config_from_mm(cfg.model.mm_cfg), layout)
     stages = edge_stages(layout)
-    measured = rehearse(cfg, TEXT_TOKENS[cfg.stage], model=model, micro_batches=1, stages=stages)
+    measured = rehearse(cfg, text_tokens_of(cfg), model=model, micro_batches=1, stages=stages)
     assert [r.stage for r in measured] == stages
     assert all(r.peak == sum(r.categories.values()) > 0 for r in measured)
 
