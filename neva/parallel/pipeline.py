@@ -155,6 +155,16 @@ def check_microbatches(schedule: str, pp: int, n_microbatches: int) -> None:
         )
 
 
+def check_interleaved(schedule: str, pp: int, chunks_per_rank: int) -> None:
+    """The interleaved schedule runs several chunks per pipeline rank.
+
+    Raises:
+        ConfigError: ``interleaved_1f1b`` with one chunk per rank (no virtual pipeline size).
+    """
+    if pp > 1 and schedule == "interleaved_1f1b" and chunks_per_rank < 2:
+        raise ConfigError("interleaved_1f1b needs model.virtual_pipeline_model_parallel_size >= 2")
+
+
 # Per-token keyword inputs a micro-batch may carry besides positions and segments: LoRA dropout keys (every stage),
 # an MoE model's token mask (its routers count only those tokens).
 OPTIONAL_KEYWORD_INPUTS = ("dropout_keys", "token_mask")
@@ -189,9 +199,9 @@ class PipelineRunner:
         autocast: Callable[[], Any] | None = None,
         dp_group: dist.ProcessGroup | None = None,
     ) -> None:
-        check_microbatches(schedule, dist.get_world_size(pp_group), n_microbatches)
-        if schedule == "interleaved_1f1b" and len(chunks) < 2:
-            raise ConfigError("interleaved_1f1b needs model.virtual_pipeline_model_parallel_size >= 2")
+        pp = dist.get_world_size(pp_group)
+        check_microbatches(schedule, pp, n_microbatches)
+        check_interleaved(schedule, pp, len(chunks))
         self.chunks, self.chunk_ids, self.num_chunks = chunks, chunk_ids, num_chunks
         self.pp_group, self.device, self.schedule_name = pp_group, device, schedule
         self.n_microbatches, self.packed = n_microbatches, packed

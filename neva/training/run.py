@@ -27,10 +27,10 @@ from neva.data.preference import PreferenceDataModule
 from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.leave import leave_together
+from neva.parallel.run_rules import check_stage
 from neva.parallel.strategy import build_strategy
 from neva.training import quiet
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints, StepProgressBar
-from neva.training.dpo import check_preference_config
 from neva.training.eval_hook import EvalDuringTraining, InTrainingEval
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_steps, plan_training_data
@@ -67,10 +67,11 @@ def log_config(loggers: list[Any], cfg: TrainConfig) -> None:
 
 
 def data_module_type(cfg: TrainConfig) -> Callable[..., NevaDataModule]:
-    """The stage's data module: preference pairs for stage=dpo (``neva.data.preference``; the settings that stage
-    refuses are refused here, before data and model are built), conversations otherwise."""
+    """The stage's data module: preference pairs for stage=dpo (``neva.data.preference``), conversations otherwise.
+    The stage's refused settings (``run_rules.check_stage``, one of ``check_run``'s rules) are refused here already,
+    before data and model are built."""
+    check_stage(cfg)
     if cfg.stage == "dpo":
-        check_preference_config(cfg)
         return functools.partial(PreferenceDataModule, precomputed=cfg.model.dpo.precompute_ref_log_probs)
     return NevaDataModule
 
