@@ -71,7 +71,7 @@ def local_chunks(pp_rank: int, pp: int, virtual: int) -> list[int]:
 
 
 def check_splittable(cfg: NevaConfig, pp: int) -> None:
-    """Refuse a model that cannot be split over ``pp`` stages (training and the planner both ask)."""
+    """Refuse a model that cannot be split over ``pp`` stages (a start-time rule: ``run_rules.check_run``)."""
     if pp > 1 and cfg.llm.tie_word_embeddings:
         raise ConfigError("tied word embeddings cannot be split over pipeline stages (first and last stage share them)")
 
@@ -142,7 +142,8 @@ def pad_micro_batches(
 
 
 def check_microbatches(schedule: str, pp: int, n_microbatches: int) -> None:
-    """A 1F1B schedule needs at least one micro-batch per pipeline stage in flight (the planner applies it too).
+    """A 1F1B schedule needs at least one micro-batch per pipeline stage in flight (a start-time rule:
+    ``run_rules.check_run``).
 
     Raises:
         ConfigError: fewer micro-batches per step than pipeline stages under ``1f1b`` / ``interleaved_1f1b``.

@@ -116,7 +116,7 @@ class PreferenceObjective:
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
         return torch.tensor(int(batch["pairs"]))
 
-    # The loss is right on a context-parallel shard of a batch (``Engine`` refuses a head that is not).
+    # The loss is right on a context-parallel shard of a batch (``check_run`` refuses a head that is not).
     context_parallel = True
 
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
