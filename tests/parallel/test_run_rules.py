@@ -90,12 +90,13 @@ def test_every_cell_of_the_support_matrix_gets_one_verdict(launcher_free):
     cluster = compose_config(["+stage=finetune", "cluster=dgx_h100"]).cluster  # a GPU's peak; no rule reads it
     composed: dict = {}
     cells = [(row, column, None) for row in support.ROWS for column in support.LAYOUTS] + DISAGREED
-    disagree, refused, models = [], 0, {}
+    disagree, refused, rows = [], 0, {}
     for row, column, message in cells:
-        cfg = support.compose_row(row, composed)
-        if repr(row) not in models:
-            models[repr(row)] = row_model(cfg)
-        matrix, planned, searched, trained = cell_verdicts(cfg, column, models[repr(row)], cluster)
+        if repr(row) not in rows:  # the row's config and meta model, once
+            cfg = support.compose_row(row, composed)
+            rows[repr(row)] = cfg, row_model(cfg)
+        cfg, model = rows[repr(row)]
+        matrix, planned, searched, trained = cell_verdicts(cfg, column, model, cluster)
         refused += matrix != "yes"
         same = matrix == planned == trained and searched == (matrix == "yes")
         if not same or (message is not None and message not in matrix):
