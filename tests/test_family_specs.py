@@ -15,9 +15,9 @@ from neva.stages import STAGES
 from neva.stages.spec import PART_OWNERS as STAGE_PART_OWNERS
 
 ROOT = Path(neva.__file__).parent
-NAMES = set(TOWERS) | set(DECODERS)
-# What a branch on a family reads: ``vision.kind == "qwen2_vl"``, ``llm.family in (...)``, ``row.tower != ...``.
-SUBJECTS = {"kind", "family", "tower", "text_family"}
+NAMES = set(TOWERS) | set(DECODERS) | set(STAGES)
+# What a branch on a family or stage reads: ``vision.kind == "qwen2_vl"``, ``llm.family in (...)``, ``cfg.stage``.
+SUBJECTS = {"kind", "family", "tower", "text_family", "stage"}
 
 
 @pytest.mark.parametrize("spec", [*TOWERS.values()], ids=lambda s: s.kind)
@@ -60,17 +60,18 @@ def _branches(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
-def test_no_branch_on_a_family_name_outside_the_families_own_modules():
-    """A family's own modules (those its spec names as parts, and ``neva/families``) may tell its members apart;
-    every other module asks the spec."""
-    own = {path.partition(":")[0] for spec in TOWERS.values() for path in spec.parts().values()}
+def test_no_branch_on_a_family_or_stage_name_outside_their_own_modules():
+    """A family's or stage's own modules (those its spec names as parts, and ``neva/families``, ``neva/stages``) may
+    tell their members apart; every other module asks the spec."""
+    specs = [*TOWERS.values(), *STAGES.values()]
+    own = {path.partition(":")[0] for spec in specs for path in spec.parts().values()}
     found = []
     for path in ROOT.rglob("*.py"):
         module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
-        if module.startswith("neva.families") or module in own:
+        if module.startswith(("neva.families", "neva.stages")) or module in own:
             continue
         found += [f"{module}:{line} {name!r}" for line, name in _branches(ast.parse(path.read_text()))]
-    assert not found, "generic code branches on a family's name (ask its spec): " + ", ".join(found)
+    assert not found, "generic code branches on a family's or stage's name (ask its spec): " + ", ".join(found)
 
 
 def test_the_scan_sees_a_branch():

@@ -7,10 +7,8 @@ from dataclasses import asdict, dataclass, field
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
-from neva.parallel.context_parallel import check_context_parallel_objective
-from neva.parallel.expert_parallel import check_expert_parallel_layout
-from neva.parallel.pipeline import check_deepstack_split, check_splittable, split_layers
-from neva.parallel.tensor_parallel import check_divisibility
+from neva.parallel.precision import Precision
+from neva.parallel.run_rules import check_run
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import StageFlops, stage_flops
@@ -18,7 +16,7 @@ from neva.planner.hardware import hardware_from_config
 from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import dispatch_bytes, moe_facts
-from neva.planner.params import model_inventory, stage_layers
+from neva.planner.params import meta_model, model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
 from neva.planner.preference import (
     frozen_inventory,
@@ -152,9 +150,11 @@ def plan_run(
             ``model.data.max_pixels``, else the tower kind's): the image planned is the largest it lets through.
 
     Raises:
-        ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
-            pipeline chunks without a layer, an EP size that does not divide the experts, context parallelism with
-            what it does not compose with yet).
+        ConfigError: a run training refuses: the layout's own validation (``deployment_from_config``) and every
+            start-time rule training asks (``neva.parallel.run_rules.check_run``: O2 with DDP, TP sizes that do not
+            divide the model, LoRA or a trained tower under TP, pipeline chunks without a layer, an EP size that
+            does not divide the experts, context parallelism with what it does not compose with yet, the stage's
+            refused settings, ...), with training's message.
     """
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
@@ -163,14 +163,11 @@ def plan_run(
     rows = sequences_per_sample(cfg)
     seq_dep = sequence_deployment(dep, rows) if rows > 1 else dep
     reference = cfg.reference_kind()
-    if layout.tp > 1:
-        check_divisibility(ncfg, layout.tp)
-    check_splittable(ncfg, layout.pp)
-    check_deepstack_split(ncfg, split_layers(ncfg.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
-    check_expert_parallel_layout(layout, ncfg.llm)
-    check_context_parallel_objective(layout, cfg.model.loss_normalization)  # both stages' heads split under cp
+    policy = cfg.model.trainable_policy()
+    # training's own start-time rules and messages (fp16, which training refuses, is planned by its O2 flag)
+    check_run(cfg, layout, meta_model(ncfg, policy), Precision(master_weights=dep.precision == "o2"))
     hw = hardware_from_config(cfg.cluster)
-    infos = model_inventory(ncfg, cfg.model.trainable_policy())
+    infos = model_inventory(ncfg, policy)
     layers = stage_layers(ncfg.llm.num_layers, layout)
     frames = num_frames or 0
     if frames and ncfg.video is None:

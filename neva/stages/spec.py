@@ -35,6 +35,8 @@ class StageSpec:
         sequences_per_sample: decoder sequences one sample becomes (a preference pair: 2).
         reference: whether a run of this config runs a reference model's forward in training (the run's
             ``TrainConfig``; None: the stage never does).
+        check: the stage's own start-time rule on the run's ``TrainConfig`` (raises ``ConfigError`` naming the key
+            it cannot run with; ``neva.parallel.run_rules.check_run`` asks it first).
         data_module: ``(cfg) -> data module class`` of its records (``neva.training``), checking the settings the stage
             refuses first; None: conversations (``NevaDataModule``).
         objective: ``(cfg) -> HeadObjective`` replacing token cross-entropy (``neva.training``); None: token CE.
@@ -49,6 +51,7 @@ class StageSpec:
     learned_fraction: float = 0.5
     sequences_per_sample: int = 1
     reference: Callable[[Any], bool] | None = None
+    check: Callable[[Any], None] | None = None
     data_module: str | None = None
     objective: str | None = None
     rehearsal_batches: str | None = None

@@ -17,7 +17,7 @@ from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
 from neva.models.flops import SampleFlops, device_peak_tflops
 from neva.models.neva import NevaModel
-from neva.models.trainable import build_meta_model, parameter_counts
+from neva.models.trainable import parameter_counts
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import parallelize
 from neva.parallel.precision import Precision
@@ -26,8 +26,8 @@ from neva.training.engine import Engine
 from neva.training.objectives import stage_objective
 from neva.training.optim import build_optimizer, build_scheduler
 from neva.training.resume_check import CONFIG_KEY, check_resume, config_record
+from neva.training.start_checks import checked_meta_model
 from neva.training.tower_work import tower_patch_metrics
-from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +163,12 @@ class NevaModule(pl.LightningModule):
             return
         strategy = self.trainer.strategy if self._trainer is not None else None
         device = strategy.root_device if strategy is not None else torch.device(self.layout.device_type)
-        model = build_meta_model(self.source.cfg, self.cfg.model.trainable_policy())
+        preference = stage_objective(self.cfg)  # the stage's own (DPO's pairs) replaces token CE
+        # every start-time rule of the run (neva.parallel.run_rules.check_run), then the meta model
+        model = checked_meta_model(self.cfg, self.source.cfg, self.layout, preference)
         self._flops = SampleFlops.of(model)
         counts = parameter_counts(model)
         log.info("parameters: %s", ", ".join(f"{k}={v:,}" for k, v in sorted(counts.items())))
-        if counts["trainable"] == 0:
-            raise ConfigError("no trainable parameters: check model.mm_cfg.*.freeze and model.peft")
         parallel = parallelize(
             model,
             self.source,
@@ -178,7 +178,6 @@ class NevaModule(pl.LightningModule):
             self.precision_policy,
             getattr(strategy, "dims", None),
         )
-        preference = stage_objective(self.cfg)  # the stage's own (DPO's pairs) replaces token CE
         self.engine = Engine(
             parallel,
             self.precision_policy,

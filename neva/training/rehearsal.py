@@ -2,9 +2,9 @@
 
 For each distinct rank role of the layout (every pipeline stage; TP and DP ranks are symmetric, so the stage's
 ``(dp 0, cp 0, tp 0)`` rank stands for them: it holds the largest ``torch.chunk`` pieces; for cp rank 0 see
-``rank_roles``) the run's own path is executed:
-``build_meta_model`` → ``parallelize`` → ``Engine`` with the run's precision, O2 bookkeeping, activation
-checkpointing, sequence length and micro-batches, then gradient clipping and the AdamW step — under
+``rank_roles``) the run's own path is executed: training's start (``check_run``'s rules, ``build_meta_model``) →
+``parallelize`` → ``Engine`` with the run's precision, O2 bookkeeping, activation checkpointing, sequence length and
+micro-batches, then gradient clipping and the AdamW step — under
 ``FakeTensorMode`` (tensors carry shapes, dtypes and storage sizes, no data) and torch's fake process group (every
 collective returns at once). torch's memory trackers (``FSDPMemTracker``, ``MemTracker``) count every storage the
 step allocates, so the result is the rank's peak tensor memory and its split by category, with the place in the step
@@ -39,7 +39,6 @@ from neva.checkpoint.architecture import neva_config_from_mm
 from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
-from neva.models.trainable import build_meta_model
 from neva.parallel.context_parallel import split_batch
 from neva.parallel.expert_parallel import use_uniform_dispatch
 from neva.parallel.layout import Layout
@@ -47,12 +46,14 @@ from neva.parallel.mesh import MESH_DIMS, build_mesh
 from neva.parallel.parallelize import parallelize
 from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
+from neva.parallel.step_decisions import StepDecisions
 from neva.stages import stage_spec
 from neva.training.dpo import frozen_reference
 from neva.training.engine import Engine
 from neva.training.objectives import stage_objective
 from neva.training.optim import build_optimizer
 from neva.training.rehearsal_inputs import synthetic_micro_batches
+from neva.training.start_checks import checked_meta_model
 
 # The tracker's categories, grouped as the planner reports memory (``neva.planner.plan.StageMemory``).
 CATEGORIES = {
@@ -253,7 +254,8 @@ def rehearse(
     Args:
         cfg: the composed run config (the world is ``trainer.devices × trainer.num_nodes``).
         text_tokens: text tokens per sample (the planner's ``plan.text_tokens``); each sample has one image (or video).
-        learned_fraction: share of the text tokens that are learned (LM-head positions when ``tp == 1``).
+        learned_fraction: share of the text tokens that are learned (LM-head positions where the engine runs the
+            head there, ``StepDecisions.learned_only_head``).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (tests' tiny shapes).
         micro_batches: without pipelining, run only the first ``micro_batches - 1`` and the last micro-batch of the
             step. The step's micro-batches are identical, and from the second to the one before the last each sees
@@ -304,7 +306,7 @@ def _host_split(
     if layout.cp == 1:
         return [(mb, mb) for _, mb in numbered]
     # The batches run unpacked (``_rehearse_rank``): one causal run per row; sequence parallelism pads to tp.
-    multiple = layout.tp if layout.sp else 1
+    multiple = StepDecisions.of(layout).sp_multiple
     cp_rank, group = parallel.dims.cp_rank, parallel.group("cp")
     return [
         ({**split_batch(mb, layout.cp, cp_rank, group, False, i, multiple), "labels": mb["labels"]}, mb)
@@ -401,12 +403,13 @@ def _rehearse_rank(
         if dims is not None:
             for name in MESH_DIMS:
                 dims.group(name)
-        meta_model = build_meta_model(ncfg, cfg.model.trainable_policy())
-        source = ModelSource(cfg=ncfg, tokenizer=None)
-        parallel = parallelize(meta_model, source, layout, m, device, precision, dims, allocation=mode)
         # A preference stage: its pair objective, and its reference as training runs it (a frozen copy, allocated
         # like the trained model; LoRA's adapters off; none when precomputed).
         preference = stage_objective(cfg)
+        # training's start: every start-time rule of the run as configured (packing included), then the meta model
+        meta_model = checked_meta_model(cfg, ncfg, layout, preference)
+        source = ModelSource(cfg=ncfg, tokenizer=None)
+        parallel = parallelize(meta_model, source, layout, m, device, precision, dims, allocation=mode)
         run_cfg = dataclasses.replace(cfg, model=m)
         frozen = None
         if cfg.reference_kind() == "frozen":

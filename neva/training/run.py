@@ -26,6 +26,7 @@ from neva.families import part
 from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.leave import leave_together
+from neva.parallel.run_rules import check_stage
 from neva.parallel.strategy import build_strategy
 from neva.stages import stage_spec
 from neva.training import quiet
@@ -66,8 +67,10 @@ def log_config(loggers: list[Any], cfg: TrainConfig) -> None:
 
 
 def data_module_type(cfg: TrainConfig) -> Callable[..., NevaDataModule]:
-    """The stage's data module (its spec's ``data_module``, which refuses the settings the stage cannot take before
-    data and model are built), conversations where it names none."""
+    """The stage's data module (its spec's ``data_module``), conversations where it names none. The stage's refused
+    settings (``run_rules.check_stage``, one of ``check_run``'s rules) are refused here already, before data and model
+    are built."""
+    check_stage(cfg)
     stage = stage_spec(cfg.stage)
     return NevaDataModule if stage.data_module is None else part(stage.data_module)(cfg)
 
