@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,5 +123,11 @@ def vqa_loader_questions(
 
 
 def missing_images(questions: list[Question]) -> list[Path]:
-    """The image paths the questions name that are not files."""
-    return [i for q in questions for i in q.images if not isinstance(i, InlineImage) and not Path(i).is_file()]
+    """The image paths the questions name that are not files (an image held in a file of the benchmark, as MMBench's
+    base64 or a parquet cell, is not a path: it is checked when asked)."""
+    return [i for q in questions for i in q.images if is_path(i) and not Path(i).is_file()]
+
+
+def is_path(image: Any) -> bool:
+    """A question's image given as a file path (else an object whose ``open()`` decodes it)."""
+    return isinstance(image, (str, os.PathLike))

@@ -14,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from neva.benchmarks.files import InlineImage, MissingFile, Question, Read, missing_images
+from neva.benchmarks.files import MissingFile, Question, Read, is_path, missing_images
 from neva.benchmarks.table import BENCHMARKS
 from neva.errors import ConfigError
 
@@ -30,9 +30,10 @@ def benchmark_folder(data_dir: Path, name: str) -> Path:
 
 
 def asked(question: Question) -> tuple[str, tuple[Any, ...]] | Exception:
-    """The item the answerer gets; an inline image that does not decode makes it a counted skip (the exception)."""
+    """The item the answerer gets; an image held in a benchmark file that does not decode makes it a counted skip (the
+    exception)."""
     try:
-        return question.text, tuple(i.open() if isinstance(i, InlineImage) else i for i in question.images)
+        return question.text, tuple(i if is_path(i) else i.open() for i in question.images)
     except (ValueError, OSError, Image.DecompressionBombError) as err:
         return err
 
