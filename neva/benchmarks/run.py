@@ -18,7 +18,7 @@ from neva.benchmarks.files import MissingFile, Question, Read, is_path, missing_
 from neva.benchmarks.table import BENCHMARKS
 from neva.errors import ConfigError
 
-AnswerAll = Callable[[Iterable[tuple[str, tuple[Any, ...]] | Exception], int], Iterator[str | Exception]]
+AnswerAll = Callable[[Iterable[tuple[Any, ...] | Exception], int], Iterator[str | Exception]]
 """``(items, batch size)`` → each item's answer in order, or the exception that made it unanswerable; an item may be
 an exception already, given back in its place (``neva.inference.Answerer.answer_all`` with ``keep_going``)."""
 
@@ -29,12 +29,15 @@ def benchmark_folder(data_dir: Path, name: str) -> Path:
     return folder if folder.is_dir() else data_dir
 
 
-def asked(question: Question) -> tuple[str, tuple[Any, ...]] | Exception:
-    """The item the answerer gets; an image held in a benchmark file that does not decode makes it a counted skip (the
-    exception)."""
+def asked(question: Question) -> tuple[Any, ...] | Exception:
+    """The item the answerer gets (with its videos' sampled frames when it has videos); an image held in a benchmark
+    file that does not decode, or a video that does not, makes it a counted skip (the exception)."""
     try:
-        return question.text, tuple(i if is_path(i) else i.open() for i in question.images)
-    except (ValueError, OSError, Image.DecompressionBombError) as err:
+        images = tuple(i if is_path(i) else i.open() for i in question.images)
+        if question.videos:
+            return question.text, images, tuple(v.frames() for v in question.videos)
+        return question.text, images
+    except (ValueError, OSError, Image.DecompressionBombError) as err:  # a video's VideoError is a ValueError
         return err
 
 

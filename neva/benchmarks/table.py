@@ -34,6 +34,7 @@ from neva.benchmarks import (
     seed,
     submission,
     textvqa,
+    videomme,
 )
 from neva.benchmarks.files import Question, Read
 
@@ -105,6 +106,11 @@ BENCHMARKS.update({
                              LMMS + "realworldqa/realworldqa.yaml"),
     "hallusionbench": Benchmark("HallusionBench", "image-*.parquet", hallusionbench.read, hallusionbench.score, 128,
                                 LMMS + "hallusion_bench/hallusion_bench_image.yaml"),
+    "videomme": Benchmark("videomme", "test-*.parquet, data/<videoID>.mp4 (lmms-eval's videomme/ cache folder)",
+                          videomme.reader(False), videomme.score, 16, LMMS + "videomme/videomme.yaml"),
+    "videomme_w_subtitle": Benchmark("videomme", "test-*.parquet, data/<videoID>.mp4, subtitle/<videoID>.srt",
+                                     videomme.reader(True), videomme.score, 16,
+                                     LMMS + "videomme/videomme_w_subtitle.yaml"),
     "mathvista": Benchmark("MathVista", "testmini-*.parquet", mathvista.read, mathvista.score, 16384,
                            LMMS + "mathvista/mathvista_testmini_format.yaml"),
 })  # fmt: skip

@@ -150,13 +150,30 @@ def mathvista(docs, answers, out):
     return {"prompts": [utils.mathvista_doc_to_text(d, kw) for d in docs], "rows": rows, "accuracy": accuracy}
 
 
+def videomme(docs, answers, hf_home):
+    import os
+
+    os.environ["HF_HOME"] = hf_home  # where utils looks for videomme/data and videomme/subtitle, read at its import
+    from lmms_eval.api.metrics import clustered_stderr
+    from lmms_eval.tasks.videomme import utils
+
+    plain_kw, subtitle_kw = kwargs("videomme/videomme.yaml"), kwargs("videomme/videomme_w_subtitle.yaml")
+    results = [utils.videomme_process_results(d, [a.strip()])["videomme_perception_score"]
+               for d, a in zip(docs, answers)]  # fmt: skip
+    scores = [r["score"] for r in results]
+    return {"prompts": [utils.videomme_doc_to_text(d, plain_kw) for d in docs],
+            "subtitle_prompts": [utils.videomme_doc_to_text_subtitle(d, subtitle_kw) for d in docs],
+            "accuracy": utils.videomme_aggregate_results(results), "stderr": stderr(scores),
+            "clustered": clustered_stderr(scores, [r["videoID"] for r in results])}  # fmt: skip
+
+
 def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2]).parent
     result = {}
     for name, case in cases.items():
         fn = globals()[name]
-        extra = (out,) if name in ("ocrbench", "mathvista") else ()
+        extra = (out,) if name in ("ocrbench", "mathvista") else (case["hf_home"],) if name == "videomme" else ()
         result[name] = fn(case["docs"], case["answers"], *extra)
     Path(sys.argv[2]).write_text(json.dumps(result))
 

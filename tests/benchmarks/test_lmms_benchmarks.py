@@ -13,8 +13,20 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from neva.benchmarks import ai2d, chartqa, docvqa, hallusionbench, mathvista, mmmu, mmstar, ocrbench, realworldqa
+from neva.benchmarks import (
+    ai2d,
+    chartqa,
+    docvqa,
+    hallusionbench,
+    mathvista,
+    mmmu,
+    mmstar,
+    ocrbench,
+    realworldqa,
+    videomme,  # fmt: skip
+)
 from tests.benchmarks.lmms_reference import lmms_eval_results
+from tests.data.video_files import write_video
 
 
 def png(seed: int) -> bytes:
@@ -136,9 +148,48 @@ def mathvista_case():
     return docs, [r[5] for r in rows]
 
 
+SRT = """1
+00:00:00,000 --> 00:00:01,500
+<font color="white" size=".72c">Hello there</font>
+
+2
+00:00:01,500 --> 00:00:02,000
+<font color="white" size=".72c">Second line</font>
+
+3
+00:00:03,000 --> 00:00:03,900
+no font tag here
+"""
+
+
+def videomme_case():
+    rows = [("v1", "short", "Knowledge", "Astronomy", "Counting Problem", "A", "A"),
+            ("v1", "short", "Knowledge", "Astronomy", "OCR Problems", "B", "The answer is B."),
+            ("v2", "medium", "Sports Competition", "Football", "Action Recognition", "C", "D"),
+            ("v2", "medium", "Sports Competition", "Football", "Action Recognition", "D", "(D) gray"),
+            ("v3", "long", "Multilingual", "Multilingual", "Information Synopsis", "A", "none")]  # fmt: skip
+    docs = [{"videoID": v, "duration": d, "domain": dom, "sub_category": sub, "task_type": t, "answer": a,
+             "question_id": f"{i:03d}-1", "video_id": f"{i:03d}", "url": "https://example.invalid",
+             "question": f"What colour is it {i}?", "options": ["A. red", "B. blue", "C. green", "D. gray"]}
+            for i, (v, d, dom, sub, t, a, _) in enumerate(rows)]  # fmt: skip
+    return docs, [r[6] for r in rows]
+
+
+def write_videomme(folder) -> None:
+    """lmms-eval's videomme/ cache folder: the parquet, data/<id>.mp4, subtitle/<id>.srt (v2 has none; v3's cues
+    are past its frames)."""
+    docs, _ = videomme_case()
+    write_parquet(folder / "videomme" / "test-00000-of-00001.parquet", docs, images=())
+    for video in ("v1", "v2", "v3"):
+        write_video(folder / "videomme" / "data" / f"{video}.mp4", frames=40, size=32, rate=10)
+    (folder / "videomme" / "subtitle").mkdir(parents=True)
+    (folder / "videomme" / "subtitle" / "v1.srt").write_text(SRT)
+    (folder / "videomme" / "subtitle" / "v3.srt").write_text(SRT.replace("00:00:0", "00:00:1"))
+
+
 CASES = {"mmmu": mmmu_case, "mmstar": mmstar_case, "ai2d": ai2d_case, "ocrbench": ocrbench_case,
          "docvqa": docvqa_case, "chartqa": chartqa_case, "realworldqa": realworldqa_case,
-         "hallusionbench": hallusionbench_case, "mathvista": mathvista_case}  # fmt: skip
+         "hallusionbench": hallusionbench_case, "mathvista": mathvista_case, "videomme": videomme_case}  # fmt: skip
 
 
 def plain(docs: list[dict]) -> list[dict]:
@@ -147,10 +198,19 @@ def plain(docs: list[dict]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def lmms(tmp_path_factory):
+def hf_home(tmp_path_factory):
+    """A Hugging Face home holding Video-MME as lmms-eval unpacks it."""
+    home = tmp_path_factory.mktemp("hf_home")
+    write_videomme(home)
+    return home
+
+
+@pytest.fixture(scope="module")
+def lmms(tmp_path_factory, hf_home):
     cases = {name: dict(zip(("docs", "answers"), make())) for name, make in CASES.items()}
-    return lmms_eval_results({n: {"docs": plain(c["docs"]), "answers": c["answers"]} for n, c in cases.items()},
-                             tmp_path_factory.mktemp("lmms"))  # fmt: skip
+    cases = {n: {"docs": plain(c["docs"]), "answers": c["answers"]} for n, c in cases.items()}
+    cases["videomme"]["hf_home"] = str(hf_home)
+    return lmms_eval_results(cases, tmp_path_factory.mktemp("lmms"))
 
 
 def read_back(module, folder, split_file: str, name: str, images=("image",)):
@@ -259,3 +319,20 @@ def test_mathvista(lmms, tmp_path):
     assert not any(ref["rows"][i]["lmms"] for i in floats) and any(mine[i] for i in floats)
     got = mathvista.score_answers(pairs(questions, answers))
     assert got["accuracy"] == ref["accuracy"] and got["judge"].startswith("none")
+
+
+def test_videomme(lmms, hf_home):
+    ref = lmms["videomme"]
+    folder = hf_home / "videomme"
+    plain_read, subtitle_read = videomme.reader(False)(folder), videomme.reader(True)(folder)
+    assert [q.text for q in plain_read.questions] == ref["prompts"]
+    assert [q.text for q in subtitle_read.questions] == ref["subtitle_prompts"]
+    assert "Hello there\nSecond line" in ref["subtitle_prompts"][0] and "No subtitles" in ref["subtitle_prompts"][2]
+    video = plain_read.questions[0].videos[0]
+    assert video.path == folder / "data" / "v1.mp4" and video.frames().shape == (32, 32, 32, 3)
+    _, answers = videomme_case()
+    got = videomme.score_answers(pairs(plain_read.questions, answers))
+    assert got["accuracy"] == ref["accuracy"]
+    assert got["accuracy_stderr"] == pytest.approx(100 * ref["stderr"], rel=1e-12)
+    assert got["accuracy_stderr_clustered"] == pytest.approx(100 * ref["clustered"], rel=1e-12)
+    assert set(got["duration"]) == {"short", "medium", "long"}
