@@ -8,8 +8,8 @@ Files: the Hugging Face snapshot of ``lmms-eval/Video-MME`` with its archives un
 ``subtitle/<videoID>.srt`` (a video without one has no subtitles).
 
 Frames: 32, uniformly over the video (``np.linspace(0, total - 1, 32, dtype=int)``): the sampling of lmms-eval's
-LLaVA-OneVision and LLaVA-Video wrappers (``max_frames_num`` 32), and the frames the subtitle variant's
-``frame_num: 32`` picks subtitles at. Decoded by neva's video reader (PyAV), whose frame count and rate come from the
+LLaVA-OneVision wrapper (``max_frames_num`` 32; other wrappers choose their own), and the frames the subtitle
+variant's ``frame_num: 32`` picks subtitles at. Decoded by neva's video reader (PyAV), whose frame count and rate come from the
 stream header where lmms-eval's subtitle step reads OpenCV's (the same numbers for files whose header has them).
 
 Prompt (``default`` kwargs): ``Select the best answer … Respond with only the letter (A, B, C, or D) of the correct
