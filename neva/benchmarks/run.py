@@ -67,7 +67,10 @@ def load_benchmark(name: str, data_dir: Path, limit: int | None = None) -> Loade
         ConfigError: a missing file (named, with the layout expected) or images the questions name that are absent.
     """
     bench = BENCHMARKS[name]
-    expected = f"expected {bench.layout} under {data_dir}/{bench.folder}/ (LLaVA's docs/Evaluation.md layout)"
+    layout = (
+        "its Hugging Face snapshot" if bench.source.startswith("lmms-eval") else "LLaVA's docs/Evaluation.md layout"
+    )
+    expected = f"expected {bench.layout} under {data_dir}/{bench.folder}/ ({layout})"
     folder = benchmark_folder(data_dir, name)
     try:
         read = bench.read(folder)
@@ -77,7 +80,8 @@ def load_benchmark(name: str, data_dir: Path, limit: int | None = None) -> Loade
         read.questions = read.questions[:limit]
     absent = missing_images(read.questions)
     if absent:
-        raise ConfigError(f"{name}: {len(absent)} image(s) missing, the first {absent[0]}; {expected}")
+        kind = "video(s)" if any(q.videos for q in read.questions) else "image(s)"
+        raise ConfigError(f"{name}: {len(absent)} {kind} missing, the first {absent[0]}; {expected}")
     return Loaded(name, folder, read, expected)
 
 

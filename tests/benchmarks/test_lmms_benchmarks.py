@@ -150,6 +150,17 @@ def test_mathvista(lmms, tmp_path):
     assert not any(ref["rows"][i]["lmms"] for i in floats) and any(mine[i] for i in floats)
     got = mathvista.score_answers(pairs(questions, answers))
     assert got["accuracy"] == ref["accuracy"] and got["judge"].startswith("none")
+    # a plugged-in judge is asked what the rules cannot read, and only that (here it answers with the last word:
+    # "(D)", "12.0" and "2.5" are then right, "2]" is not)
+    asked = []
+
+    def judge(doc, response):
+        asked.append(response)
+        return response.split()[-1]
+
+    judged = mathvista.score_answers(pairs(questions, answers), judge=judge)
+    assert judged["correct"] == got["correct"] + 3 and judged["judge"] == "plugged in"
+    assert asked == ["(D)", "12.0", "about 2.5", "[1, 2]"]
 
 
 def test_videomme(lmms, hf_home):

@@ -95,3 +95,28 @@ def test_hf_directory_scores_as_its_conversion(family, data_dir, tmp_path, capsy
         ]  # fmt: skip
     assert results[hf.name] == results["ckpt"]
     assert all(len(texts) == len(CASES[s]()[0]) for (texts, _), s in zip(results["ckpt"], ("ai2d", "chartqa")))
+
+
+def test_missing_or_bad_files_stop_with_one_line(tiny_checkpoint, data_dir, tmp_path, capsys):
+    """Before the model is loaded: a missing split file (named, with the snapshot expected), a file that is not
+    parquet, a missing video, an unknown benchmark in the list."""
+    import shutil
+
+    def refused(suite: str, data) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate(["--suite", suite, "--checkpoint", str(tiny_checkpoint), "--data-dir", str(data),
+                      "--output-dir", str(tmp_path / "out")], capsys)  # fmt: skip
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err
+        return err
+
+    missing = refused("mmmu", tmp_path / "empty")
+    assert "no validation parquet file" in missing and "(its Hugging Face snapshot)" in missing
+    (tmp_path / "bad" / "MMMU").mkdir(parents=True)
+    (tmp_path / "bad" / "MMMU" / "validation-00000-of-00001.parquet").write_text("not parquet")
+    assert "validation-00000-of-00001.parquet is not a parquet file" in refused("mmmu", tmp_path / "bad")
+    shutil.copytree(data_dir / "videomme", tmp_path / "novideo" / "videomme")
+    (tmp_path / "novideo" / "videomme" / "data" / "v2.mp4").unlink()
+    assert "videomme: 2 video(s) missing, the first" in refused("videomme", tmp_path / "novideo")
+    assert "'mmmmu': no such benchmark" in refused("ai2d,mmmmu", data_dir)
