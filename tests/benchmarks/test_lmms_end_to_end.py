@@ -1,6 +1,7 @@
 """The current benchmarks end to end: a tiny checkpoint answers every one of them in one ``neva.evaluate --suite
 a,b,...`` run (files in the datasets' own layout), each benchmark's scores.json is its scorer on the answers written;
-an HF model directory (llava-hf, Qwen2.5-VL) scores as the neva checkpoint converted from it."""
+an HF model directory (llava-hf, Qwen2.5-VL, whose native video path answers Video-MME) scores as the neva checkpoint
+converted from it."""
 
 from __future__ import annotations
 
@@ -83,18 +84,19 @@ def test_hf_directory_scores_as_its_conversion(family, data_dir, tmp_path, capsy
             hf = tiny_qwen_vl_dir(tmp_path, "qwen2_5_vl")
         convert_main(["hf-to-neva", "--hf", str(hf), "--out", str(tmp_path / "ckpt")])
     capsys.readouterr()
+    suites = ("ai2d", "chartqa", "videomme") if family == "qwen2_5_vl" else ("ai2d", "chartqa")
     results = {}
     for source in (hf, tmp_path / "ckpt"):
         out = tmp_path / f"out_{source.name}"
-        evaluate(["--suite", "ai2d,chartqa", "--checkpoint", str(source), "--data-dir", str(data_dir),
+        evaluate(["--suite", ",".join(suites), "--checkpoint", str(source), "--data-dir", str(data_dir),
                   "--output-dir", str(out)], capsys)  # fmt: skip
         results[source.name] = [
             ([json.loads(x)["text"] for x in (out / s / "answers.jsonl").read_text().splitlines()],
              {k: v for k, v in json.loads((out / s / "scores.json").read_text()).items() if k not in NOT_SCORES})
-            for s in ("ai2d", "chartqa")
+            for s in suites
         ]  # fmt: skip
     assert results[hf.name] == results["ckpt"]
-    assert all(len(texts) == len(CASES[s]()[0]) for (texts, _), s in zip(results["ckpt"], ("ai2d", "chartqa")))
+    assert all(len(texts) == len(CASES[s]()[0]) for (texts, _), s in zip(results["ckpt"], suites))
 
 
 def test_missing_or_bad_files_stop_with_one_line(tiny_checkpoint, data_dir, tmp_path, capsys):
