@@ -1,8 +1,9 @@
-"""The current benchmarks answered by the training model under data parallelism: the questions shared over two
-replicas (DDP: each decodes its share alone; FSDP2 and expert parallelism: the shares decoded in lockstep, the shorter
-share filled with a stand-in, every batch's forwards run by both), the answers gathered in question order; every
-benchmark's scores and answer texts equal ``neva.evaluate``'s in one process on the same weights. One spawn of two
-gloo processes for all layouts and benchmarks together."""
+"""The current benchmarks answered by the training model where its forwards are collectives over the data-parallel
+ranks (FSDP2, expert parallelism): the questions shared over two replicas and decoded in lockstep (the shorter share
+filled with a stand-in, every batch's forwards run by both), the answers gathered in question order; every
+benchmark's scores and answer texts equal ``neva.evaluate``'s in one process on the same weights. (DDP's sharing, each
+replica decoding alone, is checked by ``test_eval_during_training.py``.) One spawn of two gloo processes for both
+layouts and every benchmark."""
 
 from __future__ import annotations
 
@@ -85,8 +86,7 @@ def test_shared_questions_score_as_one_process(tmp_path, capsys):
     write_snapshots(data)
     dense = f"model.restore_from_path={make_checkpoint(tmp_path / 'ft')}"
     moe = [f"model.restore_from_path={make_checkpoint(tmp_path / 'moe', extra=[MOE])}", MOE]
-    layouts = {"fsdp": [dense, "model.data_parallel=fsdp"], "ddp": [dense, "model.data_parallel=ddp"],
-               "ep2": [*moe, "model.expert_model_parallel_size=2"]}  # fmt: skip
+    layouts = {"fsdp": [dense, "model.data_parallel=fsdp"], "ep2": [*moe, "model.expert_model_parallel_size=2"]}
     jobs = [(name, overrides, {"data": str(data), "out": str(tmp_path / name)}) for name, overrides in layouts.items()]
     ranks = run_layouts(2, jobs, tmp_path / "dp2", train=evaluate_at_start)
     for name in layouts:
