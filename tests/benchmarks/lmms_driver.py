@@ -2,7 +2,10 @@
 and scoring functions on the docs and answers of ``sys.argv[1]`` (JSON: benchmark → {docs, answers}); their prompts
 and scores written to ``sys.argv[2]``. Prompt kwargs come from the task YAMLs themselves (``default``)."""
 
+import ast
+import contextlib
 import copy
+import io
 import json
 import random
 import sys
@@ -35,12 +38,11 @@ def mmmu(docs, answers):
     kw = kwargs("mmmu/mmmu_val.yaml")
     random.seed(0)  # the evaluator's default --seed for Python's random
     results = [utils.mmmu_process_results(d, [a.strip()])["mmmu_acc"] for d, a in zip(docs, answers)]
-    subjects = {}
-    for s in sorted({r["subdomain"] for r in results}):
-        mine = [r for r in results if r["subdomain"] == s]
-        subjects[s] = {"acc": round(utils.evaluate_mmmu(mine)[1]["acc"], 5), "num": len(mine)}
-    return {"prompts": [utils.mmmu_doc_to_text(d, kw) for d in docs],
-            "accuracy": utils.mmmu_aggregate_results(results), "subjects": subjects}  # fmt: skip
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the per-domain and per-subject table it prints, as a dict
+        accuracy = utils.mmmu_aggregate_results(results)
+    table = ast.literal_eval(printed.getvalue().strip())
+    return {"prompts": [utils.mmmu_doc_to_text(d, kw) for d in docs], "accuracy": accuracy, "table": table}
 
 
 def mmstar(docs, answers):
