@@ -428,12 +428,14 @@ class Answerer:
         ]
 
     def answer_all(
-        self, items: Iterable[Item | Exception], batch_size: int, keep_going: bool = False
+        self, items: Iterable[Item | Exception], batch_size: int, keep_going: bool = False, stand_in: Item | None = None
     ) -> Iterator[str | Exception]:
         """Answers in item order, generated ``batch_size`` items at a time (each batch as soon as it is done).
 
         With ``keep_going``, an item that ``prepare`` refuses yields its exception in place of an answer and the rest
         of its batch is answered; an exception given as an item (a record that could not be read) is yielded back.
+        ``stand_in``: generated (its answer dropped) for a batch whose every item is refused, so that each batch
+        makes one ``generate`` call: lockstep peers (``GenerationConfig.lockstep``) run the same forwards.
 
         Raises:
             ValueError: ``batch_size`` < 1; without ``keep_going``, the first refused item.
@@ -453,6 +455,8 @@ class Answerer:
                         raise
                     results.append(err)
             prepared = [r for r in results if not isinstance(r, Exception)]
+            if not prepared and stand_in is not None:
+                self._generate([self.prepare(stand_in)])
             answers = iter(self._generate(prepared) if prepared else [])
             yield from (r if isinstance(r, Exception) else next(answers) for r in results)
 

@@ -21,6 +21,7 @@ class Interop:
         name: what the interop is (for messages).
         recognises: whether an HF ``config.json`` dict is one this interop imports.
         import_dir: ``(hf_dir, out, *, metadata, dtype, max_shard_bytes, overwrite) -> Path``.
+        import_parts: ``(hf_dir) -> ImportedParts``: the import up to the writing (a model in memory).
         export: ``(ckpt, out, *, conv_template, dtype, max_shard_bytes, overwrite) -> Path``.
         round_trip: the HF ``model_type`` an export of a model of this config writes, after its import has read
             the config back (raises ``ConfigError`` where the export refuses).
@@ -29,6 +30,7 @@ class Interop:
     name: str
     recognises: Callable[[dict[str, Any]], bool]
     import_dir: Callable[..., Path]
+    import_parts: Callable[..., Any]
     export: Callable[..., Path]
     round_trip: Callable[[NevaConfig], str]
 
