@@ -14,7 +14,8 @@ from torch import nn
 
 from neva.families import merger_spec
 from neva.models.config import ProjectorConfig
-from neva.models.native_vision import NativeFeatures, make_norm
+from neva.models.features import VisualFeatures
+from neva.models.native_vision import make_norm
 
 
 class PatchMerger(nn.Module):
@@ -35,16 +36,16 @@ class PatchMerger(nn.Module):
 
 class NativeMerger(nn.Module):
     """A native tower's projector: ``merger`` over its last block, and ``deepstack.{i}`` over the i-th DeepStack
-    hidden state (Qwen3-VL). ``forward(NativeFeatures)`` → ``NativeFeatures`` of LLM tokens (see its docstring)."""
+    hidden state (Qwen3-VL). ``forward(VisualFeatures)`` → ``VisualFeatures`` of LLM tokens (see its docstring)."""
 
     def __init__(self, cfg: ProjectorConfig) -> None:
         super().__init__()
         self.merger = PatchMerger(cfg, merger_spec(cfg.type).merger.norm, post_merge_norm=False)
         self.deepstack = nn.ModuleList(PatchMerger(cfg, "layer", True) for _ in range(cfg.deepstack_mergers))
 
-    def forward(self, features: NativeFeatures) -> NativeFeatures:
+    def forward(self, features: VisualFeatures) -> VisualFeatures:
         if len(features.deepstack) != len(self.deepstack):
             raise ValueError(f"{len(features.deepstack)} DeepStack features for {len(self.deepstack)} mergers")
-        return NativeFeatures(
+        return VisualFeatures(
             self.merger(features.main), [merge(x) for merge, x in zip(self.deepstack, features.deepstack)]
         )

@@ -3,7 +3,7 @@
 Every tower has ``features``, ``empty_input()``, ``init_weights()``, ``cfg``, ``patch_embed`` and ``layers``. A
 fixed-size tower (CLIP, SigLIP) takes ``features(pixels)`` → ``[N, tokens, width]`` and has ``hidden_states(pixels,
 num_layers)``, ``pos_embed`` and ``post_norm``; a patch-grid tower (the family's ``patch_grid``: the Qwen towers) takes
-``features(pixels, grid)`` → ``NativeFeatures`` (``neva.models.native_vision``)."""
+``features(pixels, grid)`` → ``VisualFeatures`` (``neva.models.native_vision``)."""
 
 from __future__ import annotations
 
