@@ -19,14 +19,12 @@ from neva.models.flops import SampleFlops, device_peak_tflops
 from neva.models.neva import NevaModel
 from neva.models.trainable import parameter_counts
 from neva.parallel.layout import Layout
-from neva.parallel.parallelize import parallelize
 from neva.parallel.precision import Precision
+from neva.training.assembly import build_engine, build_parts
 from neva.training.callbacks import MetricsCSV
 from neva.training.engine import Engine
-from neva.training.objectives import stage_objective
 from neva.training.optim import build_optimizer, build_scheduler
 from neva.training.resume_check import CONFIG_KEY, check_resume, config_record
-from neva.training.start_checks import checked_meta_model
 from neva.training.tower_work import tower_patch_metrics
 
 log = logging.getLogger(__name__)
@@ -163,34 +161,17 @@ class NevaModule(pl.LightningModule):
             return
         strategy = self.trainer.strategy if self._trainer is not None else None
         device = strategy.root_device if strategy is not None else torch.device(self.layout.device_type)
-        preference = stage_objective(self.cfg)  # the stage's own (DPO's pairs) replaces token CE
-        # every start-time rule of the run (neva.parallel.run_rules.check_run), then the meta model
-        model = checked_meta_model(self.cfg, self.source.cfg, self.layout, preference)
-        self._flops = SampleFlops.of(model)
-        counts = parameter_counts(model)
+        # every start-time rule of the run (neva.parallel.run_rules.check_run), the meta model, this rank's parts
+        # and the stage's objective (DPO's pairs replace token CE): the rehearsal's construction too
+        parts = build_parts(
+            self.cfg, self.source, self.layout, device, self.precision_policy, getattr(strategy, "dims", None)
+        )
+        self._flops = SampleFlops.of(parts.model)
+        counts = parameter_counts(parts.model)
         log.info("parameters: %s", ", ".join(f"{k}={v:,}" for k, v in sorted(counts.items())))
-        parallel = parallelize(
-            model,
-            self.source,
-            self.layout,
-            self.cfg.model,
-            device,
-            self.precision_policy,
-            getattr(strategy, "dims", None),
+        self.engine = build_engine(
+            parts, self.cfg, self.source, self.layout, device, self.precision_policy, data=self.data
         )
-        self.engine = Engine(
-            parallel,
-            self.precision_policy,
-            device,
-            packed=self.cfg.model.data.packing,
-            loss_normalization=self.cfg.model.loss_normalization,
-            head=preference,
-            objectives=(preference,) if preference is not None else (),
-        )
-        if preference is not None:
-            preference.attach_reference(
-                self.engine, self.cfg, self.source, self.layout, self.precision_policy, parallel.dims, data=self.data
-            )
         self.model = self.engine.model
         self.trainable_params = counts["trainable"]
 

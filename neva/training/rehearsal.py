@@ -43,17 +43,15 @@ from neva.parallel.context_parallel import split_batch
 from neva.parallel.expert_parallel import use_uniform_dispatch
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import MESH_DIMS, build_mesh
-from neva.parallel.parallelize import parallelize
 from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
 from neva.parallel.step_decisions import StepDecisions
 from neva.stages import stage_spec
+from neva.training.assembly import build_engine, build_parts
 from neva.training.dpo import frozen_reference
 from neva.training.engine import Engine
-from neva.training.objectives import stage_objective
 from neva.training.optim import build_optimizer
 from neva.training.rehearsal_inputs import synthetic_micro_batches
-from neva.training.start_checks import checked_meta_model
 
 # The tracker's categories, grouped as the planner reports memory (``neva.planner.plan.StageMemory``).
 CATEGORIES = {
@@ -403,13 +401,12 @@ def _rehearse_rank(
         if dims is not None:
             for name in MESH_DIMS:
                 dims.group(name)
-        # A preference stage: its pair objective, and its reference as training runs it (a frozen copy, allocated
-        # like the trained model; LoRA's adapters off; none when precomputed).
-        preference = stage_objective(cfg)
-        # training's start: every start-time rule of the run as configured (packing included), then the meta model
-        meta_model = checked_meta_model(cfg, ncfg, layout, preference)
+        # Training's construction (every start-time rule of the run as configured, packing included; the stage's
+        # objective), allocated in fake mode; a preference stage's reference as training runs it (a frozen copy,
+        # allocated like the trained model; LoRA's adapters off; none when precomputed).
         source = ModelSource(cfg=ncfg, tokenizer=None)
-        parallel = parallelize(meta_model, source, layout, m, device, precision, dims, allocation=mode)
+        parts = build_parts(cfg, source, layout, device, precision, dims, settings=m, allocation=mode)
+        parallel = parts.parallel
         run_cfg = dataclasses.replace(cfg, model=m)
         frozen = None
         if cfg.reference_kind() == "frozen":
@@ -419,10 +416,7 @@ def _rehearse_rank(
             for part in parallel.parts + (frozen.parts if frozen is not None else []):
                 use_uniform_dispatch(part)
         with mode, propagation:
-            engine = Engine(parallel, precision, device, packed=m.data.packing, loss_normalization=m.loss_normalization,
-                            head=preference, objectives=(preference,) if preference is not None else ())  # fmt: skip
-            if preference is not None:
-                preference.attach_reference(engine, run_cfg, source, layout, precision, dims, frozen=frozen)
+            engine = build_engine(parts, cfg, source, layout, device, precision, frozen=frozen)
             optimizer = build_optimizer(engine.named_trainable_parameters(), m.optim)
             _warm_optimizer(engine, optimizer)
             # The step's inputs as the device holds them (a GPU run copies each micro-batch over; on the CPU path
