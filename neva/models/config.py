@@ -284,7 +284,7 @@ _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$
 class ProjectorConfig:
     """Vision→LLM projector: ``linear``, ``identity``, ``mlp{N}x_gelu`` (LLaVA's ``mm_projector_type``) or
     ``mlp_downsample`` (NeMo's, from VILA: 2×2 neighbouring patches merged into one token, LayerNorm, 2-layer MLP),
-    or a native tower's patch merger (``MERGERS``: norm, ``spatial_merge_size``² consecutive patches as one vector,
+    or a native tower's patch merger (``neva.families.MERGERS``: norm, ``spatial_merge_size``² consecutive patches as one vector,
     Linear, GELU, Linear; HF ``Qwen2VL`` ``PatchMerger`` & co.)."""
 
     type: str = "mlp2x_gelu"
