@@ -327,6 +327,12 @@ class ModelConfig:
             raise ValueError(
                 f"model.loss_normalization={self.loss_normalization!r}; choose one of {LOSS_NORMALIZATIONS}"
             )
+        if self.data.max_tokens_per_micro_batch is not None and self.loss_normalization != "global_tokens":
+            raise ValueError(
+                "model.data.max_tokens_per_micro_batch makes the micro-batches of a step vary in number and size: "
+                f"model.loss_normalization={self.loss_normalization!r} would weigh their tokens differently; use "
+                "global_tokens"
+            )
         if self.data_parallel not in ("fsdp", "ddp"):
             raise ValueError(f"data_parallel must be fsdp or ddp, got {self.data_parallel!r}")
         if isinstance(self.compile, str) and self.compile != "auto":

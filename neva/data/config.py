@@ -43,6 +43,10 @@ class DataConfig:
         seq_length: longest token sequence (None = the model's ``max_seq_len``).
         pad_to_multiple_of: padded batch / packed row lengths are rounded up to this.
         packing: pack each micro-batch's samples first-fit into rows of ``seq_length``.
+        max_tokens_per_micro_batch: micro-batches filled to this many decoder tokens (text and visual; padded
+            ``rows × longest`` unpacked, the samples' sum packed) instead of ``micro_batch_size`` samples: an optimizer
+            step still trains ``global_batch_size`` samples, in as many micro-batches as the budget makes
+            (``neva.data.token_budget``); None: fixed micro-batches. At least the sequence length.
         group_by_modality_length: LLaVA's sampler (``get_modality_length_grouped_indices``): every global batch one
             modality (but a last mixed one), its contents random, lengths balanced across its micro-batches.
         group_by_length: neva's sampler: every global batch one modality and similar lengths (sorted within 8
@@ -98,6 +102,7 @@ class DataConfig:
     seq_length: int | None = None
     pad_to_multiple_of: int = 64
     packing: bool = False
+    max_tokens_per_micro_batch: int | None = None
     group_by_modality_length: bool = False
     group_by_length: bool = False
     num_workers: int | str = "auto"
@@ -161,6 +166,10 @@ class DataConfig:
             raise ValueError(f"model.data.prefetch_factor must be >= 1, got {self.prefetch_factor}")
         if self.shard_shuffle_buffer < 0:
             raise ValueError(f"model.data.shard_shuffle_buffer must be >= 0, got {self.shard_shuffle_buffer}")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise ValueError(
+                f"model.data.max_tokens_per_micro_batch must be >= 1 or null, got {self.max_tokens_per_micro_batch}"
+            )
         if self.group_by_modality_length and self.group_by_length:
             raise ValueError(
                 "model.data.group_by_modality_length (LLaVA's) and model.data.group_by_length (neva's) are both true; "
@@ -177,6 +186,11 @@ class DataConfig:
         if any(is_shard_spec(p) for p in paths):
             # Both need every record up front (a random held-out subset / every record's length), which streaming
             # shards exist to avoid.
+            if self.max_tokens_per_micro_batch is not None:
+                raise ValueError(
+                    "model.data.max_tokens_per_micro_batch needs every record's length before the epoch starts, which "
+                    ".tar shards do not give (they stream); set it to null or give the records as JSON"
+                )
             for key in ("group_by_modality_length", "group_by_length"):
                 if getattr(self, key):
                     raise ValueError(

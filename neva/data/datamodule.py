@@ -32,6 +32,7 @@ from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
+from neva.data.token_budget import TokenBudgetBatchSampler
 from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.data.video import VideoSource
 from neva.models.anyres import anyres_on, parse_aspect_ratio
@@ -50,13 +51,19 @@ class ResumableLoader:
         self.loader = loader
         self.sampler = sampler
         self.tracker = tracker
+        self.closes_step = False  # the batch last yielded is its optimizer step's last
 
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def steps_left(self) -> int:
+        """Optimizer steps the next ``__iter__`` yields."""
+        return self.sampler.steps_left()
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in self.loader:
             self.sampler.advance(1)
+            self.closes_step = self.sampler.closes_step
             if self.tracker is not None:
                 self.tracker.update(batch)
             yield batch
@@ -107,6 +114,8 @@ class NevaDataModule:
             starts workers only there).
         plan_dir: where a streaming blend's epoch plan is built once and memory-mapped by every rank
             (``neva.data.data_plan.shared_plan``); None: each rank plans in memory.
+        min_micro_batches: the fewest micro-batches a step filled to a token budget may have (a 1F1B pipeline's
+            stages: one each).
 
     Raises:
         ValueError: inconsistent config (image token id, lengths, ``<image>`` not a special token).
@@ -128,8 +137,10 @@ class NevaDataModule:
         accumulation: int = 1,
         device_type: str = "cpu",
         plan_dir: str | os.PathLike | None = None,
+        min_micro_batches: int = 1,
     ) -> None:
         self.cfg = cfg
+        self.min_micro_batches = min_micro_batches
         self.plan_dir = plan_dir
         self.tokenizer = tokenizer
         token = image_token_for(cfg.conv_template)
@@ -331,7 +342,19 @@ class NevaDataModule:
         grouping = "modality_length" if self.cfg.group_by_modality_length else "length"
         sizes = [len(d) for d in self.train_datasets]
         patches = self._patches(self.train_datasets) if self.dp_world > 1 else None
-        return ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, patches=patches, **rank)
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget is None:
+            return ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, patches=patches, **rank)
+        if budget < self.seq_length:
+            raise ConfigError(
+                f"model.data.max_tokens_per_micro_batch={budget} is below the sequence length {self.seq_length} "
+                "(model.data.seq_length, else the model's max_seq_len): a sample of that length would not fit"
+            )
+        base = ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, **rank)
+        tokens = [n for d in self.train_datasets for n in d.token_lengths()]
+        return TokenBudgetBatchSampler(
+            base, tokens, budget, self.cfg.packing, self.cfg.pad_to_multiple_of, patches, self.min_micro_batches
+        )
 
     def _patches(self, datasets: list[Dataset]) -> list[int] | None:
         """A native-resolution tower's patches per sample over all ``datasets`` (None unless every one knows them):

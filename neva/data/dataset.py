@@ -236,6 +236,28 @@ class ConversationDataset(Dataset):
             for r in self.records
         ]
 
+    def token_lengths(self) -> list[int]:
+        """Each record's decoder positions (text tokens as the tokenizer gives them, visual positions by the front end's
+        rule, a video at ``num_frames``; at most the sequence length), 0 for a record skipped when read: what the
+        token budget (``neva.data.token_budget``) fills micro-batches with, before any image or video is decoded.
+        Renders and tokenizes every record once."""
+        s = self.settings
+        whole = dataclasses.replace(s, max_length=None)  # cut below, as the encoder cuts
+        out = []
+        for record in self.records:
+            try:
+                varying = self.front_end.record_tokens(record, self.image_source)
+                frames = [s.num_frames] * len(record_videos(record))
+                enc, names, _ = encode_media_record(record, whole, None, frames)
+            except (SampleError, AttributeError, TypeError):
+                out.append(0)
+                continue
+            n = len(enc.input_ids)
+            if varying is not None:  # AnyRes / native: the images' positions from their sizes, not the fixed count
+                n += varying - len(names) * s.num_image_tokens
+            out.append(min(n, s.max_length) if s.max_length is not None else n)
+        return out
+
     def tower_patches(self) -> list[int] | None:
         """Each record's tower patches from its images' headers where the front end's vary with image size (native
         resolution; for ``neva.data.patch_balance``), else None."""

@@ -50,6 +50,8 @@ REFUSED = (
     ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
      "the preference stage averages over the global batch's pairs (global_tokens)"),
     ("model.data.packing", lambda c: c.model.data.packing, "every reply keeps a row of its own"),
+    ("model.data.max_tokens_per_micro_batch", lambda c: c.model.data.max_tokens_per_micro_batch is not None,
+     "pairs come in micro-batches of model.micro_batch_size pairs"),
 )  # fmt: skip
 
 
