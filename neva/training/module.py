@@ -269,6 +269,8 @@ class NevaModule(pl.LightningModule):
             # Share of the step's wall time spent waiting for its data (the rest: forward, backward, optimizer).
             wait = self._train_batches.take_wait()
             metrics["data_wait_fraction"] = wait / max(wait + elapsed, 1e-9)
+        if self.cfg.model.data.max_tokens_per_micro_batch is not None:  # filled to a token budget: their number varies
+            metrics["micro_batches"] = len(micro_batches)
         if loss is not None:
             metrics["train_loss"] = loss.item()
         if grad_norm is not None:
