@@ -49,7 +49,10 @@ METRICS = (
 REFUSED = (
     ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
      "the preference stage averages over the global batch's pairs (global_tokens)"),
-    ("model.data.packing", lambda c: c.model.data.packing, "every reply keeps a row of its own"),
+    ("model.data.packing", lambda c: c.model.data.packing and (c.model.tensor_model_parallel_size > 1
+     or c.model.pipeline_model_parallel_size > 1 or c.model.context_parallel_size > 1),
+     "packed pairs are scored at their learned positions, and tensor, pipeline and context parallelism run the head "
+     "at every position of a row; train unpacked there"),
     ("model.data.max_tokens_per_micro_batch", lambda c: c.model.data.max_tokens_per_micro_batch is not None,
      "pairs come in micro-batches of model.micro_batch_size pairs"),
 )  # fmt: skip
@@ -92,7 +95,8 @@ def batch_logps(
         sums, counts = -(nll.view(target.shape) * learned).sum(1), learned.sum(1).to(nll.dtype)
     else:
         targets = batch["targets"].to(device, non_blocking=True)
-        rows = batch["output_positions"][:, 0].to(device, non_blocking=True)
+        # packed pairs: the sequence of each learned position; padded: its row
+        rows = batch.get("output_sequences", batch["output_positions"][:, 0]).to(device, non_blocking=True)
         token = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)
         sums, counts = sequence_logps(token, rows, n_rows)
     if cp_group is not None:
@@ -266,7 +270,8 @@ def reference_forward(
 
     def reference(batch: dict[str, Any]) -> torch.Tensor:
         with torch.no_grad(), context():
-            logits, ran = engine.head_logits(batch, model)
+            # a packed batch is prepared again once its rows are joined: this forward needs no reference of its own
+            logits, ran = engine.head_logits({**batch, "ref_logps": None}, model)
             return batch_logps(logits, ran, engine.device, mean, cp_group(engine))[0]
 
     return reference
