@@ -11,6 +11,7 @@ from neva.data.conversation import TEMPLATE_CLASSES
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
 from neva.data.video_decode import MAX_FRAME_PIXELS, MAX_VIDEO_BYTES, MAX_VIDEO_SECONDS, VideoLimits
+from neva.data.visual_budget import VISUAL_BUDGET_ACTIONS
 from neva.models.anyres import parse_aspect_ratio
 
 TEMPLATES = tuple(TEMPLATE_CLASSES)  # the conversation templates, one table (neva.data.conversation)
@@ -88,6 +89,11 @@ class DataConfig:
         video_fps: one frame every ``1 / video_fps`` s instead (LLaVA-NeXT's ``video_fps``), at most ``num_frames``
             (more → the uniform rule); None = uniform.
         video_folder: directory that records' ``video`` paths are relative to (NeMo's key); None = ``image_folder``.
+        max_visual_tokens: a sample's visual positions at most, over all its images and videos together (Qwen's
+            ``VIDEO_TOTAL_PIXELS`` for every medium); None: no budget (``neva.data.visual_budget``).
+        visual_budget_action: what a record past ``max_visual_tokens`` becomes: ``skip`` (counted as
+            ``visual_budget``), ``fewer_frames`` (its videos keep fewer frames) or ``downscale`` (native-resolution
+            towers: its images and frames under a lower ``max_pixels``); one that still does not fit is skipped.
         max_video_bytes / max_video_seconds / max_video_frame_pixels: a video file larger, longer or with larger
             frames (from its size and header) is skipped before any frame is decoded (``video_too_large`` /
             ``video_too_long``).
@@ -129,6 +135,8 @@ class DataConfig:
     max_video_bytes: int = MAX_VIDEO_BYTES
     max_video_seconds: float = MAX_VIDEO_SECONDS
     max_video_frame_pixels: int = MAX_FRAME_PIXELS
+    max_visual_tokens: int | None = None
+    visual_budget_action: str = "skip"
 
     def __post_init__(self) -> None:
         if self.conv_template is not None and self.conv_template not in TEMPLATES:
@@ -223,6 +231,12 @@ class DataConfig:
         for key in ("num_frames", "max_video_bytes", "max_video_seconds", "max_video_frame_pixels"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"model.data.{key} must be > 0, got {getattr(self, key)}")
+        if self.max_visual_tokens is not None and self.max_visual_tokens < 1:
+            raise ValueError(f"model.data.max_visual_tokens must be >= 1 or null, got {self.max_visual_tokens}")
+        if self.visual_budget_action not in VISUAL_BUDGET_ACTIONS:
+            raise ValueError(
+                f"model.data.visual_budget_action={self.visual_budget_action!r}; choose one of {VISUAL_BUDGET_ACTIONS}"
+            )
         if self.video_fps is not None and not self.video_fps > 0:
             raise ValueError(f"model.data.video_fps must be > 0 or null, got {self.video_fps}")
 

@@ -35,6 +35,7 @@ from neva.data.stream_sampler import StreamingBatchSampler, source_layout
 from neva.data.token_budget import TokenBudgetBatchSampler
 from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.data.video import VideoSource
+from neva.data.visual_budget import VisualBudget
 from neva.models.anyres import anyres_on, parse_aspect_ratio
 from neva.models.config import NevaConfig, VisionConfig
 from neva.typed import ConfigError
@@ -187,6 +188,7 @@ class NevaDataModule:
             image_token_placement=cfg.image_token_placement,
             system_prompt=cfg.system_prompt,
             tokenization=cfg.tokenization,
+            visual_budget=self._visual_budget(cfg, vision),
             **self._video_settings(cfg, model_config),
         )
         model_anyres = getattr(model_config, "anyres", None)
@@ -209,6 +211,17 @@ class NevaDataModule:
         self.train_sampler: ResumableBatchSampler | None = None
         self._val_loader: ResumableLoader | None = None
         self._pending_state: dict[str, Any] | None = None
+
+    @staticmethod
+    def _visual_budget(cfg: DataConfig, vision: VisionConfig | None) -> VisualBudget | None:
+        if cfg.max_visual_tokens is None:
+            return None
+        if cfg.visual_budget_action == "downscale" and (vision is None or not vision.is_native):
+            raise ConfigError(
+                "model.data.visual_budget_action=downscale resizes native-resolution images (Qwen-VL towers); this "
+                "tower reads fixed-size images: use fewer_frames or skip"
+            )
+        return VisualBudget(cfg.max_visual_tokens, cfg.visual_budget_action)
 
     @staticmethod
     def _video_settings(cfg: DataConfig, model_config: NevaConfig | None) -> dict[str, Any]:

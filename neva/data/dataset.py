@@ -33,6 +33,7 @@ from neva.data.front_ends import FrontEnd
 from neva.data.images import ImageSource, safe_relative_path
 from neva.data.records import ERROR_KEY, approx_length, record_images, record_videos
 from neva.data.video import IMAGE, VideoSource, load_videos, tag_kinds, video_sample_fields
+from neva.data.visual_budget import VisualBudget, fit_record
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class EncoderSettings:
     video_tokens: Callable[[int], int] | None = None
     video_token_id: int | None = None
     num_frames: int = 8
+    # ``model.data.max_visual_tokens`` and what past it (``neva.data.visual_budget``); None: no budget
+    visual_budget: VisualBudget | None = None
 
 
 def is_skipped(sample: dict[str, Any]) -> bool:
@@ -160,8 +163,14 @@ def process_record(
     Videos are decoded first: a video's positions follow from the frames it gives.
     """
     sample_id = record.get("id") if isinstance(record, dict) else None
+    action = None
     try:
         videos = load_videos(record_videos(record) if isinstance(record, dict) else [], settings, video_source)
+        if settings.visual_budget is not None and isinstance(record, dict):
+            front_end, videos, action = fit_record(
+                settings.visual_budget, record, settings.num_image_tokens, image_source, front_end, videos,
+                settings.video_tokens,
+            )  # fmt: skip
         frames = [len(v.frames) for v in videos]
         encoded = front_end.encode(
             record,
@@ -194,6 +203,7 @@ def process_record(
         "image_count": encoded.images,
         "truncated": enc.truncated_from is not None,
         "dropped_leading_reply": enc.dropped_leading_reply,
+        **({"visual_budget": action} if action else {}),  # what the visual budget did to it (counted, logged)
     }
 
 
@@ -214,6 +224,7 @@ class ConversationDataset(Dataset):
         self.front_end = front_end
         self.video_source = video_source
         self._log = SkipLogger()
+        self._budget_counts: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self.records)
@@ -224,7 +235,17 @@ class ConversationDataset(Dataset):
         )
         if is_skipped(sample):
             self._log(sample)
+        elif sample.get("visual_budget"):
+            self._log_budget(sample)
         return sample
+
+    def _log_budget(self, sample: dict[str, Any]) -> None:
+        action = sample["visual_budget"]
+        self._budget_counts[action] += 1
+        if self._budget_counts[action] <= _LOG_FIRST:
+            frames = sample.get("video_frames")
+            what = f"its videos cut to {frames.tolist()} frames" if action == "fewer_frames" else "downscaled"
+            log.warning("sample %s over model.data.max_visual_tokens: %s (%s)", sample["id"], what, action)
 
     def modality_lengths(self) -> list[int]:
         """Approximate lengths, negative for text-only records (for the grouped sampler); AnyRes images count their
