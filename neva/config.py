@@ -283,6 +283,10 @@ class ModelConfig:
     megatron_amp_O2: bool = False
     activations_checkpoint_granularity: str | None = None  # full | selective
     activations_checkpoint_num_layers: int | None = None
+    # what decoder blocks save for backward waits in host memory (neva/parallel/activation_offload.py)
+    activation_offload: bool = False
+    # FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host memory
+    fsdp_offload: bool = False
     # per-block torch.compile: auto = on for CUDA, off elsewhere (CPU compiles slowly and gains little); true | false
     compile: bool | str = "auto"
     meta_init: bool = False  # distributed: allocate and load only each rank's shards (models too large for one rank)

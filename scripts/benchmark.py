@@ -29,6 +29,9 @@ step and each process's peak memory (``bench/context_parallel.py``).
 Token-budget mode (``--token-budget``): padding share and peak memory of fixed micro-batches against micro-batches
 filled to a token budget, the same global batches (``bench/token_budget.py``).
 
+Offload mode (``--offload``): one step with and without activation offload and (two GPUs) FSDP2's CPU offload: loss,
+gradient norm and peak device memory of each (``bench/offload.py``; ``--tiny``: the tiny model on the CPU).
+
 Every mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
 
 Examples::
@@ -43,6 +46,7 @@ Examples::
     python scripts/benchmark.py --data-plan --data-plan-cases 1e6x3,4e6x10,1e8x100,1e9x100
     python scripts/benchmark.py --context-parallel            # ~2 minutes of CPU
     python scripts/benchmark.py --token-budget                # fixed micro-batches vs a token budget, ~3 minutes
+    python scripts/benchmark.py --offload                     # activation / FSDP2 offload: equal step, peak memory
 """
 
 from __future__ import annotations
@@ -203,6 +207,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tb-micro", type=int, default=8, help="token-budget mode: the fixed side's micro-batch size")
     p.add_argument("--tb-accum", type=int, default=2, help="token-budget mode: the fixed side's accumulation")
     p.add_argument("--tb-budget", type=int, default=3072, help="token-budget mode: max_tokens_per_micro_batch")
+    p.add_argument("--offload", action="store_true", help="one step with and without activation / FSDP2 offload")
+    p.add_argument("--offload-child", help=argparse.SUPPRESS)
+    p.add_argument("--tiny", action="store_true", help="offload mode: the tiny model on the CPU")
+    p.add_argument("--offload-seq", type=int, default=8192, help="offload mode: tokens of the packed row (GPU)")
+    p.add_argument("--offload-timeout", type=float, default=300.0, help="offload mode: seconds per side")
     args = p.parse_args(argv)
     gpu_path = args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only
     if args.steps is None:
@@ -227,6 +236,18 @@ def main(argv: list[str] | None = None) -> None:
         from bench.cpu import run_side
 
         print(json.dumps(run_side(args.child, args)))
+        return
+    if args.offload_child:
+        from bench.offload import run_side as offload_side
+
+        result = offload_side(args.offload_child, args)
+        if result is not None:
+            print(json.dumps(result))
+        return
+    if args.offload:
+        from bench.offload import run_offload
+
+        print(json.dumps(run_offload(args, os.path.abspath(__file__))))
         return
     if args.token_budget_child:
         from pathlib import Path

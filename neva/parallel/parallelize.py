@@ -117,6 +117,19 @@ def check_precision_layout(layout: Layout, precision: Precision) -> None:
         )
 
 
+def check_offload_layout(offload: bool, layout: Layout, precision: Precision) -> None:
+    """``model.fsdp_offload`` is FSDP2's policy: it needs the layout to shard with FSDP2 (the planner applies it too).
+
+    Raises:
+        ConfigError: offload where FSDP2 does not wrap the model.
+    """
+    if offload and not uses_fsdp(layout, precision):
+        raise ConfigError(
+            "model.fsdp_offload=true is FSDP2's CPU offload: it needs model.data_parallel=fsdp and data-parallel "
+            "ranks (or O2 in a distributed run); this layout does not shard with FSDP2"
+        )
+
+
 def parallelize(
     meta_model: NevaModel,
     source: ModelSource,
@@ -146,6 +159,7 @@ def parallelize(
             ``apply_tensor_parallel``).
     """
     check_precision_layout(layout, precision)
+    check_offload_layout(m.fsdp_offload, layout, precision)
     if m.sequence_parallel and layout.tp == 1:
         log.warning("model.sequence_parallel=true has no effect without tensor parallelism")
     if layout.is_distributed and dims is None:
@@ -179,7 +193,8 @@ def parallelize(
     if fsdp:
         param_dtype = precision.param_dtype if precision.master_weights else None
         for part in parts:
-            apply_fsdp(part, dims.grad_mesh, param_dtype, reshard=layout.zero_stage == 3, expert_mesh=dims.expert_mesh)
+            apply_fsdp(part, dims.grad_mesh, param_dtype, reshard=layout.zero_stage == 3, expert_mesh=dims.expert_mesh,
+                       offload=m.fsdp_offload)  # fmt: skip
         out.sync_context = fsdp_sync_context(parts)
     if allocation is not None and not m.meta_init:
         raise ValueError("parallelize(allocation=...) needs model.meta_init=true (plans are applied on meta first)")
