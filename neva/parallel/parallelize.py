@@ -98,9 +98,12 @@ class ParallelModel:
 
 
 def uses_fsdp(layout: Layout, precision: Precision) -> bool:
-    """FSDP2 wraps the model when data-parallel replicas shard it, and under O2 in distributed runs (its
-    mixed-precision policy keeps the sharded fp32 parameters as master weights)."""
-    return layout.data_parallel == "fsdp" and (layout.dp_cp > 1 or (precision.master_weights and layout.is_distributed))
+    """FSDP2 wraps the model when data-parallel replicas shard it, under O2 in distributed runs (its
+    mixed-precision policy keeps the sharded fp32 parameters as master weights), and for its CPU offload (on one rank
+    too: the whole model's state then waits in host memory)."""
+    return layout.data_parallel == "fsdp" and (
+        layout.dp_cp > 1 or (precision.master_weights and layout.is_distributed) or layout.fsdp_offload
+    )
 
 
 def check_precision_layout(layout: Layout, precision: Precision) -> None:
@@ -118,15 +121,15 @@ def check_precision_layout(layout: Layout, precision: Precision) -> None:
 
 
 def check_offload_layout(offload: bool, layout: Layout, precision: Precision) -> None:
-    """``model.fsdp_offload`` is FSDP2's policy: it needs the layout to shard with FSDP2 (the planner applies it too).
+    """``model.fsdp_offload`` is FSDP2's policy: it needs ``model.data_parallel=fsdp`` (the planner applies it too).
 
     Raises:
         ConfigError: offload where FSDP2 does not wrap the model.
     """
     if offload and not uses_fsdp(layout, precision):
         raise ConfigError(
-            "model.fsdp_offload=true is FSDP2's CPU offload: it needs model.data_parallel=fsdp and data-parallel "
-            "ranks (or O2 in a distributed run); this layout does not shard with FSDP2"
+            "model.fsdp_offload=true is FSDP2's CPU offload: it needs model.data_parallel=fsdp (DDP keeps whole "
+            "replicas on the device)"
         )
 
 

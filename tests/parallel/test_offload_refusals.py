@@ -1,5 +1,5 @@
-"""``model.fsdp_offload`` is FSDP2's policy: refused in one line (naming the key) where FSDP2 does not wrap the model,
-taken where it does; activation offload leaves a step's values unchanged (here on the CPU, where it moves nothing;
+"""``model.fsdp_offload`` is FSDP2's policy: FSDP2 wraps the model for it (one process too, under a process group of
+one), and DDP refuses it in one line naming the key; activation offload leaves a step's values unchanged (here on the CPU, where it moves nothing;
 the DP2 step with both offloads: tests/parallel/test_headroom_layouts.py)."""
 
 from __future__ import annotations
@@ -18,16 +18,12 @@ from neva.parallel.precision import Precision
 
 @pytest.mark.parametrize(
     "world,extra,refused",
-    [
-        (1, [], True),
-        (2, ["model.data_parallel=ddp"], True),
-        (2, [], False),
-        (2, ["model.tensor_model_parallel_size=2"], True),
-    ],
+    [(1, [], False), (2, [], False), (1, ["model.data_parallel=ddp"], True), (2, ["model.data_parallel=ddp"], True)],
 )
 def test_fsdp_offload_needs_fsdp2(world, extra, refused):
     cfg = compose_config(["+stage=pretrain", "model.fsdp_offload=true", "model.global_batch_size=32", *extra])
     layout = Layout.from_config(cfg.model, world)
+    assert layout.is_distributed  # a process group, of one rank too
     if refused:
         with pytest.raises(ConfigError, match=r"model\.fsdp_offload"):
             check_offload_layout(True, layout, Precision.from_config("32", False))
