@@ -11,13 +11,14 @@ from neva.parallel.context_parallel import check_context_parallel_objective
 from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.pipeline import check_deepstack_split, check_splittable, split_layers
 from neva.parallel.tensor_parallel import check_divisibility
-from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
+from neva.planner.activations import in_flight_microbatches, stage_activation_split
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import StageFlops, stage_flops
 from neva.planner.hardware import hardware_from_config
 from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import dispatch_bytes, moe_facts
+from neva.planner.offload import state_bus_bytes, state_offload
 from neva.planner.params import model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
 from neva.planner.preference import (
@@ -52,6 +53,7 @@ class StageMemory:
     working: float
     overhead: float
     reference: int = 0  # the preference stage's frozen reference copy (neva.planner.preference)
+    host: float = 0.0  # bytes the offload knobs keep in host memory instead (neva.planner.offload); not in total
 
     @property
     def total(self) -> float:
@@ -96,6 +98,7 @@ class Plan:
                 "working": peak.working / GiB,
                 "overhead": peak.overhead / GiB,
                 "reference": peak.reference / GiB,
+                "host": peak.host / GiB,
                 "total": peak.total / GiB,
                 "stage": peak.stage,
             },
@@ -175,10 +178,11 @@ def plan_run(
     if reference is not None:  # its forward of each sequence, without autograd
         ref = stage_flops(frozen_inventory(infos), ncfg, layout, seq, layers, images.tiles, frames, images.grid)
         flops = [StageFlops(f.model + r.model, f.per_gpu + r.per_gpu, f.backward) for f, r in zip(flops, ref)]
-    stages = []
+    stages, bus = [], []
     for s in range(layout.pp):
-        state = rank_state_bytes(infos, dep, s, layers)
-        acts = stage_activation_bytes(
+        whole = rank_state_bytes(infos, dep, s, layers)
+        state, host_state = state_offload(whole, dep)
+        acts, host_acts = stage_activation_split(
             ncfg,
             infos,
             seq_dep,
@@ -192,6 +196,11 @@ def plan_run(
             frames,
         )
         working = working_bytes(infos, seq_dep, s, layers)
+        # bus bytes per step: FSDP2's shards and gradient shards, and every saved activation down and back up
+        bus.append(
+            state_bus_bytes(whole, seq_dep)
+            + 2 * host_acts * layout.grad_accum / max(1.0, in_flight_microbatches(layout, s))
+        )
         stages.append(
             StageMemory(
                 stage=s,
@@ -203,9 +212,10 @@ def plan_run(
                 working=working,
                 overhead=hw.eff.memory_overhead_gb * GiB,
                 reference=reference_bytes(infos, dep, s, layers) if reference == "frozen" else 0,
+                host=host_state + host_acts,
             )
         )
-    time = step_time(ncfg, infos, seq_dep, hw, seq, layers, flops)
+    time = step_time(ncfg, infos, seq_dep, hw, seq, layers, flops, bus)
     per_sample = sum(f.model for f in flops) * rows
     samples = layout.global_batch_size / time.step
     mfu = per_sample * samples / (layout.world * hw.peak_flops)
