@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from neva.checkpoint.architecture import neva_config_from_mm
@@ -119,6 +120,16 @@ def sample_tokens(cfg: TrainConfig, num_image_tokens: int, text_tokens: int | No
     return -(-(num_image_tokens + text) // pad) * pad
 
 
+def budget_deployment(dep: Deployment, seq: int, budget: int) -> Deployment:
+    """``dep`` with the micro-batches a token budget (``model.data.max_tokens_per_micro_batch``,
+    ``neva.data.token_budget``) fills with samples of ``seq`` tokens: as many as fit (one at least), at most a rank's
+    share of the global batch; the global batch stays."""
+    layout = dep.layout
+    share = max(1, layout.global_batch_size // layout.dp)
+    micro = max(1, min(share, budget // max(1, seq)))
+    return dataclasses.replace(dep, layout=dataclasses.replace(layout, micro_batch_size=micro))
+
+
 def plan_run(
     cfg: TrainConfig,
     text_tokens: int | None = None,
@@ -173,6 +184,9 @@ def plan_run(
         raise ConfigError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
     images = image_load(ncfg, image_size, image_tokens, cfg.model.data, max_pixels)
     seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else images.tokens, text_tokens)
+    if cfg.model.data.max_tokens_per_micro_batch is not None:  # micro-batches of as many planned samples as fit
+        dep = budget_deployment(dep, seq, cfg.model.data.max_tokens_per_micro_batch)
+        seq_dep, layout = dep, dep.layout
     learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
     flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames, images.grid)
     if reference is not None:  # its forward of each sequence, without autograd

@@ -72,3 +72,15 @@ def test_search_and_forecast_propose_offload_when_nothing_fits():
     saved = float(line.split("model.fsdp_offload=true saves ")[1].split(" GiB")[0])
     fitted = plan_run(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, fsdp_offload=True)))
     assert saved == pytest.approx((plan_run(cfg).peak.total - fitted.peak.total) / 2**30, abs=0.05)
+
+
+def test_a_token_budget_plans_the_micro_batches_it_fills():
+    """``model.data.max_tokens_per_micro_batch``: the planned micro-batch holds as many planned samples as the budget
+    fits (the global batch kept), so a budget of two samples' tokens plans what ``micro_batch_size=2`` plans."""
+    base = compose_config(SEVEN_B + ["model.micro_batch_size=8", "model.fsdp_offload=true"])
+    seq = plan_run(base).seq_len
+    budget = plan_run(compose_config(SEVEN_B + ["model.micro_batch_size=8", "model.fsdp_offload=true",
+                                                f"model.data.max_tokens_per_micro_batch={2 * seq + 1}"]))  # fmt: skip
+    two = plan_run(compose_config(SEVEN_B + ["model.micro_batch_size=2", "model.fsdp_offload=true"]))
+    assert budget.deployment.layout.micro_batch_size == 2
+    assert budget.peak.total == pytest.approx(two.peak.total) and budget.time.step == pytest.approx(two.time.step)
