@@ -39,11 +39,14 @@ def test_fsdp_offload_moves_the_sharded_state_to_the_host():
 
 
 def test_rehearsed_host_bytes_equal_the_planned_ones():
-    from neva.training.rehearsal import rehearse
+    from neva.checkpoint.architecture import neva_config_from_mm
+    from neva.parallel.layout import Layout
+    from neva.training.rehearsal import rehearse, shallow
 
     cfg = compose_config(TINY_O2 + ["model.fsdp_offload=true"])
-    (measured,) = rehearse(cfg, text_tokens=16)
-    planned = plan_run(cfg, text_tokens=16).stages[0]
+    model = shallow(neva_config_from_mm(cfg.model.mm_cfg), Layout.from_config(cfg.model, 1))  # one decoder layer
+    (measured,) = rehearse(cfg, text_tokens=16, model=model)
+    planned = plan_run(cfg, text_tokens=16, model=model).stages[0]
     assert measured.host == planned.host
     assert measured.categories["params"] == measured.categories["optimizer"] == 0  # on the host, not the device
 
