@@ -3,8 +3,8 @@ LLaVA records, against fixed micro-batches in one process (losses and gradient n
 
 - micro-batches filled to a token budget (``model.data.max_tokens_per_micro_batch``, ``neva.data.token_budget``) in
   one process and under DP2 (FSDP2), every rank running as many micro-batches, their number varying per step;
-- FSDP2's CPU offload (``model.fsdp_offload``) with activation offload (``model.activation_offload``) over full
-  recomputation, DP2.
+- FSDP2's CPU offload (``model.fsdp_offload``) with activation offload (``model.activation_offload``): over full
+  recomputation under DP2, and under TP2 (FSDP2 then wraps a data-parallel group of one for the offload).
 """
 
 from __future__ import annotations
@@ -57,14 +57,21 @@ def test_headroom_knobs_train_the_fixed_steps(tmp_path):
     assert dataset.token_lengths() == [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
     offload = ["model.fsdp_offload=true", "model.activation_offload=true",
                "model.activations_checkpoint_granularity=full"]  # fmt: skip
-    jobs = [("dp2_budget", common + BUDGET, args), ("dp2_offload", common + offload, args)]
+    tp2 = ["model.tensor_model_parallel_size=2", "model.fsdp_offload=true", "model.activation_offload=true"]
+    jobs = [
+        ("dp2_budget", common + BUDGET, args),
+        ("dp2_offload", common + offload, args),
+        ("tp2_offload", common + tp2, args),
+    ]
     results = run_layouts(2, jobs, tmp_path / "runs")
     print("micro-batches per step (fixed, budget, dp2 budget):", ref["micro_batches"], one["micro_batches"],
           [r["dp2_budget"]["micro_batches"] for r in results])  # fmt: skip
     assert ref["micro_batches"] == [4] * STEPS and one["micro_batches"] != ref["micro_batches"]
     for rank in results:
         assert rank["dp2_budget"]["micro_batches"] == results[0]["dp2_budget"]["micro_batches"]
-    runs = [("one_budget", one)] + [(n, rank[n]) for rank in results for n in ("dp2_budget", "dp2_offload")]
+    runs = [("one_budget", one)] + [
+        (n, rank[n]) for rank in results for n in ("dp2_budget", "dp2_offload", "tp2_offload")
+    ]
     for name, got in runs:
         for key in ("losses", "grad_norms"):
             err = max(abs(a - b) / abs(b) for a, b in zip(got[key], ref[key]))
