@@ -93,7 +93,8 @@ class DataConfig:
             ``VIDEO_TOTAL_PIXELS`` for every medium); None: no budget (``neva.data.visual_budget``).
         visual_budget_action: what a record past ``max_visual_tokens`` becomes: ``skip`` (counted as
             ``visual_budget``), ``fewer_frames`` (its videos keep fewer frames) or ``downscale`` (native-resolution
-            towers: its images and frames under a lower ``max_pixels``); one that still does not fit is skipped.
+            towers: its images and frames under a lower ``max_pixels``; AnyRes: its images resized to fewer tiles);
+            one that still does not fit is skipped.
         max_video_bytes / max_video_seconds / max_video_frame_pixels: a video file larger, longer or with larger
             frames (from its size and header) is skipped before any frame is decoded (``video_too_large`` /
             ``video_too_long``).

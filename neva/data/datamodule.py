@@ -179,6 +179,8 @@ class NevaDataModule:
         self.accumulation = accumulation
         self.num_workers = resolve_num_workers(cfg.num_workers, device_type)
         self.pin_memory = device_type == "cuda"
+        model_anyres = getattr(model_config, "anyres", None)
+        anyres = anyres_on(cfg.image_aspect_ratio, getattr(model_anyres, "grid_pinpoints", None))
         self.settings = EncoderSettings(
             tokenizer=tokenizer,
             template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template, cfg.system_prompt),
@@ -188,11 +190,9 @@ class NevaDataModule:
             image_token_placement=cfg.image_token_placement,
             system_prompt=cfg.system_prompt,
             tokenization=cfg.tokenization,
-            visual_budget=self._visual_budget(cfg, vision),
+            visual_budget=self._visual_budget(cfg, vision, anyres),
             **self._video_settings(cfg, model_config),
         )
-        model_anyres = getattr(model_config, "anyres", None)
-        anyres = anyres_on(cfg.image_aspect_ratio, getattr(model_anyres, "grid_pinpoints", None))
         if anyres and parse_aspect_ratio(cfg.image_aspect_ratio) != model_anyres.max_num_patches:
             raise ValueError(
                 f"model.data.image_aspect_ratio={cfg.image_aspect_ratio!r} pools to "
@@ -213,13 +213,13 @@ class NevaDataModule:
         self._pending_state: dict[str, Any] | None = None
 
     @staticmethod
-    def _visual_budget(cfg: DataConfig, vision: VisionConfig | None) -> VisualBudget | None:
+    def _visual_budget(cfg: DataConfig, vision: VisionConfig | None, anyres: bool) -> VisualBudget | None:
         if cfg.max_visual_tokens is None:
             return None
-        if cfg.visual_budget_action == "downscale" and (vision is None or not vision.is_native):
+        if cfg.visual_budget_action == "downscale" and not anyres and (vision is None or not vision.is_native):
             raise ConfigError(
-                "model.data.visual_budget_action=downscale resizes native-resolution images (Qwen-VL towers); this "
-                "tower reads fixed-size images: use fewer_frames or skip"
+                "model.data.visual_budget_action=downscale resizes images whose positions follow from their size "
+                "(native-resolution and AnyRes towers); this tower reads fixed-size images: use fewer_frames or skip"
             )
         return VisualBudget(cfg.max_visual_tokens, cfg.visual_budget_action)
 

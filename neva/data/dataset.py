@@ -167,7 +167,7 @@ def process_record(
     try:
         videos = load_videos(record_videos(record) if isinstance(record, dict) else [], settings, video_source)
         if settings.visual_budget is not None and isinstance(record, dict):
-            front_end, videos, action = fit_record(
+            front_end, image_source, videos, action = fit_record(
                 settings.visual_budget, record, settings.num_image_tokens, image_source, front_end, videos,
                 settings.video_tokens,
             )  # fmt: skip

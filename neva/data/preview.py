@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--visual-budget-action",
         choices=("skip", "fewer_frames"),
         default="skip",
-        help="model.data.visual_budget_action (downscale: native-resolution towers, which preview does not read)",
+        help="model.data.visual_budget_action (downscale resizes native / AnyRes images: not previewed)",
     )
     p.add_argument(
         "--video-grid", type=int, default=24, help="the tower's patch grid, unless --tokenizer is a neva checkpoint"

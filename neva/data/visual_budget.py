@@ -6,8 +6,9 @@ video's frames together — are counted before the text is encoded; past the bud
 
 - ``fewer_frames``: its videos keep fewer frames (one cap for all of them, the most that fits, taken uniformly from
   the frames sampled), the images untouched;
-- ``downscale`` (native-resolution towers, whose positions follow from the pixels): every image and frame of the
-  record resized under a lower ``max_pixels``, the same for all, the highest that fits;
+- ``downscale`` (towers whose positions follow from the pixels): native resolution: every image and frame of the
+  record resized under a lower ``max_pixels``, the same for all, the highest that fits; AnyRes: every image resized
+  by the largest factor of ``ANYRES_FACTORS`` (0.9ⁿ a side) under which its tiles fit;
 - ``skip``: skipped, counted as ``visual_budget`` like every skip (``max_skip_fraction``).
 
 A record that still does not fit (its images alone, at the smallest size) is skipped and counted. A record within the
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from neva.data.errors import SampleError
 from neva.data.qwen_images import QwenImageSpec, video_token_count
@@ -88,6 +90,30 @@ class VisualBudget:
         raise self.over(count(highest), f"at the smallest max_pixels={pixels} still {total}")
 
 
+class ScaledImages:
+    """An image source's images resized by ``factor`` (each side, rounded; at least 1 px), sizes from the headers
+    as the source gives them: how ``downscale`` shrinks an AnyRes record (its tiles and positions follow from the
+    size). Composes the source, it does not subclass it."""
+
+    def __init__(self, source: Any, factor: float) -> None:
+        self.source, self.factor = source, factor
+
+    def _scaled(self, height: int, width: int) -> tuple[int, int]:
+        return max(1, round(height * self.factor)), max(1, round(width * self.factor))
+
+    def size(self, name: str) -> tuple[int, int]:
+        return self._scaled(*self.source.size(name))
+
+    def load(self, name: str) -> Any:
+        image = self.source.load(name)
+        height, width = self._scaled(image.size[1], image.size[0])
+        return image.resize((width, height), Image.BICUBIC)
+
+
+# downscale of an AnyRes record: the side factors tried, largest first (positions change in steps of whole tiles)
+ANYRES_FACTORS = tuple(round(0.9**i, 4) for i in range(1, 30))
+
+
 def keep_frames(video: DecodedVideo, n: int) -> DecodedVideo:
     """``video`` with ``n`` of its sampled frames, spread uniformly over them (first and last kept)."""
     if n >= len(video.frames):
@@ -104,9 +130,10 @@ def fit_record(
     front_end: Any,
     videos: list[DecodedVideo],
     video_tokens: Callable[[int], int] | None,
-) -> tuple[Any, list[DecodedVideo], str | None]:
-    """``(front end, videos, action taken or None)`` that keep ``record`` within ``budget`` (the front end a
-    downscaled copy under ``downscale``, the videos with fewer frames under ``fewer_frames``).
+) -> tuple[Any, Any, list[DecodedVideo], str | None]:
+    """``(front end, image source, videos, action taken or None)`` that keep ``record`` within ``budget``: under
+    ``downscale`` a native front end's copy under a lower ``max_pixels`` (images and frames), or for AnyRes the images
+    resized (``ScaledImages``: fewer tiles); under ``fewer_frames`` the videos with fewer frames.
 
     ``num_image_tokens``: a fixed-size image's positions; ``video_tokens``: a video's positions by frames (a
     native tower's are counted from the decoded frames' size instead).
@@ -131,9 +158,18 @@ def fit_record(
 
     frames = [len(v.frames) for v in videos]
     if budget.action == "downscale" and total(front_end, frames) > budget.max_tokens:
-        spec = front_end.processor
-        pixels = budget.max_pixels(lambda m: total(front_end.with_max_pixels(m), frames), spec.max_pixels,
-                                   spec.min_pixels)  # fmt: skip
-        return front_end.with_max_pixels(pixels), videos, "downscale"
+        if isinstance(getattr(front_end, "processor", None), QwenImageSpec):
+            spec = front_end.processor
+            pixels = budget.max_pixels(lambda m: total(front_end.with_max_pixels(m), frames), spec.max_pixels,
+                                       spec.min_pixels)  # fmt: skip
+            return front_end.with_max_pixels(pixels), image_source, videos, "downscale"
+        videos_tokens = sum(count(f) for count, f in zip(per_video(front_end), frames))
+        for factor in ANYRES_FACTORS:  # AnyRes: the images' tiles and positions follow from their size
+            scaled = ScaledImages(image_source, factor)
+            varying = front_end.record_tokens(record, scaled)
+            if varying is not None and varying + videos_tokens <= budget.max_tokens:
+                return front_end, scaled, videos, "downscale"
+        n = total(front_end, frames)
+        raise budget.over(n, f"{n_images} image(s) at {ANYRES_FACTORS[-1]} of their size still over")
     kept, action = budget.fit_frames(image_tokens(front_end), frames, per_video(front_end))
-    return front_end, [keep_frames(v, n) for v, n in zip(videos, kept)], action
+    return front_end, image_source, [keep_frames(v, n) for v, n in zip(videos, kept)], action

@@ -139,3 +139,38 @@ def test_preview_names_the_outcome(synthetic_tokenizer, folder, tmp_path):
     preview(build_parser().parse_args([*base, "--max-visual-tokens", "20"]), out)
     text = out.getvalue()
     assert "over model.data.max_visual_tokens=20: fewer_frames" in text and "1 frames (of 4: visual budget)" in text
+
+
+def test_downscale_on_anyres(synthetic_tokenizer, folder):
+    """AnyRes: the record's image resized (0.9ⁿ a side) until its tiles fit; its positions then are the resized
+    image's own (``NevaConfig.image_tokens`` of the new size), and its pixels that image's tiles."""
+    from PIL import Image
+
+    from neva.data.anyres import AnyResProcessor
+    from neva.data.front_ends import TiledImages
+    from neva.data.visual_budget import ANYRES_FACTORS
+    from neva.models.anyres import AnyResConfig, parse_grid_pinpoints
+
+    base = build_config(image_token_id=IMAGE_ID)
+    cfg = dataclasses.replace(base, anyres=AnyResConfig(grid_pinpoints=parse_grid_pinpoints("(1x1),...,(2x3)", 32)))
+    records = [qa(image="big.png", rid="big"), qa(image="a.png", rid="small")]
+
+    def dataset(budget):
+        settings = EncoderSettings(synthetic_tokenizer, get_template("vicuna_v1"), IMAGE_ID, cfg.num_image_tokens,
+                                   2048, visual_budget=budget)  # fmt: skip
+        return ConversationDataset(records, settings, image_source_for(str(folder)), TiledImages(AnyResProcessor(cfg)))
+
+    full = cfg.image_tokens((128, 256))
+    limit = full - 1
+    plain, budget = dataset(None), dataset(VisualBudget(limit, "downscale"))
+    big = budget[0]
+    tokens = int((big["input_ids"] == IMAGE_ID).sum())
+    assert big["visual_budget"] == "downscale" and tokens <= limit
+    # the first factor whose image fits, computed from the sizes directly
+    factor = next(f for f in ANYRES_FACTORS if cfg.image_tokens((round(128 * f), round(256 * f))) <= limit)
+    resized = Image.open(folder / "big.png").convert("RGB")
+    resized = resized.resize((round(256 * factor), round(128 * factor)), Image.BICUBIC)
+    assert tokens == cfg.image_tokens((resized.size[1], resized.size[0]))
+    assert torch.equal(big["pixel_values"], AnyResProcessor(cfg).tiles([resized]))
+    for key in ("input_ids", "pixel_values"):  # the small image is within it: unchanged
+        assert torch.equal(budget[1][key], plain[1][key]), key
