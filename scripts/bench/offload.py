@@ -7,7 +7,7 @@ Each side runs ``neva.train``'s own step (``NevaModule``'s engine and optimizer)
 the peaks are per side: ``torch.cuda.max_memory_allocated`` on a GPU, the process's peak RSS above its state before
 the step on the CPU (where offload changes nothing: host and device are one memory). The GPU shape: a ~1B decoder
 (width 2048, 22 layers) under CLIP ViT-L/14 224, bf16 O2, one packed row of ``--offload-seq`` tokens of synthetic
-samples; ``--tiny``: the tiny model on the CPU (what the GPU check's test runs).
+samples; ``--tiny``: the tiny model on the CPU, every side in this one process (what the GPU check's test runs).
 """
 
 from __future__ import annotations
@@ -64,7 +64,12 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     if side == "fsdp_offload":  # what neva.train's strategy sets up for it: a process group of one
         import torch.distributed as dist
 
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+        import socket
+
+        with socket.socket() as free:  # a port nothing else listens on
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     cfg = compose_config(overrides(args, side))
     layout = resolve_layout(cfg)
@@ -84,6 +89,10 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     loss, _, norm = engine.optimizer_step(optimizer, step, clip=1.0)
+    if side == "fsdp_offload":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                                                                     - base) / 2**20  # fmt: skip
     return {"side": side, "loss": loss.item(), "grad_norm": float(norm), "peak_gib": peak,
@@ -94,7 +103,9 @@ def run_offload(args: Any, script: str) -> dict[str, Any]:
     """Each side in a child process; the summary (sides that cannot run here say why)."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     sides = []
-    for side in SIDES:
+    if args.tiny:  # the CPU check of the code path: one process (on the CPU the peaks say nothing anyway)
+        sides = [run_side(side, args) for side in SIDES]
+    for side in () if args.tiny else SIDES:
         child = ["--offload-child", side, *(["--tiny"] if args.tiny else []), "--offload-seq", str(args.offload_seq)]
         done = subprocess.run([sys.executable, script, *child], capture_output=True, text=True, env=env,
                               timeout=args.offload_timeout)  # fmt: skip
