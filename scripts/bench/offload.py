@@ -62,9 +62,9 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     from neva.training.run import data_module_type
 
     if side == "fsdp_offload":  # what neva.train's strategy sets up for it: a process group of one
-        import torch.distributed as dist
-
         import socket
+
+        import torch.distributed as dist
 
         with socket.socket() as free:  # a port nothing else listens on
             free.bind(("127.0.0.1", 0))
