@@ -2,7 +2,8 @@
 LLaVA records, against fixed micro-batches in one process (losses and gradient norms within 1e-6 relative):
 
 - micro-batches filled to a token budget (``model.data.max_tokens_per_micro_batch``, ``neva.data.token_budget``) in
-  one process and under DP2 (FSDP2), every rank running as many micro-batches, their number varying per step;
+  one process, under DP2 (FSDP2), every rank running as many micro-batches, their number varying per step, and
+  under PP2 (1F1B: at least one micro-batch per stage);
 - FSDP2's CPU offload (``model.fsdp_offload``) with activation offload (``model.activation_offload``): over full
   recomputation under DP2, and under TP2 (FSDP2 then wraps a data-parallel group of one for the offload).
 """
@@ -62,6 +63,7 @@ def test_headroom_knobs_train_the_fixed_steps(tmp_path):
         ("dp2_budget", common + BUDGET, args),
         ("dp2_offload", common + offload, args),
         ("tp2_offload", common + tp2, args),
+        ("pp2_budget", common + BUDGET + ["model.pipeline_model_parallel_size=2"], args),
     ]
     results = run_layouts(2, jobs, tmp_path / "runs")
     print("micro-batches per step (fixed, budget, dp2 budget):", ref["micro_batches"], one["micro_batches"],
@@ -69,8 +71,9 @@ def test_headroom_knobs_train_the_fixed_steps(tmp_path):
     assert ref["micro_batches"] == [4] * STEPS and one["micro_batches"] != ref["micro_batches"]
     for rank in results:
         assert rank["dp2_budget"]["micro_batches"] == results[0]["dp2_budget"]["micro_batches"]
+        assert min(rank["pp2_budget"]["micro_batches"]) >= 2  # a 1F1B pipeline: one micro-batch per stage at least
     runs = [("one_budget", one)] + [
-        (n, rank[n]) for rank in results for n in ("dp2_budget", "dp2_offload", "tp2_offload")
+        (n, rank[n]) for rank in results for n in ("dp2_budget", "dp2_offload", "tp2_offload", "pp2_budget")
     ]
     for name, got in runs:
         for key in ("losses", "grad_norms"):
