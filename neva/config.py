@@ -285,6 +285,10 @@ class ModelConfig:
     megatron_amp_O2: bool = False
     activations_checkpoint_granularity: str | None = None  # full | selective
     activations_checkpoint_num_layers: int | None = None
+    # what decoder blocks save for backward waits in host memory (neva/parallel/activation_offload.py)
+    activation_offload: bool = False
+    # FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host memory
+    fsdp_offload: bool = False
     # per-block torch.compile: auto = on for CUDA, off elsewhere (CPU compiles slowly and gains little); true | false
     compile: bool | str = "auto"
     meta_init: bool = False  # distributed: allocate and load only each rank's shards (models too large for one rank)
@@ -328,6 +332,12 @@ class ModelConfig:
         if self.loss_normalization not in LOSS_NORMALIZATIONS:
             raise ValueError(
                 f"model.loss_normalization={self.loss_normalization!r}; choose one of {LOSS_NORMALIZATIONS}"
+            )
+        if self.data.max_tokens_per_micro_batch is not None and self.loss_normalization != "global_tokens":
+            raise ValueError(
+                "model.data.max_tokens_per_micro_batch makes the micro-batches of a step vary in number and size: "
+                f"model.loss_normalization={self.loss_normalization!r} would weigh their tokens differently; use "
+                "global_tokens"
             )
         if self.data_parallel not in ("fsdp", "ddp"):
             raise ValueError(f"data_parallel must be fsdp or ddp, got {self.data_parallel!r}")

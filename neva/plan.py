@@ -242,6 +242,9 @@ def run_search(req: Request) -> list[Plan]:
             f"# {where}: {found.tried} layouts tried, {found.valid} accepted by training's checks, {found.fitting} fit"
             f" in {cfg.cluster.gpu_memory_gb:g} GiB; the fastest {len(found.plans)}:"
         )
+        if found.offload:  # none fit without them: the search turned offload knobs on (neva.planner.offload)
+            keys = " ".join(f"model.{k}=true" for k in found.offload)
+            print(f"# none fits without offload: these need {keys} (host memory and bus traffic in their plans)")
         if not found.plans:
             raise ConfigError(
                 f"no layout fits ({where}: {found.valid} of {found.tried} valid, none within "

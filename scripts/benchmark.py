@@ -26,6 +26,12 @@ Context-parallel mode (``--context-parallel``): one long packed row through a de
 (two gloo processes), and CP2 with its key/value all-gather replaced by a local tensor: the gathers' share of the
 step and each process's peak memory (``bench/context_parallel.py``).
 
+Token-budget mode (``--token-budget``): padding share and peak memory of fixed micro-batches against micro-batches
+filled to a token budget, the same global batches (``bench/token_budget.py``).
+
+Offload mode (``--offload``): one step with and without activation offload and (two GPUs) FSDP2's CPU offload: loss,
+gradient norm and peak device memory of each (``bench/offload.py``; ``--tiny``: the tiny model on the CPU).
+
 Every mode prints a table and, as its last stdout line, one JSON object (see docs/PERFORMANCE.md).
 
 Examples::
@@ -39,6 +45,8 @@ Examples::
     python scripts/benchmark.py --video-pipeline              # a few minutes of CPU (writing the clips)
     python scripts/benchmark.py --data-plan --data-plan-cases 1e6x3,4e6x10,1e8x100,1e9x100
     python scripts/benchmark.py --context-parallel            # ~2 minutes of CPU
+    python scripts/benchmark.py --token-budget                # fixed micro-batches vs a token budget, ~3 minutes
+    python scripts/benchmark.py --offload                     # activation / FSDP2 offload: equal step, peak memory
 """
 
 from __future__ import annotations
@@ -190,6 +198,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cp-docs", type=int, default=4, help="context-parallel mode: documents in the row")
     p.add_argument("--cp-layers", type=int, default=4, help="context-parallel mode: decoder layers")
     p.add_argument("--cp-kv-heads", type=int, default=8, help="context-parallel mode: key/value heads (of 8)")
+    p.add_argument(
+        "--token-budget", action="store_true", help="padding and peak memory: fixed micro-batches vs a token budget"
+    )
+    p.add_argument("--token-budget-child", help=argparse.SUPPRESS)
+    p.add_argument("--tb-samples", type=int, default=96, help="token-budget mode: records of the generated set")
+    p.add_argument("--tb-seq", type=int, default=1536, help="token-budget mode: sequence length")
+    p.add_argument("--tb-micro", type=int, default=8, help="token-budget mode: the fixed side's micro-batch size")
+    p.add_argument("--tb-accum", type=int, default=2, help="token-budget mode: the fixed side's accumulation")
+    p.add_argument("--tb-budget", type=int, default=3072, help="token-budget mode: max_tokens_per_micro_batch")
+    p.add_argument("--offload", action="store_true", help="one step with and without activation / FSDP2 offload")
+    p.add_argument("--offload-child", help=argparse.SUPPRESS)
+    p.add_argument("--tiny", action="store_true", help="offload mode: the tiny model on the CPU")
+    p.add_argument("--offload-seq", type=int, default=8192, help="offload mode: tokens of the packed row (GPU)")
+    p.add_argument("--offload-timeout", type=float, default=300.0, help="offload mode: seconds per side")
     args = p.parse_args(argv)
     gpu_path = args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only
     if args.steps is None:
@@ -215,7 +237,31 @@ def main(argv: list[str] | None = None) -> None:
 
         print(json.dumps(run_side(args.child, args)))
         return
-    if args.context_parallel:
+    if args.offload_child:
+        from bench.offload import run_side as offload_side
+
+        result = offload_side(args.offload_child, args)
+        if result is not None:
+            print(json.dumps(result))
+        return
+    if args.offload:
+        from bench.offload import run_offload
+
+        print(json.dumps(run_offload(args, os.path.abspath(__file__))))
+        return
+    if args.token_budget_child:
+        from pathlib import Path
+
+        from bench.token_budget import run_side as token_budget_side
+
+        side, data = args.token_budget_child.split(":", 1)
+        print(json.dumps(token_budget_side(side, args, Path(data))))
+        return
+    if args.token_budget:
+        from bench.token_budget import run_token_budget
+
+        summary = run_token_budget(args, os.path.abspath(__file__))
+    elif args.context_parallel:
         from bench.context_parallel import run_context_parallel
 
         summary = run_context_parallel(args)

@@ -187,6 +187,8 @@ def _assemble(
         "skipped": dict(skipped),
         "truncated": sum(bool(s.get("truncated")) for row in rows for s in row),
         "dropped_leading_reply": sum(bool(s.get("dropped_leading_reply")) for row in rows for s in row),
+        # samples the visual budget changed, by action (neva.data.visual_budget)
+        "visual_budget": dict(Counter(s["visual_budget"] for row in rows for s in row if s.get("visual_budget"))),
         "ids": ids,
     }
 

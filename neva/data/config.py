@@ -11,6 +11,7 @@ from neva.data.conversation import TEMPLATE_CLASSES
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
 from neva.data.video_decode import MAX_FRAME_PIXELS, MAX_VIDEO_BYTES, MAX_VIDEO_SECONDS, VideoLimits
+from neva.data.visual_budget import VISUAL_BUDGET_ACTIONS
 from neva.models.anyres import parse_aspect_ratio
 
 TEMPLATES = tuple(TEMPLATE_CLASSES)  # the conversation templates, one table (neva.data.conversation)
@@ -43,6 +44,10 @@ class DataConfig:
         seq_length: longest token sequence (None = the model's ``max_seq_len``).
         pad_to_multiple_of: padded batch / packed row lengths are rounded up to this.
         packing: pack each micro-batch's samples first-fit into rows of ``seq_length``.
+        max_tokens_per_micro_batch: micro-batches filled to this many decoder tokens (text and visual; padded
+            ``rows × longest`` unpacked, the samples' sum packed) instead of ``micro_batch_size`` samples: an optimizer
+            step still trains ``global_batch_size`` samples, in as many micro-batches as the budget makes
+            (``neva.data.token_budget``); None: fixed micro-batches. At least the sequence length.
         group_by_modality_length: LLaVA's sampler (``get_modality_length_grouped_indices``): every global batch one
             modality (but a last mixed one), its contents random, lengths balanced across its micro-batches.
         group_by_length: neva's sampler: every global batch one modality and similar lengths (sorted within 8
@@ -84,6 +89,12 @@ class DataConfig:
         video_fps: one frame every ``1 / video_fps`` s instead (LLaVA-NeXT's ``video_fps``), at most ``num_frames``
             (more → the uniform rule); None = uniform.
         video_folder: directory that records' ``video`` paths are relative to (NeMo's key); None = ``image_folder``.
+        max_visual_tokens: a sample's visual positions at most, over all its images and videos together (Qwen's
+            ``VIDEO_TOTAL_PIXELS`` for every medium); None: no budget (``neva.data.visual_budget``).
+        visual_budget_action: what a record past ``max_visual_tokens`` becomes: ``skip`` (counted as
+            ``visual_budget``), ``fewer_frames`` (its videos keep fewer frames) or ``downscale`` (native-resolution
+            towers: its images and frames under a lower ``max_pixels``; AnyRes: its images resized to fewer tiles);
+            one that still does not fit is skipped.
         max_video_bytes / max_video_seconds / max_video_frame_pixels: a video file larger, longer or with larger
             frames (from its size and header) is skipped before any frame is decoded (``video_too_large`` /
             ``video_too_long``).
@@ -98,6 +109,7 @@ class DataConfig:
     seq_length: int | None = None
     pad_to_multiple_of: int = 64
     packing: bool = False
+    max_tokens_per_micro_batch: int | None = None
     group_by_modality_length: bool = False
     group_by_length: bool = False
     num_workers: int | str = "auto"
@@ -124,6 +136,8 @@ class DataConfig:
     max_video_bytes: int = MAX_VIDEO_BYTES
     max_video_seconds: float = MAX_VIDEO_SECONDS
     max_video_frame_pixels: int = MAX_FRAME_PIXELS
+    max_visual_tokens: int | None = None
+    visual_budget_action: str = "skip"
 
     def __post_init__(self) -> None:
         if self.conv_template is not None and self.conv_template not in TEMPLATES:
@@ -161,6 +175,10 @@ class DataConfig:
             raise ValueError(f"model.data.prefetch_factor must be >= 1, got {self.prefetch_factor}")
         if self.shard_shuffle_buffer < 0:
             raise ValueError(f"model.data.shard_shuffle_buffer must be >= 0, got {self.shard_shuffle_buffer}")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise ValueError(
+                f"model.data.max_tokens_per_micro_batch must be >= 1 or null, got {self.max_tokens_per_micro_batch}"
+            )
         if self.group_by_modality_length and self.group_by_length:
             raise ValueError(
                 "model.data.group_by_modality_length (LLaVA's) and model.data.group_by_length (neva's) are both true; "
@@ -177,6 +195,11 @@ class DataConfig:
         if any(is_shard_spec(p) for p in paths):
             # Both need every record up front (a random held-out subset / every record's length), which streaming
             # shards exist to avoid.
+            if self.max_tokens_per_micro_batch is not None:
+                raise ValueError(
+                    "model.data.max_tokens_per_micro_batch needs every record's length before the epoch starts, which "
+                    ".tar shards do not give (they stream); set it to null or give the records as JSON"
+                )
             for key in ("group_by_modality_length", "group_by_length"):
                 if getattr(self, key):
                     raise ValueError(
@@ -209,6 +232,12 @@ class DataConfig:
         for key in ("num_frames", "max_video_bytes", "max_video_seconds", "max_video_frame_pixels"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"model.data.{key} must be > 0, got {getattr(self, key)}")
+        if self.max_visual_tokens is not None and self.max_visual_tokens < 1:
+            raise ValueError(f"model.data.max_visual_tokens must be >= 1 or null, got {self.max_visual_tokens}")
+        if self.visual_budget_action not in VISUAL_BUDGET_ACTIONS:
+            raise ValueError(
+                f"model.data.visual_budget_action={self.visual_budget_action!r}; choose one of {VISUAL_BUDGET_ACTIONS}"
+            )
         if self.video_fps is not None and not self.video_fps > 0:
             raise ValueError(f"model.data.video_fps must be > 0 or null, got {self.video_fps}")
 

@@ -30,8 +30,10 @@ from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
+from neva.data.token_budget import TokenBudgetBatchSampler
 from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.data.video import VideoSource
+from neva.data.visual_budget import VisualBudget
 from neva.models.anyres import anyres_on, parse_aspect_ratio
 from neva.models.config import NevaConfig, VisionConfig
 from neva.typed import ConfigError
@@ -48,13 +50,19 @@ class ResumableLoader:
         self.loader = loader
         self.sampler = sampler
         self.tracker = tracker
+        self.closes_step = False  # the batch last yielded is its optimizer step's last
 
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def steps_left(self) -> int:
+        """Optimizer steps the next ``__iter__`` yields."""
+        return self.sampler.steps_left()
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in self.loader:
             self.sampler.advance(1)
+            self.closes_step = self.sampler.closes_step
             if self.tracker is not None:
                 self.tracker.update(batch)
             yield batch
@@ -105,6 +113,8 @@ class NevaDataModule:
             starts workers only there).
         plan_dir: where a streaming blend's epoch plan is built once and memory-mapped by every rank
             (``neva.data.data_plan.shared_plan``); None: each rank plans in memory.
+        min_micro_batches: the fewest micro-batches a step filled to a token budget may have (a 1F1B pipeline's
+            stages: one each).
 
     Raises:
         ValueError: inconsistent config (image token id, lengths, ``<image>`` not a special token).
@@ -126,8 +136,10 @@ class NevaDataModule:
         accumulation: int = 1,
         device_type: str = "cpu",
         plan_dir: str | os.PathLike | None = None,
+        min_micro_batches: int = 1,
     ) -> None:
         self.cfg = cfg
+        self.min_micro_batches = min_micro_batches
         self.plan_dir = plan_dir
         self.tokenizer = tokenizer
         token = image_token_for(cfg.conv_template)
@@ -161,6 +173,8 @@ class NevaDataModule:
         self.accumulation = accumulation
         self.num_workers = resolve_num_workers(cfg.num_workers, device_type)
         self.pin_memory = device_type == "cuda"
+        model_anyres = getattr(model_config, "anyres", None)
+        anyres = anyres_on(cfg.image_aspect_ratio, getattr(model_anyres, "grid_pinpoints", None))
         self.settings = EncoderSettings(
             tokenizer=tokenizer,
             template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template, cfg.system_prompt),
@@ -170,10 +184,9 @@ class NevaDataModule:
             image_token_placement=cfg.image_token_placement,
             system_prompt=cfg.system_prompt,
             tokenization=cfg.tokenization,
+            visual_budget=self._visual_budget(cfg, vision, anyres),
             **self._video_settings(cfg, model_config, self.front_end),
         )
-        model_anyres = getattr(model_config, "anyres", None)
-        anyres = anyres_on(cfg.image_aspect_ratio, getattr(model_anyres, "grid_pinpoints", None))
         if anyres and parse_aspect_ratio(cfg.image_aspect_ratio) != model_anyres.max_num_patches:
             raise ValueError(
                 f"model.data.image_aspect_ratio={cfg.image_aspect_ratio!r} pools to "
@@ -191,6 +204,17 @@ class NevaDataModule:
         self.train_sampler: ResumableBatchSampler | None = None
         self._val_loader: ResumableLoader | None = None
         self._pending_state: dict[str, Any] | None = None
+
+    @staticmethod
+    def _visual_budget(cfg: DataConfig, vision: VisionConfig | None, anyres: bool) -> VisualBudget | None:
+        if cfg.max_visual_tokens is None:
+            return None
+        if cfg.visual_budget_action == "downscale" and not anyres and (vision is None or not vision.spec.patch_grid):
+            raise ConfigError(
+                "model.data.visual_budget_action=downscale resizes images whose positions follow from their size "
+                "(native-resolution and AnyRes towers); this tower reads fixed-size images: use fewer_frames or skip"
+            )
+        return VisualBudget(cfg.max_visual_tokens, cfg.visual_budget_action)
 
     @staticmethod
     def _video_settings(cfg: DataConfig, model_config: NevaConfig | None, front_end: FrontEnd) -> dict[str, Any]:
@@ -321,7 +345,19 @@ class NevaDataModule:
         grouping = "modality_length" if self.cfg.group_by_modality_length else "length"
         sizes = [len(d) for d in self.train_datasets]
         patches = self._patches(self.train_datasets) if self.dp_world > 1 else None
-        return ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, patches=patches, **rank)
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget is None:
+            return ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, patches=patches, **rank)
+        if budget < self.seq_length:
+            raise ConfigError(
+                f"model.data.max_tokens_per_micro_batch={budget} is below the sequence length {self.seq_length} "
+                "(model.data.seq_length, else the model's max_seq_len): a sample of that length would not fit"
+            )
+        base = ResumableBatchSampler(sizes, lengths=lengths, grouping=grouping, **rank)
+        tokens = [n for d in self.train_datasets for n in d.token_lengths()]
+        return TokenBudgetBatchSampler(
+            base, tokens, budget, self.cfg.packing, self.cfg.pad_to_multiple_of, patches, self.min_micro_batches
+        )
 
     def _patches(self, datasets: list[Dataset]) -> list[int] | None:
         """A native-resolution tower's patches per sample over all ``datasets`` (None unless every one knows them):

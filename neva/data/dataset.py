@@ -33,6 +33,7 @@ from neva.data.front_ends import FrontEnd
 from neva.data.images import ImageSource, safe_relative_path
 from neva.data.records import ERROR_KEY, approx_length, record_images, record_videos
 from neva.data.video import IMAGE, VideoSource, load_videos, tag_kinds, video_sample_fields
+from neva.data.visual_budget import VisualBudget, fit_record
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class EncoderSettings:
     video_tokens: Callable[[int], int] | None = None
     video_token_id: int | None = None
     num_frames: int = 8
+    # ``model.data.max_visual_tokens`` and what past it (``neva.data.visual_budget``); None: no budget
+    visual_budget: VisualBudget | None = None
 
 
 def is_skipped(sample: dict[str, Any]) -> bool:
@@ -160,8 +163,14 @@ def process_record(
     Videos are decoded first: a video's positions follow from the frames it gives.
     """
     sample_id = record.get("id") if isinstance(record, dict) else None
+    action = None
     try:
         videos = load_videos(record_videos(record) if isinstance(record, dict) else [], settings, video_source)
+        if settings.visual_budget is not None and isinstance(record, dict):
+            front_end, image_source, videos, action = fit_record(
+                settings.visual_budget, record, settings.num_image_tokens, image_source, front_end, videos,
+                settings.video_tokens,
+            )  # fmt: skip
         frames = [len(v.frames) for v in videos]
         encoded = front_end.encode(
             record,
@@ -194,6 +203,7 @@ def process_record(
         "image_count": encoded.images,
         "truncated": enc.truncated_from is not None,
         "dropped_leading_reply": enc.dropped_leading_reply,
+        **({"visual_budget": action} if action else {}),  # what the visual budget did to it (counted, logged)
     }
 
 
@@ -214,6 +224,7 @@ class ConversationDataset(Dataset):
         self.front_end = front_end
         self.video_source = video_source
         self._log = SkipLogger()
+        self._budget_counts: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self.records)
@@ -224,7 +235,17 @@ class ConversationDataset(Dataset):
         )
         if is_skipped(sample):
             self._log(sample)
+        elif sample.get("visual_budget"):
+            self._log_budget(sample)
         return sample
+
+    def _log_budget(self, sample: dict[str, Any]) -> None:
+        action = sample["visual_budget"]
+        self._budget_counts[action] += 1
+        if self._budget_counts[action] <= _LOG_FIRST:
+            frames = sample.get("video_frames")
+            what = f"its videos cut to {frames.tolist()} frames" if action == "fewer_frames" else "downscaled"
+            log.warning("sample %s over model.data.max_visual_tokens: %s (%s)", sample["id"], what, action)
 
     def modality_lengths(self) -> list[int]:
         """Approximate lengths, negative for text-only records (for the grouped sampler); AnyRes images count their
@@ -235,6 +256,28 @@ class ConversationDataset(Dataset):
             approx_length(r, s.num_image_tokens, self.front_end.record_tokens(r, self.image_source), per_video)
             for r in self.records
         ]
+
+    def token_lengths(self) -> list[int]:
+        """Each record's decoder positions (text tokens as the tokenizer gives them, visual positions by the front end's
+        rule, a video at ``num_frames``; at most the sequence length), 0 for a record skipped when read: what the
+        token budget (``neva.data.token_budget``) fills micro-batches with, before any image or video is decoded.
+        Renders and tokenizes every record once."""
+        s = self.settings
+        whole = dataclasses.replace(s, max_length=None)  # cut below, as the encoder cuts
+        out = []
+        for record in self.records:
+            try:
+                varying = self.front_end.record_tokens(record, self.image_source)
+                frames = [s.num_frames] * len(record_videos(record))
+                enc, names, _ = encode_media_record(record, whole, None, frames)
+            except (SampleError, AttributeError, TypeError):
+                out.append(0)
+                continue
+            n = len(enc.input_ids)
+            if varying is not None:  # AnyRes / native: the images' positions from their sizes, not the fixed count
+                n += varying - len(names) * s.num_image_tokens
+            out.append(min(n, s.max_length) if s.max_length is not None else n)
+        return out
 
     def tower_patches(self) -> list[int] | None:
         """Each record's tower patches from its images' headers where the front end's vary with image size (native

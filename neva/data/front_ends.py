@@ -11,6 +11,7 @@ and nothing else.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -161,6 +162,12 @@ class NativeImages:
         if self.tokens_per_second is None:
             self.tokens_per_second = HF_TOKENS_PER_SECOND
         self.empty = torch.zeros(0, model.vision.patch_dim, dtype=torch.uint8)
+
+    def with_max_pixels(self, max_pixels: int) -> NativeImages:
+        """This front end under a lower pixel budget (``neva.data.visual_budget``'s downscale)."""
+        scaled = copy.copy(self)
+        scaled.processor = dataclasses.replace(self.processor, max_pixels=max_pixels)
+        return scaled
 
     def encode(
         self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()

@@ -16,7 +16,9 @@ Precomputed reference log-probs ride in the records as TRL names them (``ref_cho
 
 The collator puts a micro-batch's chosen samples in its first rows and their rejected samples, in the same order, in
 the rows after (TRL's concatenated batch): one forward scores both sides of every pair, and each pair's images (or
-video) are encoded once, the rejected rows reading the chosen rows' features (``pair_media``).
+video) are encoded once, the rejected rows reading the chosen rows' features (``pair_media``). Packed
+(``model.data.packing``), the same sequences share rows and the batch says which sequence each learned position is
+of (``packed_sequences``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from neva.constants import IGNORE_INDEX, IMAGE_TOKEN
-from neva.data.collate import collate_padded
+from neva.data.collate import collate_packed, collate_padded, first_fit
 from neva.data.config import DataConfig
 from neva.data.datamodule import NevaDataModule, pad_token_id
 from neva.data.dataset import ConversationDataset, SkipLogger, is_skipped, process_record, skip_marker
@@ -204,20 +206,29 @@ class PreferenceDataset(Dataset):
 
 
 class PairCollator:
-    """Pairs → one padded batch: chosen samples in rows ``[0, P)``, their rejected samples in rows ``[P, 2P)``;
-    ``pairs`` = ``num_samples`` = P, and ``ref_logps`` ``[2P]`` (same order) for precomputed reference log-probs."""
+    """Pairs → one batch of the ``2P`` sequences, the chosen ones (``0..P-1``) then their rejected ones (``P..2P-1``,
+    the same order): padded, sequence i in row i; or packed (``packing``), all of them first-fit into rows of
+    ``seq_length``, with ``output_sequences`` ``[T]`` the sequence each learned position belongs to. ``pairs`` =
+    ``num_samples`` = P, and ``ref_logps`` ``[2P]`` (same order) for precomputed reference log-probs."""
 
-    def __init__(self, pad_id: int, seq_length: int, pad_to_multiple_of: int = 64) -> None:
+    def __init__(self, pad_id: int, seq_length: int, pad_to_multiple_of: int = 64, packing: bool = False) -> None:
         self.pad_id = pad_id
         self.seq_length = seq_length
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.packing = packing
 
     def __call__(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         good = [p for p in batch if not is_skipped(p)]
         markers = [p for p in batch if is_skipped(p)]
-        samples = [p["chosen"] for p in good] + [p["rejected"] for p in good] + markers
-        out = collate_padded(samples, self.pad_id, self.pad_to_multiple_of, self.seq_length)
-        if good and out.get("media") is not None:
+        sequences = [p["chosen"] for p in good] + [p["rejected"] for p in good]
+        if self.packing:
+            out = collate_packed(sequences + markers, self.pad_id, self.seq_length, self.pad_to_multiple_of)
+            out["output_sequences"] = packed_sequences(
+                out, [s["input_ids"].numel() for s in sequences], self.seq_length
+            )
+        else:
+            out = collate_padded(sequences + markers, self.pad_id, self.pad_to_multiple_of, self.seq_length)
+        if good and out.get("media") is not None and not self.packing:
             chosen = collate_padded([p["chosen"] for p in good], self.pad_id, self.pad_to_multiple_of, self.seq_length)
             out["media"] = pair_media(out["media"], chosen["media"], len(good))
         out["pairs"] = out["num_samples"] = len(good)  # a sample of this stage is a pair (samples/s, skip fraction)
@@ -225,6 +236,20 @@ class PairCollator:
             refs = torch.stack([p["ref_logps"] for p in good])
             out["ref_logps"] = torch.cat([refs[:, 0], refs[:, 1]])
         return out
+
+
+def packed_sequences(batch: dict[str, Any], lengths: list[int], seq_length: int) -> torch.Tensor:
+    """``[T]``: the sequence (index into the collated samples) of each of ``batch``'s ``output_positions``, the
+    samples of ``lengths`` packed as ``collate_packed`` packs them (first-fit in order: row r's k-th segment is the
+    k-th sample of bin r). A learned position predicts a token of its own sample (a sample's first label is never
+    learned), so its segment names the sequence."""
+    segments = batch["segment_ids"]
+    owner = torch.full_like(segments, -1)
+    for r, samples in enumerate(first_fit(lengths, seq_length)):
+        for k, i in enumerate(samples, start=1):
+            owner[r][segments[r] == k] = i
+    positions = batch["output_positions"]
+    return owner[positions[:, 0], positions[:, 1]]
 
 
 def pair_media(both: Media, chosen: Media, pairs: int) -> Media:
@@ -248,8 +273,8 @@ def pair_media(both: Media, chosen: Media, pairs: int) -> Media:
 
 
 class PreferenceDataModule(NevaDataModule):
-    """``NevaDataModule`` whose datasets are preference pairs and whose batches are concatenated pairs (padded rows,
-    never packed: ``model.data.packing`` is refused by the stage, ``neva.training.dpo.REFUSED``).
+    """``NevaDataModule`` whose datasets are preference pairs and whose batches are concatenated pairs (padded rows, or
+    under ``model.data.packing`` every sequence of the micro-batch packed into rows: ``PairCollator``).
 
     ``precomputed``: reference log-probs come from the records (``model.dpo.precompute_ref_log_probs``)."""
 
@@ -257,7 +282,7 @@ class PreferenceDataModule(NevaDataModule):
                  **kwargs: Any) -> None:  # fmt: skip
         super().__init__(cfg, tokenizer, model_config, **kwargs)
         self.precomputed = precomputed
-        self.collator = PairCollator(pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of)
+        self.collator = PairCollator(pad_token_id(tokenizer), self.seq_length, cfg.pad_to_multiple_of, cfg.packing)
 
     def _dataset(
         self, records: list[dict[str, Any]], images: Callable[[int, int], Any] | None, video_folder: str | None = None

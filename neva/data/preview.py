@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any
 
+import numpy as np
 import torch
 
 from neva.data.config import SYNTHETIC, TEMPLATES
@@ -29,6 +30,7 @@ from neva.data.preference import last_reply_only, pair_conversations
 from neva.data.records import load_records, record_images, record_videos
 from neva.data.video import VIDEO, VideoSource, check_video_model, load_videos, tag_spans
 from neva.data.video_decode import VideoLimits
+from neva.data.visual_budget import VisualBudget
 from neva.errors import ConfigError, entry_point
 
 _GREEN, _RESET = "\033[32m", "\033[0m"
@@ -176,6 +178,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         num_frames=args.num_frames,
     )
     source = image_source_for(args.image_folder) if args.image_folder else None
+    budget = VisualBudget(args.max_visual_tokens, args.visual_budget_action) if args.max_visual_tokens else None
     video_folder = args.video_folder or (
         args.image_folder if args.image_folder and os.path.isdir(args.image_folder) else None
     )
@@ -191,6 +194,20 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
                 raise record
             images = anyres_images(record, source, cfg) if anyres else None
             videos = record_video_info(record, settings, videos_from)
+            action = None
+            if budget is not None:  # what training's visual budget does to the record (neva.data.visual_budget)
+                image_tokens = len(record_images(record)) * num_image_tokens if images is None else sum(
+                    i["tokens"] for i in images)  # fmt: skip
+                kept, action = budget.fit_frames(
+                    image_tokens, [v["frames"] for v in videos], [video_tokens] * len(videos)
+                )
+                for video, n in zip(videos, kept):
+                    if n < video["frames"]:
+                        video["frames_before_budget"] = video["frames"]
+                        if "indices" in video:
+                            picks = np.unique(np.linspace(0, video["frames"] - 1, n).round().astype(int))
+                            video["indices"] = [video["indices"][i] for i in picks]
+                        video["frames"] = n
             enc, names, tags = encode_media_record(
                 record,
                 settings,
@@ -224,6 +241,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         if args.json:
             row = {"id": rid, "input_ids": input_ids, "labels": labels}
             row = row if images is None else {**row, "images": images}
+            row = row if action is None else {**row, "visual_budget": action}
             out.write(json.dumps({**row, "videos": videos} if videos else row) + "\n")
             continue
         messages = place_image_tags(parse_conversations(record.get("conversations")), settings.image_token_placement)
@@ -232,6 +250,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         learned_spans = rendered.learned_spans[-1:] if pair_side else rendered.learned_spans
         cut = f" (truncated from {enc.truncated_from})" if enc.truncated_from is not None else ""
         cut += " (leading gpt turn dropped)" if enc.dropped_leading_reply else ""
+        cut += f" (over model.data.max_visual_tokens={budget.max_tokens}: {action})" if action else ""
         per_image = f"× {num_image_tokens} tokens" if images is None else "(AnyRes)"
         out.write(
             f"=== {rid}: {len(input_ids)} tokens{cut}, {learned} learned, {count_image_tags(messages)} image(s) "
@@ -244,6 +263,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
             )
             + "".join(
                 f"    {v['name']}: {v['frames']} frames"
+                + (f" (of {v['frames_before_budget']}: visual budget)" if "frames_before_budget" in v else "")
                 + (f" at {v['indices']} of {v['total']}" if "indices" in v else " (uniform; not decoded)")
                 + f", {v['tokens']} positions [{v['positions'][0]}, {v['positions'][1]})\n"
                 for v in videos
@@ -272,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video-folder", default=None, help="directory of the videos (default: --image-folder)")
     p.add_argument("--num-frames", type=int, default=8, help="frames sampled per video (model.data.num_frames)")
     p.add_argument("--video-fps", type=float, default=None, help="model.data.video_fps (needs the videos)")
+    p.add_argument("--max-visual-tokens", type=int, default=None, help="model.data.max_visual_tokens")
+    p.add_argument(
+        "--visual-budget-action",
+        choices=("skip", "fewer_frames"),
+        default="skip",
+        help="model.data.visual_budget_action (downscale resizes native / AnyRes images: not previewed)",
+    )
     p.add_argument(
         "--video-grid", type=int, default=24, help="the tower's patch grid, unless --tokenizer is a neva checkpoint"
     )

@@ -214,6 +214,7 @@ class ResumableBatchSampler:
         self.patches = None if patches is None else np.asarray(patches, dtype=np.int64)
         self.epoch = 0
         self.consumed = 0  # samples of this epoch handed to the training loop, all ranks together
+        self.closes_step = False  # the last micro-batch handed over was an optimizer step's last (``advance``)
         # Micro-batches per optimizer step. An epoch holds whole steps only: a trainer ends its epoch after the last
         # whole step, so a leftover micro-batch would never be consumed and the next epoch would never start.
         self.accumulation = accumulation
@@ -267,8 +268,14 @@ class ResumableBatchSampler:
             yield [int(i) for i in chunk[self.dp_rank * mbs : (self.dp_rank + 1) * mbs]]
 
     def advance(self, steps: int = 1) -> None:
-        """Record that ``steps`` global batches reached the training loop."""
+        """Record that ``steps`` global batches reached the training loop (``closes_step``: the last one was an
+        optimizer step's last)."""
         self.consumed += steps * self.global_batch
+        self.closes_step = self.consumed % (self.global_batch * self.accumulation) == 0
+
+    def steps_left(self) -> int:
+        """Optimizer steps the next ``__iter__`` yields."""
+        return len(self) // self.accumulation
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch, samples consumed in it, and the seed (checked on load)."""

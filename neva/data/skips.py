@@ -30,6 +30,7 @@ class SkipTracker:
         self.used = 0
         self.truncated = 0
         self.dropped_leading_reply = 0
+        self.visual_budget: Counter[str] = Counter()  # samples the visual budget changed, by action
 
     @property
     def seen(self) -> int:
@@ -47,6 +48,7 @@ class SkipTracker:
         self.used += int(batch.get("num_samples", 0))
         self.truncated += int(batch.get("truncated", 0))
         self.dropped_leading_reply += int(batch.get("dropped_leading_reply", 0))
+        self.visual_budget.update(batch.get("visual_budget", {}))
         if self.seen >= self.min_samples:
             self.check()
 
@@ -72,6 +74,7 @@ class SkipTracker:
         out[f"{prefix}_fraction"] = self.fraction
         out["data/truncated"] = float(self.truncated)
         out["data/dropped_leading_reply"] = float(self.dropped_leading_reply)
+        out.update({f"data/visual_budget/{action}": float(n) for action, n in self.visual_budget.items()})
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -81,6 +84,7 @@ class SkipTracker:
             "used": self.used,
             "truncated": self.truncated,
             "dropped_leading_reply": self.dropped_leading_reply,
+            "visual_budget": dict(self.visual_budget),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -89,6 +93,7 @@ class SkipTracker:
         self.used = int(state.get("used", 0))
         self.truncated = int(state.get("truncated", 0))
         self.dropped_leading_reply = int(state.get("dropped_leading_reply", 0))
+        self.visual_budget = Counter(state.get("visual_budget", {}))
 
     def merge(self, states: list[dict[str, Any]], copies: int = 1) -> None:
         """Set the counts to the sum of ``states`` (every rank's ``state_dict``), divided by ``copies``: the ranks
@@ -101,3 +106,7 @@ class SkipTracker:
         self.used = sum(int(s.get("used", 0)) for s in states) // copies
         self.truncated = sum(int(s.get("truncated", 0)) for s in states) // copies
         self.dropped_leading_reply = sum(int(s.get("dropped_leading_reply", 0)) for s in states) // copies
+        budget: Counter[str] = Counter()
+        for state in states:
+            budget.update(state.get("visual_budget", {}))
+        self.visual_budget = Counter({action: n // copies for action, n in budget.items()})

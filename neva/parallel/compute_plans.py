@@ -1,5 +1,6 @@
-"""Compute plans of decoder blocks: activation checkpointing (``model.activations_checkpoint_granularity``) and
-per-block ``torch.compile`` (``model.compile``).
+"""Compute plans of decoder blocks: activation checkpointing (``model.activations_checkpoint_granularity``),
+activation offload (``model.activation_offload``, ``neva.parallel.activation_offload``) and per-block
+``torch.compile`` (``model.compile``).
 
 ``full`` recomputes a whole block in backward (only its input is kept). ``selective`` keeps every matmul output and
 recomputes the rest — norms, activations and the attention core, whose ``S × S`` scores dominate activation memory
@@ -17,6 +18,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from neva.config import ModelConfig
 from neva.models.token_inputs import current_token_inputs, token_inputs
+from neva.parallel.activation_offload import apply_activation_offload
 
 _SAVE = {
     torch.ops.aten.mm.default,
@@ -86,6 +88,8 @@ def apply_compute_plans(model: nn.Module, cfg: ModelConfig, device: torch.device
     apply_activation_checkpointing(
         model.llm.layers, cfg.activations_checkpoint_granularity, cfg.activations_checkpoint_num_layers
     )
+    if cfg.activation_offload:  # after recomputation: a checkpointed block's saved input is what waits on the host
+        apply_activation_offload(model.llm.layers)
     if compile_enabled(cfg.compile, device):
         for block in model.llm.layers.values():
             block.compile()

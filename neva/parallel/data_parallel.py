@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from neva.models.moe import Experts
@@ -28,23 +28,31 @@ def apply_fsdp(
     param_dtype: torch.dtype | None,
     reshard: bool,
     expert_mesh: DeviceMesh | None = None,
+    offload: bool = False,
 ) -> None:
     """``fully_shard`` each decoder block, then the rest of ``model`` (embeddings, norm, head, projector, vision).
+
+    ``offload`` (``model.fsdp_offload``): torch's ``CPUOffloadPolicy``: the sharded parameters, their gradients and
+    so the optimizer's states live in host memory (page-locked on CUDA); each group's forward and backward copies its
+    shards to the device for the all-gather and its reduced gradient shards back, and the optimizer steps on the host.
 
     The root group is unsharded by ``model.forward``'s hook, which covers parts used without their own forward
     (the vision tower's ``features``, the position table). Under expert parallelism (``expert_mesh``, ``("edp",
     "ep")``) the experts, already split over ``ep``, are sharded over their replicas (``edp``) on their own.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
     if expert_mesh is not None:
         # Even with one replica (edp of size 1: the reduce-scatter is a copy) FSDP2 holds the experts, so that the
         # O2 policy casts them as it casts every other parameter.
         for experts in (m for m in model.modules() if isinstance(m, Experts)):
-            fully_shard(experts, mesh=expert_mesh["edp"], mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(
+                experts, mesh=expert_mesh["edp"], mp_policy=mp, reshard_after_forward=reshard, offload_policy=policy
+            )
     for block in model.llm.layers.values():
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=policy)
     # The root is used last in forward and first in backward; resharding it right away would only add gathers.
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False, offload_policy=policy)
 
 
 def fsdp_sync_context(parts: list[nn.Module]):

@@ -37,6 +37,8 @@ class Layout:
             as Megatron-Core does.
         cp: context-parallel size: each sequence of a micro-batch split over ``cp`` ranks, which read the same
             micro-batches (``neva.parallel.context_parallel``); gradients are reduced over dp × cp.
+        fsdp_offload / activation_offload: ``model.fsdp_offload`` (FSDP2's CPU offload: sharded state in host memory)
+            and ``model.activation_offload`` (saved activations in host memory).
     """
 
     tp: int = 1
@@ -56,6 +58,8 @@ class Layout:
     dp_rank: int = 0
     ep: int = 1
     cp: int = 1
+    fsdp_offload: bool = False
+    activation_offload: bool = False
 
     @property
     def world(self) -> int:
@@ -68,7 +72,9 @@ class Layout:
 
     @property
     def is_distributed(self) -> bool:
-        return self.world > 1
+        """Runs under a process group: more than one rank, or FSDP2's CPU offload (on one rank too: FSDP2 needs
+        one)."""
+        return self.world > 1 or self.fsdp_offload
 
     @property
     def is_cuda(self) -> bool:
@@ -144,6 +150,8 @@ class Layout:
             dp_rank=dp_rank,
             ep=ep,
             cp=cp,
+            fsdp_offload=m.fsdp_offload,
+            activation_offload=m.activation_offload,
         )
 
 

@@ -92,9 +92,12 @@ class ParallelModel:
 
 
 def uses_fsdp(layout: Layout, precision: Precision) -> bool:
-    """FSDP2 wraps the model when data-parallel replicas shard it, and under O2 in distributed runs (its
-    mixed-precision policy keeps the sharded fp32 parameters as master weights)."""
-    return layout.data_parallel == "fsdp" and (layout.dp_cp > 1 or (precision.master_weights and layout.is_distributed))
+    """FSDP2 wraps the model when data-parallel replicas shard it, under O2 in distributed runs (its
+    mixed-precision policy keeps the sharded fp32 parameters as master weights), and for its CPU offload (on one rank
+    too: the whole model's state then waits in host memory)."""
+    return layout.data_parallel == "fsdp" and (
+        layout.dp_cp > 1 or (precision.master_weights and layout.is_distributed) or layout.fsdp_offload
+    )
 
 
 def check_precision_layout(layout: Layout, precision: Precision) -> None:
@@ -108,6 +111,19 @@ def check_precision_layout(layout: Layout, precision: Precision) -> None:
         raise ConfigError(
             "model.megatron_amp_O2=true keeps fp32 master weights through FSDP2's mixed-precision policy; use "
             "model.data_parallel=fsdp (the default) with O2"
+        )
+
+
+def check_offload_layout(offload: bool, layout: Layout, precision: Precision) -> None:
+    """``model.fsdp_offload`` is FSDP2's policy: it needs ``model.data_parallel=fsdp`` (the planner applies it too).
+
+    Raises:
+        ConfigError: offload where FSDP2 does not wrap the model.
+    """
+    if offload and not uses_fsdp(layout, precision):
+        raise ConfigError(
+            "model.fsdp_offload=true is FSDP2's CPU offload: it needs model.data_parallel=fsdp (DDP keeps whole "
+            "replicas on the device)"
         )
 
 
@@ -171,7 +187,8 @@ def parallelize(
     if fsdp:
         param_dtype = precision.param_dtype if precision.master_weights else None
         for part in parts:
-            apply_fsdp(part, dims.grad_mesh, param_dtype, reshard=layout.zero_stage == 3, expert_mesh=dims.expert_mesh)
+            apply_fsdp(part, dims.grad_mesh, param_dtype, reshard=layout.zero_stage == 3, expert_mesh=dims.expert_mesh,
+                       offload=m.fsdp_offload)  # fmt: skip
         out.sync_context = fsdp_sync_context(parts)
     if allocation is not None and not m.meta_init:
         raise ValueError("parallelize(allocation=...) needs model.meta_init=true (plans are applied on meta first)")

@@ -23,7 +23,7 @@ from neva.models.neva import NevaModel
 from neva.parallel.context_parallel import check_context_parallel_objective
 from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.layout import Layout
-from neva.parallel.parallelize import check_precision_layout
+from neva.parallel.parallelize import check_offload_layout, check_precision_layout
 from neva.parallel.pipeline import (
     check_deepstack_split,
     check_interleaved,
@@ -72,6 +72,7 @@ def check_run(cfg: TrainConfig, layout: Layout, model: NevaModel, precision: Pre
     check_stage(cfg)
     check_trainable(model)
     check_precision_layout(layout, precision)
+    check_offload_layout(cfg.model.fsdp_offload, layout, precision)
     check_splittable(model.cfg, layout.pp)
     check_deepstack_split(
         model.cfg, split_layers(model.cfg.llm.num_layers, layout.num_chunks, layout.first_stage_layers)

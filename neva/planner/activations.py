@@ -58,7 +58,14 @@ def _ffn_elements(cfg: NevaConfig, tokens: int, tp: int) -> tuple[float, float]:
     return k * tokens * llm.intermediate_size, k * tokens * llm.hidden_size
 
 
-def stage_activation_bytes(
+def stage_activation_bytes(*args, **kwargs) -> float:
+    """Peak activation bytes on one GPU of a stage: ``stage_activation_split``'s device bytes and host bytes together
+    (what the stage saves, wherever it waits)."""
+    device, host = stage_activation_split(*args, **kwargs)
+    return device + host
+
+
+def stage_activation_split(
     cfg: NevaConfig,
     infos: list[ParamInfo],
     dep: Deployment,
@@ -70,8 +77,10 @@ def stage_activation_bytes(
     learned_tokens: float | None = None,
     tiles: int = 1,
     frames: int = 0,
-) -> float:
-    """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive.
+) -> tuple[float, float]:
+    """(device, host) activation bytes at the peak of one GPU of pipeline stage ``stage`` with ``in_flight``
+    micro-batches alive: all on the device, unless ``model.activation_offload`` keeps what the decoder blocks save in
+    host memory (the device then keeps one block's worth: the block being run; ``neva.planner.offload``).
 
     ``learned_tokens``: learned tokens per sample; where the engine runs the LM head only at their positions
     (``StepDecisions.learned_only_head``: without TP and PP). None: every position (the count before the rehearsal
@@ -81,18 +90,16 @@ def stage_activation_bytes(
     a rank encodes its share of the micro-batch's tower inputs (``StepDecisions.tower_inputs``): images, tiles or
     frames by count, a native tower's images whole."""
     if not backward:
-        return 0.0
+        return 0.0, 0.0
     layout = dep.layout
     decisions = StepDecisions.of(layout)
     e, b = dep.compute_bytes, layout.micro_batch_size
     seq_len = seq_len / layout.cp  # context parallelism: this rank's share of each row
     tokens = b * seq_len
     trains = {i: any(p.trainable for p in infos if p.layer == i) for i in layers}
-    per_mb = 0.0
     recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
-    for i in layers:
-        mode = layout.ac if i in recomputed else None
-        per_mb += _layer_bytes(cfg, dep, tokens, trains[i], mode)
+    saved = [_layer_bytes(cfg, dep, tokens, trains[i], layout.ac if i in recomputed else None) for i in layers]
+    per_mb = 0.0
     last = stage == layout.pp - 1
     if last:
         # Logits (vocab-sharded under TP without PP): bf16 output plus the fp32 copy the cross-entropy keeps for its
@@ -116,7 +123,10 @@ def stage_activation_bytes(
     if layout.ac == "full" and layers:
         # During backward, one checkpointed layer is rebuilt with all its activations.
         recompute = _layer_bytes(cfg, dep, tokens, any(trains.values()), None)
-    return in_flight * per_mb + recompute + pipeline_buffer_bytes(cfg, dep, seq_len, stage)
+    device = in_flight * per_mb + recompute + pipeline_buffer_bytes(cfg, dep, seq_len, stage)
+    if layout.activation_offload and saved:
+        return device + max(saved), in_flight * sum(saved) - max(saved)
+    return device + in_flight * sum(saved), 0.0
 
 
 def pipeline_buffer_bytes(cfg: NevaConfig, dep: Deployment, seq_len: int, stage: int) -> float:

@@ -3,7 +3,8 @@
 ``neva.train`` hands ``forecast_line`` to ``neva.training.run.run``, whose rank 0 logs it: the planner's step time,
 samples/s and MFU for the configured layout (the numbers ``python -m neva.plan`` prints for the same config), the
 scaling efficiency against one node at the same per-node batch (multi-node runs), and the fastest fitting layout
-``neva.plan``'s search finds when it is at least ``FASTER`` times faster. A cluster without a known GPU peak (the
+``neva.plan``'s search finds when it is at least ``FASTER`` times faster; for a layout that does not fit, each offload knob
+with the device memory it saves (``offload_savings``). A cluster without a known GPU peak (the
 ``local`` preset, CPU runs) gets no numbers: an MFU against a made-up peak would mislead.
 """
 
@@ -14,7 +15,7 @@ import dataclasses
 from neva.config import TrainConfig
 from neva.planner.hardware import hardware_from_config
 from neva.planner.plan import GiB, Plan, plan_run
-from neva.planner.search import search
+from neva.planner.search import offload_options, search
 from neva.typed import ConfigError
 
 FASTER = 1.2  # a layout is named when the search predicts at least this speed-up (20 %)
@@ -24,9 +25,11 @@ def _layout_text(plan: Plan) -> str:
     lay = plan.deployment.layout
     dp_mode = f"FSDP ZeRO-{lay.zero_stage}" if lay.data_parallel == "fsdp" else "DDP"
     pp = f"{lay.pp}x{lay.vpp}" if lay.vpp > 1 else str(lay.pp)
+    offload = [name for name, on in (("activations", lay.activation_offload), ("FSDP2 state", lay.fsdp_offload)) if on]
     return (
         f"TP {lay.tp}{'+SP' if lay.sp else ''} PP {pp} DP {lay.dp}{f' EP {lay.ep}' if lay.ep > 1 else ''} {dp_mode}, "
         f"checkpointing {lay.ac or 'none'}, micro-batch {lay.micro_batch_size}, global batch {lay.global_batch_size}"
+        + (f", offload {' + '.join(offload)}" if offload else "")
     )
 
 
@@ -44,6 +47,8 @@ def _overrides(cfg: TrainConfig, plan: Plan) -> str:
         "context_parallel_size": lay.cp,
         "activations_checkpoint_granularity": lay.ac,
         "micro_batch_size": lay.micro_batch_size,
+        "activation_offload": lay.activation_offload,
+        "fsdp_offload": lay.fsdp_offload,
     }
     changed = [(k, v) for k, v in values.items() if getattr(cfg.model, k) != v]
     return " ".join(f"model.{k}={'null' if v is None else str(v).lower()}" for k, v in changed)
@@ -62,6 +67,26 @@ def scaling_efficiency(cfg: TrainConfig, plan: Plan) -> float | None:
     except ConfigError:  # the layout needs more GPUs than a node has (TP x PP x EP), or the batch does not split
         return None
     return plan.samples_per_s / (nodes * single.samples_per_s)
+
+
+def offload_savings(cfg: TrainConfig, own: Plan) -> list[str]:
+    """For a layout that does not fit: each offload knob not on yet (and both together), the device memory it saves
+    and the host memory it needs, whether it then fits, and its predicted step (``neva.planner.offload``)."""
+    out = []
+    for knobs in offload_options(cfg):
+        changed = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **dict.fromkeys(knobs, True)))
+        try:
+            plan = plan_run(changed)
+        except ConfigError:
+            continue  # a knob this layout refuses (FSDP2's offload under DDP)
+        saved = (own.peak.total - plan.peak.total) / GiB
+        keys = " ".join(f"model.{k}=true" for k in knobs)
+        verdict = "fits" if plan.fits else "still does not fit"
+        out.append(
+            f"{keys} saves {saved:.1f} GiB of device memory ({plan.peak.host / GiB:.1f} GiB on the host): "
+            f"{plan.peak.total / GiB:.1f} GiB, {verdict}, {plan.time.step:.4g} s/step"
+        )
+    return out
 
 
 def forecast_line(cfg: TrainConfig) -> str:
@@ -83,6 +108,8 @@ def forecast_line(cfg: TrainConfig) -> str:
         f"MFU {100 * own.mfu:.1f}%, peak {own.peak.total / GiB:.1f}/{own.gpu_memory_gb:.0f} GiB"
         + ("" if own.fits else " (does NOT fit)")
     ]
+    if not own.fits:
+        parts.extend(offload_savings(cfg, own))
     efficiency = scaling_efficiency(cfg, own)
     if efficiency is not None:
         parts.append(f"scaling efficiency {100 * efficiency:.0f}% of {cfg.trainer.num_nodes} x one node")

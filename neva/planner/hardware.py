@@ -29,6 +29,12 @@ class Efficiency:
             loading, OS noise); the step waits for the slowest replica.
         optimizer_gb_per_s: memory throughput of the optimizer step (reads/writes params, grads, Adam states).
         memory_overhead_gb: per-GPU memory beyond the model's tensors (CUDA context, NCCL buffers, fragmentation).
+        pcie_gb_per_s: host ↔ device copy bandwidth per GPU, each direction (offload; PCIe Gen4 x16 reaches about
+            25 GB/s from page-locked memory, Gen5 about 50: uncalibrated, set it for the machine).
+        host_optimizer_gb_per_s: memory throughput of AdamW stepping on the host (``model.fsdp_offload``; torch's
+            fused CPU kernel over the rank's cores, uncalibrated).
+        offload_overlap: largest fraction of the offload copies hidden behind compute (they are asynchronous from
+            page-locked memory; uncalibrated).
     """
 
     compute: float = 0.35
@@ -39,6 +45,9 @@ class Efficiency:
     jitter_cv: float = 0.05
     optimizer_gb_per_s: float = 1500.0
     memory_overhead_gb: float = 3.0
+    pcie_gb_per_s: float = 25.0
+    host_optimizer_gb_per_s: float = 20.0
+    offload_overlap: float = 0.5
 
 
 @dataclass(frozen=True)

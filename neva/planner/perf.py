@@ -6,7 +6,8 @@
                    + EP all-to-alls (MoE: k·H values per token, (ep − 1)/ep of them off the rank)
     t_pipe       = m · max_stage t_mb + (pp − 1) / v · mean_stage t_mb                        (1F1B bubble)
     t_dp         = max(comm − overlap window, (1 − dp_overlap) · comm)                       (exposed DP traffic)
-    t_step       = (t_pipe + t_dp + t_optimizer) · (1 + jitter_cv · E[max of dp normals])    (slowest replica)
+    t_offload    = max(bus / pcie − overlap · compute, (1 − overlap) · bus / pcie)         (offload knobs' copies)
+    t_step       = (t_pipe + t_dp + t_optimizer + t_offload) · (1 + jitter_cv · E[max of dp normals])
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from neva.planner.deployment import Deployment
 from neva.planner.flops import StageFlops, checkpointed_layers
 from neva.planner.hardware import Hardware
 from neva.planner.moe import dispatch_bytes
+from neva.planner.offload import exposed_bus_seconds, host_optimizer_seconds
 from neva.planner.params import ParamInfo, local_numel, on_stage, tp_numel
 
 
@@ -47,6 +49,7 @@ class StepTime:
     step: float
     ep_comm: float = 0.0  # expert-parallel all-to-alls (MoE), on the critical path: the experts wait for them
     cp_comm: float = 0.0  # context parallelism's key/value all-gathers (and their reduce-scatters), not overlapped
+    offload: float = 0.0  # host <-> device copies of the offload knobs not hidden behind compute
 
 
 def _tp_collectives(layout: Layout, layers: list[int], recomputed: frozenset[int], stage: int, backward: bool) -> int:
@@ -123,8 +126,10 @@ def step_time(
     seq_len: int,
     layers: list[list[int]],
     flops: list[StageFlops],
+    bus: list[float] | None = None,
 ) -> StepTime:
-    """Predicted seconds per optimizer step."""
+    """Predicted seconds per optimizer step (``bus``: each stage's host ↔ device bytes per step under the offload
+    knobs, ``neva.planner.offload``)."""
     layout = dep.layout
     b, m, e = layout.micro_batch_size, layout.grad_accum, dep.compute_bytes
     act = e * b * seq_len * cfg.llm.hidden_size / layout.cp  # a rank's tokens: 1/cp of each row
@@ -158,8 +163,13 @@ def step_time(
         sum(local_numel(p, layout) for p in infos if p.trainable and on_stage(p, s, layers)) for s in range(layout.pp)
     )
     optimizer = opt_elems * 30 / (hw.eff.optimizer_gb_per_s * 1e9)
+    offload = 0.0
+    if layout.fsdp_offload:  # AdamW steps on the host instead
+        optimizer = host_optimizer_seconds(opt_elems, dep, hw)
+    if bus and max(bus) > 0:
+        offload = exposed_bus_seconds(bus[worst], m * comp[worst], hw)
 
-    base = pipe + dp_exposed + optimizer
+    base = pipe + dp_exposed + optimizer + offload
     jitter = base * hw.eff.jitter_cv * expected_max_normal(layout.dp)
     return StepTime(
         compute=m * comp[worst],
@@ -173,4 +183,5 @@ def step_time(
         step=base + jitter,
         ep_comm=m * a2a[worst],
         cp_comm=m * cpc[worst],
+        offload=offload,
     )

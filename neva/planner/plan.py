@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from neva.checkpoint.architecture import neva_config_from_mm
@@ -9,13 +10,14 @@ from neva.config import TrainConfig
 from neva.models.config import NevaConfig
 from neva.parallel.precision import Precision
 from neva.parallel.run_rules import check_run
-from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
+from neva.planner.activations import in_flight_microbatches, stage_activation_split
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import StageFlops, stage_flops
 from neva.planner.hardware import hardware_from_config
 from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import dispatch_bytes, moe_facts
+from neva.planner.offload import state_bus_bytes, state_offload
 from neva.planner.params import meta_model, model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
 from neva.planner.preference import (
@@ -57,6 +59,7 @@ class StageMemory:
     working: float
     overhead: float
     reference: int = 0  # the preference stage's frozen reference copy (neva.planner.preference)
+    host: float = 0.0  # bytes the offload knobs keep in host memory instead (neva.planner.offload); not in total
 
     @property
     def total(self) -> float:
@@ -101,6 +104,7 @@ class Plan:
                 "working": peak.working / GiB,
                 "overhead": peak.overhead / GiB,
                 "reference": peak.reference / GiB,
+                "host": peak.host / GiB,
                 "total": peak.total / GiB,
                 "stage": peak.stage,
             },
@@ -119,6 +123,16 @@ def sample_tokens(cfg: TrainConfig, num_image_tokens: int, text_tokens: int | No
     text = text_tokens_of(cfg) if text_tokens is None else text_tokens
     pad = max(1, cfg.model.data.pad_to_multiple_of)
     return -(-(num_image_tokens + text) // pad) * pad
+
+
+def budget_deployment(dep: Deployment, seq: int, budget: int) -> Deployment:
+    """``dep`` with the micro-batches a token budget (``model.data.max_tokens_per_micro_batch``,
+    ``neva.data.token_budget``) fills with samples of ``seq`` tokens: as many as fit (one at least), at most a rank's
+    share of the global batch; the global batch stays."""
+    layout = dep.layout
+    share = max(1, layout.global_batch_size // layout.dp)
+    micro = max(1, min(share, budget // max(1, seq)))
+    return dataclasses.replace(dep, layout=dataclasses.replace(layout, micro_batch_size=micro))
 
 
 def plan_run(
@@ -174,15 +188,19 @@ def plan_run(
         raise ConfigError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
     images = image_load(ncfg, image_size, image_tokens, cfg.model.data, max_pixels)
     seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else images.tokens, text_tokens)
+    if cfg.model.data.max_tokens_per_micro_batch is not None:  # micro-batches of as many planned samples as fit
+        dep = budget_deployment(dep, seq, cfg.model.data.max_tokens_per_micro_batch)
+        seq_dep, layout = dep, dep.layout
     learned = (text_tokens_of(cfg) if text_tokens is None else text_tokens) * learned_fraction_of(cfg)
     flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames, images.grid)
     if reference is not None:  # its forward of each sequence, without autograd
         ref = stage_flops(frozen_inventory(infos), ncfg, layout, seq, layers, images.tiles, frames, images.grid)
         flops = [StageFlops(f.model + r.model, f.per_gpu + r.per_gpu, f.backward) for f, r in zip(flops, ref)]
-    stages = []
+    stages, bus = [], []
     for s in range(layout.pp):
-        state = rank_state_bytes(infos, dep, s, layers)
-        acts = stage_activation_bytes(
+        whole = rank_state_bytes(infos, dep, s, layers)
+        state, host_state = state_offload(whole, dep)
+        acts, host_acts = stage_activation_split(
             ncfg,
             infos,
             seq_dep,
@@ -196,6 +214,11 @@ def plan_run(
             frames,
         )
         working = working_bytes(infos, seq_dep, s, layers)
+        # bus bytes per step: FSDP2's shards and gradient shards, and every saved activation down and back up
+        bus.append(
+            state_bus_bytes(whole, seq_dep)
+            + 2 * host_acts * layout.grad_accum / max(1.0, in_flight_microbatches(layout, s))
+        )
         stages.append(
             StageMemory(
                 stage=s,
@@ -207,9 +230,10 @@ def plan_run(
                 working=working,
                 overhead=hw.eff.memory_overhead_gb * GiB,
                 reference=reference_bytes(infos, dep, s, layers) if reference == "frozen" else 0,
+                host=host_state + host_acts,
             )
         )
-    time = step_time(ncfg, infos, seq_dep, hw, seq, layers, flops)
+    time = step_time(ncfg, infos, seq_dep, hw, seq, layers, flops, bus)
     per_sample = sum(f.model for f in flops) * rows
     samples = layout.global_batch_size / time.step
     mfu = per_sample * samples / (layout.world * hw.peak_flops)

@@ -48,6 +48,11 @@ SEARCHED = (
 )
 
 
+# What the search turns on only when no layout fits without it (neva.planner.offload), cheapest first: activation
+# offload moves the saved activations, FSDP2's CPU offload the whole sharded state and AdamW to the host.
+OFFLOAD_KNOBS = ("activation_offload", "fsdp_offload")
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """The ranked fitting plans and what was tried."""
@@ -56,6 +61,7 @@ class SearchResult:
     tried: int  # candidate layouts built
     valid: int  # accepted by training's checks
     fitting: int  # valid and within the GPU memory
+    offload: tuple[str, ...] = ()  # the offload knobs the search turned on because no layout fit without them
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -124,8 +130,10 @@ def search(
     image_tokens: float | str | None = None,
     max_pixels: int | None = None,
     num_frames: int | None = None,
+    offload: bool = True,
 ) -> SearchResult:
-    """The ``top`` fastest layouts of ``cfg``'s model, stage, cluster and nodes that fit.
+    """The ``top`` fastest layouts of ``cfg``'s model, stage, cluster and nodes that fit; when none does (and
+    ``offload``), those that fit with the offload knobs turned on (``SearchResult.offload`` says which).
 
     Args:
         cfg: a composed config; its layout keys are the starting point, the searched ones are replaced.
@@ -167,4 +175,21 @@ def search(
             continue  # a layout training refuses (plan_run asks training's check_run): not a candidate
     fitting = [p for p in valid if p.fits]
     fitting.sort(key=lambda p: (-p.samples_per_s, p.peak.total))
-    return SearchResult(fitting[:top] if top > 0 else fitting, tried, len(valid), len(fitting))
+    result = SearchResult(fitting[:top] if top > 0 else fitting, tried, len(valid), len(fitting))
+    if fitting or not offload:
+        return result
+    # Nothing fits: the offload knobs trade bus traffic (and the host's memory) for device memory; try the cheapest
+    # first (activations only, then the model's state, then both) and say which were turned on.
+    for knobs in offload_options(cfg):
+        model_cfg = dataclasses.replace(cfg.model, **dict.fromkeys(knobs, True))
+        found = search(dataclasses.replace(cfg, model=model_cfg), constraints, top, text_tokens, grad_reduce,
+                       image_size, image_tokens, max_pixels, num_frames, offload=False)  # fmt: skip
+        if found.plans:
+            return dataclasses.replace(found, tried=found.tried + tried, offload=knobs)
+    return result
+
+
+def offload_options(cfg: TrainConfig) -> list[tuple[str, ...]]:
+    """The offload knobs ``search`` may turn on when nothing fits (those not on already), cheapest first."""
+    off = [k for k in OFFLOAD_KNOBS if not getattr(cfg.model, k)]
+    return [(k,) for k in off] + ([tuple(off)] if len(off) > 1 else [])

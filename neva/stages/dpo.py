@@ -12,7 +12,12 @@ from neva.typed import ConfigError
 PREFERENCE_REFUSED = (
     ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
      "the preference stage averages over the global batch's pairs (global_tokens)"),
-    ("model.data.packing", lambda c: c.model.data.packing, "every reply keeps a row of its own"),
+    ("model.data.packing", lambda c: c.model.data.packing and (c.model.tensor_model_parallel_size > 1
+     or c.model.pipeline_model_parallel_size > 1 or c.model.context_parallel_size > 1),
+     "packed pairs are scored at their learned positions, and tensor, pipeline and context parallelism run the head "
+     "at every position of a row; train unpacked there"),
+    ("model.data.max_tokens_per_micro_batch", lambda c: c.model.data.max_tokens_per_micro_batch is not None,
+     "pairs come in micro-batches of model.micro_batch_size pairs"),
 )  # fmt: skip
 
 

@@ -72,7 +72,8 @@ def batch_logps(
         sums, counts = -(nll.view(target.shape) * learned).sum(1), learned.sum(1).to(nll.dtype)
     else:
         targets = batch["targets"].to(device, non_blocking=True)
-        rows = batch["output_positions"][:, 0].to(device, non_blocking=True)
+        # packed pairs: the sequence of each learned position; padded: its row
+        rows = batch.get("output_sequences", batch["output_positions"][:, 0]).to(device, non_blocking=True)
         token = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)
         sums, counts = sequence_logps(token, rows, n_rows)
     if cp_group is not None:
@@ -246,7 +247,8 @@ def reference_forward(
 
     def reference(batch: dict[str, Any]) -> torch.Tensor:
         with torch.no_grad(), context():
-            logits, ran = engine.head_logits(batch, model)
+            # a packed batch is prepared again once its rows are joined: this forward needs no reference of its own
+            logits, ran = engine.head_logits({**batch, "ref_logps": None}, model)
             return batch_logps(logits, ran, engine.device, mean, cp_group(engine))[0]
 
     return reference

@@ -66,7 +66,8 @@ class _Iterable:
 
 
 class StepBatches:
-    """The data module's training micro-batches in lists of ``accum``: one list per optimizer step.
+    """The data module's training micro-batches in lists of one optimizer step each: ``accum`` of them, or as many as
+    the step's token budget made (``model.data.max_tokens_per_micro_batch``; the loader says which closes a step).
 
     It measures ``wait``: the time the training loop spends blocked in the loader (Lightning fetches, and prefetches
     the next step's batches, in the loop's own thread, so every second in here is a second the device is not fed).
@@ -84,7 +85,7 @@ class StepBatches:
         self.wait = 0.0
 
     def __len__(self) -> int:
-        return len(self.loader) // self.accum
+        return self.loader.steps_left()
 
     def __iter__(self):
         group = []
@@ -98,7 +99,7 @@ class StepBatches:
             finally:
                 self.wait += time.perf_counter() - start
             group.append(batch)
-            if len(group) == self.accum:
+            if self.loader.closes_step:
                 yield group
                 group = []
             start = time.perf_counter()
@@ -248,6 +249,8 @@ class NevaModule(pl.LightningModule):
             # Share of the step's wall time spent waiting for its data (the rest: forward, backward, optimizer).
             wait = self._train_batches.take_wait()
             metrics["data_wait_fraction"] = wait / max(wait + elapsed, 1e-9)
+        if self.cfg.model.data.max_tokens_per_micro_batch is not None:  # filled to a token budget: their number varies
+            metrics["micro_batches"] = len(micro_batches)
         if loss is not None:
             metrics["train_loss"] = loss.item()
         if grad_norm is not None:

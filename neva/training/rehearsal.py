@@ -64,6 +64,10 @@ CATEGORIES = {
     "other": ("Buffer", "Other", "Inputs"),  # RoPE tables; the step's input batches; one-process O2's masters
 }
 
+# What FSDP2's CPU offload (``model.fsdp_offload``) keeps in host memory: every sharded tensor and AdamW's states. On
+# this CPU path they are counted like the rest; a GPU holds them on the host, so the device's peak leaves them out.
+OFFLOADED = ("Sharded Param", "Sharded Grad", "Optstate", "OptState")
+
 # Micro-batches that show every memory state of a step without pipelining: the first (no gradient yet), one in the
 # middle (gradients accumulating) and the last (gradients reduced). See ``rehearse(micro_batches=...)``.
 ENOUGH_MICRO_BATCHES = 3
@@ -134,6 +138,7 @@ class RankMemory:
     categories: dict[str, int]
     where: str
     seconds: float
+    host: int = 0  # bytes FSDP2's CPU offload keeps in host memory (not in ``peak``: the device's)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -178,6 +183,7 @@ class _PeakLocator:
         self.archive: list[tuple[int, dict]] = []
         self.micro_batch = 0
         self.peak_before_optimizer = 0
+        self.at_optimizer: dict = {}
         self._handle = None
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
@@ -208,6 +214,27 @@ class _PeakLocator:
 
     def before_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.peak_before_optimizer = max((v for v in self.tracker._peak_mem.values()), default=0)
+        # every gradient reduced, every AdamW state there: what FSDP2's CPU offload then holds on the host
+        self.at_optimizer = next(iter(self.tracker.get_tracker_snapshot("current").values()), {})
+
+    def device_peak(self, host: tuple[str, ...]) -> tuple[dict, str] | None:
+        """Under FSDP2's CPU offload (``host``: the categories it keeps in host memory): the module snapshot whose
+        bytes outside ``host`` are the most, and where it was taken; None when no module snapshot was taken."""
+        stats = [*self.archive, (self.micro_batch, dict(self.tracker.memory_tracking))]
+        best = None
+        for mb, tracking in stats:
+            for mod_stats in tracking.values():
+                for state, snaps in mod_stats.snapshots.items():
+                    name = str(getattr(state, "value", state))
+                    for snap in snaps:
+                        for per_device in snap.values():
+                            held = {str(getattr(k, "value", k)): v for k, v in per_device.items()}
+                            device = held.get("Total", 0) - sum(v for k, v in held.items() if k in host)
+                            if best is None or device > best[0]:
+                                phase = "backward" if "Backward" in name or "BW" in name else "forward"
+                                module = mod_stats.mod_fqn.partition(".")[2] or "the root (embedding, head, vision)"
+                                best = (device, per_device, f"micro-batch {mb + 1}, {phase} of {module}")
+        return None if best is None else (best[1], best[2])
 
     def where(self, peak: int) -> str:
         """The deepest module whose own peak snapshot equals ``peak``: ``"micro-batch 3, backward of llm.layers.0"``."""
@@ -455,11 +482,23 @@ def _rehearse_rank(
             dist.destroy_process_group()
             tools["clear_sharding_caches"]()
     snap = next(iter(peak_snap.values()), {})
+    host = 0
+    where = None
+    if layout.fsdp_offload:  # the sharded state waits in host memory: the device's peak is the rest's
+        found = locator.device_peak(OFFLOADED)
+        if found is not None:
+            host = max(_held(snap, OFFLOADED), _held(found[0], OFFLOADED), _held(locator.at_optimizer, OFFLOADED))
+            snap, where = {k: v for k, v in found[0].items() if str(getattr(k, "value", k)) not in OFFLOADED}, found[1]
+            snap = {**snap, "Total": sum(v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total")}
     categories = {k: sum(v for key, v in snap.items() if str(getattr(key, "value", key)) in names)
                   for k, names in CATEGORIES.items()}  # fmt: skip
     peak = snap.get("Total", 0)
-    where = locator.where(peak)
-    return RankMemory(stage, rank, peak, categories, where, time.perf_counter() - start)
+    where = where or locator.where(peak)
+    return RankMemory(stage, rank, peak, categories, where, time.perf_counter() - start, host)
+
+
+def _held(snap: dict, names: tuple[str, ...]) -> int:
+    return sum(v for k, v in snap.items() if str(getattr(k, "value", k)) in names)
 
 
 # -- pipeline parallelism: the schedule's set-up decided on this rank ------------------------------------------------

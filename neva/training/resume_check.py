@@ -41,12 +41,15 @@ APPLIED = (
     "model.megatron_amp_O2",
     "model.activations_checkpoint_granularity",
     "model.activations_checkpoint_num_layers",
+    "model.activation_offload",
+    "model.fsdp_offload",
     "model.compile",
     "model.meta_init",
     "model.distributed_timeout_minutes",
     "model.eval.",  # benchmarks answered during training: the trained weights do not depend on them
     # data settings that change neither the training samples nor their order
     "model.data.num_workers",
+    "model.data.max_tokens_per_micro_batch",  # the same samples per step, in other micro-batches
     "model.data.max_skip_fraction",
     "model.data.skip_check_min_samples",
     "model.data.validation_data_path",

@@ -103,6 +103,8 @@ def run(
         accumulation=layout.grad_accum,
         device_type=layout.device_type,
         plan_dir=exp_dir / "data_plan",  # a streaming blend's epoch order: built once, memory-mapped by every rank
+        # micro-batches filled to a token budget: a 1F1B pipeline still needs one per stage in flight
+        min_micro_batches=layout.pp if cfg.model.pipeline_schedule != "gpipe" else 1,
     )
     plan_training_data(data)
     # Epochs become steps here, so the learning-rate schedule, resume and Lightning all see one step count.

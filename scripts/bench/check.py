@@ -1,5 +1,6 @@
 """The prepared GPU check behind ``scripts/gpu_check.sh``: the four benchmark cases, then a 50-step ``neva.train``
-finetune of a ~1B model on the built-in synthetic images through the real loader; one JSON line per case on stdout.
+finetune of a ~1B model on the built-in synthetic images through the real loader, then one step with and without
+activation offload and FSDP2's CPU offload (``benchmark.py --offload``); one JSON line per case on stdout.
 
 Each part runs in its own process under a share of the time budget (``--budget-s``, 480 s by default), so a hang or
 an out-of-memory error in one part still leaves the others' lines. ``--tiny`` runs the same steps on the CPU with tiny
@@ -152,7 +153,21 @@ def main(argv: list[str] | None = None) -> int:
         emit(line)
     result = train(args, env, deadline)
     emit(result)
-    return int(any("error" in x for x in [*lines, result]))
+    offload = offload_sides(args, env, deadline)
+    for line in offload:
+        emit(line)
+    return int(any("error" in x for x in [*lines, result, *offload]))
+
+
+def offload_sides(args: argparse.Namespace, env: dict[str, str], deadline: float) -> list[dict[str, Any]]:
+    """``benchmark.py --offload``: one step with and without activation offload (and FSDP2's CPU offload on two
+    GPUs): equal loss and gradient norm, and the device memory each saves."""
+    cmd = [sys.executable, "scripts/benchmark.py", "--offload", *(["--tiny"] if args.tiny else [])]
+    rc, out, err, _ = run(cmd, deadline - time.perf_counter(), env)
+    if rc:
+        return [{"check": "offload", "error": f"rc {rc}: {err[-600:]}"}]
+    sides = json.loads(out.strip().splitlines()[-1])["sides"]
+    return [{"check": "offload", **s} for s in sides]
 
 
 if __name__ == "__main__":

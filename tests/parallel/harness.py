@@ -121,6 +121,7 @@ def train_losses(
     kinds: str | None = None,
     base: list[str] | None = None,
     count_tower_inputs: bool = False,
+    from_data: bool = False,
 ) -> dict[str, Any]:
     """Run ``steps`` optimizer steps as ``NevaModule.training_step`` does; returns losses, gradient norms (before
     clipping), the auxiliary objectives' metrics and parameter dtypes (``keep_engine``: the trained engine and its data
@@ -128,7 +129,7 @@ def train_losses(
     micro-batches (``media_steps``). ``base``: the overrides under ``overrides`` (default ``BASE``).
     ``count_tower_inputs``: also return how many tower inputs this rank's vision tower encoded (a forward hook on its
     patch embedding, which every tower input passes once; a native-resolution tower: the patches its first block
-    reads)."""
+    reads). ``from_data``: a video model trains on its data module's batches too."""
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.parallel.layout import resolve_layout
@@ -142,6 +143,7 @@ def train_losses(
     data = data_module_type(cfg)(
         cfg.model.data, source.tokenizer, source.cfg, micro_batch_size=cfg.model.micro_batch_size,
         dp_rank=layout.dp_rank, dp_world=layout.dp, seed=cfg.model.seed, accumulation=layout.grad_accum,
+        min_micro_batches=layout.pp if cfg.model.pipeline_schedule != "gpipe" else 1,
     )  # fmt: skip
     data.setup("fit")
     accum = layout.grad_accum
@@ -161,8 +163,8 @@ def train_losses(
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
     from neva.training.tower_work import tower_patch_metrics
 
-    losses, grad_norms, aux, tower = [], [], [], []
-    if source.cfg.video is not None or kinds is not None:
+    losses, grad_norms, aux, tower, counts = [], [], [], [], []
+    if (source.cfg.video is not None or kinds is not None) and not from_data:
         steps_of = media_steps(source.cfg, layout, steps, kinds or "video")
     else:
         steps_of = StepBatches(data, accum)
@@ -177,6 +179,7 @@ def train_losses(
         engine.after_optimizer_step()
         scheduler.step()
         losses.append(loss.item())
+        counts.append(len(micro_batches))
         aux.append(engine.aux_metrics)
         if native:  # metrics.csv's tower patches per data-parallel rank (NevaModule._log_step)
             tower.append(tower_patch_metrics(micro_batches, engine.dp_group, engine.device))
@@ -187,6 +190,7 @@ def train_losses(
         "aux_metrics": aux,
         "param_dtypes": dtypes,
         "tower_patches": tower,
+        "micro_batches": counts,
         **({"tower_inputs": tower_inputs[0]} if count_tower_inputs else {}),
         **({"engine": engine, "data": data} if keep_engine else {}),
     }

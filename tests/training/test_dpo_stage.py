@@ -74,11 +74,12 @@ def test_without_a_finetuned_model_the_stage_says_what_to_run(tmp_path):
     [
         ("model.loss_normalization=micro_batch_mean", "model.loss_normalization"),
         ("model.peft.peft_scheme=lora", "model.mm_cfg.freeze_projector"),
-        ("model.data.packing=true", "model.data.packing"),
+        ("model.data.packing=true model.tensor_model_parallel_size=2", "model.data.packing"),
+        ("model.data.max_tokens_per_micro_batch=4096", "model.data.max_tokens_per_micro_batch"),
     ],
 )
 def test_refused_settings_name_their_key(tmp_path, override, key):
-    cfg = compose_config(["+stage=dpo", "model.restore_from_path=/nowhere", override])
+    cfg = compose_config(["+stage=dpo", "model.restore_from_path=/nowhere", *override.split(" ")])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         check_preference_config(cfg)
 
