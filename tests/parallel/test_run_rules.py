@@ -36,9 +36,9 @@ DISAGREED = [
     # refused by training's module only
     (support.row("nothing trained", ["+stage=pretrain"], {"model.mm_cfg.freeze_projector": True}),
      support.Column("1 GPU", 1, {}), "no trainable parameters"),
-    # the preference stage's settings: refused by training's data module and objective only
+    # the preference stage's settings (its spec's check): packed pairs where the head runs at every position
     (support.row("dpo, packed rows", ["+stage=dpo", "model.restore_from_path=/nowhere"], {"model.data.packing": True}),
-     support.Column("1 GPU", 1, {}), "stage=dpo: model.data.packing"),
+     support.Column("TP 2", 2, {"tensor_model_parallel_size": 2}), "stage=dpo: model.data.packing"),
 ]  # fmt: skip
 
 
