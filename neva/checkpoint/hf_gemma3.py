@@ -307,7 +307,7 @@ def gemma3_config_dict(cfg: NevaConfig) -> dict[str, Any]:
         rms_norm_eps=llm.rms_norm_eps, max_position_embeddings=llm.max_seq_len,
         rope_parameters={"full_attention": full, "sliding_attention": local}, sliding_window=llm.sliding_window,
         layer_types=list(llm.layer_types or ["full_attention"] * llm.num_layers),
-        query_pre_attn_scalar=llm.query_pre_attn_scalar or llm.head_dim, attention_bias=llm.qkv_bias,
+        query_pre_attn_scalar=_int_if_whole(llm.query_pre_attn_scalar or llm.head_dim), attention_bias=llm.qkv_bias,
         hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None,
         tie_word_embeddings=llm.tie_word_embeddings,
     )  # fmt: skip
@@ -326,6 +326,11 @@ def gemma3_config_dict(cfg: NevaConfig) -> dict[str, Any]:
         image_token_index=cfg.image_token_id,
         tie_word_embeddings=llm.tie_word_embeddings,
     )
+
+
+def _int_if_whole(x: float) -> float | int:
+    """HF's Gemma3TextConfig types ``query_pre_attn_scalar`` as an int (strict): a whole number goes as one."""
+    return int(x) if float(x).is_integer() else x
 
 
 def _hf_tensors(tensors: TensorSource, cfg: NevaConfig, dtype: torch.dtype | None):

@@ -332,6 +332,4 @@ def _plan_shard(
                 if a < b:
                     row.append((local + a - g0, local + b - g0, s, b, False))
         spans.append(row)
-    return AttentionPlan(
-        "segments", spans=spans, window=window, scale=scale, tiled=False, gather=shard.gather_sequence
-    )
+    return AttentionPlan("segments", spans=spans, window=window, scale=scale, tiled=False, gather=shard.gather_sequence)

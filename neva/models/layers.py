@@ -43,7 +43,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight + self.offset if self.offset else self.weight
-        if type(x) is torch.Tensor and type(self.weight.data) is torch.Tensor and x.dtype == weight.dtype == torch.float32:
+        if (
+            type(x) is torch.Tensor
+            and type(self.weight.data) is torch.Tensor
+            and x.dtype == weight.dtype == torch.float32
+        ):
             return _RMSNormFP32.apply(x, weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         if self.offset:  # Gemma scales in fp32, then casts
