@@ -194,7 +194,7 @@ def neva_config_from_gemma3(hf: dict[str, Any]) -> NevaConfig:
     if vision_hf.get("vision_use_head"):
         raise ConfigError("vision_config vision_use_head=true: Gemma 3's tower has no pooling head")
     vision = vision_config_from_hf(vision_hf, select_layer=-1)
-    vision = dataclasses.replace(vision, feature_norm=True)
+    vision = dataclasses.replace(vision, feature_norm=True, image_resample="bilinear")
     projector = ProjectorConfig(
         type="gemma3",
         input_size=vision.hidden_size,
@@ -236,6 +236,37 @@ def neva_key_to_hf(key: str) -> str:
     raise KeyError(f"no Gemma 3 key for neva tensor {key}")
 
 
+# PIL's resampling codes (an image processor config's ``resample``) neva's fits implement.
+_RESAMPLE = {2: "bilinear", 3: "bicubic"}
+
+
+def _with_image_processor(cfg: NevaConfig, hf_dir: Path) -> NevaConfig:
+    """The directory's image processor's statistics, resampling and size (``Gemma3ImageProcessor``'s defaults where
+    it has none: 0.5 / 0.5, bilinear, the tower's size); pan-and-scan is refused (not built yet)."""
+    found = [hf_dir / n for n in ("preprocessor_config.json", "processor_config.json") if (hf_dir / n).is_file()]
+    if not found:
+        return cfg
+    path = found[0]
+    pre = json.loads(path.read_text())
+    pre = pre.get("image_processor", pre)  # transformers 5 writes the processor's parts into one file
+    if pre.get("do_pan_and_scan"):
+        raise ConfigError(f"{path}: do_pan_and_scan=true (pan-and-scan crops) is not supported yet")
+    resample = pre.get("resample", 2)
+    if resample not in _RESAMPLE:
+        raise ConfigError(f"{path}: resample {resample} (neva resizes bilinear (2) or bicubic (3))")
+    size = pre.get("size") or {}
+    side = size.get("height", cfg.vision.image_size)
+    if size.get("width", side) != side or side != cfg.vision.image_size:
+        raise ConfigError(f"{path}: size {size} is not the tower's {cfg.vision.image_size} × {cfg.vision.image_size}")
+    vision = dataclasses.replace(
+        cfg.vision,
+        image_resample=_RESAMPLE[resample],
+        image_mean=tuple(pre.get("image_mean", cfg.vision.image_mean)),
+        image_std=tuple(pre.get("image_std", cfg.vision.image_std)),
+    )
+    return dataclasses.replace(cfg, vision=vision)
+
+
 def _check_image_token(tokenizer: Any, image_token_id: int, hf_dir: Path) -> None:
     found = tokenizer.get_vocab().get(IMAGE_TOKEN)
     if found != image_token_id:
@@ -259,7 +290,7 @@ def import_gemma3(
     """
     hf_dir = Path(model_dir(hf_dir))
     hf = json.loads((hf_dir / "config.json").read_text())
-    cfg = neva_config_from_gemma3(hf)
+    cfg = _with_image_processor(neva_config_from_gemma3(hf), hf_dir)
     shapes = hf_tensor_shapes(hf_dir)
     mapping, unknown = {}, []
     for key in shapes:

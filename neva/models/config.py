@@ -91,6 +91,9 @@ class VisionConfig:
     # The selected hidden state after the tower's post-LayerNorm (Gemma 3 reads SigLIP's ``last_hidden_state``);
     # False: before it, as LLaVA reads ``hidden_states``. Needs the last layer selected.
     feature_norm: bool = False
+    # The fit's PIL resampling (the HF image processor's ``resample``): bicubic (CLIP's, SigLIP's) or bilinear
+    # (Gemma 3's).
+    image_resample: str = "bicubic"
     image_mean: tuple[float, float, float] | None = None  # None: the tower kind's (CLIP's, or SigLIP's 0.5)
     image_std: tuple[float, float, float] | None = None
     # Native-resolution towers only (``is_native``; HF Qwen vision config names). A patch is ``temporal_patch_size``
@@ -130,6 +133,8 @@ class VisionConfig:
         for layer in self.select_layers:
             if not -(self.num_layers + 1) <= layer <= self.num_layers:
                 raise ValueError(f"vision_select_layer {layer} out of range for {self.num_layers} layers")
+        if self.image_resample not in ("bicubic", "bilinear"):
+            raise ValueError(f"image_resample must be bicubic or bilinear, got {self.image_resample!r}")
         if self.feature_norm and self.select_indices != [self.num_layers]:
             raise ValueError("feature_norm reads the post-LayerNorm of the last layer: vision_select_layer must be -1")
         if self.is_native:

@@ -1,10 +1,12 @@
 """Gemma 3 against transformers' own ``Gemma3ForConditionalGeneration`` (a tiny random model written as a hub
 directory, ``tests/checkpoint/tiny_gemma3.py``): import, whole-model logits (images of several sizes through the
 family's image processor, two images, text only; sliding and global layers, bidirectional attention inside each
-image), packed rows equal to each sample alone, export → reload."""
+image), neva's data path (LLaVA-format records → gemma3 template → encoding → collate) equal to ``Gemma3Processor``
+on the official chat template's text, packed rows equal to each sample alone, export → reload."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,21 +17,42 @@ from PIL import Image
 from neva.checkpoint.hf_gemma3 import export_gemma3, import_gemma3
 from neva.checkpoint.neva_format import load_model
 from neva.models.media import Media, MediaInputs, image_media
-from tests.checkpoint.tiny_gemma3 import BOI, EOI, IMAGE, TOKENS_PER_IMAGE, tiny_gemma3_dir
+from tests.checkpoint.tiny_gemma3 import (
+    BOI,
+    EOI,
+    IMAGE,
+    TOKENS_PER_IMAGE,
+    checkpoint_data_path,
+    hf_messages,
+    make_processor,
+    tiny_gemma3_dir,
+)
 from tests.checkpoint.tiny_hf import one_thread
 from tests.models.test_hf_parity import rel_err
 
 SIZES = [(70, 45), (40, 100), (150, 60)]  # (width, height): three aspect ratios, all resized to 28 × 28
+RECORDS = [
+    {"id": "one", "image": "a.png", "conversations": [
+        {"from": "human", "value": "<image>\nwhat is it?"}, {"from": "gpt", "value": "a red circle."}]},
+    {"id": "two", "image": ["b.png", "c.png"], "conversations": [
+        {"from": "human", "value": "compare <image> and <image> please."}, {"from": "gpt", "value": "same colour."},
+        {"from": "human", "value": "sure?"}, {"from": "gpt", "value": "yes."}]},
+    {"id": "text", "conversations": [{"from": "human", "value": "say hi."}, {"from": "gpt", "value": "hi."}]},
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma3")
+    rng = np.random.default_rng(0)
+    (root / "images").mkdir()
+    for name, (w, h) in zip(("a.png", "b.png", "c.png"), SIZES):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / "images" / name)
     with one_thread():
         hf, hf_dir = tiny_gemma3_dir(root)
         ckpt = import_gemma3(hf_dir, root / "neva")
         model = load_model(ckpt).eval()
-    return hf, hf_dir, ckpt, model
+    return hf, hf_dir, ckpt, model, root
 
 
 def _pixels(sizes) -> torch.Tensor:
@@ -62,7 +85,7 @@ def _hf_logits(hf, ids, pixels):
 
 
 def test_logits_equal_transformers(imported):
-    hf, _, _, model = imported
+    hf, _, _, model, _ = imported
     with one_thread():
         for seed, (n, sizes) in enumerate(CASES):
             ids = _prompt(n, 7, seed)[None]
@@ -76,10 +99,44 @@ def test_logits_equal_transformers(imported):
                 assert rel_err(ours, causal) > 1e-2
 
 
+def test_data_path_equals_gemma3_processor(imported):
+    """ids (the chat template's text, each image expanded as the processor does), pixels (bilinear, 0.5 / 0.5) and
+    the logits of the collated sample equal ``Gemma3Processor``'s and the model's on them."""
+    from neva.data.collate import collate_padded
+    from neva.data.dataset import process_record
+    from neva.data.images import FolderImageSource
+    from neva.models.vision import normalize_pixels
+
+    hf, _, ckpt, _, root = imported
+    with one_thread():
+        model, tokenizer, settings, front_end = checkpoint_data_path(ckpt)
+        processor = make_processor(tokenizer)
+        source = FolderImageSource(str(root / "images"))
+        for record in RECORDS:
+            sample = process_record(record, settings, source, front_end)
+            assert "skipped" not in sample, sample
+            text = processor.apply_chat_template(hf_messages(record), tokenize=False)
+            names = record.get("image", [])
+            images = [Image.open(root / "images" / n) for n in ([names] if isinstance(names, str) else names)]
+            # the template writes BOS itself (apply_chat_template tokenizes without special tokens too)
+            inputs = processor(text=text, images=images or None, return_tensors="pt", add_special_tokens=False)
+            assert sample["input_ids"].tolist() == inputs["input_ids"][0].tolist(), record["id"]
+            assert (sample["input_ids"] == IMAGE).sum() == TOKENS_PER_IMAGE * len(images)
+            if images:
+                got = normalize_pixels(sample["pixel_values"], (0.5,) * 3, (0.5,) * 3)
+                assert (got - inputs["pixel_values"]).abs().max() < 1e-6
+            batch = collate_padded([sample], pad_id=0)
+            n = sample["input_ids"].numel()
+            with torch.no_grad():
+                ours = model(batch["input_ids"], batch["media"], batch["position_ids"])[0, :n]
+                theirs = hf(**inputs).logits[0]
+            assert rel_err(ours, theirs) < 1e-5, record["id"]
+
+
 def test_packed_row_equals_each_sample_alone(imported):
     """Three samples in one packed row (positions restart, segments isolate; the collator's image positions):
     each equals transformers' logits of the sample alone."""
-    hf, _, _, model = imported
+    hf, _, _, model, _ = imported
     prompts = [_prompt(n, 7, seed) for seed, (n, _) in enumerate(CASES)]
     pixels = _pixels(SIZES)
     ids = torch.cat(prompts)[None]
@@ -99,7 +156,7 @@ def test_packed_row_equals_each_sample_alone(imported):
 def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path):
     from transformers import Gemma3ForConditionalGeneration
 
-    hf, _, ckpt, _ = imported
+    hf, _, ckpt, _, _ = imported
     with one_thread():
         out = export_gemma3(ckpt, tmp_path / "export", dtype=torch.float32)
         assert json.loads((out / "config.json").read_text())["model_type"] == "gemma3"
@@ -108,3 +165,36 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
         assert torch.equal(_hf_logits(reloaded, ids, pixels), _hf_logits(hf, ids, pixels))
         again = import_gemma3(out, tmp_path / "again")
     assert torch.equal(load_model(again).llm.tok_embeddings.weight, load_model(ckpt).llm.tok_embeddings.weight)
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["template", "raw"])
+def test_greedy_generation_equals_transformers_left_padded(imported, raw):
+    """``neva.generate``'s path (``Answerer``: prompt building, one left-padded batch, the KV cache) against
+    ``generate`` on the processor's left-padded batch of the same prompts: a two-image prompt, a one-image one and a
+    text-only one; the chat template's text, or (``--raw``) the prompt as given with each image as the processor
+    expands its ``<start_of_image>``."""
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+
+    hf, _, ckpt, _, root = imported
+    items = [("compare <image> and <image>.", ["b.png", "c.png"]), ("<image>\nwhat is it?", ["a.png"]),
+             ("say hi.", [])]  # fmt: skip
+    with one_thread():
+        answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=6), raw=raw)
+        answerer.generation = dataclasses.replace(answerer.generation, eos_token_ids=(), stop_strings=())
+        prepared = [answerer.prepare((prompt, [root / "images" / n for n in names])) for prompt, names in items]
+        ours = answerer.generate_ids(prepared)
+        processor = make_processor(answerer.tokenizer)
+        processor.tokenizer.padding_side = "left"
+        if raw:
+            texts = [prompt.replace("<image>", "<start_of_image>") for prompt, _ in items]
+        else:
+            messages = [[{"role": "user", "content": m["content"]}] for m in
+                        (hf_messages({"conversations": [{"from": "human", "value": p}]})[0] for p, _ in items)]  # fmt: skip
+            texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
+        images = [[Image.open(root / "images" / n) for n in names] for _, names in items]
+        inputs = processor(text=texts, images=images, return_tensors="pt", padding=True, add_special_tokens=raw)
+        for p, ids, mask in zip(prepared, inputs["input_ids"], inputs["attention_mask"]):
+            assert p.ids == ids[mask.bool()].tolist()
+        out = hf.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert ours == out[:, inputs["input_ids"].shape[1] :].tolist()
