@@ -36,6 +36,7 @@ import torch
 
 from neva.checkpoint.hf_assemble import import_llm_and_vision
 from neva.checkpoint.hf_export import export_llava
+from neva.checkpoint.hf_gemma3 import export_gemma3, import_gemma3, is_gemma3, is_gemma3_checkpoint
 from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.hf_qwen_vl import export_qwen_vl, import_qwen_vl, is_qwen_vl, is_qwen_vl_checkpoint
 from neva.checkpoint.hf_read import load_hf_config
@@ -147,6 +148,8 @@ def _convert(args: argparse.Namespace) -> None:
         with as_neva_checkpoint(args.ckpt) as ckpt:
             if is_qwen_vl_checkpoint(ckpt):
                 out = export_qwen_vl(ckpt, args.out, **common)
+            elif is_gemma3_checkpoint(ckpt):
+                out = export_gemma3(ckpt, args.out, **common)
             else:
                 out = export_llava(ckpt, args.out, conv_template=args.conv_template, **common)
     elif args.command == "neva-to-llava" and args.lora_base:
@@ -181,6 +184,8 @@ def _convert(args: argparse.Namespace) -> None:
             )
         elif args.hf is not None and is_qwen_vl(load_hf_config(model_dir(args.hf))):
             out = import_qwen_vl(args.hf, args.out, metadata=meta, **common)
+        elif args.hf is not None and is_gemma3(load_hf_config(model_dir(args.hf))):
+            out = import_gemma3(args.hf, args.out, metadata=meta, **common)
         elif args.hf is not None:
             if args.llm is not None or args.vision is not None or args.base is not None:
                 raise ConfigError(

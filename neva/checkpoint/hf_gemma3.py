@@ -36,6 +36,27 @@ from neva.hf_local import model_dir
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig
 from neva.typed import ConfigError
 
+# Gemma 3's chat template (google/gemma-3-*-it tokenizer_config.json): what an export ships when the checkpoint's
+# tokenizer has none (neva's ``gemma3`` conversation template renders the same text).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- endif -%}\n"
+    '    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = "" -%}\n'
+    "    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n'
+    "    {%- endif -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n        {%- endfor -%}\n    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n"
+)
 MODEL_TYPE = "gemma3"
 MODEL_CLASS = "Gemma3ForConditionalGeneration"
 TEMPLATE = "gemma3"
@@ -254,6 +275,9 @@ def _with_image_processor(cfg: NevaConfig, hf_dir: Path) -> NevaConfig:
     resample = pre.get("resample", 2)
     if resample not in _RESAMPLE:
         raise ConfigError(f"{path}: resample {resample} (neva resizes bilinear (2) or bicubic (3))")
+    seq = json.loads(path.read_text()).get("image_seq_length", cfg.num_image_tokens)
+    if seq != cfg.num_image_tokens:
+        raise ConfigError(f"{path}: image_seq_length {seq} != config.json mm_tokens_per_image {cfg.num_image_tokens}")
     size = pre.get("size") or {}
     side = size.get("height", cfg.vision.image_size)
     if size.get("width", side) != side or side != cfg.vision.image_size:
@@ -391,7 +415,31 @@ def export_gemma3(
         write_safetensors(tmp, _hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)), max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if has_tokenizer(ckpt):
-            from neva.data.sentencepiece_tokenizer import load_tokenizer
-
-            load_tokenizer(ckpt).save_pretrained(str(tmp))
+            _write_processor(tmp, cfg, ckpt)
     return Path(out)
+
+
+def _write_processor(directory: Path, cfg: NevaConfig, ckpt: Path) -> None:
+    """The tokenizer (its chat template, else Gemma 3's) and ``Gemma3Processor``'s files: the PIL image processor at
+    the tower's size, resampling and statistics, and ``image_seq_length`` the projector's tokens per image."""
+    import transformers
+
+    from neva.data.sentencepiece_tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(ckpt)
+    tokenizer.chat_template = getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE
+    v = cfg.vision
+    images = transformers.Gemma3ImageProcessorPil(
+        size={"height": v.image_size, "width": v.image_size},
+        resample={name: code for code, name in _RESAMPLE.items()}[v.image_resample],
+        image_mean=list(v.image_mean),
+        image_std=list(v.image_std),
+    )
+    if all(hasattr(tokenizer, name) for name in ("boi_token", "image_token", "eoi_token")):
+        processor = transformers.Gemma3Processor(
+            images, tokenizer, chat_template=tokenizer.chat_template, image_seq_length=cfg.num_image_tokens
+        )
+        processor.save_pretrained(str(directory))
+    else:  # a tokenizer without Gemma's image tokens named: the parts alone
+        images.save_pretrained(str(directory))
+        tokenizer.save_pretrained(str(directory))

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from neva.checkpoint.hf_gemma3 import export_gemma3, import_gemma3
+from neva.checkpoint.hf_gemma3 import import_gemma3
 from neva.checkpoint.neva_format import load_model
 from neva.models.media import Media, MediaInputs, image_media
 from tests.checkpoint.tiny_gemma3 import (
@@ -154,17 +154,30 @@ def test_packed_row_equals_each_sample_alone(imported):
 
 
 def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path):
-    from transformers import Gemma3ForConditionalGeneration
+    """``neva.convert neva-to-hf``: weights and config transformers loads as the same model, and the processor's files
+    (``AutoProcessor`` gives the same ids and pixels as the source's processor); ``hf-to-neva`` of the export is the
+    same checkpoint."""
+    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
 
-    hf, _, ckpt, _, _ = imported
+    from neva.convert import main
+
+    hf, hf_dir, ckpt, _, root = imported
+    out = tmp_path / "export"
     with one_thread():
-        out = export_gemma3(ckpt, tmp_path / "export", dtype=torch.float32)
+        main(["neva-to-hf", "--ckpt", str(ckpt), "--out", str(out), "--dtype", "float32"])
         assert json.loads((out / "config.json").read_text())["model_type"] == "gemma3"
         reloaded = Gemma3ForConditionalGeneration.from_pretrained(str(out)).eval()
         ids, pixels = _prompt(2, 5, 7)[None], _pixels(SIZES[:2])
         assert torch.equal(_hf_logits(reloaded, ids, pixels), _hf_logits(hf, ids, pixels))
-        again = import_gemma3(out, tmp_path / "again")
-    assert torch.equal(load_model(again).llm.tok_embeddings.weight, load_model(ckpt).llm.tok_embeddings.weight)
+        exported, source = AutoProcessor.from_pretrained(str(out)), AutoProcessor.from_pretrained(str(hf_dir))
+        messages = hf_messages(RECORDS[1])
+        images = [Image.open(root / "images" / n) for n in RECORDS[1]["image"]]
+        a, b = (p(text=p.apply_chat_template(messages, tokenize=False), images=images, return_tensors="pt",
+                  add_special_tokens=False) for p in (exported, source))  # fmt: skip
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
+        main(["hf-to-neva", "--hf", str(out), "--out", str(tmp_path / "again")])
+    again, first = load_model(tmp_path / "again").state_dict(), load_model(ckpt).state_dict()
+    assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["template", "raw"])
