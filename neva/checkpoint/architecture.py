@@ -10,6 +10,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
 from neva.config import MMConfig
 from neva.hf_local import LocalModelError, model_dir
 from neva.models.anyres import AnyResConfig, anyres_on, parse_aspect_ratio, parse_grid_pinpoints
+from neva.models.gemma3_config import gemma3_tokens_per_image
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
 from neva.models.video import VideoConfig
@@ -67,6 +68,8 @@ def neva_config_from_mm(
             spatial_merge_size=vision_cfg.spatial_merge_size,
             deepstack_mergers=len(vision_cfg.deepstack_visual_indexes),
         )
+    if mm.mm_mlp_adapter_type == "gemma3":  # its pooling and norm (neva/models/gemma3_config.py)
+        projector.update(tokens_per_image=gemma3_tokens_per_image(vision_cfg.grid), norm_eps=vision_cfg.layer_norm_eps)
     projector = build(ProjectorConfig, projector, "model.mm_cfg.mm_mlp_adapter_type.")
     token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
     # Without data settings, pinpoints mean plain anyres (no anyres_max_N pooling).

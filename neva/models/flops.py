@@ -51,7 +51,9 @@ _MERGER_STEPS = {"norm": 0, "fc1": 1, "fc2": 2}  # a native tower's patch merger
 _DECODER_STEPS = {
     "attention_norm": 0, "wq": 1, "wk": 1, "wv": 1, "core": 2, "wo": 3, "ffn_norm": 4, "w1": 5, "w3": 5, "w2": 6,
     "router": 4.5, "q_norm": 1.25, "k_norm": 1.25,  # Qwen3: per-head norms between the projections and the core
+    "post_attention_norm": 3.5, "post_ffn_norm": 6.5,  # Gemma: the outputs' norms before the residual adds
 }  # fmt: skip
+_GEMMA3_PROJECTOR_STEPS = {"norm": 0, "proj": 1}  # after the (parameter-free) pool
 
 
 @dataclass(frozen=True)
@@ -97,12 +99,14 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
         if pieces[1] == "layers":
             layer = int(pieces[2])
             return None if layer >= cfg.vision.layers_run else (0, 2 + layer, _step(pieces[3:], _VISION_STEPS))
-        if pieces[1] == "post_norm":
-            return None  # LLaVA's features skip it (CLIP and SigLIP alike)
+        if pieces[1] == "post_norm":  # LLaVA's features skip it (CLIP and SigLIP alike); Gemma 3's read it
+            return (0, 2 + cfg.vision.layers_run, 0) if cfg.vision.feature_norm else None
         return (0, 0 if pieces[1] == "patch_embed" else 1, 0)
     if pieces[0] == "projector":
         if pieces[1] in ("merger", "deepstack"):
             return (1, _MERGER_STEPS[pieces[-2]], 0)
+        if pieces[1] in _GEMMA3_PROJECTOR_STEPS:
+            return (1, _GEMMA3_PROJECTOR_STEPS[pieces[1]], 0)
         return (1, int(pieces[1]), 0)
     if pieces[1] == "tok_embeddings":
         return (2, -1, 0)

@@ -106,3 +106,12 @@ def check_gemma3_projector(tokens_per_image: int | None, grid: int) -> None:
         raise ValueError(
             f"projector gemma3 pools a {grid}×{grid} patch grid to {side}×{side}: the kernel {grid} // {side} does not"
         )
+
+
+def gemma3_tokens_per_image(grid: int) -> int:
+    """The tokens a new gemma3 projector (built from run settings, not imported) pools a ``grid``² patch grid to:
+    Gemma 3's 16 × 16 where the grid is a multiple of 16 (896 px / 14: kernel 4), else one token per 2 × 2 patches
+    (the tiny towers), else no pooling."""
+    if grid % 16 == 0:
+        return 256
+    return (grid // 2) ** 2 if grid % 2 == 0 else grid * grid

@@ -23,6 +23,22 @@ VISION_PRESETS: dict[str, dict] = {
         layer_norm_eps=1e-6,
         hidden_act="gelu_pytorch_tanh",
     ),
+    # The tiny tower as Gemma 3's SigLIP: its features after the post-LayerNorm (last_hidden_state), bilinear resize
+    # (Gemma3ImageProcessor); a 4 × 4 patch grid the gemma3 projector pools to 2 × 2 tokens.
+    "tiny_gemma3": dict(
+        kind="siglip",
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        layer_norm_eps=1e-6,
+        hidden_act="gelu_pytorch_tanh",
+        vision_select_layer=-1,
+        feature_norm=True,
+        image_resample="bilinear",
+    ),
     # The tiny tower as Qwen2.5-VL's native-resolution ViT: 8 px patches merged 2 × 2, RMSNorm + SwiGLU blocks, block 0
     # in 32 px windows (2 × 2 merged tokens), block 1 attending the whole image. The synthetic set draws its images at
     # image_size (64 px: 8 × 8 patches, 16 decoder positions, as the tiny CLIP's 16); real images keep their own size.
@@ -120,6 +136,27 @@ LLM_PRESETS: dict[str, dict] = {
         rms_norm_eps=1e-6,
         family="qwen3",
         qk_norm=True,
+    ),
+    # The tiny decoder as Gemma 3's (neva/models/gemma3_config.py): sliding (window 16, RoPE base 1e4) and global
+    # (base 1e6) layers alternating, q / k norms, an attention scale of its own, untied (a pipeline can split it;
+    # Gemma 3 ties its embeddings, which PP refuses).
+    "tiny_gemma3": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="gemma3",
+        qk_norm=True,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_local_theta=1e4,
+        query_pre_attn_scalar=48,
     ),
     "qwen2_7b": dict(
         vocab_size=152064,
