@@ -10,8 +10,8 @@ from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
 from neva.config import MMConfig
 from neva.hf_local import LocalModelError, model_dir
 from neva.models.anyres import AnyResConfig, anyres_on, parse_aspect_ratio, parse_grid_pinpoints
-from neva.models.gemma3_config import gemma3_tokens_per_image
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
+from neva.models.gemma3_config import gemma3_tokens_per_image
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
 from neva.models.video import VideoConfig
 from neva.typed import ConfigError, build
