@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.checkpoint.hf_config import llava_config_dict, neva_config_from_llava
+from neva.checkpoint.hf_gemma3 import gemma3_config_dict, neva_config_from_gemma3
 from neva.checkpoint.hf_qwen_vl import neva_config_from_qwen_vl, qwen_vl_config_dict
 from neva.checkpoint.hf_wrappers import wrapper_for
 from neva.checkpoint.llava_export import check_llava_layout
@@ -30,6 +31,7 @@ from neva.checkpoint.llava_original import (
 from neva.config import TrainConfig, compose_config
 from neva.models.config import NevaConfig
 from neva.models.trainable import build_meta_model
+from neva.parallel.context_parallel import check_context_parallel_model
 from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import check_precision_layout
@@ -78,6 +80,7 @@ ROWS = (
     row("LoRA finetune", keys={"model.peft.peft_scheme": "lora"}),
     row("trained vision tower", keys={"model.mm_cfg.vision_encoder.freeze": False}),
     row("Qwen2.5-VL: native resolution, M-RoPE", ["model=tiny_qwen2_5_vl", "vision=tiny_qwen2_5_vl"]),
+    row("Gemma 3: sliding / global layers, bidirectional images", ["model=tiny_gemma3", "vision=tiny_gemma3"]),
 )
 
 
@@ -139,6 +142,7 @@ def check_layout(cfg: TrainConfig, column: Column) -> None:
     check_deepstack_split(arch, split_layers(arch.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
     check_microbatches(layout.schedule, layout.pp, layout.grad_accum)
     check_expert_parallel_layout(layout, arch.llm)
+    check_context_parallel_model(layout, arch.llm)
     if layout.tp > 1:
         check_tensor_parallel(build_meta_model(arch, model.trainable_policy()), layout.tp)
 
@@ -147,6 +151,10 @@ def hf_round_trip(cfg: TrainConfig) -> str:
     """The HF class the export writes (a llava-hf wrapper, or the model's Qwen-VL family), after the import has read
     the config it wrote (``neva.convert``)."""
     arch = architecture(cfg)
+    if arch.projector is not None and arch.projector.type == "gemma3":
+        config = gemma3_config_dict(arch)
+        neva_config_from_gemma3(config)
+        return config["model_type"]
     if arch.vision is not None and arch.vision.is_native:
         config = qwen_vl_config_dict(arch)
         neva_config_from_qwen_vl(config)

@@ -42,17 +42,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight + self.offset if self.offset else self.weight
         if (
             type(x) is torch.Tensor
             and type(self.weight.data) is torch.Tensor
-            and x.dtype == weight.dtype == torch.float32
+            and x.dtype == self.weight.dtype == torch.float32
         ):
-            return _RMSNormFP32.apply(x, weight, self.eps)
+            return _RMSNormFP32.apply(x, self.weight + self.offset if self.offset else self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        if self.offset:  # Gemma scales in fp32, then casts
-            return (normed * weight.float()).to(x.dtype)
-        return weight * normed.to(x.dtype)
+        if self.offset:  # Gemma: 1 + w and the product in fp32 (bf16 weights would round 1 + w), then the cast
+            return (normed * (self.weight.float() + self.offset)).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
 
     def reset_parameters(self) -> None:
         nn.init.constant_(self.weight, 1.0 - self.offset)

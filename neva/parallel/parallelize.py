@@ -21,6 +21,7 @@ from neva.config import ModelConfig
 from neva.models.lora import merged_state_dict
 from neva.models.neva import NevaModel
 from neva.parallel.compute_plans import apply_compute_plans
+from neva.parallel.context_parallel import check_context_parallel_model
 from neva.parallel.data_parallel import all_reduce_gradients, apply_fsdp, ddp_sync_context, fsdp_sync_context
 from neva.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel_layout, is_expert_param
 from neva.parallel.layout import Layout
@@ -166,6 +167,7 @@ def parallelize(
         chunk_ids, parts = [0], [meta_model]
     vocab_parallel = vocab_parallel_logits(layout.tp, layout.pp)
     check_expert_parallel_layout(layout, meta_model.cfg.llm)
+    check_context_parallel_model(layout, meta_model.cfg.llm)
     for part in parts:
         if layout.tp > 1:
             apply_tensor_parallel(part, dims.tp_mesh, layout.sp, vocab_parallel)
