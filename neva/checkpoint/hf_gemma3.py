@@ -8,15 +8,16 @@ norms per block, scaled embeddings, bidirectional attention inside each image).
 
 Every field of the text config is read, known to change nothing neva computes, or refused by name:
 ``attn_logit_softcapping`` (SDPA cannot cap scores), ``use_bidirectional_attention`` (the embedding model's text
-attention), a non-gelu-tanh activation, a sliding layers' RoPE other than the default, and
-``final_logit_softcapping``: ``Gemma3ForConditionalGeneration`` never applies it (only ``Gemma3ForCausalLM`` does),
-so which of the two a checkpoint's number meant cannot be told (every released Gemma 3 has none).
+attention), a non-gelu-tanh activation, a sliding layers' RoPE other than the default. ``final_logit_softcapping`` is
+read as the class computes it: ``Gemma3ForConditionalGeneration`` never applies it (only ``Gemma3ForCausalLM`` does),
+so the import leaves it off, with a warning (``LLMConfig.final_logit_softcapping`` is the decoder's cap).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -57,6 +58,7 @@ CHAT_TEMPLATE = (
     "        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n    {{ '<end_of_turn>\n' }}\n"
     "{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n"
 )
+log = logging.getLogger(__name__)
 MODEL_TYPE = "gemma3"
 MODEL_CLASS = "Gemma3ForConditionalGeneration"
 TEMPLATE = "gemma3"
@@ -161,17 +163,22 @@ def llm_config_from_gemma3(text: dict[str, Any], tie: bool) -> LLMConfig:
     unknown = sorted(set(text) - set(TEXT_READ) - set(TEXT_INERT))
     if unknown:
         raise ConfigError(f"text_config: field(s) neva does not read for gemma3: {', '.join(unknown)}")
+    if text.get("final_logit_softcapping") is not None:
+        log.warning(
+            "text_config final_logit_softcapping=%s is not applied: Gemma3ForConditionalGeneration never applies it "
+            "(only Gemma3ForCausalLM does), and neva imports the model that class computes",
+            text["final_logit_softcapping"],
+        )
     refusals = {
         "attn_logit_softcapping": text.get("attn_logit_softcapping") is not None,
-        "final_logit_softcapping": text.get("final_logit_softcapping") is not None,
         "use_bidirectional_attention": bool(text.get("use_bidirectional_attention")),
         "hidden_activation": text.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh",
     }
     bad = [f"{k}={text.get(k)!r}" for k, refused in refusals.items() if refused]
     if bad:
         raise ConfigError(
-            f"text_config: {', '.join(bad)} not supported for gemma3 (score softcaps: SDPA has none; a final softcap: "
-            "Gemma3ForConditionalGeneration ignores it; bidirectional text: the embedding model; only gelu_pytorch_tanh)"
+            f"text_config: {', '.join(bad)} not supported for gemma3 (score softcaps: SDPA has none; bidirectional "
+            "text: the embedding model; only gelu_pytorch_tanh)"
         )
     layers = text["num_hidden_layers"]
     layer_types = text.get("layer_types")
@@ -351,6 +358,11 @@ def gemma3_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     if cfg.projector is None or cfg.projector.type != "gemma3" or cfg.llm.family != "gemma3":
         raise ConfigError("only a gemma3 decoder behind a gemma3 projector exports as a Gemma 3 directory")
     llm, v = cfg.llm, cfg.vision
+    if llm.final_logit_softcapping is not None:
+        raise ConfigError(
+            f"final_logit_softcapping={llm.final_logit_softcapping}: Gemma3ForConditionalGeneration never applies a "
+            "final logit softcap, so the export would be another model"
+        )
     full = {"rope_type": "default", "rope_theta": llm.rope_theta}
     if llm.rope_scaling is not None:
         full = {"rope_type": "linear", "rope_theta": llm.rope_theta, "factor": llm.rope_scaling["factor"]}

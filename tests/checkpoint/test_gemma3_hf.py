@@ -211,3 +211,30 @@ def test_greedy_generation_equals_transformers_left_padded(imported, raw):
             assert p.ids == ids[mask.bool()].tolist()
         out = hf.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert ours == out[:, inputs["input_ids"].shape[1] :].tolist()
+
+
+def test_final_logit_softcap_equals_gemma3_for_causal_lm():
+    """The decoder's final softcap (``LLMConfig.final_logit_softcapping``) as ``Gemma3ForCausalLM`` applies it (the
+    conditional-generation class applies none, which the import follows)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from neva.checkpoint.hf_gemma3 import hf_key_to_neva, llm_config_from_gemma3
+    from neva.models.llama import LlamaDecoder
+    from tests.checkpoint.tiny_gemma3 import TEXT
+    from tests.hf_oracle import randomise_inits
+
+    torch.manual_seed(0)
+    hf = Gemma3ForCausalLM(Gemma3TextConfig(**TEXT, final_logit_softcapping=2.0)).eval()
+    randomise_inits(hf)
+    text = {k: v for k, v in hf.config.to_dict().items() if k != "final_logit_softcapping"}
+    cfg = dataclasses.replace(llm_config_from_gemma3(text, tie=True), final_logit_softcapping=2.0)
+    ours = LlamaDecoder(cfg)
+    state = {hf_key_to_neva("model.language_model." + k[len("model.") :]): v for k, v in hf.state_dict().items()
+             if k.startswith("model.")}  # fmt: skip
+    ours.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items()}, strict=False)
+    ours.reset_rope()
+    ids = torch.randint(3, BOI, (2, 13))
+    with one_thread(), torch.no_grad():
+        expected = hf(input_ids=ids).logits
+        got = ours(ours.embed(ids))
+    assert expected.abs().max() < 2.0 and rel_err(got, expected) < 1e-5
