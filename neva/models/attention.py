@@ -24,7 +24,7 @@ queries attend per segment: each local query chunk against the segment's keys up
 aligned, on the per-segment path (no dense mask; the window, if any, as above).
 
 Bidirectional blocks (Gemma 3: an image's tokens attend to one another both ways, HF's ``token_type_ids`` blocks):
-a ``[B, K]`` boolean per key position, whose maximal runs of True are the blocks. A query inside a block sees its
+the ``[M, 2]`` (row, column) positions of those tokens, whose maximal runs are the blocks. A query inside a block sees its
 segment's keys up to the block's end (causal before it, every key of the block); the window, if any, still bounds
 how far back it sees. Per segment (CPU), a segment with blocks is attended in chunks: each text run causally against
 the segment's keys up to the run's end (lower-right aligned), each block against the keys up to its end with no causal
@@ -111,18 +111,6 @@ def block_ids(bidirectional: torch.Tensor) -> torch.Tensor:
     previous = F.pad(bidirectional, (1, 0), value=False)[:, :-1]
     ids = torch.cumsum((bidirectional & ~previous).int(), dim=1) - 1
     return torch.where(bidirectional, ids, -1)
-
-
-def _runs(row: list[bool]) -> list[tuple[int, int]]:
-    """``(start, end)`` of each maximal run of True in a host list."""
-    out, start = [], None
-    for i, flag in enumerate(row + [False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            out.append((start, i))
-            start = None
-    return out
 
 
 def _chunks(s: int, e: int, offset: int, blocks: list[tuple[int, int]]) -> list[tuple[int, int, int, int, bool]]:
@@ -243,6 +231,7 @@ def plan_attention(
     shard: ContextShard | None = None,
     scale: float | None = None,
     bidirectional: torch.Tensor | None = None,
+    batch: int = 1,
 ) -> AttentionPlan:
     """The attention of one forward over ``q_len`` new tokens after ``offset`` cached ones.
 
@@ -254,22 +243,22 @@ def plan_attention(
         shard: context parallelism: the ``q_len`` queries are this rank's columns of longer rows (``segment_ids`` is
             then ignored: the shard carries the whole rows').
         scale: the scores' softmax scale (None: SDPA's ``head_dim ** -0.5``).
-        bidirectional: ``[B, offset + q_len]`` True at positions whose maximal runs attend both ways (Gemma 3's
-            image tokens), or None.
+        bidirectional: ``[M, 2]`` (row, column among the new tokens) of the positions whose maximal runs attend both
+            ways (Gemma 3's image tokens), or None. Read on the host per segment (the collator's positions are host
+            tensors: no sync, and the fake-tensor rehearsal keeps their values), on the device for FlexAttention.
+        batch: rows (``B``), where ``segment_ids`` is None and blocks need them.
 
     Raises:
         ValueError: bidirectional blocks under context parallelism (a shard's chunks do not hold whole blocks).
     """
+    if bidirectional is not None and (q_len == 1 or bidirectional.shape[0] == 0):
+        bidirectional = None  # one new query is text (the blocks before it change nothing), or no image at all
     if shard is not None:
         if bidirectional is not None:
             raise ValueError("bidirectional attention blocks (Gemma 3's images) under context parallelism")
         return _plan_shard(shard, window, device, scale)
-    if bidirectional is not None and q_len > 1:
-        if segment_ids is None:  # one sequence per row, its blocks still need the per-segment rule
-            segment_ids = torch.ones(bidirectional.shape, dtype=torch.long, device=bidirectional.device)
-    else:
-        bidirectional = None  # one new query is text: the blocks before it change nothing
-    if segment_ids is None:
+    keys = offset + q_len
+    if segment_ids is None and bidirectional is None:
         return AttentionPlan("causal" if offset == 0 else "causal_lower_right", window=window, scale=scale)
     if q_len == 1:
         seg = segment_ids
@@ -278,16 +267,40 @@ def plan_attention(
             mask[:, : seg.shape[1] - window] = False
         return AttentionPlan("key_padding", mask=mask[:, None, None, :], window=window, scale=scale)
     if not attends_per_segment(device) and offset == 0:
-        blocks = None if bidirectional is None else block_ids(bidirectional.to(device))
+        if segment_ids is None:  # one sequence per row, its blocks still need the mask_mod
+            segment_ids = torch.ones(batch, keys, dtype=torch.long, device=device)
+        blocks = None
+        if bidirectional is not None:
+            pos = bidirectional.to(device)
+            flags = torch.zeros(segment_ids.shape, dtype=torch.bool, device=device)
+            blocks = block_ids(flags.index_put((pos[:, 0], pos[:, 1]), torch.ones((), dtype=torch.bool, device=device)))
         block_mask = document_causal_block_mask(segment_ids, q_len, window=window, blocks=blocks)
         return AttentionPlan("flex", block_mask=block_mask, window=window, scale=scale)
+    rows = segment_runs(segment_ids) if segment_ids is not None else [[(0, keys)] for _ in range(batch)]
+    blocks = _host_runs(bidirectional, len(rows), offset)
     spans = []
-    blocks = [[]] * segment_ids.shape[0] if bidirectional is None else [_runs(r) for r in bidirectional.tolist()]
-    tiled = not any(blocks)
-    for runs, row_blocks in zip(segment_runs(segment_ids), blocks):
+    for runs, row_blocks in zip(rows, blocks):
         # Keys of a run up to the last query in it; queries are the run's positions at or after ``offset``.
         spans.append([span for s, e in runs if e > offset for span in _chunks(s, e, offset, row_blocks)])
-    return AttentionPlan("segments", spans=spans, window=window, scale=scale, tiled=tiled)
+    return AttentionPlan("segments", spans=spans, window=window, scale=scale, tiled=not any(blocks))
+
+
+def _host_runs(positions: torch.Tensor | None, rows: int, offset: int) -> list[list[tuple[int, int]]]:
+    """Per row, the ``(start, end)`` key columns of each maximal run of ``positions`` (read as Python integers: see
+    ``segment_runs``), the new tokens' columns shifted by ``offset``."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(rows)]
+    if positions is None:
+        return out
+    columns: list[list[int]] = [[] for _ in range(rows)]
+    for r, c in positions.tolist():
+        columns[r].append(c + offset)
+    for r, cols in enumerate(columns):
+        for c in sorted(cols):
+            if out[r] and out[r][-1][1] == c:
+                out[r][-1] = (out[r][-1][0], c + 1)
+            else:
+                out[r].append((c, c + 1))
+    return out
 
 
 def shard_mask_mod(columns: torch.Tensor, segment_ids: torch.Tensor, window: int | None = None):

@@ -190,8 +190,8 @@ class LlamaDecoder(nn.Module):
                 DeepStack features, ``neva.models.deepstack``); each layer named must be on this stage.
             context: context parallelism: ``h`` holds this rank's columns of longer rows (``neva.models.context_shard``;
                 attention gathers keys and values); the per-token inputs are this rank's columns too.
-            bidirectional: ``[B, S]`` (or ``[B, offset + S]``) True at positions whose maximal runs attend both ways
-                (Gemma 3's image tokens; ``neva.models.attention``); None: causal everywhere.
+            bidirectional: ``[M, 2]`` (row, column among the ``S`` new tokens) positions whose maximal runs attend
+                both ways (Gemma 3's image tokens; ``neva.models.attention``); None: causal everywhere.
 
         Returns:
             Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
@@ -203,15 +203,13 @@ class LlamaDecoder(nn.Module):
         elif position_ids.dim() == 2:
             position_ids = position_ids[None]
         cfg = self.cfg
-        if bidirectional is not None and bidirectional.shape[1] < offset + s:  # cached keys before: text
-            bidirectional = torch.nn.functional.pad(bidirectional, (offset + s - bidirectional.shape[1], 0))
         scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar**-0.5
         # One plan (and one RoPE table) per kind of layer: segment boundaries / the BlockMask are found once per forward.
         plans, ropes = {}, {}
         for local in sorted({sliding(cfg, int(name)) for name in self.layers} or {False}):
             window = cfg.sliding_window if local else None
             plans[local] = plan_attention(
-                segment_ids, s, offset, h.device, window=window, shard=context, scale=scale, bidirectional=bidirectional
+                segment_ids, s, offset, h.device, window, context, scale, bidirectional=bidirectional, batch=b
             )
             inv_freq = self.inv_freq_local if local and cfg.rope_local_theta is not None else self.inv_freq
             ropes[local] = rope_cos_sin(inv_freq, position_ids, h.dtype, cfg.mrope_section, cfg.mrope_interleaved)

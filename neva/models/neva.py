@@ -252,23 +252,18 @@ class NevaModel(nn.Module):
         )
 
     def _bidirectional(self, input_ids: torch.Tensor, media: Media | None) -> torch.Tensor | None:
-        """``[B, S]`` True at the image positions, whose runs attend both ways (Gemma 3; None: no image here).
+        """``[M, 2]`` (row, column) image positions, whose runs attend both ways (Gemma 3; None: no image here).
 
-        From the images' positions where given (training: the collator's, on every pipeline stage), else from the
-        ids (serving, on the stage that embeds: ``input_ids`` are ids there)."""
+        The images' positions where given (training: the collator's host tensors, on every pipeline stage), else found
+        from the ids (serving, on the stage that embeds: ``input_ids`` are ids there)."""
         image = None if media is None else media.image
         if image is None:
             return None
-        b, s = input_ids.shape[:2]
         if image.positions is not None:
-            if image.positions.shape[0] == 0:  # shapes only: no sync
-                return None
-            pos = image.positions
-            mask = torch.zeros(b, s, dtype=torch.bool, device=pos.device)
-            return mask.index_put((pos[:, 0], pos[:, 1]), torch.ones((), dtype=torch.bool, device=pos.device))
+            return image.positions
         if input_ids.dim() != 2 or input_ids.is_floating_point():
             raise ValueError("bidirectional image attention on a stage without ids needs the images' positions")
-        return input_ids == self.cfg.image_token_id
+        return (input_ids == self.cfg.image_token_id).nonzero()
 
     def tie_weights(self) -> None:
         """Share the LM head with the token embedding when configured (``to_empty`` breaks the sharing)."""

@@ -39,6 +39,7 @@ from neva.checkpoint.architecture import neva_config_from_mm
 from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
+from neva.models.gemma3_config import traits
 from neva.models.trainable import build_meta_model
 from neva.parallel.context_parallel import split_batch
 from neva.parallel.expert_parallel import use_uniform_dispatch
@@ -323,6 +324,17 @@ def _host_grids(mb: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
     return {**mb, "media": dataclasses.replace(cloned, **kept)}
 
 
+def _host_image_positions(mb: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
+    """``mb`` with the loader's image positions back: a decoder whose images attend both ways (Gemma 3) reads them as
+    host integers for its attention plan (``neva.models.attention``), which a fake clone cannot give; they stay on the
+    host in training too (index tensors of a few entries; the splice takes them under fake mode as they are)."""
+    media = original.get("media")
+    if media is None or media.image is None or media.image.positions is None:
+        return mb
+    image = dataclasses.replace(mb["media"].image, positions=media.image.positions)
+    return {**mb, "media": dataclasses.replace(mb["media"], image=image)}
+
+
 class _NoHook:
     def remove(self) -> None:
         pass
@@ -424,6 +436,8 @@ def _rehearse_rank(
             # (a ``ContextShard`` is a leaf: its index tensors stay on the host, as training keeps them)
             inputs = [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, mb) for mb, _ in split]
             inputs = [_host_grids(mb, original) for mb, (_, original) in zip(inputs, split)]
+            if traits(ncfg.llm).bidirectional_images:
+                inputs = [_host_image_positions(mb, original) for mb, (_, original) in zip(inputs, split)]
             tensors = [v for v in pytree.tree_leaves(inputs) if isinstance(v, torch.Tensor)]
             root = parallel.parts[0]
             if isinstance(root, tools["FSDPModule"]) and len(parallel.parts) == 1:

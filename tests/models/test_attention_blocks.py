@@ -15,6 +15,7 @@ from tests.models.test_attention import SEGMENTS, S, assert_same_outputs_and_gra
 IMAGES = torch.zeros(2, S, dtype=torch.bool)
 IMAGES[0, 3:7] = IMAGES[0, 20:24] = IMAGES[0, 33:37] = True
 IMAGES[1, 10:19] = True
+POSITIONS = IMAGES.nonzero()  # what the model hands the plan: [M, 2] (row, column)
 
 
 def dense_blocks(q, k, v, segment_ids, images, window=None, offset=0, scale=None):
@@ -38,7 +39,7 @@ def dense_blocks(q, k, v, segment_ids, images, window=None, offset=0, scale=None
 def test_blocks_equal_the_dense_rule(window, segments):
     seg = SEGMENTS if segments else None
     ref_seg = SEGMENTS if segments else torch.ones_like(SEGMENTS)
-    plan = plan_attention(seg, S, 0, torch.device("cpu"), window=window, scale=0.3, bidirectional=IMAGES)
+    plan = plan_attention(seg, S, 0, torch.device("cpu"), window, scale=0.3, bidirectional=POSITIONS, batch=2)
     assert plan.kind == "segments" and not plan.tiled
 
     def ref(q, k, v):
@@ -48,11 +49,12 @@ def test_blocks_equal_the_dense_rule(window, segments):
 
 
 def test_prefill_after_cached_tokens_and_one_decoded_query():
-    """Queries from position 30 on (a block straddles the cache's end: its later half still sees its earlier half),
-    then one decoded text query (blocks change nothing for it)."""
+    """Queries from position 30 on (the plan gets the new tokens' image positions: a cached block changes nothing for
+    later queries, which see it causally), then one decoded text query (blocks change nothing for it)."""
     offset = 30
     for q_len in (S - offset, 1):
-        plan = plan_attention(SEGMENTS, q_len, S - q_len, torch.device("cpu"), window=6, bidirectional=IMAGES)
+        new = IMAGES[:, S - q_len :].nonzero()  # columns among the new tokens
+        plan = plan_attention(SEGMENTS, q_len, S - q_len, torch.device("cpu"), window=6, bidirectional=new)
         q, k, v = (t.detach() for t in qkv(4, 2, q_len, S))
         expected = dense_blocks(q, k, v, SEGMENTS, IMAGES, 6, offset=S - q_len)
         torch.testing.assert_close(plan.attend(q, k, v), expected)
