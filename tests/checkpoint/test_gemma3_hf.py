@@ -238,3 +238,26 @@ def test_final_logit_softcap_equals_gemma3_for_causal_lm():
         expected = hf(input_ids=ids).logits
         got = ours(ours.embed(ids))
     assert expected.abs().max() < 2.0 and rel_err(got, expected) < 1e-5
+
+
+def test_gemma3_4b_presets_are_the_import_of_its_config():
+    """``model=gemma3_4b vision=siglip_so400m_896`` (the preset's model) is what the import reads from
+    google/gemma-3-4b-it's config.json (its fields, transformers' defaults for the rest), 256 tokens per image."""
+    from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+    from neva.checkpoint.hf_gemma3 import neva_config_from_gemma3
+    from neva.models.config import LLMConfig, VisionConfig
+    from neva.models.presets import LLM_PRESETS, VISION_PRESETS
+
+    text = Gemma3TextConfig(
+        hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
+        head_dim=256, vocab_size=262208, sliding_window=1024, rope_scaling={"factor": 8.0, "rope_type": "linear"},
+    )  # fmt: skip
+    vision = SiglipVisionConfig(
+        hidden_size=1152, image_size=896, intermediate_size=4304, num_attention_heads=16, num_hidden_layers=27,
+        patch_size=14, vision_use_head=False, layer_norm_eps=1e-6,
+    )  # fmt: skip
+    cfg = neva_config_from_gemma3(Gemma3Config(text_config=text, vision_config=vision).to_dict())
+    assert cfg.llm == LLMConfig(**LLM_PRESETS["gemma3_4b"])
+    assert cfg.vision == VisionConfig(**VISION_PRESETS["siglip_so400m_896"])
+    assert cfg.num_image_tokens == 256
