@@ -248,8 +248,8 @@ FAMILIES: dict[str, Family] = {
 
 NOT_YET = {
     "qwen2_moe": "Qwen2-MoE's shared experts are not implemented",
-    "gemma": "Gemma's GeGLU MLP, scaled embeddings and (1 + w) RMSNorm are not implemented",
-    "gemma2": "Gemma-2's soft-capping, GeGLU and alternating windows are not implemented",
+    "gemma": "Gemma (1) as a llava-hf decoder is not wired; Gemma 3's VLM imports (neva.checkpoint.hf_gemma3)",
+    "gemma2": "Gemma-2's attention soft-capping is not implemented; Gemma 3's VLM imports (neva.checkpoint.hf_gemma3)",
     "phi3": "Phi-3's fused qkv / gate_up projections are not implemented",
 }
 
