@@ -529,7 +529,10 @@ def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> Neva
         native = {"vision_select_layer": -1}
         if vision.kind == "qwen2_5_vl":
             native["fullatt_block_indexes"] = [1]
-        vision = dataclasses.replace(
-            vision, num_layers=2, **(native if vision.is_native else {"vision_select_layer": -2})
-        )
-    return dataclasses.replace(ncfg, llm=dataclasses.replace(ncfg.llm, num_layers=num_layers), vision=vision)
+        # Gemma 3's features are the last block's, after the post-LayerNorm (``feature_norm``): -1 there too.
+        last = vision.is_native or vision.feature_norm
+        vision = dataclasses.replace(vision, num_layers=2, **(native if last else {"vision_select_layer": -2}))
+    # Gemma 3's layer_types: the first layers' kinds (its first is a sliding one)
+    kinds = {} if ncfg.llm.layer_types is None else {"layer_types": ncfg.llm.layer_types[:num_layers]}
+    llm = dataclasses.replace(ncfg.llm, num_layers=num_layers, **kinds)
+    return dataclasses.replace(ncfg, llm=llm, vision=vision)
