@@ -26,6 +26,7 @@ from neva.checkpoint.step import as_neva_checkpoint
 from neva.constants import IGNORE_INDEX, IMAGE_TOKEN, VIDEO_TOKEN
 from neva.data.conversation import (
     DEFAULT_TEMPLATE,
+    TEMPLATE_CLASSES,
     ChatTemplateRenderer,
     Message,
     end_of_turn_ids,
@@ -84,12 +85,16 @@ class PromptBuilder:
         system: str | None = None,
         use_chat_template: bool = True,
         tokenization: str = "neva",
+        raw_image_block: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.system = system
         self.tokenization = tokenization
         self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
+        # Raw mode: what an <image> tag becomes, its one image token expanded (the family's processor's sequence,
+        # e.g. Gemma 3's ``\n\n<start_of_image>`` … ``<end_of_image>\n\n``); None: the tag, expanded.
+        self.raw_image_block = raw_image_block
 
     def ids(
         self,
@@ -113,7 +118,11 @@ class PromptBuilder:
             # LlavaProcessor: expand the text, then one tokenizer call with special tokens (BOS).
             pieces = re.split(f"({re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)})", prompt)
             text = "".join(
-                IMAGE_TOKEN * next(images) if p == IMAGE_TOKEN else video_tag * next(videos) if p == VIDEO_TOKEN else p
+                self._raw_image(next(images))
+                if p == IMAGE_TOKEN
+                else video_tag * next(videos)
+                if p == VIDEO_TOKEN
+                else p
                 for p in pieces
             )
             return list(self.tokenizer(text).input_ids)
@@ -134,6 +143,12 @@ class PromptBuilder:
         for tok in ids:
             out += [tok] * next(counts) if tok in media else [tok]
         return out
+
+    def _raw_image(self, count: int) -> str:
+        if self.raw_image_block is None:
+            return IMAGE_TOKEN * count
+        token = self.tokenizer.convert_ids_to_tokens(self.cfg.image_token_id)
+        return self.raw_image_block.replace(token, token * count)
 
     def labelled_ids(self, prompt: str, reply: str, num_images: int) -> tuple[list[int], list[int]]:
         """Token ids and labels of the exchange ``prompt`` → ``reply``, rendered and encoded by training's rules (this
@@ -280,7 +295,12 @@ class Answerer:
         system = system if system is not None else meta.get("system_prompt")
         use_chat = bool(meta.get("use_chat_template", True))
         tokenization = meta.get("tokenization", "neva")  # checkpoints before the key: one tokenizer call
-        self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system, use_chat, tokenization)
+        # A raw prompt's images as the checkpoint's family writes them (Gemma 3), whatever template serves it.
+        family = TEMPLATE_CLASSES.get(meta.get("conv_template") or "")
+        raw_block = getattr(family, "image_block", None) if raw else None
+        self.builder = PromptBuilder(
+            self.tokenizer, self.model.cfg, template, system, use_chat, tokenization, raw_image_block=raw_block
+        )
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
         # The model's front end, as training chose it; a model that lays out AnyRes tiles has its images tiled, always.

@@ -62,6 +62,8 @@ def test_matrix_answers_are_the_refusals(matrix):
     assert got["Mistral decoder (sliding window)"]["LLaVA-original import"] == "yes"  # llava_mistral
     assert got["LoRA finetune"]["TP 2"].startswith("no") and got["trained vision tower"]["TP 2"].startswith("no")
     assert got["AnyRes (LLaVA-NeXT)"]["HF export + import"] == "llava_next"
+    gemma3 = got["Gemma 3: sliding / global layers, bidirectional images"]  # its image blocks under a shard split
+    assert gemma3["HF export + import"] == "gemma3" and gemma3["CP 2"].startswith("no")
     assert got["AnyRes anyres_max_N (OneVision)"]["HF export + import"] == "llava_onevision"
     # neva.train's video models share the image token's id, which LlavaNextVideo cannot tell apart
     assert got["video + AnyRes images"]["HF export + import"].startswith("no")

@@ -8,6 +8,7 @@ import os
 from neva.checkpoint import neva_format
 from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
 from neva.config import MMConfig
+from neva.families.gemma3 import gemma3_tokens_per_image
 from neva.hf_local import LocalModelError, model_dir
 from neva.models.anyres import AnyResConfig, anyres_on, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, merger_fields, to_dict
@@ -63,6 +64,8 @@ def neva_config_from_mm(
         )
     projector = dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size)
     projector.update(merger_fields(vision_cfg))
+    if mm.mm_mlp_adapter_type == "gemma3":  # its pooling and norm (neva/models/projector_gemma3.py)
+        projector.update(tokens_per_image=gemma3_tokens_per_image(vision_cfg.grid), norm_eps=vision_cfg.layer_norm_eps)
     projector = build(ProjectorConfig, projector, "model.mm_cfg.mm_mlp_adapter_type.")
     token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
     # Without data settings, pinpoints mean plain anyres (no anyres_max_N pooling).

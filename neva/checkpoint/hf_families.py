@@ -15,8 +15,8 @@ __all__ = ["CONFIG_BOOKKEEPING", "check_fields", "family_fields", "hf_family_fie
 
 NOT_YET = {
     "qwen2_moe": "Qwen2-MoE's shared experts are not implemented",
-    "gemma": "Gemma's GeGLU MLP, scaled embeddings and (1 + w) RMSNorm are not implemented",
-    "gemma2": "Gemma-2's soft-capping, GeGLU and alternating windows are not implemented",
+    "gemma": "Gemma (1) as a llava-hf decoder is not wired; Gemma 3's VLM imports (neva.checkpoint.hf_gemma3)",
+    "gemma2": "Gemma-2's attention soft-capping is not implemented; Gemma 3's VLM imports (neva.checkpoint.hf_gemma3)",
     "phi3": "Phi-3's fused qkv / gate_up projections are not implemented",
 }
 
@@ -29,8 +29,10 @@ def check_fields(hf: dict[str, Any], where: str = "LLM config") -> str:
     family = hf.get("model_type") or "llama"
     if family in NOT_YET:
         raise ConfigError(f"{where}: model_type {family!r} is not supported yet ({NOT_YET[family]})")
-    if family not in DECODERS:
-        raise ConfigError(f"{where}: model_type {family!r} is not a supported decoder family ({sorted(DECODERS)})")
+    readable = sorted(name for name, spec in DECODERS.items() if spec.fields is not None)
+    if family not in readable:
+        why = " (read only inside its multimodal class: convert that directory)" if family in DECODERS else ""
+        raise ConfigError(f"{where}: model_type {family!r} is not a supported decoder family{why} ({readable})")
     table, problems = DECODERS[family].fields, []
     for name, value in hf.items():
         rule = table.get(name)
@@ -54,7 +56,10 @@ def family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
 def hf_family_fields(llm: Any) -> dict[str, Any]:
     """The HF text-config fields that make transformers compute what ``llm`` (an ``LLMConfig``) computes; raises
     ``ConfigError`` for a combination the family's HF class cannot express."""
-    written = DECODERS[llm.family].write(llm)
+    write = DECODERS[llm.family].write
+    if write is None:
+        raise ConfigError(f"an HF {llm.family} decoder is written only inside its family's own class (neva-to-hf)")
+    written = write(llm)
     if written is None:
         raise ConfigError(
             f"HF {llm.family} cannot express qkv_bias={llm.qkv_bias}, o_bias={llm.o_bias}, mlp_bias={llm.mlp_bias}, "

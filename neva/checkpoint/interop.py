@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neva.families import TOWERS, part
+from neva.families import DECODERS, TOWERS, decoder_spec, part
 from neva.models.config import NevaConfig
 
 
@@ -40,14 +40,19 @@ DEFAULT = "neva.checkpoint.llava_hf:LLAVA_HF"
 
 
 def interop_for(cfg: NevaConfig) -> Interop:
-    """The interop of a neva model: its tower family's."""
+    """The interop of a neva model: its decoder family's where that fixes the HF class (Gemma 3's), else its tower
+    family's (a Qwen-VL class, or the llava-hf wrappers around any decoder)."""
+    decoder = decoder_spec(cfg.llm.family).interop
+    if decoder is not None:
+        return part(decoder)
     return part(DEFAULT if cfg.vision is None else cfg.vision.spec.interop)
 
 
 def interop_for_hf(hf: dict[str, Any]) -> Interop:
     """The interop that imports an HF ``config.json`` dict: the first family's that recognises it, else the
     llava-hf path (which refuses a model type it has no wrapper for, naming it)."""
-    for path in dict.fromkeys(spec.interop for spec in TOWERS.values()):
+    paths = [spec.interop for spec in DECODERS.values() if spec.interop] + [spec.interop for spec in TOWERS.values()]
+    for path in dict.fromkeys(paths):
         interop = part(path)
         if interop.recognises(hf):
             return interop

@@ -33,7 +33,6 @@ from neva.checkpoint.safetensors_io import (
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig, from_dict, to_dict
 from neva.models.neva import NevaModel
-from neva.models.rope import rope_inv_freq
 from neva.typed import ConfigError
 
 FORMAT_NAME = "neva"
@@ -271,8 +270,7 @@ def load_weights(model: NevaModel, directory: str | os.PathLike) -> None:
         raise KeyError(f"{len(missing)} model tensor(s) not in {directory}, e.g. {missing[:5]}")
     for key, tensor in iter_tensors(directory):
         targets[key].copy_(tensor)
-    inv_freq = model.llm.inv_freq
-    model.llm.inv_freq = rope_inv_freq(model.cfg.llm, device=inv_freq.device)
+    model.llm.reset_rope()
 
 
 def load_model(

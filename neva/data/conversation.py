@@ -421,6 +421,31 @@ class ChatTemplateRenderer(Template):
         )
 
 
+class Gemma3Template(Template):
+    """Gemma 3's chat template (google/gemma-3-*-it ``tokenizer_config.json``):
+    ``<start_of_turn>user\n{q}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n``, a system prompt leading
+    the first user turn (``{s}\n\n``), BOS from the tokenizer. A turn with ``<image>`` tags is the template's
+    content list (text, image, text, ...): each text part trimmed, each image its ``<start_of_image>``, which
+    ``Gemma3Processor`` expands to ``\n\n<start_of_image>`` + the image's tokens + ``<end_of_image>\n\n`` (one
+    ``<image_soft_token>`` here, expanded to the image's count like any image token, ``neva.data.encoding``)."""
+
+    name = "gemma3"
+    eot = "<end_of_turn>"
+    assistant_cue = "<start_of_turn>model\n"
+    image_block = "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"
+
+    def pieces(self, messages, system):
+        out = []
+        for i, m in enumerate(messages):
+            content = self.image_block.join(part.strip() for part in m.content.split(IMAGE_TOKEN))
+            if m.role == USER:
+                prefix = f"{system}\n\n" if i == 0 and system else ""
+                out.append((f"<start_of_turn>user\n{prefix}{content}<end_of_turn>\n", False))
+            else:
+                out += [("<start_of_turn>model\n", False), (content, True), ("<end_of_turn>", True), ("\n", False)]
+        return out
+
+
 TEMPLATE_CLASSES: dict[str, type[Template]] = {
     t.name: t
     for t in (
@@ -432,6 +457,7 @@ TEMPLATE_CLASSES: dict[str, type[Template]] = {
         ChatMLTemplate,
         QwenVLTemplate,
         Qwen3VLTemplate,
+        Gemma3Template,
     )
 }
 

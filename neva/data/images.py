@@ -5,7 +5,8 @@ Each tower family brings its own fit to the square input (``TowerSpec.fit``, ``n
 * CLIP (``CLIPImageProcessor``): RGB → bicubic resize of the shortest edge to ``image_size`` (PIL, long edge
   ``int(size*long/short)``) → centre crop ``image_size`` × ``image_size`` (top/left = ``(dim - size) // 2``).
 * SigLIP (``SiglipImageProcessor``): RGB → bicubic resize of the whole image to ``image_size`` × ``image_size`` (the
-  aspect ratio is not kept; no crop).
+  aspect ratio is not kept; no crop). Gemma 3's (``Gemma3ImageProcessor``) is the same fit, bilinear
+  (``VisionConfig.image_resample``).
 
 then ``/255`` → ``(x - mean) / std`` with the tower's statistics (CLIP's, SigLIP's 0.5). The geometric part runs
 here, in the loader's workers, and yields uint8 pixels; ``/255`` and the mean/std normalisation run on the device, in
@@ -38,20 +39,23 @@ class ImageError(SampleError):
     """An image that cannot be used."""
 
 
-def resize_shortest_and_crop(image: Image.Image, size: int) -> np.ndarray:
+RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}  # VisionConfig.image_resample
+
+
+def resize_shortest_and_crop(image: Image.Image, size: int, resample: int = Image.BICUBIC) -> np.ndarray:
     """CLIP's fit: bicubic resize of the shortest edge to ``size``, then the centre ``size`` × ``size`` crop."""
     w, h = image.size
     short, long = (w, h) if w <= h else (h, w)
     new_short, new_long = size, int(size * long / short)
     new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
-    arr = np.asarray(image.resize((new_w, new_h), resample=Image.BICUBIC))
+    arr = np.asarray(image.resize((new_w, new_h), resample=resample))
     top, left = (new_h - size) // 2, (new_w - size) // 2
     return arr[top : top + size, left : left + size]
 
 
-def resize_square(image: Image.Image, size: int) -> np.ndarray:
-    """SigLIP's fit: bicubic resize of the whole image to ``size`` × ``size``."""
-    return np.asarray(image.resize((size, size), resample=Image.BICUBIC))
+def resize_square(image: Image.Image, size: int, resample: int = Image.BICUBIC) -> np.ndarray:
+    """SigLIP's fit: bicubic (Gemma 3: bilinear) resize of the whole image to ``size`` × ``size``."""
+    return np.asarray(image.resize((size, size), resample=resample))
 
 
 class ImageProcessor:
@@ -64,6 +68,7 @@ class ImageProcessor:
         self.size = vision.image_size
         self.aspect_ratio = aspect_ratio
         self.fit: Callable[[Image.Image, int], np.ndarray] = part(vision.spec.fit)
+        self.resample = RESAMPLE[vision.image_resample]
         # LLaVA's expand2square fills with tuple(int(x * 255) for x in image_mean): truncation, not rounding.
         self.fill = tuple(int(x * 255) for x in vision.image_mean)
 
@@ -74,7 +79,7 @@ class ImageProcessor:
             image = expand_to_square(image, self.fill)
         elif self.aspect_ratio == "keep":
             return _chw(self._keep(image))
-        return _chw(self.fit(image, self.size))
+        return _chw(self.fit(image, self.size, self.resample))
 
     def _keep(self, image: Image.Image) -> np.ndarray:
         # The whole image stays visible: longer side → size, the rest filled with the mean colour (no crop).
@@ -83,7 +88,7 @@ class ImageProcessor:
         new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
         canvas = Image.new("RGB", (self.size, self.size), self.fill)
         canvas.paste(
-            image.resize((new_w, new_h), resample=Image.BICUBIC), ((self.size - new_w) // 2, (self.size - new_h) // 2)
+            image.resize((new_w, new_h), resample=self.resample), ((self.size - new_w) // 2, (self.size - new_h) // 2)
         )
         return np.asarray(canvas)
 

@@ -16,7 +16,7 @@ QWEN_IMAGE_PAD = "<|image_pad|>"
 # neva.data.conversation.QwenVLTemplate); every other template keeps the tag itself as the token. By template, not
 # by what a tokenizer holds: Qwen2.5's text tokenizers carry <|image_pad|> too, and LLaVA-OneVision trains them with
 # <image>.
-IMAGE_TOKEN_OF_TEMPLATE = {"qwen2_vl": QWEN_IMAGE_PAD, "qwen3_vl": QWEN_IMAGE_PAD}
+IMAGE_TOKEN_OF_TEMPLATE = {"qwen2_vl": QWEN_IMAGE_PAD, "qwen3_vl": QWEN_IMAGE_PAD, "gemma3": "<image_soft_token>"}
 
 
 def image_token_for(template: str | None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from neva.families.clip import CLIP
 from neva.families.decoder_spec import DecoderSpec
+from neva.families.gemma3 import GEMMA3
 from neva.families.llama import LLAMA, MISTRAL
 from neva.families.mixtral import MIXTRAL
 from neva.families.qwen import QWEN2, QWEN3, QWEN3_MOE
@@ -18,7 +19,9 @@ from neva.families.spec import MergerSpec, TowerSpec, VideoRule, part
 TOWERS: dict[str, TowerSpec] = {spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL)}
 """Vision families, by ``VisionConfig.kind``."""
 
-DECODERS: dict[str, DecoderSpec] = {spec.name: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE)}
+DECODERS: dict[str, DecoderSpec] = {
+    spec.name: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, GEMMA3)
+}
 """Decoder families, by ``LLMConfig.family`` (the HF ``model_type`` of their text config)."""
 
 MERGERS: dict[str, TowerSpec] = {spec.merger.projector: spec for spec in TOWERS.values() if spec.merger is not None}

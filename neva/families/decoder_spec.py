@@ -9,23 +9,47 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class DecoderTraits:
+    """What a decoder family implies beyond ``LLMConfig``'s fields (Llama's: the defaults; ``neva.models.decoder_traits``
+    applies them)."""
+
+    norm_offset: float = 0.0  # RMSNorm scales by (offset + w)
+    sandwich_norms: bool = False  # post-attention and post-feed-forward norms before the residual adds
+    scaled_embeddings: bool = False  # token embeddings × √hidden
+    mlp_act: str = "silu"  # the gated feed-forward's activation
+    bidirectional_images: bool = False  # an image's tokens attend to one another both ways
+
+
+@dataclass(frozen=True)
 class DecoderSpec:
     """One decoder family.
 
     Attributes:
         name: ``LLMConfig.family`` and the HF ``model_type`` of its text config.
-        fields: every HF config field's rule (``neva.families.hf_fields``).
+        fields: every HF config field's rule (``neva.families.hf_fields``); None: its HF config is read only by its
+            family's own interop (a decoder that comes only inside its multimodal class).
         read: the ``LLMConfig`` fields of a checked HF config.
         write: the HF fields an export writes for an ``LLMConfig`` (None: the HF class cannot express it).
         moe: its feed-forward is a mixture of experts (``num_moe_experts`` required).
         causal_lm: the transformers class of the bare decoder (a LLaVA-original export's ``--llm`` side).
         llava: LLaVA's own model type and class for it (``llava_llama``, ...), None where LLaVA has none.
+        traits: what the family implies beyond ``LLMConfig``'s fields.
+        interop: the whole-model HF interop of a model with this decoder where the decoder fixes the HF class
+            (``neva.checkpoint``; Gemma 3's), else None: the tower family's decides.
+        check: the family's own rules on an ``LLMConfig`` (raises ``ValueError``).
     """
 
     name: str
-    fields: dict[str, Any]
-    read: Callable[[dict[str, Any]], dict[str, Any]]
-    write: Callable[[Any], dict[str, Any] | None]
+    fields: dict[str, Any] | None
+    read: Callable[[dict[str, Any]], dict[str, Any]] | None
+    write: Callable[[Any], dict[str, Any] | None] | None
     moe: bool = False
     causal_lm: str | None = None
     llava: tuple[str, str] | None = None
+    traits: DecoderTraits = DecoderTraits()
+    interop: str | None = None
+    check: Callable[[Any], None] | None = None
+
+    def parts(self) -> dict[str, str]:
+        """The code parts this spec names, by field (what ``tests/test_family_specs.py`` checks)."""
+        return {"interop": self.interop} if self.interop else {}

@@ -23,6 +23,14 @@ it, load-balanced for causal attention) gathers every layer's keys and values in
 queries attend per segment: each local query chunk against the segment's keys up to the chunk's end, lower-right
 aligned, on the per-segment path (no dense mask; the window, if any, as above).
 
+Bidirectional blocks (Gemma 3: an image's tokens attend to one another both ways, HF's ``token_type_ids`` blocks):
+the ``[M, 2]`` (row, column) positions of those tokens, whose maximal runs are the blocks. A query inside a block sees its
+segment's keys up to the block's end (causal before it, every key of the block); the window, if any, still bounds
+how far back it sees. Per segment (CPU), a segment with blocks is attended in chunks: each text run causally against
+the segment's keys up to the run's end (lower-right aligned), each block against the keys up to its end with no causal
+mask (a band only where the window cuts); on CUDA the BlockMask's ``mask_mod`` adds "same block". One new query
+(decoding) is text: blocks change nothing for it.
+
 Segments are the maximal runs of equal ``segment_ids`` in a row (the collator writes each sample contiguously;
 padding is a run of 0s that attends causally within itself, exactly as the dense mask had it). Every path computes
 the same function as a dense segment-causal mask + SDPA (the reference in tests/models/test_attention.py).
@@ -54,18 +62,26 @@ def _flex_attention():
 
 
 def document_causal_block_mask(
-    segment_ids: torch.Tensor, q_len: int, offset: int = 0, compile_mask: bool = True, window: int | None = None
+    segment_ids: torch.Tensor,
+    q_len: int,
+    offset: int = 0,
+    compile_mask: bool = True,
+    window: int | None = None,
+    blocks: torch.Tensor | None = None,
 ):
-    """FlexAttention ``BlockMask``: query ``offset + q`` sees key ``k`` iff ``k <= offset + q`` and both lie in the
-    same segment (and, with ``window``, ``offset + q - k < window``). Built on ``segment_ids``' device without a host
-    sync."""
+    """FlexAttention ``BlockMask``: query ``offset + q`` sees key ``k`` iff both lie in the same segment and
+    ``k <= offset + q`` or, with ``blocks`` (``[B, K]`` block id per key, -1 none: ``block_ids``), both lie in one
+    block (and, with ``window``, ``offset + q - k < window``). Built on ``segment_ids``' device without a host sync."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, keys = segment_ids.shape
 
     def mask_mod(batch, head, q, kv):
         q_abs = q + offset
-        return (segment_ids[batch, q_abs] == segment_ids[batch, kv]) & (kv <= q_abs)
+        visible = kv <= q_abs
+        if blocks is not None:
+            visible = visible | ((blocks[batch, q_abs] == blocks[batch, kv]) & (blocks[batch, q_abs] >= 0))
+        return (segment_ids[batch, q_abs] == segment_ids[batch, kv]) & visible
 
     if window is not None:
         document_causal = mask_mod
@@ -89,6 +105,32 @@ def segment_runs(segment_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
     return out
 
 
+def block_ids(bidirectional: torch.Tensor) -> torch.Tensor:
+    """``[B, K]`` id of each position's bidirectional block (its maximal run of True, numbered from 0 along the row;
+    -1 outside any): HF Gemma 3's ``get_block_sequence_ids_for_mask``. On the tensor's device, no sync."""
+    previous = F.pad(bidirectional, (1, 0), value=False)[:, :-1]
+    ids = torch.cumsum((bidirectional & ~previous).int(), dim=1) - 1
+    return torch.where(bidirectional, ids, -1)
+
+
+def _chunks(s: int, e: int, offset: int, blocks: list[tuple[int, int]]) -> list[tuple[int, int, int, int, bool]]:
+    """Spans ``(q0, q1, k0, k1, full)`` of segment ``[s, e)``'s queries at or after ``offset``: text runs causal,
+    each block (a run of ``blocks`` inside the segment) ``full`` against the segment's keys up to its end."""
+    inside = [(max(a, s), min(b, e)) for a, b in blocks if a < e and b > s]
+    cuts, spans, at = [], [], s
+    for a, b in inside:
+        if at < a:
+            cuts.append((at, a, False))
+        cuts.append((a, b, True))
+        at = b
+    if at < e:
+        cuts.append((at, e, False))
+    for a, b, full in cuts:
+        if b > offset:
+            spans.append((max(a, offset) - offset, b - offset, s, b, full))
+    return spans
+
+
 @dataclass
 class AttentionPlan:
     """How every layer of one forward attends. Build with ``plan_attention``; call ``attend(q, k, v)``.
@@ -98,9 +140,13 @@ class AttentionPlan:
 
     kind: str  # causal | causal_lower_right | flex | segments | key_padding
     block_mask: object | None = None  # flex
-    spans: list[list[tuple[int, int, int, int]]] | None = None  # segments: per row, (q0, q1, k0, k1)
+    # segments: per row, (q0, q1, k0, k1, full): queries [q0, q1) against keys [k0, k1), causal lower-right aligned
+    # or, ``full``, every key (a bidirectional block)
+    spans: list[list[tuple[int, int, int, int, bool]]] | None = None
     mask: torch.Tensor | None = None  # key_padding: [B, 1, 1, K] bool (the window already applied)
     window: int | None = None  # sliding window in tokens (None: no limit)
+    scale: float | None = None  # softmax scale of the scores (None: head_dim ** -0.5)
+    tiled: bool = True  # segments: each row's spans tile its queries and keys alike (no chunks, no blocks)
     # context parallelism: keys/values ``[B, Hkv, S_local, D]`` → the whole rows' ``[B, Hkv, S, D]`` (a collective)
     gather: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
@@ -109,51 +155,53 @@ class AttentionPlan:
         if self.gather is not None:  # one collective for keys and values
             k, v = self.gather(torch.stack([k, v]), 3).unbind(0)
         if self.kind in ("causal", "causal_lower_right"):
-            return _causal(q, k, v, gqa, self.window)
+            return _causal(q, k, v, gqa, self.window, self.scale)
         if self.kind == "key_padding":
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa, scale=self.scale)
         if self.kind == "flex":
-            return _flex(q, k, v, self.block_mask, gqa)
-        return _per_segment(q, k, v, self.spans, gqa, self.window)
+            return _flex(q, k, v, self.block_mask, gqa, self.scale)
+        return _per_segment(q, k, v, self.spans, gqa, self.window, self.scale, self.tiled)
 
 
-def _causal(q, k, v, gqa: bool, window: int | None) -> torch.Tensor:
+def _causal(q, k, v, gqa: bool, window: int | None, scale: float | None = None, full: bool = False) -> torch.Tensor:
     """Causal attention of the last ``Sq`` of ``Sk`` positions (lower-right aligned; top-left when Sq == Sk), within
-    ``window``."""
+    ``window``; ``full``: every key up to the window (a bidirectional block's queries, the block ending the keys)."""
     q_len, k_len = q.shape[2], k.shape[2]
     if window is None or k_len <= window:  # no query can see more than the window
+        if full or q_len == 1:  # a block's queries, or one query after the cache, see every key
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, scale=scale)
         if q_len == k_len:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        if q_len == 1:  # one query after the cache sees every key
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
     # A [Sq, Sk] mask broadcast over batch and heads (cached chunked prefill, or a window; never [B, H, S, S]).
     ones = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device)
-    mask = ones.tril(diagonal=k_len - q_len)
+    mask = ones if full else ones.tril(diagonal=k_len - q_len)
     if window is not None:
-        mask &= ~ones.tril(diagonal=k_len - q_len - window)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        mask = mask & ~ones.tril(diagonal=k_len - q_len - window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
 
 
-def _flex(q, k, v, block_mask, gqa: bool) -> torch.Tensor:
+def _flex(q, k, v, block_mask, gqa: bool, scale: float | None = None) -> torch.Tensor:
     if torch.is_autocast_enabled(q.device.type):
         # SDPA casts under autocast; FlexAttention does not, and wants one dtype for q, k and v.
         dtype = torch.get_autocast_dtype(q.device.type)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    return _flex_attention()(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    return _flex_attention()(q, k, v, block_mask=block_mask, enable_gqa=gqa, scale=scale)
 
 
 @torch.compiler.disable  # the span list changes every batch: compiling it would recompile per batch
-def _per_segment(q, k, v, spans, gqa: bool, window: int | None = None) -> torch.Tensor:
-    if q.shape[2] == k.shape[2]:
+def _per_segment(
+    q, k, v, spans, gqa: bool, window: int | None = None, scale: float | None = None, tiled: bool = True
+) -> torch.Tensor:
+    if q.shape[2] == k.shape[2] and tiled:
         # No cache: each row's spans tile it, for queries and keys alike. ``split`` (not slicing) keeps backward to
         # one concatenation per row instead of a zero-filled full-size gradient per segment.
         # Outputs are concatenated token-major ([B, S, H, D] memory, returned as its [B, H, S, D] view): the caller's
         # transpose back to tokens and merge of the heads is then a view, not another copy.
         rows = []
         for q_r, k_r, v_r, row_spans in zip(q.unbind(0), k.unbind(0), v.unbind(0), spans):
-            sizes = [qe - qs for qs, qe, _, _ in row_spans]
+            sizes = [span[1] - span[0] for span in row_spans]
             outs = [
-                _causal(qi[None], ki[None], vi[None], gqa, window)
+                _causal(qi[None], ki[None], vi[None], gqa, window, scale)
                 for qi, ki, vi in zip(q_r.split(sizes, 1), k_r.split(sizes, 1), v_r.split(sizes, 1))
             ]
             rows.append(torch.cat([o.transpose(1, 2) for o in outs], dim=1))
@@ -161,10 +209,10 @@ def _per_segment(q, k, v, spans, gqa: bool, window: int | None = None) -> torch.
     rows = []
     for r, row_spans in enumerate(spans):
         outs = []
-        for qs, qe, ks, ke in row_spans:
+        for qs, qe, ks, ke, full in row_spans:
             qi, ki, vi = q[r : r + 1, :, qs:qe], k[r : r + 1, :, ks:ke], v[r : r + 1, :, ks:ke]
-            # Queries after cached keys of their segment align lower-right.
-            outs.append(_causal(qi, ki, vi, gqa, window))
+            # Queries after cached keys of their segment (or after a chunk's earlier keys) align lower-right.
+            outs.append(_causal(qi, ki, vi, gqa, window, scale, full))
         rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
     return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
 
@@ -181,6 +229,9 @@ def plan_attention(
     device: torch.device,
     window: int | None = None,
     shard: ContextShard | None = None,
+    scale: float | None = None,
+    bidirectional: torch.Tensor | None = None,
+    batch: int = 1,
 ) -> AttentionPlan:
     """The attention of one forward over ``q_len`` new tokens after ``offset`` cached ones.
 
@@ -191,26 +242,65 @@ def plan_attention(
         window: sliding window (a query sees itself and ``window - 1`` earlier keys), or None.
         shard: context parallelism: the ``q_len`` queries are this rank's columns of longer rows (``segment_ids`` is
             then ignored: the shard carries the whole rows').
+        scale: the scores' softmax scale (None: SDPA's ``head_dim ** -0.5``).
+        bidirectional: ``[M, 2]`` (row, column among the new tokens) of the positions whose maximal runs attend both
+            ways (Gemma 3's image tokens), or None. Read on the host per segment (the collator's positions are host
+            tensors: no sync, and the fake-tensor rehearsal keeps their values), on the device for FlexAttention.
+        batch: rows (``B``), where ``segment_ids`` is None and blocks need them.
+
+    Raises:
+        ValueError: bidirectional blocks under context parallelism (a shard's chunks do not hold whole blocks).
     """
+    if bidirectional is not None and (q_len == 1 or bidirectional.shape[0] == 0):
+        bidirectional = None  # one new query is text (the blocks before it change nothing), or no image at all
     if shard is not None:
-        return _plan_shard(shard, window, device)
-    if segment_ids is None:
-        return AttentionPlan("causal" if offset == 0 else "causal_lower_right", window=window)
+        if bidirectional is not None:
+            raise ValueError("bidirectional attention blocks (Gemma 3's images) under context parallelism")
+        return _plan_shard(shard, window, device, scale)
+    keys = offset + q_len
+    if segment_ids is None and bidirectional is None:
+        return AttentionPlan("causal" if offset == 0 else "causal_lower_right", window=window, scale=scale)
     if q_len == 1:
         seg = segment_ids
         mask = seg == seg[:, -1:]
         if window is not None and seg.shape[1] > window:
             mask[:, : seg.shape[1] - window] = False
-        return AttentionPlan("key_padding", mask=mask[:, None, None, :], window=window)
+        return AttentionPlan("key_padding", mask=mask[:, None, None, :], window=window, scale=scale)
     if not attends_per_segment(device) and offset == 0:
-        return AttentionPlan(
-            "flex", block_mask=document_causal_block_mask(segment_ids, q_len, window=window), window=window
-        )
+        if segment_ids is None:  # one sequence per row, its blocks still need the mask_mod
+            segment_ids = torch.ones(batch, keys, dtype=torch.long, device=device)
+        blocks = None
+        if bidirectional is not None:
+            pos = bidirectional.to(device)
+            flags = torch.zeros(segment_ids.shape, dtype=torch.bool, device=device)
+            blocks = block_ids(flags.index_put((pos[:, 0], pos[:, 1]), torch.ones((), dtype=torch.bool, device=device)))
+        block_mask = document_causal_block_mask(segment_ids, q_len, window=window, blocks=blocks)
+        return AttentionPlan("flex", block_mask=block_mask, window=window, scale=scale)
+    rows = segment_runs(segment_ids) if segment_ids is not None else [[(0, keys)] for _ in range(batch)]
+    blocks = _host_runs(bidirectional, len(rows), offset)
     spans = []
-    for runs in segment_runs(segment_ids):
+    for runs, row_blocks in zip(rows, blocks):
         # Keys of a run up to the last query in it; queries are the run's positions at or after ``offset``.
-        spans.append([(max(s, offset) - offset, e - offset, s, e) for s, e in runs if e > offset])
-    return AttentionPlan("segments", spans=spans, window=window)
+        spans.append([span for s, e in runs if e > offset for span in _chunks(s, e, offset, row_blocks)])
+    return AttentionPlan("segments", spans=spans, window=window, scale=scale, tiled=not any(blocks))
+
+
+def _host_runs(positions: torch.Tensor | None, rows: int, offset: int) -> list[list[tuple[int, int]]]:
+    """Per row, the ``(start, end)`` key columns of each maximal run of ``positions`` (read as Python integers: see
+    ``segment_runs``), the new tokens' columns shifted by ``offset``."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(rows)]
+    if positions is None:
+        return out
+    columns: list[list[int]] = [[] for _ in range(rows)]
+    for r, c in positions.tolist():
+        columns[r].append(c + offset)
+    for r, cols in enumerate(columns):
+        for c in sorted(cols):
+            if out[r] and out[r][-1][1] == c:
+                out[r][-1] = (out[r][-1][0], c + 1)
+            else:
+                out[r].append((c, c + 1))
+    return out
 
 
 def shard_mask_mod(columns: torch.Tensor, segment_ids: torch.Tensor, window: int | None = None):
@@ -225,7 +315,9 @@ def shard_mask_mod(columns: torch.Tensor, segment_ids: torch.Tensor, window: int
     return mask_mod
 
 
-def _plan_shard(shard: ContextShard, window: int | None, device: torch.device) -> AttentionPlan:
+def _plan_shard(
+    shard: ContextShard, window: int | None, device: torch.device, scale: float | None = None
+) -> AttentionPlan:
     """Local queries against the gathered rows. CUDA: FlexAttention with a query-column map. Otherwise per segment:
     for each local chunk (a run of consecutive global columns) and each segment it meets, the chunk's queries in the
     segment attend the segment's keys up to the chunk's last one (lower-right aligned)."""
@@ -237,7 +329,7 @@ def _plan_shard(shard: ContextShard, window: int | None, device: torch.device) -
         b, keys = seg.shape
         # _compile: as document_causal_block_mask (the eager builder evaluates mask_mod on the whole grid at once)
         block_mask = create_block_mask(mask_mod, b, None, shard.columns.numel(), keys, device=device, _compile=True)
-        return AttentionPlan("flex", block_mask=block_mask, window=window, gather=shard.gather_sequence)
+        return AttentionPlan("flex", block_mask=block_mask, window=window, scale=scale, gather=shard.gather_sequence)
     columns = shard.columns.tolist()
     chunks, start = [], 0  # (local start, global start, global end)
     for i in range(1, len(columns) + 1):
@@ -251,6 +343,6 @@ def _plan_shard(shard: ContextShard, window: int | None, device: torch.device) -
             for s, e in runs:
                 a, b = max(s, g0), min(e, g1)
                 if a < b:
-                    row.append((local + a - g0, local + b - g0, s, b))
+                    row.append((local + a - g0, local + b - g0, s, b, False))
         spans.append(row)
-    return AttentionPlan("segments", spans=spans, window=window, gather=shard.gather_sequence)
+    return AttentionPlan("segments", spans=spans, window=window, scale=scale, tiled=False, gather=shard.gather_sequence)

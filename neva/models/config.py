@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neva.families import MERGERS, decoder_spec, merger_spec, tower_spec
+from neva.families.gemma3 import check_gemma3_projector
 from neva.families.spec import TowerSpec
 from neva.models.anyres import AnyResConfig, image_token_count
+from neva.models.decoder_traits import check_decoder_fields
 from neva.models.video import VideoConfig, video_token_count
 from neva.typed import build
 
@@ -69,6 +71,12 @@ class VisionConfig:
     # "patch": the patch tokens (CLIP drops its CLS: HF "default"; SigLIP has none to drop: HF "full");
     # "cls_patch": CLIP's CLS and patches (HF "full"), not for a tower without a class token.
     vision_select_feature: str = "patch"
+    # The selected hidden state after the tower's post-LayerNorm (Gemma 3 reads SigLIP's ``last_hidden_state``);
+    # False: before it, as LLaVA reads ``hidden_states``. Needs the last layer selected.
+    feature_norm: bool = False
+    # The fit's PIL resampling (the HF image processor's ``resample``): bicubic (CLIP's, SigLIP's) or bilinear
+    # (Gemma 3's).
+    image_resample: str = "bicubic"
     image_mean: tuple[float, float, float] | None = None  # None: the tower kind's (CLIP's, or SigLIP's 0.5)
     image_std: tuple[float, float, float] | None = None
     # Native-resolution towers only (``spec.patch_grid``; HF Qwen vision config names). A patch is ``temporal_patch_size``
@@ -104,6 +112,10 @@ class VisionConfig:
         for layer in self.select_layers:
             if not -(self.num_layers + 1) <= layer <= self.num_layers:
                 raise ValueError(f"vision_select_layer {layer} out of range for {self.num_layers} layers")
+        if self.image_resample not in ("bicubic", "bilinear"):
+            raise ValueError(f"image_resample must be bicubic or bilinear, got {self.image_resample!r}")
+        if self.feature_norm and self.select_indices != [self.num_layers]:
+            raise ValueError("feature_norm reads the post-LayerNorm of the last layer: vision_select_layer must be -1")
         if spec.check is not None:  # the family's own rules (a merger's input, rotary, windows, position grid)
             spec.check(self)
 
@@ -216,9 +228,20 @@ class LLMConfig:
     # (neva/models/rope.py).
     mrope_section: list[int] | None = None
     mrope_interleaved: bool = False
+    # Gemma 3 (neva/families/gemma3.py: the family's traits beyond these fields). ``layer_types``: per layer
+    # ``sliding_attention`` (``sliding_window`` applies, RoPE base ``rope_local_theta``) or ``full_attention``; None:
+    # every layer alike. ``query_pre_attn_scalar``: attention scores scaled by its -1/2 power (None: head_dim's).
+    # ``final_logit_softcapping``: logits → c·tanh(logits / c).
+    layer_types: list[str] | None = None
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         spec = decoder_spec(self.family)
+        check_decoder_fields(self)
+        if spec.check is not None:  # the family's own rules
+            spec.check(self)
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive number of tokens or None, got {self.sliding_window}")
         if spec.moe and not self.is_moe:
@@ -277,7 +300,7 @@ class LLMConfig:
         return self.num_moe_experts is not None
 
 
-_PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$")
+_PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample|gemma3)$")
 
 
 @dataclass
@@ -294,6 +317,10 @@ class ProjectorConfig:
     # Mergers only: patches per side of a merged token, and the DeepStack mergers beside it (qwen3_vl_merger).
     spatial_merge_size: int = 2
     deepstack_mergers: int = 0
+    # gemma3 only (neva/models/projector_gemma3.py): tokens an image is pooled to (HF ``mm_tokens_per_image``) and
+    # the epsilon of its RMSNorm (HF: the vision config's ``layer_norm_eps``).
+    tokens_per_image: int | None = None
+    norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
         merger = merger_spec(self.type)
@@ -315,6 +342,8 @@ class ProjectorConfig:
         match = _PROJECTOR_TYPE.match(self.type)
         if self.type == "mlp_downsample" or self.type in MERGERS:
             return 2
+        if self.type == "gemma3":
+            return 1
         return int(match.group(2)) if match.group(2) else (0 if self.type == "identity" else 1)
 
     def num_tokens(self, vision: VisionConfig) -> int:
@@ -327,6 +356,8 @@ class ProjectorConfig:
             )
         if self.type == "mlp_downsample":
             return (-(-vision.grid // 2)) ** 2
+        if self.type == "gemma3":
+            return self.tokens_per_image
         return vision.num_image_tokens
 
 
@@ -376,6 +407,8 @@ class NevaConfig:
                 )
         if self.vision is not None and self.projector is not None:
             self._check_merger()
+            if self.projector.type == "gemma3":
+                check_gemma3_projector(self.projector.tokens_per_image, self.vision.grid)
             if self.projector.type == "mlp_downsample" and self.vision.vision_select_feature == "cls_patch":
                 raise ValueError(
                     "mlp_downsample merges 2x2 blocks of the patch grid: vision_select_feature=cls_patch adds a "

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from neva.models.config import NevaConfig
+from neva.models.decoder_traits import sliding
 
 Param = tuple[str, tuple[int, ...], bool]  # name, shape, requires_grad
 
@@ -51,7 +52,9 @@ _MERGER_STEPS = {"norm": 0, "fc1": 1, "fc2": 2}  # a native tower's patch merger
 _DECODER_STEPS = {
     "attention_norm": 0, "wq": 1, "wk": 1, "wv": 1, "core": 2, "wo": 3, "ffn_norm": 4, "w1": 5, "w3": 5, "w2": 6,
     "router": 4.5, "q_norm": 1.25, "k_norm": 1.25,  # Qwen3: per-head norms between the projections and the core
+    "post_attention_norm": 3.5, "post_ffn_norm": 6.5,  # Gemma: the outputs' norms before the residual adds
 }  # fmt: skip
+_GEMMA3_PROJECTOR_STEPS = {"norm": 0, "proj": 1}  # after the (parameter-free) pool
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ class FlopTerm:
         name: the weight's parameter name, or ``<block>.core`` for an attention core
             (``llm.layers.3.attention.core``, ``vision.layers.0.attn.core``).
         per: the unit its FLOPs are counted per: ``token`` (LLM position), ``token2`` (square of the sample's
-            length: the decoder's attention core), ``image`` or ``frame`` (a video frame: a tower pass, the
+            length: the decoder's attention core; the band of a sliding window), ``token2_full`` (the whole square:
+            a global layer of a decoder whose other layers slide, Gemma 3's ``layer_types``), ``image`` or ``frame`` (a video frame: a tower pass, the
             projector over its pooled tokens).
         forward: forward FLOPs per unit.
         backward: backward FLOPs per unit (input and weight gradients).
@@ -97,12 +101,14 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
         if pieces[1] == "layers":
             layer = int(pieces[2])
             return None if layer >= cfg.vision.layers_run else (0, 2 + layer, _step(pieces[3:], _VISION_STEPS))
-        if pieces[1] == "post_norm":
-            return None  # LLaVA's features skip it (CLIP and SigLIP alike)
+        if pieces[1] == "post_norm":  # LLaVA's features skip it (CLIP and SigLIP alike); Gemma 3's read it
+            return (0, 2 + cfg.vision.layers_run, 0) if cfg.vision.feature_norm else None
         return (0, 0 if pieces[1] == "patch_embed" else 1, 0)
     if pieces[0] == "projector":
         if pieces[1] in ("merger", "deepstack"):
             return (1, _MERGER_STEPS[pieces[-2]], 0)
+        if pieces[1] in _GEMMA3_PROJECTOR_STEPS:
+            return (1, _GEMMA3_PROJECTOR_STEPS[pieces[1]], 0)
         return (1, int(pieces[1]), 0)
     if pieces[1] == "tok_embeddings":
         return (2, -1, 0)
@@ -190,7 +196,10 @@ def _attention_cores(
     for i in range(cfg.llm.num_layers):
         forward = 4 * width
         backward = 2 * forward if upstream_trains((2, i, _DECODER_STEPS["core"])) else 0
-        terms.append(FlopTerm(f"llm.layers.{i}.attention.core", "token2", forward, backward, i))
+        # A global layer between sliding ones (Gemma 3's layer_types) attends the whole square; a layer within the
+        # window the band (``attended_square``).
+        per = "token2_full" if cfg.llm.layer_types is not None and not sliding(cfg.llm, i) else "token2"
+        terms.append(FlopTerm(f"llm.layers.{i}.attention.core", per, forward, backward, i))
     return terms
 
 
@@ -243,13 +252,14 @@ class SampleFlops:
     per_image: float
     window: int | None = None  # the decoder's sliding window (``attended_square``)
     per_frame: float = 0.0
+    per_token2_full: float = 0.0  # global layers among sliding ones: the whole square, whatever the window
 
     @classmethod
     def from_terms(cls, terms: Iterable[FlopTerm], window: int | None = None) -> SampleFlops:
-        totals = {"token": 0.0, "token2": 0.0, "image": 0.0, "frame": 0.0}
+        totals = {"token": 0.0, "token2": 0.0, "image": 0.0, "frame": 0.0, "token2_full": 0.0}
         for term in terms:
             totals[term.per] += term.total
-        return cls(totals["token"], totals["token2"], totals["image"], window, totals["frame"])
+        return cls(totals["token"], totals["token2"], totals["image"], window, totals["frame"], totals["token2_full"])
 
     @classmethod
     def of(cls, model: nn.Module) -> SampleFlops:
@@ -265,7 +275,8 @@ class SampleFlops:
         lens = list(seq_lens)
         square = sum(attended_square(s, self.window) for s in lens)
         per_media = self.per_image * images + self.per_frame * frames
-        return self.per_token * sum(lens) + self.per_token2 * square + per_media
+        full = self.per_token2_full * sum(s * s for s in lens)
+        return self.per_token * sum(lens) + self.per_token2 * square + full + per_media
 
 
 # Dense bf16 tensor-core peaks (datasheets), TFLOP/s, found by substring in a device name

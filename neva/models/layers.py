@@ -31,11 +31,14 @@ class _RMSNormFP32(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
-    """Llama RMSNorm: normalise in fp32, cast back, then scale (HF ``LlamaRMSNorm`` order, so bf16 results match)."""
+    """Llama RMSNorm: normalise in fp32, cast back, then scale (HF ``LlamaRMSNorm`` order, so bf16 results match).
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    ``offset`` 1 is Gemma's: scale by ``1 + w`` (weights centred on 0) in fp32, then cast (HF ``Gemma3RMSNorm``)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, offset: float = 0.0) -> None:
         super().__init__()
         self.eps = eps
+        self.offset = offset
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -44,12 +47,14 @@ class RMSNorm(nn.Module):
             and type(self.weight.data) is torch.Tensor
             and x.dtype == self.weight.dtype == torch.float32
         ):
-            return _RMSNormFP32.apply(x, self.weight, self.eps)
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return self.weight * normed
+            return _RMSNormFP32.apply(x, self.weight + self.offset if self.offset else self.weight, self.eps)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        if self.offset:  # Gemma: 1 + w and the product in fp32 (bf16 weights would round 1 + w), then the cast
+            return (normed * (self.weight.float() + self.offset)).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
 
     def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        nn.init.constant_(self.weight, 1.0 - self.offset)
 
 
 class _SwiGLUFP32(torch.autograd.Function):
@@ -85,6 +90,11 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     ):
         return _SwiGLUFP32.apply(gate, up)
     return F.silu(gate) * up
+
+
+def gelu_tanh_gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate) * up``: Gemma's gated feed-forward."""
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:

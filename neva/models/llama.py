@@ -7,6 +7,7 @@ computed here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,8 @@ from torch import nn
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.context_shard import ContextShard
-from neva.models.layers import RMSNorm, swiglu
+from neva.models.decoder_traits import embed_scale, sliding, traits
+from neva.models.layers import RMSNorm, gelu_tanh_gated, swiglu
 from neva.models.moe import MoEFeedForward
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from neva.models.token_inputs import TokenInputs, at_rows, token_inputs, token_inputs_at
@@ -45,9 +47,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        # Qwen3: each head's q and k RMS-normalised over head_dim before RoPE (one weight shared by the heads).
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # Qwen3, Gemma 3: each head's q and k RMS-normalised over head_dim before RoPE (one weight shared by the heads).
+        offset = traits(cfg).norm_offset
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset) if cfg.qk_norm else None
 
     def forward(
         self,
@@ -75,26 +78,33 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)`` (HF gate_proj = w1, up_proj = w3, down_proj = w2)."""
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)`` (HF gate_proj = w1, up_proj = w3, down_proj = w2); Gemma's gate is
+    tanh-GELU (the family's ``mlp_act``)."""
 
     def __init__(self, cfg: LLMConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.gated = swiglu if traits(cfg).mlp_act == "silu" else gelu_tanh_gated
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(swiglu(self.w1(x), self.w3(x)))
+        return self.w2(self.gated(self.w1(x), self.w3(x)))
 
 
 class DecoderBlock(nn.Module):
     def __init__(self, cfg: LLMConfig) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        family = traits(cfg)
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, family.norm_offset)
         self.attention = Attention(cfg)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, family.norm_offset)
         # The MLP kind is configuration: dense SwiGLU, or Mixtral's experts (``cfg.num_moe_experts``).
         self.feed_forward = MoEFeedForward(cfg) if cfg.is_moe else FeedForward(cfg)
+        # Gemma: the attention's and the feed-forward's outputs are normalised before their residual adds.
+        sandwich = family.sandwich_norms
+        self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, family.norm_offset) if sandwich else None
+        self.post_ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, family.norm_offset) if sandwich else None
 
     def forward(
         self,
@@ -110,9 +120,15 @@ class DecoderBlock(nn.Module):
         from every position; the output projection, residual and feed-forward run on the N rows only, and the
         layers inside see the forward's per-token inputs at those rows (``neva.models.token_inputs``). ``add``
         ``[B, S, D]``: added to the output (DeepStack, ``neva.models.deepstack``), in the stream's layout."""
-        x = at_rows(x, rows) + self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
+        out = self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
+        if self.post_attention_norm is not None:
+            out = self.post_attention_norm(out)
+        x = at_rows(x, rows) + out
         with token_inputs_at(rows):
-            x = x + self.feed_forward(self.ffn_norm(x))
+            out = self.feed_forward(self.ffn_norm(x))
+            if self.post_ffn_norm is not None:
+                out = self.post_ffn_norm(out)
+            x = x + out
         return x if add is None else x + at_rows(add, rows)
 
 
@@ -124,11 +140,21 @@ class LlamaDecoder(nn.Module):
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleDict({str(i): DecoderBlock(cfg) for i in range(cfg.num_layers)})
-        self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, traits(cfg).norm_offset)
         self.output: nn.Linear | None = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # Gemma 3: the sliding-window layers' own RoPE base (no scaling), beside the global layers' ``inv_freq``.
+        if cfg.rope_local_theta is not None:
+            self.register_buffer("inv_freq_local", rope_inv_freq(_local_rope(cfg)), persistent=False)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``[B, S, D]``, scaled where the family scales them (Gemma: × √hidden, rounded to the
+        embedding's dtype as HF does); image features spliced in after are not."""
+        h = self.tok_embeddings(input_ids)
+        scale = embed_scale(self.cfg)
+        return h if scale is None else h * torch.tensor(scale).to(h.dtype)
 
     def forward(
         self,
@@ -141,6 +167,7 @@ class LlamaDecoder(nn.Module):
         dropout_keys: torch.Tensor | None = None,
         layer_additions: dict[str, torch.Tensor] | None = None,
         context: ContextShard | None = None,
+        bidirectional: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -163,6 +190,8 @@ class LlamaDecoder(nn.Module):
                 DeepStack features, ``neva.models.deepstack``); each layer named must be on this stage.
             context: context parallelism: ``h`` holds this rank's columns of longer rows (``neva.models.context_shard``;
                 attention gathers keys and values); the per-token inputs are this rank's columns too.
+            bidirectional: ``[M, 2]`` (row, column among the ``S`` new tokens) positions whose maximal runs attend
+                both ways (Gemma 3's image tokens; ``neva.models.attention``); None: causal everywhere.
 
         Returns:
             Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
@@ -173,11 +202,17 @@ class LlamaDecoder(nn.Module):
             position_ids = torch.arange(offset, offset + s, device=h.device).expand(1, b, s)
         elif position_ids.dim() == 2:
             position_ids = position_ids[None]
-        cos, sin = rope_cos_sin(
-            self.inv_freq, position_ids, h.dtype, self.cfg.mrope_section, self.cfg.mrope_interleaved
-        )
-        # One plan for every layer: segment boundaries / the BlockMask are found once per forward.
-        attn = plan_attention(segment_ids, s, offset, h.device, window=self.cfg.sliding_window, shard=context)
+        cfg = self.cfg
+        scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar**-0.5
+        # One plan (and one RoPE table) per kind of layer: segment boundaries / the BlockMask are found once per forward.
+        plans, ropes = {}, {}
+        for local in sorted({sliding(cfg, int(name)) for name in self.layers} or {False}):
+            window = cfg.sliding_window if local else None
+            plans[local] = plan_attention(
+                segment_ids, s, offset, h.device, window, context, scale, bidirectional=bidirectional, batch=b
+            )
+            inv_freq = self.inv_freq_local if local and cfg.rope_local_theta is not None else self.inv_freq
+            ropes[local] = rope_cos_sin(inv_freq, position_ids, h.dtype, cfg.mrope_section, cfg.mrope_interleaved)
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
         layers = list(self.layers.values())
@@ -196,17 +231,27 @@ class LlamaDecoder(nn.Module):
                 add = additions.get(names[i])
                 # ``add`` only where there is one: a block's hooks (SP's input plans) see the same call as before.
                 extra = {} if add is None else {"add": add}
-                h = layer(h, cos, sin, attn, kv, rows=rows, **extra)
+                local = sliding(cfg, int(names[i]))
+                h = layer(h, *ropes[local], plans[local], kv, rows=rows, **extra)
         if output_positions is not None and not last_rows:
             h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
             h = self.output(h)
+            if cfg.final_logit_softcapping is not None:
+                cap = cfg.final_logit_softcapping
+                h = torch.tanh(h / cap) * cap
         return h
 
-    def init_weights(self) -> None:
+    def reset_rope(self) -> None:
+        """Recompute the RoPE buffers (non-persistent: ``to_empty`` leaves them uninitialised)."""
         self.inv_freq = rope_inv_freq(self.cfg, device=self.inv_freq.device)
+        if self.cfg.rope_local_theta is not None:
+            self.inv_freq_local = rope_inv_freq(_local_rope(self.cfg), device=self.inv_freq.device)
+
+    def init_weights(self) -> None:
+        self.reset_rope()
         std = 0.02
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight, std=std)
@@ -224,3 +269,8 @@ class LlamaDecoder(nn.Module):
             self.norm.reset_parameters()
         if self.output is not None and not self.cfg.tie_word_embeddings:
             nn.init.normal_(self.output.weight, std=self.cfg.hidden_size**-0.5)
+
+
+def _local_rope(cfg: LLMConfig) -> LLMConfig:
+    """The sliding layers' RoPE: base ``rope_local_theta``, no scaling (HF Gemma 3's ``sliding_attention`` default)."""
+    return dataclasses.replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)

@@ -8,6 +8,7 @@ from torch import nn
 from neva.models.anyres import AnyResMerge
 from neva.models.config import NevaConfig
 from neva.models.context_shard import ContextShard
+from neva.models.decoder_traits import traits
 from neva.models.deepstack import layer_additions
 from neva.models.features import VisualFeatures
 from neva.models.llama import KVCache, LlamaDecoder
@@ -81,7 +82,7 @@ class NevaModel(nn.Module):
         if media is not None and not isinstance(media, Media):
             raise TypeError(f"media must be a neva.models.media.Media, got {type(media).__name__}")
         media = media or Media()
-        h_BSD = self.llm.tok_embeddings(self._embedding_ids(input_ids))
+        h_BSD = self.llm.embed(self._embedding_ids(input_ids))
         placed = []  # (positions, DeepStack features) per modality that has them
         for modality, inputs in media.items():
             if modality not in self.modalities:
@@ -236,8 +237,10 @@ class NevaModel(nn.Module):
         h, additions = input_ids, None  # a stage without tok_embeddings: the previous stage's hidden states
         if self.llm.tok_embeddings is not None:
             h, additions = self.embed_with_additions(input_ids, media, context)
+        bidirectional = self._bidirectional(input_ids, media) if traits(self.cfg.llm).bidirectional_images else None
         return self.llm(
             h,
+            bidirectional=bidirectional,
             layer_additions=additions,
             position_ids=position_ids,
             segment_ids=segment_ids,
@@ -247,6 +250,20 @@ class NevaModel(nn.Module):
             dropout_keys=dropout_keys,
             context=context,
         )
+
+    def _bidirectional(self, input_ids: torch.Tensor, media: Media | None) -> torch.Tensor | None:
+        """``[M, 2]`` (row, column) image positions, whose runs attend both ways (Gemma 3; None: no image here).
+
+        The images' positions where given (training: the collator's host tensors, on every pipeline stage), else found
+        from the ids (serving, on the stage that embeds: ``input_ids`` are ids there)."""
+        image = None if media is None else media.image
+        if image is None:
+            return None
+        if image.positions is not None:
+            return image.positions
+        if input_ids.dim() != 2 or input_ids.is_floating_point():
+            raise ValueError("bidirectional image attention on a stage without ids needs the images' positions")
+        return (input_ids == self.cfg.image_token_id).nonzero()
 
     def tie_weights(self) -> None:
         """Share the LM head with the token embedding when configured (``to_empty`` breaks the sharing)."""

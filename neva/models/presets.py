@@ -23,6 +23,22 @@ VISION_PRESETS: dict[str, dict] = {
         layer_norm_eps=1e-6,
         hidden_act="gelu_pytorch_tanh",
     ),
+    # The tiny tower as Gemma 3's SigLIP: its features after the post-LayerNorm (last_hidden_state), bilinear resize
+    # (Gemma3ImageProcessor); a 4 × 4 patch grid the gemma3 projector pools to 2 × 2 tokens.
+    "tiny_gemma3": dict(
+        kind="siglip",
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        layer_norm_eps=1e-6,
+        hidden_act="gelu_pytorch_tanh",
+        vision_select_layer=-1,
+        feature_norm=True,
+        image_resample="bilinear",
+    ),
     # The tiny tower as Qwen2.5-VL's native-resolution ViT: 8 px patches merged 2 × 2, RMSNorm + SwiGLU blocks, block 0
     # in 32 px windows (2 × 2 merged tokens), block 1 attending the whole image. The synthetic set draws its images at
     # image_size (64 px: 8 × 8 patches, 16 decoder positions, as the tiny CLIP's 16); real images keep their own size.
@@ -79,6 +95,23 @@ VISION_PRESETS: dict[str, dict] = {
         layer_norm_eps=1e-6,
         hidden_act="gelu_pytorch_tanh",
     ),
+    # google/gemma-3-4b-it's tower (config.json vision_config: SigLIP so400m/14 at 896 px, 64 × 64 patches): its
+    # features after the post-LayerNorm, bilinear resize (its preprocessor_config.json resample 2); the gemma3
+    # projector pools them to 16 × 16 = 256 tokens.
+    "siglip_so400m_896": dict(
+        kind="siglip",
+        image_size=896,
+        patch_size=14,
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_layers=27,
+        num_heads=16,
+        layer_norm_eps=1e-6,
+        hidden_act="gelu_pytorch_tanh",
+        vision_select_layer=-1,
+        feature_norm=True,
+        image_resample="bilinear",
+    ),
 }
 
 LLM_PRESETS: dict[str, dict] = {
@@ -120,6 +153,49 @@ LLM_PRESETS: dict[str, dict] = {
         rms_norm_eps=1e-6,
         family="qwen3",
         qk_norm=True,
+    ),
+    # The tiny decoder as Gemma 3's (neva/families/gemma3.py): sliding (window 16, RoPE base 1e4) and global
+    # (base 1e6) layers alternating, q / k norms, an attention scale of its own, untied (a pipeline can split it;
+    # Gemma 3 ties its embeddings, which PP refuses).
+    "tiny_gemma3": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="gemma3",
+        qk_norm=True,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_local_theta=1e4,
+        query_pre_attn_scalar=48,
+    ),
+    # google/gemma-3-4b-it's decoder (config.json text_config and transformers' Gemma3TextConfig defaults): every 6th
+    # of 34 layers global (RoPE 1e6, linear scaling 8), the others sliding over 1024 tokens (RoPE 1e4), tied.
+    "gemma3_4b": dict(
+        vocab_size=262208,
+        hidden_size=2560,
+        intermediate_size=10240,
+        num_layers=34,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=256,
+        max_seq_len=131072,
+        rope_theta=1e6,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        family="gemma3",
+        qk_norm=True,
+        sliding_window=1024,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(34)],
+        rope_local_theta=1e4,
+        query_pre_attn_scalar=256,
     ),
     "qwen2_7b": dict(
         vocab_size=152064,

@@ -11,6 +11,7 @@ from torch import nn
 from neva.families import MERGERS
 from neva.models.config import ProjectorConfig
 from neva.models.layers import RMSNorm
+from neva.models.projector_gemma3 import Gemma3Projector
 from neva.models.projector_merger import NativeMerger
 
 
@@ -45,6 +46,8 @@ def build_projector(cfg: ProjectorConfig) -> nn.Module:
     """
     if cfg.type in MERGERS:
         return NativeMerger(cfg)
+    if cfg.type == "gemma3":
+        return Gemma3Projector(cfg)
     if cfg.type == "identity":
         return nn.Sequential(nn.Identity())
     if cfg.type == "mlp_downsample":

@@ -82,6 +82,8 @@ def select_features(tower: nn.Module, pixel_values: torch.Tensor) -> torch.Tenso
     cfg = tower.cfg
     states = tower.hidden_states(pixel_values, num_layers=cfg.layers_run)
     feats = torch.cat([states[i] for i in cfg.select_indices], dim=-1)
+    if cfg.feature_norm:  # Gemma 3: SigLIP's last_hidden_state
+        feats = tower.post_norm(feats)
     return feats[:, cfg.class_tokens :] if cfg.vision_select_feature == "patch" else feats
 
 
@@ -93,10 +95,11 @@ def no_pixels(cfg: VisionConfig, device: torch.device) -> torch.Tensor:
 
 def reaches_features(cfg: VisionConfig, name: str) -> bool:
     """Whether tower parameter ``name`` (relative to the tower) takes part in ``select_features``: the blocks past the
-    last one run (``layers_run``) and the post-LayerNorm never do; both tower kinds name them alike."""
+    last one run (``layers_run``) and the post-LayerNorm do not (unless ``feature_norm``); both tower kinds name them
+    alike."""
     parts = name.split(".")
     if parts[0] == "post_norm":
-        return False
+        return cfg.feature_norm
     return not (parts[0] == "layers" and int(parts[1]) >= cfg.layers_run)
 
 

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from neva.constants import IGNORE_INDEX
 from neva.models.context_shard import ContextShard
+from neva.models.decoder_traits import traits
 from neva.parallel.layout import Layout
 from neva.parallel.pipeline import PAD_FILL
 from neva.typed import ConfigError
@@ -68,6 +69,21 @@ def check_context_parallel_objective(layout: Layout, loss_normalization: str, he
         raise ConfigError(
             f"model.context_parallel_size={layout.cp} cannot train {head} (its per-sequence terms would need a "
             "reduction over the cp ranks)"
+        )
+
+
+def check_context_parallel_model(layout: Layout, llm: Any) -> None:
+    """Refuse a decoder whose attention a shard of the rows cannot compute yet (training's ``parallelize``, the support
+    matrix and the planner ask).
+
+    Raises:
+        ConfigError: cp > 1 with a decoder whose images attend both ways (Gemma 3): a rank's chunks would hold part of
+            an image's block, whose queries need its later keys too.
+    """
+    if layout.cp > 1 and traits(llm).bidirectional_images:
+        raise ConfigError(
+            f"model.context_parallel_size={layout.cp} with a {llm.family} decoder is not supported yet: its image "
+            "tokens attend to one another both ways, which the causal shard split does not compute"
         )
 
 

@@ -30,6 +30,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from neva.models.config import NevaConfig
+from neva.models.layers import RMSNorm
 from neva.models.lora import LoRALinear
 from neva.models.moe import MoEFeedForward
 from neva.models.neva import NevaModel
@@ -179,9 +180,10 @@ def _projector_plan(projector: nn.Module) -> dict[str, ParallelStyle]:
         styles = {"norm": NoParallel, "fc1": ColwiseParallel, "fc2": RowwiseParallel}
         return {f"{p}.{name}": style() for p in prefixes for name, style in styles.items()}
     linears = [name for name, m in projector.named_children() if isinstance(m, nn.Linear)]
-    # mlp_downsample's LayerNorm runs before the first Linear, on replicated features: replicated DTensor weights.
+    # mlp_downsample's LayerNorm (gemma3's RMSNorm) runs before the first Linear, on replicated features: replicated
+    # DTensor weights.
     plan: dict[str, ParallelStyle] = {
-        name: NoParallel() for name, m in projector.named_children() if isinstance(m, nn.LayerNorm)
+        name: NoParallel() for name, m in projector.named_children() if isinstance(m, (nn.LayerNorm, RMSNorm))
     }
     for i, name in enumerate(linears):
         if i % 2 == 0:
@@ -236,6 +238,10 @@ def tensor_parallel_plan(
         plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel, moe).items()})
         if llm.layers[name].attention.q_norm is not None:
             plan.update({f"llm.layers.{name}.attention.{k}": v for k, v in _qk_norm_plan().items()})
+        if llm.layers[name].post_attention_norm is not None:  # Gemma: on the row-parallel outputs (SP: their shards)
+            for norm in ("post_attention_norm", "post_ffn_norm"):
+                style = SequenceParallel(use_local_output=True) if sequence_parallel else NoParallel()
+                plan[f"llm.layers.{name}.{norm}"] = style
     if sequence_parallel and layer_ids:
         plan.update(_sequence_split_plan(layer_ids, model.cfg.deepstack_layers, last_stage=llm.norm is not None))
     if llm.norm is not None:

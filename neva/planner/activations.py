@@ -11,6 +11,7 @@ sequence parallelism shards them. The vision tower saves nothing when frozen (``
 from __future__ import annotations
 
 from neva.models.config import NevaConfig
+from neva.models.decoder_traits import traits
 from neva.parallel.layout import Layout
 from neva.parallel.pipeline import local_chunks
 from neva.parallel.step_decisions import StepDecisions
@@ -35,7 +36,8 @@ def _layer_bytes(cfg: NevaConfig, dep: Deployment, tokens: float, trains: bool, 
     if mode == "selective":
         # Elementwise ops (norms, SiLU·mul) are recomputed from the kept matmul inputs/outputs and SDPA tensors.
         return e * h / rep + sdpa + linear_inputs + 2 * e * f + 2 * e * dispatched
-    norms = 2 * 4 * h / rep + (2 * e * h / rep if trains else 0.0)
+    # RMSNorms keep their fp32 inputs: two per block, four with Gemma's post-attention / post-feed-forward norms.
+    norms = (4 if traits(llm).sandwich_norms else 2) * 4 * h / rep + (2 * e * h / rep if trains else 0.0)
     return norms + sdpa + 3 * e * f + 2 * e * dispatched + linear_inputs
 
 

@@ -61,7 +61,10 @@ def stage_flops(
     with one video of ``frames`` frames each (``frames`` > 0)."""
     terms = _terms(infos, cfg, grid)
     square = attended_square(seq_len, cfg.llm.sliding_window)
-    units = {"token": seq_len, "token2": square, "image": 0 if frames else tiles, "frame": frames}
+    units = {
+        "token": seq_len, "token2": square, "token2_full": seq_len * seq_len, "image": 0 if frames else tiles,
+        "frame": frames,
+    }  # fmt: skip
     params = {p.name: p for p in infos}
     model = [0.0] * len(layers)
     per_gpu = [0.0] * len(layers)

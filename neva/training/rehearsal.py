@@ -39,6 +39,7 @@ from neva.checkpoint.architecture import neva_config_from_mm
 from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
+from neva.models.decoder_traits import traits
 from neva.parallel.context_parallel import split_batch
 from neva.parallel.expert_parallel import use_uniform_dispatch
 from neva.parallel.layout import Layout
@@ -354,6 +355,17 @@ def _host_grids(mb: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
     return {**mb, "media": dataclasses.replace(cloned, **kept)}
 
 
+def _host_image_positions(mb: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
+    """``mb`` with the loader's image positions back: a decoder whose images attend both ways (Gemma 3) reads them as
+    host integers for its attention plan (``neva.models.attention``), which a fake clone cannot give; they stay on the
+    host in training too (index tensors of a few entries; the splice takes them under fake mode as they are)."""
+    media = original.get("media")
+    if media is None or media.image is None or media.image.positions is None:
+        return mb
+    image = dataclasses.replace(mb["media"].image, positions=media.image.positions)
+    return {**mb, "media": dataclasses.replace(mb["media"], image=image)}
+
+
 class _NoHook:
     def remove(self) -> None:
         pass
@@ -452,6 +464,8 @@ def _rehearse_rank(
             # (a ``ContextShard`` is a leaf: its index tensors stay on the host, as training keeps them)
             inputs = [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, mb) for mb, _ in split]
             inputs = [_host_grids(mb, original) for mb, (_, original) in zip(inputs, split)]
+            if traits(ncfg.llm).bidirectional_images:
+                inputs = [_host_image_positions(mb, original) for mb, (_, original) in zip(inputs, split)]
             tensors = [v for v in pytree.tree_leaves(inputs) if isinstance(v, torch.Tensor)]
             root = parallel.parts[0]
             if isinstance(root, tools["FSDPModule"]) and len(parallel.parts) == 1:
@@ -551,10 +565,13 @@ def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> Neva
         num_layers = first + layers_per_chunk * (layout.num_chunks - 1)
     vision = ncfg.vision
     if vision is not None:
-        # A merger reads its tower's last block (the family's ``select``); window attention keeps one windowed and
-        # one full block.
-        kept = {"vision_select_layer": vision.spec.select}
+        # A merger reads its tower's last block (the family's ``select``), as do features after the post-LayerNorm
+        # (``feature_norm``: Gemma 3's); window attention keeps one windowed and one full block.
+        kept = {"vision_select_layer": -1 if vision.feature_norm else vision.spec.select}
         if vision.spec.window_attention:
             kept["fullatt_block_indexes"] = [1]
         vision = dataclasses.replace(vision, num_layers=2, **kept)
-    return dataclasses.replace(ncfg, llm=dataclasses.replace(ncfg.llm, num_layers=num_layers), vision=vision)
+    # layer_types (Gemma 3's sliding / global layers): the first layers' kinds
+    kinds = {} if ncfg.llm.layer_types is None else {"layer_types": ncfg.llm.layer_types[:num_layers]}
+    llm = dataclasses.replace(ncfg.llm, num_layers=num_layers, **kinds)
+    return dataclasses.replace(ncfg, llm=llm, vision=vision)

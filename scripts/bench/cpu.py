@@ -76,6 +76,8 @@ FAMILIES: dict[str, dict[str, dict]] = {
     # Qwen2.5-VL: the Qwen2 decoder with M-RoPE behind a native-resolution tower and its patch merger, against HF
     # Qwen2_5_VLForConditionalGeneration (``bench.qwen_vl``: its tower shapes, images of random sizes).
     "qwen2_5_vl": {"llm": _QWEN2, "vision": {}},
+    # Gemma 3 against Gemma3ForConditionalGeneration (``bench.gemma3``: its decoder traits, SigLIP tower and projector).
+    "gemma3": {"llm": {}, "vision": {}},
 }
 NATIVE_FAMILIES = ("qwen2_5_vl",)  # families whose images are native-resolution patches (``bench.qwen_vl``)
 
@@ -108,6 +110,12 @@ def cpu_model_config(
         from bench.qwen_vl import model_config
 
         return model_config(shapes["llm"], smoke)
+    if family == "gemma3":
+        if anyres or video:
+            raise SystemExit("--family gemma3: fixed-size images, not --anyres / --video")
+        from bench.gemma3 import model_config as gemma3_config
+
+        return gemma3_config(shapes["llm"], shapes["vision"], smoke)
     cfg = build_config(llm=shapes["llm"], vision=shapes["vision"])
     if not (anyres or video):
         return cfg
@@ -222,6 +230,8 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     train_cfg = train_config(args)
     if cfg.vision.is_native:
         return _hf_native_side(cfg, train_cfg, batches)
+    if cfg.projector.type == "gemma3":
+        return _hf_gemma3_side(cfg, train_cfg, batches)
     wrapper = wrapper_for(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
     hf_cfg = getattr(transformers, wrapper.config_class)(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
@@ -250,6 +260,24 @@ def _hf_native_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[
     for name, p in model.named_parameters():
         p.requires_grad_(getattr(policy, hf_part(name)))
     return _hf_loop(model, train_cfg, [collate_hf_native(cfg, b) for b in batches])
+
+
+def _hf_gemma3_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
+    """HF Gemma3ForConditionalGeneration from neva's initial weights, the stage's policy, the same loop; its batches
+    carry ``token_type_ids`` (1 at image tokens), as Gemma3Processor's do."""
+    from bench.gemma3 import hf_model, hf_part
+
+    neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
+    model = hf_model(cfg, neva.state_dict())
+    del neva
+    gc.collect()
+    policy = train_cfg.model.trainable_policy()
+    for name, p in model.named_parameters():
+        p.requires_grad_(getattr(policy, hf_part(name)))
+    collated = [collate_hf(b) for b in batches]
+    for batch in collated:
+        batch["token_type_ids"] = (batch["input_ids"] == cfg.image_token_id).long()
+    return _hf_loop(model, train_cfg, collated)
 
 
 def _hf_loop(model: torch.nn.Module, train_cfg: TrainConfig, collated: list[dict]):

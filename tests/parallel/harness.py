@@ -81,6 +81,10 @@ FAMILIES: dict[str, list[str]] = {
         "++model.mm_cfg.llm.arch_overrides={family:qwen3_moe,num_moe_experts:4,intermediate_size:64,"
         "mrope_section:[8,4,4],mrope_interleaved:true}",
     ],
+    # Gemma 3: interleaved sliding (window 16) / global layers with their own RoPE bases, q / k norms, four norms per
+    # block, scaled embeddings, bidirectional attention inside each image; the gemma3 projector (pool, RMSNorm, linear)
+    # behind its SigLIP's post-LayerNorm features; untied so that PP2 applies
+    "gemma3": ["model=tiny_gemma3", "vision=tiny_gemma3"],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",
