@@ -20,10 +20,12 @@ NAMES = set(TOWERS) | set(DECODERS) | set(STAGES)
 SUBJECTS = {"kind", "family", "tower", "text_family", "stage"}
 
 
-@pytest.mark.parametrize("spec", [*TOWERS.values()], ids=lambda s: s.kind)
+@pytest.mark.parametrize(
+    "spec", [*TOWERS.values(), *DECODERS.values()], ids=lambda s: getattr(s, "kind", None) or s.name
+)
 def test_each_part_resolves_inside_the_package_that_owns_it(spec):
     for field, path in spec.parts().items():
-        assert path.startswith(PART_OWNERS[field] + "."), f"{spec.kind}.{field} = {path} outside {PART_OWNERS[field]}"
+        assert path.startswith(PART_OWNERS[field] + "."), f"{spec}.{field} = {path} outside {PART_OWNERS[field]}"
         assert part(path) is not None
 
 
@@ -63,7 +65,7 @@ def _branches(tree: ast.AST) -> list[tuple[int, str]]:
 def test_no_branch_on_a_family_or_stage_name_outside_their_own_modules():
     """A family's or stage's own modules (those its spec names as parts, and ``neva/families``, ``neva/stages``) may
     tell their members apart; every other module asks the spec."""
-    specs = [*TOWERS.values(), *STAGES.values()]
+    specs = [*TOWERS.values(), *DECODERS.values(), *STAGES.values()]
     own = {path.partition(":")[0] for spec in specs for path in spec.parts().values()}
     found = []
     for path in ROOT.rglob("*.py"):
