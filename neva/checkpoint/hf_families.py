@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from neva.models.hybrid_config import LinearAttentionConfig
 from neva.typed import ConfigError
 
 
@@ -162,6 +163,85 @@ def _qwen3_moe_write(llm: Any) -> dict[str, Any] | None:
     )
 
 
+_LINEAR_FIELDS = {  # HF Qwen3.5 text field: LinearAttentionConfig field
+    "linear_conv_kernel_dim": "conv_kernel_dim",
+    "linear_key_head_dim": "key_head_dim",
+    "linear_value_head_dim": "value_head_dim",
+    "linear_num_key_heads": "num_key_heads",
+    "linear_num_value_heads": "num_value_heads",
+}
+
+
+def _qwen3_5_read(hf: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's decoder: Qwen3's attention with an output gate and (1 + w) norms, Gated DeltaNet layers where
+    ``layer_types`` says (rotary_percent comes with the rope parameters: ``hf_qwen_vl``)."""
+    layers = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or [
+        "full_attention" if (i + 1) % hf.get("full_attention_interval", 4) == 0 else "linear_attention"
+        for i in range(layers)
+    ]
+    defaults = LinearAttentionConfig()
+    linear = LinearAttentionConfig(
+        layer_types=types, **{ours: hf.get(theirs, getattr(defaults, ours)) for theirs, ours in _LINEAR_FIELDS.items()}
+    )
+    fields = dict(
+        _qwen3_read(hf), linear_attention=linear, attention_output_gate=True, layernorm_zero_centered_gamma=True
+    )
+    if "num_experts" in hf:  # Qwen3.5-MoE: every block sparse, a gated shared expert beside the routed ones
+        fields.update(
+            num_moe_experts=hf["num_experts"],
+            moe_router_topk=hf["num_experts_per_tok"],
+            intermediate_size=hf["moe_intermediate_size"],
+            moe_shared_expert_intermediate_size=hf["shared_expert_intermediate_size"],
+            moe_shared_expert_gate=True,
+        )
+    return fields
+
+
+def _qwen3_5_write(llm: Any) -> dict[str, Any] | None:
+    la = llm.linear_attention
+    hybrid = la is not None and llm.attention_output_gate and llm.layernorm_zero_centered_gamma and llm.qk_norm
+    plain = llm.qkv_bias == llm.o_bias and not llm.mlp_bias and llm.sliding_window is None
+    if not hybrid or not plain or llm.is_moe != (llm.family == "qwen3_5_moe"):
+        return None
+    out = dict(
+        attention_bias=llm.qkv_bias,
+        layer_types=list(la.layer_types),
+        **{theirs: getattr(la, ours) for theirs, ours in _LINEAR_FIELDS.items()},
+    )
+    if llm.is_moe:
+        if not llm.moe_shared_expert_intermediate_size or not llm.moe_shared_expert_gate:
+            return None
+        out.update(
+            num_experts=llm.num_moe_experts,
+            num_experts_per_tok=llm.moe_router_topk,
+            moe_intermediate_size=llm.intermediate_size,
+            shared_expert_intermediate_size=llm.moe_shared_expert_intermediate_size,
+        )
+    return out
+
+
+_QWEN3_5 = {
+    **COMMON,
+    "attention_bias": READ,
+    "layer_types": READ,
+    "full_attention_interval": READ,
+    **{name: READ for name in _LINEAR_FIELDS},
+}
+_QWEN3_5_MOE = {
+    **_QWEN3_5,
+    "intermediate_size": INERT,  # no dense block (every feed-forward is the experts and the shared expert)
+    "moe_intermediate_size": READ,
+    "shared_expert_intermediate_size": READ,
+    "num_experts": READ,
+    "num_experts_per_tok": READ,
+    "router_aux_loss_coef": INERT,  # a neva run's own moe_aux_loss_coeff
+    "output_router_logits": INERT,
+}
+# Decoders whose layer_types may name linear-attention layers.
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+
+
 @dataclass(frozen=True)
 class Family:
     """One HF ``model_type``: its fields' rules, its ``LLMConfig`` family fields from a checked config (``read``), and
@@ -244,6 +324,9 @@ FAMILIES: dict[str, Family] = {
         _mixtral_read,
         _mixtral_write,
     ),
+    # Qwen3.5 / Qwen3.5-MoE's decoders (``qwen3_5_text`` / ``qwen3_5_moe_text``; neva/models/gated_deltanet.py).
+    "qwen3_5": Family(_QWEN3_5, _qwen3_5_read, _qwen3_5_write),
+    "qwen3_5_moe": Family(_QWEN3_5_MOE, _qwen3_5_read, _qwen3_5_write),
 }
 
 NOT_YET = {
@@ -272,7 +355,7 @@ def check_fields(hf: dict[str, Any], where: str = "LLM config") -> str:
         elif isinstance(rule, Needs) and value not in rule.values:
             problems.append(f"{name}={value!r} ({rule.why})")
     layer_types = hf.get("layer_types")
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+    if layer_types is not None and family not in HYBRID_FAMILIES and any(t != "full_attention" for t in layer_types):
         problems.append(f"layer_types={layer_types!r} (only full_attention layers are implemented)")
     if problems:
         raise ConfigError(f"{where} ({family}): refused field(s): " + "; ".join(problems))

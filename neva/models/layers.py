@@ -31,25 +31,26 @@ class _RMSNormFP32(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
-    """Llama RMSNorm: normalise in fp32, cast back, then scale (HF ``LlamaRMSNorm`` order, so bf16 results match)."""
+    """Llama RMSNorm: normalise in fp32, cast back, then scale (HF ``LlamaRMSNorm`` order, so bf16 results match).
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    ``zero_centered``: the scale is ``1 + weight`` and the weight starts at 0 (Qwen3.5's norms; Megatron's
+    ``layernorm_zero_centered_gamma``), so weight decay pulls the scale towards 1, as in the source model."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, zero_centered: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.zero_centered = zero_centered
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            type(x) is torch.Tensor
-            and type(self.weight.data) is torch.Tensor
-            and x.dtype == self.weight.dtype == torch.float32
-        ):
-            return _RMSNormFP32.apply(x, self.weight, self.eps)
+        scale = self.weight + 1.0 if self.zero_centered else self.weight
+        if type(x) is torch.Tensor and type(self.weight.data) is torch.Tensor and x.dtype == scale.dtype == torch.float32:
+            return _RMSNormFP32.apply(x, scale, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return self.weight * normed
+        return scale * normed
 
     def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        (nn.init.zeros_ if self.zero_centered else nn.init.ones_)(self.weight)
 
 
 class _SwiGLUFP32(torch.autograd.Function):
