@@ -44,7 +44,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.weight + 1.0 if self.zero_centered else self.weight
-        if type(x) is torch.Tensor and type(self.weight.data) is torch.Tensor and x.dtype == scale.dtype == torch.float32:
+        if (
+            type(x) is torch.Tensor
+            and type(self.weight.data) is torch.Tensor
+            and x.dtype == scale.dtype == torch.float32
+        ):
             return _RMSNormFP32.apply(x, scale, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         return scale * normed

@@ -15,7 +15,7 @@ from torch import nn
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.context_shard import ContextShard
-from neva.models.gated_deltanet import GatedDeltaNet, RecurrentCache, SegmentBatch
+from neva.models.gated_deltanet import GatedDeltaNet, RecurrentCache, SegmentBatch, new_recurrent_cache
 from neva.models.layers import RMSNorm, swiglu
 from neva.models.moe import MoEFeedForward
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -36,6 +36,20 @@ class KVCache:
         self.v[:, :, self.length : end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+
+def new_layer_caches(
+    cfg: LLMConfig, layers: list[str], batch_size: int, max_len: int, kv_heads: int, device, dtype
+) -> list[KVCache | RecurrentCache]:
+    """Empty decoding caches of the named decoder layers: keys and values (``kv_heads`` of them) for attention,
+    convolution inputs and the recurrent state for linear attention (``neva.models.gated_deltanet``)."""
+    shape = (batch_size, kv_heads, max_len, cfg.head_dim)
+    return [
+        new_recurrent_cache(cfg, batch_size, device, dtype)
+        if cfg.is_linear_layer(int(name))
+        else KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        for name in layers
+    ]
 
 
 class Attention(nn.Module):
@@ -242,9 +256,7 @@ class LlamaDecoder(nn.Module):
                         nn.init.zeros_(module.bias)
                 elif isinstance(module, MoEFeedForward):
                     module.reset_parameters(std)
-                elif isinstance(module, GatedDeltaNet):
-                    module.reset_parameters()
-                elif isinstance(module, RMSNorm):
+                elif isinstance(module, (RMSNorm, GatedDeltaNet)):  # the latter: its conv, decay and gated norm
                     module.reset_parameters()
         if self.norm is not None:
             self.norm.reset_parameters()
