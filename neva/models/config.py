@@ -315,8 +315,9 @@ class LLMConfig:
             raise ValueError(f"mrope_section must be 3 non-negative counts (t, h, w), got {self.mrope_section}")
         if sum(self.mrope_section) != self.rotary_dim // 2:
             raise ValueError(
-                f"mrope_section {self.mrope_section} sums to {sum(self.mrope_section)}, not rotary_dim / 2 = "
-                f"{self.rotary_dim // 2} rotary frequencies"
+                f"mrope_section {self.mrope_section} sums to {sum(self.mrope_section)}, not "
+                f"{'head_dim' if self.rotary_percent == 1 else 'rotary_dim'} / 2 = {self.rotary_dim // 2} rotary "
+                "frequencies"
             )
         h, w = self.mrope_section[1:]
         if self.mrope_interleaved and (3 * h - 1 > self.rotary_dim // 2 or 3 * w > self.rotary_dim // 2):
