@@ -290,6 +290,8 @@ class LLMConfig:
             self.head_dim = self.hidden_size // self.num_heads
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if isinstance(self.linear_attention, dict):  # a preset's or an override's plain form
+            self.linear_attention = LinearAttentionConfig(**self.linear_attention)
         if self.linear_attention is not None and len(self.linear_attention.layer_types) != self.num_layers:
             raise ValueError(
                 f"linear_attention.layer_types names {len(self.linear_attention.layer_types)} layers, the decoder "

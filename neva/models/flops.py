@@ -51,6 +51,10 @@ _MERGER_STEPS = {"norm": 0, "fc1": 1, "fc2": 2}  # a native tower's patch merger
 _DECODER_STEPS = {
     "attention_norm": 0, "wq": 1, "wk": 1, "wv": 1, "core": 2, "wo": 3, "ffn_norm": 4, "w1": 5, "w3": 5, "w2": 6,
     "router": 4.5, "q_norm": 1.25, "k_norm": 1.25,  # Qwen3: per-head norms between the projections and the core
+    # Qwen3.5's linear attention (the projections, the convolution and gates, the core, its gated norm, out_proj) and
+    # the MoE's shared-expert gate (its SwiGLU is w1 / w3 / w2)
+    "in_proj_qkv": 1, "in_proj_z": 1, "in_proj_b": 1, "in_proj_a": 1, "conv_weight": 1.5, "A_log": 1.5,
+    "dt_bias": 1.5, "norm": 2.5, "out_proj": 3, "gate": 4.5,
 }  # fmt: skip
 
 
@@ -188,10 +192,20 @@ def _attention_cores(
             terms.append(FlopTerm(f"vision.layers.{i}.attn.core", "image", forward, backward))
     width = cfg.llm.num_heads * cfg.llm.head_dim
     for i in range(cfg.llm.num_layers):
-        forward = 4 * width
+        linear = cfg.llm.is_linear_layer(i)
+        forward = linear_core_flops(cfg.llm.linear_attention) if linear else 4 * width
         backward = 2 * forward if upstream_trains((2, i, _DECODER_STEPS["core"])) else 0
-        terms.append(FlopTerm(f"llm.layers.{i}.attention.core", "token2", forward, backward, i))
+        terms.append(FlopTerm(f"llm.layers.{i}.attention.core", "token" if linear else "token2", forward, backward, i))
     return terms
+
+
+def linear_core_flops(la, chunk: int = 64) -> float:
+    """Forward FLOPs per token of a Gated DeltaNet core (``neva.models.delta_rule``, chunks of ``chunk``), per value
+    head: the chunk's key-key and query-key products (``2·C·dk`` each), the triangular solve for both right-hand
+    sides (``C·(dk + dv)``), the scores times the corrections (``2·C·dv``) and three state products (``6·dk·dv``:
+    the corrections' and the queries' reads, the update). Linear in the sample's length: no ``S²`` term."""
+    dk, dv = la.key_head_dim, la.value_head_dim
+    return la.num_value_heads * (4 * chunk * dk + chunk * (dk + dv) + 2 * chunk * dv + 6 * dk * dv)
 
 
 def _tower_square(vision, layer: int, grid: tuple[int, int] | None = None) -> float:

@@ -52,6 +52,18 @@ VISION_PRESETS: dict[str, dict] = {
         num_position_embeddings=16,
         deepstack_visual_indexes=[0, 1],
     ),
+    # The tiny Qwen3-VL tower as Qwen3.5's: no DeepStack features.
+    "tiny_qwen3_5": dict(
+        kind="qwen3_vl",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="gelu_pytorch_tanh",
+        num_position_embeddings=16,
+    ),
     # Qwen/Qwen2.5-VL-7B-Instruct's tower (config.json vision_config: depth 32, hidden_size 1280, intermediate_size 3420,
     # num_heads 16, patch_size 14, window_size 112, fullatt_block_indexes [7, 15, 23, 31], silu); image_size is only
     # the nominal image of the FLOP model's per-patch attention estimate (448 px: 32 × 32 patches, 256 positions).
@@ -120,6 +132,33 @@ LLM_PRESETS: dict[str, dict] = {
         rms_norm_eps=1e-6,
         family="qwen3",
         qk_norm=True,
+    ),
+    # The tiny Qwen3 decoder as Qwen3.5's hybrid: Gated DeltaNet in layers 0-2 (2 query / key heads of 32 serving 4
+    # value heads of 32, 4 conv taps), gated attention with RoPE on a quarter of each head in layer 3, (1 + w) norms.
+    "tiny_qwen3_5": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen3_5",
+        qk_norm=True,
+        attention_output_gate=True,
+        rotary_percent=0.25,
+        layernorm_zero_centered_gamma=True,
+        linear_attention=dict(
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            conv_kernel_dim=4,
+            key_head_dim=32,
+            value_head_dim=32,
+            num_key_heads=2,
+            num_value_heads=4,
+        ),
     ),
     "qwen2_7b": dict(
         vocab_size=152064,
