@@ -76,11 +76,16 @@ LLM_TABLE = {  # neva (under "llm.") : HF Llama model (under the LLM prefix)
     **{
         f"layers.{{}}.attention.{name}": f"layers.{{}}.linear_attn.{hf}"
         for name, hf in (
-            ("in_proj_qkv.weight", "in_proj_qkv.weight"),
+            # HF's fused in_proj_qkv and conv1d, split by neva/checkpoint/hf_linear_attention.py
+            ("in_proj_q.weight", "in_proj_q.weight"),
+            ("in_proj_k.weight", "in_proj_k.weight"),
+            ("in_proj_v.weight", "in_proj_v.weight"),
+            ("conv_q", "conv_q.weight"),
+            ("conv_k", "conv_k.weight"),
+            ("conv_v", "conv_v.weight"),
             ("in_proj_z.weight", "in_proj_z.weight"),
             ("in_proj_b.weight", "in_proj_b.weight"),
             ("in_proj_a.weight", "in_proj_a.weight"),
-            ("conv_weight", "conv1d.weight"),
             ("dt_bias", "dt_bias"),
             ("A_log", "A_log"),
             ("norm.weight", "norm.weight"),

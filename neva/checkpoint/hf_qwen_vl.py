@@ -30,6 +30,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
 from neva.checkpoint.hf_files import export_dtype
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
+from neva.checkpoint.hf_linear_attention import fuse_tensors, split_shapes, split_tensors
 from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
@@ -252,7 +253,8 @@ def import_qwen_vl(
     hf = json.loads((hf_dir / "config.json").read_text())
     cfg = neva_config_from_qwen_vl(hf)
     kind = cfg.vision.kind
-    shapes = hf_tensor_shapes(hf_dir)  # MoE experts in hf_moe's canonical form
+    # MoE experts in hf_moe's canonical form, Qwen3.5's fused linear-attention tensors as their q / k / v parts
+    shapes = split_shapes(hf_tensor_shapes(hf_dir), cfg.llm.linear_attention)
     _check_expert_layout(shapes, cfg.llm, hf_dir)
     mapping, unknown = {}, []
     for key in shapes:
@@ -278,7 +280,8 @@ def import_qwen_vl(
         **_pixel_budget(hf_dir),
         **(metadata or {}),
     }
-    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
+    pairs = split_tensors(iter_hf_tensors(hf_dir), cfg.llm.linear_attention)
+    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in pairs if k in mapping)
     return save_checkpoint(
         out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
     )
@@ -379,7 +382,7 @@ def export_qwen_vl(
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
     with atomic_directory(out, overwrite) as tmp:
-        tensors = stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)))
+        tensors = fuse_tensors(stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta))))
         write_safetensors(tmp, tensors, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))

@@ -53,7 +53,8 @@ _DECODER_STEPS = {
     "router": 4.5, "q_norm": 1.25, "k_norm": 1.25,  # Qwen3: per-head norms between the projections and the core
     # Qwen3.5's linear attention (the projections, the convolution and gates, the core, its gated norm, out_proj) and
     # the MoE's shared-expert gate (its SwiGLU is w1 / w3 / w2)
-    "in_proj_qkv": 1, "in_proj_z": 1, "in_proj_b": 1, "in_proj_a": 1, "conv_weight": 1.5, "A_log": 1.5,
+    "in_proj_q": 1, "in_proj_k": 1, "in_proj_v": 1, "in_proj_z": 1, "in_proj_b": 1, "in_proj_a": 1, "conv_q": 1.5,
+    "conv_k": 1.5, "conv_v": 1.5, "A_log": 1.5,
     "dt_bias": 1.5, "norm": 2.5, "out_proj": 3, "gate": 4.5,
 }  # fmt: skip
 

@@ -1,7 +1,8 @@
 """Qwen3.5's linear-attention layer (Gated DeltaNet), its per-layer decoding state, and packed rows as samples.
 
-The layer (transformers' ``Qwen3_5GatedDeltaNet``, its weights under the same names): ``in_proj_qkv`` → a causal
-depthwise convolution of ``conv_kernel_dim`` taps and SiLU over q, k, v together → the gated delta rule
+The layer (transformers' ``Qwen3_5GatedDeltaNet``; its fused ``in_proj_qkv`` and ``conv1d`` held here as q, k and v
+parts, ``neva.checkpoint.hf_linear_attention``, so that tensor parallelism shards each by heads): ``in_proj_q/k/v``
+→ a causal depthwise convolution of ``conv_kernel_dim`` taps and SiLU over each channel → the gated delta rule
 (``neva.models.delta_rule``) with ``beta = sigmoid(in_proj_b x)`` and ``g = -exp(A_log) softplus(in_proj_a x +
 dt_bias)`` → per head RMSNorm gated by ``silu(in_proj_z x)`` → ``out_proj``. It reads no positions: order is the
 recurrence.
@@ -111,12 +112,16 @@ class GatedDeltaNet(nn.Module):
         la = cfg.linear_attention
         self.key_head_dim, self.value_head_dim = la.key_head_dim, la.value_head_dim
         self.kernel = la.conv_kernel_dim
-        self.in_proj_qkv = nn.Linear(cfg.hidden_size, la.conv_dim, bias=False)
+        self.in_proj_q = nn.Linear(cfg.hidden_size, la.key_dim, bias=False)
+        self.in_proj_k = nn.Linear(cfg.hidden_size, la.key_dim, bias=False)
+        self.in_proj_v = nn.Linear(cfg.hidden_size, la.value_dim, bias=False)
         self.in_proj_z = nn.Linear(cfg.hidden_size, la.value_dim, bias=False)
         self.in_proj_b = nn.Linear(cfg.hidden_size, la.num_value_heads, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, la.num_value_heads, bias=False)
-        # HF's nn.Conv1d(groups=channels).weight: [channels, 1, taps]
-        self.conv_weight = nn.Parameter(torch.empty(la.conv_dim, 1, la.conv_kernel_dim))
+        # Depthwise filters as HF's nn.Conv1d(groups=channels).weight, [channels, 1, taps], per q / k / v channel.
+        self.conv_q = nn.Parameter(torch.empty(la.key_dim, 1, la.conv_kernel_dim))
+        self.conv_k = nn.Parameter(torch.empty(la.key_dim, 1, la.conv_kernel_dim))
+        self.conv_v = nn.Parameter(torch.empty(la.value_dim, 1, la.conv_kernel_dim))
         self.dt_bias = nn.Parameter(torch.empty(la.num_value_heads))
         self.A_log = nn.Parameter(torch.empty(la.num_value_heads))
         self.norm = GatedRMSNorm(la.value_head_dim, cfg.rms_norm_eps)
@@ -143,9 +148,15 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
         return g, beta
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The convolution's inputs ``[N, C, L]`` (q, k, v channels; under tensor parallelism this rank's) and its
+        filters ``[C, 1, K]``."""
+        qkv = torch.cat([self.in_proj_q(x), self.in_proj_k(x), self.in_proj_v(x)], dim=-1).transpose(1, 2)
+        return qkv, torch.cat([self.conv_q, self.conv_k, self.conv_v])
+
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, s, _ = mixed.shape
-        key_dim = (mixed.shape[-1] - self.in_proj_z.out_features) // 2
+        key_dim = self.conv_q.shape[0]
         q, k, v = mixed.split([key_dim, key_dim, mixed.shape[-1] - 2 * key_dim], dim=-1)
         return (
             q.reshape(b, s, -1, self.key_head_dim),
@@ -155,9 +166,9 @@ class GatedDeltaNet(nn.Module):
 
     def _mix(self, x: torch.Tensor, segments: SegmentBatch | None, cache: RecurrentCache | None) -> torch.Tensor:
         """Rows from zero state (each run alone): the rule's outputs ``[N, L, Hv, dv]``; fills ``cache``."""
-        qkv = self.in_proj_qkv(x).transpose(1, 2)  # [N, C, L]
+        qkv, filters = self._qkv(x)
         padded = F.pad(qkv, (self.kernel - 1, 0))
-        mixed = F.silu(F.conv1d(padded, self.conv_weight, groups=qkv.shape[1])).transpose(1, 2)
+        mixed = F.silu(F.conv1d(padded, filters, groups=qkv.shape[1])).transpose(1, 2)
         g, beta = self._gates(x)
         if segments is not None:  # the padding after each run leaves its state alone
             g, beta = g * segments.valid[..., None], beta * segments.valid[..., None]
@@ -174,9 +185,9 @@ class GatedDeltaNet(nn.Module):
 
     def _continue(self, x: torch.Tensor, cache: RecurrentCache) -> torch.Tensor:
         """New tokens after the cached ones (decoding)."""
-        qkv = self.in_proj_qkv(x).transpose(1, 2)
+        qkv, filters = self._qkv(x)
         window = torch.cat([cache.conv.to(qkv.dtype), qkv], dim=-1)
-        mixed = F.silu(F.conv1d(window, self.conv_weight, groups=qkv.shape[1])).transpose(1, 2)
+        mixed = F.silu(F.conv1d(window, filters, groups=qkv.shape[1])).transpose(1, 2)
         cache.conv.copy_(window[..., window.shape[-1] - (self.kernel - 1) :])
         g, beta = self._gates(x)
         q, k, v = self._heads(mixed)
@@ -187,7 +198,9 @@ class GatedDeltaNet(nn.Module):
 
     def reset_parameters(self) -> None:
         """The parameters outside its Linears, as transformers initialises them."""
-        nn.init.kaiming_uniform_(self.conv_weight, a=5**0.5)  # nn.Conv1d's default
+        for w in (self.conv_q, self.conv_k, self.conv_v):
+            # nn.Conv1d's default (fan-in: its taps), as HF's fused filter gets it
+            nn.init.uniform_(w, -(w.shape[-1] ** -0.5), w.shape[-1] ** -0.5)
         nn.init.ones_(self.dt_bias)
         with torch.no_grad():
             self.A_log.copy_(torch.empty_like(self.A_log).uniform_(0.01, 16).log_())
