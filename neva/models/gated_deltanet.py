@@ -97,7 +97,9 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        # Elementwise ops and a mean over the head's channels: a head-sharded DTensor (tensor parallelism) takes them.
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
 
     def reset_parameters(self) -> None:
