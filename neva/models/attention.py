@@ -104,7 +104,7 @@ class AttentionPlan:
     # context parallelism: keys/values ``[B, Hkv, S_local, D]`` → the whole rows' ``[B, Hkv, S, D]`` (a collective)
     gather: Callable[[torch.Tensor, int], torch.Tensor] | None = None
     # hybrid decoders: packed rows' samples as rows of their own for the linear-attention layers
-    # (``neva.models.gated_deltanet.SegmentBatch``; None: each row is one sequence)
+    # (``neva.models.gated_deltanet.PackedRows``; None: each row is one sequence)
     recurrent: object | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

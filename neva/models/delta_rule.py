@@ -65,13 +65,16 @@ def gated_delta_rule(
     beta: torch.Tensor,
     initial_state: torch.Tensor | None = None,
     use_kernel: bool = True,
+    resets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs ``[B, S, Hv, dv]`` (q's dtype) and the final state ``[B, Hv, dk, dv]`` (fp32).
 
     ``q``, ``k`` ``[B, S, Hk, dk]`` (not yet normalised), ``v`` ``[B, S, Hv, dv]``, ``g`` (log decay, <= 0) and
-    ``beta`` ``[B, S, Hv]``; ``initial_state`` None = zeros. ``use_kernel``: take fla's kernel on CUDA where installed.
+    ``beta`` ``[B, S, Hv]``; ``initial_state`` None = zeros. ``resets`` ``[B, S / CHUNK]``: chunks that start with a
+    zero state (packed samples, each starting a chunk; ``S`` a multiple of ``CHUNK``). ``use_kernel``: take fla's
+    kernel on CUDA where installed (not with ``resets``: its variable-length form takes ``cu_seqlens`` instead).
     """
-    kernel = fla_kernel() if use_kernel and q.is_cuda else None
+    kernel = fla_kernel() if use_kernel and q.is_cuda and resets is None else None
     if kernel is not None:
         heads = v.shape[2]
         if k.shape[2] != heads:
@@ -82,10 +85,10 @@ def gated_delta_rule(
             output_final_state=True, use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
         return out.to(q.dtype), state.float()
-    return chunked_delta_rule(q, k, v, g, beta, initial_state)
+    return chunked_delta_rule(q, k, v, g, beta, initial_state, resets=resets)
 
 
-def chunked_delta_rule(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK):
+def chunked_delta_rule(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK, resets=None):
     """neva's own chunked computation (module docstring); the arguments of ``gated_delta_rule``."""
     dtype, (b, s, _, _) = q.dtype, q.shape
     q, k, v, g, beta = _prepare(q, k, v, g, beta)
@@ -109,8 +112,11 @@ def chunked_delta_rule(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK)
     k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
     chunk_decay = cum[..., -1].exp()[..., None, None]
     state = q.new_zeros(b, heads, dk, dv) if initial_state is None else initial_state.float()
+    keep = None if resets is None else (~resets).to(state.dtype)[:, :, None, None, None]  # [B, n, 1, 1, 1]
     outs = []
     for i in range(n):
+        if keep is not None:
+            state = state * keep[:, i]
         written = u[:, :, i] - w[:, :, i] @ state
         outs.append(q_decayed[:, :, i] @ state + scores[:, :, i] @ written)
         state = state * chunk_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ written

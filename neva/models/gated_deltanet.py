@@ -7,10 +7,13 @@ parts, ``neva.checkpoint.hf_linear_attention``, so that tensor parallelism shard
 dt_bias)`` → per head RMSNorm gated by ``silu(in_proj_z x)`` → ``out_proj``. It reads no positions: order is the
 recurrence.
 
-Packed rows (``SegmentBatch``): the convolution and the state must restart at every sample. Each run of equal
-segment ids becomes a row of its own, padded at its end (convolution and rule then start from zeros, as for a
-sample alone), with ``beta = g = 0`` on the padding, so that each row's state at its end is its sample's final
-state; the outputs go back to their columns. A row holding one run (unpacked) is used as it is.
+Packed rows (``PackedRows``): the convolution and the state restart at every sample. The convolution runs on the
+packed row, each tap masked where it would reach into the previous sample; the delta rule runs on a copy of the row
+in which every sample starts on a chunk boundary (``neva.models.delta_rule.CHUNK``; the gap after a sample is zeros:
+``beta = g = 0`` leave the state alone) and the state is reset at each sample's first chunk. So no chunk holds two
+samples, each sample is computed as alone, and a row costs its tokens plus under one chunk per sample (where padding
+every sample to the longest would cost the longest times the samples). A row holding one run (unpacked) is used as
+it is.
 
 Decoding (``RecurrentCache``): the last ``conv_kernel_dim - 1`` convolution inputs and the state of each row's last
 run (a left-padded prompt's real tokens) after the prompt; each new token continues them.
@@ -26,7 +29,7 @@ from torch import nn
 
 from neva.models.attention import segment_runs
 from neva.models.config import LLMConfig
-from neva.models.delta_rule import delta_rule_step, gated_delta_rule
+from neva.models.delta_rule import CHUNK, delta_rule_step, gated_delta_rule
 from neva.models.token_inputs import at_rows, token_inputs_at
 
 
@@ -41,51 +44,67 @@ class RecurrentCache:
 
 
 @dataclass
-class SegmentBatch:
-    """The runs of equal segment ids of ``[B, S]`` rows as ``[N, L]`` rows of their own (``L`` the longest run).
+class PackedRows:
+    """Where each token of ``[B, S]`` packed rows sits when every run of equal segment ids starts a chunk.
 
-    ``slots`` ``[B·S]``: where each token (row-major) sits in the flattened ``[N·L]``; ``valid`` ``[N, L]``: real
-    slots; ``ends`` ``[N]``: each run's length; ``last`` ``[B]``: each row's last run."""
+    ``slots`` ``[B·S]``: each token's place (row-major) in the flattened ``[B, W]`` layout (``W`` a multiple of the
+    chunk); ``resets`` ``[B, W / chunk]``: chunks that start a run; ``taps`` ``[K - 1, B, S]``: whether the token ``j
+    + 1`` columns back (tap ``j``) is in the same run; ``last`` ``[B]``: the start column of each row's last run."""
 
     shape: tuple[int, int]
-    runs: int
     width: int
     slots: torch.Tensor
-    valid: torch.Tensor
-    ends: torch.Tensor
+    resets: torch.Tensor
+    taps: torch.Tensor
     last: torch.Tensor
 
     @staticmethod
-    def of(segment_ids: torch.Tensor, device: torch.device) -> SegmentBatch | None:
-        """None where every row is one run (nothing to split)."""
+    def of(segment_ids: torch.Tensor, kernel: int, device: torch.device) -> PackedRows | None:
+        """None where every row is one run (nothing to restart)."""
         rows = segment_runs(segment_ids.cpu())
         if all(len(r) == 1 for r in rows):
             return None
         b, s = segment_ids.shape
-        width = max(e - st for r in rows for st, e in r)
-        slots, ends, last, n = [], [], [], 0
-        for runs in rows:
+        laid = [sum(-(-(e - st) // CHUNK) * CHUNK for st, e in runs) for runs in rows]
+        width = max(laid)
+        slots, resets = [], torch.zeros(b, width // CHUNK, dtype=torch.bool)
+        starts = torch.zeros(b, s, dtype=torch.long)
+        for r, runs in enumerate(rows):
+            at = r * width
             for st, e in runs:
-                slots.extend(range(n * width, n * width + e - st))
-                ends.append(e - st)
-                n += 1
-            last.append(n - 1)
-        ends_t = torch.tensor(ends)
-        valid = torch.arange(width)[None, :] < ends_t[:, None]
-        return SegmentBatch(
-            (b, s), n, width, torch.tensor(slots, device=device), valid.to(device), ends_t.to(device),
-            torch.tensor(last, device=device),
-        )  # fmt: skip
+                slots.extend(range(at, at + e - st))
+                resets[r, (at - r * width) // CHUNK] = True
+                starts[r, st:e] = st
+                at += -(-(e - st) // CHUNK) * CHUNK
+        cols = torch.arange(s)
+        taps = torch.stack([cols - j - 1 >= starts for j in range(kernel - 1)])
+        last = torch.tensor([runs[-1][0] for runs in rows])
+        return PackedRows(
+            (b, s), width, torch.tensor(slots, device=device), resets.to(device), taps.to(device), last.to(device)
+        )
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, S, ...]`` → ``[N, L, ...]`` (zeros on the padding)."""
+        """``[B, S, ...]`` → ``[B, W, ...]`` (zeros in the gaps)."""
         flat = x.reshape(-1, *x.shape[2:])
-        out = flat.new_zeros(self.runs * self.width, *x.shape[2:])
-        return out.index_copy(0, self.slots, flat).view(self.runs, self.width, *x.shape[2:])
+        out = flat.new_zeros(self.shape[0] * self.width, *x.shape[2:])
+        return out.index_copy(0, self.slots, flat).view(self.shape[0], self.width, *x.shape[2:])
 
     def join(self, y: torch.Tensor) -> torch.Tensor:
-        """``[N, L, ...]`` → ``[B, S, ...]``."""
+        """``[B, W, ...]`` → ``[B, S, ...]``."""
         return y.reshape(-1, *y.shape[2:]).index_select(0, self.slots).view(*self.shape, *y.shape[2:])
+
+
+def causal_conv(qkv: torch.Tensor, filters: torch.Tensor, taps: torch.Tensor | None = None) -> torch.Tensor:
+    """Depthwise causal convolution of ``qkv`` ``[N, C, L]`` by ``filters`` ``[C, 1, K]`` (zeros before the row),
+    each tap ``j`` (reaching ``j + 1`` columns back) dropped where ``taps[j]`` ``[N, L]`` is False."""
+    kernel = filters.shape[-1]
+    if taps is None:
+        return F.conv1d(F.pad(qkv, (kernel - 1, 0)), filters, groups=qkv.shape[1])
+    out = qkv * filters[:, :, -1]  # the token itself: the filter's last tap (cross-correlation, as conv1d)
+    for j in range(kernel - 1):
+        back = F.pad(qkv, (j + 1, 0))[..., : qkv.shape[-1]] * taps[j][:, None, :]
+        out = out + back * filters[:, :, kernel - 2 - j]
+    return out
 
 
 class GatedRMSNorm(nn.Module):
@@ -131,13 +150,11 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x, cos=None, sin=None, attn=None, cache: RecurrentCache | None = None, rows=None) -> torch.Tensor:
         b, s, _ = x.shape
-        segments = None if attn is None else attn.recurrent
+        packed = None if attn is None else attn.recurrent
         if cache is not None and cache.length:
             core = self._continue(x, cache)
         else:
-            core = self._mix(x if segments is None else segments.split(x), segments, cache)
-            if segments is not None:
-                core = segments.join(core)
+            core = self._mix(x, packed, cache)
             if cache is not None:
                 cache.length = s
         z = self.in_proj_z(x).view(b, s, -1, self.value_head_dim)
@@ -166,23 +183,27 @@ class GatedDeltaNet(nn.Module):
             v.reshape(b, s, -1, self.value_head_dim),
         )
 
-    def _mix(self, x: torch.Tensor, segments: SegmentBatch | None, cache: RecurrentCache | None) -> torch.Tensor:
-        """Rows from zero state (each run alone): the rule's outputs ``[N, L, Hv, dv]``; fills ``cache``."""
-        qkv, filters = self._qkv(x)
-        padded = F.pad(qkv, (self.kernel - 1, 0))
-        mixed = F.silu(F.conv1d(padded, filters, groups=qkv.shape[1])).transpose(1, 2)
+    def _mix(self, x: torch.Tensor, packed: PackedRows | None, cache: RecurrentCache | None) -> torch.Tensor:
+        """Rows from zero state (each packed sample alone): the rule's outputs ``[B, S, Hv, dv]``; fills ``cache``."""
+        qkv, filters = self._qkv(x)  # [B, C, S]
+        mixed = F.silu(causal_conv(qkv, filters, None if packed is None else packed.taps)).transpose(1, 2)
         g, beta = self._gates(x)
-        if segments is not None:  # the padding after each run leaves its state alone
-            g, beta = g * segments.valid[..., None], beta * segments.valid[..., None]
         q, k, v = self._heads(mixed)
-        out, state = gated_delta_rule(q, k, v, g, beta)
+        if packed is None:
+            out, state = gated_delta_rule(q, k, v, g, beta)
+        else:
+            q, k, v, g, beta = (packed.split(t) for t in (q, k, v, g, beta))
+            out, state = gated_delta_rule(q, k, v, g, beta, resets=packed.resets)
+            out = packed.join(out)
         if cache is not None:
-            ends = torch.full((x.shape[0],), x.shape[1], device=x.device) if segments is None else segments.ends
-            rows = torch.arange(x.shape[0], device=x.device) if segments is None else segments.last
-            # the last K - 1 inputs of each row's last run: padded columns end .. end + K - 2
-            cols = ends[rows, None] + torch.arange(self.kernel - 1, device=x.device)
-            cache.conv.copy_(padded[rows[:, None], :, cols].transpose(1, 2))
-            cache.state.copy_(state[rows])
+            # the last K - 1 inputs of each row's last run (zeros before its start), and its final state (the gap
+            # after it leaves the state alone)
+            back = torch.arange(self.kernel - 1, 0, -1, device=x.device)
+            cols = x.shape[1] - back  # [K - 1]
+            first = torch.zeros(x.shape[0], dtype=torch.long, device=x.device) if packed is None else packed.last
+            inputs = qkv[:, :, cols.clamp(min=0)] * (cols[None, :] >= first[:, None]).to(qkv.dtype)[:, None, :]
+            cache.conv.copy_(inputs)
+            cache.state.copy_(state)
         return out
 
     def _continue(self, x: torch.Tensor, cache: RecurrentCache) -> torch.Tensor:

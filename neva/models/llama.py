@@ -15,7 +15,7 @@ from torch import nn
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.context_shard import ContextShard
-from neva.models.gated_deltanet import GatedDeltaNet, RecurrentCache, SegmentBatch, new_recurrent_cache
+from neva.models.gated_deltanet import GatedDeltaNet, PackedRows, RecurrentCache, new_recurrent_cache
 from neva.models.layers import RMSNorm, swiglu
 from neva.models.moe import MoEFeedForward
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -215,7 +215,8 @@ class LlamaDecoder(nn.Module):
             if context is not None:
                 raise ValueError("context parallelism over linear-attention layers is not implemented")
             if segment_ids is not None and offset == 0:  # each packed sample starts its layers' state afresh
-                attn = replace(attn, recurrent=SegmentBatch.of(segment_ids, h.device))
+                kernel = self.cfg.linear_attention.conv_kernel_dim
+                attn = replace(attn, recurrent=PackedRows.of(segment_ids, kernel, h.device))
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
         layers = list(self.layers.values())
