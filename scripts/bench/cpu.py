@@ -76,8 +76,12 @@ FAMILIES: dict[str, dict[str, dict]] = {
     # Qwen2.5-VL: the Qwen2 decoder with M-RoPE behind a native-resolution tower and its patch merger, against HF
     # Qwen2_5_VLForConditionalGeneration (``bench.qwen_vl``: its tower shapes, images of random sizes).
     "qwen2_5_vl": {"llm": _QWEN2, "vision": {}},
+    # Qwen3.5: the hybrid decoder (Gated DeltaNet in 3 of every 4 layers, gated attention with RoPE on a quarter of
+    # each head) behind Qwen3-VL's tower without DeepStack, against HF Qwen3_5ForConditionalGeneration
+    # (``bench.qwen_vl``: the decoder's and tower's shapes there).
+    "qwen3_5": {"llm": {}, "vision": {}},
 }
-NATIVE_FAMILIES = ("qwen2_5_vl",)  # families whose images are native-resolution patches (``bench.qwen_vl``)
+NATIVE_FAMILIES = ("qwen2_5_vl", "qwen3_5")  # families whose images are native-resolution patches (``bench.qwen_vl``)
 
 
 def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
@@ -107,7 +111,7 @@ def cpu_model_config(
             raise SystemExit(f"--family {family}: native-resolution images, not --anyres / --video")
         from bench.qwen_vl import model_config
 
-        return model_config(shapes["llm"], smoke)
+        return model_config(shapes["llm"], smoke, family)
     cfg = build_config(llm=shapes["llm"], vision=shapes["vision"])
     if not (anyres or video):
         return cfg
