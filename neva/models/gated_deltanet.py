@@ -7,13 +7,9 @@ parts, ``neva.checkpoint.hf_linear_attention``, so that tensor parallelism shard
 dt_bias)`` → per head RMSNorm gated by ``silu(in_proj_z x)`` → ``out_proj``. It reads no positions: order is the
 recurrence.
 
-Packed rows (``PackedRows``): the convolution and the state restart at every sample. The convolution runs on the
-packed row, each tap masked where it would reach into the previous sample; the delta rule runs on a copy of the row
-in which every sample starts on a chunk boundary (``neva.models.delta_rule.CHUNK``; the gap after a sample is zeros:
-``beta = g = 0`` leave the state alone) and the state is reset at each sample's first chunk. So no chunk holds two
-samples, each sample is computed as alone, and a row costs its tokens plus under one chunk per sample (where padding
-every sample to the longest would cost the longest times the samples). A row holding one run (unpacked) is used as
-it is.
+Packed rows restart the convolution and the state at every sample (``neva.models.packed_rows``); a row holding one
+run (unpacked) is used as it is. Under context parallelism the convolution's inputs and the state pass from chunk
+to chunk of a row in order (``neva.models.recurrent_shard``).
 
 Decoding (``RecurrentCache``): the last ``conv_kernel_dim - 1`` convolution inputs and the state of each row's last
 run (a left-padded prompt's real tokens) after the prompt; each new token continues them.
@@ -27,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neva.models.attention import segment_runs
 from neva.models.config import LLMConfig
-from neva.models.delta_rule import CHUNK, delta_rule_step, gated_delta_rule
+from neva.models.delta_rule import delta_rule_step, gated_delta_rule
+from neva.models.packed_rows import PackedRows, causal_conv
+from neva.models.recurrent_shard import RecurrentShard
 from neva.models.token_inputs import at_rows, token_inputs_at
 
 
@@ -41,70 +38,6 @@ class RecurrentCache:
     conv: torch.Tensor
     state: torch.Tensor
     length: int = 0
-
-
-@dataclass
-class PackedRows:
-    """Where each token of ``[B, S]`` packed rows sits when every run of equal segment ids starts a chunk.
-
-    ``slots`` ``[B·S]``: each token's place (row-major) in the flattened ``[B, W]`` layout (``W`` a multiple of the
-    chunk); ``resets`` ``[B, W / chunk]``: chunks that start a run; ``taps`` ``[K - 1, B, S]``: whether the token ``j
-    + 1`` columns back (tap ``j``) is in the same run; ``last`` ``[B]``: the start column of each row's last run."""
-
-    shape: tuple[int, int]
-    width: int
-    slots: torch.Tensor
-    resets: torch.Tensor
-    taps: torch.Tensor
-    last: torch.Tensor
-
-    @staticmethod
-    def of(segment_ids: torch.Tensor, kernel: int, device: torch.device) -> PackedRows | None:
-        """None where every row is one run (nothing to restart)."""
-        rows = segment_runs(segment_ids.cpu())
-        if all(len(r) == 1 for r in rows):
-            return None
-        b, s = segment_ids.shape
-        laid = [sum(-(-(e - st) // CHUNK) * CHUNK for st, e in runs) for runs in rows]
-        width = max(laid)
-        slots, resets = [], torch.zeros(b, width // CHUNK, dtype=torch.bool)
-        starts = torch.zeros(b, s, dtype=torch.long)
-        for r, runs in enumerate(rows):
-            at = r * width
-            for st, e in runs:
-                slots.extend(range(at, at + e - st))
-                resets[r, (at - r * width) // CHUNK] = True
-                starts[r, st:e] = st
-                at += -(-(e - st) // CHUNK) * CHUNK
-        cols = torch.arange(s)
-        taps = torch.stack([cols - j - 1 >= starts for j in range(kernel - 1)])
-        last = torch.tensor([runs[-1][0] for runs in rows])
-        return PackedRows(
-            (b, s), width, torch.tensor(slots, device=device), resets.to(device), taps.to(device), last.to(device)
-        )
-
-    def split(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, S, ...]`` → ``[B, W, ...]`` (zeros in the gaps)."""
-        flat = x.reshape(-1, *x.shape[2:])
-        out = flat.new_zeros(self.shape[0] * self.width, *x.shape[2:])
-        return out.index_copy(0, self.slots, flat).view(self.shape[0], self.width, *x.shape[2:])
-
-    def join(self, y: torch.Tensor) -> torch.Tensor:
-        """``[B, W, ...]`` → ``[B, S, ...]``."""
-        return y.reshape(-1, *y.shape[2:]).index_select(0, self.slots).view(*self.shape, *y.shape[2:])
-
-
-def causal_conv(qkv: torch.Tensor, filters: torch.Tensor, taps: torch.Tensor | None = None) -> torch.Tensor:
-    """Depthwise causal convolution of ``qkv`` ``[N, C, L]`` by ``filters`` ``[C, 1, K]`` (zeros before the row),
-    each tap ``j`` (reaching ``j + 1`` columns back) dropped where ``taps[j]`` ``[N, L]`` is False."""
-    kernel = filters.shape[-1]
-    if taps is None:
-        return F.conv1d(F.pad(qkv, (kernel - 1, 0)), filters, groups=qkv.shape[1])
-    out = qkv * filters[:, :, -1]  # the token itself: the filter's last tap (cross-correlation, as conv1d)
-    for j in range(kernel - 1):
-        back = F.pad(qkv, (j + 1, 0))[..., : qkv.shape[-1]] * taps[j][:, None, :]
-        out = out + back * filters[:, :, kernel - 2 - j]
-    return out
 
 
 class GatedRMSNorm(nn.Module):
@@ -151,7 +84,9 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x, cos=None, sin=None, attn=None, cache: RecurrentCache | None = None, rows=None) -> torch.Tensor:
         b, s, _ = x.shape
         packed = None if attn is None else attn.recurrent
-        if cache is not None and cache.length:
+        if isinstance(packed, RecurrentShard):
+            core = self._mix_sharded(x, packed)
+        elif cache is not None and cache.length:
             core = self._continue(x, cache)
         else:
             core = self._mix(x, packed, cache)
@@ -205,6 +140,31 @@ class GatedDeltaNet(nn.Module):
             cache.conv.copy_(inputs)
             cache.state.copy_(state)
         return out
+
+    def _mix_sharded(self, x: torch.Tensor, shard: RecurrentShard) -> torch.Tensor:
+        """This rank's chunks of every row under context parallelism (``neva.models.recurrent_shard``)."""
+        b, _, _ = x.shape
+        n, length, back = shard.chunks, shard.length, self.kernel - 1
+        qkv, filters = self._qkv(x)  # [B, C, n · L]
+        channels = qkv.shape[1]
+        chunks = qkv.view(b, channels, n, length).transpose(1, 2)  # [B, n, C, L]
+        previous = shard.previous(shard.gather_chunks(chunks[..., length - back :].contiguous()))
+        extended = torch.cat([previous, chunks], dim=-1).reshape(b * n, channels, back + length)
+        mixed = F.silu(causal_conv(extended, filters, shard.taps)[..., back:]).transpose(1, 2)
+        g, beta = (t.reshape(b * n, length, -1) for t in self._gates(x))
+        q, k, v = self._heads(mixed)
+        lay = shard.packed
+        q, k, v, g, beta = (lay.split(t) for t in (q, k, v, g, beta))
+        out, end = gated_delta_rule(q, k, v, g, beta, resets=lay.resets)
+        # the same from the identity with zero values: how the outputs and the end state depend on the start
+        heads, dk = v.shape[2], k.shape[-1]
+        eye = torch.eye(dk, device=x.device).expand(b * n, heads, dk, dk)
+        reads, transition = gated_delta_rule(q, k, v.new_zeros(*v.shape[:3], dk), g, beta, eye, resets=lay.resets)
+        starts = shard.starting_states(
+            end.view(b, n, *end.shape[1:]), transition.view(b, n, *transition.shape[1:])
+        ).flatten(0, 1)
+        out = out + torch.einsum("rwhk,rhkv->rwhv", reads.float(), starts).to(out.dtype)
+        return lay.join(out).reshape(b, n * length, heads, -1)
 
     def _continue(self, x: torch.Tensor, cache: RecurrentCache) -> torch.Tensor:
         """New tokens after the cached ones (decoding)."""

@@ -15,9 +15,11 @@ from torch import nn
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.context_shard import ContextShard
-from neva.models.gated_deltanet import GatedDeltaNet, PackedRows, RecurrentCache, new_recurrent_cache
+from neva.models.gated_deltanet import GatedDeltaNet, RecurrentCache, new_recurrent_cache
 from neva.models.layers import RMSNorm, swiglu
 from neva.models.moe import MoEFeedForward
+from neva.models.packed_rows import PackedRows
+from neva.models.recurrent_shard import RecurrentShard
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from neva.models.token_inputs import TokenInputs, at_rows, token_inputs, token_inputs_at
 
@@ -212,10 +214,10 @@ class LlamaDecoder(nn.Module):
         # One plan for every layer: segment boundaries / the BlockMask are found once per forward.
         attn = plan_attention(segment_ids, s, offset, h.device, window=self.cfg.sliding_window, shard=context)
         if self.cfg.linear_attention is not None:
-            if context is not None:
-                raise ValueError("context parallelism over linear-attention layers is not implemented")
-            if segment_ids is not None and offset == 0:  # each packed sample starts its layers' state afresh
-                kernel = self.cfg.linear_attention.conv_kernel_dim
+            kernel = self.cfg.linear_attention.conv_kernel_dim
+            if context is not None:  # the state passed from chunk to chunk of each row
+                attn = replace(attn, recurrent=RecurrentShard.of(context, kernel, h.device))
+            elif segment_ids is not None and offset == 0:  # each packed sample starts its layers' state afresh
                 attn = replace(attn, recurrent=PackedRows.of(segment_ids, kernel, h.device))
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
