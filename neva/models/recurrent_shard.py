@@ -20,6 +20,7 @@ rank: the rule twice over its ``2 · S / (2·cp)`` columns (the second with ``dk
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,15 +48,13 @@ class RecurrentShard:
 
     @staticmethod
     def of(shard: ContextShard, kernel: int, device: torch.device) -> RecurrentShard:
+        # Chunks: the longest length dividing every rank's runs of consecutive columns (two of a rank's chunks may
+        # be neighbours in the row: cp=2's rank 1 holds chunks 1 and 2).
+        held = torch.empty_like(shard.order)
+        held[shard.order] = torch.arange(shard.order.numel())  # every rank's columns, rank-major
+        length = math.gcd(*(n for cols in held.view(shard.size, -1).tolist() for n in _run_lengths(cols)))
         columns = shard.columns.tolist()
-        chunks, start = [], 0  # (local start, global start, global end)
-        for i in range(1, len(columns) + 1):
-            if i == len(columns) or columns[i] != columns[i - 1] + 1:
-                chunks.append((start, columns[start], columns[i - 1] + 1))
-                start = i
-        length = chunks[0][2] - chunks[0][1]
-        if any(g1 - g0 != length for _, g0, g1 in chunks):
-            raise ValueError(f"context-parallel chunks of unequal lengths: {chunks}")
+        chunks = [(i, columns[i], columns[i] + length) for i in range(0, len(columns), length)]
         seg = shard.segment_ids
         b, total = seg.shape
         rows, taps = [], torch.zeros(kernel - 1, b * len(chunks), kernel - 1 + length, dtype=torch.bool)
@@ -68,10 +67,7 @@ class RecurrentShard:
                 cols = torch.arange(g0, g1)
                 for j in range(kernel - 1):
                     taps[j, r * len(chunks) + i, kernel - 1 :] = cols - j - 1 >= starts[g0:g1]
-        # every rank's chunks in rank-major order, as row-order chunk indices (the inverse of the shard's column order)
-        held = torch.empty_like(shard.order)
-        held[shard.order] = torch.arange(shard.order.numel())
-        every = held[::length] // length
+        every = held[::length] // length  # every rank's chunks, rank-major, as row-order chunk indices
         return RecurrentShard(
             shard,
             length,
@@ -107,3 +103,13 @@ class RecurrentShard:
             starts.append(state)
             state = both[:, c, ..., :dv] + both[:, c, ..., dv:] @ state
         return torch.stack(starts, dim=1).index_select(1, self.index)
+
+
+def _run_lengths(columns: list[int]) -> list[int]:
+    """Lengths of the runs of consecutive values in ``columns``."""
+    out, start = [], 0
+    for i in range(1, len(columns) + 1):
+        if i == len(columns) or columns[i] != columns[i - 1] + 1:
+            out.append(i - start)
+            start = i
+    return out
