@@ -78,6 +78,7 @@ ROWS = (
     row("LoRA finetune", keys={"model.peft.peft_scheme": "lora"}),
     row("trained vision tower", keys={"model.mm_cfg.vision_encoder.freeze": False}),
     row("Qwen2.5-VL: native resolution, M-RoPE", ["model=tiny_qwen2_5_vl", "vision=tiny_qwen2_5_vl"]),
+    row("Qwen3.5: hybrid decoder (Gated DeltaNet + gated attention)", ["model=tiny_qwen3_5", "vision=tiny_qwen3_5"]),
 )
 
 
