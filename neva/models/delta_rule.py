@@ -28,7 +28,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-CHUNK = 64
+CHUNK = 32
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -112,14 +112,17 @@ def chunked_delta_rule(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK,
     k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
     chunk_decay = cum[..., -1].exp()[..., None, None]
     state = q.new_zeros(b, heads, dk, dv) if initial_state is None else initial_state.float()
-    keep = None if resets is None else (~resets).to(state.dtype)[:, :, None, None, None]  # [B, n, 1, 1, 1]
+    keep = None if resets is None else (~resets).to(state.dtype)[:, :, None, None, None].unbind(1)  # [B, 1, 1, 1]
+    # One unbind per tensor, not an index per chunk: the backward of ``t[:, :, i]`` fills a zero tensor of the whole
+    # ``t`` per chunk (n² work), ``unbind``'s stacks the n gradients once.
+    chunks = zip(*(t.unbind(2) for t in (u, w, q_decayed, scores, k_to_end.transpose(-1, -2), chunk_decay)))
     outs = []
-    for i in range(n):
+    for i, (u_i, w_i, q_i, scores_i, k_i, decay_i) in enumerate(chunks):
         if keep is not None:
-            state = state * keep[:, i]
-        written = u[:, :, i] - w[:, :, i] @ state
-        outs.append(q_decayed[:, :, i] @ state + scores[:, :, i] @ written)
-        state = state * chunk_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ written
+            state = state * keep[i]
+        written = u_i - w_i @ state
+        outs.append(q_i @ state + scores_i @ written)
+        state = state * decay_i + k_i @ written
     out = torch.stack(outs, dim=2).reshape(b, heads, n * chunk, dv)[:, :, :s]
     return out.transpose(1, 2).to(dtype), state
 
