@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from neva.models.config import NevaConfig
+from neva.models.delta_rule import CHUNK
 
 Param = tuple[str, tuple[int, ...], bool]  # name, shape, requires_grad
 
@@ -200,7 +201,7 @@ def _attention_cores(
     return terms
 
 
-def linear_core_flops(la, chunk: int = 64) -> float:
+def linear_core_flops(la, chunk: int = CHUNK) -> float:
     """Forward FLOPs per token of a Gated DeltaNet core (``neva.models.delta_rule``, chunks of ``chunk``), per value
     head: the chunk's key-key and query-key products (``2·C·dk`` each), the triangular solve for both right-hand
     sides (``C·(dk + dv)``), the scores times the corrections (``2·C·dv``) and three state products (``6·dk·dv``:

@@ -30,7 +30,7 @@ def _rule_inputs(seed: int, length: int):
 
 
 def test_chunked_rule_and_decoding_step_equal_the_token_recurrence():
-    """150 tokens (two whole chunks of 64 and a part), two value heads per key head, a starting state: outputs, final
+    """150 tokens (four whole chunks of 32 and a part), two value heads per key head, a starting state: outputs, final
     state and gradients = transformers' ``torch_recurrent_gated_delta_rule``; one decoding step continues it."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule as reference
 
