@@ -72,20 +72,31 @@ def gated_delta_rule(
     ``q``, ``k`` ``[B, S, Hk, dk]`` (not yet normalised), ``v`` ``[B, S, Hv, dv]``, ``g`` (log decay, <= 0) and
     ``beta`` ``[B, S, Hv]``; ``initial_state`` None = zeros. ``resets`` ``[B, S / CHUNK]``: chunks that start with a
     zero state (packed samples, each starting a chunk; ``S`` a multiple of ``CHUNK``). ``use_kernel``: take fla's
-    kernel on CUDA where installed (not with ``resets``: its variable-length form takes ``cu_seqlens`` instead).
+    kernel on CUDA where installed, from a zero state (packed rows as its variable-length sequences).
     """
-    kernel = fla_kernel() if use_kernel and q.is_cuda and resets is None else None
-    if kernel is not None:
-        heads = v.shape[2]
-        if k.shape[2] != heads:
-            q = q.repeat_interleave(heads // k.shape[2], dim=2)
-            k = k.repeat_interleave(heads // k.shape[2], dim=2)
+    fresh = initial_state is None and (resets is None or bool(resets[:, 0].all()))
+    kernel = fla_kernel() if use_kernel and q.is_cuda and fresh else None
+    if kernel is None:
+        return chunked_delta_rule(q, k, v, g, beta, initial_state, resets=resets)
+    b, s, heads = v.shape[:3]
+    if k.shape[2] != heads:
+        q = q.repeat_interleave(heads // k.shape[2], dim=2)
+        k = k.repeat_interleave(heads // k.shape[2], dim=2)
+    if resets is None:
         out, state = kernel(
-            q, k, v, g=g.float(), beta=beta, initial_state=initial_state,
-            output_final_state=True, use_qk_l2norm_in_kernel=True,
+            q, k, v, g=g.float(), beta=beta, output_final_state=True, use_qk_l2norm_in_kernel=True
         )  # fmt: skip
         return out.to(q.dtype), state.float()
-    return chunked_delta_rule(q, k, v, g, beta, initial_state, resets=resets)
+    # Every reset chunk starts a sequence of the flattened rows (each row's first chunk is one); a row's final state
+    # is its last sequence's (the gap after it leaves the state alone).
+    starts = resets.reshape(-1).nonzero().squeeze(1) * CHUNK
+    bounds = torch.cat([starts, starts.new_tensor([b * s])])
+    flat = [t.reshape(1, b * s, *t.shape[2:]) for t in (q, k, v, g.float(), beta)]
+    out, states = kernel(
+        *flat[:3], g=flat[3], beta=flat[4], output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=bounds
+    )  # fmt: skip
+    last = resets.sum(dim=1).cumsum(0) - 1
+    return out.view(b, s, heads, -1).to(q.dtype), states[last].float()
 
 
 def chunked_delta_rule(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK, resets=None):
