@@ -10,6 +10,7 @@ delta rule against ``flash-linear-attention``'s kernel on the same inputs — ou
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -20,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from neva.models.delta_rule import CHUNK, fla_kernel, gated_delta_rule  # noqa: E402
-from neva.models.packed_rows import PackedRows  # noqa: E402
+from neva.models.delta_rule import CHUNK, fla_kernel, gated_delta_rule
+from neva.models.packed_rows import PackedRows
 
 
 def inputs(tiny: bool, device: torch.device, seed: int = 0):
@@ -33,7 +34,7 @@ def inputs(tiny: bool, device: torch.device, seed: int = 0):
     for _ in range(rows):
         cuts = sorted(torch.randperm(length - 1, generator=gen)[: samples - 1].add(1).tolist())
         bounds = [0, *cuts, length]
-        segments.append(torch.cat([torch.full((e - s,), i + 1) for i, (s, e) in enumerate(zip(bounds, bounds[1:]))]))
+        segments.append(torch.cat([torch.full((e - s,), i + 1) for i, (s, e) in enumerate(itertools.pairwise(bounds))]))
     packed = PackedRows.of(torch.stack(segments), 4, device)
     dtype = torch.float32 if tiny else torch.bfloat16
     q, k = (torch.randn(rows, length, hk, dk, generator=gen) for _ in range(2))
