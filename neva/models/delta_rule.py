@@ -66,15 +66,17 @@ def gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     use_kernel: bool = True,
     resets: torch.Tensor | None = None,
+    fresh: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs ``[B, S, Hv, dv]`` (q's dtype) and the final state ``[B, Hv, dk, dv]`` (fp32).
 
     ``q``, ``k`` ``[B, S, Hk, dk]`` (not yet normalised), ``v`` ``[B, S, Hv, dv]``, ``g`` (log decay, <= 0) and
     ``beta`` ``[B, S, Hv]``; ``initial_state`` None = zeros. ``resets`` ``[B, S / CHUNK]``: chunks that start with a
-    zero state (packed samples, each starting a chunk; ``S`` a multiple of ``CHUNK``). ``use_kernel``: take fla's
-    kernel on CUDA where installed, from a zero state (packed rows as its variable-length sequences).
+    zero state (packed samples, each starting a chunk; ``S`` a multiple of ``CHUNK``); ``fresh``: every row's first
+    chunk is one (known on the host: reading ``resets`` would sync). ``use_kernel``: take fla's kernel on CUDA where
+    installed, from a zero state (packed rows as its variable-length sequences).
     """
-    fresh = initial_state is None and (resets is None or bool(resets[:, 0].all()))
+    fresh = initial_state is None and (resets is None or fresh)
     kernel = fla_kernel() if use_kernel and q.is_cuda and fresh else None
     if kernel is None:
         return chunked_delta_rule(q, k, v, g, beta, initial_state, resets=resets)

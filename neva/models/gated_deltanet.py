@@ -155,7 +155,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self._heads(mixed)
         lay = shard.packed
         q, k, v, g, beta = (lay.split(t) for t in (q, k, v, g, beta))
-        out, end = gated_delta_rule(q, k, v, g, beta, resets=lay.resets)
+        out, end = gated_delta_rule(q, k, v, g, beta, resets=lay.resets, fresh=False)
         # the same from the identity with zero values: how the outputs and the end state depend on the start
         heads, dk = v.shape[2], k.shape[-1]
         eye = torch.eye(dk, device=x.device).expand(b * n, heads, dk, dk)

@@ -16,12 +16,16 @@ from neva.parallel.pipeline import local_chunks
 from neva.parallel.tensor_parallel import vocab_parallel_logits
 from neva.planner.deployment import Deployment
 from neva.planner.flops import checkpointed_layers
+from neva.planner.linear_attention import linear_layer_bytes
 from neva.planner.params import ParamInfo
 
 
-def _layer_bytes(cfg: NevaConfig, dep: Deployment, tokens: float, trains: bool, mode: str | None) -> float:
-    """Bytes one decoder layer keeps for ``tokens`` tokens of a micro-batch on this rank (``1/cp`` of each row under
-    context parallelism, whose attention keeps the whole rows' gathered keys and values: ``cp`` times its own)."""
+def _layer_bytes(
+    cfg: NevaConfig, dep: Deployment, tokens: float, trains: bool, mode: str | None, layer: int = 0
+) -> float:
+    """Bytes decoder layer ``layer`` keeps for ``tokens`` tokens of a micro-batch on this rank (``1/cp`` of each row
+    under context parallelism, whose attention keeps the whole rows' gathered keys and values: ``cp`` times its own;
+    a linear-attention layer its own terms, ``neva.planner.linear_attention``)."""
     llm, e, t, cp = cfg.llm, dep.compute_bytes, dep.layout.tp, dep.layout.cp
     rep = t if dep.layout.sp else 1
     h = tokens * llm.hidden_size
@@ -29,6 +33,8 @@ def _layer_bytes(cfg: NevaConfig, dep: Deployment, tokens: float, trains: bool, 
     kv = tokens * llm.num_kv_heads * llm.head_dim / t
     f, dispatched = _ffn_elements(cfg, tokens, t)
     sdpa = e * (2 * q + 2 * kv * cp) + 4 * tokens * llm.num_heads / t
+    if llm.is_linear_layer(layer):
+        sdpa, q = linear_layer_bytes(llm, tokens, e, t, cp), tokens * llm.linear_attention.value_dim / t
     if mode == "full":
         return e * h / rep  # only the layer input survives; the recomputed layer is counted once per stage
     linear_inputs = (2 * e * h + e * q + e * f + e * dispatched) if trains else 0.0
@@ -88,7 +94,7 @@ def stage_activation_bytes(
     recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
     for i in layers:
         mode = layout.ac if i in recomputed else None
-        per_mb += _layer_bytes(cfg, dep, tokens, trains[i], mode)
+        per_mb += _layer_bytes(cfg, dep, tokens, trains[i], mode, i)
     last = stage == layout.pp - 1
     if last:
         # Logits (vocab-sharded under TP without PP): bf16 output plus the fp32 copy the cross-entropy keeps for its
@@ -106,7 +112,7 @@ def stage_activation_bytes(
     recompute = 0.0
     if layout.ac == "full" and layers:
         # During backward, one checkpointed layer is rebuilt with all its activations.
-        recompute = _layer_bytes(cfg, dep, tokens, any(trains.values()), None)
+        recompute = max(_layer_bytes(cfg, dep, tokens, any(trains.values()), None, i) for i in layers)
     return in_flight * per_mb + recompute + pipeline_buffer_bytes(cfg, dep, seq_len, stage)
 
 
