@@ -134,7 +134,7 @@ def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False, num_frames: int
         vocab_size=cfg.llm.vocab_size,
         image_token_id=cfg.image_token_id,
         # A native tower's images get their own sizes and counts (``bench.qwen_vl.native_sample``) over the stream's.
-        num_image_tokens=16 if cfg.vision.is_native else cfg.num_image_tokens,
+        num_image_tokens=16 if cfg.vision.spec.patch_grid else cfg.num_image_tokens,
         image_size=cfg.vision.image_size,
         seed=seed,
         **(SMOKE_TEXT if smoke else {}),
@@ -224,7 +224,7 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf_wrappers import wrapper_for
 
     train_cfg = train_config(args)
-    if cfg.vision.is_native:
+    if cfg.vision.spec.patch_grid:
         return _hf_native_side(cfg, train_cfg, batches)
     wrapper = wrapper_for(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
     hf_cfg = getattr(transformers, wrapper.config_class)(**llava_config_dict(cfg, pad_token_id=PAD_ID))
@@ -292,7 +292,7 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     cfg = cpu_model_config(args.smoke, args.family, args.anyres, args.video)
     spec = stream_spec(cfg, args.seed, args.smoke, args.num_frames)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
-    if cfg.vision.is_native:
+    if cfg.vision.spec.patch_grid:
         from bench.qwen_vl import native_sample
 
         batches = [[native_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
@@ -504,8 +504,8 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "seq_length": args.seq_length,
         "model": {
             # a native family's own shapes (``bench.qwen_vl``), not the fixed-tower ones it replaces
-            **(native_shapes(cfg) if cfg.vision.is_native else cpu_shapes(args.smoke, args.family)),
-            "image_tokens": None if cfg.vision.is_native else cfg.num_image_tokens,
+            **(native_shapes(cfg) if cfg.vision.spec.patch_grid else cpu_shapes(args.smoke, args.family)),
+            "image_tokens": None if cfg.vision.spec.patch_grid else cfg.num_image_tokens,
             **({"video_tokens": spec.video_tokens, "num_frames": spec.num_frames} if cfg.video is not None else {}),
         },
         "stream": asdict(spec),
