@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One prepared GPU check (docs/PERFORMANCE.md, "GPU check"): on a single-GPU machine whose python3 has torch >= 2.11,
 # lightning and transformers, in at most 8 minutes: the four benchmark cases (13B pretrain and 7B finetune at 224 and
-# 336 px) and a 50-step `neva.train` finetune of a ~1B model on synthetic images through the real loader. Prints one
-# JSON line per case (scripts/bench/check.py); exits 1 if any case has no numbers.
+# 336 px), Qwen3.5's linear attention (neva's delta rule vs flash-linear-attention's kernel, when installed: errors and
+# forward + backward times; scripts/bench/linear_attention.py) and a 50-step `neva.train` finetune of a ~1B model on
+# synthetic images through the real loader. Prints one JSON line per case (scripts/bench/check.py); exits 1 if any case
+# has no numbers. For the kernel: `python3 -m pip download fla-core --no-deps -d shared/wheels` (pure Python, Triton).
 #
 #   scripts/gpu_check.sh                      # from the checkout, on the GPU machine
 #   NEVA_GPU_CHECK_TINY=1 scripts/gpu_check.sh   # CPU, tiny shapes: what tests/test_gpu_check.py runs

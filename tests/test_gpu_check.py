@@ -73,8 +73,10 @@ def test_gpu_check_script_runs_tiny_on_cpu(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [json.loads(x) for x in proc.stdout.splitlines()]
-    assert [x["check"] for x in lines] == ["env", "benchmark", "benchmark", "benchmark", "benchmark", "train",
-                                           "offload", "offload", "offload"]  # fmt: skip
+    checks = ["env", "benchmark", "benchmark", "benchmark", "benchmark", "linear_attention", "train",
+              "offload", "offload", "offload"]  # fmt: skip
+    assert [x["check"] for x in lines] == checks
+    assert "error" not in lines[5] and lines[5]["fallback_s"] > 0, lines[5]
     for case in lines[1:5]:
         assert "error" not in case, case
         assert case["samples_per_sec"] > 0 and case["mfu_vs_measured_matmul"] > 0

@@ -26,7 +26,8 @@ def llm_config_from_hf(hf: dict[str, Any], where: str = "LLM config") -> LLMConf
     fields = dict(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
+        # MoE decoders without a dense width (Qwen3.5-MoE) take their experts' from the family's reading below
+        intermediate_size=hf.get("intermediate_size", hf.get("moe_intermediate_size")),
         num_layers=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"],
         num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],

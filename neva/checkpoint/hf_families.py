@@ -41,7 +41,8 @@ def check_fields(hf: dict[str, Any], where: str = "LLM config") -> str:
         elif isinstance(rule, Needs) and value not in rule.values:
             problems.append(f"{name}={value!r} ({rule.why})")
     layer_types = hf.get("layer_types")
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+    hybrid = DECODERS[family].linear_attention  # a hybrid decoder's layer_types name its linear-attention layers
+    if layer_types is not None and not hybrid and any(t != "full_attention" for t in layer_types):
         problems.append(f"layer_types={layer_types!r} (only full_attention layers are implemented)")
     if problems:
         raise ConfigError(f"{where} ({family}): refused field(s): " + "; ".join(problems))

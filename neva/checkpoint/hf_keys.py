@@ -67,6 +67,31 @@ LLM_TABLE = {  # neva (under "llm.") : HF Llama model (under the LLM prefix)
     "layers.{}.feed_forward.experts.w1": "layers.{}.block_sparse_moe.experts.w1",
     "layers.{}.feed_forward.experts.w3": "layers.{}.block_sparse_moe.experts.w3",
     "layers.{}.feed_forward.experts.w2": "layers.{}.block_sparse_moe.experts.w2",
+    # Qwen3.5-MoE's shared expert and its gate.
+    "layers.{}.feed_forward.shared_expert.w1.weight": "layers.{}.mlp.shared_expert.gate_proj.weight",
+    "layers.{}.feed_forward.shared_expert.w3.weight": "layers.{}.mlp.shared_expert.up_proj.weight",
+    "layers.{}.feed_forward.shared_expert.w2.weight": "layers.{}.mlp.shared_expert.down_proj.weight",
+    "layers.{}.feed_forward.shared_expert.gate.weight": "layers.{}.mlp.shared_expert_gate.weight",
+    # Qwen3.5's linear-attention layers (Gated DeltaNet; neva/models/gated_deltanet.py), in the attention's place.
+    **{
+        f"layers.{{}}.attention.{name}": f"layers.{{}}.linear_attn.{hf}"
+        for name, hf in (
+            # HF's fused in_proj_qkv and conv1d, split by neva/checkpoint/hf_linear_attention.py
+            ("in_proj_q.weight", "in_proj_q.weight"),
+            ("in_proj_k.weight", "in_proj_k.weight"),
+            ("in_proj_v.weight", "in_proj_v.weight"),
+            ("conv_q", "conv_q.weight"),
+            ("conv_k", "conv_k.weight"),
+            ("conv_v", "conv_v.weight"),
+            ("in_proj_z.weight", "in_proj_z.weight"),
+            ("in_proj_b.weight", "in_proj_b.weight"),
+            ("in_proj_a.weight", "in_proj_a.weight"),
+            ("dt_bias", "dt_bias"),
+            ("A_log", "A_log"),
+            ("norm.weight", "norm.weight"),
+            ("out_proj.weight", "out_proj.weight"),
+        )
+    },
 }
 
 LM_HEAD = "output.weight"  # neva (under "llm."); HF keeps the head outside the LLM prefix

@@ -18,6 +18,9 @@ from typing import Any
 import torch
 
 _PER_EXPERT = re.compile(r"^(.*\.)block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
+# Qwen-MoE's per-expert layout (what transformers 5 writes for Qwen3.5-MoE): ``mlp.experts.{e}.gate_proj.weight``...
+_PER_EXPERT_QWEN = re.compile(r"^(.*\.)mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_QWEN_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 _STACKED_GATE_UP = re.compile(r"^(.*\.)mlp\.experts\.gate_up_proj$")
 _STACKED_DOWN = re.compile(r"^(.*\.)mlp\.experts\.down_proj$")
 _STACKED_ROUTER = re.compile(r"^(.*\.)mlp\.gate\.weight$")
@@ -39,6 +42,10 @@ def expert_groups(keys: Iterable[str]) -> dict[str, list[str]]:
         match = _PER_EXPERT.match(key)
         if match:
             groups.setdefault(_canonical(match.group(1), match.group(3)), {})[int(match.group(2))] = key
+        match = _PER_EXPERT_QWEN.match(key)
+        if match:
+            name = _QWEN_NAMES[match.group(3)]
+            groups.setdefault(_canonical(match.group(1), name), {})[int(match.group(2))] = key
     out = {}
     for canonical, by_expert in groups.items():
         if sorted(by_expert) != list(range(len(by_expert))):

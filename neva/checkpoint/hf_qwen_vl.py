@@ -31,6 +31,7 @@ from neva.checkpoint.hf_families import hf_family_fields
 from neva.checkpoint.hf_files import export_dtype
 from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
+from neva.checkpoint.hf_linear_attention import fuse_tensors, split_shapes, split_tensors
 from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
@@ -79,11 +80,18 @@ QWEN_VL = {
                "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", True, (24, 20, 20)),
         QwenVL("qwen3_vl_moe", "qwen3_vl", "qwen3_vl_merger", "qwen3_vl", "qwen3_moe",
                "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", True, (24, 20, 20)),
+        # Qwen3.5: Qwen3-VL's tower without DeepStack, a hybrid decoder (neva/models/gated_deltanet.py)
+        QwenVL("qwen3_5", "qwen3_vl", "qwen3_vl_merger", "qwen3_vl", "qwen3_5",
+               "Qwen3_5Config", "Qwen3_5ForConditionalGeneration", True, (11, 11, 10)),
+        QwenVL("qwen3_5_moe", "qwen3_vl", "qwen3_vl_merger", "qwen3_vl", "qwen3_5_moe",
+               "Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", True, (11, 11, 10)),
     )
 }  # fmt: skip
 NOT_YET: dict[str, str] = {}
-# A neva model's row: its tower kind, and whether its decoder is an MoE (Qwen3-VL vs Qwen3-VL-MoE).
-_BY_TOWER = {(row.tower, row.text_family.endswith("_moe")): row for row in QWEN_VL.values()}
+# A neva model's row: its tower kind and its decoder's family (Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE).
+_BY_TOWER = {(row.tower, row.text_family): row for row in QWEN_VL.values()}
+# Keys of a hub checkpoint that transformers' classes do not load (Qwen3.5's multi-token-prediction head).
+_UNUSED_PREFIXES = ("mtp.",)
 # Top-level fields of a Qwen-VL config that are not its decoder's (the 4.x layout keeps the decoder's at the top too).
 _VL_FIELDS = (
     "vision_config", "text_config", "image_token_id", "video_token_id", "vision_start_token_id",
@@ -101,7 +109,7 @@ def is_qwen_vl(hf: dict[str, Any]) -> bool:
 def is_qwen_vl_checkpoint(ckpt: str | os.PathLike) -> bool:
     """Whether a neva checkpoint holds a Qwen-VL model (its tower is one ``QWEN_VL`` row's)."""
     cfg = load_config(ckpt)
-    return cfg.vision is not None and (cfg.vision.kind, cfg.llm.is_moe) in _BY_TOWER
+    return cfg.vision is not None and (cfg.vision.kind, cfg.llm.family) in _BY_TOWER
 
 
 def family_of(hf: dict[str, Any]) -> QwenVL:
@@ -141,6 +149,7 @@ def _llm_config(hf: dict[str, Any], family: QwenVL) -> LLMConfig:
     rope = dict(text.pop("rope_parameters", None) or text.pop("rope_scaling", None) or {})
     section = rope.pop("mrope_section", family.default_mrope_section)
     rope.pop("mrope_interleaved", None)  # the family's layout (the HF class reads no flag)
+    rotary = float(rope.pop("partial_rotary_factor", text.pop("partial_rotary_factor", 1.0)))
     if section is None:
         raise ConfigError(f"{family.model_type} text config without rope mrope_section: not an M-RoPE decoder")
     rope.pop("type", None)  # "mrope" (or "default" after transformers 4.x rewrote it): the section says it
@@ -149,7 +158,9 @@ def _llm_config(hf: dict[str, Any], family: QwenVL) -> LLMConfig:
     text["rope_parameters"] = rope
     text["model_type"] = family.text_family
     llm = llm_config_from_hf(text, "text_config")
-    return dataclasses.replace(llm, mrope_section=list(section), mrope_interleaved=family.mrope_interleaved)
+    return dataclasses.replace(
+        llm, mrope_section=list(section), mrope_interleaved=family.mrope_interleaved, rotary_percent=rotary
+    )
 
 
 def _vision_config(v: dict[str, Any], kind: str) -> tuple[VisionConfig, int]:
@@ -258,14 +269,15 @@ def qwen_vl_parts(
     hf = json.loads((hf_dir / "config.json").read_text())
     cfg = neva_config_from_qwen_vl(hf)
     kind = cfg.vision.kind
-    shapes = hf_tensor_shapes(hf_dir)  # MoE experts in hf_moe's canonical form
+    # MoE experts in hf_moe's canonical form, Qwen3.5's fused linear-attention tensors as their q / k / v parts
+    shapes = split_shapes(hf_tensor_shapes(hf_dir), cfg.llm.linear_attention)
     _check_expert_layout(shapes, cfg.llm, hf_dir)
     mapping, unknown = {}, []
     for key in shapes:
         neva = hf_key_to_neva(key, kind)
         if neva is not None:
             mapping[key] = neva
-        elif "rotary" not in key:
+        elif "rotary" not in key and not key.startswith(_UNUSED_PREFIXES):
             unknown.append(key)
     if unknown:
         raise ValueError(f"{hf_dir}: {len(unknown)} tensor(s) with no neva counterpart, e.g. {unknown[:5]}")
@@ -284,17 +296,20 @@ def qwen_vl_parts(
         **_pixel_budget(hf_dir),
         **(metadata or {}),
     }
-    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
+    pairs = split_tensors(iter_hf_tensors(hf_dir), cfg.llm.linear_attention)
+    tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in pairs if k in mapping)
     return ImportedParts(cfg, tensors, tokenizer, meta)
 
 
 def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     """The transformers 5 ``config.json`` of a neva Qwen-VL model (nested text and vision configs)."""
-    family = _BY_TOWER.get((cfg.vision.kind, cfg.llm.is_moe) if cfg.vision is not None else None)
-    if family is None:
+    rows = [row for row in QWEN_VL.values() if cfg.vision is not None and row.tower == cfg.vision.kind]
+    if not rows:
         raise ConfigError("only a model with a Qwen2-VL / Qwen2.5-VL / Qwen3-VL tower exports as a Qwen-VL directory")
-    if cfg.llm.family != family.text_family:
-        raise ConfigError(f"a {family.model_type} export needs a {family.text_family} decoder, not {cfg.llm.family}")
+    family = _BY_TOWER.get((cfg.vision.kind, cfg.llm.family))
+    if family is None:
+        decoders = " / ".join(row.text_family for row in rows)
+        raise ConfigError(f"a {cfg.vision.kind} tower exports with a {decoders} decoder, not {cfg.llm.family}")
     llm, v = cfg.llm, cfg.vision
     text = dict(
         vocab_size=llm.vocab_size, hidden_size=llm.hidden_size, intermediate_size=llm.intermediate_size,
@@ -305,6 +320,8 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     )  # fmt: skip
     if family.mrope_interleaved:
         text["rope_parameters"]["mrope_interleaved"] = True
+    if llm.rotary_percent != 1.0:
+        text["rope_parameters"]["partial_rotary_factor"] = llm.rotary_percent
     if family.text_family.startswith("qwen3"):  # HF Qwen3 configs default head_dim to 128, not hidden / heads
         text["head_dim"] = llm.head_dim
     vision = dict(
@@ -379,7 +396,7 @@ def export_qwen_vl(
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
     with atomic_directory(out, overwrite) as tmp:
-        tensors = stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)))
+        tensors = fuse_tensors(stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta))))
         write_safetensors(tmp, tensors, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))

@@ -12,6 +12,7 @@ from neva.families.gemma3 import GEMMA3
 from neva.families.llama import LLAMA, MISTRAL
 from neva.families.mixtral import MIXTRAL
 from neva.families.qwen import QWEN2, QWEN3, QWEN3_MOE
+from neva.families.qwen3_5 import QWEN3_5, QWEN3_5_MOE
 from neva.families.qwen_vl import QWEN2_5_VL, QWEN2_VL, QWEN3_VL
 from neva.families.siglip import SIGLIP
 from neva.families.spec import MergerSpec, TowerSpec, VideoRule, part
@@ -20,7 +21,7 @@ TOWERS: dict[str, TowerSpec] = {spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2
 """Vision families, by ``VisionConfig.kind``."""
 
 DECODERS: dict[str, DecoderSpec] = {
-    spec.name: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, GEMMA3)
+    spec.name: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3)
 }
 """Decoder families, by ``LLMConfig.family`` (the HF ``model_type`` of their text config)."""
 

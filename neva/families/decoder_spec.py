@@ -33,6 +33,7 @@ class DecoderSpec:
         moe: its feed-forward is a mixture of experts (``num_moe_experts`` required).
         causal_lm: the transformers class of the bare decoder (a LLaVA-original export's ``--llm`` side).
         llava: LLaVA's own model type and class for it (``llava_llama``, ...), None where LLaVA has none.
+        linear_attention: its ``layer_types`` may name linear-attention layers (a hybrid decoder: Qwen3.5).
         traits: what the family implies beyond ``LLMConfig``'s fields.
         interop: the whole-model HF interop of a model with this decoder where the decoder fixes the HF class
             (``neva.checkpoint``; Gemma 3's), else None: the tower family's decides.
@@ -46,6 +47,7 @@ class DecoderSpec:
     moe: bool = False
     causal_lm: str | None = None
     llava: tuple[str, str] | None = None
+    linear_attention: bool = False
     traits: DecoderTraits = DecoderTraits()
     interop: str | None = None
     check: Callable[[Any], None] | None = None

@@ -149,6 +149,9 @@ class AttentionPlan:
     tiled: bool = True  # segments: each row's spans tile its queries and keys alike (no chunks, no blocks)
     # context parallelism: keys/values ``[B, Hkv, S_local, D]`` → the whole rows' ``[B, Hkv, S, D]`` (a collective)
     gather: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    # hybrid decoders: packed rows' samples as rows of their own for the linear-attention layers
+    # (``neva.models.gated_deltanet.PackedRows``; None: each row is one sequence)
+    recurrent: object | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]

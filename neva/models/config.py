@@ -16,6 +16,7 @@ from neva.families.gemma3 import check_gemma3_projector
 from neva.families.spec import TowerSpec
 from neva.models.anyres import AnyResConfig, image_token_count
 from neva.models.decoder_traits import check_decoder_fields
+from neva.models.hybrid_config import LinearAttentionConfig
 from neva.models.video import VideoConfig, video_token_count
 from neva.typed import build
 
@@ -236,6 +237,16 @@ class LLMConfig:
     rope_local_theta: float | None = None
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
+    # Hybrid decoders (Qwen3.5; Megatron-Core names): linear-attention layers among the full-attention ones (None:
+    # none), a sigmoid output gate per query channel (``wq`` holds each head's query then its gate), RoPE on the
+    # first ``rotary_percent`` of each head, norms scaling by ``1 + weight``, and beside the routed experts a shared
+    # SwiGLU expert of this width, behind a sigmoid gate (``moe_shared_expert_gate``).
+    linear_attention: LinearAttentionConfig | None = None
+    attention_output_gate: bool = False
+    rotary_percent: float = 1.0
+    layernorm_zero_centered_gamma: bool = False
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
 
     def __post_init__(self) -> None:
         spec = decoder_spec(self.family)
@@ -255,6 +266,15 @@ class LLMConfig:
             self.head_dim = self.hidden_size // self.num_heads
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if isinstance(self.linear_attention, dict):  # a preset's or an override's plain form
+            self.linear_attention = LinearAttentionConfig(**self.linear_attention)
+        if self.linear_attention is not None and len(self.linear_attention.layer_types) != self.num_layers:
+            raise ValueError(
+                f"linear_attention.layer_types names {len(self.linear_attention.layer_types)} layers, the decoder "
+                f"has {self.num_layers}"
+            )
+        if not 0 < self.rotary_percent <= 1 or self.rotary_dim % 2:
+            raise ValueError(f"rotary_percent {self.rotary_percent} of head_dim {self.head_dim}: need an even share")
         self._check_mrope()
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type", "default") not in (
             "default",
@@ -271,17 +291,18 @@ class LLMConfig:
         self.mrope_section = list(self.mrope_section)
         if len(self.mrope_section) != 3 or min(self.mrope_section) < 0:
             raise ValueError(f"mrope_section must be 3 non-negative counts (t, h, w), got {self.mrope_section}")
-        if sum(self.mrope_section) != self.head_dim // 2:
+        if sum(self.mrope_section) != self.rotary_dim // 2:
             raise ValueError(
-                f"mrope_section {self.mrope_section} sums to {sum(self.mrope_section)}, not head_dim / 2 = "
-                f"{self.head_dim // 2} rotary frequencies"
+                f"mrope_section {self.mrope_section} sums to {sum(self.mrope_section)}, not "
+                f"{'head_dim' if self.rotary_percent == 1 else 'rotary_dim'} / 2 = {self.rotary_dim // 2} rotary "
+                "frequencies"
             )
         h, w = self.mrope_section[1:]
-        if self.mrope_interleaved and (3 * h - 1 > self.head_dim // 2 or 3 * w > self.head_dim // 2):
+        if self.mrope_interleaved and (3 * h - 1 > self.rotary_dim // 2 or 3 * w > self.rotary_dim // 2):
             # Qwen3-VL's layout puts h at frequencies 1, 4, 7, ... and w at 2, 5, 8, ...: each must fit.
             raise ValueError(
                 f"interleaved mrope_section {self.mrope_section}: h and w take every third of the "
-                f"{self.head_dim // 2} rotary frequencies, which cannot hold {h} and {w}"
+                f"{self.rotary_dim // 2} rotary frequencies, which cannot hold {h} and {w}"
             )
 
     def _check_moe(self) -> None:
@@ -298,6 +319,15 @@ class LLMConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_moe_experts is not None
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels of each head that RoPE rotates (the first ones; the rest pass through)."""
+        return int(self.head_dim * self.rotary_percent)
+
+    def is_linear_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` is linear attention (``linear_attention.layer_types``)."""
+        return self.linear_attention is not None and self.linear_attention.is_linear(layer)
 
 
 _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample|gemma3)$")

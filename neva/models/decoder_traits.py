@@ -35,6 +35,12 @@ def traits(llm: Any) -> DecoderTraits:
     return decoder_spec(llm.family).traits
 
 
+def norm_offset(llm: Any) -> float:
+    """What the decoder's RMSNorms add to their weight before scaling: 1 where the family implies it (Gemma 3) or
+    the config says so (``layernorm_zero_centered_gamma``: Qwen3.5, Megatron's name), else 0."""
+    return 1.0 if llm.layernorm_zero_centered_gamma else traits(llm).norm_offset
+
+
 def embed_scale(llm: Any) -> float | None:
     """The factor token embeddings are multiplied by (None: none)."""
     return math.sqrt(llm.hidden_size) if traits(llm).scaled_embeddings else None

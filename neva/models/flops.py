@@ -39,6 +39,7 @@ from torch import nn
 
 from neva.models.config import NevaConfig
 from neva.models.decoder_traits import sliding
+from neva.models.delta_rule import CHUNK
 
 Param = tuple[str, tuple[int, ...], bool]  # name, shape, requires_grad
 
@@ -53,6 +54,11 @@ _DECODER_STEPS = {
     "attention_norm": 0, "wq": 1, "wk": 1, "wv": 1, "core": 2, "wo": 3, "ffn_norm": 4, "w1": 5, "w3": 5, "w2": 6,
     "router": 4.5, "q_norm": 1.25, "k_norm": 1.25,  # Qwen3: per-head norms between the projections and the core
     "post_attention_norm": 3.5, "post_ffn_norm": 6.5,  # Gemma: the outputs' norms before the residual adds
+    # Qwen3.5's linear attention (the projections, the convolution and gates, the core, its gated norm, out_proj) and
+    # the MoE's shared-expert gate (its SwiGLU is w1 / w3 / w2)
+    "in_proj_q": 1, "in_proj_k": 1, "in_proj_v": 1, "in_proj_z": 1, "in_proj_b": 1, "in_proj_a": 1, "conv_q": 1.5,
+    "conv_k": 1.5, "conv_v": 1.5, "A_log": 1.5,
+    "dt_bias": 1.5, "norm": 2.5, "out_proj": 3, "gate": 4.5,
 }  # fmt: skip
 _GEMMA3_PROJECTOR_STEPS = {"norm": 0, "proj": 1}  # after the (parameter-free) pool
 
@@ -194,13 +200,29 @@ def _attention_cores(
             terms.append(FlopTerm(f"vision.layers.{i}.attn.core", "image", forward, backward))
     width = cfg.llm.num_heads * cfg.llm.head_dim
     for i in range(cfg.llm.num_layers):
-        forward = 4 * width
+        linear = cfg.llm.is_linear_layer(i)
+        forward = linear_core_flops(cfg.llm.linear_attention) if linear else 4 * width
         backward = 2 * forward if upstream_trains((2, i, _DECODER_STEPS["core"])) else 0
-        # A global layer between sliding ones (Gemma 3's layer_types) attends the whole square; a layer within the
-        # window the band (``attended_square``).
-        per = "token2_full" if cfg.llm.layer_types is not None and not sliding(cfg.llm, i) else "token2"
+        # A linear-attention layer's core grows with the tokens (``linear_core_flops``); a global layer between
+        # sliding ones (Gemma 3's layer_types) attends the whole square; a layer within the window the band
+        # (``attended_square``).
+        if linear:
+            per = "token"
+        elif cfg.llm.layer_types is not None and not sliding(cfg.llm, i):
+            per = "token2_full"
+        else:
+            per = "token2"
         terms.append(FlopTerm(f"llm.layers.{i}.attention.core", per, forward, backward, i))
     return terms
+
+
+def linear_core_flops(la, chunk: int = CHUNK) -> float:
+    """Forward FLOPs per token of a Gated DeltaNet core (``neva.models.delta_rule``, chunks of ``chunk``), per value
+    head: the chunk's key-key and query-key products (``2·C·dk`` each), the triangular solve for both right-hand
+    sides (``C·(dk + dv)``), the scores times the corrections (``2·C·dv``) and three state products (``6·dk·dv``:
+    the corrections' and the queries' reads, the update). Linear in the sample's length: no ``S²`` term."""
+    dk, dv = la.key_head_dim, la.value_head_dim
+    return la.num_value_heads * (4 * chunk * dk + chunk * (dk + dv) + 2 * chunk * dv + 6 * dk * dv)
 
 
 def _tower_square(vision, layer: int, grid: tuple[int, int] | None = None) -> float:

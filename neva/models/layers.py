@@ -33,7 +33,9 @@ class _RMSNormFP32(torch.autograd.Function):
 class RMSNorm(nn.Module):
     """Llama RMSNorm: normalise in fp32, cast back, then scale (HF ``LlamaRMSNorm`` order, so bf16 results match).
 
-    ``offset`` 1 is Gemma's: scale by ``1 + w`` (weights centred on 0) in fp32, then cast (HF ``Gemma3RMSNorm``)."""
+    ``offset`` 1 is Gemma's and Qwen3.5's: scale by ``1 + w`` (weights centred on 0, so weight decay pulls the scale
+    towards 1; Megatron's ``layernorm_zero_centered_gamma``) in fp32, then cast (HF ``Gemma3RMSNorm``,
+    ``Qwen3_5RMSNorm``)."""
 
     def __init__(self, dim: int, eps: float = 1e-5, offset: float = 0.0) -> None:
         super().__init__()

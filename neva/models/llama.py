@@ -8,7 +8,7 @@ computed here.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -16,9 +16,12 @@ from torch import nn
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.context_shard import ContextShard
-from neva.models.decoder_traits import embed_scale, sliding, traits
+from neva.models.decoder_traits import embed_scale, norm_offset, sliding, traits
+from neva.models.gated_deltanet import GatedDeltaNet, RecurrentCache, new_recurrent_cache
 from neva.models.layers import RMSNorm, gelu_tanh_gated, swiglu
 from neva.models.moe import MoEFeedForward
+from neva.models.packed_rows import PackedRows
+from neva.models.recurrent_shard import RecurrentShard
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from neva.models.token_inputs import TokenInputs, at_rows, token_inputs, token_inputs_at
 
@@ -39,16 +42,33 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
+def new_layer_caches(
+    cfg: LLMConfig, layers: list[str], batch_size: int, max_len: int, kv_heads: int, device, dtype
+) -> list[KVCache | RecurrentCache]:
+    """Empty decoding caches of the named decoder layers: keys and values (``kv_heads`` of them) for attention,
+    convolution inputs and the recurrent state for linear attention (``neva.models.gated_deltanet``)."""
+    shape = (batch_size, kv_heads, max_len, cfg.head_dim)
+    return [
+        new_recurrent_cache(cfg, batch_size, device, dtype)
+        if cfg.is_linear_layer(int(name))
+        else KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        for name in layers
+    ]
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LLMConfig) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        # Qwen3.5: each head's query, then its output gate, side by side in wq's rows.
+        self.gated = cfg.attention_output_gate
+        q_rows = cfg.num_heads * cfg.head_dim * (2 if self.gated else 1)
+        self.wq = nn.Linear(cfg.hidden_size, q_rows, bias=cfg.qkv_bias)
         self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        # Qwen3, Gemma 3: each head's q and k RMS-normalised over head_dim before RoPE (one weight shared by the heads).
-        offset = traits(cfg).norm_offset
+        # Qwen3, Qwen3.5, Gemma 3: each head's q and k RMS-normalised over head_dim before RoPE (one weight shared by the heads).
+        offset = norm_offset(cfg)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset) if cfg.qk_norm else None
 
@@ -63,18 +83,30 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the (kv) heads.
-        q = self.wq(x).view(b, s, -1, self.head_dim)
+        q = self.wq(x).view(b, s, -1, self.head_dim * (2 if self.gated else 1))
+        if self.gated:
+            q, gate = q.chunk(2, dim=-1)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v)
         out = attn.attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
+        if self.gated:
+            out = out * torch.sigmoid(gate.reshape(b, s, -1))
         with token_inputs_at(rows):
             return self.wo(at_rows(out, rows))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the first ``cos.shape[-1]`` channels of each head (all of them unless ``rotary_percent < 1``)."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return apply_rope(x, cos, sin)
+    return torch.cat([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
 
 
 class FeedForward(nn.Module):
@@ -93,18 +125,19 @@ class FeedForward(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, cfg: LLMConfig) -> None:
+    def __init__(self, cfg: LLMConfig, index: int = 0) -> None:
         super().__init__()
-        family = traits(cfg)
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, family.norm_offset)
-        self.attention = Attention(cfg)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, family.norm_offset)
+        offset = norm_offset(cfg)
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+        # The token mixer is the layer's kind: attention, or a hybrid decoder's linear attention.
+        self.attention = GatedDeltaNet(cfg) if cfg.is_linear_layer(index) else Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         # The MLP kind is configuration: dense SwiGLU, or Mixtral's experts (``cfg.num_moe_experts``).
         self.feed_forward = MoEFeedForward(cfg) if cfg.is_moe else FeedForward(cfg)
         # Gemma: the attention's and the feed-forward's outputs are normalised before their residual adds.
-        sandwich = family.sandwich_norms
-        self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, family.norm_offset) if sandwich else None
-        self.post_ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, family.norm_offset) if sandwich else None
+        sandwich = traits(cfg).sandwich_norms
+        self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset) if sandwich else None
+        self.post_ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset) if sandwich else None
 
     def forward(
         self,
@@ -112,7 +145,7 @@ class DecoderBlock(nn.Module):
         cos,
         sin,
         attn: AttentionPlan,
-        cache: KVCache | None = None,
+        cache: KVCache | RecurrentCache | None = None,
         rows: torch.Tensor | None = None,
         add: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -139,8 +172,8 @@ class LlamaDecoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleDict({str(i): DecoderBlock(cfg) for i in range(cfg.num_layers)})
-        self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, traits(cfg).norm_offset)
+        self.layers = nn.ModuleDict({str(i): DecoderBlock(cfg, i) for i in range(cfg.num_layers)})
+        self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, norm_offset(cfg))
         self.output: nn.Linear | None = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -161,7 +194,7 @@ class LlamaDecoder(nn.Module):
         h: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
-        cache: list[KVCache] | None = None,
+        cache: list[KVCache | RecurrentCache] | None = None,
         output_positions: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
         dropout_keys: torch.Tensor | None = None,
@@ -213,6 +246,14 @@ class LlamaDecoder(nn.Module):
             )
             inv_freq = self.inv_freq_local if local and cfg.rope_local_theta is not None else self.inv_freq
             ropes[local] = rope_cos_sin(inv_freq, position_ids, h.dtype, cfg.mrope_section, cfg.mrope_interleaved)
+        if cfg.linear_attention is not None:
+            kernel = cfg.linear_attention.conv_kernel_dim
+            recurrent = None
+            if context is not None:  # the state passed from chunk to chunk of each row
+                recurrent = RecurrentShard.of(context, kernel, h.device)
+            elif segment_ids is not None and offset == 0:  # each packed sample starts its layers' state afresh
+                recurrent = PackedRows.of(segment_ids, kernel, h.device)
+            plans = {local: replace(plan, recurrent=recurrent) for local, plan in plans.items()}
         if output_positions is not None:
             output_positions = output_positions.to(h.device)
         layers = list(self.layers.values())
@@ -263,7 +304,7 @@ class LlamaDecoder(nn.Module):
                         nn.init.zeros_(module.bias)
                 elif isinstance(module, MoEFeedForward):
                     module.reset_parameters(std)
-                elif isinstance(module, RMSNorm):
+                elif isinstance(module, (RMSNorm, GatedDeltaNet)):  # the latter: its conv, decay and gated norm
                     module.reset_parameters()
         if self.norm is not None:
             self.norm.reset_parameters()

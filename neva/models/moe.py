@@ -139,8 +139,26 @@ def local_dispatch(experts: Experts, x: torch.Tensor, counts: torch.Tensor) -> t
     return experts(x, counts)
 
 
+class SharedExpert(nn.Module):
+    """A SwiGLU every token passes through beside its routed experts, optionally scaled by ``sigmoid(gate x)`` per
+    token (Qwen3.5-MoE's ``shared_expert`` and ``shared_expert_gate``; Megatron-Core's ``moe_shared_expert_*``)."""
+
+    def __init__(self, cfg: LLMConfig) -> None:
+        super().__init__()
+        width = cfg.moe_shared_expert_intermediate_size
+        self.w1 = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.w2 = nn.Linear(width, cfg.hidden_size, bias=False)
+        self.w3 = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.gate = nn.Linear(cfg.hidden_size, 1, bias=False) if cfg.moe_shared_expert_gate else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.w2(swiglu(self.w1(x), self.w3(x)))
+        return out if self.gate is None else torch.sigmoid(self.gate(x)) * out
+
+
 class MoEFeedForward(nn.Module):
-    """Router + experts in place of the dense SwiGLU (HF ``block_sparse_moe`` / transformers 5 ``mlp``)."""
+    """Router + experts in place of the dense SwiGLU (HF ``block_sparse_moe`` / transformers 5 ``mlp``), and a shared
+    expert where the config has one."""
 
     def __init__(self, cfg: LLMConfig) -> None:
         super().__init__()
@@ -149,6 +167,7 @@ class MoEFeedForward(nn.Module):
         self.experts = Experts(cfg)
         self.dispatcher: Dispatcher = local_dispatch
         self.routing: RoutingStats | None = None
+        self.shared_expert = SharedExpert(cfg) if cfg.moe_shared_expert_intermediate_size else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [..., H]; the forward's ``TokenInputs.token_mask`` (x's leading shape, True = counts for load
@@ -169,7 +188,10 @@ class MoEFeedForward(nn.Module):
         y = self.dispatcher(self.experts, flat[tokens], counts)
         # The k contributions of a token are added in fp32 weights' precision, then cast (as HF's index_add_).
         y = (y * weights.reshape(-1)[order, None]).to(flat.dtype)
-        return torch.zeros_like(flat).index_add_(0, tokens, y).view(x.shape)
+        out = torch.zeros_like(flat).index_add_(0, tokens, y)
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(flat)
+        return out.view(x.shape)
 
     def reset_parameters(self, std: float = 0.02) -> None:
         for p in (self.router.weight, self.experts.w1, self.experts.w3, self.experts.w2):

@@ -11,7 +11,8 @@ from neva.models.context_shard import ContextShard
 from neva.models.decoder_traits import traits
 from neva.models.deepstack import layer_additions
 from neva.models.features import VisualFeatures
-from neva.models.llama import KVCache, LlamaDecoder
+from neva.models.gated_deltanet import RecurrentCache
+from neva.models.llama import KVCache, LlamaDecoder, new_layer_caches
 from neva.models.media import Media, MediaInputs
 from neva.models.projector import build_projector, init_projector
 from neva.models.towers import build_tower
@@ -282,13 +283,14 @@ class NevaModel(nn.Module):
             self.anyres.init_weights()
         self.llm.init_weights()
 
-    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[KVCache]:
-        """Empty KV caches for this model's decoder layers."""
+    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[KVCache | RecurrentCache]:
+        """Empty decoding caches for this model's decoder layers (``neva.models.llama.new_layer_caches``)."""
         cfg = self.cfg.llm
         param = next(self.llm.layers.parameters())
-        shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
-        kw = dict(device=device or param.device, dtype=dtype or param.dtype)
-        return [KVCache(torch.zeros(shape, **kw), torch.zeros(shape, **kw)) for _ in self.llm.layers]
+        layers = list(self.llm.layers.keys())
+        return new_layer_caches(
+            cfg, layers, batch_size, max_len, cfg.num_kv_heads, device or param.device, dtype or param.dtype
+        )
 
 
 def _index_put(h_BSD: torch.Tensor, positions: torch.Tensor, feats_MD: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,32 @@ VISION_PRESETS: dict[str, dict] = {
         num_position_embeddings=16,
         deepstack_visual_indexes=[0, 1],
     ),
+    # The tiny Qwen3-VL tower as Qwen3.5's: no DeepStack features.
+    "tiny_qwen3_5": dict(
+        kind="qwen3_vl",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="gelu_pytorch_tanh",
+        num_position_embeddings=16,
+    ),
+    # Qwen3.5's tower (transformers 5.25 Qwen3_5VisionConfig defaults, the class documented with Qwen/Qwen3.5-27B and
+    # Qwen3.5-35B-A3B: depth 27, hidden 1152, intermediate 4304, 16 heads, 16 px patches merged 2 x 2, a 48 x 48
+    # position table; Qwen3-VL's tower without DeepStack); image_size: the FLOP model's nominal image (448 px).
+    "qwen3_5": dict(
+        kind="qwen3_vl",
+        image_size=448,
+        patch_size=16,
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_layers=27,
+        num_heads=16,
+        hidden_act="gelu_pytorch_tanh",
+        num_position_embeddings=2304,
+    ),
     # Qwen/Qwen2.5-VL-7B-Instruct's tower (config.json vision_config: depth 32, hidden_size 1280, intermediate_size 3420,
     # num_heads 16, patch_size 14, window_size 112, fullatt_block_indexes [7, 15, 23, 31], silu); image_size is only
     # the nominal image of the FLOP model's per-patch attention estimate (448 px: 32 × 32 patches, 256 positions).
@@ -196,6 +222,67 @@ LLM_PRESETS: dict[str, dict] = {
         layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(34)],
         rope_local_theta=1e4,
         query_pre_attn_scalar=256,
+    ),
+    # The tiny Qwen3 decoder as Qwen3.5's hybrid: Gated DeltaNet in layers 0-2 (2 query / key heads of 32 serving 4
+    # value heads of 32, 4 conv taps), gated attention with RoPE on a quarter of each head in layer 3, (1 + w) norms.
+    "tiny_qwen3_5": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen3_5",
+        qk_norm=True,
+        attention_output_gate=True,
+        rotary_percent=0.25,
+        layernorm_zero_centered_gamma=True,
+        linear_attention=dict(
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            conv_kernel_dim=4,
+            key_head_dim=32,
+            value_head_dim=32,
+            num_key_heads=2,
+            num_value_heads=4,
+        ),
+    ),
+    # Qwen/Qwen3.5-35B-A3B's decoder (transformers 5.25 Qwen3_5MoeTextConfig defaults, documented as that checkpoint):
+    # 40 layers of width 2048, Gated DeltaNet in three of every four (16 key heads serving 32 value heads of 128, 4
+    # conv taps), gated attention in the fourth (16 heads of 256, 2 KV heads, RoPE on a quarter: M-RoPE [11, 11, 10]
+    # interleaved), 256 experts of width 512 (8 per token) and a gated shared expert of 512 in every block.
+    "qwen3_5_35b_a3b": dict(
+        vocab_size=248320,
+        hidden_size=2048,
+        intermediate_size=512,
+        num_layers=40,
+        num_heads=16,
+        num_kv_heads=2,
+        head_dim=256,
+        max_seq_len=32768,
+        rms_norm_eps=1e-6,
+        family="qwen3_5_moe",
+        qk_norm=True,
+        attention_output_gate=True,
+        rotary_percent=0.25,
+        layernorm_zero_centered_gamma=True,
+        mrope_section=[11, 11, 10],
+        mrope_interleaved=True,
+        num_moe_experts=256,
+        moe_router_topk=8,
+        moe_shared_expert_intermediate_size=512,
+        moe_shared_expert_gate=True,
+        linear_attention=dict(
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 10,
+            conv_kernel_dim=4,
+            key_head_dim=128,
+            value_head_dim=128,
+            num_key_heads=16,
+            num_value_heads=32,
+        ),
     ),
     "qwen2_7b": dict(
         vocab_size=152064,

@@ -13,8 +13,8 @@ from neva.models.config import LLMConfig
 
 
 def rope_inv_freq(cfg: LLMConfig, device: torch.device | None = None) -> torch.Tensor:
-    """Inverse frequencies ``[head_dim / 2]`` with optional ``linear`` or ``llama3`` scaling (HF formulas)."""
-    dim = cfg.head_dim
+    """Inverse frequencies ``[rotary_dim / 2]`` with optional ``linear`` or ``llama3`` scaling (HF formulas)."""
+    dim = cfg.rotary_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))

@@ -44,8 +44,9 @@ class Qwen3Tower(Qwen2Tower):
         x = super().embed(pixels, rows)
         side = math.isqrt(self.cfg.num_position_embeddings)
         positions = patch_positions(rows, self.cfg.spatial_merge_size, torch.device("cpu"))
-        counts = torch.tensor([t * h * w for t, h, w in rows], dtype=torch.long)
-        sizes = torch.tensor([[h, w] for _, h, w in rows], dtype=torch.long).view(-1, 2).repeat_interleave(counts, 0)
+        # From host integers (no repeat_interleave by a tensor: its output size would be data for a fake-tensor
+        # rehearsal)
+        sizes = torch.tensor([[h, w] for t, h, w in rows for _ in range(t * h * w)], dtype=torch.long).view(-1, 2)
         index, weights = bilinear_taps(positions, sizes, side)
         table = self.pos_embed(index.to(x.device))  # [L, 4, hidden]; zero rows keep the table in the graph
         pos = (table * weights.to(x.device, table.dtype)[..., None]).sum(1)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from neva.models.llama import KVCache
+from neva.models.llama import KVCache, new_layer_caches
 from neva.models.media import Media
 from neva.parallel.parallelize import ParallelModel
 
@@ -72,11 +72,9 @@ class LayoutGenerationModel:
             param = next(part.llm.layers.parameters())
             local = param.to_local() if isinstance(param, DTensor) else param
             dtype = self._activation_dtype(local.dtype, local.device)
-            shape = (batch_size, llm.num_kv_heads // self.tp, max_len, llm.head_dim)
-            caches.append(
-                [KVCache(torch.zeros(shape, dtype=dtype, device=local.device),
-                         torch.zeros(shape, dtype=dtype, device=local.device)) for _ in part.llm.layers]
-            )  # fmt: skip
+            layers = list(part.llm.layers.keys())
+            heads = llm.num_kv_heads // self.tp
+            caches.append(new_layer_caches(llm, layers, batch_size, max_len, heads, local.device, dtype))
         return caches
 
     def _activation_dtype(self, param_dtype: torch.dtype, device: torch.device) -> torch.dtype:

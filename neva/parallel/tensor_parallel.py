@@ -30,11 +30,13 @@ from torch.distributed.tensor.parallel import (
 )
 
 from neva.models.config import NevaConfig
+from neva.models.gated_deltanet import GatedDeltaNet
 from neva.models.layers import RMSNorm
 from neva.models.lora import LoRALinear
 from neva.models.moe import MoEFeedForward
 from neva.models.neva import NevaModel
 from neva.models.projector_merger import NativeMerger
+from neva.parallel.linear_attention_parallel import linear_attention_plan, sharded_dim
 from neva.parallel.local_params import use_local_parameters
 from neva.typed import ConfigError
 
@@ -48,6 +50,9 @@ def check_divisibility(cfg: NevaConfig, tp: int) -> None:
         "intermediate_size": llm.intermediate_size,
         "vocab_size": llm.vocab_size,
     }
+    if llm.linear_attention is not None:  # each rank owns whole key heads and the value heads they serve
+        checks["linear_attention.num_key_heads"] = llm.linear_attention.num_key_heads
+        checks["linear_attention.num_value_heads"] = llm.linear_attention.num_value_heads
     if cfg.projector is not None and cfg.projector.type != "identity":
         checks["projector output_size (llm hidden_size)"] = cfg.projector.output_size
     bad = {k: v for k, v in checks.items() if v % tp}
@@ -235,7 +240,15 @@ def tensor_parallel_plan(
     layer_ids = list(llm.layers.keys())
     for name in layer_ids:
         moe = isinstance(llm.layers[name].feed_forward, MoEFeedForward)
-        plan.update({f"llm.layers.{name}.{k}": v for k, v in _block_plan(sequence_parallel, moe).items()})
+        block = _block_plan(sequence_parallel, moe)
+        if isinstance(llm.layers[name].attention, GatedDeltaNet):  # linear attention: its own head split
+            block = {k: v for k, v in block.items() if not k.startswith("attention")} | {
+                "attention_norm": block["attention_norm"],
+                **linear_attention_plan(sequence_parallel),
+            }
+        plan.update({f"llm.layers.{name}.{k}": v for k, v in block.items()})
+        if isinstance(llm.layers[name].attention, GatedDeltaNet):
+            continue
         if llm.layers[name].attention.q_norm is not None:
             plan.update({f"llm.layers.{name}.attention.{k}": v for k, v in _qk_norm_plan().items()})
         if llm.layers[name].post_attention_norm is not None:  # Gemma: on the row-parallel outputs (SP: their shards)
@@ -300,7 +313,8 @@ def tp_shard_dims(model: NevaModel) -> dict[str, int | None]:
     for name, _ in model.named_parameters():
         owner, _, leaf = name.rpartition(".")
         if owner in plan:
-            dims[name] = _style_dim(plan[owner], model.get_submodule(owner), leaf)
+            own = sharded_dim(plan[owner], leaf)  # a linear-attention layer's filters and decay
+            dims[name] = own if own is not None else _style_dim(plan[owner], model.get_submodule(owner), leaf)
             continue
         wrapper, _, inner = owner.rpartition(".")  # a LoRALinear in the plan: ``base``, ``lora_a`` or ``lora_b``
         style = plan.get(wrapper)

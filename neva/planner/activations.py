@@ -17,12 +17,16 @@ from neva.parallel.pipeline import local_chunks
 from neva.parallel.step_decisions import StepDecisions
 from neva.planner.deployment import Deployment
 from neva.planner.flops import checkpointed_layers
+from neva.planner.linear_attention import linear_layer_bytes
 from neva.planner.params import ParamInfo
 
 
-def _layer_bytes(cfg: NevaConfig, dep: Deployment, tokens: float, trains: bool, mode: str | None) -> float:
-    """Bytes one decoder layer keeps for ``tokens`` tokens of a micro-batch on this rank (``1/cp`` of each row under
-    context parallelism, whose attention keeps the whole rows' gathered keys and values: ``cp`` times its own)."""
+def _layer_bytes(
+    cfg: NevaConfig, dep: Deployment, tokens: float, trains: bool, mode: str | None, layer: int = 0
+) -> float:
+    """Bytes decoder layer ``layer`` keeps for ``tokens`` tokens of a micro-batch on this rank (``1/cp`` of each row
+    under context parallelism, whose attention keeps the whole rows' gathered keys and values: ``cp`` times its own;
+    a linear-attention layer its own terms, ``neva.planner.linear_attention``)."""
     llm, e, t, cp = cfg.llm, dep.compute_bytes, dep.layout.tp, dep.layout.cp
     rep = t if dep.layout.sp else 1
     h = tokens * llm.hidden_size
@@ -30,6 +34,8 @@ def _layer_bytes(cfg: NevaConfig, dep: Deployment, tokens: float, trains: bool, 
     kv = tokens * llm.num_kv_heads * llm.head_dim / t
     f, dispatched = _ffn_elements(cfg, tokens, t)
     sdpa = e * (2 * q + 2 * kv * cp) + 4 * tokens * llm.num_heads / t
+    if llm.is_linear_layer(layer):
+        sdpa, q = linear_layer_bytes(llm, tokens, e, t, cp), tokens * llm.linear_attention.value_dim / t
     if mode == "full":
         return e * h / rep  # only the layer input survives; the recomputed layer is counted once per stage
     linear_inputs = (2 * e * h + e * q + e * f + e * dispatched) if trains else 0.0
@@ -100,7 +106,7 @@ def stage_activation_split(
     tokens = b * seq_len
     trains = {i: any(p.trainable for p in infos if p.layer == i) for i in layers}
     recomputed = checkpointed_layers(layout, cfg.llm.num_layers)
-    saved = [_layer_bytes(cfg, dep, tokens, trains[i], layout.ac if i in recomputed else None) for i in layers]
+    saved = [_layer_bytes(cfg, dep, tokens, trains[i], layout.ac if i in recomputed else None, i) for i in layers]
     per_mb = 0.0
     last = stage == layout.pp - 1
     if last:
@@ -124,7 +130,7 @@ def stage_activation_split(
     recompute = 0.0
     if layout.ac == "full" and layers:
         # During backward, one checkpointed layer is rebuilt with all its activations.
-        recompute = _layer_bytes(cfg, dep, tokens, any(trains.values()), None)
+        recompute = max(_layer_bytes(cfg, dep, tokens, any(trains.values()), None, i) for i in layers)
     device = in_flight * per_mb + recompute + pipeline_buffer_bytes(cfg, dep, seq_len, stage)
     if layout.activation_offload and saved:
         return device + max(saved), in_flight * sum(saved) - max(saved)

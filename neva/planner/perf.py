@@ -29,6 +29,7 @@ from neva.planner.comm import (
 from neva.planner.deployment import Deployment
 from neva.planner.flops import StageFlops, checkpointed_layers
 from neva.planner.hardware import Hardware
+from neva.planner.linear_attention import state_exchange_bytes
 from neva.planner.moe import dispatch_bytes
 from neva.planner.offload import exposed_bus_seconds, host_optimizer_seconds
 from neva.planner.params import ParamInfo, local_numel, on_stage, tp_numel
@@ -149,8 +150,13 @@ def step_time(
         sends = 0 if layout.pp == 1 else (1 + f.backward) * layout.vpp
         p2p.append(sends * p2p_time(act, dep, hw) if sends else 0.0)  # one GPU (cluster=local): no link to time
         a2a.append(_all_to_alls(cfg, layers[s], recomputed, f.backward) * all_to_all_time(routed, dep, hw))
-        gathers = _cp_gathers(layout, layers[s], recomputed, f.backward)
+        gathers = _cp_gathers(layout, [i for i in layers[s] if not cfg.llm.is_linear_layer(i)], recomputed, f.backward)
         cpc.append(gathers * half_time(kv, layout.cp, cp_group_per_node(dep), hw) if gathers else 0.0)
+        # linear-attention layers gather their chunks' end states and transitions instead (neva.planner.linear_attention)
+        linear = _cp_gathers(layout, [i for i in layers[s] if cfg.llm.is_linear_layer(i)], recomputed, f.backward)
+        if linear:
+            states = state_exchange_bytes(cfg.llm, b, layout.tp, layout.cp)
+            cpc[-1] += linear * half_time(states, layout.cp, cp_group_per_node(dep), hw)
     per_mb = [c + t + p + a + g for c, t, p, a, g in zip(comp, tp, p2p, a2a, cpc)]
     worst = max(range(len(per_mb)), key=per_mb.__getitem__)
     bubble = (layout.pp - 1) / layout.vpp * sum(per_mb) / len(per_mb) if layout.pp > 1 else 0.0

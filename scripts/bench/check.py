@@ -1,6 +1,8 @@
-"""The prepared GPU check behind ``scripts/gpu_check.sh``: the four benchmark cases, then a 50-step ``neva.train``
-finetune of a ~1B model on the built-in synthetic images through the real loader, then one step with and without
-activation offload and FSDP2's CPU offload (``benchmark.py --offload``); one JSON line per case on stdout.
+"""The prepared GPU check behind ``scripts/gpu_check.sh``: the four benchmark cases, Qwen3.5's linear attention
+(neva's delta rule against flash-linear-attention's kernel where installed: errors and times,
+``bench/linear_attention.py``), then a 50-step ``neva.train`` finetune of a ~1B model on the built-in synthetic
+images through the real loader, then one step with and without activation offload and FSDP2's CPU offload
+(``benchmark.py --offload``); one JSON line per case on stdout.
 
 Each part runs in its own process under a share of the time budget (``--budget-s``, 480 s by default), so a hang or
 an out-of-memory error in one part still leaves the others' lines. ``--tiny`` runs the same steps on the CPU with tiny
@@ -127,6 +129,15 @@ def train(args: argparse.Namespace, env: dict[str, str], deadline: float) -> dic
     return line
 
 
+def linear_attention(args: argparse.Namespace, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """``bench/linear_attention.py``'s line (kernel against fallback), or the error that stopped it."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench" / "linear_attention.py"), *(["--tiny"] if args.tiny else [])]
+    rc, out, err, _ = run(cmd, timeout, env)
+    if rc or not out.strip():
+        return {"check": "linear_attention", "error": f"rc {rc}: {err[-600:]}"}
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tiny", action="store_true", help="CPU, tiny shapes (tests the check without a GPU)")
@@ -149,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     lines = benchmark(args, env, min(args.benchmark_s, deadline - time.perf_counter()))
+    lines.append(linear_attention(args, env, min(90.0, deadline - time.perf_counter())))
     for line in lines:
         emit(line)
     result = train(args, env, deadline)

@@ -78,8 +78,12 @@ FAMILIES: dict[str, dict[str, dict]] = {
     "qwen2_5_vl": {"llm": _QWEN2, "vision": {}},
     # Gemma 3 against Gemma3ForConditionalGeneration (``bench.gemma3``: its decoder traits, SigLIP tower and projector).
     "gemma3": {"llm": {}, "vision": {}},
+    # Qwen3.5: the hybrid decoder (Gated DeltaNet in 3 of every 4 layers, gated attention with RoPE on a quarter of
+    # each head) behind Qwen3-VL's tower without DeepStack, against HF Qwen3_5ForConditionalGeneration
+    # (``bench.qwen_vl``: the decoder's and tower's shapes there).
+    "qwen3_5": {"llm": {}, "vision": {}},
 }
-NATIVE_FAMILIES = ("qwen2_5_vl",)  # families whose images are native-resolution patches (``bench.qwen_vl``)
+NATIVE_FAMILIES = ("qwen2_5_vl", "qwen3_5")  # families whose images are native-resolution patches (``bench.qwen_vl``)
 
 
 def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
@@ -109,7 +113,7 @@ def cpu_model_config(
             raise SystemExit(f"--family {family}: native-resolution images, not --anyres / --video")
         from bench.qwen_vl import model_config
 
-        return model_config(shapes["llm"], smoke)
+        return model_config(shapes["llm"], smoke, family)
     if family == "gemma3":
         if anyres or video:
             raise SystemExit("--family gemma3: fixed-size images, not --anyres / --video")
@@ -138,7 +142,7 @@ def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False, num_frames: int
         vocab_size=cfg.llm.vocab_size,
         image_token_id=cfg.image_token_id,
         # A native tower's images get their own sizes and counts (``bench.qwen_vl.native_sample``) over the stream's.
-        num_image_tokens=16 if cfg.vision.is_native else cfg.num_image_tokens,
+        num_image_tokens=16 if cfg.vision.spec.patch_grid else cfg.num_image_tokens,
         image_size=cfg.vision.image_size,
         seed=seed,
         **(SMOKE_TEXT if smoke else {}),
@@ -228,7 +232,7 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf_wrappers import wrapper_for
 
     train_cfg = train_config(args)
-    if cfg.vision.is_native:
+    if cfg.vision.spec.patch_grid:
         return _hf_native_side(cfg, train_cfg, batches)
     if cfg.projector.type == "gemma3":
         return _hf_gemma3_side(cfg, train_cfg, batches)
@@ -316,7 +320,7 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     cfg = cpu_model_config(args.smoke, args.family, args.anyres, args.video)
     spec = stream_spec(cfg, args.seed, args.smoke, args.num_frames)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
-    if cfg.vision.is_native:
+    if cfg.vision.spec.patch_grid:
         from bench.qwen_vl import native_sample
 
         batches = [[native_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
@@ -528,8 +532,8 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "seq_length": args.seq_length,
         "model": {
             # a native family's own shapes (``bench.qwen_vl``), not the fixed-tower ones it replaces
-            **(native_shapes(cfg) if cfg.vision.is_native else cpu_shapes(args.smoke, args.family)),
-            "image_tokens": None if cfg.vision.is_native else cfg.num_image_tokens,
+            **(native_shapes(cfg) if cfg.vision.spec.patch_grid else cpu_shapes(args.smoke, args.family)),
+            "image_tokens": None if cfg.vision.spec.patch_grid else cfg.num_image_tokens,
             **({"video_tokens": spec.video_tokens, "num_frames": spec.num_frames} if cfg.video is not None else {}),
         },
         "stream": asdict(spec),

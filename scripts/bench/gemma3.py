@@ -16,8 +16,8 @@ import gc
 
 import torch
 
+from neva.families.gemma3 import gemma3_tokens_per_image
 from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
-from neva.models.gemma3_config import gemma3_tokens_per_image
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS, build_config
 
 GEMMA_LLM = dict(

@@ -1,5 +1,12 @@
-"""CPU mode ``--family qwen2_5_vl``: neva's native-resolution training step against transformers'
-``Qwen2_5_VLForConditionalGeneration`` with a plain AdamW loop, on the same model, samples and images.
+"""CPU mode ``--family qwen2_5_vl`` / ``qwen3_5``: neva's native-resolution training step against transformers'
+``Qwen2_5_VLForConditionalGeneration`` / ``Qwen3_5ForConditionalGeneration`` with a plain AdamW loop, on the same
+model, samples and images.
+
+Qwen3.5: the CPU benchmark's width (384) and depth (8) as the hybrid decoder — Gated DeltaNet in layers 0-2 and 4-6
+(3 query / key heads of 64 serving 6 value heads of 64, 4 conv taps), gated attention in layers 3 and 7 (6 heads of
+64, 2 KV heads, RoPE on 16 channels of each, interleaved M-RoPE), (1 + w) norms, untied — behind Qwen3-VL's tower
+(16 px patches merged 2 × 2, 4 blocks of width 256, a learned 8 × 8 position table, no DeepStack); ``--smoke``: the
+``tiny_qwen3_5`` presets.
 
 The model: the CPU benchmark's decoder as Qwen2 (q/k/v biases, tied embeddings, M-RoPE sections of its 64-wide heads)
 behind a Qwen2.5-VL tower (14 px patches merged 2 × 2, 56 px windows but in the last block, SwiGLU, RMSNorm) and its
@@ -28,12 +35,32 @@ QWEN_VISION = dict(
     kind="qwen2_5_vl", image_size=112, patch_size=14, hidden_size=256, intermediate_size=512, num_layers=4,
     num_heads=4, hidden_act="silu", window_size=56, fullatt_block_indexes=[3],
 )  # fmt: skip
+QWEN3_VISION = dict(
+    kind="qwen3_vl", image_size=128, patch_size=16, hidden_size=256, intermediate_size=512, num_layers=4,
+    num_heads=4, hidden_act="gelu_pytorch_tanh", num_position_embeddings=64,
+)  # fmt: skip
+QWEN3_5 = dict(
+    family="qwen3_5", num_kv_heads=2, head_dim=64, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True,
+    attention_output_gate=True, rotary_percent=0.25, layernorm_zero_centered_gamma=True, mrope_interleaved=True,
+    linear_attention=dict(
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2, conv_kernel_dim=4, key_head_dim=64,
+        value_head_dim=64, num_key_heads=3, num_value_heads=6,
+    ),
+)  # fmt: skip
 MROPE = {"cpu": [8, 12, 12], "smoke": [4, 6, 6]}  # temporal / height / width halves of 64- and 32-wide heads
+# Qwen3.5: of the 8 rotary frequencies of a quarter of 64 channels (cpu), of 32 (smoke: 4 frequencies)
+MROPE_3_5 = {"cpu": [4, 2, 2], "smoke": [2, 1, 1]}
 MERGED_SIDES = (2, 8)  # an image's sides in merged tokens (factor = patch × merge pixels each)
 
 
-def model_config(llm: dict, smoke: bool) -> NevaConfig:
-    """The benchmark's Qwen2.5-VL: ``llm`` (the CPU shapes as Qwen2) with M-RoPE, behind the tower and its merger."""
+def model_config(llm: dict, smoke: bool, family: str = "qwen2_5_vl") -> NevaConfig:
+    """The benchmark's Qwen2.5-VL: ``llm`` (the CPU shapes as Qwen2) with M-RoPE, behind the tower and its merger;
+    or its Qwen3.5 (module docstring)."""
+    if family == "qwen3_5":
+        llm = LLM_PRESETS["tiny_qwen3_5"] if smoke else {**llm, **QWEN3_5}
+        llm = {**llm, "mrope_section": MROPE_3_5["smoke" if smoke else "cpu"], "mrope_interleaved": True}
+        vision = VISION_PRESETS["tiny_qwen3_5"] if smoke else QWEN3_VISION
+        return build_config(llm=llm, vision=vision, projector_type="qwen3_vl_merger")
     if smoke:
         llm = {**LLM_PRESETS["tiny_qwen2"], "family": "qwen2"}
     llm = {**llm, "mrope_section": MROPE["smoke" if smoke else "cpu"]}
@@ -96,15 +123,19 @@ def collate_hf_native(cfg: NevaConfig, samples: list[dict[str, Any]]) -> dict[st
 
 
 def hf_model(cfg: NevaConfig, neva_state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """``Qwen2_5_VLForConditionalGeneration`` of ``cfg`` (the export's config) holding ``neva_state``."""
+    """The family's transformers class (``Qwen2_5_VLForConditionalGeneration``, ``Qwen3_5ForConditionalGeneration``)
+    of ``cfg`` (the export's config) holding ``neva_state``."""
     import transformers
 
-    from neva.checkpoint.hf_qwen_vl import _hf_tensors, qwen_vl_config_dict
+    from neva.checkpoint.hf_linear_attention import fuse_tensors
+    from neva.checkpoint.hf_moe import stacked_tensors
+    from neva.checkpoint.hf_qwen_vl import _BY_TOWER, _hf_tensors, qwen_vl_config_dict
 
-    config = transformers.Qwen2_5_VLConfig(**qwen_vl_config_dict(cfg))
+    row = _BY_TOWER[(cfg.vision.kind, cfg.llm.family)]
+    config = getattr(transformers, row.config_class)(**qwen_vl_config_dict(cfg))
     config._attn_implementation = "sdpa"
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config)
-    state = dict(_hf_tensors(neva_state, cfg, None))
+    model = getattr(transformers, row.model_class)(config)
+    state = dict(fuse_tensors(stacked_tensors(_hf_tensors(neva_state, cfg, None))))
     result = model.load_state_dict(state, strict=False)
     # A tied LM head is the embedding (not a tensor of its own in the export).
     missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and cfg.llm.tie_word_embeddings)]

@@ -39,7 +39,7 @@ RECORDS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
 def imported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     for i, (name, size) in enumerate(SIZES.items()):

@@ -16,7 +16,7 @@ QWEN_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end
 PATCH, MERGE = 14, 2
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 28 * 28 * 12
 # Qwen3-VL: 16-pixel patches (its processor's factor 32) and 0.5 mean / std; the budget the same 1..12 merged tokens.
-PATCHES = {"qwen2_vl": PATCH, "qwen2_5_vl": PATCH, "qwen3_vl": 16, "qwen3_vl_moe": 16}
+PATCHES = {"qwen2_vl": PATCH, "qwen2_5_vl": PATCH, "qwen3_vl": 16, "qwen3_vl_moe": 16, "qwen3_5": 16, "qwen3_5_moe": 16}
 VOCAB = 416
 TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
@@ -38,6 +38,19 @@ TEXT_OF = {"qwen3_vl": dict(TEXT, num_hidden_layers=3, head_dim=16, rope_paramet
 TEXT_OF["qwen3_vl_moe"] = dict(TEXT_OF["qwen3_vl"], moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
                                tie_word_embeddings=False)  # fmt: skip
 VISION["qwen3_vl_moe"] = VISION["qwen3_vl"]
+# Qwen3.5: Qwen3-VL's tower without DeepStack; a hybrid decoder: linear attention (2 key heads of 8, 4 value heads of
+# 12, 4 conv taps) in layers 0, 1 and 3 (the last: the output-rows path), gated full attention in layer 2 with RoPE
+# on a quarter of each 32-wide head (interleaved M-RoPE over 4 frequencies)
+VISION["qwen3_5"] = VISION["qwen3_5_moe"] = dict(VISION["qwen3_vl"], deepstack_visual_indexes=[])
+TEXT_OF["qwen3_5"] = dict(TEXT, num_hidden_layers=4, head_dim=32, linear_key_head_dim=8, linear_value_head_dim=12,
+                          linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4,
+                          layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1],
+                                               mrope_interleaved=True, partial_rotary_factor=0.25))  # fmt: skip
+# Qwen3.5-MoE: 4 experts of width 24, 2 per token, a gated shared expert of width 40
+TEXT_OF["qwen3_5_moe"] = dict({k: v for k, v in TEXT_OF["qwen3_5"].items() if k != "intermediate_size"},
+                              moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=4,
+                              num_experts_per_tok=2)  # fmt: skip
 
 
 def pixel_budget(model_type: str) -> tuple[int, int]:
@@ -71,6 +84,8 @@ def tiny_qwen_vl_dir(root: Path, model_type: str, seed: int = 0) -> Path:
         "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
         "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
         "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration"),
+        "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+        "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration"),
     }[model_type]
     vision = dict(VISION[model_type], patch_size=PATCHES[model_type], spatial_merge_size=MERGE, temporal_patch_size=2)
     torch.manual_seed(seed)

@@ -85,6 +85,16 @@ FAMILIES: dict[str, list[str]] = {
     # block, scaled embeddings, bidirectional attention inside each image; the gemma3 projector (pool, RMSNorm, linear)
     # behind its SigLIP's post-LayerNorm features; untied so that PP2 applies
     "gemma3": ["model=tiny_gemma3", "vision=tiny_gemma3"],
+    # Qwen3.5: the hybrid decoder (Gated DeltaNet in layers 0-2, gated attention in layer 3) behind Qwen3-VL's tower
+    # without DeepStack; its MoE twin: 4 experts of width 64 and a gated shared expert in every block
+    "qwen3_5_native": ["model=tiny_qwen3_5", "vision=tiny_qwen3_5"],
+    "qwen3_5_moe_native": [
+        "model=tiny_qwen3_5",
+        "vision=tiny_qwen3_5",
+        "++model.mm_cfg.llm.arch_overrides={family:qwen3_5_moe,num_moe_experts:4,intermediate_size:64,"
+        "moe_shared_expert_intermediate_size:64,moe_shared_expert_gate:true,mrope_section:[2,1,1],"
+        "mrope_interleaved:true}",
+    ],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",

@@ -168,11 +168,13 @@ def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
     """CP2 × DP2, CP2 × TP2 + SP and CP2 × PP2 equal one process; Qwen3-VL's native tower too (its DeepStack
     additions sequence-split under SP, on PP's first stage); so do CP2 × EP2 and CP2 × EP4 on a tiny MoE (loss with
     the routers' term, gradient norm, the routers' term and loads; CP2 × EP4 under bf16 O2 within bf16's error), and
-    the preference stage (DPO) under CP2 × TP2 + SP."""
+    the preference stage (DPO) under CP2 × TP2 + SP. Qwen3.5's hybrid decoder under CP2 × DP2: its linear-attention
+    layers pass the convolution's inputs and the recurrent state from chunk to chunk over each cp pair."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
     video_ckpt = make_checkpoint(tmp_path / "video", "llama_clip_video")
     qwen3_ckpt = make_checkpoint(tmp_path / "qwen3", "qwen3_vl_native")
     moe_ckpt = make_checkpoint(tmp_path / "moe", extra=[MOE])
+    hybrid_ckpt = make_checkpoint(tmp_path / "qwen3_5", "qwen3_5_native")
     data = {
         "padded": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, False)],
         "packed": [f"model.restore_from_path={ckpt}", *llava_overrides(llava_dir, True)],
@@ -185,8 +187,11 @@ def test_four_rank_cp_layouts_match_one_process(llava_dir, tmp_path):
         ],
     }
     moe = [f"model.restore_from_path={moe_ckpt}", MOE, *llava_overrides(llava_dir, True)]
-    refs = {name: train_losses(d, STEPS) for name, d in {**data, "moe_packed": moe}.items()}
+    hybrid = [f"model.restore_from_path={hybrid_ckpt}", *FAMILIES["qwen3_5_native"], *llava_overrides(llava_dir, True)]
+    hybrid.append("model.data.conv_template=chatml")
+    refs = {name: train_losses(d, STEPS) for name, d in {**data, "moe_packed": moe, "qwen3_5_packed": hybrid}.items()}
     jobs = [(f"{lay}/{name}", d + CP2 + o, STEPS) for lay, o in FOUR_RANK.items() for name, d in data.items()]
+    jobs.append(("cp2_dp2/qwen3_5_packed", hybrid + CP2 + FOUR_RANK["cp2_dp2"], STEPS))
     jobs += [(f"{lay}/moe_packed", moe + CP2 + o, STEPS) for lay, o in EXPERT_LAYOUTS.items()]
     # the preference stage under CP2 x TP2 + SP: its pair head reads the vocab-sharded logits of each cp shard's
     # positions (next_labels) and sums each sequence's log-probs over the cp pair (CP2 alone: test_dpo_layouts)

@@ -3,7 +3,10 @@
 (tower and merger on stage 0, three position axes through the stages) and DP2 ZeRO-3: each equals one process per
 step; DP2 logs the most and the mean tower patches per rank (their mean × 2 = the one process's patches).
 Qwen3-VL's DeepStack (features added to decoder layers 0 and 1: sequence-split under SP, on PP's first stage) the
-same in the same spawn, and Qwen3-VL-MoE under EP2."""
+same in the same spawn, and Qwen3-VL-MoE under EP2. Qwen3.5's hybrid decoder (Gated DeltaNet layers: heads sharded
+under TP, the packed samples' states restarting in every layout) under TP2+SP, PP2 (the linear layers on stage 0,
+the attention layer on stage 1), DP2 ZeRO-3 and CP2 (state and convolution inputs passed chunk to chunk), and Qwen3.5-MoE (a gated shared expert beside the routed ones)
+under EP2."""
 
 from __future__ import annotations
 
@@ -21,13 +24,21 @@ LAYOUTS = {
     "dp2_zero3": ["model.data_parallel=fsdp", "model.zero_stage=3"],
 }
 EP2 = {"ep2": ["model.expert_model_parallel_size=2"]}
+# Qwen3.5's linear-attention layers under CP2 too: the convolution's inputs and the state passed chunk to chunk
+HYBRID = {**LAYOUTS, "cp2": ["model.context_parallel_size=2"]}
 
 
 def test_native_resolution_layouts_match_one_process(tmp_path):
     llava_dir = tmp_path / "llava"
     write_llava_set(llava_dir)
     runs, refs = [], {}
-    layouts = {"qwen2_5_vl_native": LAYOUTS, "qwen3_vl_native": LAYOUTS, "qwen3_vl_moe_native": EP2}
+    layouts = {
+        "qwen2_5_vl_native": LAYOUTS,
+        "qwen3_vl_native": LAYOUTS,
+        "qwen3_vl_moe_native": EP2,
+        "qwen3_5_native": HYBRID,
+        "qwen3_5_moe_native": EP2,
+    }
     for family in layouts:
         ckpt = make_checkpoint(tmp_path / f"ckpt_{family}", family)
         data = [f"model.restore_from_path={ckpt}", *FAMILIES[family], *llava_overrides(llava_dir, True)]

@@ -1,0 +1,155 @@
+"""The gated delta rule (Gated DeltaNet, Yang et al. 2024): chunked for prompts and training, one step for decoding.
+
+Per value head, with the query / key of its key head L2-normalised and the query scaled by ``key_head_dim ** -0.5``,
+a state ``S`` ``[dk, dv]`` evolves over the tokens as
+
+    S_t = a_t (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,    o_t = S_t^T q_t,
+
+``a_t = exp(g_t)`` the decay (``g <= 0``, log space) and ``b_t`` the write strength. Chunked form (all positions of
+a chunk of C at once, the state passed from chunk to chunk): with ``G`` the cumulative ``g`` inside the chunk and
+``S_0`` the state before it, the corrections ``E`` (what each token writes) solve the unit lower-triangular system
+
+    (I + A) E = b V - b exp(G) K S_0,   A_ti = b_t exp(G_t - G_i) k_t^T k_i  (i < t),
+
+written ``E = U - W S_0`` (one triangular solve for both right-hand sides), and
+
+    O = exp(G) Q S_0 + (Q K^T ∘ exp(G_t - G_i), i <= t) E,
+    S_C = exp(G_C) S_0 + (K ∘ exp(G_C - G))^T E.
+
+Padding a sequence with ``b = 0`` and ``g = 0`` leaves the state as it was (``neva.models.gated_deltanet`` pads
+each packed sample so and reads its final state at the padded end). On CUDA, ``flash-linear-attention``'s kernel
+(``fla.ops.gated_delta_rule``) computes the same when it is installed; neva's own code runs otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 32
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(|x|² + eps)`` over the last dimension (the kernels' rule, eps inside the root)."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
+
+
+@functools.cache
+def fla_kernel():
+    """``flash-linear-attention``'s chunked gated delta rule, or None where it is not installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
+def _prepare(q, k, v, g, beta):
+    """fp32 ``[B, H, S, d]`` queries / keys per value head (normalised, query scaled), values, ``[B, H, S]`` g, beta."""
+    heads = v.shape[2]
+    q, k = l2_normalize(q.float()), l2_normalize(k.float())
+    if k.shape[2] != heads:  # each key head serves consecutive value heads
+        q = q.repeat_interleave(heads // k.shape[2], dim=2)
+        k = k.repeat_interleave(heads // k.shape[2], dim=2)
+    q = q * q.shape[-1] ** -0.5
+    return [t.transpose(1, 2).float() for t in (q, k, v)] + [t.transpose(1, 2).float() for t in (g, beta)]
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    use_kernel: bool = True,
+    resets: torch.Tensor | None = None,
+    fresh: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outputs ``[B, S, Hv, dv]`` (q's dtype) and the final state ``[B, Hv, dk, dv]`` (fp32).
+
+    ``q``, ``k`` ``[B, S, Hk, dk]`` (not yet normalised), ``v`` ``[B, S, Hv, dv]``, ``g`` (log decay, <= 0) and
+    ``beta`` ``[B, S, Hv]``; ``initial_state`` None = zeros. ``resets`` ``[B, S / CHUNK]``: chunks that start with a
+    zero state (packed samples, each starting a chunk; ``S`` a multiple of ``CHUNK``); ``fresh``: every row's first
+    chunk is one (known on the host: reading ``resets`` would sync). ``use_kernel``: take fla's kernel on CUDA where
+    installed, from a zero state (packed rows as its variable-length sequences).
+    """
+    fresh = initial_state is None and (resets is None or fresh)
+    kernel = fla_kernel() if use_kernel and q.is_cuda and fresh else None
+    if kernel is None:
+        return chunked_delta_rule(q, k, v, g, beta, initial_state, resets=resets)
+    b, s, heads = v.shape[:3]
+    if k.shape[2] != heads:
+        q = q.repeat_interleave(heads // k.shape[2], dim=2)
+        k = k.repeat_interleave(heads // k.shape[2], dim=2)
+    if resets is None:
+        out, state = kernel(
+            q, k, v, g=g.float(), beta=beta, output_final_state=True, use_qk_l2norm_in_kernel=True
+        )  # fmt: skip
+        return out.to(q.dtype), state.float()
+    # Every reset chunk starts a sequence of the flattened rows (each row's first chunk is one); a row's final state
+    # is its last sequence's (the gap after it leaves the state alone).
+    starts = resets.reshape(-1).nonzero().squeeze(1) * CHUNK
+    bounds = torch.cat([starts, starts.new_tensor([b * s])])
+    flat = [t.reshape(1, b * s, *t.shape[2:]) for t in (q, k, v, g.float(), beta)]
+    out, states = kernel(
+        *flat[:3], g=flat[3], beta=flat[4], output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=bounds
+    )  # fmt: skip
+    last = resets.sum(dim=1).cumsum(0) - 1
+    return out.view(b, s, heads, -1).to(q.dtype), states[last].float()
+
+
+def chunked_delta_rule(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK, resets=None):
+    """neva's own chunked computation (module docstring); the arguments of ``gated_delta_rule``."""
+    dtype, (b, s, _, _) = q.dtype, q.shape
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    heads, dk, dv = v.shape[1], k.shape[-1], v.shape[-1]
+    pad = -s % chunk
+    if pad:  # b = g = 0 on the padding: the state passes through it unchanged
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    n = (s + pad) // chunk
+    q, k, v = (t.reshape(b, heads, n, chunk, t.shape[-1]) for t in (q, k, v))
+    g, beta = g.reshape(b, heads, n, chunk), beta.reshape(b, heads, n, chunk)
+    cum = g.cumsum(-1)  # G
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # exp(G_t - G_i), i<=t
+    k_beta = k * beta[..., None]
+    system = (k_beta @ k.transpose(-1, -2)) * decay  # A (its diagonal is ignored: unit triangular)
+    rhs = torch.cat([v * beta[..., None], k_beta * cum.exp()[..., None]], dim=-1)
+    u, w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split([dv, dk], dim=-1)
+    scores = (q @ k.transpose(-1, -2)) * decay
+    q_decayed = q * cum.exp()[..., None]
+    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
+    chunk_decay = cum[..., -1].exp()[..., None, None]
+    state = q.new_zeros(b, heads, dk, dv) if initial_state is None else initial_state.float()
+    keep = None if resets is None else (~resets).to(state.dtype)[:, :, None, None, None].unbind(1)  # [B, 1, 1, 1]
+    # One unbind per tensor, not an index per chunk: the backward of ``t[:, :, i]`` fills a zero tensor of the whole
+    # ``t`` per chunk (n² work), ``unbind``'s stacks the n gradients once.
+    chunks = zip(*(t.unbind(2) for t in (u, w, q_decayed, scores, k_to_end.transpose(-1, -2), chunk_decay)))
+    outs = []
+    for i, (u_i, w_i, q_i, scores_i, k_i, decay_i) in enumerate(chunks):
+        if keep is not None:
+            state = state * keep[i]
+        written = u_i - w_i @ state
+        outs.append(q_i @ state + scores_i @ written)
+        state = state * decay_i + k_i @ written
+    out = torch.stack(outs, dim=2).reshape(b, heads, n * chunk, dv)[:, :, :s]
+    return out.transpose(1, 2).to(dtype), state
+
+
+def delta_rule_step(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token by token from ``state`` (decoding: usually one token); the arguments of ``gated_delta_rule``."""
+    dtype = q.dtype
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    state = state.float()
+    outs = []
+    for t in range(q.shape[2]):
+        state = state * g[:, :, t, None, None].exp()
+        predicted = (k[:, :, t, :, None] * state).sum(-2)  # S^T k
+        written = (v[:, :, t] - predicted) * beta[:, :, t, None]
+        state = state + k[:, :, t, :, None] * written[:, :, None, :]
+        outs.append((q[:, :, t, :, None] * state).sum(-2))
+    return torch.stack(outs, dim=1).to(dtype), state

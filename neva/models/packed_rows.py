@@ -1,0 +1,90 @@
+"""Packed rows for linear attention: each sample restarts the convolution and the delta rule's state.
+
+The convolution runs on the packed row, each tap masked where it would reach into the previous sample
+(``causal_conv``); the delta rule runs on a copy of the row in which every sample starts on a chunk boundary
+(``neva.models.delta_rule.CHUNK``; the gap after a sample is zeros, whose ``beta = g = 0`` leave the state alone) and
+the state is reset at each sample's first chunk (``PackedRows``). No chunk holds two samples, so each is computed as
+alone, and a row costs its tokens plus under one chunk per sample (padding every sample to the longest would cost
+the longest times the samples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from neva.models.attention import segment_runs
+from neva.models.delta_rule import CHUNK
+
+
+@dataclass
+class PackedRows:
+    """Where each token of ``[B, S]`` packed rows sits when every run of equal segment ids starts a chunk.
+
+    ``slots`` ``[B·S]``: each token's place (row-major) in the flattened ``[B, W]`` layout (``W`` a multiple of the
+    chunk); ``resets`` ``[B, W / chunk]``: chunks that start a run; ``taps`` ``[K - 1, B, S]``: whether the token ``j
+    + 1`` columns back (tap ``j``) is in the same run; ``last`` ``[B]``: the start column of each row's last run."""
+
+    shape: tuple[int, int]
+    width: int
+    slots: torch.Tensor
+    resets: torch.Tensor
+    taps: torch.Tensor
+    last: torch.Tensor
+
+    @staticmethod
+    def of(segment_ids: torch.Tensor, kernel: int, device: torch.device) -> PackedRows | None:
+        """None where every row is one run (nothing to restart)."""
+        rows = segment_runs(segment_ids.cpu())
+        if all(len(r) == 1 for r in rows):
+            return None
+        return PackedRows.from_runs(
+            [[(st, e, True) for st, e in r] for r in rows], segment_ids.shape[1], kernel, device
+        )
+
+    @staticmethod
+    def from_runs(rows: list[list[tuple[int, int, bool]]], s: int, kernel: int, device: torch.device) -> PackedRows:
+        """From each row's runs ``(start, end, fresh)`` (tiling its ``s`` columns); a run not ``fresh`` continues a
+        state from before the row (context parallelism's chunks): its first chunk is no reset."""
+        b = len(rows)
+        width = max(sum(-(-(e - st) // CHUNK) * CHUNK for st, e, _ in runs) for runs in rows)
+        slots, resets = [], torch.zeros(b, width // CHUNK, dtype=torch.bool)
+        starts = torch.zeros(b, s, dtype=torch.long)
+        for r, runs in enumerate(rows):
+            at = 0
+            for st, e, fresh in runs:
+                slots.extend(range(r * width + at, r * width + at + e - st))
+                resets[r, at // CHUNK] = fresh
+                starts[r, st:e] = st
+                at += -(-(e - st) // CHUNK) * CHUNK
+        cols = torch.arange(s)
+        taps = torch.stack([cols - j - 1 >= starts for j in range(kernel - 1)])
+        last = torch.tensor([runs[-1][0] for runs in rows])
+        return PackedRows(
+            (b, s), width, torch.tensor(slots, device=device), resets.to(device), taps.to(device), last.to(device)
+        )
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, S, ...]`` → ``[B, W, ...]`` (zeros in the gaps)."""
+        flat = x.reshape(-1, *x.shape[2:])
+        out = flat.new_zeros(self.shape[0] * self.width, *x.shape[2:])
+        return out.index_copy(0, self.slots, flat).view(self.shape[0], self.width, *x.shape[2:])
+
+    def join(self, y: torch.Tensor) -> torch.Tensor:
+        """``[B, W, ...]`` → ``[B, S, ...]``."""
+        return y.reshape(-1, *y.shape[2:]).index_select(0, self.slots).view(*self.shape, *y.shape[2:])
+
+
+def causal_conv(qkv: torch.Tensor, filters: torch.Tensor, taps: torch.Tensor | None = None) -> torch.Tensor:
+    """Depthwise causal convolution of ``qkv`` ``[N, C, L]`` by ``filters`` ``[C, 1, K]`` (zeros before the row),
+    each tap ``j`` (reaching ``j + 1`` columns back) dropped where ``taps[j]`` ``[N, L]`` is False."""
+    kernel = filters.shape[-1]
+    if taps is None:
+        return F.conv1d(F.pad(qkv, (kernel - 1, 0)), filters, groups=qkv.shape[1])
+    out = qkv * filters[:, :, -1]  # the token itself: the filter's last tap (cross-correlation, as conv1d)
+    for j in range(kernel - 1):
+        back = F.pad(qkv, (j + 1, 0))[..., : qkv.shape[-1]] * taps[j][:, None, :]
+        out = out + back * filters[:, :, kernel - 2 - j]
+    return out
