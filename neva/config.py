@@ -245,6 +245,7 @@ class GRPOConfig:
     loss_type: str = "grpo"  # grpo (sequence means) | dapo (token-level) | dr_grpo (constant: N x max_new_tokens)
     scale_rewards: str = "group"  # group | batch | none (no std division: Dr. GRPO)
     beta: float = 0.0  # coefficient of the k3 KL to the reference; 0 builds no reference
+    kl_ratio_correction: bool = False  # k3 x the policy ratio (TRL's use_bias_correction_kl, its default True)
     epsilon: float = 0.2  # clip's lower bound 1 - epsilon
     epsilon_high: float | None = None  # clip's upper bound 1 + epsilon_high (DAPO's clip-higher: 0.28); None: epsilon
     num_iterations: int = 1  # mu: updates per rollout batch, against the log-probs recorded before the first

@@ -11,6 +11,8 @@ before the first of the ``num_iterations`` updates) and under the frozen referen
     ratio      ρ_t = exp(logp_t − old_t)
     token      ℓ_t = −min(ρ_t·A, clip(ρ_t, 1 − ε_low, 1 + ε_high)·A) + β·k3_t
     k3         k3_t = exp(ref_t − logp_t) − (ref_t − logp_t) − 1          (Schulman's low-variance KL estimator)
+               × ρ_t with kl_ratio_correction (TRL's use_bias_correction_kl, DeepSeek-V3.2: the unbiased
+               reverse-KL gradient off-policy; GRPO, EasyR1 and veRL leave it out, neva's default)
 
 and the step's loss is the tokens' sum over the global batch divided by what the variant normalises by
 (``LOSS_TYPES``; TRL's ``GRPOTrainer._compute_loss``, loss types of the same names):
@@ -69,15 +71,17 @@ def token_losses(
     eps_high: float,
     beta: float = 0.0,
     ref: torch.Tensor | None = None,
+    kl_ratio_correction: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-token loss, per-token k3 (zeros without a reference), whether the clip bound the token) for tensors of one
     shape: each token's log-prob under the policy, the sampling policy and the reference, and its completion's
-    advantage. A token counts as clipped where the clipped term is the smaller one, as TRL counts its clip ratio."""
+    advantage (the k3 returned is the estimate itself, without the ratio ``kl_ratio_correction`` weights the term
+    with). A token counts as clipped where the clipped term is the smaller one, as TRL counts its clip ratio."""
     ratio = torch.exp(logp - old)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     loss = -torch.min(ratio * advantage, clipped * advantage)
     kl = k3(logp, ref) if ref is not None else torch.zeros_like(logp)
     if beta:
-        loss = loss + beta * kl
+        loss = loss + beta * (kl * ratio if kl_ratio_correction else kl)
     bound = ((ratio < 1 - eps_low) & (advantage < 0)) | ((ratio > 1 + eps_high) & (advantage > 0))
     return loss, kl, bound

@@ -178,7 +178,9 @@ class GroupPolicyObjective:
         advantage = batch["advantages"].to(device, torch.float32)[safe_rows]
         old = _pick(batch["old_logps"], index, batch, device) if "old_logps" in batch else logp.detach()
         ref = _pick(batch["ref_logps"], index, batch, device) if "ref_logps" in batch else None
-        losses, kl, bound = token_losses(logp, old, advantage, self.cfg.epsilon, self.cfg.clip_high, self.cfg.beta, ref)
+        losses, kl, bound = token_losses(
+            logp, old, advantage, self.cfg.epsilon, self.cfg.clip_high, self.cfg.beta, ref, self.cfg.kl_ratio_correction
+        )
         weight = learned.float()
         if self.per_completion_mean:
             weight = weight / batch["row_tokens"].to(device, torch.float32).clamp(min=1)[safe_rows]

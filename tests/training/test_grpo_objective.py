@@ -85,13 +85,13 @@ def test_group_advantages_are_trls(scale):
     assert flat.tolist() == [False] * 3 + [True] * 3 + [False] * 3
 
 
-def direct_loss(lp, old, ref, adv, mask, loss_type, beta):
+def direct_loss(lp, old, ref, adv, mask, loss_type, beta, correction=False):
     coef_1 = torch.exp(lp - old)
     coef_2 = torch.clamp(coef_1, 1 - EPS, 1 + EPS_HIGH)
     per_token = -torch.min(coef_1 * adv[:, None], coef_2 * adv[:, None])
     kl = torch.exp(ref - lp) - (ref - lp) - 1
     if beta:
-        per_token = per_token + beta * kl
+        per_token = per_token + beta * (kl * coef_1 if correction else kl)
     if loss_type == "grpo":
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "dapo":
@@ -107,13 +107,15 @@ def direct_loss(lp, old, ref, adv, mask, loss_type, beta):
 CASES = [
     ("grpo", 0.0, "none", True), ("grpo", BETA, "model", True), ("dapo", BETA, "model", True),
     ("dr_grpo", BETA, "model", False), ("dapo", 0.0, "none", False), ("grpo", BETA, "lora", True),
-    ("dr_grpo", BETA, "lora", True),
+    ("dr_grpo", BETA, "lora", True), ("dapo", BETA, "model+correction", True),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("loss_type,beta,reference,recorded_old", CASES)
 def test_update_equals_direct_computation(loss_type, beta, reference, recorded_old):
     torch.set_num_threads(1)
+    correction = reference.endswith("+correction")  # the KL term weighted by the policy ratio
+    reference = reference.removesuffix("+correction")
     hf, hf_ref = tiny_llava(seed=0), tiny_llava(seed=1)
     b = rollout_batch(hf)
     policy = neva_from_hf(hf)
@@ -124,7 +126,8 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
             if isinstance(m, LoRALinear):
                 torch.nn.init.normal_(m.lora_b.weight, std=0.05)
     cfg = GRPOConfig(num_generations=G, loss_type=loss_type, beta=beta, epsilon=EPS, epsilon_high=EPS_HIGH,
-                     max_new_tokens=MAX_NEW, num_iterations=2 if recorded_old else 1)  # fmt: skip
+                     max_new_tokens=MAX_NEW, num_iterations=2 if recorded_old else 1,
+                     kl_ratio_correction=correction)  # fmt: skip
     objective = GroupPolicyObjective(cfg)
     cpu = torch.device("cpu")
     parallel = ParallelModel([policy], Layout(), None, policy)
@@ -166,7 +169,7 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
     old = batch["old_logps"][:, :-1] if recorded_old else lp.detach()
     if recorded_old:  # the recorded values are the policy's own at the learned positions (noise aside)
         torch.testing.assert_close((old - noise[:, :-1]) * mask, lp.detach() * mask, rtol=1e-5, atol=1e-5)
-    total, kl, clip = direct_loss(lp, old, ref, advantages, mask, loss_type, beta)
+    total, kl, clip = direct_loss(lp, old, ref, advantages, mask, loss_type, beta, correction)
     kl, clip = kl.detach(), clip.detach()
     grads = torch.autograd.grad(total, list(direct_params.values()), allow_unused=True)
 
