@@ -461,7 +461,7 @@ class ClusterConfig:
     efficiency: dict[str, Any] = field(default_factory=dict)
 
 
-STAGES = ("pretrain", "finetune", "dpo")
+STAGES = ("pretrain", "finetune", "dpo", "grpo")
 
 
 @dataclass
@@ -483,6 +483,14 @@ class TrainConfig:
         """How the preference stage's reference runs (training and the planner alike): ``frozen`` (a second model),
         ``adapters_off`` (the trained model, LoRA), or None (not a preference stage, or precomputed log-probs: no
         reference forward in training)."""
+        if self.stage == "grpo":  # the online RL stage's KL term (none without it: no reference is built)
+            return (
+                None
+                if self.model.grpo.beta == 0
+                else "adapters_off"
+                if self.model.peft.peft_scheme == "lora"
+                else "frozen"
+            )
         if self.stage != "dpo" or self.model.dpo.precompute_ref_log_probs:
             return None
         return "adapters_off" if self.model.peft.peft_scheme == "lora" else "frozen"

@@ -42,7 +42,11 @@ class ModelSource:
 
 # The stage a stage starts from when neither model.restore_from_path nor HF weights are given, and how its output is
 # named in the refusal.
-STARTS_FROM = {"finetune": ("pretrain", "pretrained"), "dpo": ("finetune", "finetuned")}
+STARTS_FROM = {
+    "finetune": ("pretrain", "pretrained"),
+    "dpo": ("finetune", "finetuned"),
+    "grpo": ("finetune", "finetuned"),
+}
 
 
 def default_start(cfg: TrainConfig) -> str:

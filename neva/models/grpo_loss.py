@@ -37,24 +37,28 @@ LOSS_TYPES: dict[str, tuple[bool, str]] = {
 SCALE_REWARDS = ("group", "batch", "none")
 
 
-def _std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    n = x.numel() if dim is None else x.shape[dim]
-    if n < 2:
-        return torch.zeros(()) if dim is None else torch.zeros(x.shape[:dim] + x.shape[dim + 1 :], dtype=x.dtype)
-    return x.std() if dim is None else x.std(dim=dim)
+def _nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Unbiased std over the non-NaN entries (TRL's ``nanstd``); NaN where fewer than two."""
+    mean = x.nanmean() if dim is None else x.nanmean(dim, keepdim=True)
+    n = (~x.isnan()).sum() if dim is None else (~x.isnan()).sum(dim)
+    sq = (x - mean) ** 2
+    var = (sq.nansum() if dim is None else sq.nansum(dim)) / (n - 1).clamp(min=1)
+    return torch.where(n > 1, var.sqrt(), torch.full_like(var, float("nan")))
 
 
 def group_advantages(rewards: torch.Tensor, group: int, scale: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages ``[N]``, whether each completion's group has all-equal rewards ``[N]``) of rewards ``[N]`` laid
-    out group by group (``group`` consecutive completions per prompt)."""
+    out group by group (``group`` consecutive completions per prompt). A NaN reward (no reward function scored the
+    completion) is left out of its group's mean and std and takes advantage 0, as in TRL."""
     grouped = rewards.float().view(-1, group)
-    centred = (grouped - grouped.mean(1, keepdim=True)).flatten()
-    group_std = _std(grouped, 1).repeat_interleave(group)
+    centred = (grouped - grouped.nanmean(1, keepdim=True)).flatten()
+    group_std = _nanstd(grouped, 1).nan_to_num(0.0).repeat_interleave(group)
     flat = torch.isclose(group_std, torch.zeros_like(group_std))
-    if scale == "none":
-        return centred, flat
-    std = group_std if scale == "group" else _std(rewards.float()).expand_as(centred)
-    return centred / (std + EPS), flat
+    if scale == "group":
+        centred = centred / (group_std + EPS)
+    elif scale == "batch":
+        centred = centred / (_nanstd(rewards.float()).nan_to_num(0.0) + EPS)
+    return centred.nan_to_num(0.0), flat
 
 
 def k3(logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

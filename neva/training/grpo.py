@@ -160,12 +160,11 @@ class GroupPolicyObjective:
 
     # -- head objective ---------------------------------------------------------------------------------------
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
-        rows = int(batch["advantages"].shape[0])
+        counts = learned_counts(batch["labels"])
         if self.unit == "tokens":
-            return learned_counts(batch["labels"]).sum()
-        if self.unit == "completions":
-            return torch.tensor(rows)
-        return torch.tensor(rows * self.cfg.max_new_tokens)
+            return counts.sum()
+        rows = int((counts > 0).sum())  # a completion dropped by dynamic sampling learns nothing and is not counted
+        return torch.tensor(rows if self.unit == "completions" else rows * self.cfg.max_new_tokens)
 
     # The loss is right on a context-parallel shard of a batch: each rank sums its own tokens' terms, with weights
     # counted on the whole rows (``prepare``), and the engine sums the gradients over cp.

@@ -24,6 +24,8 @@ from neva.parallel.precision import Precision
 from neva.training.callbacks import MetricsCSV
 from neva.training.dpo import PreferenceObjective
 from neva.training.engine import Engine
+from neva.training.grpo import GroupPolicyObjective
+from neva.training.grpo_step import GroupRolloutStep, rollout_step
 from neva.training.optim import build_optimizer, build_scheduler
 from neva.training.resume_check import CONFIG_KEY, check_resume, config_record
 from neva.training.tower_work import tower_patch_metrics
@@ -156,6 +158,7 @@ class NevaModule(pl.LightningModule):
         self._flops: SampleFlops | None = None
         self._train_batches: StepBatches | None = None
         self._start: dict[str, str] | None = None  # the start's path and sha256, hashed at the first save
+        self.rollout_step: GroupRolloutStep | None = None  # stage=grpo
 
     # -- model ---------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -179,19 +182,26 @@ class NevaModule(pl.LightningModule):
             getattr(strategy, "dims", None),
         )
         preference = PreferenceObjective.of(self.cfg)  # stage=dpo: the pairs' objective replaces token CE
+        policy = GroupPolicyObjective.of(self.cfg)  # stage=grpo: the rollouts' objective
+        head = preference or policy
         self.engine = Engine(
             parallel,
             self.precision_policy,
             device,
             packed=self.cfg.model.data.packing,
             loss_normalization=self.cfg.model.loss_normalization,
-            head=preference,
-            objectives=(preference,) if preference is not None else (),
+            head=head,
+            objectives=(head,) if head is not None else (),
         )
         if preference is not None:
             preference.attach_reference(
                 self.engine, self.cfg, self.source, self.layout, self.precision_policy, parallel.dims, data=self.data
             )
+        if policy is not None:
+            policy.attach_reference(
+                self.engine, self.cfg, self.source, self.layout, self.precision_policy, parallel.dims
+            )
+            self.rollout_step = rollout_step(self.cfg, self.engine, self.source, self.data, self.layout)
         self.model = self.engine.model
         self.trainable_params = counts["trainable"]
 
@@ -217,6 +227,8 @@ class NevaModule(pl.LightningModule):
         self.model.train()
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
+        if self.rollout_step is not None:  # stage=grpo: rollouts, rewards, num_iterations updates
+            return self._rollout_training_step(optimizer, scheduler, micro_batches)
         n_tokens = self.engine.global_tokens(micro_batches)
         if n_tokens.item() == 0:
             self._skip_step(optimizer, micro_batches)
@@ -228,6 +240,18 @@ class NevaModule(pl.LightningModule):
         scheduler.step()
         self._log_step(micro_batches, loss, n_tokens, lr, grad_norm)
         return loss
+
+    def _rollout_training_step(self, optimizer: Any, scheduler: Any, micro_batches: list[dict[str, Any]]) -> None:
+        step = self.global_step
+        metrics = self.rollout_step.run(optimizer, scheduler, micro_batches, step)
+        metrics["lr"] = optimizer.param_groups[-1]["lr"]
+        metrics["step_time"] = time.perf_counter() - (self._step_start or time.perf_counter())
+        metrics.update(self.data.skip_tracker.metrics())
+        if step % max(1, self.cfg.trainer.log_every_n_steps) == 0:
+            self._record(self.global_step, metrics)
+        for key in ("train_loss", "reward", "kl"):
+            if key in metrics and metrics[key] == metrics[key]:
+                self.log("loss" if key == "train_loss" else key, metrics[key], prog_bar=True, logger=False)
 
     def _skip_step(self, optimizer: Any, micro_batches: list[dict[str, Any]]) -> None:
         """A global batch without a learned token (all its samples skipped, on every rank, so all ranks agree): no
@@ -301,10 +325,19 @@ class NevaModule(pl.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self.model.eval()
+        if self.rollout_step is not None:  # stage=grpo: held-out prompts answered and scored
+            self.rollout_step.held_out(batch)
+            return
         loss, n_tokens = self.engine.evaluate([batch])
         self._val_sums.append(torch.stack([loss * n_tokens, n_tokens]))
 
     def on_validation_epoch_end(self) -> None:
+        if self.rollout_step is not None:
+            held_out = self.rollout_step.held_out_metrics()
+            self.log("val_reward", held_out["val_reward"], prog_bar=True, logger=False, rank_zero_only=True)
+            if not self.trainer.sanity_checking:
+                self._record(self.global_step, held_out)
+            return
         if not self._val_sums:
             return
         total = torch.stack(self._val_sums).sum(0)

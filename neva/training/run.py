@@ -23,6 +23,7 @@ from neva.checkpoint.neva_format import run_metadata
 from neva.checkpoint.source import resolve_source
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
+from neva.data.grpo_prompts import PromptDataModule
 from neva.data.preference import PreferenceDataModule
 from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
@@ -33,6 +34,7 @@ from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoi
 from neva.training.dpo import check_preference_config
 from neva.training.eval_hook import EvalDuringTraining, InTrainingEval
 from neva.training.export import save_final
+from neva.training.grpo import check_grpo_config
 from neva.training.guards import check_trained, plan_steps, plan_training_data
 from neva.training.module import NevaModule
 from neva.training.stop_signal import StopOnSignal, StoppedBySignal, ignore_further_signals
@@ -72,6 +74,9 @@ def data_module_type(cfg: TrainConfig) -> Callable[..., NevaDataModule]:
     if cfg.stage == "dpo":
         check_preference_config(cfg)
         return functools.partial(PreferenceDataModule, precomputed=cfg.model.dpo.precompute_ref_log_probs)
+    if cfg.stage == "grpo":  # prompts with checkable answers; the rows are the rollouts' (neva/training/grpo_step.py)
+        check_grpo_config(cfg)
+        return PromptDataModule
     return NevaDataModule
 
 

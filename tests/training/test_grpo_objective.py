@@ -198,3 +198,12 @@ def test_reference_is_unused_without_kl():
     labels = torch.tensor([[IGNORE_INDEX, 5, 6], [IGNORE_INDEX, IGNORE_INDEX, 7]])
     out = objective.prepare({"labels": labels, "input_ids": labels.clamp(min=0)})
     assert out["row_tokens"].tolist() == [2, 1] and "ref_logps" not in out
+
+
+def test_unscored_completions_leave_the_baseline():
+    """A NaN reward (no function scored it): out of its group's mean and std, advantage 0 (TRL's rule)."""
+    rewards = torch.tensor([1.0, float("nan"), 0.0, 0.5, 0.5, 0.5])
+    ours, flat = group_advantages(rewards, 3, "group")
+    expected = trl_advantages(torch.tensor([1.0, 0.0]), "group", 2)
+    torch.testing.assert_close(ours, torch.tensor([expected[0], 0.0, expected[1], 0.0, 0.0, 0.0]))
+    assert flat.tolist() == [False] * 3 + [True] * 3
