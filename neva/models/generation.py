@@ -171,6 +171,7 @@ def generate(
     image_grid: torch.Tensor | None = None,
     video_grid: torch.Tensor | None = None,
     repeats: int = 1,
+    all_steps: bool = False,
 ) -> list[list[int]]:
     """Generate continuations for a batch of prompts.
 
@@ -195,6 +196,8 @@ def generate(
         repeats: continuations per prompt (the online RL stage's group): each prompt (its images encoded once) is
             prefilled once and its cache repeated, then ``repeats`` rows decode from it (sampled, each row its own
             draws: ``generator`` may be a list of one per output row).
+        all_steps: run every one of ``max_new_tokens`` decode forwards even once every row has stopped (a model whose
+            forward is a collective of ranks that generate for other prompts: FSDP2's gathers).
 
     Returns:
         The new token ids of each output row (prompt-major: prompt i's continuations at ``i * repeats + j``), ending
@@ -251,7 +254,7 @@ def generate(
             for row in (~done).nonzero().flatten().tolist():
                 if any(s in decode(out[row]) for s in cfg.stop_strings):
                     done[row] = True
-        if bool(done.all()) or step == cfg.max_new_tokens - 1:
+        if (bool(done.all()) and not all_steps) or step == cfg.max_new_tokens - 1:
             break
         pos = (next_positions + step)[None, :, None]  # one axis: equal on M-RoPE's three (rope_cos_sin)
         logits = model(

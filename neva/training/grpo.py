@@ -37,7 +37,7 @@ from neva.models.grpo_loss import LOSS_TYPES, token_losses
 from neva.models.lora import adapters_disabled
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel
-from neva.parallel.pipeline import PipelineRunner
+from neva.parallel.pipeline import PipelineRunner, pad_micro_batches
 from neva.parallel.precision import Precision
 from neva.training.dpo import frozen_reference
 
@@ -48,6 +48,9 @@ REFUSED = (
     ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
      "the objective's own normalisation (model.grpo.loss_type) divides the global batch's sum"),
     ("model.data.packing", lambda c: c.model.data.packing, "every completion keeps a row of its own"),
+    ("model.sequence_parallel", lambda c: c.model.sequence_parallel and c.model.tensor_model_parallel_size > 1,
+     "the rollouts generate on the training model, and a decoding step's one position cannot be split over the "
+     "tensor-parallel ranks (generation under sequence parallelism is not built); tensor parallelism alone runs"),
 )  # fmt: skip
 
 
@@ -91,19 +94,22 @@ def aligned_logps(
     b, s = logits.shape[:2]
     if batch.get("next_labels") is not None:  # a context-parallel shard: each position's own target
         target = batch["next_labels"][:b].to(device, non_blocking=True)
-    else:
-        target = torch.full((b, s), IGNORE_INDEX, dtype=torch.long)
-        target[:, :-1] = batch["labels"][:b, 1:s]
-        target = target.to(device, non_blocking=True)
-    nll = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        flat = logits.float().flatten(0, 1)
+        width = s
+    else:  # the last position predicts nothing (as the preference stage's head reads them)
+        target = batch["labels"][:b, 1:s].to(device, non_blocking=True)
+        flat = logits[:, :-1].float().flatten(0, 1)
+        width = s - 1
+    nll = F.cross_entropy(flat, target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
     nll = nll.full_tensor() if isinstance(nll, DTensor) else nll
     ent = None
-    if entropy and not isinstance(logits, DTensor):
-        logprobs = torch.log_softmax(logits.float().flatten(0, 1), dim=-1)
+    if entropy and not isinstance(flat, DTensor):
+        logprobs = torch.log_softmax(flat, dim=-1)
         ent = -(logprobs.exp() * logprobs).sum(-1)
-    rows = torch.arange(b, device=device).repeat_interleave(s)
+    rows = torch.arange(b, device=device).repeat_interleave(width)
     rows = torch.where(target.flatten() != IGNORE_INDEX, rows, -1)
-    return -nll, rows, torch.arange(b * s, device=device), ent
+    cols = torch.arange(width, device=device).repeat(b)
+    return -nll, rows, rows.clamp(min=0) * s + cols, ent
 
 
 def _pick(aligned: torch.Tensor, index: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
@@ -272,11 +278,14 @@ def token_forward(
     (LoRA: adapters off), without autograd."""
 
     def forward(batch: dict[str, Any]) -> torch.Tensor:
-        with torch.no_grad(), context(), engine._loss_context():
+        b, s = batch["input_ids"].shape
+        if engine.sp_multiple > 1:  # sequence parallelism splits the rows' positions evenly, as training pads them
+            batch = pad_micro_batches([batch], engine.sp_multiple)[0]
+        with torch.no_grad(), context():  # under the caller's loss_parallel (TP), which does not nest
             logits, ran = engine.head_logits(batch, model)
             logp, rows, index, _ = aligned_logps(logits, ran, engine.device)
             full = scatter_aligned(logp, index, rows, ran)
-        return full[: batch["input_ids"].shape[0], : batch["input_ids"].shape[1]]
+        return full[:b, :s]
 
     return forward
 
@@ -295,7 +304,7 @@ def pipeline_tokens(
             found.append(scatter_aligned(logp, index, rows, mb))
             return torch.zeros((), device=engine.device)
 
-        with torch.no_grad(), context(), engine._loss_context():
+        with torch.no_grad(), context():  # under the caller's loss_parallel (TP), which does not nest
             runner.evaluate([batch], engine.sp_multiple, head=head, split=engine._runner_split)
         b, s = batch["input_ids"].shape
         return found[-1][:b, :s] if found else torch.zeros(b, s, device=engine.device)
@@ -311,4 +320,5 @@ def record_old_logps(engine: Any, micro_batches: list[dict[str, Any]]) -> list[d
         if engine.parallel.runner is None
         else pipeline_tokens(engine, engine.parallel.runner)
     )
-    return [{**mb, "old_logps": forward(mb)} for mb in micro_batches]
+    with engine._loss_context():
+        return [{**mb, "old_logps": forward(mb)} for mb in micro_batches]

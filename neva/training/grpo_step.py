@@ -77,6 +77,8 @@ class GroupRolloutStep:
         self.exp_dir = exp_dir
         self.rewards = load_rewards(self.g.rewards)
         self.file_suffix = ""
+        self.last_rows: list[tuple[Any, list[int]]] = []
+        self.last_updates: list[tuple[float, float | None]] = []
         self.stops = tuple(dict.fromkeys([*stop_strings(template), *self.g.stop_strings]))
         eos = tuple(dict.fromkeys([*end_of_turn_ids(template, tokenizer)]))
         self.eos = eos
@@ -144,6 +146,8 @@ class GroupRolloutStep:
             rows += made
             micro_batches.append(made)
         rollout_time = time.perf_counter() - start
+        self.last_rows = [(r["record"].get("id"), r["ids"]) for r in rows]  # what the layout tests compare
+        self.last_updates: list[tuple[float, float | None]] = []
 
         prompt_texts = [
             self.tokenizer.decode(r["prompt"]["input_ids"].tolist(), skip_special_tokens=True) for r in rows
@@ -173,6 +177,7 @@ class GroupRolloutStep:
             metrics["train_loss"] = float(loss)
             if grad_norm is not None:
                 metrics["grad_norm"] = float(grad_norm)
+            self.last_updates.append((metrics["train_loss"], metrics.get("grad_norm")))
         update_time = time.perf_counter() - start
         metrics.update(self.engine.aux_metrics)
         metrics.update(self._metrics(rows, values, total, advantages, flat, rollout_time, update_time))

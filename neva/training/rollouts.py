@@ -85,6 +85,8 @@ class InRunRollouts:
                 decode=self.decode,
                 generator=generators,
                 repeats=group,
+                # FSDP2 / EP: every forward is a collective of the data-parallel ranks, which roll out other prompts
+                all_steps=not model.shares_questions,
             )
         finally:
             model.finish()

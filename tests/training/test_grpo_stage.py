@@ -92,6 +92,11 @@ def test_resume_draws_the_same_completions(tmp_path, tiny_checkpoint):
     assert read(first) == read(whole)
 
 
-def test_refusals(tmp_path, tiny_checkpoint):
-    with pytest.raises(ConfigError, match=r"model\.data\.packing"):
-        check_grpo_config(grpo_cfg(tmp_path, tiny_checkpoint, "model.data.packing=true"))
+@pytest.mark.parametrize("extra,key", [
+    (["model.data.packing=true"], r"model\.data\.packing"),
+    (["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"], r"model\.sequence_parallel"),
+    (["model.loss_normalization=micro_batch_mean"], r"model\.loss_normalization"),
+])  # fmt: skip
+def test_refused_settings_name_their_key(tmp_path, tiny_checkpoint, extra, key):
+    with pytest.raises(ConfigError, match=key):
+        check_grpo_config(grpo_cfg(tmp_path, tiny_checkpoint, *extra))
