@@ -23,6 +23,7 @@ from neva.planner.perf import StepTime, step_time
 from neva.planner.preference import (
     frozen_inventory,
     reference_bytes,
+    rollout_cache_bytes,
     sequence_deployment,
     sequences_per_sample,
 )
@@ -31,10 +32,10 @@ from neva.typed import ConfigError
 # Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
 # after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
 # A preference stage (dpo) has finetuning's conversations: a pair is two of them (neva.planner.preference).
-TEXT_TOKENS = {"pretrain": 100, "finetune": 450, "dpo": 450}
+TEXT_TOKENS = {"pretrain": 100, "finetune": 450, "dpo": 450, "grpo": 450}
 # Share of those text tokens that are learned: a pretrain sample's text is its caption, about half of a finetune
 # conversation's is the assistant's replies (the rest prompt and template). The LM head runs only there without TP.
-LEARNED_FRACTION = {"pretrain": 1.0, "finetune": 0.5, "dpo": 0.5}
+LEARNED_FRACTION = {"pretrain": 1.0, "finetune": 0.5, "dpo": 0.5, "grpo": 0.5}
 
 GiB = 1024**3
 
@@ -52,11 +53,14 @@ class StageMemory:
     working: float
     overhead: float
     reference: int = 0  # the preference stage's frozen reference copy (neva.planner.preference)
+    # the online RL stage's rollout KV cache (neva.planner.preference.rollout_cache_bytes): held while generating,
+    # when no activation of the update is, so the peak is the larger of the two
+    rollout: float = 0.0
 
     @property
     def total(self) -> float:
         fixed = self.params + self.grads + self.optimizer + self.reference
-        return fixed + self.activations + self.working + self.overhead
+        return fixed + max(self.activations + self.working, self.rollout) + self.overhead
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,7 @@ def plan_run(
                 working=working,
                 overhead=hw.eff.memory_overhead_gb * GiB,
                 reference=reference_bytes(infos, dep, s, layers) if reference == "frozen" else 0,
+                rollout=rollout_cache_bytes(cfg, ncfg, layout, seq, len(layers[s]), dep.compute_bytes),
             )
         )
     time = step_time(ncfg, infos, seq_dep, hw, seq, layers, flops)

@@ -11,6 +11,7 @@ model with its adapters off) or with ``model.dpo.precompute_ref_log_probs`` (no 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from neva.config import TrainConfig
 from neva.planner.deployment import Deployment
@@ -22,6 +23,8 @@ SEQUENCES_PER_SAMPLE = {"dpo": 2}
 
 
 def sequences_per_sample(cfg: TrainConfig) -> int:
+    if cfg.stage == "grpo":  # a prompt is its group's completions, each a row of the update
+        return cfg.model.grpo.num_generations
     return SEQUENCES_PER_SAMPLE.get(cfg.stage, 1)
 
 
@@ -48,3 +51,14 @@ def reference_bytes(infos: list[ParamInfo], dep: Deployment, stage: int, layers:
     (``data_parallel=fsdp``), cut into the run's pipeline stages and TP shards."""
     ref = dataclasses.replace(dep, layout=dataclasses.replace(dep.layout, data_parallel="fsdp"))
     return rank_state_bytes(frozen_inventory(infos), ref, stage, layers).params
+
+
+def rollout_cache_bytes(cfg: TrainConfig, ncfg: Any, layout: Any, seq: int, layers: int, width: int) -> float:
+    """The online RL stage's rollout KV cache on one rank of a stage with ``layers`` decoder layers: a micro-batch's
+    prompts × ``num_generations`` rows × (the planned sample's positions + ``max_new_tokens``) × keys and values of
+    this rank's kv heads (TP splits them), ``width`` bytes each (the activations'); 0 for other stages."""
+    if cfg.stage != "grpo":
+        return 0.0
+    g, llm = cfg.model.grpo, ncfg.llm
+    rows = layout.micro_batch_size * g.num_generations
+    return float(rows * (seq + g.max_new_tokens) * layers * 2 * (llm.num_kv_heads // layout.tp) * llm.head_dim * width)

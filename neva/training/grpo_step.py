@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,16 +86,18 @@ class GroupRolloutStep:
             top_p=self.g.top_p, eos_token_ids=eos, stop_strings=self.stops, pad_token_id=pad_id,
         )  # fmt: skip
         self.rollouts = rollouts or InRunRollouts(engine, decoding, lambda ids: tokenizer.decode(ids))
-        # Held-out prompts: one greedy completion each, scored by the same rewards (``val_reward``).
-        self.greedy = InRunRollouts(engine, replace(decoding, do_sample=False), lambda ids: tokenizer.decode(ids))
+        # Held-out prompts: one completion each, sampled as the rollouts sample (a greedy answer of a finetuned model
+        # is usually right already: the policy's expected reward is what the stage raises), seeded by the prompt
+        # alone, so every validation draws with the same seeds (``val_reward``).
         self._held_out: list[torch.Tensor] = []
 
     def held_out(self, batch: dict[str, Any]) -> None:
-        """Answer a validation micro-batch's prompts greedily and keep their rewards (``held_out_metrics``)."""
+        """Answer a validation micro-batch's prompts (one sampled completion each) and keep their rewards."""
         prompts, records = batch["prompts"], batch["records"]
         if not prompts:
             return
-        completions = self.greedy.sample(prompts, 1, [0] * len(prompts))
+        seeds = [rollout_seed(self.cfg.model.seed, -1, prompt_key(p, r), 0) for p, r in zip(prompts, records)]
+        completions = self.rollouts.sample(prompts, 1, seeds)
         texts = [completion_text(self.tokenizer, ids, self.stops) for ids in completions]
         prompt_texts = [self.tokenizer.decode(p["input_ids"].tolist(), skip_special_tokens=True) for p in prompts]
         values, _ = score(self.rewards, prompt_texts, texts, records, completions, self.g.max_new_tokens)
