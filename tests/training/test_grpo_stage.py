@@ -83,11 +83,14 @@ def test_resume_draws_the_same_completions(tmp_path, tiny_checkpoint):
     the uninterrupted run does (the data sampler's position rides in the checkpoint)."""
     torch.set_num_threads(1)
     every = "exp_manager.checkpoint_callback_params.every_n_train_steps=1"
-    whole = grpo_cfg(tmp_path / "a", tiny_checkpoint, every, "trainer.val_check_interval=100")
+    dynamic = "model.grpo.dynamic_sampling=true"  # DAPO: all-equal groups left out of the update (runs the path)
+    whole = grpo_cfg(tmp_path / "a", tiny_checkpoint, every, dynamic, "trainer.val_check_interval=100")
     run(whole)
-    first = grpo_cfg(tmp_path / "b", tiny_checkpoint, every, "trainer.val_check_interval=100", "trainer.max_steps=1")
+    first = grpo_cfg(
+        tmp_path / "b", tiny_checkpoint, every, dynamic, "trainer.val_check_interval=100", "trainer.max_steps=1"
+    )
     run(first)
-    run(grpo_cfg(tmp_path / "b", tiny_checkpoint, every, "trainer.val_check_interval=100"))
+    run(grpo_cfg(tmp_path / "b", tiny_checkpoint, every, dynamic, "trainer.val_check_interval=100"))
     read = lambda cfg: (Path(cfg.exp_manager.exp_dir) / "rollouts" / "step_2.jsonl").read_text()  # noqa: E731
     assert read(first) == read(whole)
 
