@@ -50,6 +50,9 @@ class GenerationConfig:
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     pad_token_id: int = 0  # fed for left padding and after a row has stopped; never attended to by real tokens
+    # ids never chosen (HF's suppress_tokens): the online RL stage's rollouts suppress the image / video placeholder,
+    # whose positions in a completion would ask for features no image gives
+    suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -95,6 +98,8 @@ def next_tokens(logits: torch.Tensor, seen: torch.Tensor, cfg: GenerationConfig,
     the batch, or a list of one per row (each row's draws then depend on its own seed alone, not on the batch it is
     in: the online RL stage's rollouts are the same under every layout)."""
     logits = apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
+    if cfg.suppress_tokens:
+        logits = logits.index_fill(-1, torch.tensor(cfg.suppress_tokens, device=logits.device), float("-inf"))
     if not cfg.do_sample:
         return logits.argmax(dim=-1)
     logits = logits / cfg.temperature

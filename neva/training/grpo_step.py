@@ -81,9 +81,14 @@ class GroupRolloutStep:
         self.stops = tuple(dict.fromkeys([*stop_strings(template), *self.g.stop_strings]))
         eos = tuple(dict.fromkeys([*end_of_turn_ids(template, tokenizer)]))
         self.eos = eos
+        # the media placeholders are never sampled: a completion's image position would ask for features no image gives
+        model_cfg = engine.parts[0].cfg
+        placeholders = {model_cfg.image_token_id, model_cfg.video_token_id} - {None}
+        suppress = tuple(sorted(t for t in placeholders if t < model_cfg.llm.vocab_size))
         decoding = GenerationConfig(
             max_new_tokens=self.g.max_new_tokens, do_sample=True, temperature=self.g.temperature, top_k=self.g.top_k,
             top_p=self.g.top_p, eos_token_ids=eos, stop_strings=self.stops, pad_token_id=pad_id,
+            suppress_tokens=suppress,
         )  # fmt: skip
         self.rollouts = rollouts or InRunRollouts(engine, decoding, lambda ids: tokenizer.decode(ids))
         # Held-out prompts: one completion each, sampled as the rollouts sample (a greedy answer of a finetuned model

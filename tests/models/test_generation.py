@@ -198,3 +198,16 @@ def test_repeats_decode_each_prompt_once_prefilled_as_repeated_prompts(models):
     assert len({tuple(r) for r in once}) > 2  # the group's rows differ
     alone = generate(ours, prompts[1:], pixels[1:], None, sample, generator=gens(seeds[group:]), repeats=group)
     assert alone == once[group:]
+
+
+def test_suppressed_tokens_are_never_chosen(models):
+    """``suppress_tokens`` (HF's): greedy and sampled rows never emit them (the online RL stage suppresses the image
+    placeholder)."""
+    _, ours = models
+    prompts = [prompt(ours.cfg, 0, 4, seed=7)]
+    free = generate(ours, prompts, config=GenerationConfig(max_new_tokens=4))[0]
+    banned = generate(ours, prompts, config=GenerationConfig(max_new_tokens=4, suppress_tokens=(free[0],)))[0]
+    assert banned[0] != free[0]
+    sample = GenerationConfig(max_new_tokens=12, do_sample=True, temperature=5.0, suppress_tokens=tuple(range(3, 90)))
+    out = generate(ours, prompts, config=sample, generator=torch.Generator().manual_seed(0))[0]
+    assert all(t < 3 or t >= 90 for t in out)
