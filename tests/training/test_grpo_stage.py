@@ -13,6 +13,7 @@ import torch
 
 from neva.checkpoint import neva_format
 from neva.config import compose_config
+from neva.data.synthetic import build_tokenizer
 from neva.errors import ConfigError
 from neva.training.grpo import check_grpo_config
 from neva.training.run import run
@@ -66,13 +67,10 @@ def test_grpo_stage_trains_from_a_checkpoint(tmp_path, tiny_checkpoint, capsys):
     ):
         assert key in rows[0], key
     lines = [json.loads(x) for x in (exp / "rollouts" / "step_2.jsonl").read_text().splitlines()]
-    assert len(lines) == 2 * 3 and set(lines[0]) >= {
-        "prompt_id",
-        "completion",
-        "completion_ids",
-        "rewards",
-        "advantage",
-    }
+    assert len(lines) == 2 * 3
+    assert set(lines[0]) >= {"prompt_id", "completion", "completion_ids", "rewards", "advantage"}
+    image_id = build_tokenizer().convert_tokens_to_ids("<image>")  # suppressed: no image features for a completion
+    assert all(image_id not in line["completion_ids"] for line in lines)
     assert float(rows[0]["advantage_abs_mean"]) > 0 and float(rows[0]["kl"]) > 0  # the 2nd update left the reference
     (held_out,) = [r for r in every if r.get("val_reward")]
     assert "val_rewards/accuracy/mean" in held_out
