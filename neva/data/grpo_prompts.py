@@ -17,6 +17,7 @@ its prompt samples (``prompts``) and their records (``records``: what the reward
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from neva.data.errors import SampleError
 from neva.data.preference import _messages
 from neva.data.records import ERROR_KEY, approx_length, record_images
 from neva.errors import ConfigError
+from neva.models.media import Media
 
 BAD_PROMPTS = {
     "no_answer": "a prompt record without an answer / solution: no reward can check its completions",
@@ -147,3 +149,26 @@ class PromptDataModule(NevaDataModule):
 
     def _shard_dataset(self, spec: str) -> Any:
         raise ConfigError(f"model.data.data_path={spec!r}: the online RL stage reads JSON / JSONL prompt records")
+
+
+def group_media(rows: Media, firsts: Media, group: int) -> Media:
+    """``rows`` (the media of a micro-batch's completions, ``group`` consecutive rows per prompt) with each prompt's items
+    encoded once: the tower inputs of each group's first row only, whose features the group's other rows read again
+    (``MediaInputs.feature_rows``), as the preference stage's pairs do. A group's rows share the prompt, and with it
+    every item's columns (a placeholder never sits in a completion: the rollouts suppress it); a modality whose
+    positions are not the first rows' repeated keeps every row's inputs."""
+    out = {}
+    for modality, inputs in rows.items():
+        once = getattr(firsts, modality)
+        if inputs is not None and once is not None and once.positions is not None:
+            per_prompt = torch.bincount(once.positions[:, 0], minlength=int(once.positions[:, 0].max()) + 1)
+            starts = torch.cumsum(per_prompt, 0) - per_prompt
+            feature_rows = torch.cat([starts[i] + torch.arange(int(n)) for i, n in enumerate(per_prompt)
+                                      for _ in range(group)]) if len(per_prompt) else torch.zeros(0, dtype=torch.long)  # fmt: skip
+            expected = torch.cat([torch.stack([torch.full((int(n),), i * group + j), once.positions[starts[i] : starts[i] + n, 1]], 1)
+                                  for i, n in enumerate(per_prompt) for j in range(group)])  # fmt: skip
+            if torch.equal(expected, inputs.positions):
+                inputs = replace(once, positions=inputs.positions, items_per_row=inputs.items_per_row,
+                                 tokens=inputs.tokens, feature_rows=feature_rows)  # fmt: skip
+        out[modality] = inputs
+    return Media(**out)

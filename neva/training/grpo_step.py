@@ -25,6 +25,7 @@ from neva.config import TrainConfig
 from neva.constants import IGNORE_INDEX
 from neva.data.collate import collate_padded
 from neva.data.conversation import end_of_turn_ids, stop_strings
+from neva.data.grpo_prompts import group_media
 from neva.models.generation import GenerationConfig
 from neva.models.grpo_loss import group_advantages
 from neva.training.grpo import record_old_logps
@@ -204,6 +205,9 @@ class GroupRolloutStep:
                 samples.append({**prompt, "input_ids": torch.cat([prompt["input_ids"], ids]),
                                 "labels": torch.cat([prompt["labels"], learned])})  # fmt: skip
             batch = collate_padded(samples, self.pad_id, self.pad_to_multiple_of)
+            if batch.get("media") is not None:  # each prompt's images encoded once for its group
+                firsts = collate_padded(samples[:: self.g.num_generations], self.pad_id, self.pad_to_multiple_of)
+                batch["media"] = group_media(batch["media"], firsts["media"], self.g.num_generations)
             batch["advantages"] = advantages[offset : offset + len(made)]
             out.append(batch)
             offset += len(made)

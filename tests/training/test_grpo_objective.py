@@ -207,3 +207,46 @@ def test_unscored_completions_leave_the_baseline():
     expected = trl_advantages(torch.tensor([1.0, 0.0]), "group", 2)
     torch.testing.assert_close(ours, torch.tensor([expected[0], 0.0, expected[1], 0.0, 0.0, 0.0]))
     assert flat.tolist() == [False] * 3 + [True] * 3
+
+
+def test_a_groups_image_is_encoded_once():
+    """The rows of a group read its first row's image features (``group_media``): the tower encodes each prompt's
+    image once, and the update's loss and gradients are those of encoding it in every row."""
+    from neva.data.collate import collate_padded
+    from neva.data.grpo_prompts import group_media
+
+    torch.set_num_threads(1)
+    hf = tiny_llava(seed=0)
+    b = rollout_batch(hf)
+    samples = []
+    for r in range(PROMPTS * G):
+        n = int(b["attention_mask"][r].sum())
+        ids = b["input_ids"][r, :n]
+        samples.append({"input_ids": ids, "labels": b["labels"][r, :n],
+                        "image_positions": (ids == hf.config.image_token_index).nonzero().flatten(),
+                        "pixel_values": b["pixel_values"][r : r + 1], "image_count": 1, "id": r})  # fmt: skip
+    every = collate_padded(samples, 0, 8)
+    firsts = collate_padded(samples[::G], 0, 8)
+    grouped = {**every, "media": group_media(every["media"], firsts["media"], G)}
+    assert grouped["media"].image.pixels.shape[0] == PROMPTS and grouped["media"].image.feature_rows is not None
+    results = []
+    for batch in (every, grouped):
+        policy = neva_from_hf(hf)
+        encoded = [0]
+
+        def count(module, args, out, encoded=encoded):
+            encoded[0] += args[0].shape[0]
+
+        policy.vision.patch_embed.register_forward_hook(count)
+        objective = GroupPolicyObjective(GRPOConfig(num_generations=G, max_new_tokens=MAX_NEW))
+        engine = Engine(ParallelModel([policy], Layout(), None, policy), Precision(), torch.device("cpu"), packed=False,
+                        head=objective, objectives=(objective,))  # fmt: skip
+        batch = {**batch, "advantages": group_advantages(REWARDS, G, "group")[0]}
+        loss, _ = engine.forward_backward([record_old_logps(engine, [batch])[0]])
+        grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+        results.append((loss, grads, encoded[0]))
+    (loss_all, grads_all, n_all), (loss_once, grads_once, n_once) = results
+    assert (n_all, n_once) == (2 * PROMPTS * G, 2 * PROMPTS)  # two forwards each: the old log-probs and the update
+    torch.testing.assert_close(loss_once, loss_all, rtol=1e-6, atol=1e-7)
+    for name, grad in grads_all.items():
+        torch.testing.assert_close(grads_once[name], grad, rtol=1e-5, atol=1e-7, msg=name)
