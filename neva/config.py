@@ -16,6 +16,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from neva.data.config import DataConfig
+from neva.models.grpo_loss import LOSS_TYPES as GRPO_LOSS_TYPES
+from neva.models.grpo_loss import SCALE_REWARDS
 from neva.models.loss import LOSS_NORMALIZATIONS
 from neva.models.preference_loss import PREFERENCE_LOSSES
 from neva.models.trainable import LoraSpec, TrainablePolicy
@@ -228,6 +230,53 @@ class DPOConfig:
 
 
 @dataclass
+class RewardSpec:
+    """One entry of ``model.grpo.rewards``: a built-in reward's name (``neva.training.grpo_rewards.BUILTIN``) or a user
+    function ``module:function`` (called with prompt, completion, record; returns a float or None), and its weight."""
+
+    function: str = "accuracy"
+    weight: float = 1.0
+
+
+@dataclass
+class GRPOConfig:
+    """``model.grpo``: the online RL stage's rollouts, rewards and objective (``neva.models.grpo_loss``,
+    docs/TRAINING.md "Online RL (GRPO)"). Defaults are TRL's ``GRPOConfig``'s except ``loss_type`` (TRL's dapo)."""
+
+    num_generations: int = 4  # G completions sampled per prompt (a group)
+    loss_type: str = "grpo"  # grpo (sequence means) | dapo (token-level) | dr_grpo (constant: N x max_new_tokens)
+    scale_rewards: str = "group"  # group | batch | none (no std division: Dr. GRPO)
+    beta: float = 0.0  # coefficient of the k3 KL to the reference; 0 builds no reference
+    kl_ratio_correction: bool = False  # k3 x the policy ratio (TRL's use_bias_correction_kl, its default True)
+    epsilon: float = 0.2  # clip's lower bound 1 - epsilon
+    epsilon_high: float | None = None  # clip's upper bound 1 + epsilon_high (DAPO's clip-higher: 0.28); None: epsilon
+    num_iterations: int = 1  # mu: updates per rollout batch, against the log-probs recorded before the first
+    max_new_tokens: int = 256  # TRL's max_completion_length
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    stop_strings: list[str] = field(default_factory=list)
+    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("accuracy", 1.0)])
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the update
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in GRPO_LOSS_TYPES:
+            raise ValueError(f"model.grpo.loss_type={self.loss_type!r}; choose one of {tuple(GRPO_LOSS_TYPES)}")
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"model.grpo.scale_rewards={self.scale_rewards!r}; choose one of {SCALE_REWARDS}")
+        if self.num_generations < 2:
+            raise ValueError(f"model.grpo.num_generations must be >= 2 (a group), got {self.num_generations}")
+        if self.num_iterations < 1 or self.max_new_tokens < 1 or self.beta < 0 or not 0 < self.epsilon < 1:
+            raise ValueError("model.grpo: num_iterations and max_new_tokens >= 1, beta >= 0, 0 < epsilon < 1")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("model.grpo: temperature > 0, 0 < top_p <= 1, top_k >= 0")
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+@dataclass
 class EvalSuiteConfig:
     """One entry of ``model.eval.suites``: a suite of ``neva.evaluate --suite`` (``docs/EVALUATION.md``)."""
 
@@ -305,6 +354,7 @@ class ModelConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def trainable_policy(self) -> TrainablePolicy:

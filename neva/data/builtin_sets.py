@@ -16,6 +16,7 @@ from typing import Any
 from neva.data import (
     synthetic,
     synthetic_detail,
+    synthetic_grpo,
     synthetic_preference,
     synthetic_skills,
     synthetic_skills_preference,
@@ -42,6 +43,8 @@ BUILTIN_SETS: dict[str, BuiltinSet] = {
     "synthetic_detail": BuiltinSet(synthetic_detail.detail_records, synthetic_detail.DetailImages),
     # the shapes' first question, the right answer preferred to a wrong one (the DPO stage's default data)
     "synthetic_preference": BuiltinSet(synthetic_preference.preference_records, synthetic.SyntheticImages),
+    # the shapes' questions with the answers the scenes know: the online RL stage's verifiable prompts
+    "synthetic_grpo": BuiltinSet(synthetic_grpo.grpo_records, synthetic.SyntheticImages),
     # the skills suite's image questions, the right answer preferred to a wrong one (the canary's DPO stage)
     "synthetic_skills_preference": BuiltinSet(
         synthetic_skills_preference.skills_preference_records, synthetic_skills.SkillImages

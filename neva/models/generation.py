@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -64,6 +64,9 @@ class GenerationConfig:
     pad_token_id: int = 0  # fed for left padding and after a row has stopped; never attended to by real tokens
     # Peers that must run the same forwards as this process (``Lockstep``); None: this process decodes alone.
     lockstep: Lockstep | None = field(default=None, compare=False)
+    # ids never chosen (HF's suppress_tokens): the online RL stage's rollouts suppress the image / video placeholder,
+    # whose positions in a completion would ask for features no image gives
+    suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -105,13 +108,27 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def next_tokens(logits: torch.Tensor, seen: torch.Tensor, cfg: GenerationConfig, generator=None) -> torch.Tensor:
-    """Choose one token per row from last-position logits ``[B, V]`` (float32 recommended)."""
+    """Choose one token per row from last-position logits ``[B, V]`` (float32 recommended). ``generator``: one for
+    the batch, or a list of one per row (each row's draws then depend on its own seed alone, not on the batch it is
+    in: the online RL stage's rollouts are the same under every layout)."""
     logits = apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
+    if cfg.suppress_tokens:
+        logits = logits.index_fill(-1, torch.tensor(cfg.suppress_tokens, device=logits.device), float("-inf"))
     if not cfg.do_sample:
         return logits.argmax(dim=-1)
     logits = logits / cfg.temperature
-    logits = apply_top_p(apply_top_k(logits, cfg.top_k), cfg.top_p)
-    return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator).squeeze(-1)
+    probs = apply_top_p(apply_top_k(logits, cfg.top_k), cfg.top_p).softmax(dim=-1)
+    if isinstance(generator, (list, tuple)):
+        return torch.cat([torch.multinomial(p, num_samples=1, generator=g) for p, g in zip(probs, generator)])
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def repeat_cache(cache: Any, repeats: int) -> Any:
+    """A KV cache (a layer's ``KVCache``, or lists of them: per layer, per pipeline chunk) with each row repeated
+    ``repeats`` times in place (``repeat_interleave``): a prompt prefilled once, decoded as ``repeats`` rows."""
+    if isinstance(cache, list):
+        return [repeat_cache(c, repeats) for c in cache]
+    return replace(cache, k=cache.k.repeat_interleave(repeats, 0), v=cache.v.repeat_interleave(repeats, 0))
 
 
 @dataclass
@@ -172,6 +189,8 @@ def generate(
     position_ids: Sequence[torch.Tensor] | None = None,
     image_grid: torch.Tensor | None = None,
     video_grid: torch.Tensor | None = None,
+    repeats: int = 1,
+    all_steps: bool = False,
 ) -> list[list[int]]:
     """Generate continuations for a batch of prompts.
 
@@ -193,9 +212,15 @@ def generate(
             their flattened patches, ``neva.data.qwen_images``).
         position_ids: per prompt its RoPE positions ``[P, len]`` (M-RoPE: ``[3, len]`` from
             ``neva.models.mrope.mrope_positions``); None: ``0..len-1``.
+        repeats: continuations per prompt (the online RL stage's group): each prompt (its images encoded once) is
+            prefilled once and its cache repeated, then ``repeats`` rows decode from it (sampled, each row its own
+            draws: ``generator`` may be a list of one per output row).
+        all_steps: run every one of ``max_new_tokens`` decode forwards even once every row has stopped (a model whose
+            forward is a collective of ranks that generate for other prompts: FSDP2's gathers).
 
     Returns:
-        The new token ids of each prompt, ending with the EOS / stop token that ended it, if any.
+        The new token ids of each output row (prompt-major: prompt i's continuations at ``i * repeats + j``), ending
+        with the EOS / stop token that ended it, if any.
     """
     cfg = config or GenerationConfig()
     if cfg.stop_strings and decode is None:
@@ -206,7 +231,7 @@ def generate(
     device = next(model.parameters()).device
     batch = left_pad(prompts, cfg.max_new_tokens, cfg.pad_token_id, device, position_ids)
     b, width = batch.input_ids.shape
-    out: list[list[int]] = [[] for _ in range(b)]
+    out: list[list[int]] = [[] for _ in range(b * repeats)]
     if cfg.max_new_tokens == 0:
         return out
     media = _media(
@@ -219,7 +244,6 @@ def generate(
         # An image token without a vocabulary row (image_token_id == vocab) is never generated: not a class here.
         seen[row, ids[ids < vocab]] = True
     eos = torch.tensor(cfg.eos_token_ids or [-1], device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
     next_positions = batch.next_positions
 
     cache = model.new_cache(b, width + cfg.max_new_tokens)
@@ -230,6 +254,16 @@ def generate(
         segment_ids=batch.segment_ids[:, :width],
         cache=cache,
     )[:, -1]
+    if repeats > 1:  # every continuation of a prompt decodes from its one prefill
+        cache, logits, seen = (
+            repeat_cache(cache, repeats),
+            logits.repeat_interleave(repeats, 0),
+            seen.repeat_interleave(repeats, 0),
+        )
+        next_positions = next_positions.repeat_interleave(repeats, 0)
+        batch = replace(batch, segment_ids=batch.segment_ids.repeat_interleave(repeats, 0))
+        b = b * repeats
+    done = torch.zeros(b, dtype=torch.bool, device=device)
     for step in range(cfg.max_new_tokens):
         token = next_tokens(logits.float(), seen, cfg, generator)
         token = token.masked_fill(done, cfg.pad_token_id)
@@ -241,7 +275,7 @@ def generate(
             for row in (~done).nonzero().flatten().tolist():
                 if any(s in decode(out[row]) for s in cfg.stop_strings):
                     done[row] = True
-        finished = bool(done.all()) or step == cfg.max_new_tokens - 1
+        finished = (bool(done.all()) and not all_steps) or step == cfg.max_new_tokens - 1
         if cfg.lockstep.all_done(finished) if cfg.lockstep is not None else finished:
             break  # (a finished row of a process whose peers go on is fed padding: its answer is already complete)
         pos = (next_positions + step)[None, :, None]  # one axis: equal on M-RoPE's three (rope_cos_sin)

@@ -123,7 +123,9 @@ class LayoutGenerationModel:
             x = input_ids if c == 0 else h
             out = self.parts[k](x, media if c == 0 else None, cache=None if cache is None else cache[k], **kw)
             if c == self.num_chunks - 1:
-                logits = _whole(out[:, -width:])
+                # contiguous: the broadcast sends the tensor's memory, and a slice of a batch's positions is a view
+                # with gaps (the other ranks received row 0 right and the rest from the wrong offsets)
+                logits = _whole(out[:, -width:]).contiguous()
             else:
                 nxt = dist.get_global_rank(group, (c + 1) % pp)
                 out = out.to_local() if isinstance(out, DTensor) else out

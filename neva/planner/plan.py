@@ -23,6 +23,7 @@ from neva.planner.perf import StepTime, step_time
 from neva.planner.preference import (
     frozen_inventory,
     reference_bytes,
+    rollout_cache_bytes,
     sequence_deployment,
     sequences_per_sample,
 )
@@ -60,11 +61,14 @@ class StageMemory:
     overhead: float
     reference: int = 0  # the preference stage's frozen reference copy (neva.planner.preference)
     host: float = 0.0  # bytes the offload knobs keep in host memory instead (neva.planner.offload); not in total
+    # the online RL stage's rollout KV cache (neva.planner.preference.rollout_cache_bytes): held while generating,
+    # when no activation of the update is, so the peak is the larger of the two
+    rollout: float = 0.0
 
     @property
     def total(self) -> float:
         fixed = self.params + self.grads + self.optimizer + self.reference
-        return fixed + self.activations + self.working + self.overhead
+        return fixed + max(self.activations + self.working, self.rollout) + self.overhead
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,7 @@ def plan_run(
                 overhead=hw.eff.memory_overhead_gb * GiB,
                 reference=reference_bytes(infos, dep, s, layers) if reference == "frozen" else 0,
                 host=host_state + host_acts,
+                rollout=rollout_cache_bytes(cfg, ncfg, layout, seq, len(layers[s]), dep.compute_bytes),
             )
         )
     time = step_time(ncfg, infos, seq_dep, hw, seq, layers, flops, bus)

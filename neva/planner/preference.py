@@ -11,6 +11,7 @@ model with its adapters off) or with ``model.dpo.precompute_ref_log_probs`` (no 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from neva.config import TrainConfig
 from neva.planner.deployment import Deployment
@@ -20,8 +21,10 @@ from neva.stages import stage_spec
 
 
 def sequences_per_sample(cfg: TrainConfig) -> int:
-    """Sequences one sample of the run's stage puts through the model (its spec's ``sequences_per_sample``)."""
-    return stage_spec(cfg.stage).sequences_per_sample
+    """Sequences one sample of the run's stage puts through the model (its spec's ``sequences_per_sample``: a
+    preference pair's two, an online RL prompt's group of completions)."""
+    n = stage_spec(cfg.stage).sequences_per_sample
+    return n(cfg) if callable(n) else n
 
 
 def sequence_deployment(dep: Deployment, sequences: int) -> Deployment:
@@ -47,3 +50,17 @@ def reference_bytes(infos: list[ParamInfo], dep: Deployment, stage: int, layers:
     (``data_parallel=fsdp``), cut into the run's pipeline stages and TP shards."""
     ref = dataclasses.replace(dep, layout=dataclasses.replace(dep.layout, data_parallel="fsdp"))
     return rank_state_bytes(frozen_inventory(infos), ref, stage, layers).params
+
+
+def rollout_cache_bytes(cfg: TrainConfig, ncfg: Any, layout: Any, seq: int, layers: int, width: int) -> float:
+    """The online RL stage's rollout KV cache on one rank of a stage with ``layers`` decoder layers: a micro-batch's
+    prompts × ``num_generations`` rows × (the planned sample's positions + ``max_new_tokens``) × keys and values of
+    this rank's kv heads (TP splits them), ``width`` bytes each (the activations'); 0 for a stage whose spec names
+    no rollout."""
+    rollout = stage_spec(cfg.stage).rollout
+    if rollout is None:
+        return 0.0
+    group, new_tokens = rollout(cfg)
+    llm = ncfg.llm
+    rows = layout.micro_batch_size * group
+    return float(rows * (seq + new_tokens) * layers * 2 * (llm.num_kv_heads // layout.tp) * llm.head_dim * width)

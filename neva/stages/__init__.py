@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from neva.stages.dpo import DPO
 from neva.stages.finetune import FINETUNE
+from neva.stages.grpo import GRPO
 from neva.stages.pretrain import PRETRAIN
 from neva.stages.spec import StageSpec
 
-STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (PRETRAIN, FINETUNE, DPO)}
+STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (PRETRAIN, FINETUNE, DPO, GRPO)}
 
 __all__ = ["STAGES", "StageSpec", "stage_spec"]
 

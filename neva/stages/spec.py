@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 # Which package resolves each code part of a stage spec.
-PART_OWNERS = {"data_module": "neva.training", "objective": "neva.training", "rehearsal_batches": "neva.training"}
+PART_OWNERS = {
+    "data_module": "neva.training",
+    "objective": "neva.training",
+    "rehearsal_batches": "neva.training",
+    "step": "neva.training",
+}
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,10 @@ class StageSpec:
             from fresh weights.
         text_tokens: the planner's mean text tokens per sample (``plan.text_tokens`` overrides it).
         learned_fraction: the planner's share of a sample's text tokens that are learned (the LM head's positions).
-        sequences_per_sample: decoder sequences one sample becomes (a preference pair: 2).
+        sequences_per_sample: decoder sequences one sample becomes (a preference pair: 2), or that count of the
+            run's ``TrainConfig`` (an online RL prompt: its group of completions).
+        rollout: ``(completions per sample, new tokens per completion)`` its step generates before each update, of
+            the run's ``TrainConfig`` (the planner's KV cache); None: it generates nothing.
         reference: whether a run of this config runs a reference model's forward in training (the run's
             ``TrainConfig``; None: the stage never does).
         check: the stage's own start-time rule on the run's ``TrainConfig`` (raises ``ConfigError`` naming the key
@@ -42,6 +50,9 @@ class StageSpec:
         objective: ``(cfg) -> HeadObjective`` replacing token cross-entropy (``neva.training``); None: token CE.
         rehearsal_batches: ``(cfg, sample, seq_length, layout) -> micro-batches`` of the plan's sample for the
             rehearsal (``neva.training``); None: the conversation collator's.
+        step: ``(cfg, engine, source, data, layout) -> step`` (``neva.training``): the stage's own training step,
+            which runs in place of one forward / backward over the loader's micro-batches (``run``; ``held_out`` /
+            ``held_out_metrics`` in validation): GRPO's rollouts, rewards and updates. None: the engine's step.
         rehearses_pipeline: the rehearsal can run the stage under pipeline parallelism.
     """
 
@@ -49,12 +60,14 @@ class StageSpec:
     starts_from: tuple[str, str] | None = None
     text_tokens: int = 450
     learned_fraction: float = 0.5
-    sequences_per_sample: int = 1
+    sequences_per_sample: int | Callable[[Any], int] = 1
+    rollout: Callable[[Any], tuple[int, int]] | None = None
     reference: Callable[[Any], bool] | None = None
     check: Callable[[Any], None] | None = None
     data_module: str | None = None
     objective: str | None = None
     rehearsal_batches: str | None = None
+    step: str | None = None
     rehearses_pipeline: bool = True
 
     def parts(self) -> dict[str, str]:

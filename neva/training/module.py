@@ -15,11 +15,13 @@ from neva.checkpoint.source import ModelSource
 from neva.checkpoint.start_record import START_KEY, start_record
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
+from neva.families import part
 from neva.models.flops import SampleFlops, device_peak_tflops
 from neva.models.neva import NevaModel
 from neva.models.trainable import parameter_counts
 from neva.parallel.layout import Layout
 from neva.parallel.precision import Precision
+from neva.stages import stage_spec
 from neva.training.assembly import build_engine, build_parts
 from neva.training.callbacks import MetricsCSV
 from neva.training.engine import Engine
@@ -155,6 +157,7 @@ class NevaModule(pl.LightningModule):
         self._flops: SampleFlops | None = None
         self._train_batches: StepBatches | None = None
         self._start: dict[str, str] | None = None  # the start's path and sha256, hashed at the first save
+        self.stage_step: Any = None  # the stage's own step (its spec's ``step``), None: the engine's
 
     # -- model ---------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -173,6 +176,9 @@ class NevaModule(pl.LightningModule):
         self.engine = build_engine(
             parts, self.cfg, self.source, self.layout, device, self.precision_policy, data=self.data
         )
+        stage = stage_spec(self.cfg.stage)
+        if stage.step is not None:  # the stage's own step (GRPO: rollouts, rewards, num_iterations updates)
+            self.stage_step = part(stage.step)(self.cfg, self.engine, self.source, self.data, self.layout)
         self.model = self.engine.model
         self.trainable_params = counts["trainable"]
 
@@ -198,6 +204,8 @@ class NevaModule(pl.LightningModule):
         self.model.train()
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
+        if self.stage_step is not None:  # the stage's own step (GRPO: rollouts, rewards, num_iterations updates)
+            return self._stage_training_step(optimizer, scheduler, micro_batches)
         n_tokens = self.engine.global_tokens(micro_batches)
         if n_tokens.item() == 0:
             self._skip_step(optimizer, micro_batches)
@@ -209,6 +217,18 @@ class NevaModule(pl.LightningModule):
         scheduler.step()
         self._log_step(micro_batches, loss, n_tokens, lr, grad_norm)
         return loss
+
+    def _stage_training_step(self, optimizer: Any, scheduler: Any, micro_batches: list[dict[str, Any]]) -> None:
+        step = self.global_step
+        metrics = self.stage_step.run(optimizer, scheduler, micro_batches, step)
+        metrics["lr"] = optimizer.param_groups[-1]["lr"]
+        metrics["step_time"] = time.perf_counter() - (self._step_start or time.perf_counter())
+        metrics.update(self.data.skip_tracker.metrics())
+        if step % max(1, self.cfg.trainer.log_every_n_steps) == 0:
+            self._record(self.global_step, metrics)
+        for key in ("train_loss", "reward", "kl"):
+            if key in metrics and metrics[key] == metrics[key]:
+                self.log("loss" if key == "train_loss" else key, metrics[key], prog_bar=True, logger=False)
 
     def _skip_step(self, optimizer: Any, micro_batches: list[dict[str, Any]]) -> None:
         """A global batch without a learned token (all its samples skipped, on every rank, so all ranks agree): no
@@ -284,10 +304,19 @@ class NevaModule(pl.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self.model.eval()
+        if self.stage_step is not None:  # the stage's held-out metrics (GRPO: prompts answered and scored)
+            self.stage_step.held_out(batch)
+            return
         loss, n_tokens = self.engine.evaluate([batch])
         self._val_sums.append(torch.stack([loss * n_tokens, n_tokens]))
 
     def on_validation_epoch_end(self) -> None:
+        if self.stage_step is not None:
+            held_out = self.stage_step.held_out_metrics()
+            self.log("val_reward", held_out["val_reward"], prog_bar=True, logger=False, rank_zero_only=True)
+            if not self.trainer.sanity_checking:
+                self._record(self.global_step, held_out)
+            return
         if not self._val_sums:
             return
         total = torch.stack(self._val_sums).sum(0)

@@ -93,7 +93,7 @@ def _leaves(cfg: Any, saved: Any, path: str = ""):
         if dataclasses.is_dataclass(value):
             yield from _leaves(value, saved[f.name], key + ".")
         else:
-            yield key, saved[f.name], json.loads(json.dumps(value))
+            yield key, saved[f.name], json.loads(json.dumps(value, default=dataclasses.asdict))  # lists of dataclasses
 
 
 def config_changes(saved: dict[str, Any], cfg: TrainConfig) -> list[tuple[str, Any, Any]]:

@@ -174,3 +174,40 @@ def test_max_new_tokens_beyond_the_context_is_capped_with_a_warning(models):
         assert generate(ours, prompts, config=GenerationConfig(max_new_tokens=8)) == [row[:8] for row in out]
     with pytest.raises(ValueError, match=f"leaves no room in the model's context of {context}"):
         generate(ours, [[1] * context], config=GenerationConfig(max_new_tokens=1))
+
+
+def test_repeats_decode_each_prompt_once_prefilled_as_repeated_prompts(models):
+    """``repeats=G`` (a prompt and its image prefilled once, its cache repeated; the online RL stage's groups) gives
+    what the prompts repeated G times give: greedy, and sampled with one generator per row, whose draws depend on the
+    row's seed alone (the rows of another batch composition draw the same)."""
+    _, ours = models
+    cfg = ours.cfg
+    prompts = [prompt(cfg, 1, 3, seed=4), prompt(cfg, 1, 5, seed=5)]
+    pixels = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(6))
+    group = 3
+    repeated = [p for p in prompts for _ in range(group)]
+    repeated_pixels = pixels.repeat_interleave(group, 0)
+    greedy = GenerationConfig(max_new_tokens=NEW, eos_token_ids=(EOS,), pad_token_id=PAD)
+    assert generate(ours, prompts, pixels, None, greedy, repeats=group) == generate(ours, repeated, repeated_pixels,
+                                                                                    None, greedy)  # fmt: skip
+    sample = GenerationConfig(max_new_tokens=NEW, do_sample=True, temperature=1.5, top_k=20, pad_token_id=PAD)
+    gens = lambda seeds: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+    seeds = list(range(10, 10 + 2 * group))
+    once = generate(ours, prompts, pixels, None, sample, generator=gens(seeds), repeats=group)
+    assert once == generate(ours, repeated, repeated_pixels, None, sample, generator=gens(seeds))
+    assert len({tuple(r) for r in once}) > 2  # the group's rows differ
+    alone = generate(ours, prompts[1:], pixels[1:], None, sample, generator=gens(seeds[group:]), repeats=group)
+    assert alone == once[group:]
+
+
+def test_suppressed_tokens_are_never_chosen(models):
+    """``suppress_tokens`` (HF's): greedy and sampled rows never emit them (the online RL stage suppresses the image
+    placeholder)."""
+    _, ours = models
+    prompts = [prompt(ours.cfg, 0, 4, seed=7)]
+    free = generate(ours, prompts, config=GenerationConfig(max_new_tokens=4))[0]
+    banned = generate(ours, prompts, config=GenerationConfig(max_new_tokens=4, suppress_tokens=(free[0],)))[0]
+    assert banned[0] != free[0]
+    sample = GenerationConfig(max_new_tokens=12, do_sample=True, temperature=5.0, suppress_tokens=tuple(range(3, 90)))
+    out = generate(ours, prompts, config=sample, generator=torch.Generator().manual_seed(0))[0]
+    assert all(t < 3 or t >= 90 for t in out)
