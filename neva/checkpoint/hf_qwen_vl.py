@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,13 @@ import torch
 from neva.checkpoint.atomic import atomic_directory
 from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
-from neva.checkpoint.hf_files import export_dtype
+from neva.checkpoint.hf_files import (
+    export_chat_template,
+    export_dtype,
+    generation_eos_ids,
+    template_settings,
+    write_chat_template_files,
+)
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
 from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
@@ -330,6 +336,19 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     )
 
 
+def peft_names(cfg: NevaConfig) -> tuple[Callable[[str], str], dict[str, str]] | None:
+    """For a Qwen-VL model, a PEFT adapter's names of the parts saved whole (``peft_adapter.save_peft_adapter``'s
+    ``saved_key`` / ``saved_modules``): tower and mergers under ``model.visual``, as transformers 5 names them;
+    None for any other model."""
+    family = _BY_TOWER.get((cfg.vision.kind, cfg.llm.is_moe) if cfg.vision is not None else None)
+    if family is None:
+        return None
+    kind = cfg.vision.kind
+    # the merger (with Qwen3-VL's DeepStack mergers: their own module); a trained tower saves the whole visual model
+    mergers = "visual.merger" if not cfg.projector.deepstack_mergers else "visual"
+    return (lambda key: visual_key_to_hf(key, kind)), {"projector": mergers, "vision": "visual"}
+
+
 def _hf_tensors(
     tensors: TensorSource, cfg: NevaConfig, dtype: torch.dtype | None
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -355,7 +374,9 @@ def export_qwen_vl(
     overwrite: bool = False,
 ) -> Path:
     """A neva Qwen-VL checkpoint → a directory transformers loads with the family's class and processor: weights,
-    ``config.json``, the tokenizer with its chat template, and the image processor at the model's pixel budget (the
+    ``config.json`` (with the tokenizer's vision start / end ids and the weights' dtype), the tokenizer with the chat
+    template the checkpoint was trained with (``hf_files``), ``generation_config.json`` stopping where ``neva.generate``
+    stops (EOS and ``<|im_end|>``, with the pad id), and the image processor at the model's pixel budget (the
     checkpoint's ``min_pixels`` / ``max_pixels``, else the tower kind's defaults).
 
     ``dtype`` None exports in the run's half precision (as ``export_llava``)."""
@@ -364,8 +385,24 @@ def export_qwen_vl(
     ckpt = Path(ckpt)
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
+    settings = template_settings(
+        meta, meta.get("conv_template") or _BY_TOWER[(cfg.vision.kind, cfg.llm.is_moe)].template
+    )
+    tokenizer = None
+    if has_tokenizer(ckpt):
+        from neva.data.sentencepiece_tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(ckpt)
+        vocab = tokenizer.get_vocab()
+        for key, token in (("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
+            if token in vocab:
+                config[key] = vocab[token]
+    dtype = dtype or export_dtype(meta)
+    stored = str(dtype).removeprefix("torch.") if dtype is not None else meta.get("dtype")
+    if stored:
+        config["dtype"] = stored
     with atomic_directory(out, overwrite) as tmp:
-        tensors = stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta)))
+        tensors = stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype))
         write_safetensors(tmp, tensors, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))
@@ -375,8 +412,15 @@ def export_qwen_vl(
             temporal_patch_size=spec.temporal_patch_size, merge_size=spec.merge_size,
             image_mean=list(cfg.vision.image_mean), image_std=list(cfg.vision.image_std),
         ).save_pretrained(str(tmp))  # fmt: skip
-        if has_tokenizer(ckpt):
-            from neva.data.sentencepiece_tokenizer import load_tokenizer
-
-            load_tokenizer(ckpt).save_pretrained(str(tmp))
+        eos = pad = None
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+            write_chat_template_files(tmp, export_chat_template(settings, tokenizer))
+            eos = generation_eos_ids(settings, tokenizer)
+            first = eos[0] if isinstance(eos, list) else eos
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first
+        # transformers' generate stops at the end of a turn (<|im_end|>) as neva.generate does
+        transformers.GenerationConfig(
+            bos_token_id=getattr(tokenizer, "bos_token_id", None), eos_token_id=eos, pad_token_id=pad
+        ).save_pretrained(str(tmp))
     return Path(out)
