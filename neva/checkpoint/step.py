@@ -163,7 +163,7 @@ def export_peft(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
 ) -> tuple[Path, Path]:
-    """A LoRA run's step checkpoint → the llava-hf base (LoRA not merged, the trained projector in it) in ``hf_out``
+    """A LoRA run's step checkpoint → the llava-hf (Qwen-VL: its own family's) base (LoRA not merged, the trained projector in it) in ``hf_out``
     and a PEFT adapter in ``adapter_out`` (the LoRA layers, plus the parts trained besides them as
     ``modules_to_save``, so it also applies to the export of the checkpoint the run started from).
 
@@ -171,6 +171,7 @@ def export_peft(
         ValueError: the run trained without LoRA.
     """
     from neva.checkpoint.hf_export import export_llava
+    from neva.checkpoint.hf_qwen_vl import export_qwen_vl, peft_names
 
     loaded = load_step_model(path)
     base, lora_layers = split_state_dict(loaded.model)
@@ -179,10 +180,15 @@ def export_peft(
     policy = loaded.cfg.model.trainable_policy()
     trained = [part for part, on in (("vision", policy.vision), ("projector", policy.projector)) if on]
     saved = {part: {k: v for k, v in base.items() if k.startswith(part + ".")} for part in trained}
+    names = peft_names(loaded.source.cfg)  # a Qwen-VL model exports as its own family, its parts under its names
+    export = export_llava if names is None else export_qwen_vl
     with tempfile.TemporaryDirectory(prefix="neva-base-") as tmp:
         base_ckpt = loaded.save(Path(tmp) / "base", base, None, False)
-        hf = export_llava(base_ckpt, hf_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
-    adapter = save_peft_adapter(adapter_out, lora_layers, saved, dtype=dtype, overwrite=overwrite)
+        hf = export(base_ckpt, hf_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    key, modules = names or (None, None)
+    adapter = save_peft_adapter(
+        adapter_out, lora_layers, saved, dtype=dtype, overwrite=overwrite, saved_key=key, saved_modules=modules
+    )
     return hf, adapter
 
 
