@@ -27,7 +27,7 @@ import torch
 
 from neva.models.anyres import batch_feature_index
 from neva.models.config import NevaConfig
-from neva.models.media import Media, MediaInputs
+from neva.models.media import GeneratedText, Media, MediaInputs
 from neva.models.neva import NevaModel
 from neva.models.video import find_video_positions
 
@@ -227,8 +227,13 @@ def generate(
         if bool(done.all()) or step == cfg.max_new_tokens - 1:
             break
         pos = (next_positions + step)[None, :, None]  # one axis: equal on M-RoPE's three (rope_cos_sin)
+        # Generated tokens are text, a generated image token too (transformers' decoding embeds it the same way).
         logits = model(
-            token[:, None], position_ids=pos, segment_ids=batch.segment_ids[:, : width + step + 1], cache=cache
+            token[:, None],
+            GeneratedText(),
+            position_ids=pos,
+            segment_ids=batch.segment_ids[:, : width + step + 1],
+            cache=cache,
         )[:, -1]
     return out
 
