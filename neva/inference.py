@@ -26,8 +26,6 @@ from neva.checkpoint.step import as_neva_checkpoint
 from neva.constants import IGNORE_INDEX, IMAGE_TOKEN, VIDEO_TOKEN
 from neva.data.conversation import (
     DEFAULT_TEMPLATE,
-    QWEN_IMAGE_BLOCK,
-    QWEN_VIDEO_BLOCK,
     ChatTemplateRenderer,
     Message,
     end_of_turn_ids,
@@ -38,8 +36,8 @@ from neva.data.encoding import encode, tokenize_text
 from neva.data.front_ends import front_end_for
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.qwen_images import QwenImageSpec, image_patches, video_patches
+from neva.data.raw_prompts import raw_prompt_ids
 from neva.data.records import record_images
-from neva.data.tokens import QWEN_IMAGE_PAD
 from neva.data.video import read_video_file
 from neva.data.video_decode import VideoLimits
 from neva.models.config import NevaConfig
@@ -112,7 +110,17 @@ class PromptBuilder:
         videos = iter(video_tokens)
         video_tag = self.tokenizer.convert_ids_to_tokens(self.cfg.video_token) if video_tokens else VIDEO_TOKEN
         if self.template is None:
-            return self._raw_ids(prompt, num_images, images, videos, len(video_tokens), video_tag)
+            # the family's HF processor: its placeholders expanded, one tokenizer call (neva.data.raw_prompts)
+            return raw_prompt_ids(
+                self.tokenizer,
+                prompt,
+                self.cfg.image_token_id,
+                images,
+                videos,
+                num_images,
+                len(video_tokens),
+                video_tag,
+            )
         prompt = self._tagged(prompt, num_images)
         if video_tokens and VIDEO_TOKEN not in prompt:
             prompt = (VIDEO_TOKEN + "\n") * len(video_tokens) + prompt
@@ -130,46 +138,6 @@ class PromptBuilder:
         for tok in ids:
             out += [tok] * next(counts) if tok in media else [tok]
         return out
-
-    def _raw_ids(
-        self,
-        prompt: str,
-        num_images: int,
-        images: Iterator[int],
-        videos: Iterator[int],
-        num_videos: int,
-        video_tag: str,
-    ) -> list[int]:
-        """Raw mode: the prompt as the family's HF processor takes it, each placeholder expanded to its item's
-        positions, then one tokenizer call with the tokenizer's special tokens (``LlavaProcessor``, the Qwen2-VL
-        processor). A ``<image>`` / ``<video>`` tag is written as the family's own placeholder: LLaVA's ``<image>``,
-        Qwen-VL's vision block (``<|vision_start|><|image_pad|><|vision_end|>``), which a prompt may also hold as
-        it is."""
-        if not self.qwen_blocks:  # LlavaProcessor
-            self._check_tags(prompt, num_images, num_videos)
-            pieces = re.split(f"({re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)})", prompt)
-            text = "".join(
-                IMAGE_TOKEN * next(images) if p == IMAGE_TOKEN else video_tag * next(videos) if p == VIDEO_TOKEN else p
-                for p in pieces
-            )
-            return list(self.tokenizer(text).input_ids)
-        prompt = prompt.replace(IMAGE_TOKEN, QWEN_IMAGE_BLOCK).replace(VIDEO_TOKEN, QWEN_VIDEO_BLOCK)
-        for tag, given, what in ((QWEN_IMAGE_PAD, num_images, "image"), (QWEN_VIDEO_PAD, num_videos, "video")):
-            if prompt.count(tag) != given:
-                raise ValueError(
-                    f"prompt has {prompt.count(tag)} {what} placeholder(s) (<{what}> or Qwen's vision block with {tag}) "
-                    f"but {given} {what}(s) were given"
-                )
-        pieces = re.split(f"({re.escape(QWEN_IMAGE_PAD)}|{re.escape(QWEN_VIDEO_PAD)})", prompt)
-        text = "".join(
-            p * next(images) if p == QWEN_IMAGE_PAD else p * next(videos) if p == QWEN_VIDEO_PAD else p for p in pieces
-        )
-        return list(self.tokenizer(text).input_ids)
-
-    @property
-    def qwen_blocks(self) -> bool:
-        """Whether the model's image token is Qwen-VL's ``<|image_pad|>`` (its images are vision blocks)."""
-        return self.tokenizer.get_vocab().get(QWEN_IMAGE_PAD) == self.cfg.image_token_id
 
     def labelled_ids(self, prompt: str, reply: str, num_images: int) -> tuple[list[int], list[int]]:
         """Token ids and labels of the exchange ``prompt`` → ``reply``, rendered and encoded by training's rules (this
@@ -218,7 +186,6 @@ class PromptBuilder:
         return 0 if pad is None or pad == self.cfg.image_token_id else pad
 
 
-QWEN_VIDEO_PAD = "<|video_pad|>"
 _TAGS = f"{re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)}"
 
 
