@@ -43,15 +43,14 @@ def raw_prompt_ids(
     if uses_qwen_blocks(tokenizer, image_token_id):
         prompt = prompt.replace(IMAGE_TOKEN, QWEN_IMAGE_BLOCK).replace(VIDEO_TOKEN, QWEN_VIDEO_BLOCK)
         tags = {QWEN_IMAGE_PAD: (num_images, "image", images), QWEN_VIDEO_PAD: (num_videos, "video", videos)}
-        what_is_tag = "<{what}> or Qwen's vision block with {tag}"
+        found = "{n} {what} placeholder(s) (<{what}> or Qwen's vision block with {tag})"
     else:
         tags = {IMAGE_TOKEN: (num_images, "image", images), VIDEO_TOKEN: (num_videos, "video", videos)}
-        what_is_tag = "{tag}"
+        found = "{n} {tag} tag(s)"
     for tag, (given, what, _) in tags.items():
         if prompt.count(tag) != given:
             raise ValueError(
-                f"prompt has {prompt.count(tag)} {what_is_tag.format(what=what, tag=tag)} tag(s) but {given} "
-                f"{what}(s) were given"
+                f"prompt has {found.format(n=prompt.count(tag), what=what, tag=tag)} but {given} {what}(s) were given"
             )
     written = {IMAGE_TOKEN: IMAGE_TOKEN, VIDEO_TOKEN: video_tag, QWEN_IMAGE_PAD: QWEN_IMAGE_PAD}
     written[QWEN_VIDEO_PAD] = QWEN_VIDEO_PAD

@@ -141,8 +141,26 @@ def test_greedy_generation_equals_transformers(imported):
             assert got == out[0, len(p.ids) :].tolist(), family
 
 
+def test_raw_prompts_are_the_processors_ids(imported):
+    """``neva.generate --raw``: an ``<image>`` tag is written as Qwen's vision block, a block given as it is stays one
+    (issue 52: raw mode refused every Qwen-VL prompt); the ids are what the HF processor's parts give the text."""
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+
+    family, root, _, ckpt = imported
+    answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=1), raw=True)
+    paths = [root / "images/a.png", root / "images/b.png"]
+    images = [Image.open(path).convert("RGB") for path in paths]
+    block = "<|vision_start|><|image_pad|><|vision_end|>"
+    want = hf_inputs(answerer.tokenizer, _processor(family), f"{block}and {block}same?", images)["input_ids"]
+    for prompt in ("<image>and <image>same?", f"{block}and <image>same?"):
+        assert answerer.prepare((prompt, paths)).ids == want[0].tolist()
+    with pytest.raises(ValueError, match="1 image placeholder"):
+        answerer.prepare(("<image> only one", paths))
+
+
 def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path):
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer, GenerationConfig
 
     family, root, hf_dir, ckpt = imported
     with one_thread():
@@ -154,6 +172,11 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
         processor = AutoImageProcessor.from_pretrained(str(out))
         assert (processor.size["shortest_edge"], processor.size["longest_edge"]) == pixel_budget(family)
         tokenizer = AutoTokenizer.from_pretrained(str(out))
+        # transformers' generate stops where neva.generate does; the vision block's ids are the tokenizer's
+        eos = GenerationConfig.from_pretrained(str(out)).eos_token_id
+        assert tokenizer.convert_tokens_to_ids("<|im_end|>") in (eos if isinstance(eos, list) else [eos])
+        assert b.config.vision_start_token_id == tokenizer.convert_tokens_to_ids("<|vision_start|>")
+        assert b.config.vision_end_token_id == tokenizer.convert_tokens_to_ids("<|vision_end|>")
         image = Image.open(root / "images/c.png").convert("RGB")
         inputs = hf_inputs(tokenizer, processor, "<|vision_start|><|image_pad|><|vision_end|>hello", [image])
         with torch.no_grad():
