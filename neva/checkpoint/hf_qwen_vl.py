@@ -153,7 +153,10 @@ def _llm_config(hf: dict[str, Any], family: QwenVL) -> LLMConfig:
     text["rope_parameters"] = rope
     text["model_type"] = family.text_family
     llm = llm_config_from_hf(text, "text_config")
-    return dataclasses.replace(llm, mrope_section=list(section), mrope_interleaved=family.mrope_interleaved)
+    try:
+        return dataclasses.replace(llm, mrope_section=list(section), mrope_interleaved=family.mrope_interleaved)
+    except ValueError as err:  # a section the decoder cannot split its frequencies by: the file's value, refused
+        raise ConfigError(f"{family.model_type} text config rope mrope_section: {err}") from None
 
 
 def _vision_config(v: dict[str, Any], kind: str) -> tuple[VisionConfig, int]:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from neva.checkpoint import neva_format
 from neva.checkpoint.source import STARTS_FROM, default_start
 from neva.config import CONFIG_DIR, TrainConfig
+from neva.errors import ConfigError
 
 log = logging.getLogger("neva.train")
 
@@ -93,4 +94,9 @@ def inherit_trained_with(cfg: TrainConfig, given: set[str]) -> TrainConfig:
         )
     if not taken:
         return cfg
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, data=dataclasses.replace(data, **taken)))
+    try:
+        data = dataclasses.replace(data, **taken)
+    except ValueError as err:  # the run's own value beside one taken from the checkpoint (min_pixels > max_pixels)
+        taken_text = ", ".join(f"model.data.{k}={v!r}" for k, v in taken.items())
+        raise ConfigError(f"{err} ({taken_text} from {start}: what it was trained with)") from None
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, data=data))

@@ -68,3 +68,13 @@ def test_a_pretrains_plain_template_is_not_taken(tmp_path):
     )
     data = resolved(["+stage=finetune", f"model.restore_from_path={ckpt}"]).model.data
     assert (data.conv_template, data.max_pixels) == ("vicuna_v1", 9408)
+
+
+def test_a_budget_against_the_taken_one_is_one_config_error(tmp_path):
+    """``model.data.max_pixels=200`` below the min_pixels taken from the checkpoint: one line naming both, exit 2
+    (issue 52: a traceback, exit 1)."""
+    from neva.errors import ConfigError
+
+    ckpt = fake_checkpoint(tmp_path / "ft", **QWEN)
+    with pytest.raises(ConfigError, match=r"max_pixels=200.*model\.data\.min_pixels=784 from"):
+        resolved(["+stage=dpo", f"model.restore_from_path={ckpt}", "model.data.max_pixels=200"])
