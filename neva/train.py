@@ -81,8 +81,10 @@ def main(dcfg: DictConfig) -> None:
         with exit_on_input_error():
             sweep_job_exp_dir(dcfg)
             cfg = to_train_config(dcfg, _command_line())
+            from neva.checkpoint.hf_start import imported_start
             from neva.checkpoint.trained_with import given_data_keys, inherit_trained_with
 
+            cfg = imported_start(cfg)  # an HF directory as model.restore_from_path: imported once, under exp_dir
             # what the starting checkpoint was trained with, where this run sets nothing itself
             cfg = inherit_trained_with(cfg, given_data_keys(dcfg, _command_line()))
             from neva.planner.forecast import forecast_line

@@ -194,13 +194,19 @@ def export_peft(
 
 @contextlib.contextmanager
 def as_neva_checkpoint(path: str | os.PathLike) -> Iterator[Path]:
-    """``path`` itself when it is a neva checkpoint directory, else the step checkpoint materialised in a temporary
-    directory (removed on exit).
+    """``path`` itself when it is a neva checkpoint directory, else the step checkpoint materialised (or the HF
+    directory imported: ``hf_start``) in a temporary directory (removed on exit).
 
     Raises:
         ConfigError: ``path`` is a NeMo checkpoint.
     """
     neva_format.refuse_nemo_checkpoint(path)
+    from neva.checkpoint.hf_start import as_imported, hf_model_type
+
+    if hf_model_type(path) is not None:  # an HF directory of a family neva imports: imported on the fly
+        with as_imported(path) as imported:
+            yield imported
+        return
     if not is_step_checkpoint(path) or neva_format.is_neva_checkpoint(path):
         yield Path(path)
         return

@@ -213,3 +213,30 @@ def test_moe_experts_in_the_hub_layout_are_refused_with_the_way_through(imported
                 (resaved / f.name).write_bytes(f.read_bytes())
         again = import_qwen_vl(resaved, tmp_path / "again")
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(iter_tensors(ckpt), iter_tensors(again)))
+
+
+def test_an_hf_directory_is_imported_where_a_checkpoint_is_expected(imported, tmp_path):
+    """``--checkpoint HF_DIR`` serves as the imported checkpoint does; ``model.restore_from_path=HF_DIR`` starts from
+    one import under ``exp_dir``, recorded, and a rerun imports nothing (issue 52: refused without saying how)."""
+    from neva.checkpoint.hf_start import IMPORTED_START, imported_start
+    from neva.config import compose_config
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+
+    family, root, hf_dir, ckpt = imported
+    if family != "qwen2_5_vl":
+        pytest.skip("one family: the import itself is tested above for each")
+    item = ("<image>\nWhat is it?", [root / "images/a.png"])
+    with one_thread():
+        want = Answerer(ckpt, GenerationConfig(max_new_tokens=3)).answer([item])
+        assert Answerer(hf_dir, GenerationConfig(max_new_tokens=3)).answer([item]) == want
+        cfg = compose_config(
+            ["+stage=finetune", f"model.restore_from_path={hf_dir}", f"exp_manager.exp_dir={tmp_path}"]
+        )
+        started = imported_start(cfg)
+        out = tmp_path / IMPORTED_START
+        assert started.model.restore_from_path == str(out)
+        assert load_metadata(out)["source"]["path"] == str(hf_dir) and load_metadata(out)["conv_template"] == "qwen2_vl"
+        written = (out / "config.json").stat().st_mtime_ns
+        assert imported_start(cfg).model.restore_from_path == str(out)
+        assert (out / "config.json").stat().st_mtime_ns == written
