@@ -87,6 +87,9 @@ def main(dcfg: DictConfig) -> None:
             cfg = imported_start(cfg)  # an HF directory as model.restore_from_path: imported once, under exp_dir
             # what the starting checkpoint was trained with, where this run sets nothing itself
             cfg = inherit_trained_with(cfg, given_data_keys(dcfg, _command_line()))
+            from neva.checkpoint.restored_recipe import restored_recipe
+
+            cfg = restored_recipe(cfg, _command_line())  # a restored model's size picks its recipe, not tiny's
             from neva.planner.forecast import forecast_line
             from neva.training.run import run
             from neva.training_eval import in_training_eval

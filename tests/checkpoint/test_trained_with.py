@@ -78,3 +78,28 @@ def test_a_budget_against_the_taken_one_is_one_config_error(tmp_path):
     ckpt = fake_checkpoint(tmp_path / "ft", **QWEN)
     with pytest.raises(ConfigError, match=r"max_pixels=200.*model\.data\.min_pixels=784 from"):
         resolved(["+stage=dpo", f"model.restore_from_path={ckpt}", "model.data.max_pixels=200"])
+
+
+def test_a_restored_7b_model_gets_a_7b_recipe_not_the_tiny_ones(tmp_path, caplog):
+    """Restoring a 7B-class checkpoint without choosing a recipe: LLaVA-1.5's 7B finetune recipe, said in one line
+    (issue 52: the tiny recipe's lr 1e-3, silently); a key given on the command line stays; a tiny checkpoint keeps
+    the tiny recipe."""
+    from neva.checkpoint.architecture import neva_config_from_mm
+    from neva.checkpoint.restored_recipe import restored_recipe
+    from neva.config import compose_config
+    from neva.models.config import to_dict
+
+    def checkpoint(name, model_group):
+        mm = compose_config(["+stage=finetune", f"model={model_group}"]).model.mm_cfg
+        return fake_checkpoint(tmp_path / name, stage="finetune", model=to_dict(neva_config_from_mm(mm)))
+
+    seven = checkpoint("qwen7b", "qwen2_7b")
+    with caplog.at_level(logging.INFO, logger="neva.train"):
+        overrides = ["+stage=finetune", f"model.restore_from_path={seven}", "model.micro_batch_size=2"]
+        cfg = restored_recipe(resolved(overrides), overrides)
+    assert (cfg.model.optim.lr, cfg.model.global_batch_size, cfg.trainer.max_epochs) == (2e-5, 128, 1)
+    assert cfg.model.micro_batch_size == 2  # the command line's
+    assert "closest to model=llama2_7b's" in caplog.text and "model.optim.lr=2e-05" in caplog.text
+    tiny = checkpoint("tiny", "tiny")
+    overrides = ["+stage=finetune", f"model.restore_from_path={tiny}"]
+    assert restored_recipe(resolved(overrides), overrides).model.optim.lr == 1e-3
