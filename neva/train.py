@@ -118,7 +118,15 @@ def cli(argv: list[str] | None = None) -> None:
         # Before Hydra: its run directory (<exp_dir>/hydra/...) is made before the job starts, and without a stage
         # exp_dir is `outputs/None`.
         raise ConfigError(STAGE_HELP)
-    main()
+    try:
+        main()
+    except Exception as err:  # Hydra's "use +key" for a misspelled key: the schema's "did you mean" at once
+        from neva.config import misspelled_override
+
+        better = misspelled_override(err)
+        if better is None:
+            raise
+        raise better from None
 
 
 def _names_a_stage(args: list[str]) -> bool:

@@ -74,7 +74,13 @@ REFUSED = [
     ("convert: export of a non-checkpoint", convert.main, "neva-to-hf --ckpt {root}/empty", ["{root}/empty"]),
     ("convert: corrupt safetensors", convert.main, "neva-to-hf --conv-template plain --ckpt {root}/corrupt", [CORRUPT]),
     ("convert: not a step checkpoint", convert.main, "neva-to-neva --ckpt {root}/ckpt", ["--ckpt {root}/ckpt"]),
-    ("plan: misspelled override", plan.cli, "+stage=pretrain model.optim.lrr=0.1", ["model.optim.lrr"]),
+    # one round trip (issue 52): the closest valid key at once, not Hydra's "use +key" that neva would refuse next
+    (
+        "plan: misspelled override",
+        plan.cli,
+        "+stage=pretrain model.optim.lrr=0.1",
+        ["model.optim.lrr", "did you mean lr"],
+    ),
     ("plan: unknown planner option", plan.cli, "+stage=pretrain plan.bogus=1", ["plan.bogus"]),
     ("plan: bad planner value", plan.cli, "+stage=pretrain plan.text_tokens=abc", ["plan.text_tokens=abc"]),
     # Qwen-VL's keys (issue 52): a section neva's M-RoPE refuses; a pixel budget whose other end is the tower's default
@@ -138,7 +144,7 @@ def test_each_entry_point_process_exits_2_with_one_line(bad):
     run = [sys.executable, "-m"]
     procs = {
         "train": ([*run, "neva.train", "+stage=pretrain", "model.optim.lrr=0.1", f"exp_manager.exp_dir={bad}/exp"],
-                  ["model.optim.lrr"]),
+                  ["model.optim.lrr", "did you mean lr"]),
         "plan": ([*run, "neva.plan", "+stage=pretrain", "plan.text_tokens=abc"], ["plan.text_tokens=abc"]),
         "convert": ([*run, "neva.convert", "hf-to-neva", "--hf", f"{bad}/dinov2-llava", "--out", f"{bad}/out"],
                     ["model_type='dinov2'"]),
