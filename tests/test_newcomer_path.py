@@ -35,12 +35,12 @@ def readme_block(title: str) -> str:
     return section.split("```bash\n", 1)[1].split("```", 1)[0]
 
 
-def run(script: str, cwd: Path) -> str:
+def run(script: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this interpreter
     proc = subprocess.run(["bash", "-euc", script], cwd=cwd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, (script[-600:], proc.stderr[-3000:])
-    return proc.stdout
+    return proc
 
 
 def test_readme_newcomer_path_runs_end_to_end(tmp_path):
@@ -117,9 +117,16 @@ def test_readme_qwen_path_runs_end_to_end(tmp_path):
     block = readme_block("A Qwen-VL model, start to finish")
     block = block.replace("/models/qwen2_5_vl", str(tmp_path / "models" / "qwen2_5_vl")).replace("/data/", f"{data}/")
     block = re.sub(r"^(python -m neva\.train .*)$", rf"\1 {SHORT}", block, flags=re.M)
-    run(block, work)
+    proc = run(block, work)
 
     runs = work / "qwen"
+    screen = proc.stdout + proc.stderr
+    # the first screen: what each stage took from its start and its resolved essentials, no warnings about keys never
+    # set nor Lightning's about logging intervals or an empty validation set
+    assert f"from {runs}/finetune/final (what it was trained with): model.data.conv_template='qwen2_vl'" in screen
+    assert "run: stage dpo, model from" in screen and "template qwen2_vl" in screen
+    for line in ("is ignored", "logging interval", "Total length of `list`"):
+        assert line not in screen, line
     budget = dict(zip(("min_pixels", "max_pixels"), pixel_budget("qwen2_5_vl")))
     for stage in ("finetune", "dpo"):  # the import's template and pixel budget, never given again
         meta = load_metadata(runs / stage / "final")

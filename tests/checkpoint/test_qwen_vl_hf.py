@@ -240,3 +240,33 @@ def test_an_hf_directory_is_imported_where_a_checkpoint_is_expected(imported, tm
         written = (out / "config.json").stat().st_mtime_ns
         assert imported_start(cfg).model.restore_from_path == str(out)
         assert (out / "config.json").stat().st_mtime_ns == written
+
+
+def test_preview_counts_each_images_positions_as_training(imported, tmp_path, capsys):
+    """``neva.data.preview --tokenizer CKPT --json`` of a native-resolution checkpoint: the ids training encodes (each
+    image its own positions at the recorded pixel budget; issue 52: refused, and 576 per image from the HF directory,
+    which is now refused with the way through)."""
+    from neva.data import preview
+    from neva.errors import ConfigError
+
+    family, root, hf_dir, ckpt = imported
+    (tmp_path / "data.json").write_text(json.dumps(RECORDS))
+    template = "qwen3_vl" if family.startswith("qwen3") else "qwen2_vl"
+    args = [
+        "--data-path",
+        str(tmp_path / "data.json"),
+        "--conv-template",
+        template,
+        "--image-token-placement",
+        "inline",
+    ]
+    with one_thread():
+        _, _, _, samples = _samples(ckpt, root)
+        preview.main([*args, "--tokenizer", str(ckpt), "--image-folder", str(root / "images"), "--json"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["input_ids"] for row in rows] == [sample["input_ids"].tolist() for sample in samples]
+    assert [[i["tokens"] for i in row.get("images", [])] for row in rows] == [
+        (s["image_grid"].prod(-1) // 4).tolist() if "image_grid" in s else [] for s in samples
+    ]
+    with pytest.raises(ConfigError, match="native-resolution"):
+        preview.preview(preview.build_parser().parse_args([*args, "--tokenizer", str(hf_dir)]))
