@@ -339,7 +339,7 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     )
 
 
-def peft_names(cfg: NevaConfig) -> tuple[Callable[[str], str], dict[str, str]] | None:
+def peft_names(cfg: NevaConfig) -> tuple[Callable[[str], str], dict[str, tuple[str, ...]]] | None:
     """For a Qwen-VL model, a PEFT adapter's names of the parts saved whole (``peft_adapter.save_peft_adapter``'s
     ``saved_key`` / ``saved_modules``): tower and mergers under ``model.visual``, as transformers 5 names them;
     None for any other model."""
@@ -347,9 +347,11 @@ def peft_names(cfg: NevaConfig) -> tuple[Callable[[str], str], dict[str, str]] |
     if family is None:
         return None
     kind = cfg.vision.kind
-    # the merger (with Qwen3-VL's DeepStack mergers: their own module); a trained tower saves the whole visual model
-    mergers = "visual.merger" if not cfg.projector.deepstack_mergers else "visual"
-    return (lambda key: visual_key_to_hf(key, kind)), {"projector": mergers, "vision": "visual"}
+    # the merger, with Qwen3-VL's DeepStack mergers one by one (PEFT saves no ModuleList whole); a trained tower: the
+    # visual model
+    deepstack = tuple(f"visual.deepstack_merger_list.{i}" for i in range(cfg.projector.deepstack_mergers))
+    mergers = ("visual.merger", *deepstack)
+    return (lambda key: visual_key_to_hf(key, kind)), {"projector": mergers, "vision": ("visual",)}
 
 
 def _hf_tensors(

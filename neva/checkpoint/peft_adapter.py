@@ -40,7 +40,7 @@ def save_peft_adapter(
     dtype: torch.dtype | None = None,
     overwrite: bool = False,
     saved_key: Callable[[str], str] | None = None,
-    saved_modules: dict[str, str] | None = None,
+    saved_modules: dict[str, tuple[str, ...]] | None = None,
 ) -> Path:
     """Write a PEFT LoRA adapter directory.
 
@@ -71,7 +71,9 @@ def save_peft_adapter(
         tensors[f"{path}.lora_A.weight"] = layer.lora_a.weight.detach().to(dtype)
         tensors[f"{path}.lora_B.weight"] = layer.lora_b.weight.detach().to(dtype)
     saved_key = saved_key or (lambda key: neva_key_to_hf(key, MODULE_PREFIXES))
-    modules = saved_modules or {part: MODULE_PREFIXES[part].removeprefix("model.").rstrip(".") for part in saved_parts}
+    modules = saved_modules or {
+        part: (MODULE_PREFIXES[part].removeprefix("model.").rstrip("."),) for part in saved_parts
+    }
     for state in saved_parts.values():
         for key, value in state.items():
             tensors[PEFT_PREFIX + saved_key(key)] = value.detach().to(dtype)
@@ -90,7 +92,7 @@ def save_peft_adapter(
         # Full module paths: PEFT matches a list entry against the end of a module name, and CLIP's attention has
         # q_proj / v_proj too.
         "target_modules": sorted(hf_module(name) for name in lora_layers),
-        "modules_to_save": sorted({modules[part] for part in saved_parts}) or None,
+        "modules_to_save": sorted({name for part in saved_parts for name in modules[part]}) or None,
     }
     with atomic_directory(out, overwrite) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / ADAPTER_WEIGHTS), {"format": "pt"})

@@ -270,3 +270,44 @@ def test_preview_counts_each_images_positions_as_training(imported, tmp_path, ca
     ]
     with pytest.raises(ConfigError, match="native-resolution"):
         preview.preview(preview.build_parser().parse_args([*args, "--tokenizer", str(hf_dir)]))
+
+
+def test_lora_exports_as_base_and_peft_adapter(imported, tmp_path):
+    """Every Qwen-VL family's LoRA as transformers + PEFT load it: the base export (its merger trained) with the
+    adapter (LoRA layers, the mergers as ``modules_to_save``) gives the logits of the merged model's export (issue 52:
+    ``--peft-adapter`` of a Qwen-VL run raised KeyError)."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from neva.checkpoint.hf_qwen_vl import peft_names
+    from neva.checkpoint.neva_format import load_model, save_checkpoint
+    from neva.checkpoint.peft_adapter import save_peft_adapter
+    from neva.models.lora import apply_lora, merged_state_dict, split_state_dict
+
+    family, root, _, ckpt = imported
+    with one_thread(), torch.no_grad():
+        model = load_model(ckpt)
+        torch.manual_seed(0)
+        apply_lora(model, ["wq", "wv", "w2"], rank=4, alpha=8.0, dropout=0.0)
+        for name, p in model.named_parameters():  # trained adapters and merger: not the identity
+            if "lora_b" in name or name.startswith("projector."):
+                p.add_(torch.randn_like(p) * 0.05)
+        base, layers = split_state_dict(model)
+        tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
+        meta = {k: v for k, v in load_metadata(ckpt).items() if k != "dtype"}
+        saved = {k: v for k, v in base.items() if k.startswith("projector.")}
+        key, modules = peft_names(model.cfg)
+        save_peft_adapter(tmp_path / "adapter", layers, {"projector": saved}, saved_key=key, saved_modules=modules)
+        base_ckpt = save_checkpoint(tmp_path / "base", model.cfg, base, tokenizer, metadata=meta)
+        merged_ckpt = save_checkpoint(
+            tmp_path / "merged", model.cfg, merged_state_dict(model), tokenizer, metadata=meta
+        )
+        export_qwen_vl(base_ckpt, tmp_path / "base-hf")
+        export_qwen_vl(merged_ckpt, tmp_path / "merged-hf")
+        image = Image.open(root / "images/c.png").convert("RGB")
+        inputs = hf_inputs(tokenizer, _processor(family), "<|vision_start|><|image_pad|><|vision_end|>hello", [image])
+        adapted = PeftModel.from_pretrained(
+            AutoModelForImageTextToText.from_pretrained(str(tmp_path / "base-hf")).eval(), str(tmp_path / "adapter")
+        ).eval()
+        want = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "merged-hf")).eval()(**inputs).logits
+        torch.testing.assert_close(adapted(**inputs).logits, want, rtol=1e-4, atol=1e-4)
