@@ -35,11 +35,13 @@ from neva.checkpoint.hf_files import (
     template_settings,
     write_chat_template_files,
 )
+from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
 from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
+from neva.checkpoint.interop import Interop
 from neva.checkpoint.neva_format import (
     TensorSource,
     iter_tensors,
@@ -129,7 +131,7 @@ def neva_config_from_qwen_vl(hf: dict[str, Any]) -> NevaConfig:
         spatial_merge_size=vision.spatial_merge_size,
         deepstack_mergers=len(vision.deepstack_visual_indexes),
     )
-    # The video token makes the model take video (``NevaConfig.native_video``).
+    # The video token makes the model take video (``NevaConfig.patch_video``).
     video_token_id = hf.get("video_token_id", hf.get("text_config", {}).get("video_token_id"))
     return NevaConfig(
         llm=llm, vision=vision, projector=projector, image_token_id=hf["image_token_id"], video_token_id=video_token_id
@@ -247,6 +249,20 @@ def import_qwen_vl(
         ConfigError: a Qwen-VL kind or field neva does not build. ValueError: tensors that map nowhere, missing
             model tensors, a tokenizer whose ``<|image_pad|>`` is not the config's image token.
     """
+    cfg, tensors, tokenizer, meta = qwen_vl_parts(hf_dir, dtype=dtype, metadata=metadata)
+    return save_checkpoint(
+        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
+    )
+
+
+def qwen_vl_parts(
+    hf_dir: str | os.PathLike, *, dtype: torch.dtype | None = None, metadata: dict[str, Any] | None = None
+) -> ImportedParts:
+    """``import_qwen_vl`` up to the writing (also what ``neva.evaluate`` loads an HF directory in memory with).
+
+    Raises:
+        ConfigError, ValueError: as ``import_qwen_vl``.
+    """
     hf_dir = Path(model_dir(hf_dir))
     hf = json.loads((hf_dir / "config.json").read_text())
     cfg = neva_config_from_qwen_vl(hf)
@@ -278,9 +294,7 @@ def import_qwen_vl(
         **(metadata or {}),
     }
     tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
-    return save_checkpoint(
-        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
-    )
+    return ImportedParts(cfg, tensors, tokenizer, meta)
 
 
 def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
@@ -377,6 +391,7 @@ def export_qwen_vl(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
+    conv_template: str | None = None,
 ) -> Path:
     """A neva Qwen-VL checkpoint → a directory transformers loads with the family's class and processor: weights,
     ``config.json`` (with the tokenizer's vision start / end ids and the weights' dtype), the tokenizer with the chat
@@ -384,15 +399,15 @@ def export_qwen_vl(
     stops (EOS and ``<|im_end|>``, with the pad id), and the image processor at the model's pixel budget (the
     checkpoint's ``min_pixels`` / ``max_pixels``, else the tower kind's defaults).
 
-    ``dtype`` None exports in the run's half precision (as ``export_llava``)."""
+    ``dtype`` None exports in the run's half precision (as ``export_llava``); ``conv_template`` another chat template
+    than the one the checkpoint records (else the family's)."""
     import transformers
 
     ckpt = Path(ckpt)
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
-    settings = template_settings(
-        meta, meta.get("conv_template") or _BY_TOWER[(cfg.vision.kind, cfg.llm.is_moe)].template
-    )
+    family_template = _BY_TOWER[(cfg.vision.kind, cfg.llm.is_moe)].template
+    settings = template_settings(meta, conv_template or meta.get("conv_template") or family_template)
     tokenizer = None
     if has_tokenizer(ckpt):
         from neva.data.sentencepiece_tokenizer import load_tokenizer
@@ -429,3 +444,18 @@ def export_qwen_vl(
             bos_token_id=getattr(tokenizer, "bos_token_id", None), eos_token_id=eos, pad_token_id=pad
         ).save_pretrained(str(tmp))
     return Path(out)
+
+
+def _round_trip(arch: NevaConfig) -> str:
+    config = qwen_vl_config_dict(arch)
+    neva_config_from_qwen_vl(config)
+    return config["model_type"]
+
+
+def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
+    return export_qwen_vl(ckpt, out, conv_template=conv_template, **common)
+
+
+QWEN_VL_INTEROP = Interop(
+    "Qwen-VL", is_qwen_vl, import_qwen_vl, qwen_vl_parts, _export, _round_trip, peft_names=lambda cfg: peft_names(cfg)
+)

@@ -5,9 +5,10 @@ LLaMA-Factory and ms-swift start from an HF directory directly.
 A training run imports once into ``<exp_dir>/imported_start`` (rank 0; the other ranks wait for it to appear, the
 directory being renamed into place only when complete) and starts from that checkpoint, whose metadata records the
 conversion (``source``: the HF path) and what the HF directory was trained with (template, pixel budget): a rerun or a
-resume finds it there and imports nothing. Serving imports into a temporary directory. The families imported so are
-the ones ``hf-to-neva`` reads from the directory alone: Qwen-VL (``hf_qwen_vl.QWEN_VL``) and the llava-hf wrappers
-(``hf_wrappers``); LLaVA's own layout needs ``hf-to-neva``'s ``--vision`` / ``--llm`` and is left to it.
+resume finds it there and imports nothing. Serving imports into a temporary directory (``neva.evaluate`` loads one in
+memory instead: ``hf_in_memory``). The families imported so are those whose interop (``interop.Interop``) recognises
+the directory's config alone: Qwen-VL and the llava-hf wrappers; LLaVA's own layout needs ``hf-to-neva``'s
+``--vision`` / ``--llm`` and is left to it.
 """
 
 from __future__ import annotations
@@ -32,29 +33,29 @@ _WAIT_SECONDS = 3600.0  # how long a non-zero rank waits for rank 0's import
 
 
 def hf_model_type(path: str | os.PathLike) -> str | None:
-    """The ``model_type`` of an HF model directory neva imports on the fly (Qwen-VL, llava-hf), else None."""
-    from neva.checkpoint.hf_qwen_vl import QWEN_VL
-    from neva.checkpoint.hf_wrappers import wrapper_named
+    """The ``model_type`` of an HF model directory a family's interop imports from the directory alone (its
+    ``Interop.recognises``: Qwen-VL, the llava-hf wrappers), else None."""
+    from neva.checkpoint.interop import interop_for_hf
+    from neva.checkpoint.llava_original import read_llava_config
 
     config = Path(path) / "config.json"
     if not config.is_file() or neva_format.is_neva_checkpoint(path):
         return None
     try:
-        model_type = json.loads(config.read_text()).get("model_type")
-    except (ValueError, AttributeError):
+        hf = json.loads(config.read_text())
+    except ValueError:
+        return None  # whoever reads it next says what is wrong with it
+    if not isinstance(hf, dict) or "model_type" not in hf or read_llava_config(path) is not None:
         return None
-    return model_type if model_type in QWEN_VL or wrapper_named(model_type) is not None else None
+    return hf["model_type"] if interop_for_hf(hf).recognises(hf) else None
 
 
 def import_hf(path: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Import HF directory ``path`` (``hf_model_type``) into neva checkpoint ``out``, as ``hf-to-neva`` does."""
-    from neva.checkpoint.hf_qwen_vl import QWEN_VL, import_qwen_vl
+    """Import HF directory ``path`` (``hf_model_type``) into neva checkpoint ``out``, as ``hf-to-neva`` does: through
+    its family's interop."""
+    from neva.checkpoint.interop import interop_for_hf
 
-    if hf_model_type(path) in QWEN_VL:
-        return import_qwen_vl(path, out)
-    from neva.checkpoint.hf_import import import_llava
-
-    return import_llava(path, out)
+    return interop_for_hf(json.loads((Path(path) / "config.json").read_text())).import_dir(path, out)
 
 
 def imported_start(cfg: TrainConfig) -> TrainConfig:

@@ -170,8 +170,7 @@ def export_peft(
     Raises:
         ValueError: the run trained without LoRA.
     """
-    from neva.checkpoint.hf_export import export_llava
-    from neva.checkpoint.hf_qwen_vl import export_qwen_vl, peft_names
+    from neva.checkpoint.interop import interop_for
 
     loaded = load_step_model(path)
     base, lora_layers = split_state_dict(loaded.model)
@@ -180,11 +179,11 @@ def export_peft(
     policy = loaded.cfg.model.trainable_policy()
     trained = [part for part, on in (("vision", policy.vision), ("projector", policy.projector)) if on]
     saved = {part: {k: v for k, v in base.items() if k.startswith(part + ".")} for part in trained}
-    names = peft_names(loaded.source.cfg)  # a Qwen-VL model exports as its own family, its parts under its names
-    export = export_llava if names is None else export_qwen_vl
+    interop = interop_for(loaded.source.cfg)  # the base exports as its family does, its parts under its names
+    names = interop.peft_names(loaded.source.cfg) if interop.peft_names is not None else None
     with tempfile.TemporaryDirectory(prefix="neva-base-") as tmp:
         base_ckpt = loaded.save(Path(tmp) / "base", base, None, False)
-        hf = export(base_ckpt, hf_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+        hf = interop.export(base_ckpt, hf_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
     key, modules = names or (None, None)
     adapter = save_peft_adapter(
         adapter_out, lora_layers, saved, dtype=dtype, overwrite=overwrite, saved_key=key, saved_modules=modules

@@ -19,9 +19,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from neva.checkpoint import neva_format
-from neva.checkpoint.source import STARTS_FROM, default_start
+from neva.checkpoint.source import default_start
 from neva.config import CONFIG_DIR, TrainConfig
 from neva.errors import ConfigError
+from neva.stages import stage_spec
 
 log = logging.getLogger("neva.train")
 
@@ -53,7 +54,7 @@ def start_checkpoint(cfg: TrainConfig) -> str | None:
     """The neva checkpoint a run starts from (``model.restore_from_path``, or a stage's default start), None when it
     starts from HF weights or fresh, or when that path holds no neva checkpoint (``resolve_source`` says why)."""
     restore = cfg.model.restore_from_path
-    if restore is None and cfg.stage in STARTS_FROM and not cfg.model.mm_cfg.llm.from_pretrained:
+    if restore is None and stage_spec(cfg.stage).starts_from and not cfg.model.mm_cfg.llm.from_pretrained:
         restore = default_start(cfg)
     return restore if restore is not None and neva_format.is_neva_checkpoint(restore) else None
 

@@ -111,7 +111,7 @@ def native_images(record: dict[str, Any], source: Any, spec: Any) -> list[dict[s
 
 def native_spec(path: str, cfg: Any) -> Any:
     """A native-resolution checkpoint's image spec at the pixel budget it records (None for any other model)."""
-    if cfg is None or cfg.vision is None or not cfg.vision.is_native:
+    if cfg is None or cfg.vision is None or not cfg.vision.spec.patch_grid:
         return None
     from neva.data.qwen_images import QwenImageSpec
 
