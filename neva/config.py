@@ -8,11 +8,13 @@ line's treatment first (``apply_nemo_keys``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from neva.data.config import DataConfig
@@ -24,7 +26,7 @@ from neva.models.trainable import LoraSpec, TrainablePolicy
 from neva.nemo_keys import Same, lookup, rewrite_config_keys, rewrite_overrides, split_override, template_for_model_type
 from neva.stages import STAGES as STAGE_SPECS
 from neva.stages import stage_spec
-from neva.typed import ConfigError, build, unknown_keys
+from neva.typed import ConfigError, build, unknown_key_error, unknown_keys
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
 
@@ -564,8 +566,20 @@ def to_train_config(cfg: DictConfig, command_line: list[str] | tuple[str, ...] =
     return build(TrainConfig, data)
 
 
+def misspelled_override(err: BaseException) -> ConfigError | None:
+    """Hydra's refusal of an override of a key the config lacks ("use +key"), as the schema's own refusal with the
+    closest valid names: one round trip for a misspelled key, since ``+key`` would only be refused next (None: any
+    other error, or a key under a mapping that takes any key)."""
+    match = re.match(r"Could not override '([^']+)'", str(err))
+    return None if match is None else unknown_key_error(TrainConfig, match.group(1))
+
+
 def compose_config(overrides: list[str] | None = None, config_name: str = "neva") -> TrainConfig:
     """The validated config for ``overrides`` (as on the command line, e.g. ``["+stage=pretrain"]``)."""
     overrides = rewrite_overrides(overrides or [])
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return to_train_config(compose(config_name, overrides=overrides), overrides)
+        try:
+            dcfg = compose(config_name, overrides=overrides)
+        except ConfigCompositionException as err:
+            raise misspelled_override(err) or err from None
+        return to_train_config(dcfg, overrides)

@@ -17,7 +17,7 @@
 - ``--suite pope|textvqa|scienceqa|mme|mmbench|gqa|seed|vqav2|vizwiz --data-dir DIR --output-dir OUT``: a LLaVA-1.5
   benchmark read from LLaVA's ``playground/data/eval`` layout, answered as its scripts ask (``neva.benchmarks``;
   ``docs/EVALUATION.md``): ``OUT/answers.jsonl`` in ``model_vqa_loader``'s format, the official scores (one JSON line,
-  and ``OUT/scores.json``), questions/s.
+  and ``OUT/scores.json``), questions/s. ``--score ANSWERS_FILE`` scores an answers file written before (no model).
 - ``--suite mmmu|mmstar|ai2d|ai2d_no_mask|ocrbench|docvqa|infovqa|chartqa|realworldqa|hallusionbench|mathvista|
   videomme|videomme_w_subtitle|...``: a benchmark of current model cards read from its Hugging Face dataset snapshot
   (parquet), asked and scored as lmms-eval 0.7.3 asks and scores it, a standard error beside each score.
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from neva.benchmarks.run import load_benchmark, run_benchmark
+from neva.benchmarks.run import load_benchmark, run_benchmark, score_answers
 from neva.benchmarks.table import BENCHMARKS
 from neva.checkpoint.hf_in_memory import is_hf_model_dir, load_hf_model
 from neva.checkpoint.neva_format import (
@@ -126,7 +126,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", type=Path, help="a benchmark suite's answers and scores.json")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="16; a benchmark suite: LLaVA's setting")
     parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument(
+        "--score",
+        type=Path,
+        metavar="ANSWERS_FILE",
+        help="score this answers file (a benchmark suite's answers.jsonl) with --suite's official rule; no model",
+    )
     args = parser.parse_args(argv)
+    if args.score is not None:  # score what was answered before: no checkpoint is read
+        if args.suite not in BENCHMARKS or args.data_dir is None or args.output_dir is None:
+            raise ConfigError("--score needs a benchmark --suite with its --data-dir and an --output-dir")
+        if not args.score.is_file():
+            raise ConfigError(f"--score {args.score}: no such answers file")
+        print(
+            json.dumps(
+                score_answers(load_benchmark(args.suite, args.data_dir, args.limit), args.score, args.output_dir)
+            )
+        )
+        return
     checkpoint = args.checkpoint or default_checkpoint()
     refuse_nemo_checkpoint(checkpoint, "--checkpoint")
     hf_dir = is_hf_model_dir(checkpoint)

@@ -18,7 +18,10 @@ command then exits with status 1, naming how many failed.
 Prompts: by default the prompt is the user turn of a conversation template (``--template``, default the checkpoint's
 ``conv_template`` metadata, else ``vicuna_v1``), rendered up to the assistant cue; ``<image>\\n`` is put in front for
 each image when the prompt has no ``<image>``. With ``--raw`` the prompt is used as given and tokenized exactly as
-HF's ``LlavaProcessor`` does for an exported checkpoint (each ``<image>`` becomes that image's tokens, BOS added).
+the family's HF processor does for an exported checkpoint: ``LlavaProcessor`` (each ``<image>`` becomes that image's
+tokens, BOS added), or for a Qwen-VL checkpoint Qwen's processor (each ``<image>`` written as Qwen's vision block
+``<|vision_start|><|image_pad|><|vision_end|>``, which a prompt may also hold as it is, the pad expanded to the image's
+positions; ``neva.data.raw_prompts``).
 
 Decoding: greedy by default. ``--sample`` samples with NeMo NeVA's inference defaults (temperature 0.2, top-p 0.9,
 top-k 0, repetition penalty 1.2); giving ``--temperature``/``--top-p``/``--top-k`` implies ``--sample``. Generation
@@ -38,6 +41,7 @@ from typing import Any
 import torch
 
 from neva.checkpoint.neva_format import refuse_nemo_checkpoint
+from neva.data.conversation import TEMPLATE_CLASSES
 from neva.data.records import record_videos
 from neva.data.video_decode import VideoError
 from neva.errors import InputError, entry_point
@@ -80,8 +84,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repetition-penalty", type=float)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--template", help="conversation template (plain, vicuna_v1, llama_2, mistral, llama_3, chatml)")
-    fmt.add_argument("--raw", action="store_true", help="use the prompt as given (HF LlavaProcessor tokenization)")
+    fmt.add_argument(
+        "--template",
+        help=f"conversation template ({', '.join(TEMPLATE_CLASSES)}; default: the one the checkpoint was trained with)",
+    )
+    fmt.add_argument(
+        "--raw",
+        action="store_true",
+        help="use the prompt as given, tokenized as the family's HF processor does: <image> is LLaVA's <image>, or "
+        "Qwen-VL's <|vision_start|><|image_pad|><|vision_end|> (which the prompt may hold as it is)",
+    )
     p.add_argument("--system", help="system prompt (template mode; default: the one the checkpoint was trained with)")
     p.add_argument("--image-aspect-ratio", choices=("square", "pad", "keep"), help="default: checkpoint metadata")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -37,6 +37,7 @@ from neva.data.encoding import encode, tokenize_text
 from neva.data.front_ends import front_end_for
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.qwen_images import QwenImageSpec, image_patches, video_patches
+from neva.data.raw_prompts import raw_prompt_ids
 from neva.data.records import record_images
 from neva.data.video import read_video_file
 from neva.data.video_decode import VideoLimits
@@ -114,18 +115,18 @@ class PromptBuilder:
         videos = iter(video_tokens)
         video_tag = self.tokenizer.convert_ids_to_tokens(self.cfg.video_token) if video_tokens else VIDEO_TOKEN
         if self.template is None:
-            self._check_tags(prompt, num_images, len(video_tokens))
-            # LlavaProcessor: expand the text, then one tokenizer call with special tokens (BOS).
-            pieces = re.split(f"({re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)})", prompt)
-            text = "".join(
-                self._raw_image(next(images))
-                if p == IMAGE_TOKEN
-                else video_tag * next(videos)
-                if p == VIDEO_TOKEN
-                else p
-                for p in pieces
+            # the family's HF processor: its placeholders expanded, one tokenizer call (neva.data.raw_prompts)
+            return raw_prompt_ids(
+                self.tokenizer,
+                prompt,
+                self.cfg.image_token_id,
+                images,
+                videos,
+                num_images,
+                len(video_tokens),
+                video_tag,
+                self.raw_image_block,
             )
-            return list(self.tokenizer(text).input_ids)
         prompt = self._tagged(prompt, num_images)
         if video_tokens and VIDEO_TOKEN not in prompt:
             prompt = (VIDEO_TOKEN + "\n") * len(video_tokens) + prompt
@@ -143,12 +144,6 @@ class PromptBuilder:
         for tok in ids:
             out += [tok] * next(counts) if tok in media else [tok]
         return out
-
-    def _raw_image(self, count: int) -> str:
-        if self.raw_image_block is None:
-            return IMAGE_TOKEN * count
-        token = self.tokenizer.convert_ids_to_tokens(self.cfg.image_token_id)
-        return self.raw_image_block.replace(token, token * count)
 
     def labelled_ids(self, prompt: str, reply: str, num_images: int) -> tuple[list[int], list[int]]:
         """Token ids and labels of the exchange ``prompt`` → ``reply``, rendered and encoded by training's rules (this

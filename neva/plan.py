@@ -37,6 +37,7 @@ from dataclasses import replace as field_replace
 
 from neva.config import TrainConfig, compose_config
 from neva.errors import entry_point
+from neva.planner.caveats import caveat_lines
 from neva.planner.images import describe_images, parse_image_size, parse_image_tokens, parse_max_pixels
 from neva.planner.plan import GiB, Plan, learned_fraction_of, plan_run, text_tokens_of
 from neva.planner.report import format_table, to_json
@@ -272,6 +273,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     images = [p.extra["image"] for p in plans]
     for line in sorted({describe_images(image) for image in images if image["size"] or "source" in image}):
         print(line)
+    for caveat in dict.fromkeys(line for cfg in configs_of(req)[:1] for line in caveat_lines(cfg, plans)):
+        print(caveat)  # what the plan cannot know: a close "fits", packed rows
     if req.rehearse:
         for cfg, plan in zip(configs_of(req), plans):
             print(rehearse_against_plan(cfg, plan, req.text_tokens, req.num_frames))

@@ -153,6 +153,44 @@ def hf_round_trip(cfg: TrainConfig) -> str:
     return interop_for(arch).round_trip(arch)
 
 
+def raw_prompt(cfg: TrainConfig) -> None:
+    """Whether ``neva.generate --raw`` expands an ``<image>`` tag for this feature's model (the family's own
+    placeholder: ``<image>``, or Qwen-VL's vision block where the tokenizer's image token is ``<|image_pad|>``)."""
+    from neva.data.raw_prompts import raw_prompt_ids
+    from neva.data.synthetic import build_tokenizer
+    from neva.data.tokens import tokenizer_image_token_id
+
+    tokenizer = build_tokenizer()  # the tiny rows' own, as a run builds its model over it (resolve_source)
+    mm, ratio = cfg.model.mm_cfg, cfg.model.data.image_aspect_ratio
+    image = neva_config_from_mm(mm, len(tokenizer), tokenizer_image_token_id(tokenizer), ratio).image_token_id
+    ids = raw_prompt_ids(tokenizer, "<image>\nWhat is it?", image, iter([3]), iter([]), 1)
+    if ids.count(image) != 3:
+        raise ConfigError(f"a raw prompt's <image> became {ids.count(image)} image positions, not 3")
+
+
+def peft_adapter(cfg: TrainConfig) -> str:
+    """What ``neva-to-hf --peft-adapter`` writes for a LoRA run of this feature: the base's HF class (the export's
+    answer, ``hf_round_trip``) and each adapter tensor's and saved projector tensor's HF name."""
+    from neva.checkpoint.hf_keys import MODULE_PREFIXES, neva_key_to_hf
+    from neva.checkpoint.interop import interop_for
+    from neva.checkpoint.peft_adapter import hf_module
+    from neva.models.lora import split_state_dict
+
+    kind = hf_round_trip(cfg)
+    arch = architecture(cfg)
+    model = dataclasses.replace(cfg.model, peft=dataclasses.replace(cfg.model.peft, peft_scheme="lora"))
+    base, layers = split_state_dict(build_meta_model(arch, model.trainable_policy()))
+    interop = interop_for(arch)
+    names = interop.peft_names(arch) if interop.peft_names is not None else None
+    saved_key = names[0] if names else (lambda key: neva_key_to_hf(key, MODULE_PREFIXES))
+    for name in layers:
+        hf_module(name)
+    for key in base:
+        if key.startswith("projector."):
+            saved_key(key)
+    return kind
+
+
 def llava_original(cfg: TrainConfig) -> str:
     """Whether ``neva.convert`` imports a LLaVA / LLaVA-NeXT ``config.json`` of this feature: the config LLaVA writes
     for it, read by the import's own steps (model type, ``mm_*`` keys, AnyRes keys, projector)."""
@@ -200,6 +238,7 @@ def cell(check: Callable[[], str | None], notes: list[str]) -> str:
 def matrix() -> str:
     """The support matrix as Markdown: the table, then its numbered notes."""
     header = ["feature (finetune unless named)", *(c.label for c in LAYOUTS), "HF export + import"]
+    header += ["raw prompts (generate --raw)", "LoRA as PEFT adapter"]
     header += ["LLaVA-original import", "LLaVA-original export"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     notes: list[str] = []
@@ -209,6 +248,8 @@ def matrix() -> str:
         model = build_meta_model(architecture(cfg), cfg.model.trainable_policy())
         cells = [cell(lambda c=c, cfg=cfg, m=model: check_layout(cfg, c, m), notes) for c in LAYOUTS]
         cells.append(cell(lambda cfg=cfg: hf_round_trip(cfg), notes))
+        cells.append(cell(lambda cfg=cfg: raw_prompt(cfg), notes))
+        cells.append(cell(lambda cfg=cfg: peft_adapter(cfg), notes))
         cells.append(cell(lambda cfg=cfg: llava_original(cfg), notes))
         cells.append(cell(lambda cfg=cfg: llava_export(cfg), notes))
         lines.append("| " + " | ".join([r.label, *cells]) + " |")

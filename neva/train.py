@@ -81,6 +81,15 @@ def main(dcfg: DictConfig) -> None:
         with exit_on_input_error():
             sweep_job_exp_dir(dcfg)
             cfg = to_train_config(dcfg, _command_line())
+            from neva.checkpoint.hf_start import imported_start
+            from neva.checkpoint.trained_with import given_data_keys, inherit_trained_with
+
+            cfg = imported_start(cfg)  # an HF directory as model.restore_from_path: imported once, under exp_dir
+            # what the starting checkpoint was trained with, where this run sets nothing itself
+            cfg = inherit_trained_with(cfg, given_data_keys(dcfg, _command_line()))
+            from neva.checkpoint.restored_recipe import restored_recipe
+
+            cfg = restored_recipe(cfg, _command_line())  # a restored model's size picks its recipe, not tiny's
             from neva.planner.forecast import forecast_line
             from neva.training.run import run
             from neva.training_eval import in_training_eval
@@ -109,7 +118,15 @@ def cli(argv: list[str] | None = None) -> None:
         # Before Hydra: its run directory (<exp_dir>/hydra/...) is made before the job starts, and without a stage
         # exp_dir is `outputs/None`.
         raise ConfigError(STAGE_HELP)
-    main()
+    try:
+        main()
+    except Exception as err:  # Hydra's "use +key" for a misspelled key: the schema's "did you mean" at once
+        from neva.config import misspelled_override
+
+        better = misspelled_override(err)
+        if better is None:
+            raise
+        raise better from None
 
 
 def _names_a_stage(args: list[str]) -> bool:

@@ -39,6 +39,22 @@ def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
         raise ConfigError(f"{where}: {err}") from err
 
 
+def unknown_key_error(cls: type, dotted: str) -> ConfigError | None:
+    """``build``'s refusal of dotted key ``dotted`` (with the closest valid names) when dataclass ``cls`` has no field
+    for it; None when it has one, or when the key lies under a mapping typed ``dict`` (which takes any key)."""
+    path = ""
+    for key in dotted.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return None  # a dict-typed field (arch_overrides, ...): any key goes
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=3)
+            hint = f"; did you mean {' or '.join(close)}?" if close else f"; valid keys: {', '.join(sorted(fields))}"
+            return ConfigError(f"unknown config key '{path}{key}'{hint}")
+        cls, path = typing.get_type_hints(cls)[key], f"{path}{key}."
+    return None
+
+
 def unknown_keys(cls: type, data: dict[str, Any], path: str = "") -> list[tuple[str, Any]]:
     """``(dotted key, value)`` of every key in ``data`` that dataclass ``cls`` (its nested dataclasses included) has
     no field for: what ``build`` would refuse. Mappings typed ``dict`` take any key."""

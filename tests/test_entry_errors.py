@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Dinov2Config, LlamaConfig, LlavaConfig
+from transformers import Dinov2Config, LlamaConfig, LlavaConfig, Qwen3VLConfig
 
 from neva import convert, evaluate, generate, plan
 from neva.data import preview
@@ -37,6 +37,14 @@ def bad(tmp_path_factory, tiny_checkpoint) -> Path:
     text = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     vision = Dinov2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     LlavaConfig(vision_config=vision, text_config=text).save_pretrained(root / "dinov2-llava")
+    # a Qwen3-VL config whose M-RoPE section does not split its decoder's 8 rotary frequencies
+    from tests.checkpoint.tiny_qwen_vl import TEXT_OF, VISION
+
+    text = dict(
+        TEXT_OF["qwen3_vl"], rope_parameters={**TEXT_OF["qwen3_vl"]["rope_parameters"], "mrope_section": [4, 4, 4]}
+    )
+    vision = dict(VISION["qwen3_vl"], patch_size=16, spatial_merge_size=2)
+    Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=404).save_pretrained(root / "qwen3-vl-mrope")
     (root / "llava-original").mkdir()
     (root / "llava-original" / "config.json").write_text('{"model_type": "llava_llama", "mm_bogus": 1}')
     return root
@@ -66,9 +74,29 @@ REFUSED = [
     ("convert: export of a non-checkpoint", convert.main, "neva-to-hf --ckpt {root}/empty", ["{root}/empty"]),
     ("convert: corrupt safetensors", convert.main, "neva-to-hf --conv-template plain --ckpt {root}/corrupt", [CORRUPT]),
     ("convert: not a step checkpoint", convert.main, "neva-to-neva --ckpt {root}/ckpt", ["--ckpt {root}/ckpt"]),
-    ("plan: misspelled override", plan.cli, "+stage=pretrain model.optim.lrr=0.1", ["model.optim.lrr"]),
+    # one round trip (issue 52): the closest valid key at once, not Hydra's "use +key" that neva would refuse next
+    (
+        "plan: misspelled override",
+        plan.cli,
+        "+stage=pretrain model.optim.lrr=0.1",
+        ["model.optim.lrr", "did you mean lr"],
+    ),
     ("plan: unknown planner option", plan.cli, "+stage=pretrain plan.bogus=1", ["plan.bogus"]),
     ("plan: bad planner value", plan.cli, "+stage=pretrain plan.text_tokens=abc", ["plan.text_tokens=abc"]),
+    # Qwen-VL's keys (issue 52): a section neva's M-RoPE refuses; a pixel budget whose other end is the tower's default
+    (
+        "convert: Qwen-VL mrope_section",
+        convert.main,
+        "hf-to-neva --hf {root}/qwen3-vl-mrope",
+        ["mrope_section", "[4, 4, 4]"],
+    ),
+    (
+        "plan: Qwen-VL max_pixels alone",
+        plan.cli,
+        "+stage=pretrain cluster=dgx_h100 trainer.devices=1 model=tiny_qwen2_5_vl vision=tiny_qwen2_5_vl "
+        "+model.data.max_pixels=200",
+        ["max_pixels=200", "model.data.min_pixels"],
+    ),
     ("plan: bad config value", plan.cli, "+stage=pretrain trainer.devices=3", ["model.global_batch_size=32"]),
     ("preview: missing data", preview.main, f"{PREVIEW} {{root}}/no.json --tokenizer synthetic", ["{root}/no.json"]),
     ("preview: missing tokenizer", preview.main, f"{PREVIEW} synthetic --tokenizer {{root}}/nope", ["{root}/nope"]),
@@ -116,7 +144,7 @@ def test_each_entry_point_process_exits_2_with_one_line(bad):
     run = [sys.executable, "-m"]
     procs = {
         "train": ([*run, "neva.train", "+stage=pretrain", "model.optim.lrr=0.1", f"exp_manager.exp_dir={bad}/exp"],
-                  ["model.optim.lrr"]),
+                  ["model.optim.lrr", "did you mean lr"]),
         "plan": ([*run, "neva.plan", "+stage=pretrain", "plan.text_tokens=abc"], ["plan.text_tokens=abc"]),
         "convert": ([*run, "neva.convert", "hf-to-neva", "--hf", f"{bad}/dinov2-llava", "--out", f"{bad}/out"],
                     ["model_type='dinov2'"]),

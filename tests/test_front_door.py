@@ -77,6 +77,9 @@ def test_matrix_answers_are_the_refusals(matrix):
     qwen = got["Qwen2.5-VL: native resolution, M-RoPE"]
     assert qwen["HF export + import"] == "qwen2_5_vl" and qwen["LLaVA-original import"].startswith("no")
     assert default["CP 2"] == qwen["CP 2"] == "yes"  # a native tower's items shared out over the cp ranks
+    # raw prompts and LoRA adapters for every family (issue 52): Qwen-VL's adapter beside its own family's export
+    assert {row["raw prompts (generate --raw)"] for row in got.values()} == {"yes"}
+    assert qwen["LoRA as PEFT adapter"] == "qwen2_5_vl" and default["LoRA as PEFT adapter"] == "llava"
 
 
 def test_matrix_notes_are_the_refusal_messages(matrix):

@@ -116,3 +116,33 @@ def run_benchmark(
               "answers_file": str(output_dir / "answers.jsonl"), "max_new_tokens": max_new_tokens}  # fmt: skip
     (output_dir / "scores.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def score_answers(loaded: Loaded, answers_file: Path, output_dir: Path) -> dict[str, Any]:
+    """Score an answers file written before (``answers.jsonl`` of an earlier run, or any file of
+    ``model_vqa_loader``'s records) with the benchmark's official rule, as ``run_benchmark`` scores its own; a question
+    the file has no answer for counts as skipped. Writes ``scores.json``.
+
+    Raises:
+        ConfigError: an answers line that is not JSON or names no ``question_id``; a file only the scorer reads is
+            missing.
+    """
+    by_id: dict[Any, dict] = {}
+    for number, line in enumerate(answers_file.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                record = json.loads(line)
+                by_id[record["question_id"]] = record
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"{answers_file}:{number}: not an answer record with a question_id") from None
+    answered = [(q, by_id.get(q.question_id)) for q in loaded.read.questions]
+    try:
+        scores = BENCHMARKS[loaded.name].score(loaded.folder, answered, output_dir)
+    except MissingFile as err:
+        raise ConfigError(f"{loaded.name}: {err}; {loaded.expected}") from None
+    skipped = loaded.read.skipped + sum(a is None for _, a in answered)
+    result = {"suite": loaded.name, **scores, "questions": len(loaded.read.questions), "skipped": skipped,
+              "answers_file": str(answers_file)}  # fmt: skip
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "scores.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,13 @@ import torch
 from neva.checkpoint.atomic import atomic_directory
 from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
-from neva.checkpoint.hf_files import export_dtype
+from neva.checkpoint.hf_files import (
+    export_chat_template,
+    export_dtype,
+    generation_eos_ids,
+    template_settings,
+    write_chat_template_files,
+)
 from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
 from neva.checkpoint.hf_linear_attention import fuse_tensors, split_shapes, split_tensors
@@ -158,9 +164,12 @@ def _llm_config(hf: dict[str, Any], family: QwenVL) -> LLMConfig:
     text["rope_parameters"] = rope
     text["model_type"] = family.text_family
     llm = llm_config_from_hf(text, "text_config")
-    return dataclasses.replace(
-        llm, mrope_section=list(section), mrope_interleaved=family.mrope_interleaved, rotary_percent=rotary
-    )
+    try:
+        return dataclasses.replace(
+            llm, mrope_section=list(section), mrope_interleaved=family.mrope_interleaved, rotary_percent=rotary
+        )
+    except ValueError as err:  # a section the decoder cannot split its frequencies by: the file's value, refused
+        raise ConfigError(f"{family.model_type} text config rope mrope_section: {err}") from None
 
 
 def _vision_config(v: dict[str, Any], kind: str) -> tuple[VisionConfig, int]:
@@ -361,6 +370,21 @@ def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
     )
 
 
+def peft_names(cfg: NevaConfig) -> tuple[Callable[[str], str], dict[str, tuple[str, ...]]] | None:
+    """For a Qwen-VL model, a PEFT adapter's names of the parts saved whole (``peft_adapter.save_peft_adapter``'s
+    ``saved_key`` / ``saved_modules``): tower and mergers under ``model.visual``, as transformers 5 names them;
+    None for any other model."""
+    family = _BY_TOWER.get((cfg.vision.kind, cfg.llm.is_moe) if cfg.vision is not None else None)
+    if family is None:
+        return None
+    kind = cfg.vision.kind
+    # the merger, with Qwen3-VL's DeepStack mergers one by one (PEFT saves no ModuleList whole); a trained tower: the
+    # visual model
+    deepstack = tuple(f"visual.deepstack_merger_list.{i}" for i in range(cfg.projector.deepstack_mergers))
+    mergers = ("visual.merger", *deepstack)
+    return (lambda key: visual_key_to_hf(key, kind)), {"projector": mergers, "vision": ("visual",)}
+
+
 def _hf_tensors(
     tensors: TensorSource, cfg: NevaConfig, dtype: torch.dtype | None
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -384,19 +408,38 @@ def export_qwen_vl(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
+    conv_template: str | None = None,
 ) -> Path:
     """A neva Qwen-VL checkpoint → a directory transformers loads with the family's class and processor: weights,
-    ``config.json``, the tokenizer with its chat template, and the image processor at the model's pixel budget (the
+    ``config.json`` (with the tokenizer's vision start / end ids and the weights' dtype), the tokenizer with the chat
+    template the checkpoint was trained with (``hf_files``), ``generation_config.json`` stopping where ``neva.generate``
+    stops (EOS and ``<|im_end|>``, with the pad id), and the image processor at the model's pixel budget (the
     checkpoint's ``min_pixels`` / ``max_pixels``, else the tower kind's defaults).
 
-    ``dtype`` None exports in the run's half precision (as ``export_llava``)."""
+    ``dtype`` None exports in the run's half precision (as ``export_llava``); ``conv_template`` another chat template
+    than the one the checkpoint records (else the family's)."""
     import transformers
 
     ckpt = Path(ckpt)
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
+    family_template = _BY_TOWER[(cfg.vision.kind, cfg.llm.is_moe)].template
+    settings = template_settings(meta, conv_template or meta.get("conv_template") or family_template)
+    tokenizer = None
+    if has_tokenizer(ckpt):
+        from neva.data.sentencepiece_tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(ckpt)
+        vocab = tokenizer.get_vocab()
+        for key, token in (("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
+            if token in vocab:
+                config[key] = vocab[token]
+    dtype = dtype or export_dtype(meta)
+    stored = str(dtype).removeprefix("torch.") if dtype is not None else meta.get("dtype")
+    if stored:
+        config["dtype"] = stored
     with atomic_directory(out, overwrite) as tmp:
-        tensors = fuse_tensors(stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype or export_dtype(meta))))
+        tensors = fuse_tensors(stacked_tensors(_hf_tensors(iter_tensors(ckpt), cfg, dtype)))
         write_safetensors(tmp, tensors, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         spec = QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))
@@ -406,10 +449,17 @@ def export_qwen_vl(
             temporal_patch_size=spec.temporal_patch_size, merge_size=spec.merge_size,
             image_mean=list(cfg.vision.image_mean), image_std=list(cfg.vision.image_std),
         ).save_pretrained(str(tmp))  # fmt: skip
-        if has_tokenizer(ckpt):
-            from neva.data.sentencepiece_tokenizer import load_tokenizer
-
-            load_tokenizer(ckpt).save_pretrained(str(tmp))
+        eos = pad = None
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+            write_chat_template_files(tmp, export_chat_template(settings, tokenizer))
+            eos = generation_eos_ids(settings, tokenizer)
+            first = eos[0] if isinstance(eos, list) else eos
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first
+        # transformers' generate stops at the end of a turn (<|im_end|>) as neva.generate does
+        transformers.GenerationConfig(
+            bos_token_id=getattr(tokenizer, "bos_token_id", None), eos_token_id=eos, pad_token_id=pad
+        ).save_pretrained(str(tmp))
     return Path(out)
 
 
@@ -420,8 +470,9 @@ def _round_trip(arch: NevaConfig) -> str:
 
 
 def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
-    # The chat template an export ships is the family's own (its tokenizer's): no neva template is written.
-    return export_qwen_vl(ckpt, out, **common)
+    return export_qwen_vl(ckpt, out, conv_template=conv_template, **common)
 
 
-QWEN_VL_INTEROP = Interop("Qwen-VL", is_qwen_vl, import_qwen_vl, qwen_vl_parts, _export, _round_trip)
+QWEN_VL_INTEROP = Interop(
+    "Qwen-VL", is_qwen_vl, import_qwen_vl, qwen_vl_parts, _export, _round_trip, peft_names=lambda cfg: peft_names(cfg)
+)

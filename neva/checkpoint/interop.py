@@ -25,6 +25,8 @@ class Interop:
         export: ``(ckpt, out, *, conv_template, dtype, max_shard_bytes, overwrite) -> Path``.
         round_trip: the HF ``model_type`` an export of a model of this config writes, after its import has read
             the config back (raises ``ConfigError`` where the export refuses).
+        peft_names: ``(cfg) -> (saved_key, saved_modules)``: a LoRA run's parts saved whole in its PEFT adapter,
+            named as this family's HF model names them (``peft_adapter.save_peft_adapter``); None: llava-hf's names.
     """
 
     name: str
@@ -33,6 +35,7 @@ class Interop:
     import_parts: Callable[..., Any]
     export: Callable[..., Path]
     round_trip: Callable[[NevaConfig], str]
+    peft_names: Callable[[NevaConfig], Any] | None = None
 
 
 DEFAULT = "neva.checkpoint.llava_hf:LLAVA_HF"

@@ -40,10 +40,12 @@ FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TIED_HEAD_KEY = "llm.output.weight"
 _RESERVED = {"format", "version", "model", "dtype"}
-# The data settings a checkpoint records for inference and export (template, system prompt, image handling; video:
-# the frames a video is sampled to, so `neva.generate --video` and `neva.evaluate --suite video` decode as trained).
+# The data settings a checkpoint records for inference, export and the stages after it (template, system prompt, image
+# handling; a native tower's pixel budget, so serving and exports resize as training did; video: the frames a video is
+# sampled to, so `neva.generate --video` and `neva.evaluate --suite video` decode as trained). A later stage takes them
+# where it sets none itself (neva.checkpoint.trained_with).
 RUN_DATA_KEYS = ("conv_template", "system_prompt", "use_chat_template", "image_aspect_ratio", "tokenization")
-RUN_DATA_KEYS += ("num_frames", "video_fps")
+RUN_DATA_KEYS += ("num_frames", "video_fps", "min_pixels", "max_pixels")
 
 TensorSource = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 

@@ -1,4 +1,4 @@
-"""LoRA as a PEFT adapter for the llava-hf export: ``adapter_config.json`` + ``adapter_model.safetensors``.
+"""LoRA as a PEFT adapter for the llava-hf and Qwen-VL exports: ``adapter_config.json`` + ``adapter_model.safetensors``.
 
 PEFT names an adapter tensor ``base_model.model.<HF module path>.lora_A|lora_B.weight`` and a fully saved module
 (``modules_to_save``) ``base_model.model.<HF key>``; the paths are module names of the model transformers 4.52+ / 5.x
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,6 +39,8 @@ def save_peft_adapter(
     *,
     dtype: torch.dtype | None = None,
     overwrite: bool = False,
+    saved_key: Callable[[str], str] | None = None,
+    saved_modules: dict[str, tuple[str, ...]] | None = None,
 ) -> Path:
     """Write a PEFT LoRA adapter directory.
 
@@ -48,6 +51,9 @@ def save_peft_adapter(
             saved as PEFT ``modules_to_save``, so the adapter also applies to the base the run started from.
         dtype: tensor dtype (default fp32).
         overwrite: replace an existing ``out``.
+        saved_key / saved_modules: the HF name of a saved part's tensor (neva key → HF key) and each part's module
+            name for ``modules_to_save``, for a family whose parts are not llava-hf's (Qwen-VL: ``model.visual.*``);
+            None: llava-hf's (``MODULE_PREFIXES``). The decoder's LoRA paths are the same in both.
 
     Raises:
         ValueError: no LoRA layer, or layers of different ranks or scales (one PEFT config holds one of each).
@@ -64,9 +70,13 @@ def save_peft_adapter(
         path = PEFT_PREFIX + hf_module(name)
         tensors[f"{path}.lora_A.weight"] = layer.lora_a.weight.detach().to(dtype)
         tensors[f"{path}.lora_B.weight"] = layer.lora_b.weight.detach().to(dtype)
+    saved_key = saved_key or (lambda key: neva_key_to_hf(key, MODULE_PREFIXES))
+    modules = saved_modules or {
+        part: (MODULE_PREFIXES[part].removeprefix("model.").rstrip("."),) for part in saved_parts
+    }
     for state in saved_parts.values():
         for key, value in state.items():
-            tensors[PEFT_PREFIX + neva_key_to_hf(key, MODULE_PREFIXES)] = value.detach().to(dtype)
+            tensors[PEFT_PREFIX + saved_key(key)] = value.detach().to(dtype)
     config = {
         "peft_type": "LORA",
         "task_type": None,
@@ -82,7 +92,7 @@ def save_peft_adapter(
         # Full module paths: PEFT matches a list entry against the end of a module name, and CLIP's attention has
         # q_proj / v_proj too.
         "target_modules": sorted(hf_module(name) for name in lora_layers),
-        "modules_to_save": [MODULE_PREFIXES[part].removeprefix("model.").rstrip(".") for part in saved_parts] or None,
+        "modules_to_save": sorted({name for part in saved_parts for name in modules[part]}) or None,
     }
     with atomic_directory(out, overwrite) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / ADAPTER_WEIGHTS), {"format": "pt"})

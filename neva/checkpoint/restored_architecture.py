@@ -8,9 +8,10 @@ The checkpoint brings its architecture, weights and tokenizer. What each of the 
   (``anyres.image_newline``) starts fresh (``neva.checkpoint.initial_weights``).
 * refused, naming the key and both values: those settings where the checkpoint has them otherwise (AnyRes and video
   can be added, not changed or dropped), an ``arch_overrides`` entry or ``class_token_length`` that contradicts it.
-* warned: settings that always hold a value, their defaults included (presets, projector type, the tower's feature
-  selection), and the ``from_pretrained`` weight sources. A run cannot tell a default from a choice there, and
-  refusing would refuse every checkpoint unlike the defaults (a converted 7B under the default ``tiny`` preset).
+* warned: settings that always hold a value (presets, projector type, the tower's feature selection) where the run
+  gives another value than the schema's default, and the ``from_pretrained`` weight sources. Refusing would refuse
+  every checkpoint unlike a chosen preset; a default is no choice, so it is not named (a first screen of warnings
+  about keys never set hides the ones that matter).
 """
 
 from __future__ import annotations
@@ -116,6 +117,14 @@ def _aspect_ratio(anyres: AnyResConfig) -> str:
     return "anyres" if anyres.max_num_patches is None else f"anyres_max_{anyres.max_num_patches}"
 
 
+def _default(key: str) -> object:
+    """The schema default of a ``model.mm_cfg.*`` key."""
+    node: object = _DEFAULTS
+    for name in key.removeprefix("model.mm_cfg.").split("."):
+        node = getattr(node, name)
+    return node
+
+
 def check_restore_settings(mm: MMConfig, ckpt: NevaConfig, restore: str) -> None:
     """A checkpoint brings its architecture, weights and tokenizer: the settings that choose them otherwise are not
     applied. An explicit architecture override that contradicts the checkpoint is refused; the other settings are
@@ -176,6 +185,8 @@ def check_restore_settings(mm: MMConfig, ckpt: NevaConfig, restore: str) -> None
         if differ:
             ignored.append((key, part.preset, ", ".join(differ[:4])))
     for key, value, have in ignored:
+        if value == _default(key):
+            continue  # a key the run never set says nothing (a value equal to the default is not a choice either)
         held = "" if have is None else f" (the checkpoint has {have if 'preset' in key else repr(have)})"
         log.warning(
             "%s=%r is ignored: model.restore_from_path=%s gives the weights, architecture and tokenizer%s",

@@ -130,7 +130,10 @@ def _restored_source(cfg: TrainConfig, restore: str) -> ModelSource:
     """A neva checkpoint's architecture (with what stage two adds), tokenizer and weights."""
     neva_format.refuse_nemo_checkpoint(restore, "model.restore_from_path")
     if not neva_format.is_neva_checkpoint(restore):
-        raise ConfigError(f"model.restore_from_path={restore!r} is not a neva checkpoint directory")
+        raise ConfigError(
+            f"model.restore_from_path={restore!r} is not a neva checkpoint directory, nor an HF Qwen-VL / llava-hf "
+            "directory (imported on the fly); convert other HF models with `python -m neva.convert hf-to-neva`"
+        )
     log.info("starting from neva checkpoint %s", restore)
     ckpt_cfg = neva_format.load_config(restore)
     neva_cfg = restored_config(cfg.model.mm_cfg, cfg.model.data.image_aspect_ratio, ckpt_cfg, restore)

@@ -163,14 +163,14 @@ def export_peft(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
 ) -> tuple[Path, Path]:
-    """A LoRA run's step checkpoint → the llava-hf base (LoRA not merged, the trained projector in it) in ``hf_out``
+    """A LoRA run's step checkpoint → the llava-hf (Qwen-VL: its own family's) base (LoRA not merged, the trained projector in it) in ``hf_out``
     and a PEFT adapter in ``adapter_out`` (the LoRA layers, plus the parts trained besides them as
     ``modules_to_save``, so it also applies to the export of the checkpoint the run started from).
 
     Raises:
         ValueError: the run trained without LoRA.
     """
-    from neva.checkpoint.hf_export import export_llava
+    from neva.checkpoint.interop import interop_for
 
     loaded = load_step_model(path)
     base, lora_layers = split_state_dict(loaded.model)
@@ -179,22 +179,33 @@ def export_peft(
     policy = loaded.cfg.model.trainable_policy()
     trained = [part for part, on in (("vision", policy.vision), ("projector", policy.projector)) if on]
     saved = {part: {k: v for k, v in base.items() if k.startswith(part + ".")} for part in trained}
+    interop = interop_for(loaded.source.cfg)  # the base exports as its family does, its parts under its names
+    names = interop.peft_names(loaded.source.cfg) if interop.peft_names is not None else None
     with tempfile.TemporaryDirectory(prefix="neva-base-") as tmp:
         base_ckpt = loaded.save(Path(tmp) / "base", base, None, False)
-        hf = export_llava(base_ckpt, hf_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
-    adapter = save_peft_adapter(adapter_out, lora_layers, saved, dtype=dtype, overwrite=overwrite)
+        hf = interop.export(base_ckpt, hf_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    key, modules = names or (None, None)
+    adapter = save_peft_adapter(
+        adapter_out, lora_layers, saved, dtype=dtype, overwrite=overwrite, saved_key=key, saved_modules=modules
+    )
     return hf, adapter
 
 
 @contextlib.contextmanager
 def as_neva_checkpoint(path: str | os.PathLike) -> Iterator[Path]:
-    """``path`` itself when it is a neva checkpoint directory, else the step checkpoint materialised in a temporary
-    directory (removed on exit).
+    """``path`` itself when it is a neva checkpoint directory, else the step checkpoint materialised (or the HF
+    directory imported: ``hf_start``) in a temporary directory (removed on exit).
 
     Raises:
         ConfigError: ``path`` is a NeMo checkpoint.
     """
     neva_format.refuse_nemo_checkpoint(path)
+    from neva.checkpoint.hf_start import as_imported, hf_model_type
+
+    if hf_model_type(path) is not None:  # an HF directory of a family neva imports: imported on the fly
+        with as_imported(path) as imported:
+            yield imported
+        return
     if not is_step_checkpoint(path) or neva_format.is_neva_checkpoint(path):
         yield Path(path)
         return

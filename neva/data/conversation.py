@@ -286,9 +286,16 @@ class QwenVLTemplate(ChatMLTemplate):
     video_block = QWEN_VIDEO_BLOCK
 
     def pieces(self, messages, system):
-        return [
-            (text.replace(IMAGE_TOKEN, QWEN_IMAGE_BLOCK), learned) for text, learned in super().pieces(messages, system)
-        ]
+        # The newline after a reply's <|im_end|> is learned too: qwen-vl-finetune labels `ans_start : ans_end + 2`,
+        # the reply, <|im_end|> and the token after it (QwenLM/Qwen2.5-VL qwen-vl-finetune/qwenvl/data/
+        # data_processor.py, preprocess_qwen_visual; its earlier preprocess_qwen_2_visual learned each assistant
+        # turn's chat-template encoding, `<|im_end|>\n` included, but its first three tokens). ChatML's LLaVA-style
+        # trainers (chatml) learn up to <|im_end|> only.
+        out, after_reply = [], False
+        for text, learned in super().pieces(messages, system):
+            out.append((text.replace(IMAGE_TOKEN, QWEN_IMAGE_BLOCK), learned or (after_reply and text == "\n")))
+            after_reply = learned and text == self.eot
+        return out
 
 
 class Qwen3VLTemplate(QwenVLTemplate):

@@ -92,6 +92,57 @@ def anyres_images(record: dict[str, Any], source: Any, cfg: Any) -> list[dict[st
     return out
 
 
+def native_images(record: dict[str, Any], source: Any, spec: Any) -> list[dict[str, Any]]:
+    """Per image of a native-resolution model (Qwen-VL): its size, the size the pixel budget resizes it to, its patch
+    grid and its decoder positions (t·h·w / merge², ``neva.data.qwen_images``), as training counts them.
+
+    Raises:
+        SampleError: an image that cannot be loaded.
+    """
+    from neva.data.images import safe_relative_path
+    from neva.data.qwen_images import image_grid, image_token_count, resized_size
+
+    out = []
+    for name in record_images(record):
+        w, h = source.load(safe_relative_path(name)).size
+        _, gh, gw = image_grid(spec, h, w)
+        out.append({"name": name, "size": [h, w], "resized": list(resized_size(spec, h, w)), "grid": [gh, gw],
+                    "tokens": image_token_count(spec, h, w)})  # fmt: skip
+    return out
+
+
+def native_spec(path: str, cfg: Any) -> Any:
+    """A native-resolution checkpoint's image spec at the pixel budget it records (None for any other model)."""
+    if cfg is None or cfg.vision is None or not cfg.vision.spec.patch_grid:
+        return None
+    from neva.data.qwen_images import QwenImageSpec
+
+    with open(os.path.join(path, "config.json")) as f:
+        meta = json.load(f)
+    return QwenImageSpec.for_tower(cfg.vision, meta.get("min_pixels"), meta.get("max_pixels"))
+
+
+def refuse_hf_native(path: str) -> None:
+    """An HF directory whose processor sizes images natively (``min_pixels`` / ``max_pixels``: Qwen-VL) has no one
+    count per image; counting ``--num-image-tokens`` for it would be wrong without a word.
+
+    Raises:
+        ConfigError: naming the directory and the way through.
+    """
+    pre = os.path.join(path, "preprocessor_config.json")
+    if not os.path.isfile(pre):
+        return
+    with open(pre) as f:
+        data = json.load(f)
+    # Qwen2-VL's image processors: a merge size and the pixel budget (as min/max_pixels or the size's two edges)
+    if "merge_size" in data and ("max_pixels" in data or "longest_edge" in (data.get("size") or {})):
+        raise ConfigError(
+            f"--tokenizer {path}: an HF native-resolution model (its processor resizes each image within min_pixels / "
+            "max_pixels), whose images take as many positions as their size gives: import it (`python -m neva.convert "
+            "hf-to-neva`) and pass that checkpoint with --image-folder"
+        )
+
+
 def video_rule(cfg: Any, grid: int) -> tuple[Any, int | None]:
     """Positions of one video of F frames and their id: the checkpoint's (``NevaConfig.video_tokens``), else
     LLaVA-NeXT-Video's pooling (``VideoConfig()``) of a ``grid`` × ``grid`` tower."""
@@ -150,19 +201,24 @@ def highlight(text: str, spans: tuple[tuple[int, int], ...], color: bool) -> str
     return "".join(out)
 
 
-def preview(args: argparse.Namespace, out=sys.stdout) -> int:
-    """Run the CLI on parsed ``args``; returns the number of skipped samples."""
+def preview(args: argparse.Namespace, out=None) -> int:
+    """Run the CLI on parsed ``args``; returns the number of skipped samples. ``out``: default the current stdout."""
+    out = out or sys.stdout
     from neva.data.conversation import get_template
     from neva.data.tokens import image_token_for, tokenizer_image_token_id
 
     tokenizer = load_tokenizer(args.tokenizer)
     cfg = checkpoint_config(args.tokenizer) if os.path.isdir(args.tokenizer) else None
+    if cfg is None and os.path.isdir(args.tokenizer):
+        refuse_hf_native(args.tokenizer)
     ckpt_len = cfg.llm.max_seq_len if cfg is not None else None
-    num_image_tokens = cfg.num_image_tokens if cfg is not None else args.num_image_tokens
+    spec = native_spec(args.tokenizer, cfg)
+    num_image_tokens = 0 if spec is not None else cfg.num_image_tokens if cfg is not None else args.num_image_tokens
     anyres = cfg is not None and cfg.anyres is not None
-    if anyres and not args.image_folder:
+    if (anyres or spec is not None) and not args.image_folder:
+        kind = "AnyRes" if anyres else "native-resolution"
         raise ConfigError(
-            "an AnyRes checkpoint's image token counts follow from the images' sizes: pass --image-folder"
+            f"a {kind} checkpoint's image token counts follow from the images' sizes: pass --image-folder"
         )
     video_tokens, video_token_id = video_rule(cfg, args.video_grid)
     settings = EncoderSettings(
@@ -192,7 +248,13 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         try:
             if isinstance(record, SampleError):
                 raise record
-            images = anyres_images(record, source, cfg) if anyres else None
+            images = (
+                anyres_images(record, source, cfg)
+                if anyres
+                else native_images(record, source, spec)
+                if spec is not None
+                else None
+            )
             videos = record_video_info(record, settings, videos_from)
             action = None
             if budget is not None:  # what training's visual budget does to the record (neva.data.visual_budget)
@@ -217,7 +279,7 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
             input_ids, labels = enc.input_ids, enc.labels
             if pair_side:  # a preference pair learns its final reply only (an assistant turn of the prompt is context)
                 labels = last_reply_only(torch.tensor(labels)).tolist()
-            if source is not None and not anyres:
+            if source is not None and images is None:
                 for name in names:
                     source.load(name)
         except SampleError as exc:
@@ -251,7 +313,9 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
         cut = f" (truncated from {enc.truncated_from})" if enc.truncated_from is not None else ""
         cut += " (leading gpt turn dropped)" if enc.dropped_leading_reply else ""
         cut += f" (over model.data.max_visual_tokens={budget.max_tokens}: {action})" if action else ""
-        per_image = f"× {num_image_tokens} tokens" if images is None else "(AnyRes)"
+        per_image = (
+            f"× {num_image_tokens} tokens" if images is None else "(AnyRes)" if anyres else "(native resolution)"
+        )
         out.write(
             f"=== {rid}: {len(input_ids)} tokens{cut}, {learned} learned, {count_image_tags(messages)} image(s) "
             f"{per_image}\n"
@@ -259,7 +323,15 @@ def preview(args: argparse.Namespace, out=sys.stdout) -> int:
                 f"    {i['name']}: {i['size'][1]}x{i['size'][0]} px → grid {i['grid'][0]}x{i['grid'][1]} (rows x cols), "
                 f"{i['tiles']} tiles with the overview, {i['tokens']} positions [{i['positions'][0]}, "
                 f"{i['positions'][1]})\n"
-                for i in images or []
+                for i in (images or [])
+                if anyres
+            )
+            + "".join(
+                f"    {i['name']}: {i['size'][1]}x{i['size'][0]} px → {i['resized'][1]}x{i['resized'][0]} px, "
+                f"{i['grid'][0]}x{i['grid'][1]} patches, {i['tokens']} positions [{i['positions'][0]}, "
+                f"{i['positions'][1]})\n"
+                for i in (images or [])
+                if not anyres
             )
             + "".join(
                 f"    {v['name']}: {v['frames']} frames"

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from neva.data.images import ImageError
+from neva.errors import ConfigError
 from neva.models.config import VisionConfig
 
 MAX_ASPECT_RATIO = 200  # smart_resize refuses longer sides than this many times the shorter one (as Qwen's)
@@ -43,6 +44,13 @@ class QwenImageSpec:
         if not cfg.spec.patch_grid:
             raise ValueError(f"a {cfg.kind} tower reads fixed-size images, not native-resolution patches")
         low, high = cfg.spec.pixels
+        if (min_pixels is None) != (max_pixels is None) and not (min_pixels or low) <= (max_pixels or high):
+            given, value = ("max_pixels", max_pixels) if min_pixels is None else ("min_pixels", min_pixels)
+            other = "min_pixels" if given == "max_pixels" else "max_pixels"
+            raise ConfigError(
+                f"{given}={value} is on the wrong side of the {cfg.kind} tower's default {other}="
+                f"{low if other == 'min_pixels' else high}: give {other} too (model.data.{other})"
+            )
         return cls(
             cfg.patch_size,
             cfg.temporal_patch_size,

@@ -9,9 +9,18 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import torch.distributed as dist
+
+from neva.errors import InputError
+
 
 class DataQualityError(RuntimeError):
     """More than ``max_skip_fraction`` of the samples seen were skipped."""
+
+
+class SkipLimitCertain(InputError):
+    """More samples were skipped than ``max_skip_fraction`` allows of all the run will draw: the data is refused
+    before the rest of the run is spent (exit status 2, as any bad input)."""
 
 
 class SkipTracker:
@@ -31,6 +40,9 @@ class SkipTracker:
         self.truncated = 0
         self.dropped_leading_reply = 0
         self.visual_budget: Counter[str] = Counter()  # samples the visual budget changed, by action
+        # Samples the whole run draws (set once its steps are planned): more skips than the limit allows of them make
+        # the end-of-run check certain, and the run stops there instead of spending the rest of its compute.
+        self.planned: int | None = None
 
     @property
     def seen(self) -> int:
@@ -51,6 +63,16 @@ class SkipTracker:
         self.visual_budget.update(batch.get("visual_budget", {}))
         if self.seen >= self.min_samples:
             self.check()
+        skipped = sum(self.skipped.values())
+        # One process only: ranks each count their own share, and a rank stopping alone would leave the others waiting
+        # in a collective; there the end-of-run check, over every rank's counts, decides.
+        alone = not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+        if alone and self.planned and skipped > self.max_skip_fraction * self.planned:
+            raise SkipLimitCertain(
+                f"{skipped} samples skipped already, more than model.data.max_skip_fraction "
+                f"{self.max_skip_fraction:.2%} of the {self.planned} the run draws; by reason: {self.report()}. Fix the "
+                "data (`python -m neva.data.preview --json` shows which records) or raise the limit"
+            )
 
     def check(self) -> None:
         """Raise ``DataQualityError`` with a per-reason report when over the limit.

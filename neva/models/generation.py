@@ -28,7 +28,7 @@ import torch
 
 from neva.models.anyres import batch_feature_index
 from neva.models.config import NevaConfig
-from neva.models.media import Media, MediaInputs
+from neva.models.media import GeneratedText, Media, MediaInputs
 from neva.models.neva import NevaModel
 from neva.models.video import find_video_positions
 
@@ -279,8 +279,13 @@ def generate(
         if cfg.lockstep.all_done(finished) if cfg.lockstep is not None else finished:
             break  # (a finished row of a process whose peers go on is fed padding: its answer is already complete)
         pos = (next_positions + step)[None, :, None]  # one axis: equal on M-RoPE's three (rope_cos_sin)
+        # Generated tokens are text, a generated image token too (transformers' decoding embeds it the same way).
         logits = model(
-            token[:, None], position_ids=pos, segment_ids=batch.segment_ids[:, : width + step + 1], cache=cache
+            token[:, None],
+            GeneratedText(),
+            position_ids=pos,
+            segment_ids=batch.segment_ids[:, : width + step + 1],
+            cache=cache,
         )[:, -1]
     return out
 

@@ -132,10 +132,18 @@ class Media:
         return 0 if inputs is None else inputs.pixels.shape[0]
 
 
+@dataclass
+class GeneratedText(Media):
+    """A decoding step's media: none, its ids generated text. A media token among them (a model may generate its own
+    image token: llava-hf and Qwen-VL checkpoints give it a vocabulary row) is its embedding, as transformers embeds
+    it while decoding, not a place for features: the model does not refuse it (``NevaModel.embed``)."""
+
+
 # Pipeline stages flatten their keyword inputs with torch's pytree: as registered nodes, the tensors inside a Media
 # are seen (moved, detached for the stage's backward bookkeeping) like any tensor input.
 pytree.register_dataclass(MediaInputs)
 pytree.register_dataclass(Media)
+pytree.register_dataclass(GeneratedText)
 
 
 def image_media(pixels: torch.Tensor, items_per_row: torch.Tensor | None = None, **fields: Any) -> Media:

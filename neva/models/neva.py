@@ -13,7 +13,7 @@ from neva.models.deepstack import layer_additions
 from neva.models.features import VisualFeatures
 from neva.models.gated_deltanet import RecurrentCache
 from neva.models.llama import KVCache, LlamaDecoder, new_layer_caches
-from neva.models.media import Media, MediaInputs
+from neva.models.media import GeneratedText, Media, MediaInputs
 from neva.models.projector import build_projector, init_projector
 from neva.models.towers import build_tower
 from neva.models.video import VideoPool, find_video_positions
@@ -91,7 +91,8 @@ class NevaModel(nn.Module):
                     raise ValueError(f"{modality} input given to a model without {modality} (NevaConfig.{modality})")
                 continue
             if inputs is None:
-                if not self.training:  # serving, evaluation: the ids must hold none of its tokens (reads the device)
+                # serving, evaluation: the ids must hold none of its tokens (reads the device), but generated ones
+                if not self.training and not isinstance(media, GeneratedText):
                     self._check_no_tokens(input_ids, modality, media)
                 if not torch.is_grad_enabled():
                     continue

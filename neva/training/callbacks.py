@@ -126,12 +126,22 @@ class StepProgressBar(TQDMProgressBar):
     """One bar over the whole run: optimizer steps towards ``trainer.max_steps`` (its ETA is the run's), from the
     resumed step; Lightning's bar counts the batches of one epoch and restarts at each epoch."""
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Here too, not only at an epoch's start: a run resumed inside an epoch starts no epoch, and its bar would
+        # count steps towards no total ("106/?").
+        super().on_train_start(trainer, pl_module)
+        self._steps_bar(trainer)
+
     def on_train_epoch_start(self, trainer: Any, *_: Any) -> None:
+        self._steps_bar(trainer)
+        self.train_progress_bar.set_description(f"Epoch {trainer.current_epoch}")
+
+    def _steps_bar(self, trainer: Any) -> None:
         bar = self.train_progress_bar
         if bar.total != trainer.max_steps:  # the first epoch of this process
             bar.reset(total=trainer.max_steps)
             bar.initial = bar.n = trainer.global_step
-        bar.set_description(f"Epoch {trainer.current_epoch}")
+            bar.refresh()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         bar = self.train_progress_bar

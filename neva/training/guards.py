@@ -47,6 +47,8 @@ def plan_steps(trainer: TrainerConfig, data: NevaDataModule) -> int:
     """
     per_epoch = data.train_sampler.num_steps // data.accumulation
     steps = trainer.steps_to_train(per_epoch)
+    # the samples the whole run draws: once more of them are skipped than the limit allows, the end's check is certain
+    data.skip_tracker.planned = steps * data.train_sampler.global_batch * data.accumulation
     if trainer.max_epochs > 0:
         log.info(
             "one epoch = %d optimizer steps (%d samples, global batch %d); trainer.max_epochs=%d, "

@@ -17,6 +17,11 @@ WARNINGS = (
     (r".*no pre-optimization state was saved.*", "neva checkpoints after the optimizer step"),
     # Lightning's own pytree helper calls an API torch deprecated; nothing a user can change.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", "Lightning's use of a torch API"),
+    # Lightning counts an epoch's micro-batches against log_every_n_steps; neva writes metrics.csv every optimizer step
+    # and Lightning's loggers go on logging across epochs, so "set a lower value" is advice about nothing.
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", "an epoch's batches, not steps"),
+    # A run without validation data hands Lightning an empty list of validation loaders: intended, not a mistake.
+    (r"Total length of `list` across ranks is zero", "no validation set (model.data.val_fraction 0)"),
 )
 # (logger, message regex, why)
 LOG_LINES = (("pytorch_lightning.utilities.rank_zero", r".*\blitlogger\b", "an advertisement for a logging service"),)

@@ -31,6 +31,7 @@ from neva.parallel.strategy import build_strategy
 from neva.stages import stage_spec
 from neva.training import quiet
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints, StepProgressBar
+from neva.training.essentials import essentials_line
 from neva.training.eval_hook import EvalDuringTraining, InTrainingEval
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_steps, plan_training_data
@@ -88,6 +89,8 @@ def run(
     """
     exp_dir = Path(cfg.exp_manager.exp_dir)
     layout = resolve_layout(cfg)
+    if global_rank() == 0:
+        log.info("%s", essentials_line(cfg, layout))  # the resolved essentials first
     if forecast is not None and global_rank() == 0:
         log.info("%s", forecast(cfg))
     pl.seed_everything(cfg.model.seed, workers=True, verbose=False)

@@ -63,3 +63,23 @@ def test_pope_scorer_reads_yes_and_no_as_eval_pope(tmp_path):
     got = pope.score(tmp_path, answered, tmp_path)["splits"]["random"]
     want = expected(texts, labels)
     assert {k: got[k] for k in want} == want and 0 < want["f1"] < 1
+
+
+def test_an_answers_file_is_scored_without_a_model(tmp_path, capsys):
+    """``neva.evaluate --score ANSWERS_FILE --suite pope``: an answers file written elsewhere (one question left
+    unanswered), scored by eval_pope.py's rule without a checkpoint (issue 52: only a fresh run could be scored)."""
+    import json
+
+    from neva import evaluate
+
+    questions = make_pope(tmp_path)
+    texts = ["Yes, there is.", "No.", "no", "There is a dog."]
+    answers = [{"question_id": q["question_id"], "prompt": q["text"], "text": t} for q, t in zip(questions, texts)]
+    write_jsonl(tmp_path / "answers.jsonl", answers)
+    evaluate.main(["--score", str(tmp_path / "answers.jsonl"), "--suite", "pope", "--data-dir", str(tmp_path),
+                   "--output-dir", str(tmp_path / "scored"), "--checkpoint", str(tmp_path / "no-model")])  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    assert result["skipped"] == 1 and result["questions"] == 5
+    want = expected(texts[:3], LABELS["adversarial"])
+    assert {k: result["splits"]["adversarial"][k] for k in want} == want
+    assert json.loads((tmp_path / "scored" / "scores.json").read_text())["splits"] == result["splits"]

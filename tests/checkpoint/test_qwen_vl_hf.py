@@ -141,8 +141,26 @@ def test_greedy_generation_equals_transformers(imported):
             assert got == out[0, len(p.ids) :].tolist(), family
 
 
+def test_raw_prompts_are_the_processors_ids(imported):
+    """``neva.generate --raw``: an ``<image>`` tag is written as Qwen's vision block, a block given as it is stays one
+    (issue 52: raw mode refused every Qwen-VL prompt); the ids are what the HF processor's parts give the text."""
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+
+    family, root, _, ckpt = imported
+    answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=1), raw=True)
+    paths = [root / "images/a.png", root / "images/b.png"]
+    images = [Image.open(path).convert("RGB") for path in paths]
+    block = "<|vision_start|><|image_pad|><|vision_end|>"
+    want = hf_inputs(answerer.tokenizer, _processor(family), f"{block}and {block}same?", images)["input_ids"]
+    for prompt in ("<image>and <image>same?", f"{block}and <image>same?"):
+        assert answerer.prepare((prompt, paths)).ids == want[0].tolist()
+    with pytest.raises(ValueError, match="1 image placeholder"):
+        answerer.prepare(("<image> only one", paths))
+
+
 def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path):
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer, GenerationConfig
 
     family, root, hf_dir, ckpt = imported
     with one_thread():
@@ -154,6 +172,11 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
         processor = AutoImageProcessor.from_pretrained(str(out))
         assert (processor.size["shortest_edge"], processor.size["longest_edge"]) == pixel_budget(family)
         tokenizer = AutoTokenizer.from_pretrained(str(out))
+        # transformers' generate stops where neva.generate does; the vision block's ids are the tokenizer's
+        eos = GenerationConfig.from_pretrained(str(out)).eos_token_id
+        assert tokenizer.convert_tokens_to_ids("<|im_end|>") in (eos if isinstance(eos, list) else [eos])
+        assert b.config.vision_start_token_id == tokenizer.convert_tokens_to_ids("<|vision_start|>")
+        assert b.config.vision_end_token_id == tokenizer.convert_tokens_to_ids("<|vision_end|>")
         image = Image.open(root / "images/c.png").convert("RGB")
         inputs = hf_inputs(tokenizer, processor, "<|vision_start|><|image_pad|><|vision_end|>hello", [image])
         with torch.no_grad():
@@ -190,3 +213,101 @@ def test_moe_experts_in_the_hub_layout_are_refused_with_the_way_through(imported
                 (resaved / f.name).write_bytes(f.read_bytes())
         again = import_qwen_vl(resaved, tmp_path / "again")
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(iter_tensors(ckpt), iter_tensors(again)))
+
+
+def test_an_hf_directory_is_imported_where_a_checkpoint_is_expected(imported, tmp_path):
+    """``--checkpoint HF_DIR`` serves as the imported checkpoint does; ``model.restore_from_path=HF_DIR`` starts from
+    one import under ``exp_dir``, recorded, and a rerun imports nothing (issue 52: refused without saying how)."""
+    from neva.checkpoint.hf_start import IMPORTED_START, imported_start
+    from neva.config import compose_config
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+
+    family, root, hf_dir, ckpt = imported
+    if family != "qwen2_5_vl":
+        pytest.skip("one family: the import itself is tested above for each")
+    item = ("<image>\nWhat is it?", [root / "images/a.png"])
+    with one_thread():
+        want = Answerer(ckpt, GenerationConfig(max_new_tokens=3)).answer([item])
+        assert Answerer(hf_dir, GenerationConfig(max_new_tokens=3)).answer([item]) == want
+        cfg = compose_config(
+            ["+stage=finetune", f"model.restore_from_path={hf_dir}", f"exp_manager.exp_dir={tmp_path}"]
+        )
+        started = imported_start(cfg)
+        out = tmp_path / IMPORTED_START
+        assert started.model.restore_from_path == str(out)
+        assert load_metadata(out)["source"]["path"] == str(hf_dir) and load_metadata(out)["conv_template"] == "qwen2_vl"
+        written = (out / "config.json").stat().st_mtime_ns
+        assert imported_start(cfg).model.restore_from_path == str(out)
+        assert (out / "config.json").stat().st_mtime_ns == written
+
+
+def test_preview_counts_each_images_positions_as_training(imported, tmp_path, capsys):
+    """``neva.data.preview --tokenizer CKPT --json`` of a native-resolution checkpoint: the ids training encodes (each
+    image its own positions at the recorded pixel budget; issue 52: refused, and 576 per image from the HF directory,
+    which is now refused with the way through)."""
+    from neva.data import preview
+    from neva.errors import ConfigError
+
+    family, root, hf_dir, ckpt = imported
+    (tmp_path / "data.json").write_text(json.dumps(RECORDS))
+    template = "qwen3_vl" if family.startswith("qwen3") else "qwen2_vl"
+    args = [
+        "--data-path",
+        str(tmp_path / "data.json"),
+        "--conv-template",
+        template,
+        "--image-token-placement",
+        "inline",
+    ]
+    with one_thread():
+        _, _, _, samples = _samples(ckpt, root)
+        preview.main([*args, "--tokenizer", str(ckpt), "--image-folder", str(root / "images"), "--json"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["input_ids"] for row in rows] == [sample["input_ids"].tolist() for sample in samples]
+    assert [[i["tokens"] for i in row.get("images", [])] for row in rows] == [
+        (s["image_grid"].prod(-1) // 4).tolist() if "image_grid" in s else [] for s in samples
+    ]
+    with pytest.raises(ConfigError, match="native-resolution"):
+        preview.preview(preview.build_parser().parse_args([*args, "--tokenizer", str(hf_dir)]))
+
+
+def test_lora_exports_as_base_and_peft_adapter(imported, tmp_path):
+    """Every Qwen-VL family's LoRA as transformers + PEFT load it: the base export (its merger trained) with the
+    adapter (LoRA layers, the mergers as ``modules_to_save``) gives the logits of the merged model's export (issue 52:
+    ``--peft-adapter`` of a Qwen-VL run raised KeyError)."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from neva.checkpoint.hf_qwen_vl import peft_names
+    from neva.checkpoint.neva_format import load_model, save_checkpoint
+    from neva.checkpoint.peft_adapter import save_peft_adapter
+    from neva.models.lora import apply_lora, merged_state_dict, split_state_dict
+
+    family, root, _, ckpt = imported
+    with one_thread(), torch.no_grad():
+        model = load_model(ckpt)
+        torch.manual_seed(0)
+        apply_lora(model, ["wq", "wv", "w2"], rank=4, alpha=8.0, dropout=0.0)
+        for name, p in model.named_parameters():  # trained adapters and merger: not the identity
+            if "lora_b" in name or name.startswith("projector."):
+                p.add_(torch.randn_like(p) * 0.05)
+        base, layers = split_state_dict(model)
+        tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
+        meta = {k: v for k, v in load_metadata(ckpt).items() if k != "dtype"}
+        saved = {k: v for k, v in base.items() if k.startswith("projector.")}
+        key, modules = peft_names(model.cfg)
+        save_peft_adapter(tmp_path / "adapter", layers, {"projector": saved}, saved_key=key, saved_modules=modules)
+        base_ckpt = save_checkpoint(tmp_path / "base", model.cfg, base, tokenizer, metadata=meta)
+        merged_ckpt = save_checkpoint(
+            tmp_path / "merged", model.cfg, merged_state_dict(model), tokenizer, metadata=meta
+        )
+        export_qwen_vl(base_ckpt, tmp_path / "base-hf")
+        export_qwen_vl(merged_ckpt, tmp_path / "merged-hf")
+        image = Image.open(root / "images/c.png").convert("RGB")
+        inputs = hf_inputs(tokenizer, _processor(family), "<|vision_start|><|image_pad|><|vision_end|>hello", [image])
+        adapted = PeftModel.from_pretrained(
+            AutoModelForImageTextToText.from_pretrained(str(tmp_path / "base-hf")).eval(), str(tmp_path / "adapter")
+        ).eval()
+        want = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "merged-hf")).eval()(**inputs).logits
+        torch.testing.assert_close(adapted(**inputs).logits, want, rtol=1e-4, atol=1e-4)

@@ -62,6 +62,40 @@ def test_mistral_llama3_chatml_documented_formats():
     assert learned_text(c) == ["A cat.<|im_end|>"]
 
 
+def qwen_finetune_labels(ids: list[int], assistant: int, im_end: int) -> list[bool]:
+    """Which ids Qwen's qwen-vl-finetune learns (QwenLM/Qwen2.5-VL qwen-vl-finetune/qwenvl/data/data_processor.py,
+    preprocess_qwen_visual, rewritten): from two tokens after each ``assistant`` role token through the token after
+    the next ``<|im_end|>``."""
+    learned, pos = [False] * len(ids), 0
+    while pos < len(ids):
+        if ids[pos] == assistant:
+            end = pos + 2
+            while end < len(ids) and ids[end] != im_end:
+                end += 1
+            if end < len(ids):
+                learned[pos + 2 : end + 2] = [True] * len(learned[pos + 2 : end + 2])
+                pos = end
+        pos += 1
+    return learned
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen3_vl"])
+def test_qwen_vl_learns_what_qwens_finetuning_learns(name):
+    """Each reply, its <|im_end|> and the newline after it (issue 52: the newline was not learned)."""
+    from neva.data.encoding import encode
+    from tests.checkpoint.tiny_qwen_vl import qwen_tokenizer
+
+    tok = qwen_tokenizer()
+    tok.add_tokens(["assistant"])  # one token, as in Qwen's vocabulary (its "\n" is one already)
+    rendered = get_template(name).render([Message("system", "Be brief."), *CONV])
+    enc = encode(rendered, tok, tok.convert_tokens_to_ids("<|image_pad|>"), 1, 1)
+    want = qwen_finetune_labels(
+        enc.input_ids, tok.convert_tokens_to_ids("assistant"), tok.convert_tokens_to_ids("<|im_end|>")
+    )
+    assert [label != -100 for label in enc.labels] == want
+    assert learned_text(rendered) == ["A cat.<|im_end|>\n", "Black.<|im_end|>\n"]
+
+
 def test_system_turn_overrides_default():
     r = get_template("vicuna_v1").render([Message("system", "SYS."), *CONV[:2]])
     assert r.text.startswith("SYS. USER: ")

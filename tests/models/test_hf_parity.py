@@ -146,3 +146,24 @@ def test_kv_cache_decoding_equals_full_recompute():
         steps = [ours(ids[:, t : t + 1], cache=cache) for t in range(8, 12)]
     assert rel_err(prefix, full[:, :8]) < 1e-5
     assert rel_err(torch.cat(steps, dim=1), full[:, 8:]) < 1e-5
+
+
+def test_generated_image_token_is_text_as_in_transformers():
+    """A model whose greedy choice is its own image token (llava-hf gives it a vocabulary row): transformers embeds
+    the generated token and goes on; neva's decoding did the same instead of refusing the next step (issue 52)."""
+    from neva.models.generation import GenerationConfig, generate
+
+    hf = tiny_llava()
+    cfg = neva_from_hf(hf).cfg
+    ids = image_prompt(cfg.num_image_tokens, cfg.image_token_id, 1, 6, seed=4)[None]
+    pixels = torch.randn(1, 3, 28, 28)
+    with torch.no_grad():
+        first = hf(input_ids=ids, pixel_values=pixels).logits[0, -1]
+        # the image token's row: three times the first choice's, so the image token is generated first
+        hf.lm_head.weight[cfg.image_token_id] = 3 * hf.lm_head.weight[first.argmax()]
+        assert first[first.argmax()] > 0
+        want = hf.generate(input_ids=ids, pixel_values=pixels, max_new_tokens=4, do_sample=False, eos_token_id=None)
+        want = want[0, ids.shape[1] :].tolist()
+        assert want[0] == cfg.image_token_id
+        got = generate(neva_from_hf(hf), [ids[0].tolist()], pixels, [1], GenerationConfig(max_new_tokens=4))
+    assert got[0] == want

@@ -69,3 +69,20 @@ def test_plan_and_its_rehearsal_on_a_trained_native_tower(capsys) -> None:
     measured = real[0].categories["activations"]
     print("planned / measured activations:", plan.stages[0].activations, measured)
     assert abs(plan.stages[0].activations - measured) / measured < 0.15, (plan.stages[0].activations, measured)
+
+
+def test_plan_says_what_it_cannot_know() -> None:
+    """Issue 52: the Qwen2.5-VL preset planned "fits" at 76.8 of 80 GiB with no word of its uncertainty, at the mean
+    sample although it packs rows of 8192, and its ZeRO-2 gradients unsharded without saying why: one line each."""
+    from neva.planner.caveats import caveat_lines
+
+    cfg = compose_config(["+preset=qwen_vl_finetune_qwen2_5_vl_7b"])
+    plan = plan_run(cfg)
+    lines = caveat_lines(cfg, [plan])
+    close = f"fits at {plan.peak.total / 2**30:.1f} of 80 GiB"
+    assert any(close in line and "rehearse" in line for line in lines), lines
+    row = cfg.model.data.seq_length * cfg.model.micro_batch_size
+    assert any("rows of up to 8192 tokens" in line and f"would be {row} tokens" in line for line in lines), lines
+    assert any("reduce-scatters every micro-batch" in line for line in lines), lines
+    far = compose_config(NATIVE)  # tiny: far from the limit, no packing, no accumulation
+    assert caveat_lines(far, [plan_run(far)]) == []

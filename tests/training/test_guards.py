@@ -125,21 +125,20 @@ def test_json_object_file_fails_naming_the_file(tmp_path):
     assert "expected a JSON list" in out.stderr and not (tmp_path / "exp" / "final").exists()
 
 
-def test_too_many_skips_fail_at_the_end_however_few_samples(tmp_path):
-    """Item 3: 16 of 64 samples bad, far fewer than skip_check_min_samples (200): the end-of-run check stops it."""
+def test_too_many_skips_stop_as_soon_as_certain_however_few_samples(tmp_path):
+    """Item 3: 16 of 64 samples bad, far fewer than skip_check_min_samples (200). Issue 52: the run draws 64 samples
+    (2 steps × 32), so its first micro-batch's skips already exceed 1% of them: bad input, exit 2, before a step is
+    spent (it was the end-of-run check, exit 1, after every step)."""
     path = tmp_path / "data.jsonl"
     write_jsonl(path, text_records(64, bad=set(range(0, 64, 4))))
     exp = tmp_path / "exp"
     out = run(exp, *llava(path), "trainer.max_steps=2", "trainer.log_every_n_steps=1",
               "exp_manager.checkpoint_callback_params.every_n_train_steps=1")  # fmt: skip
-    assert out.returncode == 1, out.stderr[-2000:]
-    assert "16 of 64 samples skipped (25.00% > model.data.max_skip_fraction 1.00%)" in out.stderr
-    assert "empty_conversation=16" in out.stderr
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "samples skipped already, more than model.data.max_skip_fraction 1.00% of the 64 the run draws" in out.stderr
+    assert "by reason: empty_conversation=" in out.stderr
     assert not (exp / "final").exists() and not printed_final(out)
-    # What the run wrote stays: its checkpoints and its metrics rows.
-    assert (exp / "checkpoints" / "last.ckpt").exists()
-    with open(exp / "metrics.csv") as f:
-        assert [r["step"] for r in csv.DictReader(f)] == ["1", "2"]
+    assert not (exp / "checkpoints" / "last.ckpt").exists()  # stopped before its first step
 
 
 def test_a_run_without_an_optimizer_step_fails(tmp_path):

@@ -1,0 +1,52 @@
+"""What a plan cannot know or would surprise, said under its table: a "fits" close to the device's memory (the
+activation, working and overhead estimates are not exact: docs/PLANNER.md), why FSDP2's gradients are unsharded while
+micro-batches accumulate (not DeepSpeed's ZeRO-2), and packed rows (the plan is at the mean sample; a micro-batch of
+samples as long as the rows can hold far more tokens)."""
+
+from __future__ import annotations
+
+from neva.config import TrainConfig
+from neva.planner.plan import GiB, Plan
+
+# Within this share of the device's memory a plan's "fits" is uncertain (docs/PLANNER.md, "Limits").
+UNCERTAIN_MARGIN = 0.10
+
+
+def caveat_lines(cfg: TrainConfig, plans: list[Plan]) -> list[str]:
+    """``#`` lines under the plan table: each close call, and the packed-row worst case."""
+    lines = []
+    for plan in plans:
+        total, limit = plan.peak.total / GiB, plan.gpu_memory_gb
+        if abs(limit - total) <= UNCERTAIN_MARGIN * limit:
+            verdict = "fits" if plan.fits else "does not fit"
+            lines.append(
+                f"# {verdict} at {total:.1f} of {limit:g} GiB (tp {plan.deployment.layout.tp}, pp "
+                f"{plan.deployment.layout.pp}, dp {plan.deployment.layout.dp}): within {UNCERTAIN_MARGIN:.0%} of the "
+                "device, inside the estimates' uncertainty (activations, working buffers, overhead; docs/PLANNER.md): "
+                "rehearse it on one rank (plan.rehearse=true) or keep more margin"
+            )
+    for plan in plans[:1]:
+        dep = plan.deployment
+        if dep.fsdp and dep.layout.grad_accum > 1:
+            lines.append(
+                f"# grads {plan.peak.grads / GiB:.1f} GiB: with {dep.layout.grad_accum} micro-batches per step, FSDP2 "
+                "accumulates the unsharded fp32 gradients of the stage's trained parameters (gradient sync only on the "
+                "step's last micro-batch, one reduce-scatter per step); DeepSpeed's ZeRO-2 reduce-scatters every "
+                "micro-batch into shards instead (less memory, that many times the traffic). Fewer accumulation steps "
+                "(a larger model.micro_batch_size) shrink it"
+            )
+    data = cfg.model.data
+    if data.packing and plans:
+        plan = plans[0]
+        row = data.seq_length or plan.seq_len
+        mbs = plan.deployment.layout.micro_batch_size
+        planned = plan.seq_len * mbs
+        worst = row * mbs
+        activ = plan.peak.activations / GiB
+        lines.append(
+            f"# model.data.packing: rows of up to {row} tokens; planned at the mean sample ({plan.seq_len} tokens, "
+            f"{planned} per micro-batch of {mbs}); {mbs} samples as long as a row would be {worst} tokens, up to "
+            f"{worst / planned:.1f}x the planned activations ({activ:.1f} GiB): plan your data's mean with "
+            "plan.text_tokens=N, plan.image_tokens=data"
+        )
+    return lines
