@@ -374,7 +374,7 @@ def peft_names(cfg: NevaConfig) -> tuple[Callable[[str], str], dict[str, tuple[s
     """For a Qwen-VL model, a PEFT adapter's names of the parts saved whole (``peft_adapter.save_peft_adapter``'s
     ``saved_key`` / ``saved_modules``): tower and mergers under ``model.visual``, as transformers 5 names them;
     None for any other model."""
-    family = _BY_TOWER.get((cfg.vision.kind, cfg.llm.is_moe) if cfg.vision is not None else None)
+    family = _BY_TOWER.get((cfg.vision.kind, cfg.llm.family) if cfg.vision is not None else None)
     if family is None:
         return None
     kind = cfg.vision.kind
@@ -423,7 +423,7 @@ def export_qwen_vl(
     ckpt = Path(ckpt)
     cfg, meta = load_config(ckpt), load_metadata(ckpt)
     config = qwen_vl_config_dict(cfg)
-    family_template = _BY_TOWER[(cfg.vision.kind, cfg.llm.is_moe)].template
+    family_template = _BY_TOWER[(cfg.vision.kind, cfg.llm.family)].template
     settings = template_settings(meta, conv_template or meta.get("conv_template") or family_template)
     tokenizer = None
     if has_tokenizer(ckpt):
