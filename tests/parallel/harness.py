@@ -318,10 +318,12 @@ def _torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
     }  # fmt: skip
 
 
-def _command_worker(rank: int, world: int, port: int, argv: list[str], env: dict, cwd: str, out: str) -> None:
-    """One rank of ``python -m neva.train *argv``: the interpreter's state a fresh process would have (environment,
-    working directory, threads, command line, stdout and stderr to files), then the entry point; the exit status
+def _command_worker(rank: int, world: int, port: int, module: str, argv: list, env: dict, cwd: str, out: str) -> None:
+    """One rank of ``python -m module *argv``: the state a fresh interpreter would have (environment, working
+    directory, threads, ``sys.argv``, stdout and stderr to files), then the module run as ``__main__``; the exit status
     to ``rank<r>.rc``. A failed rank leaves with its status, so that the others are stopped as torchrun stops them."""
+    import runpy
+
     os.environ.clear()
     os.environ.update(env)
     if world > 1:
@@ -334,12 +336,11 @@ def _command_worker(rank: int, world: int, port: int, argv: list[str], env: dict
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     for fd, name in ((1, "out"), (2, "err")):
         os.dup2(os.open(Path(out, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    from neva import train
-
-    sys.argv = [train.__file__, *argv]
+    sys.argv = [module, *argv]  # runpy puts the module's path first, as `python -m` does
+    sys.modules.pop(module, None)  # run afresh as __main__ (runpy warns about a module imported before)
     code = 0
     try:
-        train.cli()
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, int | None):
@@ -354,19 +355,24 @@ def _command_worker(rank: int, world: int, port: int, argv: list[str], env: dict
         os._exit(code)
 
 
-def neva_train(
-    argv: list[str], nproc: int = 1, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600
+def run_module(
+    module: str,
+    argv: list[str],
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+    cwd: Path | str | None = None,
+    timeout: float = 600,
 ) -> subprocess.CompletedProcess:
-    """``python -m neva.train *argv`` (``nproc`` > 1: ``torchrun --nproc_per_node nproc -m neva.train *argv``) as
+    """``python -m module *argv`` (``nproc`` > 1: ``torchrun --nproc_per_node nproc -m module *argv``) as
     ``subprocess.run(..., env=env, cwd=cwd, capture_output=True, text=True)`` returns it, without starting an
     interpreter: each rank is a process forked from the harness's server (torch, Lightning and neva imported once for
-    the session, ~6 s of CPU a process on CI's VM), with the launcher's environment, running the command line's entry
-    point. stdout and stderr: the ranks' in rank order; the exit status: the first failing rank's, else 0.
-    For what is not about the launcher or the interpreter (exit statuses of refused inputs and signals keep a real
-    process: tests/training/test_cli.py, test_stop_signal.py)."""
-    with tempfile.TemporaryDirectory(prefix="neva_train_") as out:
+    the session, where a fresh interpreter spends ~6 s of CPU on CI's VM importing them), with the launcher's
+    environment, running the module as ``__main__``. stdout and stderr: the ranks' in rank order; the exit status: the
+    first failing rank's, else 0. For commands whose test is not about the interpreter or the launcher: exit statuses
+    of refused inputs, signals, import-time output and torchrun itself keep real processes."""
+    with tempfile.TemporaryDirectory(prefix="run_module_") as out:
         env = dict(os.environ if env is None else env)
-        args = (nproc, free_port(), list(argv), env, str(cwd or os.getcwd()), out)
+        args = (nproc, free_port(), module, list(argv), env, str(cwd or os.getcwd()), out)
         context = mp.start_processes(_command_worker, args=args, nprocs=nproc, join=False, start_method="forkserver")
         deadline = time.monotonic() + timeout
         try:
@@ -374,18 +380,20 @@ def neva_train(
                 if time.monotonic() >= deadline:
                     for process in context.processes:
                         process.kill()
-                    raise subprocess.TimeoutExpired(["neva.train", *argv], timeout)
+                    raise subprocess.TimeoutExpired(["-m", module, *argv], timeout)
         except mp.ProcessExitedException:
             pass  # a rank's non-zero status, read below; the others were stopped
-        codes = []
+        codes, text = [], {"out": "", "err": ""}
         for rank, process in enumerate(context.processes):
             rc = Path(out, f"rank{rank}.rc")
             codes.append(int(rc.read_text()) if rc.exists() else process.exitcode)
-        text = {
-            name: "".join(
-                Path(out, f"rank{r}.{name}").read_text() for r in range(nproc) if Path(out, f"rank{r}.{name}").exists()
-            )
-            for name in ("out", "err")
-        }
+            for name in text:
+                if Path(out, f"rank{rank}.{name}").exists():
+                    text[name] += Path(out, f"rank{rank}.{name}").read_text()
         failed = [c for c in codes if c]
-        return subprocess.CompletedProcess(["neva.train", *argv], failed[0] if failed else 0, text["out"], text["err"])
+        return subprocess.CompletedProcess(["-m", module, *argv], failed[0] if failed else 0, text["out"], text["err"])
+
+
+def neva_train(argv: list[str], nproc: int = 1, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m neva.train *argv`` (``nproc`` > 1: under torchrun) through ``run_module``."""
+    return run_module("neva.train", argv, nproc, env)
