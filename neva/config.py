@@ -20,6 +20,8 @@ from neva.models.loss import LOSS_NORMALIZATIONS
 from neva.models.preference_loss import PREFERENCE_LOSSES
 from neva.models.trainable import LoraSpec, TrainablePolicy
 from neva.nemo_keys import Same, lookup, rewrite_config_keys, rewrite_overrides, split_override, template_for_model_type
+from neva.stages import STAGES as STAGE_SPECS
+from neva.stages import stage_spec
 from neva.typed import ConfigError, build, unknown_keys
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
@@ -411,7 +413,7 @@ class ClusterConfig:
     efficiency: dict[str, Any] = field(default_factory=dict)
 
 
-STAGES = ("pretrain", "finetune", "dpo")
+STAGES = tuple(STAGE_SPECS)
 
 
 @dataclass
@@ -426,14 +428,14 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
-        if self.stage not in STAGES:
-            raise ValueError(f"stage must be one of {STAGES}, got {self.stage!r}")
+        stage_spec(self.stage)  # a stage neva has, else its names
 
     def reference_kind(self) -> str | None:
-        """How the preference stage's reference runs (training and the planner alike): ``frozen`` (a second model),
-        ``adapters_off`` (the trained model, LoRA), or None (not a preference stage, or precomputed log-probs: no
-        reference forward in training)."""
-        if self.stage != "dpo" or self.model.dpo.precompute_ref_log_probs:
+        """How the stage's reference runs (training and the planner alike): ``frozen`` (a second model),
+        ``adapters_off`` (the trained model, LoRA), or None (a stage without one, or one whose settings need no
+        reference forward in training: DPO's precomputed log-probs)."""
+        uses = stage_spec(self.stage).reference
+        if uses is None or not uses(self):
             return None
         return "adapters_off" if self.model.peft.peft_scheme == "lora" else "frozen"
 

@@ -35,12 +35,10 @@ from collections.abc import Sequence
 import torch
 
 from neva.checkpoint.hf_assemble import import_llm_and_vision
-from neva.checkpoint.hf_export import export_llava
-from neva.checkpoint.hf_import import import_llava
-from neva.checkpoint.hf_qwen_vl import export_qwen_vl, import_qwen_vl, is_qwen_vl, is_qwen_vl_checkpoint
 from neva.checkpoint.hf_read import load_hf_config
+from neva.checkpoint.interop import interop_for, interop_for_hf
 from neva.checkpoint.llava_original import import_llava_original, read_llava_config
-from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
+from neva.checkpoint.neva_format import is_neva_checkpoint, load_config, refuse_nemo_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.checkpoint.step import as_neva_checkpoint, export_peft, is_step_checkpoint, materialize
 from neva.errors import ConfigError, entry_point
@@ -145,10 +143,7 @@ def _convert(args: argparse.Namespace) -> None:
         return
     if args.command == "neva-to-hf":
         with as_neva_checkpoint(args.ckpt) as ckpt:
-            if is_qwen_vl_checkpoint(ckpt):
-                out = export_qwen_vl(ckpt, args.out, **common)
-            else:
-                out = export_llava(ckpt, args.out, conv_template=args.conv_template, **common)
+            out = interop_for(load_config(ckpt)).export(ckpt, args.out, conv_template=args.conv_template, **common)
     elif args.command == "neva-to-llava" and args.lora_base:
         from neva.checkpoint.llava_export import export_llava_lora
 
@@ -179,14 +174,13 @@ def _convert(args: argparse.Namespace) -> None:
             out = import_llava_original(
                 args.hf, args.out, vision=args.vision, llm=args.llm, base=args.base, metadata=meta, **common
             )
-        elif args.hf is not None and is_qwen_vl(load_hf_config(model_dir(args.hf))):
-            out = import_qwen_vl(args.hf, args.out, metadata=meta, **common)
         elif args.hf is not None:
             if args.llm is not None or args.vision is not None or args.base is not None:
                 raise ConfigError(
                     "--llm/--vision/--base go with --hf only for a LLaVA-original directory (llava_llama config.json)"
                 )
-            out = import_llava(args.hf, args.out, metadata=meta, **common)
+            interop = interop_for_hf(load_hf_config(model_dir(args.hf)))
+            out = interop.import_dir(args.hf, args.out, metadata=meta, **common)
         else:
             out = import_llm_and_vision(
                 args.llm,

@@ -18,6 +18,13 @@
   benchmark read from LLaVA's ``playground/data/eval`` layout, answered as its scripts ask (``neva.benchmarks``;
   ``docs/EVALUATION.md``): ``OUT/answers.jsonl`` in ``model_vqa_loader``'s format, the official scores (one JSON line,
   and ``OUT/scores.json``), questions/s.
+- ``--suite mmmu|mmstar|ai2d|ai2d_no_mask|ocrbench|docvqa|infovqa|chartqa|realworldqa|hallusionbench|mathvista|
+  videomme|videomme_w_subtitle|...``: a benchmark of current model cards read from its Hugging Face dataset snapshot
+  (parquet), asked and scored as lmms-eval 0.7.3 asks and scores it, a standard error beside each score.
+- ``--suite mmmu,ocrbench,...``: several benchmarks, one model load; each writes ``OUT/<benchmark>/``, the printed
+  table has one line per benchmark (and ``OUT/scores.json`` holds every result).
+- ``--checkpoint HF_DIR``: a downloaded llava-hf or Qwen2-VL / Qwen2.5-VL / Qwen3-VL directory, imported in memory
+  as ``neva.convert hf-to-neva`` imports it (nothing written), answered by the same harness.
 """
 
 from __future__ import annotations
@@ -32,8 +39,15 @@ import torch
 
 from neva.benchmarks.run import load_benchmark, run_benchmark
 from neva.benchmarks.table import BENCHMARKS
-from neva.checkpoint.neva_format import is_neva_checkpoint, refuse_nemo_checkpoint
-from neva.checkpoint.step import is_step_checkpoint
+from neva.checkpoint.hf_in_memory import is_hf_model_dir, load_hf_model
+from neva.checkpoint.neva_format import (
+    is_neva_checkpoint,
+    load_metadata,
+    load_model,
+    load_tokenizer,
+    refuse_nemo_checkpoint,
+)
+from neva.checkpoint.step import as_neva_checkpoint, is_step_checkpoint
 from neva.errors import ConfigError, entry_point
 from neva.inference import Answerer, read_jsonl, record_image_paths
 from neva.models.generation import GenerationConfig
@@ -80,16 +94,21 @@ def evaluate_file(
 @entry_point
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", default=None, help="neva checkpoint (default: the default fine-tune output)")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="neva checkpoint, a run's step checkpoint, or an HF llava-hf / Qwen-VL model directory (default: the "
+        "default fine-tune output)",
+    )
     parser.add_argument("--input-file", type=Path, help="VQA question records (jsonl)")
     parser.add_argument("--output-file", type=Path, help="where answers go (with --input-file)")
     parser.add_argument("--image-folder", type=Path, help="images of --input-file (default: its folder)")
     parser.add_argument("--template", default=None, help="conversation template (default: the checkpoint's)")
     parser.add_argument(
         "--suite",
-        choices=(*SUITES, *BENCHMARKS),
         default="shapes",
-        help="held-out set: the coloured shapes (default), the skills suite (per-skill accuracy, 95%% Wilson "
+        help="a benchmark (docs/EVALUATION.md), or several as a comma list; or a held-out set: the coloured shapes "
+        "(default), the skills suite (per-skill accuracy, 95%% Wilson "
         "intervals, the reference reply's mean probability, and the swapped-image and no-image controls; the "
         "canary's measurement), the detail set (fine "
         "patterns that need AnyRes; accuracy with its 95%% Wilson interval) or the synthetic video clips (motion and "
@@ -110,38 +129,89 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     checkpoint = args.checkpoint or default_checkpoint()
     refuse_nemo_checkpoint(checkpoint, "--checkpoint")
-    if not is_neva_checkpoint(checkpoint) and not is_step_checkpoint(checkpoint):
+    hf_dir = is_hf_model_dir(checkpoint)
+    if not hf_dir and not is_neva_checkpoint(checkpoint) and not is_step_checkpoint(checkpoint):
         raise ConfigError(
-            f"--checkpoint: no neva checkpoint at {checkpoint}: run `python -m neva.train +stage=pretrain` and "
-            "`python -m neva.train +stage=finetune` first, or pass --checkpoint"
+            f"--checkpoint: no neva checkpoint or HF model directory at {checkpoint}: run `python -m neva.train "
+            "+stage=pretrain` and `python -m neva.train +stage=finetune` first, or pass --checkpoint"
         )
     if (args.input_file is None) != (args.output_file is None):
         raise ConfigError("--input-file and --output-file go together")
-    bench = BENCHMARKS.get(args.suite) if args.input_file is None else None
-    if bench is not None and (args.data_dir is None or args.output_dir is None):
-        raise ConfigError(f"--suite {args.suite} needs --data-dir (LLaVA's playground/data/eval) and --output-dir")
-    loaded = load_benchmark(args.suite, args.data_dir, args.limit) if bench is not None else None
-    default_tokens = bench.max_new_tokens if bench is not None else 16
-    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else default_tokens
+    names = [n.strip() for n in args.suite.split(",")] if args.input_file is None else []
+    unknown = [n for n in names if n not in SUITES and n not in BENCHMARKS]
+    if unknown:
+        raise ConfigError(
+            f"--suite {unknown[0]!r}: no such benchmark or suite; choose from {', '.join([*BENCHMARKS, *SUITES])}"
+        )
+    if len(names) > 1 and any(n in SUITES for n in names):
+        raise ConfigError(f"--suite {args.suite}: a comma list takes benchmarks only ({', '.join(SUITES)} run alone)")
+    benches = [n for n in names if n in BENCHMARKS]
+    if benches and (args.data_dir is None or args.output_dir is None):
+        raise ConfigError(f"--suite {args.suite} needs --data-dir (the benchmarks' files) and --output-dir")
+    loaded = [load_benchmark(n, args.data_dir, args.limit) for n in benches]  # every file checked before the model
     torch.set_grad_enabled(False)
-    answerer = Answerer(
-        checkpoint,
-        GenerationConfig(max_new_tokens=max_new_tokens),
-        template=args.template,
-        dtype=torch.float32,
-    )
+    model, tokenizer, meta = load_answering_model(checkpoint, hf_dir)
+    if args.template is not None:
+        meta = {**meta, "conv_template": args.template}
+    name = Path(checkpoint).name
+    new_tokens = 16 if args.max_new_tokens is None else args.max_new_tokens  # a synthetic suite's, a question file's
+
+    def answerer(max_new_tokens: int) -> Answerer:
+        return Answerer.for_model(model, tokenizer, meta, GenerationConfig(max_new_tokens=max_new_tokens))
+
     if args.input_file is not None:
-        name = Path(checkpoint).name
-        result = evaluate_file(answerer, args.input_file, args.output_file, args.image_folder, name, args.batch_size)
-    elif bench is not None:
-        result = run_benchmark(loaded, args.output_dir,
-                               lambda items, n: answerer.answer_all(items, n, keep_going=True),
-                               Path(checkpoint).name, args.batch_size, max_new_tokens)  # fmt: skip
+        result = evaluate_file(answerer(new_tokens), args.input_file, args.output_file, args.image_folder, name,
+                               args.batch_size)  # fmt: skip
+    elif benches:
+        results = []
+        for bench in loaded:
+            tokens = args.max_new_tokens if args.max_new_tokens is not None else BENCHMARKS[bench.name].max_new_tokens
+            out = args.output_dir if len(loaded) == 1 else args.output_dir / bench.name
+            ask = answerer(tokens)
+            results.append(run_benchmark(bench, out, lambda items, n, ask=ask: ask.answer_all(items, n, keep_going=True),
+                                         name, args.batch_size, tokens))  # fmt: skip
+        if len(results) > 1:
+            for r in results:
+                r["checkpoint"] = str(Path(checkpoint).resolve())
+            (args.output_dir / "scores.json").write_text(json.dumps(results, indent=1) + "\n")
+            print("\n".join(table_lines(results)))
+            return
+        result = results[0]
     else:
-        evaluate_suite, default_limit = SUITES[args.suite]
-        result = evaluate_suite(answerer, args.limit or default_limit, args.seed, args.batch_size)
+        evaluate_suite, default_limit = SUITES[names[0]]
+        result = evaluate_suite(answerer(new_tokens), args.limit or default_limit, args.seed, args.batch_size)
     result["checkpoint"] = str(Path(checkpoint).resolve())
     print(json.dumps(result))
+
+
+def load_answering_model(checkpoint: str, hf_dir: bool) -> tuple[Any, Any, dict[str, Any]]:
+    """``(model, tokenizer, metadata)`` in fp32: a neva checkpoint (a step checkpoint merged first), or an HF
+    directory imported in memory."""
+    if hf_dir:
+        return load_hf_model(checkpoint, dtype=torch.float32)
+    with as_neva_checkpoint(checkpoint) as directory:
+        return load_model(directory, dtype=torch.float32), load_tokenizer(directory), load_metadata(directory)
+
+
+BOOKKEEPING = ("n", "questions", "skipped", "questions_per_s", "max_new_tokens", "correct", "final_score",
+               "text_recognition", "unmatched", "unparsed", "answered")  # fmt: skip
+
+
+def table_lines(results: list[dict[str, Any]]) -> list[str]:
+    """One line per benchmark: its top-level scores (each with ``± stderr`` where it has one), questions, skipped;
+    what a line leaves out (categories, splits, files) is in the benchmark's ``scores.json``."""
+    lines = []
+    for r in results:
+        cells = []
+        for key, value in r.items():
+            if key in BOOKKEEPING or key.endswith(("_stderr", "_stderr_clustered")) or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)):
+                err = r.get(f"{key}_stderr")
+                cells.append(f"{key} {value:.4f}" + (f" ± {err:.4f}" if isinstance(err, (int, float)) else ""))
+        cells.append(f"questions {r['questions']} skipped {r['skipped']}")
+        lines.append(f"{r['suite']:<20} " + "  ".join(cells))
+    return lines
 
 
 if __name__ == "__main__":

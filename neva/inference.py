@@ -43,7 +43,7 @@ from neva.models.config import NevaConfig
 from neva.models.generation import GenerationConfig, generate, left_pad
 from neva.models.loss import token_cross_entropy
 from neva.models.media import image_media
-from neva.models.mrope import HF_TOKENS_PER_SECOND, NATIVE_VIDEO_FAMILIES, mrope_positions
+from neva.models.mrope import HF_TOKENS_PER_SECOND, mrope_positions
 
 ImageInput = Image.Image | str | os.PathLike
 """An image given as a PIL image or as a path to open."""
@@ -331,7 +331,7 @@ class Answerer:
         rule training used (``neva.models.mrope``). A served video's frames carry no timing: Qwen2.5-VL's temporal
         positions take transformers' default of one second per grid."""
         cfg, spec = self.model.cfg, self.processor
-        if videos and not (cfg.native_video and cfg.vision.kind in NATIVE_VIDEO_FAMILIES):
+        if videos and not (cfg.patch_video and cfg.vision.spec.video.served):
             raise ValueError(
                 f"this checkpoint ({cfg.vision.kind}, video_token_id {cfg.video_token_id}) serves no video"
             )
@@ -345,7 +345,7 @@ class Answerer:
         self._check_context(ids)
         positions, _ = mrope_positions(
             torch.tensor(ids), grid, video_grid, spatial_merge_size=spec.merge_size,
-            image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id if cfg.native_video else -1,
+            image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id if cfg.patch_video else -1,
             family=cfg.vision.kind, tokens_per_second=cfg.vision.tokens_per_second or HF_TOKENS_PER_SECOND,
         )  # fmt: skip
         pixels = torch.cat([p for p, _ in processed]) if processed else None
@@ -428,12 +428,14 @@ class Answerer:
         ]
 
     def answer_all(
-        self, items: Iterable[Item | Exception], batch_size: int, keep_going: bool = False
+        self, items: Iterable[Item | Exception], batch_size: int, keep_going: bool = False, stand_in: Item | None = None
     ) -> Iterator[str | Exception]:
         """Answers in item order, generated ``batch_size`` items at a time (each batch as soon as it is done).
 
         With ``keep_going``, an item that ``prepare`` refuses yields its exception in place of an answer and the rest
         of its batch is answered; an exception given as an item (a record that could not be read) is yielded back.
+        ``stand_in``: generated (its answer dropped) for a batch whose every item is refused, so that each batch
+        makes one ``generate`` call: lockstep peers (``GenerationConfig.lockstep``) run the same forwards.
 
         Raises:
             ValueError: ``batch_size`` < 1; without ``keep_going``, the first refused item.
@@ -453,6 +455,8 @@ class Answerer:
                         raise
                     results.append(err)
             prepared = [r for r in results if not isinstance(r, Exception)]
+            if not prepared and stand_in is not None:
+                self._generate([self.prepare(stand_in)])
             answers = iter(self._generate(prepared) if prepared else [])
             yield from (r if isinstance(r, Exception) else next(answers) for r in results)
 

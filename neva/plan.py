@@ -38,7 +38,7 @@ from dataclasses import replace as field_replace
 from neva.config import TrainConfig, compose_config
 from neva.errors import entry_point
 from neva.planner.images import describe_images, parse_image_size, parse_image_tokens, parse_max_pixels
-from neva.planner.plan import LEARNED_FRACTION, TEXT_TOKENS, GiB, Plan, plan_run
+from neva.planner.plan import GiB, Plan, learned_fraction_of, plan_run, text_tokens_of
 from neva.planner.report import format_table, to_json
 from neva.planner.search import SEARCHED, search
 from neva.training.rehearsal import ENOUGH_MICRO_BATCHES, RankMemory, RehearsalUnavailable, rehearse
@@ -286,10 +286,10 @@ def rehearse_against_plan(cfg: TrainConfig, plan: Plan, text_tokens: int | None,
 
     A failure of the real path ends the command with exit status 1 and the error; a torch that cannot rehearse with
     status 2 and one line (``neva.training.rehearsal.RehearsalUnavailable``)."""
-    tokens = text_tokens if text_tokens is not None else TEXT_TOKENS[cfg.stage]
+    tokens = text_tokens if text_tokens is not None else text_tokens_of(cfg)
     try:
         size = plan.extra["image"]["size"]
-        measured = rehearse(cfg, tokens, LEARNED_FRACTION[cfg.stage], micro_batches=ENOUGH_MICRO_BATCHES,
+        measured = rehearse(cfg, tokens, learned_fraction_of(cfg), micro_batches=ENOUGH_MICRO_BATCHES,
                             image_size=None if size is None else tuple(size), num_frames=num_frames)  # fmt: skip
     except RehearsalUnavailable as err:
         print(f"rehearsal unavailable: {err}", file=sys.stderr)

@@ -2,8 +2,10 @@
 
 ``python -m neva.support`` prints it; the README carries the same table (``tests/test_front_door.py`` compares them). A
 row is one feature on the tiny embedded model (a composed config); a column a layout, or a checkpoint format. A cell
-is "yes" when every start-time check of that layout passes, else "no" with a note number whose text is the refusal's
-own message: nothing here restates a rule, so the table cannot say yes where training says no.
+is "yes" when every start-time check of that layout passes (``neva.parallel.run_rules.check_run``, the list training
+and the planner ask), else "no" with a note number whose text is the refusal's own message: nothing here restates a
+rule, so the table cannot say yes where training says no (``tests/parallel/test_run_rules.py`` walks every cell through
+training's start and the planner too).
 """
 
 from __future__ import annotations
@@ -15,9 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from neva.checkpoint.architecture import neva_config_from_mm
-from neva.checkpoint.hf_config import llava_config_dict, neva_config_from_llava
-from neva.checkpoint.hf_qwen_vl import neva_config_from_qwen_vl, qwen_vl_config_dict
-from neva.checkpoint.hf_wrappers import wrapper_for
+from neva.checkpoint.interop import interop_for
 from neva.checkpoint.llava_export import check_llava_layout
 from neva.checkpoint.llava_original import (
     LLAVA_MODEL_TYPES,
@@ -29,13 +29,11 @@ from neva.checkpoint.llava_original import (
 )
 from neva.config import TrainConfig, compose_config
 from neva.models.config import NevaConfig
+from neva.models.neva import NevaModel
 from neva.models.trainable import build_meta_model
-from neva.parallel.expert_parallel import check_expert_parallel_layout
 from neva.parallel.layout import Layout
-from neva.parallel.parallelize import check_precision_layout
-from neva.parallel.pipeline import check_deepstack_split, check_microbatches, check_splittable, split_layers
 from neva.parallel.precision import Precision
-from neva.parallel.tensor_parallel import check_tensor_parallel
+from neva.parallel.run_rules import check_run
 from neva.typed import ConfigError, build
 
 # Batch keys every row gets, so that a cell is refused for its feature and layout, not for a batch that does not
@@ -127,39 +125,30 @@ def architecture(cfg: TrainConfig) -> NevaConfig:
     return neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
 
 
-def check_layout(cfg: TrainConfig, column: Column) -> None:
-    """Every check a run makes of its layout before the first step (``training/run.py`` → ``parallelize``), in
-    their order; the planner's ``plan_run`` asks the same ones."""
-    model = dataclasses.replace(cfg.model, **column.model)
-    layout = Layout.from_config(model, column.world)
-    arch = architecture(cfg)
-    precision = Precision.from_config("bf16-mixed" if column.o2 else cfg.trainer.precision, model.megatron_amp_O2)
-    check_precision_layout(layout, precision)
-    check_splittable(arch, layout.pp)
-    check_deepstack_split(arch, split_layers(arch.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
-    check_microbatches(layout.schedule, layout.pp, layout.grad_accum)
-    check_expert_parallel_layout(layout, arch.llm)
-    if layout.tp > 1:
-        check_tensor_parallel(build_meta_model(arch, model.trainable_policy()), layout.tp)
+def column_config(cfg: TrainConfig, column: Column) -> TrainConfig:
+    """``cfg`` run in ``column``'s layout: its ``model.*`` keys on ``column.world`` processes (``trainer.devices``),
+    bf16 under O2."""
+    trainer = dataclasses.replace(cfg.trainer, devices=column.world, num_nodes=1)
+    if column.o2:
+        trainer = dataclasses.replace(trainer, precision="bf16-mixed")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **column.model), trainer=trainer)
+
+
+def check_layout(cfg: TrainConfig, column: Column, model: NevaModel | None = None) -> None:
+    """Every rule a run checks before its first step, training's and the planner's alike: the layout's own
+    (``Layout.from_config``), then ``neva.parallel.run_rules.check_run`` on the meta model (``model``: the row's,
+    built once per row; it does not depend on the layout)."""
+    run = column_config(cfg, column)
+    layout = Layout.from_config(run.model, column.world)
+    precision = Precision.from_config(run.trainer.precision, run.model.megatron_amp_O2)
+    check_run(run, layout, model or build_meta_model(architecture(cfg), cfg.model.trainable_policy()), precision)
 
 
 def hf_round_trip(cfg: TrainConfig) -> str:
-    """The HF class the export writes (a llava-hf wrapper, or the model's Qwen-VL family), after the import has read
-    the config it wrote (``neva.convert``)."""
+    """The HF class the export writes (its family's interop: a llava-hf wrapper, or the family's own class), after
+    the import has read the config it wrote (``neva.convert``)."""
     arch = architecture(cfg)
-    if arch.vision is not None and arch.vision.is_native:
-        config = qwen_vl_config_dict(arch)
-        neva_config_from_qwen_vl(config)
-        return config["model_type"]
-    config = llava_config_dict(arch)
-    try:
-        wrapper = wrapper_for(arch)
-    except ValueError as err:  # no transformers class takes the features together; the export refuses the same way
-        raise ConfigError(str(err)) from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        neva_config_from_llava({**config, "model_type": wrapper.model_type})
-    return wrapper.model_type
+    return interop_for(arch).round_trip(arch)
 
 
 def llava_original(cfg: TrainConfig) -> str:
@@ -215,7 +204,8 @@ def matrix() -> str:
     composed: dict[tuple[str, ...], TrainConfig] = {}
     for r in ROWS:
         cfg = compose_row(r, composed)
-        cells = [cell(lambda c=c, cfg=cfg: check_layout(cfg, c), notes) for c in LAYOUTS]
+        model = build_meta_model(architecture(cfg), cfg.model.trainable_policy())
+        cells = [cell(lambda c=c, cfg=cfg, m=model: check_layout(cfg, c, m), notes) for c in LAYOUTS]
         cells.append(cell(lambda cfg=cfg: hf_round_trip(cfg), notes))
         cells.append(cell(lambda cfg=cfg: llava_original(cfg), notes))
         cells.append(cell(lambda cfg=cfg: llava_export(cfg), notes))

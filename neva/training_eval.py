@@ -9,14 +9,17 @@ and scorer of ``neva.evaluate`` (``neva.benchmarks``), served with the run's own
 be. Rank 0 writes ``<exp_dir>/eval/step=N/<benchmark>/answers.jsonl`` and ``scores.json``.
 
 A synthetic suite (``neva.synthetic_suites``) is answered whole by every rank (its scores need every question's
-answer under three feeds, and its clips are written once by rank 0). Who answers a benchmark's questions:
+answer under three feeds, and its clips are written once by rank 0). A benchmark's questions are shared: each
+data-parallel replica answers every ``dp``-th question (question ``i`` on replica ``i % dp``), and the answers are
+gathered over the data-parallel group before scoring, so every rank scores the same answers, in question order.
 
-- data-parallel replicas whose forward is their own (one process, DDP, pipeline or tensor parallel groups without
-  FSDP2): each replica answers every ``dp``-th question (question ``i`` on replica ``i % dp``), and the answers are
-  gathered over the data-parallel group before scoring, so every rank scores the same answers;
+- Replicas whose forward is their own (one process, DDP, pipeline or tensor parallel groups without FSDP2) decode
+  their share alone.
 - FSDP2 (sharded parameters: every forward gathers them over the data-parallel ranks) and expert parallelism (an
-  all-to-all over data-parallel ranks in every MoE layer): every replica answers every question, in the same
-  batches, so that their collectives pair up; there is no whole copy to let rank 0 answer alone.
+  all-to-all over data-parallel ranks in every MoE layer) need every replica to run the same forwards: the replicas
+  decode their shares in lockstep (``DataParallelLockstep``): the same number of batches (a share one question short
+  is filled with a stand-in, its answer dropped), one ``generate`` call per batch (a stand-in where every question
+  of a batch is refused), the same step budget, and a batch stops only when every replica's batch is done.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import json
 import logging
 import tempfile
 from collections.abc import Iterator
-from itertools import islice
+from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
+from PIL import Image
 
 from neva.benchmarks.run import Loaded, load_benchmark, run_benchmark
 from neva.benchmarks.table import BENCHMARKS
@@ -121,7 +126,8 @@ def evaluate_suites(
     synthetic suite (``neva.synthetic_suites``, ``seed``: the data's) is answered whole by every rank."""
     model = LayoutGenerationModel(engine.parallel, engine.autocast)
     group = engine.dp_group
-    share = model.shares_questions and group is not None
+    share = group is not None and dist.get_world_size(group) > 1
+    lockstep = DataParallelLockstep(group) if share and not model.shares_questions else None
     writer = not dist.is_initialized() or dist.get_rank() == 0
     metrics: dict[str, float] = {}
     try:
@@ -140,12 +146,15 @@ def evaluate_suites(
                 metrics.update(flat_scores(f"eval/{suite.name}", result))
                 continue
             tokens = suite.max_new_tokens or BENCHMARKS[suite.name].max_new_tokens
-            answerer = Answerer.for_model(model, tokenizer, meta, GenerationConfig(max_new_tokens=tokens))
+            decoding = GenerationConfig(max_new_tokens=tokens, lockstep=lockstep)
+            answerer = Answerer.for_model(model, tokenizer, meta, decoding)
 
-            def answer_all(items, batch_size, answerer=answerer):
+            count = len(bench.read.questions)
+
+            def answer_all(items, batch_size, answerer=answerer, count=count):
                 if not share:
                     return answerer.answer_all(items, batch_size, keep_going=True)
-                return _shared(answerer, items, batch_size, group)
+                return _shared(answerer, items, batch_size, group, count, lockstep is not None)
 
             with tempfile.TemporaryDirectory() as scratch:  # the ranks that do not write score there
                 where = out / suite.name if writer else Path(scratch)
@@ -165,13 +174,46 @@ def _write_clips_once(seed: int, limit: int, writer: bool) -> None:
         dist.barrier()
 
 
-def _shared(answerer: Answerer, items: Iterator[Any], batch_size: int, group: Any) -> list:
-    """Every item's answer, this data-parallel rank answering items ``rank, rank + dp, ...`` (the items are decoded as
-    they are drawn: the others' are dropped at once); the others' answers gathered (an unanswerable item's error
-    travels as its text)."""
+# What a replica in lockstep decodes where it has no question of its own: one blank image (the tower runs, as it runs
+# on its peers' questions) and a word.
+STAND_IN = ("?", (Image.new("RGB", (32, 32)),))
+
+
+class DataParallelLockstep:
+    """``generate``'s peers (``neva.models.generation.Lockstep``): the data-parallel ranks, asked by all-reduces."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        backend = dist.get_backend(group)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+    def fewest(self, n: int) -> int:
+        t = torch.tensor([n], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
+    def all_done(self, done: bool) -> bool:
+        t = torch.tensor([0 if done else 1], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item()) == 0
+
+
+def _shared(answerer: Answerer, items: Iterator[Any], batch_size: int, group: Any, count: int, lockstep: bool) -> list:
+    """Every item's answer, this data-parallel rank answering items ``rank, rank + dp, ...`` of the ``count`` (the
+    items are decoded as they are drawn: the others' are dropped at once); the others' answers gathered (an
+    unanswerable item's error travels as its text). ``lockstep``: every rank draws the same number of items (stand-ins
+    after its own) and runs one ``generate`` per batch."""
     dp, rank = dist.get_world_size(group), dist.get_rank(group)
-    mine = [a if isinstance(a, str) else ValueError(str(a))
-            for a in answerer.answer_all(islice(items, rank, None, dp), batch_size, keep_going=True)]  # fmt: skip
+    own = len(range(rank, count, dp))
+    share: Iterator[Any] = islice(items, rank, None, dp)
+    stand_in = None
+    if lockstep:
+        stand_in = STAND_IN
+        share = chain(share, repeat(stand_in, -(-count // dp) - own))
+    drawn = answerer.answer_all(share, batch_size, keep_going=True, stand_in=stand_in)
+    mine = [a if isinstance(a, str) else ValueError(str(a)) for a in islice(drawn, own)]
+    for _ in drawn:  # the stand-ins' batches, run for the peers' sake
+        pass
     gathered: list[Any] = [None] * dp
     dist.all_gather_object(gathered, mine, group=group)
     answers: list[Any] = [None] * sum(len(theirs) for theirs in gathered)

@@ -17,6 +17,8 @@ ROOT = Path(neva.__file__).parent
 LAYERS: list[tuple[str, ...]] = [
     ("neva", "neva.errors"),
     ("neva.constants", "neva.typed", "neva.hf_local"),
+    # one spec per model family and per training stage; their code parts named by path, resolved by their owners
+    ("neva.families", "neva.stages"),
     ("neva.nemo_keys",),
     ("neva.models",),
     ("neva.data",),

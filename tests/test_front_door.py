@@ -8,7 +8,6 @@ verbatim, so neither can drift from the code.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,9 @@ def section(begin: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def matrix() -> tuple[str, float]:
-    start = time.perf_counter()
-    table = support.matrix()
-    return table, time.perf_counter() - start
+def matrix() -> str:
+    # Not timed: the README quotes its time from a measurement (docs/PERFORMANCE.md), tests assert no durations.
+    return support.matrix()
 
 
 def test_readme_starts_with_the_two_fresh_machine_lines():
@@ -44,9 +42,7 @@ def test_readme_starts_with_the_two_fresh_machine_lines():
 
 
 def test_readme_support_matrix_is_the_codes(matrix):
-    table, seconds = matrix
-    assert section("python -m neva.support") == table, "paste the output of `python -m neva.support` into README.md"
-    assert seconds < 10
+    assert section("python -m neva.support") == matrix, "paste the output of `python -m neva.support` into README.md"
 
 
 def cells(table: str) -> dict[str, dict[str, str]]:
@@ -57,7 +53,7 @@ def cells(table: str) -> dict[str, dict[str, str]]:
 
 
 def test_matrix_answers_are_the_refusals(matrix):
-    got = cells(matrix[0])
+    got = cells(matrix)
     default = got["CLIP + Llama, mlp2x_gelu, fixed resolution (the default)"]
     # O2 keeps its masters in FSDP2; expert parallelism needs experts
     assert {k for k, v in default.items() if v.startswith("no")} == {"O2, DDP", "EP 2"}
@@ -82,7 +78,7 @@ def test_matrix_answers_are_the_refusals(matrix):
 
 
 def test_matrix_notes_are_the_refusal_messages(matrix):
-    table = matrix[0]
+    table = matrix
     assert "model.megatron_amp_O2=true keeps fp32 master weights through FSDP2" in table
     assert "tied word embeddings cannot be split over pipeline stages" in table
 

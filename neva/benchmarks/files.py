@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ class Question:
     does); ``prompt`` is what the answer record's ``prompt`` says (LLaVA's ``cur_prompt``); ``images``: paths, or
     ``InlineImage``s; ``extra``: more fields of the answer record
     (MMBench's ``round_id``, ``options``, ``option_char``); ``meta``: what the scorer needs (a category, the
-    answer key)."""
+    answer key); ``videos``: objects with a ``path`` and a ``frames()`` that samples it (Video-MME's)."""
 
     question_id: Any
     text: str
@@ -49,6 +50,7 @@ class Question:
     images: tuple[Any, ...] = ()
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    videos: tuple[Any, ...] = ()
 
 
 @dataclasses.dataclass
@@ -122,5 +124,12 @@ def vqa_loader_questions(
 
 
 def missing_images(questions: list[Question]) -> list[Path]:
-    """The image paths the questions name that are not files."""
-    return [i for q in questions for i in q.images if not isinstance(i, InlineImage) and not Path(i).is_file()]
+    """The image and video paths the questions name that are not files (an image held in a file of the benchmark, as
+    MMBench's base64 or a parquet cell, is not a path: it is checked when asked)."""
+    images = [Path(i) for q in questions for i in q.images if is_path(i)]
+    return [p for p in [*images, *(v.path for q in questions for v in q.videos)] if not p.is_file()]
+
+
+def is_path(image: Any) -> bool:
+    """A question's image given as a file path (else an object whose ``open()`` decodes it)."""
+    return isinstance(image, (str, os.PathLike))

@@ -14,11 +14,11 @@ from typing import Any
 
 from PIL import Image
 
-from neva.benchmarks.files import InlineImage, MissingFile, Question, Read, missing_images
+from neva.benchmarks.files import MissingFile, Question, Read, is_path, missing_images
 from neva.benchmarks.table import BENCHMARKS
 from neva.errors import ConfigError
 
-AnswerAll = Callable[[Iterable[tuple[str, tuple[Any, ...]] | Exception], int], Iterator[str | Exception]]
+AnswerAll = Callable[[Iterable[tuple[Any, ...] | Exception], int], Iterator[str | Exception]]
 """``(items, batch size)`` → each item's answer in order, or the exception that made it unanswerable; an item may be
 an exception already, given back in its place (``neva.inference.Answerer.answer_all`` with ``keep_going``)."""
 
@@ -29,11 +29,15 @@ def benchmark_folder(data_dir: Path, name: str) -> Path:
     return folder if folder.is_dir() else data_dir
 
 
-def asked(question: Question) -> tuple[str, tuple[Any, ...]] | Exception:
-    """The item the answerer gets; an inline image that does not decode makes it a counted skip (the exception)."""
+def asked(question: Question) -> tuple[Any, ...] | Exception:
+    """The item the answerer gets (with its videos' sampled frames when it has videos); an image held in a benchmark
+    file that does not decode, or a video that does not, makes it a counted skip (the exception)."""
     try:
-        return question.text, tuple(i.open() if isinstance(i, InlineImage) else i for i in question.images)
-    except (ValueError, OSError, Image.DecompressionBombError) as err:
+        images = tuple(i if is_path(i) else i.open() for i in question.images)
+        if question.videos:
+            return question.text, images, tuple(v.frames() for v in question.videos)
+        return question.text, images
+    except (ValueError, OSError, Image.DecompressionBombError) as err:  # a video's VideoError is a ValueError
         return err
 
 
@@ -63,7 +67,10 @@ def load_benchmark(name: str, data_dir: Path, limit: int | None = None) -> Loade
         ConfigError: a missing file (named, with the layout expected) or images the questions name that are absent.
     """
     bench = BENCHMARKS[name]
-    expected = f"expected {bench.layout} under {data_dir}/{bench.folder}/ (LLaVA's docs/Evaluation.md layout)"
+    layout = (
+        "its Hugging Face snapshot" if bench.source.startswith("lmms-eval") else "LLaVA's docs/Evaluation.md layout"
+    )
+    expected = f"expected {bench.layout} under {data_dir}/{bench.folder}/ ({layout})"
     folder = benchmark_folder(data_dir, name)
     try:
         read = bench.read(folder)
@@ -73,7 +80,8 @@ def load_benchmark(name: str, data_dir: Path, limit: int | None = None) -> Loade
         read.questions = read.questions[:limit]
     absent = missing_images(read.questions)
     if absent:
-        raise ConfigError(f"{name}: {len(absent)} image(s) missing, the first {absent[0]}; {expected}")
+        kind = "video(s)" if any(q.videos for q in read.questions) else "image(s)"
+        raise ConfigError(f"{name}: {len(absent)} {kind} missing, the first {absent[0]}; {expected}")
     return Loaded(name, folder, read, expected)
 
 

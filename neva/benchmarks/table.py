@@ -16,7 +16,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neva.benchmarks import gqa, mmbench, mme, pope, scienceqa, seed, submission, textvqa
+from neva.benchmarks import (
+    ai2d,
+    chartqa,
+    docvqa,
+    gqa,
+    hallusionbench,
+    mathvista,
+    mmbench,
+    mme,
+    mmmu,
+    mmstar,
+    ocrbench,
+    pope,
+    realworldqa,
+    scienceqa,
+    seed,
+    submission,
+    textvqa,
+    videomme,
+)
 from neva.benchmarks.files import Question, Read
 
 Scorer = Callable[[Path, list[tuple[Question, dict | None]], Path], dict[str, Any]]
@@ -29,7 +48,7 @@ class Benchmark:
     read: Callable[[Path], Read]
     score: Scorer
     max_new_tokens: int
-    source: str  # LLaVA's script that runs it
+    source: str  # LLaVA's script that runs it (lmms-eval's task file for the Hugging Face snapshots)
 
 
 LOADER = 128  # model_vqa_loader.py's --max_new_tokens default; the v1_5 scripts keep it
@@ -58,3 +77,40 @@ BENCHMARKS: dict[str, Benchmark] = {
     "vizwiz": Benchmark("vizwiz", "llava_test.jsonl, test/",
                         submission.read_vizwiz, submission.score_vizwiz, LOADER, "scripts/v1_5/eval/vizwiz.sh"),
 }  # fmt: skip
+
+# The benchmarks of current model cards, from their Hugging Face dataset snapshots (parquet), asked and scored as
+# lmms-eval 0.7.3 asks and scores them: prompts and max_new_tokens from each task's YAML (``default`` kwargs), the
+# scorer one file each. The folder is the dataset repository's name (--data-dir holding the snapshots), or --data-dir
+# is the snapshot itself.
+LMMS = "lmms-eval 0.7.3 lmms_eval/tasks/"
+BENCHMARKS.update({
+    "mmmu": Benchmark("MMMU", "validation-*.parquet (a folder per subject, or one)",
+                      mmmu.read, mmmu.score, 128, LMMS + "mmmu/mmmu_val.yaml"),
+    "mmstar": Benchmark("MMStar", "mmstar.parquet", mmstar.read, mmstar.score, 1024, LMMS + "mmstar/mmstar.yaml"),
+    "ai2d": Benchmark("ai2d", "test-*.parquet (lmms-lab/ai2d: labels masked)",
+                      ai2d.read, ai2d.score, 16, LMMS + "ai2d/ai2d.yaml"),
+    "ai2d_no_mask": Benchmark("ai2d-no-mask", "test-*.parquet (Efficient-Large-Model/ai2d-no-mask)",
+                              ai2d.read, ai2d.score, 16, LMMS + "ai2d/ai2d_no_mask.yaml"),
+    "ocrbench": Benchmark("OCRBench", "test-*.parquet", ocrbench.read, ocrbench.score, 128,
+                          LMMS + "ocrbench/ocrbench.yaml"),
+    "docvqa": Benchmark("DocVQA", "DocVQA/validation-*.parquet", docvqa.reader("DocVQA", "validation"),
+                        docvqa.score, 32, LMMS + "docvqa/docvqa_val.yaml"),
+    "docvqa_test": Benchmark("DocVQA", "DocVQA/test-*.parquet", docvqa.reader("DocVQA", "test"),
+                             docvqa.uploader("docvqa_test"), 32, LMMS + "docvqa/docvqa_test.yaml"),
+    "infovqa": Benchmark("DocVQA", "InfographicVQA/validation-*.parquet", docvqa.reader("InfographicVQA", "validation"),
+                         docvqa.score, 32, LMMS + "infovqa/infovqa_val.yaml"),
+    "infovqa_test": Benchmark("DocVQA", "InfographicVQA/test-*.parquet", docvqa.reader("InfographicVQA", "test"),
+                              docvqa.uploader("infovqa_test"), 32, LMMS + "infovqa/infovqa_test.yaml"),
+    "chartqa": Benchmark("ChartQA", "test-*.parquet", chartqa.read, chartqa.score, 16, LMMS + "chartqa/chartqa.yaml"),
+    "realworldqa": Benchmark("RealWorldQA", "test-*.parquet", realworldqa.read, realworldqa.score, 16,
+                             LMMS + "realworldqa/realworldqa.yaml"),
+    "hallusionbench": Benchmark("HallusionBench", "image-*.parquet", hallusionbench.read, hallusionbench.score, 128,
+                                LMMS + "hallusion_bench/hallusion_bench_image.yaml"),
+    "videomme": Benchmark("videomme", "test-*.parquet, data/<videoID>.mp4 (lmms-eval's videomme/ cache folder)",
+                          videomme.reader(False), videomme.score, 16, LMMS + "videomme/videomme.yaml"),
+    "videomme_w_subtitle": Benchmark("videomme", "test-*.parquet, data/<videoID>.mp4, subtitle/<videoID>.srt",
+                                     videomme.reader(True), videomme.score, 16,
+                                     LMMS + "videomme/videomme_w_subtitle.yaml"),
+    "mathvista": Benchmark("MathVista", "testmini-*.parquet", mathvista.read, mathvista.score, 16384,
+                           LMMS + "mathvista/mathvista_testmini_format.yaml"),
+})  # fmt: skip

@@ -10,7 +10,7 @@ from neva.checkpoint.hf_config import llm_config_from_hf, vision_config_from_hf
 from neva.config import MMConfig
 from neva.hf_local import LocalModelError, model_dir
 from neva.models.anyres import AnyResConfig, anyres_on, parse_aspect_ratio, parse_grid_pinpoints
-from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, to_dict
+from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, merger_fields, to_dict
 from neva.models.presets import LLM_PRESETS, VISION_PRESETS
 from neva.models.video import VideoConfig
 from neva.typed import ConfigError, build
@@ -62,11 +62,7 @@ def neva_config_from_mm(
             f"has {vision_cfg.class_tokens} class token(s) (CLIP 1, SigLIP 0); remove the key or choose the tower"
         )
     projector = dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size)
-    if vision_cfg.is_native:  # a patch merger folds the tower's own merge blocks (and DeepStack's)
-        projector.update(
-            spatial_merge_size=vision_cfg.spatial_merge_size,
-            deepstack_mergers=len(vision_cfg.deepstack_visual_indexes),
-        )
+    projector.update(merger_fields(vision_cfg))
     projector = build(ProjectorConfig, projector, "model.mm_cfg.mm_mlp_adapter_type.")
     token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
     # Without data settings, pinpoints mean plain anyres (no anyres_max_N pooling).

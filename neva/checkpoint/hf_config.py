@@ -10,6 +10,7 @@ from neva.checkpoint.hf_families import check_fields, family_fields, hf_family_f
 from neva.checkpoint.hf_onevision import onevision_config_fields
 from neva.checkpoint.hf_video import video_config_dict, video_from_hf
 from neva.checkpoint.hf_wrappers import wrapper_named
+from neva.families import TOWERS, tower_spec
 from neva.models.anyres import AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError
@@ -40,15 +41,9 @@ def llm_config_from_hf(hf: dict[str, Any], where: str = "LLM config") -> LLMConf
     return LLMConfig(**{**fields, **family_fields(hf, family)})
 
 
-# HF vision ``model_type`` → neva tower kind (``VisionConfig.kind``), and what a dict without a field means.
-TOWER_MODEL_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
-_TOWER_DEFAULTS = {
-    "clip": dict(patch_size=32, layer_norm_eps=1e-5, hidden_act="quick_gelu"),
-    "siglip": dict(patch_size=16, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
-}
-# LLaVA's vision_feature_select_strategy per tower: "default" drops the first token (CLIP's CLS), "full" keeps all.
-_SELECT_FROM_HF = {"clip": {"default": "patch", "full": "cls_patch"}, "siglip": {"full": "patch"}}
-_SELECT_TO_HF = {kind: {v: k for k, v in table.items()} for kind, table in _SELECT_FROM_HF.items()}
+# HF vision ``model_type`` → the family of a llava-hf tower (``TowerSpec.hf_model_type``: its field defaults, its
+# select strategies, the fields an export adds).
+TOWER_MODEL_TYPES = {spec.hf_model_type: spec for spec in TOWERS.values() if spec.hf_model_type}
 
 
 def tower_kind(hf: dict[str, Any]) -> str:
@@ -67,9 +62,9 @@ def tower_kind(hf: dict[str, Any]) -> str:
         )
         raise ConfigError(
             f"vision config model_type={model_type!r}{why} is not a supported tower; supported: "
-            + ", ".join(f"{k} ({v})" for k, v in TOWER_MODEL_TYPES.items())
+            + ", ".join(f"{k} ({v.kind})" for k, v in TOWER_MODEL_TYPES.items())
         )
-    return TOWER_MODEL_TYPES[model_type]
+    return TOWER_MODEL_TYPES[model_type].kind
 
 
 def vision_config_from_hf(
@@ -79,7 +74,7 @@ def vision_config_from_hf(
     ``vision_config`` is used). The kind comes from ``model_type`` (``tower_kind``)."""
     kind = tower_kind(hf)
     hf = hf.get("vision_config", hf)
-    defaults = _TOWER_DEFAULTS[kind]
+    defaults = tower_spec(kind).hf_defaults
     return VisionConfig(
         kind=kind,
         image_size=hf.get("image_size", 224),
@@ -103,7 +98,7 @@ def select_feature_from_hf(kind: str, strategy: str) -> str:
         ConfigError: ``default`` on a tower without a class token: transformers then drops the first *patch*
             (``hidden_states[:, 1:]``), a model neva does not build.
     """
-    table = _SELECT_FROM_HF[kind]
+    table = tower_spec(kind).hf_select
     if strategy not in table:
         raise ConfigError(
             f"vision_feature_select_strategy={strategy!r} on a {kind} tower: transformers drops the first token as if "
@@ -186,7 +181,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
     select = v.vision_select_layer
     return dict(
         vision_config=dict(
-            model_type={kind: model_type for model_type, kind in TOWER_MODEL_TYPES.items()}[v.kind],
+            model_type=v.spec.hf_model_type,
             image_size=v.image_size,
             patch_size=v.patch_size,
             num_channels=v.num_channels,
@@ -196,7 +191,7 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
             num_attention_heads=v.num_heads,
             layer_norm_eps=v.layer_norm_eps,
             hidden_act=v.hidden_act,
-            **({"vision_use_head": False} if v.kind == "siglip" else {}),  # LLaVA never runs SigLIP's pooling head
+            **(v.spec.hf_export_fields or {}),
         ),
         text_config=dict(
             **hf_family_fields(t),
@@ -229,4 +224,4 @@ def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[
 
 def hf_select_strategy(vision: VisionConfig) -> str:
     """llava-hf's ``vision_feature_select_strategy`` for a neva tower (SigLIP's ``patch`` is HF's ``full``)."""
-    return _SELECT_TO_HF[vision.kind][vision.vision_select_feature]
+    return {feature: strategy for strategy, feature in vision.spec.hf_select.items()}[vision.vision_select_feature]

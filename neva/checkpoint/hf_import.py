@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -31,6 +32,17 @@ from neva.checkpoint.neva_format import save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
 from neva.hf_local import model_dir
+from neva.models.config import NevaConfig
+
+
+class ImportedParts(NamedTuple):
+    """What an HF import gives before anything is written: the model's config, its tensors under neva's names (a
+    stream, every name and shape already checked), the tokenizer (None without one) and the checkpoint metadata."""
+
+    cfg: NevaConfig
+    tensors: Iterator[tuple[str, torch.Tensor]]
+    tokenizer: Any
+    metadata: dict[str, Any]
 
 
 def import_llava(
@@ -59,6 +71,20 @@ def import_llava(
         ValueError: tensors that map nowhere or model tensors that are missing; an ``<image>`` token whose id differs
             from the config's ``image_token_index``.
     """
+    cfg, tensors, tokenizer, meta = llava_parts(hf_dir, dtype=dtype, metadata=metadata)
+    return save_checkpoint(
+        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
+    )
+
+
+def llava_parts(
+    hf_dir: str | os.PathLike, *, dtype: torch.dtype | None = None, metadata: dict[str, Any] | None = None
+) -> ImportedParts:
+    """``import_llava`` up to the writing (also what ``neva.evaluate`` loads an HF directory in memory with).
+
+    Raises:
+        ValueError: as ``import_llava``.
+    """
     hf_dir = Path(model_dir(hf_dir))
     cfg = with_image_stats(neva_config_from_llava(load_hf_config(hf_dir)), hf_dir)
     shapes = hf_tensor_shapes(hf_dir)
@@ -72,9 +98,7 @@ def import_llava(
         _check_image_token(tokenizer, cfg.image_token_id, hf_dir)
     meta = {"source": {"kind": "llava-hf", "path": str(hf_dir)}, **_template_metadata(hf_dir, tokenizer, metadata)}
     tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
-    return save_checkpoint(
-        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
-    )
+    return ImportedParts(cfg, tensors, tokenizer, meta)
 
 
 def _template_metadata(hf_dir: Path, tokenizer: Any, metadata: dict[str, Any] | None) -> dict[str, Any]:

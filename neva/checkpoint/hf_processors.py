@@ -13,9 +13,6 @@ from neva.checkpoint.hf_video import save_video_processor
 from neva.checkpoint.hf_wrappers import wrapper_for
 from neva.models.config import NevaConfig, VisionConfig
 
-# Each tower's image processor and how it sizes an image (``neva.data.images``): CLIP resizes the short side and
-# centre-crops, SigLIP resizes to the square.
-_TOWER_IMAGE_PROCESSORS = {"clip": ("CLIPImageProcessor", "crop"), "siglip": ("SiglipImageProcessor", "square")}
 # The processors transformers 5 constructs only with a video processor backend (torchvision), which neva does not
 # need: their files are written from their parts.
 _WRITTEN_FROM_PARTS = {"llava_next_video": save_video_processor, "llava_onevision": save_onevision_processor}
@@ -61,8 +58,12 @@ def hf_image_processor(cfg: NevaConfig) -> Any:
 
 
 def tower_image_processor(v: VisionConfig) -> Any:
-    """The transformers image processor of tower ``v`` on whole images (``square`` aspect ratio)."""
-    return _image_processor(*_TOWER_IMAGE_PROCESSORS[v.kind], v)
+    """The transformers image processor of a llava-hf tower ``v`` on whole images (``square`` aspect ratio): its
+    family's (``TowerSpec.hf_image_processor``: CLIP resizes the short side and centre-crops, SigLIP resizes to the
+    square)."""
+    if v.spec.hf_image_processor is None:
+        raise ValueError(f"a {v.kind} tower has no llava-hf image processor (its family exports its own processor)")
+    return _image_processor(*v.spec.hf_image_processor, v)
 
 
 def _image_processor(class_name: str, resize: str, v: VisionConfig, **fields: Any) -> Any:

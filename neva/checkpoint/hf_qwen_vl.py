@@ -29,11 +29,13 @@ from neva.checkpoint.atomic import atomic_directory
 from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
 from neva.checkpoint.hf_files import export_dtype
+from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
 from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
+from neva.checkpoint.interop import Interop
 from neva.checkpoint.neva_format import (
     TensorSource,
     iter_tensors,
@@ -123,7 +125,7 @@ def neva_config_from_qwen_vl(hf: dict[str, Any]) -> NevaConfig:
         spatial_merge_size=vision.spatial_merge_size,
         deepstack_mergers=len(vision.deepstack_visual_indexes),
     )
-    # The video token makes the model take video (``NevaConfig.native_video``).
+    # The video token makes the model take video (``NevaConfig.patch_video``).
     video_token_id = hf.get("video_token_id", hf.get("text_config", {}).get("video_token_id"))
     return NevaConfig(
         llm=llm, vision=vision, projector=projector, image_token_id=hf["image_token_id"], video_token_id=video_token_id
@@ -238,6 +240,20 @@ def import_qwen_vl(
         ConfigError: a Qwen-VL kind or field neva does not build. ValueError: tensors that map nowhere, missing
             model tensors, a tokenizer whose ``<|image_pad|>`` is not the config's image token.
     """
+    cfg, tensors, tokenizer, meta = qwen_vl_parts(hf_dir, dtype=dtype, metadata=metadata)
+    return save_checkpoint(
+        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
+    )
+
+
+def qwen_vl_parts(
+    hf_dir: str | os.PathLike, *, dtype: torch.dtype | None = None, metadata: dict[str, Any] | None = None
+) -> ImportedParts:
+    """``import_qwen_vl`` up to the writing (also what ``neva.evaluate`` loads an HF directory in memory with).
+
+    Raises:
+        ConfigError, ValueError: as ``import_qwen_vl``.
+    """
     hf_dir = Path(model_dir(hf_dir))
     hf = json.loads((hf_dir / "config.json").read_text())
     cfg = neva_config_from_qwen_vl(hf)
@@ -269,9 +285,7 @@ def import_qwen_vl(
         **(metadata or {}),
     }
     tensors = ((mapping[k], cast_floating(t, dtype)) for k, t in iter_hf_tensors(hf_dir) if k in mapping)
-    return save_checkpoint(
-        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
-    )
+    return ImportedParts(cfg, tensors, tokenizer, meta)
 
 
 def qwen_vl_config_dict(cfg: NevaConfig) -> dict[str, Any]:
@@ -380,3 +394,17 @@ def export_qwen_vl(
 
             load_tokenizer(ckpt).save_pretrained(str(tmp))
     return Path(out)
+
+
+def _round_trip(arch: NevaConfig) -> str:
+    config = qwen_vl_config_dict(arch)
+    neva_config_from_qwen_vl(config)
+    return config["model_type"]
+
+
+def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
+    # The chat template an export ships is the family's own (its tokenizer's): no neva template is written.
+    return export_qwen_vl(ckpt, out, **common)
+
+
+QWEN_VL_INTEROP = Interop("Qwen-VL", is_qwen_vl, import_qwen_vl, qwen_vl_parts, _export, _round_trip)

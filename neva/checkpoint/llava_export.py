@@ -32,24 +32,21 @@ from neva.checkpoint.llava_original import PROJECTOR_FILE
 from neva.checkpoint.neva_format import iter_tensors, load_config, load_metadata, load_tokenizer
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.constants import IMAGE_TOKEN
+from neva.families import decoder_spec
 from neva.models.config import NevaConfig
 from neva.typed import ConfigError
 
-# decoder family (neva's LLMConfig.family) → LLaVA's model type and class (llava_original.LLAVA_MODEL_TYPES, reversed)
-LLAVA_CLASSES = {"llama": ("llava_llama", "LlavaLlamaForCausalLM"), "mistral": ("llava_mistral", "LlavaMistralForCausalLM"),
-                 "qwen2": ("llava_qwen", "LlavaQwenForCausalLM")}  # fmt: skip
-HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 TOWER_DIR = "vision_tower"
 
 
 def llava_refusal(cfg: NevaConfig) -> str | None:
     """Why ``cfg`` has no LLaVA-original layout (None: it has one)."""
     family = cfg.llm.family
-    if family not in LLAVA_CLASSES:
+    if decoder_spec(family).llava is None:
         return f"decoder family {family!r} has no LLaVA model type (llava_llama / llava_mistral / llava_qwen)"
     if cfg.vision is None or cfg.projector is None:
         return "LLaVA's layout needs a vision tower and a projector"
-    if cfg.vision.kind != "clip":
+    if not cfg.vision.spec.llava_original:
         return f"a {cfg.vision.kind} tower: LLaVA's CLIPVisionTower loads CLIP towers only"
     if isinstance(cfg.vision.vision_select_layer, (list, tuple)):
         return "several concatenated tower layers: LLaVA's mm_vision_select_layer is one layer"
@@ -92,7 +89,7 @@ def tower_key(key: str) -> str:
 def llava_config(cfg: NevaConfig, tower: Path, meta: dict[str, Any], pad_token_id: int | None) -> dict[str, Any]:
     """LLaVA's ``config.json``: the decoder's HF config under LLaVA's model type, and the ``mm_*`` keys."""
     text = llava_config_dict(cfg, pad_token_id=pad_token_id)["text_config"]
-    model_type, cls = LLAVA_CLASSES[cfg.llm.family]
+    model_type, cls = decoder_spec(cfg.llm.family).llava
     v = cfg.vision
     return {
         **text,
@@ -177,7 +174,7 @@ def export_llava_original(
         config = llava_config(cfg, tower, meta, getattr(tokenizer, "pad_token_id", None))
         if decoder_only:
             config = llava_config_dict(cfg, pad_token_id=getattr(tokenizer, "pad_token_id", None))["text_config"]
-            config.update(model_type=cfg.llm.family, architectures=[HF_CLASSES[cfg.llm.family]])
+            config.update(model_type=cfg.llm.family, architectures=[decoder_spec(cfg.llm.family).causal_lm])
         if dtype is not None:
             config["torch_dtype"] = str(dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")

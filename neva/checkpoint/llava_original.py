@@ -51,13 +51,14 @@ from neva.checkpoint.llava_lora import NON_LORA, LlavaLora, is_llava_lora, read_
 from neva.checkpoint.neva_format import save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.constants import IMAGE_TOKEN
+from neva.families import DECODERS, MERGERS
 from neva.hf_local import LocalModelError, model_dir
 from neva.models.anyres import MERGE_TYPES, AnyResConfig, parse_aspect_ratio, parse_grid_pinpoints
-from neva.models.config import MERGERS, NevaConfig, ProjectorConfig, VisionConfig
+from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError
 
 # LLaVA model type → the decoder family whose HF config the rest of config.json is.
-LLAVA_MODEL_TYPES = {"llava_llama": "llama", "llava_mistral": "mistral", "llava_qwen": "qwen2"}
+LLAVA_MODEL_TYPES = {spec.llava[0]: name for name, spec in DECODERS.items() if spec.llava}
 # LLaVA-OneVision's released config.json says ``model_type: llava`` (llava-hf's type) with LLaVA-NeXT's architecture
 # names and ``mm_*`` keys (a llava-hf config has ``vision_config``, never ``mm_vision_tower``).
 LLAVA_ARCHITECTURES = {
@@ -228,7 +229,7 @@ def llava_next_siglip(
     Raises:
         ConfigError: SigLIP weights that hold neither the whole tower nor the one shortened by its last layer.
     """
-    if vision.kind != "siglip":
+    if not vision.spec.llava_next_shortened:
         return vision
     if mm.get("mm_vision_select_layer", -2) != -2:
         warnings.warn(

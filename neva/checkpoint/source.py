@@ -19,6 +19,7 @@ from neva.data.tokens import image_token_for, tokenizer_image_token_id
 from neva.hf_local import LocalModelError
 from neva.models.config import NevaConfig
 from neva.models.neva import NevaModel
+from neva.stages import stage_spec
 from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,24 +41,19 @@ class ModelSource:
     seed: int = 0
 
 
-# The stage a stage starts from when neither model.restore_from_path nor HF weights are given, and how its output is
-# named in the refusal.
-STARTS_FROM = {"finetune": ("pretrain", "pretrained"), "dpo": ("finetune", "finetuned")}
-
-
 def default_start(cfg: TrainConfig) -> str:
     """Where a stage without ``model.restore_from_path`` starts: ``<root>/<the stage before>/final`` beside the run's
     own ``exp_manager.exp_dir`` (``<root>/<stage>``), so that stages given one root (``exp_manager.exp_dir=<root>/
     pretrain``, then ``<root>/finetune``; ``NEVA_OUTPUT_ROOT``; the SLURM scripts) find each other; by default
     ``outputs/pretrain/final`` for a finetune, ``outputs/finetune/final`` for DPO."""
     root = os.path.dirname(os.path.normpath(cfg.exp_manager.exp_dir))
-    return os.path.join(root, STARTS_FROM[cfg.stage][0], "final")
+    return os.path.join(root, stage_spec(cfg.stage).starts_from[0], "final")
 
 
 def missing_start(restore: str, cfg: TrainConfig) -> ConfigError:
     """The refusal of a stage whose default starting point is not there: one line naming where it looked, and the
     default root's output of the stage before when that one exists (run without this run's exp_dir)."""
-    before, made = STARTS_FROM[cfg.stage]
+    before, made = stage_spec(cfg.stage).starts_from
     where = f"{restore} (beside exp_manager.exp_dir={cfg.exp_manager.exp_dir})"
     other = os.path.join(os.environ.get("NEVA_OUTPUT_ROOT", "outputs"), before, "final")
     if os.path.abspath(other) != os.path.abspath(restore) and neva_format.is_neva_checkpoint(other):
@@ -78,11 +74,11 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
     """Decide the starting point of a run.
 
     A stage without ``model.restore_from_path`` starts from the output of the stage before it beside its
-    ``exp_dir`` (``STARTS_FROM``, ``default_start``); a missing starting point is a config error that says what to
+    ``exp_dir`` (the stage spec's ``starts_from``, ``default_start``); a missing starting point is a config error that says what to
     run.
     """
     restore = cfg.model.restore_from_path
-    if restore is None and cfg.stage in STARTS_FROM and not cfg.model.mm_cfg.llm.from_pretrained:
+    if restore is None and stage_spec(cfg.stage).starts_from and not cfg.model.mm_cfg.llm.from_pretrained:
         restore = default_start(cfg)
         if not neva_format.is_neva_checkpoint(restore):
             raise missing_start(restore, cfg)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,9 +23,8 @@ from neva.data.collate import Collator
 from neva.data.config import DataConfig
 from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings
-from neva.data.front_ends import front_end_for
+from neva.data.front_ends import FrontEnd, front_end_for
 from neva.data.images import CallableImageSource, image_source_for
-from neva.data.qwen_images import QwenImageSpec, native_video_estimate
 from neva.data.records import is_shard_spec, load_records
 from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
@@ -140,13 +138,8 @@ class NevaDataModule:
                 f"model.data.conv_template={cfg.conv_template!r} writes images as {token}: {err} (a Qwen-VL "
                 "checkpoint takes model.data.conv_template=qwen2_vl or qwen3_vl)"
             ) from None
-        # LLM positions per image: after the projector (mlp_downsample merges 2×2 patches) when the model is known;
-        # a native-resolution tower has none fixed (its front end counts each image from its size).
-        fixed = vision is not None and not vision.is_native
-        image_tokens = vision.num_image_tokens if fixed else 0
         if model_config is not None:
             vision = model_config.vision
-            image_tokens = model_config.num_image_tokens if vision is not None and not vision.is_native else 0
             if model_config.image_token_id != self.image_token_id:
                 raise ValueError(
                     f"model image_token_id {model_config.image_token_id} != tokenizer's {IMAGE_TOKEN} id "
@@ -161,6 +154,7 @@ class NevaDataModule:
         if max_len is not None and self.seq_length > max_len:
             raise ValueError(f"model.data.seq_length {self.seq_length} exceeds the model's max_seq_len {max_len}")
         self.vision = vision
+        self.front_end = front_end_for(vision, model_config, cfg.image_aspect_ratio, cfg.min_pixels, cfg.max_pixels)
         self.micro_batch_size = micro_batch_size
         self.val_micro_batch_size = val_micro_batch_size or micro_batch_size
         self.dp_rank, self.dp_world, self.seed = dp_rank, dp_world, seed
@@ -171,12 +165,12 @@ class NevaDataModule:
             tokenizer=tokenizer,
             template=get_template(cfg.conv_template, tokenizer, cfg.use_chat_template, cfg.system_prompt),
             image_token_id=self.image_token_id,
-            num_image_tokens=image_tokens,
+            num_image_tokens=self.front_end.image_tokens,
             max_length=self.seq_length,
             image_token_placement=cfg.image_token_placement,
             system_prompt=cfg.system_prompt,
             tokenization=cfg.tokenization,
-            **self._video_settings(cfg, model_config),
+            **self._video_settings(cfg, model_config, self.front_end),
         )
         model_anyres = getattr(model_config, "anyres", None)
         anyres = anyres_on(cfg.image_aspect_ratio, getattr(model_anyres, "grid_pinpoints", None))
@@ -186,7 +180,6 @@ class NevaDataModule:
                 f"{parse_aspect_ratio(cfg.image_aspect_ratio)} tiles' features, the model's AnyRes to "
                 f"{model_anyres.max_num_patches} (max_num_patches; None: no pooling)"
             )
-        self.front_end = front_end_for(vision, model_config, cfg.image_aspect_ratio, cfg.min_pixels, cfg.max_pixels)
         # An M-RoPE decoder reads three position axes in every batch, text-only ones too (one shape for every stage).
         mrope = model_config is not None and model_config.llm.mrope_section is not None
         self.collator = Collator(
@@ -200,7 +193,7 @@ class NevaDataModule:
         self._pending_state: dict[str, Any] | None = None
 
     @staticmethod
-    def _video_settings(cfg: DataConfig, model_config: NevaConfig | None) -> dict[str, Any]:
+    def _video_settings(cfg: DataConfig, model_config: NevaConfig | None, front_end: FrontEnd) -> dict[str, Any]:
         """``EncoderSettings``' video fields: records with videos are skipped (``video_unsupported``) when the model
         takes no video, unless ``media_type: video`` says video is what this run is for."""
         video = model_config is not None and model_config.takes_video
@@ -208,20 +201,17 @@ class NevaDataModule:
             raise ValueError("model.data.media_type=video needs a model that takes video (model.video is not set)")
         if not video:
             return {}
-        if model_config.native_video:  # each video's count follows from its frames' size (``NativeImages``)
-            spec = QwenImageSpec.for_tower(model_config.vision, cfg.min_pixels, cfg.max_pixels)
-            return dict(video_tokens=partial(native_video_estimate, spec), video_token_id=model_config.video_token_id,
-                        num_frames=cfg.num_frames)  # fmt: skip
-        return dict(video_tokens=model_config.video_tokens, video_token_id=model_config.video_token_id,
-                    num_frames=cfg.num_frames)  # fmt: skip
+        # A front end that makes a video's inputs itself counts its positions from its frames' size (``NativeImages``).
+        tokens = front_end.video_tokens if front_end.reads_videos else model_config.video_tokens
+        return dict(video_tokens=tokens, video_token_id=model_config.video_token_id, num_frames=cfg.num_frames)
 
     def _video_source(self, folder: str | None) -> VideoSource | None:
         """Videos under ``folder``, else ``video_folder``, else ``image_folder`` when it is a directory."""
         if self.settings.video_tokens is None:
             return None
         image_dir = self.cfg.image_folder if self.cfg.image_folder and os.path.isdir(self.cfg.image_folder) else None
-        # A native tower's front end makes the frames its patches itself (``NativeImages``).
-        vision = None if self.vision is not None and self.vision.is_native else self.vision
+        # A front end that reads videos makes the frames its own inputs (``NativeImages``: temporal patches).
+        vision = None if self.front_end.reads_videos else self.vision
         return VideoSource(folder or self.cfg.video_folder or image_dir, self.cfg.video_limits, vision)
 
     # -- datasets -------------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ how many decoder positions each takes, and which sample fields lay their feature
 ``FixedImages``: one tower input per image at the tower's resolution, the model's fixed count each (LLaVA-1.5).
 ``TiledImages``: LLaVA-NeXT's AnyRes: an image's tiles, its count from its size, its feature index as sample fields
 (``neva.models.anyres``). ``NativeImages``: a native-resolution tower (Qwen-VL): each image's own patch grid under
-the pixel budget, its count from its size, the grid and the sample's M-RoPE positions as sample fields. A new tower kind with its own count per image is one more class here and its rule in
-``front_end_for``; the dataset calls ``encode`` and ``record_tokens`` and nothing else.
+the pixel budget, its count from its size, the grid and the sample's M-RoPE positions as sample fields. A tower's
+family names its front end's factory (``TowerSpec.front_end``); the dataset calls ``encode`` and ``record_tokens``
+and nothing else.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from neva.data.qwen_images import (
     image_grid,
     image_patches,
     image_token_count,
+    native_video_estimate,
     video_patches,
     video_second_per_grid,
 )
 from neva.data.records import record_images
 from neva.data.video import VIDEO, tag_spans
 from neva.data.video_decode import VideoError
+from neva.families import part
 from neva.models.anyres import anyres_on
-from neva.models.mrope import HF_TOKENS_PER_SECOND, NATIVE_VIDEO_FAMILIES, VIDEO_RULES, mrope_positions
+from neva.models.mrope import HF_TOKENS_PER_SECOND, mrope_positions
 
 
 @dataclass
@@ -50,6 +53,12 @@ class EncodedImages:
 class FrontEnd(Protocol):
     size: int
     processor: ImageProcessor | AnyResProcessor
+    # An image's decoder positions where every image takes the same count (after the projector); 0 where each image
+    # is counted from its size.
+    image_tokens: int
+    # Whether the front end makes a record's videos its own tower inputs (``encode``'s ``videos``), and then a
+    # video's positions from its frames (``video_tokens(frames)``); else videos are the dataset's pooled frames.
+    reads_videos: bool
 
     def encode(
         self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
@@ -73,9 +82,14 @@ class FrontEnd(Protocol):
 class FixedImages:
     """One tower input per image; the text is encoded first (its tags say which images, in which order)."""
 
-    def __init__(self, processor: ImageProcessor) -> None:
+    reads_videos = False
+
+    # ``image_tokens``: the count the data module encodes with (``front_end_for``); a dataset built by hand takes its
+    # settings' own and leaves it 0.
+    def __init__(self, processor: ImageProcessor, image_tokens: int = 0) -> None:
         self.processor = processor
         self.size = processor.size
+        self.image_tokens = image_tokens
 
     def encode(
         self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
@@ -95,9 +109,12 @@ class TiledImages:
     """AnyRes: an image's positions follow from its size, so the images are decoded before the text is encoded
     (their count checks and paths are then checked by the decode, before the conversation's)."""
 
-    def __init__(self, processor: AnyResProcessor) -> None:
+    reads_videos = False
+
+    def __init__(self, processor: AnyResProcessor, image_tokens: int = 0) -> None:
         self.processor = processor
         self.size = processor.size
+        self.image_tokens = image_tokens  # a tile's (the data's encoder counts an image from its layout)
 
     def encode(
         self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
@@ -124,19 +141,22 @@ class NativeImages:
     ``min_pixels`` / ``max_pixels`` (``neva.data.qwen_images``), taking t·h·w / merge² positions; the images are
     decoded before the text is encoded (their counts follow from their sizes). The sample carries each image's grid
     (``image_grid``, the tower's and the splice's) and its ``[3, S]`` M-RoPE positions (``neva.models.mrope``), found
-    here per sample so that a packed row holds each sample's own. A model that takes video (``native_video``) has a
+    here per sample so that a packed row holds each sample's own. A model that takes video (``patch_video``) has a
     record's decoded videos as temporal patches (``video_patches``: frames at the image budget, grouped
     ``temporal_patch_size`` at a time), each ``<video>`` tag's positions given the video token, a ``video_grid`` per
     video and, for Qwen2.5-VL, the videos' ``second_per_grid_ts`` in the positions."""
 
     size = 0
+    image_tokens = 0
+    reads_videos = True
 
     def __init__(self, model: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> None:
         self.processor = QwenImageSpec.for_tower(model.vision, min_pixels, max_pixels)
         self.family = model.vision.kind
+        self.video_rule = model.vision.spec.video
         self.image_token_id = model.image_token_id
         # A token no sample holds where the model takes no video: the rule then places images only.
-        self.video_token_id = model.video_token_id if model.native_video else -1
+        self.video_token_id = model.video_token_id if model.patch_video else -1
         self.tokens_per_second = model.vision.tokens_per_second
         if self.tokens_per_second is None:
             self.tokens_per_second = HF_TOKENS_PER_SECOND
@@ -172,8 +192,12 @@ class NativeImages:
         pixels = torch.cat([p for p, _ in processed]) if processed else self.empty
         return EncodedImages(enc, tags, pixels, len(processed), {**fields, "position_ids": positions})
 
+    def video_tokens(self, frames: int) -> int:
+        """A video's positions estimated from its frame count before it is decoded (``native_video_estimate``)."""
+        return native_video_estimate(self.processor, frames)
+
     def _videos(self, videos: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if videos and self.family not in NATIVE_VIDEO_FAMILIES:
+        if videos and not (self.video_rule is not None and self.video_rule.served):
             raise VideoError(
                 "video_unsupported",
                 f"{len(videos)} video(s): {self.family} video (per-frame timestamp text) is not implemented yet",
@@ -192,7 +216,7 @@ class NativeImages:
             "video_frames": torch.tensor([len(v.frames) for v in videos], dtype=torch.long),
             "video_positions": at,
         }
-        if VIDEO_RULES[self.family].timed:  # Qwen2.5-VL: temporal positions in real time
+        if self.video_rule.timed:  # Qwen2.5-VL: temporal positions in real time
             fields["second_per_grid_ts"] = [
                 video_second_per_grid(self.processor, len(v.indices), v.header.total, v.header.rate) for v in videos
             ]
@@ -220,6 +244,8 @@ class NoImages:
 
     size = 0
     processor = None
+    image_tokens = 0
+    reads_videos = False
 
     def encode(
         self, record: dict[str, Any], encode: Any, image_source: ImageSource, videos: list[Any] = ()
@@ -239,18 +265,32 @@ class NoImages:
 def front_end_for(
     vision: Any, model: Any, image_aspect_ratio: str, min_pixels: int | None = None, max_pixels: int | None = None
 ) -> FrontEnd:
-    """The front end of a model (``NevaConfig``, or None where only its ``vision`` tower config is known): its own
-    resolution for a native tower (within ``min_pixels`` / ``max_pixels``; None: the tower kind's), tiled where its
-    AnyRes and the data's aspect ratio ask for it (``anyres_on``), fixed tiles at the tower's resolution otherwise,
-    none without a tower."""
+    """The front end of a model (``NevaConfig``, or None where only its ``vision`` tower config is known): the one its
+    tower's family names (``TowerSpec.front_end``; a patch-grid tower's pixel budget ``min_pixels`` / ``max_pixels``,
+    None: the family's), none without a tower."""
     if vision is None:
         return NoImages()
-    if vision.is_native:
-        return NativeImages(model, min_pixels, max_pixels)
+    return part(vision.spec.front_end)(vision, model, image_aspect_ratio, min_pixels, max_pixels)
+
+
+def native_images(
+    vision: Any, model: Any, image_aspect_ratio: str, min_pixels: int | None = None, max_pixels: int | None = None
+) -> NativeImages:
+    """A patch-grid tower's front end (the Qwen families'): each image at its own grid under the pixel budget."""
+    return NativeImages(model, min_pixels, max_pixels)
+
+
+def fixed_or_tiled(
+    vision: Any, model: Any, image_aspect_ratio: str, min_pixels: int | None = None, max_pixels: int | None = None
+) -> FixedImages | TiledImages:
+    """A fixed-size tower's front end (CLIP's, SigLIP's): tiled where the model's AnyRes and the data's aspect ratio
+    ask for it (``anyres_on``), fixed tiles at the tower's resolution otherwise."""
     pinpoints = getattr(getattr(model, "anyres", None), "grid_pinpoints", None)
+    # After the projector (mlp_downsample merges 2×2 patches) when the model is known.
+    tokens = vision.num_image_tokens if model is None else model.num_image_tokens
     if anyres_on(image_aspect_ratio, pinpoints):
-        return TiledImages(AnyResProcessor(model))
-    return FixedImages(ImageProcessor(vision, image_aspect_ratio))
+        return TiledImages(AnyResProcessor(model), tokens)
+    return FixedImages(ImageProcessor(vision, image_aspect_ratio), tokens)
 
 
 def _stack(pixels: list[torch.Tensor], size: int) -> torch.Tensor:

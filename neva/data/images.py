@@ -1,6 +1,6 @@
 """Image decoding and per-tower preprocessing, pixel-identical to the tower's transformers image processor.
 
-Each tower kind brings its own fit to the square input (``FITS``):
+Each tower family brings its own fit to the square input (``TowerSpec.fit``, ``neva.families``):
 
 * CLIP (``CLIPImageProcessor``): RGB → bicubic resize of the shortest edge to ``image_size`` (PIL, long edge
   ``int(size*long/short)``) → centre crop ``image_size`` × ``image_size`` (top/left = ``(dim - size) // 2``).
@@ -30,6 +30,7 @@ from PIL import Image
 
 from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.errors import SampleError
+from neva.families import part
 from neva.models.config import VisionConfig
 
 
@@ -53,19 +54,16 @@ def resize_square(image: Image.Image, size: int) -> np.ndarray:
     return np.asarray(image.resize((size, size), resample=Image.BICUBIC))
 
 
-FITS: dict[str, Callable[[Image.Image, int], np.ndarray]] = {"clip": resize_shortest_and_crop, "siglip": resize_square}
-"""Per tower kind (``VisionConfig.kind``): RGB image → uint8 ``[size, size, 3]`` as its HF image processor."""
-
-
 class ImageProcessor:
-    """One tower's preprocessing (``FITS[vision.kind]``, its mean as fill colour) for one ``image_aspect_ratio``."""
+    """One tower's preprocessing (its family's ``fit``: RGB image → uint8 ``[size, size, 3]`` as its HF image
+    processor; its mean as fill colour) for one ``image_aspect_ratio``."""
 
     def __init__(self, vision: VisionConfig, aspect_ratio: str = "square") -> None:
         if aspect_ratio not in ("square", "pad", "keep"):
             raise ValueError(f"image_aspect_ratio must be square, pad or keep, got {aspect_ratio!r}")
         self.size = vision.image_size
         self.aspect_ratio = aspect_ratio
-        self.fit = FITS[vision.kind]
+        self.fit: Callable[[Image.Image, int], np.ndarray] = part(vision.spec.fit)
         # LLaVA's expand2square fills with tuple(int(x * 255) for x in image_mean): truncation, not rounding.
         self.fill = tuple(int(x * 255) for x in vision.image_mean)
 

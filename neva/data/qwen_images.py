@@ -23,14 +23,6 @@ from PIL import Image
 from neva.data.images import ImageError
 from neva.models.config import VisionConfig
 
-# Per tower kind, (min_pixels, max_pixels) when the config gives none: Qwen2-VL's and Qwen2.5-VL's are
-# ``Qwen2VLImageProcessor``'s defaults (56·56, 28·28·1280; their hub preprocessor configs raise max_pixels to
-# 12845056); Qwen3-VL's are its hub preprocessor config's (``size``: shortest_edge 65536, longest_edge 16777216).
-DEFAULT_PIXELS = {
-    "qwen2_vl": (56 * 56, 28 * 28 * 1280),
-    "qwen2_5_vl": (56 * 56, 28 * 28 * 1280),
-    "qwen3_vl": (65536, 16777216),
-}
 MAX_ASPECT_RATIO = 200  # smart_resize refuses longer sides than this many times the shorter one (as Qwen's)
 
 
@@ -46,10 +38,11 @@ class QwenImageSpec:
 
     @classmethod
     def for_tower(cls, cfg: VisionConfig, min_pixels: int | None = None, max_pixels: int | None = None):
-        """The spec of tower ``cfg`` (a native kind); ``min_pixels`` / ``max_pixels`` None: the kind's defaults."""
-        if not cfg.is_native:
+        """The spec of tower ``cfg`` (a native kind); ``min_pixels`` / ``max_pixels`` None: its family's defaults
+        (``TowerSpec.pixels``)."""
+        if not cfg.spec.patch_grid:
             raise ValueError(f"a {cfg.kind} tower reads fixed-size images, not native-resolution patches")
-        low, high = DEFAULT_PIXELS[cfg.kind]
+        low, high = cfg.spec.pixels
         return cls(
             cfg.patch_size,
             cfg.temporal_patch_size,

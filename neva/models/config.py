@@ -7,12 +7,12 @@ typo in a checkpoint's ``config.json`` or a Hydra override fails loudly instead 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from neva.constants import CLIP_MEAN, CLIP_STD, SIGLIP_MEAN, SIGLIP_STD
+from neva.families import MERGERS, decoder_spec, merger_spec, tower_spec
+from neva.families.spec import TowerSpec
 from neva.models.anyres import AnyResConfig, image_token_count
 from neva.models.video import VideoConfig, video_token_count
 from neva.typed import build
@@ -30,31 +30,13 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-# Per tower kind: the activations its MLP may use, its class tokens, its image statistics, LayerNorm epsilon and
-# selected hidden state when none are given, and whether it reads images at their own resolution (``native``: a
-# variable number of patches per image, each image's ``grid`` given with its pixels; neva/models/native_vision.py).
-# The Qwen towers' statistics are their HF processors' (Qwen2-VL / Qwen2.5-VL: OpenAI CLIP's; Qwen3-VL's hub
-# preprocessor_config.json: 0.5), their norms' epsilon is 1e-6, and their merger reads the last block's output.
-TOWER_KINDS = {
-    "clip": dict(acts=("quick_gelu", "gelu"), class_tokens=1, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-5, select=-2),
-    "siglip": dict(acts=("gelu_pytorch_tanh",), class_tokens=0, mean=SIGLIP_MEAN, std=SIGLIP_STD, eps=1e-5, select=-2),
-    "qwen2_vl": dict(
-        acts=("quick_gelu",), class_tokens=0, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-6, select=-1, native=True
-    ),
-    "qwen2_5_vl": dict(acts=("silu",), class_tokens=0, mean=CLIP_MEAN, std=CLIP_STD, eps=1e-6, select=-1, native=True),
-    "qwen3_vl": dict(
-        acts=("gelu_pytorch_tanh",), class_tokens=0, mean=SIGLIP_MEAN, std=SIGLIP_STD, eps=1e-6, select=-1, native=True
-    ),
-}
-
-
 @dataclass
 class VisionConfig:
     """ViT vision encoder (HF ``CLIPVisionConfig`` / ``SiglipVisionConfig`` fields under LLaVA/NeMo names).
 
     ``kind`` picks the tower (``neva.models.towers``): ``clip`` (class token, pre-LN, quick-GELU) or ``siglip``
     (SigLIP / SigLIP2 at a fixed resolution: no class token, no pre-LN, tanh-GELU, biased patch embedding), or a
-    native-resolution Qwen tower (``is_native``; HF ``Qwen2VLVisionConfig`` & co. under these names: ``depth`` →
+    native-resolution Qwen tower (its family's ``patch_grid``; HF ``Qwen2VLVisionConfig`` & co. under these names: ``depth`` →
     ``num_layers``, ``embed_dim`` / ``hidden_size`` → ``hidden_size``, Qwen2-VL's ``mlp_ratio`` → ``intermediate_size
     = hidden_size * mlp_ratio``; ``out_hidden_size`` is the merger's ``ProjectorConfig.output_size``):
 
@@ -89,7 +71,7 @@ class VisionConfig:
     vision_select_feature: str = "patch"
     image_mean: tuple[float, float, float] | None = None  # None: the tower kind's (CLIP's, or SigLIP's 0.5)
     image_std: tuple[float, float, float] | None = None
-    # Native-resolution towers only (``is_native``; HF Qwen vision config names). A patch is ``temporal_patch_size``
+    # Native-resolution towers only (``spec.patch_grid``; HF Qwen vision config names). A patch is ``temporal_patch_size``
     # frames × ``patch_size``²; the merger folds ``spatial_merge_size``² neighbouring patches into one LLM token.
     temporal_patch_size: int = 2
     spatial_merge_size: int = 2
@@ -102,23 +84,19 @@ class VisionConfig:
     tokens_per_second: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in TOWER_KINDS:
-            raise ValueError(f"vision kind must be one of {sorted(TOWER_KINDS)}, got {self.kind!r}")
-        kind = TOWER_KINDS[self.kind]
-        self.image_mean = kind["mean"] if self.image_mean is None else tuple(self.image_mean)
-        self.image_std = kind["std"] if self.image_std is None else tuple(self.image_std)
-        self.layer_norm_eps = kind["eps"] if self.layer_norm_eps is None else self.layer_norm_eps
-        self.vision_select_layer = kind["select"] if self.vision_select_layer is None else self.vision_select_layer
+        spec = tower_spec(self.kind)
+        self.image_mean = spec.mean if self.image_mean is None else tuple(self.image_mean)
+        self.image_std = spec.std if self.image_std is None else tuple(self.image_std)
+        self.layer_norm_eps = spec.eps if self.layer_norm_eps is None else self.layer_norm_eps
+        self.vision_select_layer = spec.select if self.vision_select_layer is None else self.vision_select_layer
         # The patch convolution (no padding) drops a remainder, as HF's does: SigLIP so400m/14 at 384 px sees 27×27
         # patches (378 px); the image is still resized to image_size.
         if self.image_size < self.patch_size:
             raise ValueError(f"image_size {self.image_size} is smaller than patch_size {self.patch_size}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"vision hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.hidden_act not in kind["acts"]:
-            raise ValueError(
-                f"{self.kind} vision hidden_act must be {' or '.join(kind['acts'])}, got {self.hidden_act!r}"
-            )
+        if self.hidden_act not in spec.acts:
+            raise ValueError(f"{self.kind} vision hidden_act must be {' or '.join(spec.acts)}, got {self.hidden_act!r}")
         if self.vision_select_feature not in ("patch", "cls_patch"):
             raise ValueError(f"vision_select_feature must be patch or cls_patch, got {self.vision_select_feature!r}")
         if self.vision_select_feature == "cls_patch" and not self.class_tokens:
@@ -126,40 +104,16 @@ class VisionConfig:
         for layer in self.select_layers:
             if not -(self.num_layers + 1) <= layer <= self.num_layers:
                 raise ValueError(f"vision_select_layer {layer} out of range for {self.num_layers} layers")
-        if self.is_native:
-            self._check_native()
-
-    def _check_native(self) -> None:
-        if self.select_indices != [self.num_layers] or self.vision_select_feature != "patch":
-            raise ValueError(
-                f"a {self.kind} tower's merger reads its last block: vision_select_layer must be -1 and "
-                f"vision_select_feature patch, got {self.vision_select_layer} / {self.vision_select_feature}"
-            )
-        if (self.hidden_size // self.num_heads) % 4:
-            raise ValueError(
-                f"{self.kind}: head size {self.hidden_size // self.num_heads} must be a multiple of 4 (2-D rotary)"
-            )
-        side = math.isqrt(self.num_position_embeddings)
-        if self.kind == "qwen3_vl" and side * side != self.num_position_embeddings:
-            raise ValueError(f"qwen3_vl num_position_embeddings {self.num_position_embeddings} is not a square")
-        for name in ("fullatt_block_indexes", "deepstack_visual_indexes"):
-            bad = [i for i in getattr(self, name) if not 0 <= i < self.num_layers]
-            if bad:
-                raise ValueError(f"vision {name} {bad} outside the {self.num_layers} layers")
-        if self.kind == "qwen2_5_vl" and self.window_size % (self.spatial_merge_size * self.patch_size):
-            raise ValueError(
-                f"qwen2_5_vl window_size {self.window_size} is not a multiple of spatial_merge_size × patch_size "
-                f"({self.spatial_merge_size * self.patch_size})"
-            )
+        if spec.check is not None:  # the family's own rules (a merger's input, rotary, windows, position grid)
+            spec.check(self)
 
     @property
-    def is_native(self) -> bool:
-        """Whether the tower reads each image at its own resolution (a variable number of patches per image, the
-        image's ``grid`` given with its pixels): the capability others branch on, never the kind's name."""
-        return TOWER_KINDS[self.kind].get("native", False)
+    def spec(self) -> TowerSpec:
+        """The tower's family (``neva.families``): what generic code asks instead of the kind's name."""
+        return tower_spec(self.kind)
 
     def _fixed(self, what: str) -> None:
-        if self.is_native:
+        if self.spec.patch_grid:
             raise ValueError(
                 f"vision {what}: a {self.kind} tower has no fixed count per image (native resolution); count from "
                 "the image's grid (neva.data.qwen_images)"
@@ -199,7 +153,7 @@ class VisionConfig:
     @property
     def class_tokens(self) -> int:
         """Class tokens the tower prepends to its patches (CLIP 1, SigLIP 0)."""
-        return TOWER_KINDS[self.kind]["class_tokens"]
+        return self.spec.class_tokens
 
     @property
     def seq_len(self) -> int:
@@ -264,11 +218,10 @@ class LLMConfig:
     mrope_interleaved: bool = False
 
     def __post_init__(self) -> None:
-        if self.family not in LLM_FAMILIES:
-            raise ValueError(f"LLM family must be one of {sorted(LLM_FAMILIES)}, got {self.family!r}")
+        spec = decoder_spec(self.family)
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive number of tokens or None, got {self.sliding_window}")
-        if self.family in ("mixtral", "qwen3_moe") and not self.is_moe:
+        if spec.moe and not self.is_moe:
             raise ValueError(f"LLM family {self.family} needs num_moe_experts")
         self._check_moe()
         if self.num_kv_heads is None:
@@ -324,25 +277,14 @@ class LLMConfig:
         return self.num_moe_experts is not None
 
 
-LLM_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
-
 _PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample)$")
-
-# The native towers' patch mergers (neva/models/projector_merger.py), per projector type: the tower kind it follows,
-# the norm over each patch before the merge (``layer``: LayerNorm, ``rms``: RMSNorm; eps 1e-6 as HF), and whether
-# DeepStack mergers (LayerNorm after the merge) sit beside it, one per ``VisionConfig.deepstack_visual_indexes``.
-MERGERS = {
-    "qwen2_vl_merger": dict(tower="qwen2_vl", norm="layer", deepstack=False),
-    "qwen2_5_vl_merger": dict(tower="qwen2_5_vl", norm="rms", deepstack=False),
-    "qwen3_vl_merger": dict(tower="qwen3_vl", norm="layer", deepstack=True),
-}
 
 
 @dataclass
 class ProjectorConfig:
     """Vision→LLM projector: ``linear``, ``identity``, ``mlp{N}x_gelu`` (LLaVA's ``mm_projector_type``) or
     ``mlp_downsample`` (NeMo's, from VILA: 2×2 neighbouring patches merged into one token, LayerNorm, 2-layer MLP),
-    or a native tower's patch merger (``MERGERS``: norm, ``spatial_merge_size``² consecutive patches as one vector,
+    or a native tower's patch merger (``neva.families.MERGERS``: norm, ``spatial_merge_size``² consecutive patches as one vector,
     Linear, GELU, Linear; HF ``Qwen2VL`` ``PatchMerger`` & co.)."""
 
     type: str = "mlp2x_gelu"
@@ -354,8 +296,9 @@ class ProjectorConfig:
     deepstack_mergers: int = 0
 
     def __post_init__(self) -> None:
-        if self.type in MERGERS:
-            if self.deepstack_mergers and not MERGERS[self.type]["deepstack"]:
+        merger = merger_spec(self.type)
+        if merger is not None:
+            if self.deepstack_mergers and not merger.merger.deepstack:
                 raise ValueError(f"projector {self.type} has no DeepStack mergers (deepstack_mergers must be 0)")
             return
         if not _PROJECTOR_TYPE.match(self.type):
@@ -385,6 +328,14 @@ class ProjectorConfig:
         if self.type == "mlp_downsample":
             return (-(-vision.grid // 2)) ** 2
         return vision.num_image_tokens
+
+
+def merger_fields(vision: VisionConfig) -> dict[str, int]:
+    """The ``ProjectorConfig`` fields a tower's patch merger takes from the tower (its merge, one DeepStack merger per
+    DeepStack block); none for a tower whose family has no merger."""
+    if vision.spec.merger is None:
+        return {}
+    return dict(spatial_merge_size=vision.spatial_merge_size, deepstack_mergers=len(vision.deepstack_visual_indexes))
 
 
 @dataclass
@@ -445,11 +396,11 @@ class NevaConfig:
 
     def _check_merger(self) -> None:
         """A native tower takes its own merger, and a merger its tower: the merge and DeepStack counts agree."""
-        merger = MERGERS.get(self.projector.type)
-        if merger is None and not self.vision.is_native:
+        merger = merger_spec(self.projector.type)
+        if merger is None and not self.vision.spec.patch_grid:
             return
-        if merger is None or merger["tower"] != self.vision.kind:
-            pairs = ", ".join(f"{m['tower']}: {t}" for t, m in MERGERS.items())
+        if merger is None or merger.kind != self.vision.kind:
+            pairs = ", ".join(f"{m.kind}: {t}" for t, m in MERGERS.items())
             raise ValueError(
                 f"vision kind {self.vision.kind} and projector type {self.projector.type} do not go together (a "
                 f"native tower takes its merger: {pairs})"
@@ -459,7 +410,7 @@ class NevaConfig:
                 f"projector spatial_merge_size {self.projector.spatial_merge_size} != vision spatial_merge_size "
                 f"{self.vision.spatial_merge_size}"
             )
-        if merger["deepstack"] and self.projector.deepstack_mergers != len(self.vision.deepstack_visual_indexes):
+        if merger.merger.deepstack and self.projector.deepstack_mergers != len(self.vision.deepstack_visual_indexes):
             raise ValueError(
                 f"projector deepstack_mergers {self.projector.deepstack_mergers} != the vision tower's "
                 f"{len(self.vision.deepstack_visual_indexes)} deepstack_visual_indexes"
@@ -496,20 +447,20 @@ class NevaConfig:
         return self.image_token_id if self.video_token_id is None else self.video_token_id
 
     @property
-    def native_video(self) -> bool:
+    def patch_video(self) -> bool:
         """A native-resolution model takes video (frames as temporal patches through the same tower and merger, no
         frame pooling) exactly when it has its own video token id (HF ``video_token_id``, set by the import)."""
         return (
             self.vision is not None
-            and self.vision.is_native
+            and self.vision.spec.video is not None
             and self.video_token_id is not None
             and self.video_token_id != self.image_token_id
         )
 
     @property
     def takes_video(self) -> bool:
-        """LLaVA-style pooled frames (``video``) or a native model's temporal patches (``native_video``)."""
-        return self.video is not None or self.native_video
+        """LLaVA-style pooled frames (``video``) or a native model's temporal patches (``patch_video``)."""
+        return self.video is not None or self.patch_video
 
     def video_tokens(self, frames: int) -> int:
         """Decoder positions of one video of ``frames`` sampled frames (``neva.models.video.video_token_count``)."""

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from neva.models.features import VisualFeatures
 from neva.models.media import MODALITIES
-from neva.models.native_vision import NativeFeatures, grid_rows
+from neva.models.native_vision import grid_rows
 
 # gather(t, dim, sizes): every rank's ``t`` concatenated along ``dim`` in rank order; ``sizes[r]`` is rank r's extent
 # along ``dim`` (ranks may differ, e.g. a share of the images).
@@ -92,14 +93,14 @@ class ContextShard:
 
     def encode_native_shared(
         self,
-        encode: Callable[[torch.Tensor, torch.Tensor], NativeFeatures],
+        encode: Callable[[torch.Tensor, torch.Tensor], VisualFeatures],
         pixels: torch.Tensor,
         grid: torch.Tensor,
         merge: int,
         modality: str,
-    ) -> NativeFeatures:
+    ) -> VisualFeatures:
         """``encode(pixels, grid)`` of a native-resolution tower and merger (``[L, C·T·P·P]`` patches of the items of
-        ``grid`` ``[N, 3]``, host ints) → ``NativeFeatures`` of ``L / merge²`` rows, each rank encoding a contiguous run
+        ``grid`` ``[N, 3]``, host ints) → ``VisualFeatures`` of ``L / merge²`` rows, each rank encoding a contiguous run
         of whole items (``native_shares``: balanced by patches) and every output (``main`` and each DeepStack one)
         gathered in item order. Exact: the tower and merger never mix two items (attention within frames or windows,
         positions per item)."""
@@ -111,7 +112,7 @@ class ContextShard:
         start = sum(patches[:first])
         mine = encode(pixels[start : start + per_rank[self.rank]], grid[first : first + counts[self.rank]])
         sizes = [n // merge**2 for n in per_rank]
-        return NativeFeatures(self.gather(mine.main, 0, sizes), [self.gather(d, 0, sizes) for d in mine.deepstack])
+        return VisualFeatures(self.gather(mine.main, 0, sizes), [self.gather(d, 0, sizes) for d in mine.deepstack])
 
     def local_features(self, modality: str, feats: torch.Tensor) -> torch.Tensor:
         """The rows of ``feats`` (``[M, D]``, every position of ``modality``) whose positions this rank holds."""

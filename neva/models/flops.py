@@ -113,7 +113,7 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
 
 def _rows(name: str, shape: tuple[int, ...], cfg: NevaConfig) -> tuple[str, int] | None:
     """``(per, rows)``: the rows a weight multiplies per unit, or None for a parameter that is no matmul weight."""
-    native = cfg.vision is not None and cfg.vision.is_native
+    native = cfg.vision is not None and cfg.vision.spec.patch_grid  # counted per patch, not per image
     if name == "vision.patch_embed.weight":
         return "image", 1 if native else cfg.vision.num_patches
     if ".experts." in name:  # MoE experts [E, ., .]: a token runs k of the E (active FLOPs)
@@ -198,9 +198,9 @@ def _tower_square(vision, layer: int, grid: tuple[int, int] | None = None) -> fl
     """Rows × keys of a tower block's attention core per unit: a fixed-size tower's whole image; a native tower's per
     patch (its window's patches, or the nominal image's in a full block; of the image of ``grid`` patches when
     given)."""
-    if not vision.is_native:
+    if not vision.spec.patch_grid:
         return vision.seq_len**2
-    windowed = vision.kind == "qwen2_5_vl" and layer not in vision.fullatt_block_indexes
+    windowed = vision.spec.window_attention and layer not in vision.fullatt_block_indexes
     if grid is not None:
         return window_square(vision, grid) if windowed else grid[0] * grid[1]
     if windowed:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import torch
 
@@ -30,6 +31,18 @@ from neva.models.config import NevaConfig
 from neva.models.media import Media, MediaInputs
 from neva.models.neva import NevaModel
 from neva.models.video import find_video_positions
+
+
+class Lockstep(Protocol):
+    """Processes that decode different prompts but must run the same number of forwards (each forward is a collective
+    among them: sharded parameters gathered, tokens exchanged between experts). The caller that knows them gives
+    this; ``generate`` only asks it two things."""
+
+    def fewest(self, n: int) -> int:
+        """The smallest ``n`` among the peers (the step budget every one of them can afford)."""
+
+    def all_done(self, done: bool) -> bool:
+        """Whether every peer is done (this one's ``done`` given)."""
 
 
 @dataclass
@@ -49,6 +62,8 @@ class GenerationConfig:
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     pad_token_id: int = 0  # fed for left padding and after a row has stopped; never attended to by real tokens
+    # Peers that must run the same forwards as this process (``Lockstep``); None: this process decodes alone.
+    lockstep: Lockstep | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -186,6 +201,8 @@ def generate(
     if cfg.stop_strings and decode is None:
         raise ValueError("stop_strings need a decode function")
     cfg = _fit_context(cfg, max((len(p) for p in prompts), default=0), model.cfg.llm.max_seq_len)
+    if cfg.lockstep is not None:  # every peer stops at the same step when none has stopped before
+        cfg = replace(cfg, max_new_tokens=cfg.lockstep.fewest(cfg.max_new_tokens))
     device = next(model.parameters()).device
     batch = left_pad(prompts, cfg.max_new_tokens, cfg.pad_token_id, device, position_ids)
     b, width = batch.input_ids.shape
@@ -224,8 +241,9 @@ def generate(
             for row in (~done).nonzero().flatten().tolist():
                 if any(s in decode(out[row]) for s in cfg.stop_strings):
                     done[row] = True
-        if bool(done.all()) or step == cfg.max_new_tokens - 1:
-            break
+        finished = bool(done.all()) or step == cfg.max_new_tokens - 1
+        if cfg.lockstep.all_done(finished) if cfg.lockstep is not None else finished:
+            break  # (a finished row of a process whose peers go on is fed padding: its answer is already complete)
         pos = (next_positions + step)[None, :, None]  # one axis: equal on M-RoPE's three (rope_cos_sin)
         logits = model(
             token[:, None], position_ids=pos, segment_ids=batch.segment_ids[:, : width + step + 1], cache=cache

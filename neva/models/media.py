@@ -41,7 +41,7 @@ class MediaInputs:
             ``[M, 4]`` bilinear taps under ``anyres_max_N`` with ``weight`` ``[M, 4]``.
         weight: see ``index``.
         frames: video: ``[V]`` frames of each video (the splice needs only the positions).
-        grid: native-resolution towers (``VisionConfig.is_native``): ``[N, 3]`` (t, h, w) patches of each item, whose
+        grid: patch-grid towers (their family's ``patch_grid``): ``[N, 3]`` (t, h, w) patches of each item, whose
             patches ``pixels`` holds flattened (``[L, C·T·P·P]``, the items' patches one after another); None: every
             tower input is one fixed-size image.
         feature_rows: ``[M]`` the row of the encoded features (those of the tower inputs given) that each position
@@ -83,15 +83,15 @@ class MediaInputs:
         return replace(self, items_per_row=torch.cat([counts, counts.new_zeros(rows - counts.shape[0])]))
 
     @staticmethod
-    def empty(pixels: torch.Tensor, anyres: bool = False, native: bool = False) -> MediaInputs:
+    def empty(pixels: torch.Tensor, anyres: bool = False, grid: bool = False) -> MediaInputs:
         """No item: the tower's empty input (``pixels``, zero rows), zero positions (and an empty AnyRes index, or an
-        empty grid for a native-resolution tower)."""
+        empty ``grid`` for a patch-grid tower)."""
         device = pixels.device
         return MediaInputs(
             pixels=pixels,
             positions=torch.zeros(0, 2, dtype=torch.long, device=device),
             index=torch.zeros(0, dtype=torch.long, device=device) if anyres else None,
-            grid=torch.zeros(0, 3, dtype=torch.long, device=device) if native else None,
+            grid=torch.zeros(0, 3, dtype=torch.long, device=device) if grid else None,
         )
 
 

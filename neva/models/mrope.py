@@ -3,7 +3,7 @@
 Text tokens count along all three axes alike; a visual item's tokens (one per merged ``spatial_merge_size²`` patch
 block, in t, h, w order) take ``start + (t, h, w)`` of their place in the item's merged grid, where ``start`` is the
 position after the text before it; the text after it starts at ``start + max(h, w)`` (merged). This is transformers'
-``get_rope_index`` (5.25) for one row without padding; the families differ only in videos (``VIDEO_RULES``).
+``get_rope_index`` (5.25) for one row without padding; the families differ only in videos (their ``TowerSpec.video``).
 
 transformers <= 5.2 and Qwen's own code start the text after an item one past the item's largest position instead:
 the same for images and Qwen3-VL's frames (t = 1), later for a Qwen2-VL / Qwen2.5-VL video whose temporal positions
@@ -16,34 +16,13 @@ prompt's) share it. The decoder's side is ``neva.models.rope.rope_cos_sin``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from neva.errors import InputError
+from neva.families import TOWERS
 
-
-@dataclass(frozen=True)
-class VideoRule:
-    """How a family lays out a video's temporal positions."""
-
-    # Qwen3-VL: each frame is its own t = 1 grid (the text puts a timestamp and vision start / end tokens between
-    # frames), so every frame starts where the text before it left off.
-    per_frame: bool
-    # Qwen2.5-VL: the i-th temporal grid sits at ``int(i × tokens_per_second × second_per_grid_t)`` (real time);
-    # otherwise at i.
-    timed: bool
-
-
-# The families whose videos neva's data path writes (Qwen3-VL's per-frame timestamp text is not written yet).
-NATIVE_VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 HF_TOKENS_PER_SECOND = 4  # Qwen2.5-VL: transformers' Qwen2_5_VLVisionConfig default
-
-VIDEO_RULES = {
-    "qwen2_vl": VideoRule(per_frame=False, timed=False),
-    "qwen2_5_vl": VideoRule(per_frame=False, timed=True),
-    "qwen3_vl": VideoRule(per_frame=True, timed=False),
-}
 
 
 def _grid_positions(start: int, grid: Sequence[int], merge: int, interval: torch.Tensor | None) -> torch.Tensor:
@@ -76,18 +55,19 @@ def mrope_positions(
         video_grids: ``[V, 3]`` likewise (HF ``video_grid_thw``: t in temporal patches).
         spatial_merge_size: patches merged per side into one token.
         image_token_id, video_token_id: the ids the items' tokens carry.
-        family: a key of ``VIDEO_RULES`` (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``).
+        family: a tower kind whose family has a video rule (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``).
         second_per_grid_ts: Qwen2.5-VL, per video: seconds per temporal grid (default 1 each, as HF).
         tokens_per_second: Qwen2.5-VL's ``vision_config.tokens_per_second``.
 
     Raises:
         InputError: an item whose tokens in the ids do not number its grid's, or grids left over or missing.
     """
-    if family not in VIDEO_RULES:
-        raise InputError(f"M-RoPE family must be one of {sorted(VIDEO_RULES)}, got {family!r}")
+    rules = {kind: spec.video for kind, spec in TOWERS.items() if spec.video is not None}
+    if family not in rules:
+        raise InputError(f"M-RoPE family must be one of {sorted(rules)}, got {family!r}")
     if image_token_id == video_token_id:
         raise InputError(f"M-RoPE needs distinct image and video token ids, got {image_token_id} for both")
-    rule = VIDEO_RULES[family]
+    rule = rules[family]
     ids = input_ids.tolist()
     grids = {image_token_id: _grid_list(image_grids), video_token_id: _grid_list(video_grids)}
     intervals: dict[int, list] = {image_token_id: [None] * len(grids[image_token_id])}

@@ -12,8 +12,6 @@ of equal-length segments batched into one call), so no ``[L, L]`` mask is ever b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,25 +20,6 @@ from neva.models.config import VisionConfig
 from neva.models.layers import ACTIVATIONS, RMSNorm
 
 ROPE_THETA = 10000.0  # HF's vision rotary base (rope_parameters.rope_theta) of Qwen2-VL, Qwen2.5-VL and Qwen3-VL
-
-
-@dataclass
-class NativeFeatures:
-    """What a native tower hands its merger, and what the merger hands the decoder.
-
-    From the tower (``features``): ``main`` ``[L, hidden]``, the last block's output per patch in the processor's
-    order; ``deepstack`` one ``[L, hidden]`` per ``VisionConfig.deepstack_visual_indexes`` (Qwen3-VL: that block's
-    output; empty for the other kinds). From the merger: ``main`` ``[L / merge², llm_hidden]`` one row per LLM
-    token, ``deepstack`` one such tensor per DeepStack merger (what HF adds to the first decoder layers' hidden states
-    at the visual positions).
-    """
-
-    main: torch.Tensor
-    deepstack: list[torch.Tensor] = field(default_factory=list)
-
-    def rows(self, index: torch.Tensor) -> NativeFeatures:
-        """The rows ``index`` of every tensor (``MediaInputs.feature_rows``: positions sharing an item's features)."""
-        return NativeFeatures(self.main.index_select(0, index), [d.index_select(0, index) for d in self.deepstack])
 
 
 def grid_rows(grid: torch.Tensor) -> list[tuple[int, int, int]]:

@@ -9,9 +9,9 @@ from neva.models.anyres import AnyResMerge
 from neva.models.config import NevaConfig
 from neva.models.context_shard import ContextShard
 from neva.models.deepstack import layer_additions
+from neva.models.features import VisualFeatures
 from neva.models.llama import KVCache, LlamaDecoder
 from neva.models.media import Media, MediaInputs
-from neva.models.native_vision import NativeFeatures
 from neva.models.projector import build_projector, init_projector
 from neva.models.towers import build_tower
 from neva.models.video import VideoPool, find_video_positions
@@ -102,17 +102,17 @@ class NevaModel(nn.Module):
     @property
     def modalities(self) -> tuple[str, ...]:
         """The media this model reads: images with a tower and projector, video where it pools frames or where a
-        native-resolution model has its video token (``NevaConfig.native_video``: the same tower and merger)."""
+        native-resolution model has its video token (``NevaConfig.patch_video``: the same tower and merger)."""
         if self.vision is None or self.projector is None:
             return ()
-        return ("image", "video") if self.video_pool is not None or self.cfg.native_video else ("image",)
+        return ("image", "video") if self.video_pool is not None or self.cfg.patch_video else ("image",)
 
     def _empty_inputs(self, modality: str, device: torch.device) -> MediaInputs:
         # The tower says what an input without images is (its shape is the tower kind's own).
         return MediaInputs.empty(
             self.vision.empty_input(device),
             anyres=modality == "image" and bool(self.anyres),
-            native=self.cfg.vision.is_native,
+            grid=self.cfg.vision.spec.patch_grid,
         )
 
     def _token(self, modality: str) -> int:
@@ -128,7 +128,7 @@ class NevaModel(nn.Module):
                 f"sample(s) {rows.nonzero().flatten().tolist()} contain {modality} tokens but no {modality}s were given"
             )
 
-    def _features(self, modality: str, inputs: MediaInputs, context: ContextShard | None = None) -> NativeFeatures:
+    def _features(self, modality: str, inputs: MediaInputs, context: ContextShard | None = None) -> VisualFeatures:
         """``main`` ``[M, D]``: the features of every position of ``modality``, in position order (under ``context``,
         each rank's share of the tower inputs encoded there and gathered); ``deepstack``: one ``[M, D]`` per
         DeepStack layer (Qwen3-VL; empty for every other model)."""
@@ -140,10 +140,10 @@ class NevaModel(nn.Module):
         encode = self.video_features if modality == "video" else self.image_features
         feats_NTD = encode(inputs.pixels) if context is None else context.encode_shared(encode, inputs.pixels, modality)
         if modality == "video" or inputs.index is None:
-            return NativeFeatures(feats_NTD.flatten(0, 1))
-        return NativeFeatures(self.anyres(feats_NTD, inputs.index, inputs.weight))
+            return VisualFeatures(feats_NTD.flatten(0, 1))
+        return VisualFeatures(self.anyres(feats_NTD, inputs.index, inputs.weight))
 
-    def _native_features(self, pixels: torch.Tensor, grid: torch.Tensor) -> NativeFeatures:
+    def _native_features(self, pixels: torch.Tensor, grid: torch.Tensor) -> VisualFeatures:
         """A native-resolution tower's patches ``[L, C·T·P·P]`` of the items of ``grid`` through tower and merger."""
         return self.projector(self._tower_features(pixels, grid))
 

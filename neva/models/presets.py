@@ -4,7 +4,7 @@ biases, tied embeddings)."""
 
 from __future__ import annotations
 
-from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
+from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig, merger_fields
 
 VISION_PRESETS: dict[str, dict] = {
     # 32 px images in 8 px patches: 16 image tokens, fast enough to train on a laptop CPU.
@@ -195,12 +195,7 @@ def build_config(
     projector = None
     if vision is not None:
         vision_cfg = VisionConfig(**(VISION_PRESETS[vision] if isinstance(vision, str) else vision))
-        merger = {}  # a native tower's merger: its merge and one DeepStack merger per DeepStack block
-        if vision_cfg.is_native:
-            merger = dict(
-                spatial_merge_size=vision_cfg.spatial_merge_size,
-                deepstack_mergers=len(vision_cfg.deepstack_visual_indexes),
-            )
+        merger = merger_fields(vision_cfg)
         projector = ProjectorConfig(
             type=projector_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size, **merger
         )

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neva.models.config import MERGERS, ProjectorConfig
+from neva.families import MERGERS
+from neva.models.config import ProjectorConfig
 from neva.models.layers import RMSNorm
 from neva.models.projector_merger import NativeMerger
 
@@ -36,7 +37,7 @@ class Downsample2x2(nn.Module):
 
 def build_projector(cfg: ProjectorConfig) -> nn.Module:
     """``linear``, ``identity``, ``mlp{N}x_gelu`` or ``mlp_downsample`` as an ``nn.Sequential``; a native tower's
-    merger (``MERGERS``) as ``neva.models.projector_merger.NativeMerger`` (it maps ``NativeFeatures``).
+    merger (``MERGERS``) as ``neva.models.projector_merger.NativeMerger`` (it maps ``VisualFeatures``).
 
     A Sequential keeps LLaVA's own key names (``0``, ``2``, ... for the Linear layers of ``mlp2x_gelu``), so the
     original LLaVA ``model.mm_projector.{i}`` keys map one to one; ``mlp_downsample`` is NeMo's / VILA's Sequential

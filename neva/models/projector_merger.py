@@ -1,4 +1,4 @@
-"""The native towers' patch mergers as projectors (``ProjectorConfig.type`` in ``neva.models.config.MERGERS``).
+"""The native towers' patch mergers as projectors (a family's ``MergerSpec.projector``, ``neva.families``).
 
 HF ``PatchMerger`` (Qwen2-VL), ``Qwen2_5_VLPatchMerger`` and ``Qwen3VLVisionPatchMerger``: a norm over each patch
 (LayerNorm or RMSNorm, eps 1e-6), then ``spatial_merge_size``² consecutive patches (one merge block, the processor's
@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neva.models.config import MERGERS, ProjectorConfig
-from neva.models.native_vision import NativeFeatures, make_norm
+from neva.families import merger_spec
+from neva.models.config import ProjectorConfig
+from neva.models.features import VisualFeatures
+from neva.models.native_vision import make_norm
 
 
 class PatchMerger(nn.Module):
@@ -34,17 +36,16 @@ class PatchMerger(nn.Module):
 
 class NativeMerger(nn.Module):
     """A native tower's projector: ``merger`` over its last block, and ``deepstack.{i}`` over the i-th DeepStack
-    hidden state (Qwen3-VL). ``forward(NativeFeatures)`` → ``NativeFeatures`` of LLM tokens (see its docstring)."""
+    hidden state (Qwen3-VL). ``forward(VisualFeatures)`` → ``VisualFeatures`` of LLM tokens (see its docstring)."""
 
     def __init__(self, cfg: ProjectorConfig) -> None:
         super().__init__()
-        kind = MERGERS[cfg.type]
-        self.merger = PatchMerger(cfg, kind["norm"], post_merge_norm=False)
+        self.merger = PatchMerger(cfg, merger_spec(cfg.type).merger.norm, post_merge_norm=False)
         self.deepstack = nn.ModuleList(PatchMerger(cfg, "layer", True) for _ in range(cfg.deepstack_mergers))
 
-    def forward(self, features: NativeFeatures) -> NativeFeatures:
+    def forward(self, features: VisualFeatures) -> VisualFeatures:
         if len(features.deepstack) != len(self.deepstack):
             raise ValueError(f"{len(features.deepstack)} DeepStack features for {len(self.deepstack)} mergers")
-        return NativeFeatures(
+        return VisualFeatures(
             self.merger(features.main), [merge(x) for merge, x in zip(self.deepstack, features.deepstack)]
         )

@@ -1,29 +1,17 @@
-"""The vision tower of a ``VisionConfig``: one class per ``kind`` behind one interface (``hidden_states(pixels,
-num_layers)``, ``features(pixels)``, ``init_weights()``, attributes ``cfg``, ``patch_embed``, ``pos_embed``,
-``layers``, ``post_norm``).
+"""The vision tower of a ``VisionConfig``: the class its family names (``neva.families``, ``TowerSpec.tower``).
 
-A native-resolution kind (``VisionConfig.is_native``: the Qwen towers) has ``features(pixels, grid)`` →
-``NativeFeatures`` instead (``neva.models.native_vision``), ``empty_input``, ``init_weights``, ``cfg``,
-``patch_embed``, ``layers`` (Qwen3-VL: ``pos_embed`` too); no ``hidden_states``, no ``post_norm``."""
+Every tower has ``features``, ``empty_input()``, ``init_weights()``, ``cfg``, ``patch_embed`` and ``layers``. A
+fixed-size tower (CLIP, SigLIP) takes ``features(pixels)`` → ``[N, tokens, width]`` and has ``hidden_states(pixels,
+num_layers)``, ``pos_embed`` and ``post_norm``; a patch-grid tower (the family's ``patch_grid``: the Qwen towers) takes
+``features(pixels, grid)`` → ``VisualFeatures`` (``neva.models.native_vision``)."""
 
 from __future__ import annotations
 
 from torch import nn
 
+from neva.families import part
 from neva.models.config import VisionConfig
-from neva.models.vision import VisionTower
-from neva.models.vision_qwen2 import Qwen2Tower
-from neva.models.vision_qwen3 import Qwen3Tower
-from neva.models.vision_siglip import SiglipTower
-
-TOWERS: dict[str, type[nn.Module]] = {
-    "clip": VisionTower,
-    "siglip": SiglipTower,
-    "qwen2_vl": Qwen2Tower,
-    "qwen2_5_vl": Qwen2Tower,
-    "qwen3_vl": Qwen3Tower,
-}
 
 
 def build_tower(cfg: VisionConfig) -> nn.Module:
-    return TOWERS[cfg.kind](cfg)
+    return part(cfg.spec.tower)(cfg)

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from neva.models.config import VisionConfig
+from neva.models.features import VisualFeatures
 from neva.models.native_vision import (
     GatedMLP,
     NativeBlock,
-    NativeFeatures,
     embed_patches,
     empty_patches,
     frame_lengths,
@@ -84,7 +84,7 @@ class Qwen2Tower(nn.Module):
         """Patch embeddings ``[L, hidden]`` (Qwen3-VL adds its learned positions)."""
         return embed_patches(self.patch_embed, normalize_patches(pixels, self.cfg, self.patch_embed.weight.dtype))
 
-    def features(self, pixels: torch.Tensor, grid: torch.Tensor) -> NativeFeatures:
+    def features(self, pixels: torch.Tensor, grid: torch.Tensor) -> VisualFeatures:
         """Per-patch tower output in the processor's order, what HF's merger receives.
 
         Args:
@@ -93,7 +93,7 @@ class Qwen2Tower(nn.Module):
             grid: ``[N, 3]`` long, (t, h, w) in patches per image or video; ``L = Σ t·h·w``.
 
         Returns:
-            ``NativeFeatures``: ``main`` ``[L, hidden]``; ``deepstack`` the outputs of the blocks in
+            ``VisualFeatures``: ``main`` ``[L, hidden]``; ``deepstack`` the outputs of the blocks in
             ``deepstack_visual_indexes`` (``[L, hidden]`` each, in that order; empty for Qwen2-VL / Qwen2.5-VL).
         """
         cfg = self.cfg
@@ -121,7 +121,7 @@ class Qwen2Tower(nn.Module):
                 deepstack.append(x)
         if perm is not None:  # back to the processor's order
             x, deepstack = _unpermute(x, perm), [_unpermute(t, perm) for t in deepstack]
-        return NativeFeatures(x, deepstack)
+        return VisualFeatures(x, deepstack)
 
     def empty_input(self, device: torch.device) -> torch.Tensor:
         """``[0, C·T·P·P]`` uint8: no image (its grid is ``zeros(0, 3)``); ``features`` gives zero rows and keeps every

@@ -4,7 +4,7 @@ here: ``neva.models.projector_merger``).
 What differs from Qwen2-VL (``neva.models.vision_qwen2``, whose class this extends): a biased patch embedding,
 tanh-GELU in the fc1/fc2 MLP, and learned absolute positions: a square table of ``num_position_embeddings`` entries
 resampled bilinearly (align_corners) to each image's patch grid and added to the patch embeddings, every frame of a
-video alike. The outputs of the blocks in ``deepstack_visual_indexes`` come back as ``NativeFeatures.deepstack``.
+video alike. The outputs of the blocks in ``deepstack_visual_indexes`` come back as ``VisualFeatures.deepstack``.
 """
 
 from __future__ import annotations

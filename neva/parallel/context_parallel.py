@@ -28,8 +28,8 @@ shards over it), so the step equals one process's (``neva.training.engine``). Ex
 from dp × cp (``mesh.build_mesh``): an MoE layer's all-to-all exchanges the tokens of ranks holding different
 chunks, and an expert's gradient is reduced over the ``dp · cp / ep`` ranks holding the same experts. With that, no
 layout or model is refused here; ``check_context_parallel_objective`` refuses what the split does not compute
-(``micro_batch_mean`` with PP; a head objective that is not written for a shard), asked by training's engine and the
-planner alike.
+(``micro_batch_mean`` with PP; a head objective that is not written for a shard), one of the run's start-time rules
+(``run_rules.check_run``: training, the planner and the support matrix alike).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from neva.typed import ConfigError
 
 
 def check_context_parallel_objective(layout: Layout, loss_normalization: str, head: str | None = None) -> None:
-    """Refuse an objective the split does not compute yet (training's ``Engine`` and the planner both ask, so a layout
-    search proposes only what training runs). ``head``: the name of a head objective not written for a shard of the
+    """Refuse an objective the split does not compute yet (listed in ``run_rules.check_run``, which training and the
+    planner both ask, so a layout search proposes only what training runs). ``head``: the name of a head objective not written for a shard of the
     rows (``HeadObjective.context_parallel`` False), else None (token cross-entropy and DPO's pair objective are).
 
     Raises:

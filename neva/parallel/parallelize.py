@@ -22,16 +22,10 @@ from neva.models.lora import merged_state_dict
 from neva.models.neva import NevaModel
 from neva.parallel.compute_plans import apply_compute_plans
 from neva.parallel.data_parallel import all_reduce_gradients, apply_fsdp, ddp_sync_context, fsdp_sync_context
-from neva.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel_layout, is_expert_param
+from neva.parallel.expert_parallel import apply_expert_parallel, is_expert_param
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import DP_CP, ParallelDims, build_mesh
-from neva.parallel.pipeline import (
-    PipelineRunner,
-    build_chunks,
-    check_deepstack_split,
-    local_chunks,
-    split_layers,
-)
+from neva.parallel.pipeline import PipelineRunner, build_chunks, local_chunks, split_layers
 from neva.parallel.precision import MasterWeights, Precision, cast_parameters
 from neva.parallel.stage_owners import chunk_of_key
 from neva.parallel.tensor_parallel import apply_tensor_parallel, vocab_parallel_logits
@@ -104,8 +98,8 @@ def uses_fsdp(layout: Layout, precision: Precision) -> bool:
 
 
 def check_precision_layout(layout: Layout, precision: Precision) -> None:
-    """O2 in a distributed run keeps its fp32 masters in FSDP2's sharded parameters, so it needs ``fsdp`` (the planner
-    applies the same rule).
+    """O2 in a distributed run keeps its fp32 masters in FSDP2's sharded parameters, so it needs ``fsdp``
+    (``neva.parallel.run_rules.check_run`` asks it).
 
     Raises:
         ConfigError: O2 with DDP in a distributed run.
@@ -141,18 +135,17 @@ def parallelize(
             applied on the meta device (needs ``m.meta_init``). The full-size rehearsal
             (``neva.training.rehearsal``) passes its ``FakeTensorMode`` here; training passes nothing.
 
-    Raises:
-        ConfigError: a combination the layout cannot run (O2 with DDP; TP sizes that do not divide the model, from
-            ``apply_tensor_parallel``).
+    The run's start-time rules are not asked here: its caller asks ``neva.parallel.run_rules.check_run`` first
+    (training, the rehearsal, the benchmark); a preference run's frozen reference, which trains nothing, is built by
+    this same function. The plans guard their own preconditions (``apply_tensor_parallel``, ``build_chunks``, the
+    pipeline runner) with the same rules.
     """
-    check_precision_layout(layout, precision)
     if m.sequence_parallel and layout.tp == 1:
         log.warning("model.sequence_parallel=true has no effect without tensor parallelism")
     if layout.is_distributed and dims is None:
         dims = build_mesh(layout)
     export_keys = {k: v.shape for k, v in merged_state_dict(meta_model).items() if not k.endswith("inv_freq")}
     layer_split = split_layers(meta_model.cfg.llm.num_layers, layout.num_chunks, layout.first_stage_layers)
-    check_deepstack_split(meta_model.cfg, layer_split)
     key_stage = {k: chunk_of_key(k, layer_split) % layout.pp for k in export_keys}
     # The default materialises the whole model first, so every layout starts from bit-identical weights (what the
     # equivalence tests compare); meta_init never holds the whole model on a rank (models too large for one).
@@ -165,7 +158,6 @@ def parallelize(
     else:
         chunk_ids, parts = [0], [meta_model]
     vocab_parallel = vocab_parallel_logits(layout.tp, layout.pp)
-    check_expert_parallel_layout(layout, meta_model.cfg.llm)
     for part in parts:
         if layout.tp > 1:
             apply_tensor_parallel(part, dims.tp_mesh, layout.sp, vocab_parallel)

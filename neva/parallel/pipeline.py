@@ -71,7 +71,7 @@ def local_chunks(pp_rank: int, pp: int, virtual: int) -> list[int]:
 
 
 def check_splittable(cfg: NevaConfig, pp: int) -> None:
-    """Refuse a model that cannot be split over ``pp`` stages (training and the planner both ask)."""
+    """Refuse a model that cannot be split over ``pp`` stages (a start-time rule: ``run_rules.check_run``)."""
     if pp > 1 and cfg.llm.tie_word_embeddings:
         raise ConfigError("tied word embeddings cannot be split over pipeline stages (first and last stage share them)")
 
@@ -142,7 +142,8 @@ def pad_micro_batches(
 
 
 def check_microbatches(schedule: str, pp: int, n_microbatches: int) -> None:
-    """A 1F1B schedule needs at least one micro-batch per pipeline stage in flight (the planner applies it too).
+    """A 1F1B schedule needs at least one micro-batch per pipeline stage in flight (a start-time rule:
+    ``run_rules.check_run``).
 
     Raises:
         ConfigError: fewer micro-batches per step than pipeline stages under ``1f1b`` / ``interleaved_1f1b``.
@@ -153,6 +154,16 @@ def check_microbatches(schedule: str, pp: int, n_microbatches: int) -> None:
             f"{n_microbatches} (global_batch_size / (micro_batch_size × data-parallel size)); raise "
             "model.global_batch_size or use model.pipeline_schedule=gpipe"
         )
+
+
+def check_interleaved(schedule: str, pp: int, chunks_per_rank: int) -> None:
+    """The interleaved schedule runs several chunks per pipeline rank.
+
+    Raises:
+        ConfigError: ``interleaved_1f1b`` with one chunk per rank (no virtual pipeline size).
+    """
+    if pp > 1 and schedule == "interleaved_1f1b" and chunks_per_rank < 2:
+        raise ConfigError("interleaved_1f1b needs model.virtual_pipeline_model_parallel_size >= 2")
 
 
 # Per-token keyword inputs a micro-batch may carry besides positions and segments: LoRA dropout keys (every stage),
@@ -189,9 +200,9 @@ class PipelineRunner:
         autocast: Callable[[], Any] | None = None,
         dp_group: dist.ProcessGroup | None = None,
     ) -> None:
-        check_microbatches(schedule, dist.get_world_size(pp_group), n_microbatches)
-        if schedule == "interleaved_1f1b" and len(chunks) < 2:
-            raise ConfigError("interleaved_1f1b needs model.virtual_pipeline_model_parallel_size >= 2")
+        pp = dist.get_world_size(pp_group)
+        check_microbatches(schedule, pp, n_microbatches)
+        check_interleaved(schedule, pp, len(chunks))
         self.chunks, self.chunk_ids, self.num_chunks = chunks, chunk_ids, num_chunks
         self.pp_group, self.device, self.schedule_name = pp_group, device, schedule
         self.n_microbatches, self.packed = n_microbatches, packed

@@ -59,8 +59,8 @@ def check_divisibility(cfg: NevaConfig, tp: int) -> None:
 
 
 def check_tensor_parallel(model: NevaModel, tp: int) -> None:
-    """What a (meta) model with its freeze policy and LoRA applied must be for ``tp`` ranks: sharding runs it first,
-    and the support matrix (``neva.support``) asks it of the tiny models.
+    """What a (meta) model with its freeze policy and LoRA applied must be for ``tp`` ranks: one of the run's
+    start-time rules (``run_rules.check_run``), and sharding's own precondition (``apply_tensor_parallel``).
 
     Raises:
         ConfigError: LoRA adapters, a trainable vision tower, or sizes ``tp`` does not divide.

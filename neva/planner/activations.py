@@ -13,7 +13,7 @@ from __future__ import annotations
 from neva.models.config import NevaConfig
 from neva.parallel.layout import Layout
 from neva.parallel.pipeline import local_chunks
-from neva.parallel.tensor_parallel import vocab_parallel_logits
+from neva.parallel.step_decisions import StepDecisions
 from neva.planner.deployment import Deployment
 from neva.planner.flops import checkpointed_layers
 from neva.planner.params import ParamInfo
@@ -73,13 +73,17 @@ def stage_activation_bytes(
 ) -> float:
     """Peak activation bytes on one GPU of pipeline stage ``stage`` with ``in_flight`` micro-batches alive.
 
-    ``learned_tokens``: learned tokens per sample; without TP the engine runs the LM head only at their positions
-    (``Engine.learned_only_head``). None: every position (the count before the rehearsal measured it).
-    ``tiles``: tower inputs per image (AnyRes, ``neva.planner.images``); ``frames`` > 0: each sample holds one video
-    of that many frames instead of one image."""
+    ``learned_tokens``: learned tokens per sample; where the engine runs the LM head only at their positions
+    (``StepDecisions.learned_only_head``: without TP and PP). None: every position (the count before the rehearsal
+    measured it).
+    ``tiles``: tower inputs per image (AnyRes, ``neva.planner.images``; a native tower's patches per image);
+    ``frames`` > 0: each sample holds one video of that many frames instead of one image. Under context parallelism
+    a rank encodes its share of the micro-batch's tower inputs (``StepDecisions.tower_inputs``): images, tiles or
+    frames by count, a native tower's images whole."""
     if not backward:
         return 0.0
     layout = dep.layout
+    decisions = StepDecisions.of(layout)
     e, b = dep.compute_bytes, layout.micro_batch_size
     seq_len = seq_len / layout.cp  # context parallelism: this rank's share of each row
     tokens = b * seq_len
@@ -92,15 +96,20 @@ def stage_activation_bytes(
     last = stage == layout.pp - 1
     if last:
         # Logits (vocab-sharded under TP without PP): bf16 output plus the fp32 copy the cross-entropy keeps for its
-        # backward; at learned positions only without TP and PP (``Engine.learned_only_head``).
-        head = tokens if layout.tp > 1 or layout.pp > 1 or learned_tokens is None else b * learned_tokens / layout.cp
-        vocab = cfg.llm.vocab_size / layout.tp if vocab_parallel_logits(layout.tp, layout.pp) else cfg.llm.vocab_size
+        # backward; at learned positions only where the engine runs the head there.
+        learned_only = decisions.learned_only_head and learned_tokens is not None
+        head = b * learned_tokens / layout.cp if learned_only else tokens
+        vocab = cfg.llm.vocab_size / layout.tp if decisions.vocab_parallel else cfg.llm.vocab_size
         per_mb += head * vocab * (e + 4)
-    # each cp rank encodes 1/cp of the tower inputs (a native tower is refused under cp)
-    if stage == 0 and cfg.vision is not None and cfg.vision.is_native:
-        per_mb += _native_vision_bytes(cfg, infos, dep) * tiles
+    # The busiest cp rank's share of the micro-batch's tower inputs (1.0 without context parallelism): a native
+    # tower's whole images (of ``tiles`` patches each), else every image's tiles, or every frame, one input each.
+    if stage == 0 and cfg.vision is not None and cfg.vision.spec.patch_grid:
+        share = decisions.tower_inputs(b) / b
+        per_mb += _native_vision_bytes(cfg, infos, dep) * tiles * share
     elif stage == 0 and cfg.vision is not None:
-        per_mb += _vision_bytes(cfg, infos, dep, frames) * (1 if frames else tiles) / layout.cp
+        inputs = b * (frames or tiles)
+        share = decisions.tower_inputs(inputs) / inputs
+        per_mb += _vision_bytes(cfg, infos, dep, frames) * (1 if frames else tiles) * share
     if stage == 0:  # the first stage's layer input (a later stage's is one of its receive buffers)
         per_mb += e * tokens * cfg.llm.hidden_size
     recompute = 0.0
@@ -149,13 +158,13 @@ def _native_vision_bytes(cfg: NevaConfig, infos: list[ParamInfo], dep: Deploymen
     patches, ``neva.planner.images``). Attention runs in windows / per image through memory-efficient SDPA, so it keeps
     no scores: nothing grows with the window or the image, only with its patches. Per block: two norm inputs,
     q/k/v/out, o_proj and first MLP input, and the MLP's intermediates: SwiGLU (Qwen2.5-VL: gate and up outputs,
-    SiLU output, their product) 4, GELU (Qwen2-VL) 2; and the patch embedding's input, one flattened patch. The merger (``projector``): per merged token its input (merge²
+    SiLU output, their product; the family's ``gated_mlp``) 4, GELU (Qwen2-VL) 2; and the patch embedding's input, one flattened patch. The merger (``projector``): per merged token its input (merge²
     patches' width) and two hidden-wide tensors, as the MLP projector's count."""
     e, b = dep.compute_bytes, dep.layout.micro_batch_size
     vision = cfg.vision
     total = 0.0
     if any(p.trainable for p in infos if p.part == "vision"):
-        mlp = 4 if vision.kind == "qwen2_5_vl" else 2
+        mlp = 4 if vision.spec.gated_mlp else 2
         total += e * b * (8 * vision.hidden_size + mlp * vision.intermediate_size) * vision.layers_run
         total += e * b * vision.patch_dim  # the patch embedding's input (its weight trains)
     if any(p.trainable for p in infos if p.part == "projector"):

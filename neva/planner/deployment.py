@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from neva.config import TrainConfig
 from neva.parallel.layout import Layout
-from neva.parallel.parallelize import check_precision_layout, uses_fsdp
-from neva.parallel.pipeline import check_microbatches
+from neva.parallel.parallelize import uses_fsdp
 from neva.parallel.precision import Precision
 from neva.typed import ConfigError
 
@@ -94,11 +93,12 @@ def deployment_from_config(
     """The deployment ``cfg`` describes; ``global_batch_size`` overrides the config's (weak-scaling sweeps) and
     ``grad_reduce`` the gradient-reduction dtype (default: bf16 for pure half-precision runs, else fp32).
 
+    The run's start-time rules (O2 with DDP, micro-batches per pipeline stage, ...) are ``plan_run``'s
+    ``check_run``, not this function's.
+
     Raises:
         ConfigError: what ``Layout.from_config`` refuses (tp × pp not dividing the world, a global batch not
-            dividing into micro-batches × dp, pipeline options without PP), what training refuses at build time
-            (O2 with DDP across processes, fewer micro-batches than pipeline stages under 1F1B), an unknown
-            ``grad_reduce`` or precision.
+            dividing into micro-batches × dp, pipeline options without PP), an unknown ``grad_reduce`` or precision.
     """
     model = cfg.model
     if global_batch_size is not None:
@@ -107,9 +107,6 @@ def deployment_from_config(
     if grad_reduce not in (None, "fp32", "bf16"):
         raise ConfigError(f"grad_reduce must be fp32 or bf16, got {grad_reduce!r}")
     precision, compute = precision_kind(cfg.trainer.precision, model.megatron_amp_O2)
-    # Training's own refusals, so a layout training would stop on is refused here with its message.
-    check_precision_layout(layout, Precision(master_weights=precision == "o2"))
-    check_microbatches(layout.schedule, layout.pp, layout.grad_accum)
     return Deployment(
         layout=layout,
         nodes=cfg.trainer.num_nodes,

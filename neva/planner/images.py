@@ -100,7 +100,7 @@ def image_load(
                          f"{cfg.num_image_tokens} per tile, rounded up")  # fmt: skip
     if cfg.vision is None:
         return ImageLoad(0, 0)
-    if cfg.vision.is_native:
+    if cfg.vision.spec.patch_grid:
         return native_image_load(cfg, size, data or DataConfig(), max_pixels)
     if cfg.anyres is None:
         return ImageLoad(cfg.num_image_tokens, 1)

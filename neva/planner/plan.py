@@ -7,10 +7,8 @@ from dataclasses import asdict, dataclass, field
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
-from neva.parallel.context_parallel import check_context_parallel_objective
-from neva.parallel.expert_parallel import check_expert_parallel_layout
-from neva.parallel.pipeline import check_deepstack_split, check_splittable, split_layers
-from neva.parallel.tensor_parallel import check_divisibility
+from neva.parallel.precision import Precision
+from neva.parallel.run_rules import check_run
 from neva.planner.activations import in_flight_microbatches, stage_activation_bytes
 from neva.planner.deployment import Deployment, deployment_from_config
 from neva.planner.flops import StageFlops, stage_flops
@@ -18,7 +16,7 @@ from neva.planner.hardware import hardware_from_config
 from neva.planner.images import image_load
 from neva.planner.memory import peak_grad_bytes, rank_state_bytes, working_bytes
 from neva.planner.moe import dispatch_bytes, moe_facts
-from neva.planner.params import model_inventory, stage_layers
+from neva.planner.params import meta_model, model_inventory, stage_layers
 from neva.planner.perf import StepTime, step_time
 from neva.planner.preference import (
     frozen_inventory,
@@ -26,15 +24,22 @@ from neva.planner.preference import (
     sequence_deployment,
     sequences_per_sample,
 )
+from neva.stages import stage_spec
 from neva.typed import ConfigError
 
-# Mean text tokens per sample of the datasets NVIDIA measured on (docs/PLANNER.md, "Workload"): LCS-558K captions
-# after the `plain` template; LLaVA-Instruct-150K conversations after `vicuna_v1`.
-# A preference stage (dpo) has finetuning's conversations: a pair is two of them (neva.planner.preference).
-TEXT_TOKENS = {"pretrain": 100, "finetune": 450, "dpo": 450}
-# Share of those text tokens that are learned: a pretrain sample's text is its caption, about half of a finetune
-# conversation's is the assistant's replies (the rest prompt and template). The LM head runs only there without TP.
-LEARNED_FRACTION = {"pretrain": 1.0, "finetune": 0.5, "dpo": 0.5}
+
+def text_tokens_of(cfg: TrainConfig) -> int:
+    """Mean text tokens per sample of the stage's data (its spec's ``text_tokens``: the datasets NVIDIA measured on,
+    docs/PLANNER.md "Workload": LCS-558K captions after `plain`, LLaVA-Instruct-150K conversations after
+    `vicuna_v1`; a preference pair is two of the latter, neva.planner.preference)."""
+    return stage_spec(cfg.stage).text_tokens
+
+
+def learned_fraction_of(cfg: TrainConfig) -> float:
+    """Share of those text tokens that are learned (the spec's ``learned_fraction``: a caption wholly, about half a
+    conversation). The LM head runs only there without TP."""
+    return stage_spec(cfg.stage).learned_fraction
+
 
 GiB = 1024**3
 
@@ -111,7 +116,7 @@ class Plan:
 
 def sample_tokens(cfg: TrainConfig, num_image_tokens: int, text_tokens: int | None) -> int:
     """Tokens one sample occupies: image tokens + text, padded like the collator (multiple of pad_to_multiple_of)."""
-    text = TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens
+    text = text_tokens_of(cfg) if text_tokens is None else text_tokens
     pad = max(1, cfg.model.data.pad_to_multiple_of)
     return -(-(num_image_tokens + text) // pad) * pad
 
@@ -131,7 +136,7 @@ def plan_run(
 
     Args:
         cfg: a composed, validated config (``neva.config.compose_config``).
-        text_tokens: mean text tokens per sample (default: ``TEXT_TOKENS[cfg.stage]``).
+        text_tokens: mean text tokens per sample (default: ``text_tokens_of(cfg)``).
         global_batch_size: overrides ``cfg.model.global_batch_size`` (weak-scaling sweeps).
         grad_reduce: gradient-reduction dtype, ``fp32`` or ``bf16`` (see ``Deployment``).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (the benchmark's own shapes).
@@ -145,9 +150,11 @@ def plan_run(
             ``model.data.max_pixels``, else the tower kind's): the image planned is the largest it lets through.
 
     Raises:
-        ConfigError: a layout training refuses (``deployment_from_config``, TP sizes that do not divide the model,
-            pipeline chunks without a layer, an EP size that does not divide the experts, context parallelism with
-            what it does not compose with yet).
+        ConfigError: a run training refuses: the layout's own validation (``deployment_from_config``) and every
+            start-time rule training asks (``neva.parallel.run_rules.check_run``: O2 with DDP, TP sizes that do not
+            divide the model, LoRA or a trained tower under TP, pipeline chunks without a layer, an EP size that
+            does not divide the experts, context parallelism with what it does not compose with yet, the stage's
+            refused settings, ...), with training's message.
     """
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     dep = deployment_from_config(cfg, global_batch_size, grad_reduce)
@@ -156,21 +163,18 @@ def plan_run(
     rows = sequences_per_sample(cfg)
     seq_dep = sequence_deployment(dep, rows) if rows > 1 else dep
     reference = cfg.reference_kind()
-    if layout.tp > 1:
-        check_divisibility(ncfg, layout.tp)
-    check_splittable(ncfg, layout.pp)
-    check_deepstack_split(ncfg, split_layers(ncfg.llm.num_layers, layout.num_chunks, layout.first_stage_layers))
-    check_expert_parallel_layout(layout, ncfg.llm)
-    check_context_parallel_objective(layout, cfg.model.loss_normalization)  # both stages' heads split under cp
+    policy = cfg.model.trainable_policy()
+    # training's own start-time rules and messages (fp16, which training refuses, is planned by its O2 flag)
+    check_run(cfg, layout, meta_model(ncfg, policy), Precision(master_weights=dep.precision == "o2"))
     hw = hardware_from_config(cfg.cluster)
-    infos = model_inventory(ncfg, cfg.model.trainable_policy())
+    infos = model_inventory(ncfg, policy)
     layers = stage_layers(ncfg.llm.num_layers, layout)
     frames = num_frames or 0
     if frames and ncfg.video is None:
         raise ConfigError("plan.num_frames needs a video model (model.mm_cfg.mm_spatial_pool_stride)")
     images = image_load(ncfg, image_size, image_tokens, cfg.model.data, max_pixels)
     seq = sample_tokens(cfg, ncfg.video_tokens(frames) if frames else images.tokens, text_tokens)
-    learned = (TEXT_TOKENS[cfg.stage] if text_tokens is None else text_tokens) * LEARNED_FRACTION[cfg.stage]
+    learned = (text_tokens_of(cfg) if text_tokens is None else text_tokens) * learned_fraction_of(cfg)
     flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames, images.grid)
     if reference is not None:  # its forward of each sequence, without autograd
         ref = stage_flops(frozen_inventory(infos), ncfg, layout, seq, layers, images.tiles, frames, images.grid)

@@ -16,13 +16,12 @@ from neva.config import TrainConfig
 from neva.planner.deployment import Deployment
 from neva.planner.memory import rank_state_bytes
 from neva.planner.params import ParamInfo
-
-# Sequences one sample of a stage puts through the model (the stages absent here: one).
-SEQUENCES_PER_SAMPLE = {"dpo": 2}
+from neva.stages import stage_spec
 
 
 def sequences_per_sample(cfg: TrainConfig) -> int:
-    return SEQUENCES_PER_SAMPLE.get(cfg.stage, 1)
+    """Sequences one sample of the run's stage puts through the model (its spec's ``sequences_per_sample``)."""
+    return stage_spec(cfg.stage).sequences_per_sample
 
 
 def sequence_deployment(dep: Deployment, sequences: int) -> Deployment:

@@ -7,8 +7,8 @@ layout check keeps those that divide dp × cp), context parallelism (``context_p
 they divide the world, when a row is long or the configured layout does not fit), activation checkpointing and the
 micro-batch size. The global batch, the
 precision, the model and the cluster stay as configured. A candidate is kept only if ``plan_run`` accepts it, i.e.
-training's own checks pass (``Layout.from_config``, ``check_tensor_parallel``, ``check_precision_layout``,
-``check_microbatches``, ``split_layers``), and only if its busiest rank fits in the GPU's memory.
+training's own checks pass (``Layout.from_config`` and every start-time rule, ``neva.parallel.run_rules.check_run``),
+and only if its busiest rank fits in the GPU's memory.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from typing import Any
 
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import ModelConfig, TrainConfig
-from neva.parallel.tensor_parallel import check_tensor_parallel
 from neva.planner.deployment import planned_gpus_per_node, planned_world
 from neva.planner.images import image_load
-from neva.planner.params import meta_model
 from neva.planner.plan import Plan, plan_run
 from neva.typed import ConfigError
 
@@ -161,16 +159,12 @@ def search(
     space.update({k: list(v) for k, v in (constraints or {}).items()})
     tried = 0
     valid: list[Plan] = []
-    policy = cfg.model.trainable_policy()
     for candidate in candidates(cfg, space):
         tried += 1
         try:
-            tp = candidate.model.tensor_model_parallel_size
-            if tp > 1:  # what the planner predicts but training refuses (LoRA, a trained tower): not proposed
-                check_tensor_parallel(meta_model(model, policy), tp)
             valid.append(plan(candidate))
         except ConfigError:
-            continue  # a layout training refuses: not a candidate
+            continue  # a layout training refuses (plan_run asks training's check_run): not a candidate
     fitting = [p for p in valid if p.fits]
     fitting.sort(key=lambda p: (-p.samples_per_s, p.peak.total))
     return SearchResult(fitting[:top] if top > 0 else fitting, tried, len(valid), len(fitting))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from neva.checkpoint.source import ModelSource
 from neva.config import DPOConfig, TrainConfig
 from neva.constants import IGNORE_INDEX
-from neva.data.preference import carries_reference
+from neva.data.preference import PairCollator, PreferenceDataModule, carries_reference
 from neva.errors import ConfigError
 from neva.models.lora import adapters_disabled
 from neva.models.preference_loss import PREFERENCE_LOSSES, pair_losses, sequence_logps
@@ -37,6 +38,7 @@ from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel, parallelize
 from neva.parallel.pipeline import PipelineRunner
 from neva.parallel.precision import Precision
+from neva.stages.dpo import check_preference_config as check_preference_config  # the stage's rules, re-exported
 from neva.training.reference_logps import attach_precomputed
 
 # What a step reports, in the order of the values summed over pairs and data-parallel ranks (then / pairs).
@@ -44,26 +46,6 @@ METRICS = (
     "rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin",
     "logps/chosen", "logps/rejected", "ref_logps/chosen", "ref_logps/rejected", "dpo_loss", "sft_loss",
 )  # fmt: skip
-
-# Layouts and settings the preference stage refuses, each with why (key, refused value, reason).
-REFUSED = (
-    ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
-     "the preference stage averages over the global batch's pairs (global_tokens)"),
-    ("model.data.packing", lambda c: c.model.data.packing, "every reply keeps a row of its own"),
-)  # fmt: skip
-
-
-def check_preference_config(cfg: TrainConfig) -> None:
-    """Raises: ConfigError naming the first key the preference stage cannot run with."""
-    for key, refused, why in REFUSED:
-        if refused(cfg):
-            raise ConfigError(f"stage=dpo: {key} is not supported here: {why}")
-    policy = cfg.model.trainable_policy()
-    if policy.lora is not None and (policy.vision or policy.projector):
-        raise ConfigError(
-            "stage=dpo with model.peft.peft_scheme=lora takes the model with its adapters off as the reference: set "
-            "model.mm_cfg.freeze_projector=true (and keep the tower frozen) so that it stays the starting weights"
-        )
 
 
 def batch_logps(
@@ -125,17 +107,17 @@ class PreferenceObjective:
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> PreferenceObjective | None:
-        """The objective of a ``stage=dpo`` run (its reference attached later: ``attach_reference``), else None."""
+        """The objective of a ``stage=dpo`` run (its reference attached later: ``attach_reference``), else None. The
+        stage's refused settings are start-time rules (its spec's ``check``, ``neva.stages.dpo``)."""
         if cfg.stage != "dpo":
             return None
-        check_preference_config(cfg)
         return cls(cfg.model.dpo)
 
     # -- head objective ---------------------------------------------------------------------------------------
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
         return torch.tensor(int(batch["pairs"]))
 
-    # The loss is right on a context-parallel shard of a batch (``Engine`` refuses a head that is not).
+    # The loss is right on a context-parallel shard of a batch (``check_run`` refuses a head that is not).
     context_parallel = True
 
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
@@ -315,3 +297,26 @@ def frozen_reference(
     for part in model.parts:
         part.eval()
     return model
+
+
+def preference_objective(cfg: TrainConfig) -> PreferenceObjective:
+    """The stage's objective (``neva.stages.dpo``): the pairs' losses replace token cross-entropy."""
+    return PreferenceObjective.of(cfg)
+
+
+def preference_data_module(cfg: TrainConfig) -> Callable[..., Any]:
+    """The stage's data module (``neva.stages.dpo``): preference pairs (``neva.data.preference``)."""
+    return functools.partial(PreferenceDataModule, precomputed=cfg.model.dpo.precompute_ref_log_probs)
+
+
+def rehearsal_pairs(cfg: TrainConfig, sample: dict[str, Any], seq_length: int, layout: Layout) -> list[dict[str, Any]]:
+    """The rehearsal's micro-batches (``neva.stages.dpo``): pairs of the plan's sample, as the stage's data module
+    collates them."""
+    data = cfg.model.data
+    collate = PairCollator(0, seq_length, data.pad_to_multiple_of)
+    reference = {"ref_logps": torch.zeros(2)} if cfg.model.dpo.precompute_ref_log_probs else {}
+    return [
+        collate([{"chosen": {**sample, "id": i}, "rejected": {**sample, "id": i}, **reference}
+                 for i in range(m * layout.micro_batch_size, (m + 1) * layout.micro_batch_size)])
+        for m in range(layout.grad_accum)
+    ]  # fmt: skip

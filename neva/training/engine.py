@@ -27,14 +27,14 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from neva.checkpoint.names import named_parameters
 from neva.data.collate import join_rows
-from neva.models.attention import attends_per_segment
 from neva.models.lora import LoRALinear, token_dropout_keys
 from neva.models.loss import learned_positions, micro_batch_weight
-from neva.parallel.context_parallel import check_context_parallel_objective, split_batch
+from neva.parallel.context_parallel import split_batch
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
+from neva.parallel.step_decisions import StepDecisions
 from neva.training.objectives import AuxObjective, HeadObjective, TokenCrossEntropy, aux_objectives
 
 # The model's per-token inputs besides the ids (dropout_keys: the engine's LoRA dropout keys; token_mask: MoE's).
@@ -101,20 +101,14 @@ class Engine:
         self.grad_size = layout.dp_cp
         self.cp = layout.cp
         self._split_count = 0
-        # what the split does not compute (shared with the planner, so a layout search proposes only what trains)
-        head_name = None if self.head.context_parallel else type(self.head).__name__
-        check_context_parallel_objective(layout, loss_normalization, head_name)
         # train()/eval() and the hooks of the data-parallel wrapper go through ``model``.
         self.model: nn.Module = parallel.forward_model if len(self.parts) == 1 else nn.ModuleList(self.parts)
-        # LM head only at learned positions; selecting positions of a (sequence-)sharded activation would need a
-        # collective, so TP layouts keep full logits.
-        self.learned_only_head = layout.tp == 1
-        # Sequence parallelism splits the sequence over tp ranks: pad to a multiple of tp.
-        self.sp_multiple = layout.tp if layout.sp else 1
-        # Packed rows attended per segment: one row of real tokens computes the same loss without the rows' padding
-        # (``neva.data.collate.join_rows``). Not under pipeline parallelism (its stages pass fixed [B, S] shapes)
-        # nor tensor parallelism (full logits at every position).
-        self.join_rows = packed and attends_per_segment(device) and parallel.runner is None
+        # The layout's step decisions, the planner's too (``neva.parallel.step_decisions``): the LM head at learned
+        # positions only, the sequence-parallel padding multiple, packed rows joined into one.
+        decisions = StepDecisions.of(layout)
+        self.learned_only_head = decisions.learned_only_head
+        self.sp_multiple = decisions.sp_multiple
+        self.join_rows = decisions.join_rows(packed, device)
         # LoRA dropout masks keyed by sample and position (the same in every layout) need per-token keys.
         self.keyed_dropout = any(isinstance(m, LoRALinear) and m.p > 0 for part in self.parts for m in part.modules())
         # Auxiliary objectives (MoE: the routers' load-balancing losses) join each micro-batch's loss

@@ -17,17 +17,15 @@ from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
 from neva.models.flops import SampleFlops, device_peak_tflops
 from neva.models.neva import NevaModel
-from neva.models.trainable import build_meta_model, parameter_counts
+from neva.models.trainable import parameter_counts
 from neva.parallel.layout import Layout
-from neva.parallel.parallelize import parallelize
 from neva.parallel.precision import Precision
+from neva.training.assembly import build_engine, build_parts
 from neva.training.callbacks import MetricsCSV
-from neva.training.dpo import PreferenceObjective
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer, build_scheduler
 from neva.training.resume_check import CONFIG_KEY, check_resume, config_record
 from neva.training.tower_work import tower_patch_metrics
-from neva.typed import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -163,35 +161,17 @@ class NevaModule(pl.LightningModule):
             return
         strategy = self.trainer.strategy if self._trainer is not None else None
         device = strategy.root_device if strategy is not None else torch.device(self.layout.device_type)
-        model = build_meta_model(self.source.cfg, self.cfg.model.trainable_policy())
-        self._flops = SampleFlops.of(model)
-        counts = parameter_counts(model)
+        # every start-time rule of the run (neva.parallel.run_rules.check_run), the meta model, this rank's parts
+        # and the stage's objective (DPO's pairs replace token CE): the rehearsal's construction too
+        parts = build_parts(
+            self.cfg, self.source, self.layout, device, self.precision_policy, getattr(strategy, "dims", None)
+        )
+        self._flops = SampleFlops.of(parts.model)
+        counts = parameter_counts(parts.model)
         log.info("parameters: %s", ", ".join(f"{k}={v:,}" for k, v in sorted(counts.items())))
-        if counts["trainable"] == 0:
-            raise ConfigError("no trainable parameters: check model.mm_cfg.*.freeze and model.peft")
-        parallel = parallelize(
-            model,
-            self.source,
-            self.layout,
-            self.cfg.model,
-            device,
-            self.precision_policy,
-            getattr(strategy, "dims", None),
+        self.engine = build_engine(
+            parts, self.cfg, self.source, self.layout, device, self.precision_policy, data=self.data
         )
-        preference = PreferenceObjective.of(self.cfg)  # stage=dpo: the pairs' objective replaces token CE
-        self.engine = Engine(
-            parallel,
-            self.precision_policy,
-            device,
-            packed=self.cfg.model.data.packing,
-            loss_normalization=self.cfg.model.loss_normalization,
-            head=preference,
-            objectives=(preference,) if preference is not None else (),
-        )
-        if preference is not None:
-            preference.attach_reference(
-                self.engine, self.cfg, self.source, self.layout, self.precision_policy, parallel.dims, data=self.data
-            )
         self.model = self.engine.model
         self.trainable_params = counts["trainable"]
 
@@ -285,7 +265,7 @@ class NevaModule(pl.LightningModule):
             peak = device_peak_tflops(name, self.cfg.cluster.peak_tflops_bf16)
             if peak:
                 metrics["mfu"] = tflops / peak
-        if self.source.cfg.vision is not None and self.source.cfg.vision.is_native:
+        if self.source.cfg.vision is not None and self.source.cfg.vision.spec.patch_grid:
             # Every rank logs a step (skipped or not), so every rank of the group joins this all-reduce.
             metrics.update(tower_patch_metrics(micro_batches, self.engine.dp_group, self.engine.device))
         metrics.update(self.data.skip_tracker.metrics())

@@ -15,7 +15,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from neva.families import part
 from neva.models.loss import count_learned_tokens, summed_cross_entropy, token_cross_entropy
+from neva.stages import stage_spec
 from neva.training.moe_loss import MoEAuxLoss
 
 
@@ -88,3 +90,10 @@ def aux_objectives(
 ) -> tuple[AuxObjective, ...]:
     """This rank's auxiliary objectives for its model ``parts`` (empty for a dense model without one)."""
     return tuple(o for o in (MoEAuxLoss.of(parts, layout, pp_group, cp_group),) if o is not None)
+
+
+def stage_objective(cfg: Any) -> Any:
+    """The run's stage objective (its spec's ``objective``: a head objective that is also an auxiliary one, and
+    may ``attach_reference``), or None where the stage learns by token cross-entropy."""
+    stage = stage_spec(cfg.stage)
+    return None if stage.objective is None else part(stage.objective)(cfg)

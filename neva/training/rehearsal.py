@@ -2,9 +2,9 @@
 
 For each distinct rank role of the layout (every pipeline stage; TP and DP ranks are symmetric, so the stage's
 ``(dp 0, cp 0, tp 0)`` rank stands for them: it holds the largest ``torch.chunk`` pieces; for cp rank 0 see
-``rank_roles``) the run's own path is executed:
-``build_meta_model`` → ``parallelize`` → ``Engine`` with the run's precision, O2 bookkeeping, activation
-checkpointing, sequence length and micro-batches, then gradient clipping and the AdamW step — under
+``rank_roles``) the run's own path is executed: training's start (``check_run``'s rules, ``build_meta_model``) →
+``parallelize`` → ``Engine`` with the run's precision, O2 bookkeeping, activation checkpointing, sequence length and
+micro-batches, then gradient clipping and the AdamW step — under
 ``FakeTensorMode`` (tensors carry shapes, dtypes and storage sizes, no data) and torch's fake process group (every
 collective returns at once). torch's memory trackers (``FSDPMemTracker``, ``MemTracker``) count every storage the
 step allocates, so the result is the rank's peak tensor memory and its split by category, with the place in the step
@@ -39,15 +39,16 @@ from neva.checkpoint.architecture import neva_config_from_mm
 from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
 from neva.models.config import NevaConfig
-from neva.models.trainable import build_meta_model
 from neva.parallel.context_parallel import split_batch
 from neva.parallel.expert_parallel import use_uniform_dispatch
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import MESH_DIMS, build_mesh
-from neva.parallel.parallelize import parallelize
 from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
-from neva.training.dpo import PreferenceObjective, frozen_reference
+from neva.parallel.step_decisions import StepDecisions
+from neva.stages import stage_spec
+from neva.training.assembly import build_engine, build_parts
+from neva.training.dpo import frozen_reference
 from neva.training.engine import Engine
 from neva.training.optim import build_optimizer
 from neva.training.rehearsal_inputs import synthetic_micro_batches
@@ -251,7 +252,8 @@ def rehearse(
     Args:
         cfg: the composed run config (the world is ``trainer.devices × trainer.num_nodes``).
         text_tokens: text tokens per sample (the planner's ``plan.text_tokens``); each sample has one image (or video).
-        learned_fraction: share of the text tokens that are learned (LM-head positions when ``tp == 1``).
+        learned_fraction: share of the text tokens that are learned (LM-head positions where the engine runs the
+            head there, ``StepDecisions.learned_only_head``).
         model: the architecture, when it is not the one ``cfg.model.mm_cfg`` names (tests' tiny shapes).
         micro_batches: without pipelining, run only the first ``micro_batches - 1`` and the last micro-batch of the
             step. The step's micro-batches are identical, and from the second to the one before the last each sees
@@ -272,7 +274,9 @@ def rehearse(
     ncfg = model or neva_config_from_mm(cfg.model.mm_cfg, image_aspect_ratio=cfg.model.data.image_aspect_ratio)
     world = _world(cfg)
     layout = Layout.from_config(cfg.model, world, "cpu")
-    if cfg.stage == "dpo" and layout.pp > 1:  # its reference's own pipeline pass would need its schedule set up too
+    if (
+        not stage_spec(cfg.stage).rehearses_pipeline and layout.pp > 1
+    ):  # its reference's own pipeline pass would need its schedule set up too
         raise RehearsalUnavailable(
             "plan.rehearse does not run a preference stage under pipeline parallelism yet "
             f"(model.pipeline_model_parallel_size={layout.pp}); the plan's estimate for it is the planner's alone"
@@ -300,7 +304,7 @@ def _host_split(
     if layout.cp == 1:
         return [(mb, mb) for _, mb in numbered]
     # The batches run unpacked (``_rehearse_rank``): one causal run per row; sequence parallelism pads to tp.
-    multiple = layout.tp if layout.sp else 1
+    multiple = StepDecisions.of(layout).sp_multiple
     cp_rank, group = parallel.dims.cp_rank, parallel.group("cp")
     return [
         ({**split_batch(mb, layout.cp, cp_rank, group, False, i, multiple), "labels": mb["labels"]}, mb)
@@ -397,12 +401,12 @@ def _rehearse_rank(
         if dims is not None:
             for name in MESH_DIMS:
                 dims.group(name)
-        meta_model = build_meta_model(ncfg, cfg.model.trainable_policy())
+        # Training's construction (every start-time rule of the run as configured, packing included; the stage's
+        # objective), allocated in fake mode; a preference stage's reference as training runs it (a frozen copy,
+        # allocated like the trained model; LoRA's adapters off; none when precomputed).
         source = ModelSource(cfg=ncfg, tokenizer=None)
-        parallel = parallelize(meta_model, source, layout, m, device, precision, dims, allocation=mode)
-        # A preference stage: its pair objective, and its reference as training runs it (a frozen copy, allocated
-        # like the trained model; LoRA's adapters off; none when precomputed).
-        preference = PreferenceObjective.of(cfg)
+        parts = build_parts(cfg, source, layout, device, precision, dims, settings=m, allocation=mode)
+        parallel = parts.parallel
         run_cfg = dataclasses.replace(cfg, model=m)
         frozen = None
         if cfg.reference_kind() == "frozen":
@@ -412,10 +416,7 @@ def _rehearse_rank(
             for part in parallel.parts + (frozen.parts if frozen is not None else []):
                 use_uniform_dispatch(part)
         with mode, propagation:
-            engine = Engine(parallel, precision, device, packed=m.data.packing, loss_normalization=m.loss_normalization,
-                            head=preference, objectives=(preference,) if preference is not None else ())  # fmt: skip
-            if preference is not None:
-                preference.attach_reference(engine, run_cfg, source, layout, precision, dims, frozen=frozen)
+            engine = build_engine(parts, cfg, source, layout, device, precision, frozen=frozen)
             optimizer = build_optimizer(engine.named_trainable_parameters(), m.optim)
             _warm_optimizer(engine, optimizer)
             # The step's inputs as the device holds them (a GPU run copies each micro-batch over; on the CPU path
@@ -511,11 +512,10 @@ def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> Neva
         num_layers = first + layers_per_chunk * (layout.num_chunks - 1)
     vision = ncfg.vision
     if vision is not None:
-        # A native tower's merger reads its last block; Qwen2.5-VL's keeps one windowed and one full block.
-        native = {"vision_select_layer": -1}
-        if vision.kind == "qwen2_5_vl":
-            native["fullatt_block_indexes"] = [1]
-        vision = dataclasses.replace(
-            vision, num_layers=2, **(native if vision.is_native else {"vision_select_layer": -2})
-        )
+        # A merger reads its tower's last block (the family's ``select``); window attention keeps one windowed and
+        # one full block.
+        kept = {"vision_select_layer": vision.spec.select}
+        if vision.spec.window_attention:
+            kept["fullatt_block_indexes"] = [1]
+        vision = dataclasses.replace(vision, num_layers=2, **kept)
     return dataclasses.replace(ncfg, llm=dataclasses.replace(ncfg.llm, num_layers=num_layers), vision=vision)

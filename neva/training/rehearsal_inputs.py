@@ -31,19 +31,20 @@ from neva.constants import IGNORE_INDEX
 from neva.data.anyres import anyres_sample_fields
 from neva.data.collate import Collator
 from neva.data.config import DataConfig
-from neva.data.preference import PairCollator
 from neva.data.qwen_images import QwenImageSpec, budget_size
+from neva.families import part
 from neva.models.anyres import feature_index, largest_pinpoint
 from neva.models.config import NevaConfig
 from neva.models.mrope import mrope_positions
 from neva.parallel.layout import Layout
+from neva.stages import stage_spec
 
 
 def _visual_fields(
     ncfg: NevaConfig, image_size: tuple[int, int] | None, num_frames: int | None, data: DataConfig | None = None
 ) -> dict[str, Any]:
     """A sample's visual keys, its visual positions' count (``"tokens"``) and the id they carry (``"token_id"``)."""
-    if ncfg.vision is not None and ncfg.vision.is_native and not num_frames:
+    if ncfg.vision is not None and ncfg.vision.spec.patch_grid and not num_frames:
         return _native_fields(ncfg, image_size, data or DataConfig())
     if ncfg.vision is None:
         empty = torch.zeros((0, 3, 0, 0), dtype=torch.uint8)
@@ -144,14 +145,9 @@ def synthetic_micro_batches(
     # three position axes (``NevaDataModule``'s collator).
     axes = 3 if ncfg.llm.mrope_section is not None else 1
     seq_length = data.seq_length or ncfg.llm.max_seq_len
-    if cfg.stage == "dpo":  # pairs of the sample, as the preference stage's data module collates them
-        collate = PairCollator(0, seq_length, data.pad_to_multiple_of)
-        reference = {"ref_logps": torch.zeros(2)} if cfg.model.dpo.precompute_ref_log_probs else {}
-        return [
-            collate([{"chosen": {**sample, "id": i}, "rejected": {**sample, "id": i}, **reference}
-                     for i in range(m * layout.micro_batch_size, (m + 1) * layout.micro_batch_size)])
-            for m in range(layout.grad_accum)
-        ]  # fmt: skip
+    stage = stage_spec(cfg.stage)
+    if stage.rehearsal_batches is not None:  # the stage's own (a preference pair's two sequences)
+        return part(stage.rehearsal_batches)(cfg, sample, seq_length, layout)
     collate = Collator(0, seq_length, data.pad_to_multiple_of, data.packing, axes)
     return [
         collate([{**sample, "id": m * layout.micro_batch_size + i} for i in range(layout.micro_batch_size)])

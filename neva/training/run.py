@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import warnings
@@ -23,14 +22,15 @@ from neva.checkpoint.neva_format import run_metadata
 from neva.checkpoint.source import resolve_source
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
-from neva.data.preference import PreferenceDataModule
+from neva.families import part
 from neva.parallel.collective_timeout import timeout_note
 from neva.parallel.layout import global_rank, resolve_layout
 from neva.parallel.leave import leave_together
+from neva.parallel.run_rules import check_stage
 from neva.parallel.strategy import build_strategy
+from neva.stages import stage_spec
 from neva.training import quiet
 from neva.training.callbacks import AtomicCheckpointIO, MetricsCSV, StepCheckpoints, StepProgressBar
-from neva.training.dpo import check_preference_config
 from neva.training.eval_hook import EvalDuringTraining, InTrainingEval
 from neva.training.export import save_final
 from neva.training.guards import check_trained, plan_steps, plan_training_data
@@ -67,12 +67,12 @@ def log_config(loggers: list[Any], cfg: TrainConfig) -> None:
 
 
 def data_module_type(cfg: TrainConfig) -> Callable[..., NevaDataModule]:
-    """The stage's data module: preference pairs for stage=dpo (``neva.data.preference``; the settings that stage
-    refuses are refused here, before data and model are built), conversations otherwise."""
-    if cfg.stage == "dpo":
-        check_preference_config(cfg)
-        return functools.partial(PreferenceDataModule, precomputed=cfg.model.dpo.precompute_ref_log_probs)
-    return NevaDataModule
+    """The stage's data module (its spec's ``data_module``), conversations where it names none. The stage's refused
+    settings (``run_rules.check_stage``, one of ``check_run``'s rules) are refused here already, before data and model
+    are built."""
+    check_stage(cfg)
+    stage = stage_spec(cfg.stage)
+    return NevaDataModule if stage.data_module is None else part(stage.data_module)(cfg)
 
 
 def run(

@@ -2,8 +2,9 @@
 
 The stage config is composed from the same Hydra files as ``python -m neva.train +stage=...`` (its trainable policy,
 precision, packing, optimizer, compute plans); only the architecture is the benchmark's own. The model is built on
-the meta device with the stage's policy, then ``parallelize`` materialises it (one process) and ``Engine`` runs the
-step: no freezing, casting or master weights of the benchmark's own.
+the meta device with the stage's policy (after the run's start-time rules, ``check_run``), then ``parallelize``
+materialises it (one process) and ``Engine`` runs the step: no freezing, casting or master weights of the
+benchmark's own.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig, compose_config
 from neva.models.config import NevaConfig
 from neva.models.flops import SampleFlops
-from neva.models.trainable import build_meta_model
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import parallelize
 from neva.parallel.precision import Precision
 from neva.training.engine import Engine
+from neva.training.start_checks import checked_meta_model
 
 
 def stage_config(stage: str, *overrides: str) -> TrainConfig:
@@ -33,7 +34,7 @@ def build_engine(model_cfg: NevaConfig, cfg: TrainConfig, device: torch.device) 
     the FLOP counts of the model it runs."""
     precision = Precision.from_config(cfg.trainer.precision, cfg.model.megatron_amp_O2)
     layout = Layout.from_config(cfg.model, world=1, device_type=device.type)
-    model = build_meta_model(model_cfg, cfg.model.trainable_policy())
+    model = checked_meta_model(cfg, model_cfg, layout)  # training's start: check_run, then the meta model
     flops = SampleFlops.of(model)
     parallel = parallelize(model, ModelSource(model_cfg, tokenizer=None), layout, cfg.model, device, precision)
     engine = Engine(

@@ -1,35 +1,18 @@
-"""One tiny random neva checkpoint for every benchmark test, and the helpers that lay out a benchmark's files."""
+"""The helpers that lay out a benchmark's files (the tiny checkpoint every benchmark test answers with is
+``tests/conftest.py``'s)."""
 
 import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 
-from neva.checkpoint.neva_format import save_checkpoint
-from neva.data.synthetic import build_tokenizer
 from neva.evaluate import main as evaluate_main
-from neva.models.neva import NevaModel
-from neva.models.presets import build_config
 from tests.checkpoint.tiny_hf import one_thread
 
 ANSWER_FIELDS = {"question_id", "prompt", "text", "answer_id", "model_id", "metadata"}
 """What model_vqa_loader writes per answer (the official scorers read question_id, prompt, text)."""
-
-
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    model = NevaModel(
-        build_config(vocab_size=len(tokenizer), image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
-    )
-    model.init_weights()
-    path = tmp_path_factory.mktemp("bench") / "tiny"
-    save_checkpoint(path, model.cfg, model.state_dict(), tokenizer, metadata={"conv_template": "vicuna_v1"})
-    return path
 
 
 def draw(path: Path, seed: int = 0) -> Path:

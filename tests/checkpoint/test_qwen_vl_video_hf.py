@@ -192,7 +192,7 @@ def test_qwen3_vl_video_is_a_counted_skip_naming_the_gap(imported):
                          patch_size=16, hidden_act="gelu_pytorch_tanh")  # fmt: skip
     cfg = dataclasses.replace(model.cfg, vision=qwen3, projector=dataclasses.replace(
         model.cfg.projector, type="qwen3_vl_merger", input_size=32))  # fmt: skip
-    assert v.kind == "qwen2_5_vl" and cfg.native_video
+    assert v.kind == "qwen2_5_vl" and cfg.patch_video
     front_end = front_end_for(cfg.vision, cfg, "square")
     images, videos = FolderImageSource(str(root / "images")), VideoSource(str(root / "images"), VideoLimits(3))
     skipped = process_record(RECORDS[0], settings, images, front_end, videos)

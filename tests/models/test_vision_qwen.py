@@ -192,8 +192,8 @@ def test_native_kinds_config_rules():
     """``is_native`` is the capability; fixed per-image counts refuse a native kind; CLIP / SigLIP keep their defaults;
     a native tower takes its own merger with the same merge and DeepStack counts; every block reaches the features."""
     vision, projector = neva_configs("qwen3_vl")
-    assert vision.is_native and not VisionConfig().is_native and not VisionConfig(kind="siglip",
-        hidden_act="gelu_pytorch_tanh").is_native  # fmt: skip
+    assert vision.spec.patch_grid and not VisionConfig().spec.patch_grid and not VisionConfig(kind="siglip",
+        hidden_act="gelu_pytorch_tanh").spec.patch_grid  # fmt: skip
     assert (vision.vision_select_layer, vision.layer_norm_eps) == (-1, 1e-6)
     assert (VisionConfig().vision_select_layer, VisionConfig().layer_norm_eps) == (-2, 1e-5)
     for prop in ("grid", "num_patches", "seq_len", "num_image_tokens"):

@@ -154,7 +154,7 @@ def train_losses(
     module = NevaModule(cfg, source, data, layout)
     module.configure_model()
     engine = module.engine
-    native = source.cfg.vision is not None and source.cfg.vision.is_native
+    native = source.cfg.vision is not None and source.cfg.vision.spec.patch_grid
     tower_inputs = [0]
     if count_tower_inputs:
         for part in engine.parts:

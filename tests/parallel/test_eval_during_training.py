@@ -1,6 +1,6 @@
 """Evaluation during training (``model.eval``): the training model answers POPE (tiny official-layout files, as
 ``tests/benchmarks`` builds them) at step 2 of 3 under one process (LoRA with adapter dropout: train mode must come
-back), DP2 with FSDP2 (every replica answers every question: each forward gathers the shards), DP2 with DDP (each
+back), DP2 with FSDP2 (each replica answers half, in lockstep: each forward gathers the shards), DP2 with DDP (each
 replica answers half, gathered), PP2 (greedy decoding through the stages, a KV cache per stage) and TP2 (each rank
 caching its own heads, the vocabulary-sharded logits gathered). Each run's scores
 equal those of ``neva.evaluate`` on the checkpoint consolidated at that step, and its losses (step 3 included) equal

@@ -113,9 +113,10 @@ def test_tied_embeddings_are_never_proposed_with_pipeline_stages() -> None:
 
 
 def test_layouts_training_refuses_under_tensor_parallelism_are_never_proposed() -> None:
-    """LoRA and a trained vision tower are refused under TP at start (``check_tensor_parallel``); the search asks the
-    same check, so neither it nor the start-of-run line built on it proposes such a layout (``plan_run`` of one still
-    predicts it, and the rehearsal reports the refusal: ``tests/training/test_rehearsal.py``)."""
+    """LoRA and a trained vision tower are refused under TP at start (``check_tensor_parallel``, one of
+    ``check_run``'s rules); ``plan_run`` asks the same rules, so neither the search nor the start-of-run line built on
+    it proposes such a layout (``plan_run`` of one refuses it with training's message:
+    ``tests/parallel/test_run_rules.py``)."""
     base = ["+stage=finetune", "cluster=dgx_h100", "trainer.devices=8", *O2]
     for extra in (["model.peft.peft_scheme=lora"], ["model.mm_cfg.vision_encoder.freeze=false"]):
         result = search(compose_config(base + extra), top=0)

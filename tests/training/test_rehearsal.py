@@ -17,8 +17,8 @@ import neva
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import compose_config
 from neva.parallel.layout import Layout
-from neva.plan import main
-from neva.planner.plan import TEXT_TOKENS, plan_run
+from neva.plan import main, rehearse_against_plan
+from neva.planner.plan import plan_run, text_tokens_of
 from neva.training.rehearsal import CATEGORIES, RehearsalUnavailable, edge_stages, rehearse, require, shallow
 from neva.typed import ConfigError
 
@@ -123,7 +123,7 @@ def test_every_preset_layout_runs_its_step(preset: str) -> None:
         cfg = compose_config([f"+preset={preset}", f"model.global_batch_size={gbs}"])
     model = shallow(neva_config_from_mm(cfg.model.mm_cfg), layout)
     stages = edge_stages(layout)
-    measured = rehearse(cfg, TEXT_TOKENS[cfg.stage], model=model, micro_batches=1, stages=stages)
+    measured = rehearse(cfg, text_tokens_of(cfg), model=model, micro_batches=1, stages=stages)
     assert [r.stage for r in measured] == stages
     assert all(r.peak == sum(r.categories.values()) > 0 for r in measured)
 
@@ -151,9 +151,17 @@ def test_plan_rehearse_of_a_context_parallel_layout_says_what_the_cpu_path_adds(
 
 
 def test_plan_rehearse_exits_non_zero_when_the_real_path_fails(capsys: pytest.CaptureFixture[str]) -> None:
-    """LoRA under TP: the planner predicts its shards, training's plan refuses it; the pre-flight says so."""
+    """LoRA under TP: training refuses it at start, and so does the planner now (one list of start-time rules,
+    ``neva.parallel.run_rules.check_run``), before any rehearsal; the pre-flight's own exit (status 1 and the
+    error) is that of a real path that fails, here the same refusal reached by the rehearsal itself."""
+    tp, lora = ["model.tensor_model_parallel_size=2"], ["model.peft.peft_scheme=lora"]
+    with pytest.raises(ConfigError, match="LoRA"):
+        main(TINY_PLAN + tp + lora)
+    overrides = [arg for arg in TINY_PLAN if not arg.startswith("plan.")] + tp
+    cfg = compose_config(overrides + lora)
+    plan = plan_run(compose_config(overrides))  # the same layout without LoRA, which the planner plans
     with pytest.raises(SystemExit) as exit_info:
-        main(TINY_PLAN + ["model.tensor_model_parallel_size=2", "model.peft.peft_scheme=lora"])
+        rehearse_against_plan(cfg, plan, None)
     assert exit_info.value.code == 1
     assert "rehearsal failed: ConfigError: LoRA" in capsys.readouterr().err
 
