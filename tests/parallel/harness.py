@@ -1,5 +1,6 @@
 """Multi-process CPU harness: the training loop of ``NevaModule`` without Lightning, in N gloo processes; and
-``neva_train``, the command ``python -m neva.train`` (under torchrun too) in processes forked from the same server.
+``run_module``, a command ``python -m module`` (``neva.train`` under torchrun's environment too) in processes forked
+from the same server.
 
 Lean on purpose (CI has 2 cores): one process group per set of layouts, forked from a server that has imported
 everything once, a 2-layer tiny model, short sequences.
