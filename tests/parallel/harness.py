@@ -1,4 +1,6 @@
-"""Multi-process CPU harness: the training loop of ``NevaModule`` without Lightning, in N gloo processes.
+"""Multi-process CPU harness: the training loop of ``NevaModule`` without Lightning, in N gloo processes; and
+``run_module``, a command ``python -m module`` (``neva.train`` under torchrun's environment too) in processes forked
+from the same server.
 
 Lean on purpose (CI has 2 cores): one process group per set of layouts, forked from a server that has imported
 everything once, a 2-layer tiny model, short sequences.
@@ -10,6 +12,11 @@ import json
 import multiprocessing
 import os
 import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -316,3 +323,96 @@ def run_layouts(world: int, jobs: list[tuple[str, list[str], Any]], out: Path, t
     args = (world, free_port(), jobs, str(out), train)
     mp.start_processes(_worker, args=args, nprocs=world, join=True, start_method="forkserver")
     return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+# torchrun's variables for each worker (torch/distributed/elastic/agent/server/local_elastic_agent.py): one node, the
+# first attempt, the launcher's own store not in use.
+def _torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
+        "LOCAL_WORLD_SIZE": str(world), "WORLD_SIZE": str(world), "GROUP_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none",
+        "TORCHELASTIC_USE_AGENT_STORE": "False", "OMP_NUM_THREADS": "1",
+    }  # fmt: skip
+
+
+def _command_worker(rank: int, world: int, port: int, module: str, argv: list, env: dict, cwd: str, out: str) -> None:
+    """One rank of ``python -m module *argv``: the state a fresh interpreter would have (environment, working
+    directory, threads, ``sys.argv``, stdout and stderr to files), then the module run as ``__main__``; the exit status
+    to ``rank<r>.rc``. A failed rank leaves with its status, so that the others are stopped as torchrun stops them."""
+    import runpy
+
+    os.environ.clear()
+    os.environ.update(env)
+    if world > 1:
+        launcher = _torchrun_env(rank, world, port)
+        if "OMP_NUM_THREADS" in env:  # torchrun sets it only where the environment has none
+            del launcher["OMP_NUM_THREADS"]
+        os.environ.update(launcher)
+    os.chdir(cwd)
+    if os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    for fd, name in ((1, "out"), (2, "err")):
+        os.dup2(os.open(Path(out, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.argv = [module, *argv]  # runpy puts the module's path first, as `python -m` does
+    sys.modules.pop(module, None)  # run afresh as __main__ (runpy warns about a module imported before)
+    code = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, int | None):
+            print(stop.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    Path(out, f"rank{rank}.rc").write_text(str(code))
+    if code:
+        os._exit(code)
+
+
+def run_module(
+    module: str,
+    argv: list[str],
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+    cwd: Path | str | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
+    """``python -m module *argv`` (``nproc`` > 1: ``torchrun --nproc_per_node nproc -m module *argv``) as
+    ``subprocess.run(..., env=env, cwd=cwd, capture_output=True, text=True)`` returns it, without starting an
+    interpreter: each rank is a process forked from the harness's server (torch, Lightning and neva imported once for
+    the session, where a fresh interpreter spends ~6 s of CPU on CI's VM importing them), with the launcher's
+    environment, running the module as ``__main__``. stdout and stderr: the ranks' in rank order; the exit status: the
+    first failing rank's, else 0. For commands whose test is not about the interpreter or the launcher: exit statuses
+    of refused inputs, signals, import-time output and torchrun itself keep real processes."""
+    with tempfile.TemporaryDirectory(prefix="run_module_") as out:
+        env = dict(os.environ if env is None else env)
+        args = (nproc, free_port(), module, list(argv), env, str(cwd or os.getcwd()), out)
+        context = mp.start_processes(_command_worker, args=args, nprocs=nproc, join=False, start_method="forkserver")
+        deadline = time.monotonic() + timeout
+        try:
+            while not context.join(timeout=max(0.0, deadline - time.monotonic()), grace_period=5):
+                if time.monotonic() >= deadline:
+                    for process in context.processes:
+                        process.kill()
+                    raise subprocess.TimeoutExpired(["-m", module, *argv], timeout)
+        except mp.ProcessExitedException:
+            pass  # a rank's non-zero status, read below; the others were stopped
+        codes, text = [], {"out": "", "err": ""}
+        for rank, process in enumerate(context.processes):
+            rc = Path(out, f"rank{rank}.rc")
+            codes.append(int(rc.read_text()) if rc.exists() else process.exitcode)
+            for name in text:
+                if Path(out, f"rank{rank}.{name}").exists():
+                    text[name] += Path(out, f"rank{rank}.{name}").read_text()
+        failed = [c for c in codes if c]
+        return subprocess.CompletedProcess(["-m", module, *argv], failed[0] if failed else 0, text["out"], text["err"])
+
+
+def neva_train(argv: list[str], nproc: int = 1, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m neva.train *argv`` (``nproc`` > 1: under torchrun) through ``run_module``."""
+    return run_module("neva.train", argv, nproc, env)

@@ -105,7 +105,8 @@ def _ended(out: str, rank: int) -> bool:
 
 @pytest.mark.slow
 def test_mesh_sub_groups_time_out_after_the_configured_timeout(tmp_path):
-    mp.spawn(_mesh_worker, args=(free_port(), str(tmp_path)), nprocs=4, join=True)
+    # forked from the harness's server (torch and neva imported once for the session), not 4 fresh interpreters
+    mp.start_processes(_mesh_worker, args=(free_port(), str(tmp_path)), nprocs=4, join=True, start_method="forkserver")
     for rank, dim_peer in ((0, "pp 0, dp 0, tp 0"), (3, "pp 0, dp 1, tp 1")):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["error"] is not None, "the collective should have failed"

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
-import sys
 
 import pytest
 
-from .harness import BASE, FAMILIES, make_checkpoint, run_layouts, train_losses
+from .harness import BASE, FAMILIES, make_checkpoint, neva_train, run_layouts, train_losses
 from .test_parallel_training import E2E, RTOL, _check_layouts, _tiny_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -136,13 +134,10 @@ def test_resume_across_layouts_continues_the_curve(tmp_path):
 
 
 def _dpo_train(root, ckpt, nproc: int, *overrides: str, resumes_at: int | None = None) -> list[dict[str, str]]:
+    """``python -m neva.train`` (``nproc`` > 1: under torchrun), in processes forked from the harness's server."""
     env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "neva.train"]
-    if nproc > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "neva.train"]
     every = "exp_manager.checkpoint_callback_params.every_n_train_steps=1"
-    cmd = [*launcher, f"model.restore_from_path={ckpt}", *overrides, every]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = neva_train([f"model.restore_from_path={ckpt}", *overrides, every], nproc, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     output = proc.stdout + proc.stderr
     assert resumes_at is None or f"at step {resumes_at}" in output, output[-4000:]

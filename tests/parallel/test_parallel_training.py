@@ -1,7 +1,9 @@
 """Every parallel layout computes the single-process training run (CPU, gloo, real processes, fp32).
 
 The in-process harness (``harness.py``) runs ``NevaModule``'s step without Lightning, grouping layouts so each
-spawn pays process start-up once; ``test_torchrun_end_to_end`` runs ``python -m neva.train`` itself.
+spawn pays process start-up once; the end-to-end tests run the command ``python -m neva.train`` (under torchrun's
+environment for several ranks) in processes forked from the harness's server (``harness.neva_train``), and
+``test_torchrun_end_to_end`` runs it under the real ``torchrun`` launcher too.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .harness import FAMILIES, make_checkpoint, run_layouts, train_losses
+from .harness import FAMILIES, make_checkpoint, neva_train, run_layouts, train_losses
 from .llava_data import llava_overrides, write_llava_set
 
 STEPS = 5
@@ -181,16 +183,26 @@ E2E = [
 
 
 def _train(
-    root: Path, ckpt: Path, nproc: int, *overrides: str, column: str = "train_loss", every: int = 3
+    root: Path,
+    ckpt: Path,
+    nproc: int,
+    *overrides: str,
+    column: str = "train_loss",
+    every: int = 3,
+    torchrun: bool = False,
 ) -> list[float]:
+    """``python -m neva.train`` (``nproc`` > 1: under torchrun) on the tiny finetune run; its ``column`` per step.
+    The command runs in forked processes (``harness.neva_train``); ``torchrun``: in the real launcher and
+    interpreters."""
     env = {**os.environ, "NEVA_OUTPUT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "neva.train"]
-    if nproc > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "neva.train"]
     base = [o for o in E2E if "every_n_train_steps" not in o]
     base.append(f"exp_manager.checkpoint_callback_params.every_n_train_steps={every}")
-    cmd = launcher + base + [f"model.restore_from_path={ckpt}", *overrides]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    argv = base + [f"model.restore_from_path={ckpt}", *overrides]
+    if torchrun:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "neva.train"]
+        proc = subprocess.run(launcher + argv, env=env, capture_output=True, text=True, timeout=600)
+    else:
+        proc = neva_train(argv, nproc, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(root / "finetune" / "metrics.csv") as f:
         return [float(r[column]) for r in csv.DictReader(f)]
@@ -275,7 +287,7 @@ def test_torchrun_end_to_end_and_layout_changing_resume(tmp_path):
     ckpt = save_checkpoint(tmp_path / "ckpt", source.cfg, model.state_dict(), source.tokenizer)
 
     ref = _train(tmp_path / "one", ckpt, 1)
-    tp = _train(tmp_path / "tp", ckpt, 2, "model.tensor_model_parallel_size=2")
+    tp = _train(tmp_path / "tp", ckpt, 2, "model.tensor_model_parallel_size=2", torchrun=True)
     assert _max_rel(tp, ref) < RTOL, (tp, ref)
     # Sharded initialisation (no rank ever holds the whole model) loads the same weights.
     meta = _train(tmp_path / "tp_meta", ckpt, 2, "model.tensor_model_parallel_size=2", "model.meta_init=true")
@@ -309,15 +321,14 @@ def test_hf_weights_load_straight_into_the_sharded_model(tmp_path):
     llama, _ = make_llama_dir(tmp_path / "llama")
     make_clip_dir(tmp_path / "clip")
     env = {**os.environ, "NEVA_OUTPUT_ROOT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "neva.train", "+stage=pretrain",
-        "trainer.max_steps=2", "model.micro_batch_size=2", "model.global_batch_size=4",
+    argv = [
+        "+stage=pretrain", "trainer.max_steps=2", "model.micro_batch_size=2", "model.global_batch_size=4",
         "exp_manager.create_tensorboard_logger=false", "trainer.enable_progress_bar=false",
         "trainer.val_check_interval=1000", "++model.data.synthetic_train_samples=16",
         f"model.mm_cfg.llm.from_pretrained={tmp_path}/llama", f"model.mm_cfg.vision_encoder.from_pretrained={tmp_path}/clip",
         "model.tensor_model_parallel_size=2", "model.meta_init=true",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = neva_train(argv, 2, env)  # torchrun --nproc_per_node 2 -m neva.train
     assert proc.returncode == 0, proc.stderr[-4000:]
     final = tmp_path / "out" / "pretrain" / "final"
     weights = {}

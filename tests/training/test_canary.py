@@ -11,13 +11,12 @@ import csv
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from neva.evaluate import outside_bands
+from tests.parallel.harness import run_module
 
 BANDS = Path(__file__).with_name("canary_bands.json")
 # The DPO stage's bars (measured 2026-12-05, model.seed 1234 (CI), 1, 2: held-out rewards/accuracy 0.656, 0.698,
@@ -31,7 +30,11 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
 
 
 def run(*args: str, env: dict[str, str]) -> str:
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+    """``python -m module *args`` (``args``: ``"-m", module, ...``), forked from the session's server
+    (``tests.parallel.harness.run_module``: no interpreter start-up); its stdout."""
+    flag, module, *argv = args
+    assert flag == "-m", args
+    out = run_module(module, argv, env=env, timeout=3600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from neva.checkpoint.verified import file_digest, write_manifest
-from tests.training.test_cli import ENV, read_losses, train_cmd
+from tests.training.test_cli import ENV, read_losses, train_cmd, train_forked
 
 COMMON = [
     "trainer.log_every_n_steps=1",
@@ -23,11 +23,15 @@ COMMON = [
 ]
 
 
-def train(run_dir: Path, max_steps: int, *overrides: str) -> subprocess.CompletedProcess:
+def train(run_dir: Path, max_steps: int, *overrides: str, process: bool = False) -> subprocess.CompletedProcess:
     """``python -m neva.train`` on ``run_dir``; ``.output`` holds stdout and stderr together (Hydra logs to one,
-    Python's warnings and tracebacks go to the other)."""
-    cmd = train_cmd(run_dir, *COMMON, f"trainer.max_steps={max_steps}", *overrides)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    Python's warnings and tracebacks go to the other). Forked from the session's server (``train_forked``), or
+    (``process``: a refusal, whose exit status is the process's) in its own interpreter."""
+    overrides = (*COMMON, f"trainer.max_steps={max_steps}", *overrides)
+    if process:
+        out = subprocess.run(train_cmd(run_dir, *overrides), capture_output=True, text=True, env=ENV, timeout=300)
+    else:
+        out = train_forked(run_dir, *overrides)
     out.output = out.stdout + out.stderr
     return out
 
@@ -100,7 +104,7 @@ def test_planted_pickle_in_last_ckpt_is_refused_not_run(run_dir, tmp_path):
     marker.unlink()
     before = snapshot(run_dir)
 
-    out = train(run_dir, 6)
+    out = train(run_dir, 6, process=True)
     assert_refused_untouched(out, before, run_dir, "last.ckpt", "not tensors or plain data", "posix.system")
     assert not marker.exists()
 
@@ -123,7 +127,7 @@ def test_planted_pickle_in_dcp_directory_is_refused_not_run(run_dir, tmp_path, p
     write_manifest(last, {p.name: file_digest(p) for p in last.iterdir()}, step=9)
     before = snapshot(run_dir)
 
-    out = train(run_dir, 6)
+    out = train(run_dir, 6, process=True)
     assert_refused_untouched(out, before, run_dir, planted, "posix.system")
     assert not marker.exists()
 
@@ -191,7 +195,7 @@ def test_no_intact_checkpoint_stops_instead_of_starting_over(run_dir):
     (ckpts / "step=3.ckpt.manifest.json").unlink()  # as if killed between the file and its manifest
     before = snapshot(run_dir)
 
-    out = train(run_dir, 6)
+    out = train(run_dir, 6, process=True)
     assert_refused_untouched(
         out, before, run_dir, "none is intact", "refusing to start over it from step 0", "step=3.ckpt: no manifest"
     )

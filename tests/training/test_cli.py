@@ -13,6 +13,7 @@ import pytest
 
 from neva.config import compose_config
 from neva.data.datamodule import resolve_num_workers
+from tests.parallel.harness import run_module
 from tests.training.conftest import LEAN
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
@@ -20,6 +21,15 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
 
 def train_cmd(exp_dir: Path, *overrides: str, stage: str = "pretrain") -> list[str]:
     return [sys.executable, "-m", "neva.train", f"+stage={stage}", *LEAN, f"exp_manager.exp_dir={exp_dir}", *overrides]
+
+
+def train_forked(
+    exp_dir: Path, *overrides: str, stage: str = "pretrain", env: dict[str, str] = ENV, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """``train_cmd``'s command as ``subprocess.run(..., capture_output=True, text=True)`` returns it, run in a process
+    forked from the session's server (``tests.parallel.harness.run_module``: no interpreter start-up), for runs whose
+    test is not about the process (exit statuses of refused inputs, signals and kills keep ``subprocess``)."""
+    return run_module("neva.train", train_cmd(exp_dir, *overrides, stage=stage)[3:], env=env, timeout=timeout)
 
 
 def read_losses(exp_dir: Path) -> dict[int, float]:

@@ -5,11 +5,11 @@ detail set") holds the measured numbers."""
 
 import json
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.parallel.harness import run_module
 
 # One thread per run, the two runs side by side: the numbers are bitwise the same on any machine and under any load.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
@@ -32,7 +32,11 @@ LIMIT = 150
 
 
 def run(*args: str, env: dict[str, str]) -> str:
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+    """``python -m module *args`` (``args``: ``"-m", module, ...``), forked from the session's server
+    (``tests.parallel.harness.run_module``: no interpreter start-up); its stdout."""
+    flag, module, *argv = args
+    assert flag == "-m", args
+    out = run_module(module, argv, env=env, timeout=3600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

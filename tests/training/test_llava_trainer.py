@@ -26,6 +26,7 @@ from neva.constants import IGNORE_INDEX
 from neva.data.conversation import get_template
 from neva.data.dataset import EncoderSettings, encode_record
 from tests.checkpoint.tiny_llava_original import make_llava_original, make_records, make_tower
+from tests.parallel.harness import run_module
 from tests.pip_site import cached_site
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,11 +138,16 @@ def llava_run(case):
 @pytest.fixture(scope="module")
 def neva_run(case):
     root, _ = case
-    run([sys.executable, "-m", "neva.convert", "hf-to-neva", "--hf", str(root / "llava"), "--conv-template",
-         "vicuna_v1", "--out", str(root / "ckpt")])  # fmt: skip
-    run([sys.executable, "-m", "neva.train", "+stage=finetune", f"model.restore_from_path={root / 'ckpt'}",
-         f"model.data.data_path={root / 'data.json'}", f"model.data.image_folder={root / 'images'}",
-         f"exp_manager.exp_dir={root / 'neva_out'}", *NEVA_ARGS])  # fmt: skip
+    # neva's commands forked from the session's server (no interpreter start-up), as `python -m` runs them
+    for module, argv in (
+        ("neva.convert", ["hf-to-neva", "--hf", str(root / "llava"), "--conv-template", "vicuna_v1",
+                          "--out", str(root / "ckpt")]),
+        ("neva.train", ["+stage=finetune", f"model.restore_from_path={root / 'ckpt'}",
+                        f"model.data.data_path={root / 'data.json'}", f"model.data.image_folder={root / 'images'}",
+                        f"exp_manager.exp_dir={root / 'neva_out'}", *NEVA_ARGS]),
+    ):  # fmt: skip
+        proc = run_module(module, argv, env=env(), cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-4000:]
     with open(next((root / "neva_out").rglob("metrics.csv"))) as f:
         rows = {int(r["step"]): r for r in csv.DictReader(f) if r.get("train_loss")}
     return root, [rows[s] for s in sorted(rows)]

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from neva.config import compose_config
 from neva.training.optim import cosine_lr_lambda
 from tests.training.conftest import LEAN
-from tests.training.test_cli import ENV, read_losses, train_cmd
+from tests.training.test_cli import ENV, read_losses, train_cmd, train_forked
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +28,11 @@ O2 = ["trainer.precision=bf16-mixed", "model.megatron_amp_O2=true"]
 
 
 def train(exp_dir: Path, *overrides: str, stage: str = "pretrain") -> subprocess.CompletedProcess:
+    return train_forked(exp_dir, *overrides, stage=stage)
+
+
+def train_process(exp_dir: Path, *overrides: str, stage: str = "pretrain") -> subprocess.CompletedProcess:
+    """The command in its own interpreter: a refusal's exit status is the process's."""
     return subprocess.run(
         train_cmd(exp_dir, *overrides, stage=stage), capture_output=True, text=True, env=ENV, timeout=300
     )
@@ -106,7 +111,9 @@ def test_changed_lr_is_applied_from_the_saved_step_and_logged(six_steps, tmp_pat
 def test_changes_that_alter_what_is_trained_stop_before_anything_is_written(six_steps, tmp_path):
     run = copy(six_steps, tmp_path / "changed")
     before = digest(run)
-    refused = train(run, *TWELVE, "model.global_batch_size=16", "model.seed=7", "model.data.synthetic_train_samples=96")
+    refused = train_process(
+        run, *TWELVE, "model.global_batch_size=16", "model.seed=7", "model.data.synthetic_train_samples=96"
+    )
     assert refused.returncode == 2, refused.stderr[-2000:]
     for line in (
         "checkpoints/last.ckpt was written with another config, and these changes alter what is trained:",
@@ -120,7 +127,7 @@ def test_changes_that_alter_what_is_trained_stop_before_anything_is_written(six_
     assert digest(run) == before  # nothing trained, nothing written, nothing lost
 
     # The finetune stage pointed at the pretrain folder (starting from its final weights) resumes its checkpoint.
-    as_finetune = train(run, *TWELVE, f"model.restore_from_path={run / 'final'}", stage="finetune")
+    as_finetune = train_process(run, *TWELVE, f"model.restore_from_path={run / 'final'}", stage="finetune")
     assert as_finetune.returncode == 2 and 'stage: "pretrain" → "finetune"' in as_finetune.stderr
     assert "optimizer" not in as_finetune.stderr.lower()
     assert digest(run) == before

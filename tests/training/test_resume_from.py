@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tests.training.test_cli import ENV, read_losses, train_cmd
+from tests.training.test_cli import ENV, read_losses, train_cmd, train_forked
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ SIX = [
 
 
 def train(exp_dir, *overrides):
-    return subprocess.run(train_cmd(exp_dir, *SIX, *overrides), capture_output=True, text=True, env=ENV, timeout=600)
+    return train_forked(exp_dir, *SIX, *overrides, timeout=600)
 
 
 def test_resume_from_a_chosen_step_checkpoint(tmp_path):
@@ -43,7 +43,10 @@ def test_resume_from_a_chosen_step_checkpoint(tmp_path):
     assert f"resuming from {tmp_path / 'second' / 'checkpoints'}" in rerun.stdout + rerun.stderr
     assert "at step 6" in rerun.stdout + rerun.stderr
 
-    missing = train(tmp_path / "third", f"exp_manager.resume_from_checkpoint={tmp_path / 'nothing.ckpt'}")
+    missing = subprocess.run(  # the refusal's exit status: the process's
+        train_cmd(tmp_path / "third", *SIX, f"exp_manager.resume_from_checkpoint={tmp_path / 'nothing.ckpt'}"),
+        capture_output=True, text=True, env=ENV, timeout=600,
+    )  # fmt: skip
     assert missing.returncode == 2
     assert "exp_manager.resume_from_checkpoint=" in missing.stderr and "no such checkpoint" in missing.stderr
     assert not (tmp_path / "third" / "metrics.csv").exists()

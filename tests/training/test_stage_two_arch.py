@@ -3,8 +3,8 @@ finetune from that checkpoint adding AnyRes (pinpoints, ``image_aspect_ratio=any
 ``image_newline``) or video pooling; any other architecture setting that differs from the checkpoint is refused naming
 the key (``neva.checkpoint.restored_architecture``).
 
-The two runs are ``python -m neva.train`` subprocesses on the lean tiny model (two steps each); the rules themselves
-are checked in process through ``resolve_source`` on the runs' checkpoints.
+The two runs are ``python -m neva.train`` (forked from the session's server: ``train_forked``) on the lean tiny model
+(two steps each); the rules themselves are checked in process through ``resolve_source`` on the runs' checkpoints.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from neva.typed import ConfigError
 from tests.data.conftest import qa, write_image, write_jsonl
 from tests.data.video_files import write_video
 from tests.training.conftest import LEAN
-from tests.training.test_cli import ENV, train_cmd
+from tests.training.test_cli import ENV, train_forked
 
 SHORT = ["trainer.max_steps=2", "model.micro_batch_size=4", "model.global_batch_size=8", "trainer.limit_val_batches=0"]
 ANYRES = ["model.mm_cfg.image_grid_pinpoints='(1x1),...,(2x2)'", "model.data.image_aspect_ratio=anyres"]
@@ -52,8 +52,7 @@ def llava_data(root: Path) -> list[str]:
 
 def train(root: Path, exp: str, *overrides: str, stage: str) -> subprocess.CompletedProcess:
     env = {**ENV, "NEVA_OUTPUT_ROOT": str(root)}
-    cmd = train_cmd(root / exp, *SHORT, *overrides, stage=stage)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    return train_forked(root / exp, *SHORT, *overrides, stage=stage, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -110,17 +110,15 @@ def test_step_checkpoints_convert_like_final_lora_included(runs, tmp_path):
 
 @pytest.mark.slow
 def test_dcp_step_checkpoint_of_two_ranks_converts_like_final(tmp_path):
-    """A distributed run (torchrun, 2 gloo ranks, TP2) writes DCP directories; its step checkpoint is gathered in one
-    process into the weights the run's own `final` export consolidated."""
+    """A distributed run (torchrun's environment, 2 gloo ranks, TP2) writes DCP directories; its step checkpoint is
+    gathered in one process into the weights the run's own `final` export consolidated."""
     import os
-    import subprocess
-    import sys
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "neva.train",
-           "+stage=pretrain", *LEAN, *EVERY_STEP, f"exp_manager.exp_dir={tmp_path}/run", "model.global_batch_size=8",
-           "model.micro_batch_size=4", "model.tensor_model_parallel_size=2"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    from tests.parallel.harness import neva_train
+
+    argv = ["+stage=pretrain", *LEAN, *EVERY_STEP, f"exp_manager.exp_dir={tmp_path}/run", "model.global_batch_size=8",
+            "model.micro_batch_size=4", "model.tensor_model_parallel_size=2"]  # fmt: skip
+    proc = neva_train(argv, 2, {**os.environ, "OMP_NUM_THREADS": "1"})  # torchrun --nproc_per_node 2 -m neva.train
     assert proc.returncode == 0, proc.stderr[-4000:]
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert last.is_dir()

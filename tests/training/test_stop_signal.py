@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning_fabric.utilities.load import _METADATA_FILENAME
 
-from tests.training.test_cli import ENV, read_losses, train_cmd
+from tests.training.test_cli import ENV, read_losses, train_cmd, train_forked
 
 pytestmark = pytest.mark.slow
 
@@ -23,11 +23,10 @@ COMMON = [*FLAT_LR, "trainer.log_every_n_steps=1", "exp_manager.checkpoint_callb
 STEPS = 12
 
 
-def run(exp_dir: Path, *overrides: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    cmd = train_cmd(exp_dir, *COMMON, f"trainer.max_steps={STEPS}", *overrides)
-    if launcher:
-        cmd = [sys.executable, *launcher, *cmd[3:]]  # after `python -m neva.train`
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+def run(exp_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """The uninterrupted run (the reference, or the rerun after a stop) in a process forked from the session's server
+    (``train_forked``); the signalled runs are real processes (``interrupt``)."""
+    return train_forked(exp_dir, *COMMON, f"trainer.max_steps={STEPS}", *overrides, timeout=600)
 
 
 def interrupt(

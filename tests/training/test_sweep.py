@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from tests.parallel.harness import run_module
 from tests.training.conftest import LEAN
 from tests.training.test_cli import ENV, read_losses, train_cmd
 
@@ -14,9 +15,9 @@ pytestmark = pytest.mark.slow
 
 def test_two_value_sweep_gives_two_independent_runs(tmp_path):
     steps = ["trainer.max_steps=2", "trainer.log_every_n_steps=1"]
-    cmd = [*train_cmd(tmp_path, *steps)[:3], "-m", "+stage=pretrain", *LEAN, *steps, "model.optim.lr=1e-3,4e-3"]
+    argv = ["-m", "+stage=pretrain", *LEAN, *steps, "model.optim.lr=1e-3,4e-3"]
     env = {**ENV, "NEVA_OUTPUT_ROOT": str(tmp_path / "out")}
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = run_module("neva.train", argv, env=env, cwd=tmp_path)  # forked from the session's server
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (tmp_path / "multirun").exists()  # not Hydra's default ./multirun
     base = tmp_path / "out" / "pretrain"
