@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from argparse import Namespace
 
 import pytest
 
@@ -129,11 +128,8 @@ def test_preview_text_mode(tmp_path, synthetic_tokenizer):
     path = tmp_path / "d.jsonl"
     write_jsonl(path, [CONVS[2], {"id": "bad", "conversations": []}])
     out = io.StringIO()
-    args = Namespace(
-        data_path=str(path), image_folder=None, conv_template="vicuna_v1", tokenizer="synthetic", limit=None,
-        json=False, num_image_tokens=4, max_length=None, image_token_placement="front", tokenization="neva",
-        color=False, video_folder=None, num_frames=8, video_fps=None, video_grid=24,
-    )  # fmt: skip
+    args = build_parser().parse_args(["--data-path", str(path), "--conv-template", "vicuna_v1", "--tokenizer",
+                                      "synthetic", "--num-image-tokens", "4", "--no-color"])  # fmt: skip
     assert preview(args, out) == 1
     text = out.getvalue()
     assert "⟦yes</s>⟧" in text and "SKIPPED (empty_conversation" in text
