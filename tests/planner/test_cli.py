@@ -15,7 +15,8 @@ from neva.typed import ConfigError
 
 def test_sweep_prints_one_row_per_value_and_json(capsys) -> None:
     plans = main(["cluster=dgx_a100", "trainer.devices=2", "model.micro_batch_size=4", "trainer.num_nodes=1,2"])
-    lines = capsys.readouterr().out.strip().splitlines()
+    # (lines starting with "#" are the plan's notes under the table: its caveats)
+    lines = [line for line in capsys.readouterr().out.strip().splitlines() if not line.startswith("#")]
     assert len(lines) == 4  # header, 2 rows, JSON
     rows = json.loads(lines[-1])
     assert [r["nodes"] for r in rows] == [1, 2]
