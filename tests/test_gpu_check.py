@@ -81,12 +81,12 @@ def test_gpu_check_script_runs_tiny_on_cpu(tmp_path) -> None:
         assert "error" not in case, case
         assert case["samples_per_sec"] > 0 and case["mfu_vs_measured_matmul"] > 0
         assert case["planned_peak_gib"] <= case["memory_budget_gib"]
-    train = lines[5]
+    train = lines[6]
     assert "error" not in train, train
     assert train["steps"] == 3 and train["median_step_s"] > 0
     assert train["data_wait_fraction"] is None or 0 <= train["data_wait_fraction"] <= 1
     # activation offload and FSDP2's CPU offload on one process: the same step (on the CPU they move nothing)
-    plain, *offloaded = lines[6:]
+    plain, *offloaded = lines[7:]
     assert "error" not in plain
     for side in offloaded:
         assert side["loss_rel_diff"] <= 1e-6 and side["grad_norm_rel_diff"] <= 1e-6, side

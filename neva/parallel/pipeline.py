@@ -117,7 +117,7 @@ def step_shape(micro_batches: list[dict[str, Any]], multiple: int = 1) -> tuple[
 # real token).
 PAD_FILL = {
     "input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0, "token_mask": False,
-    "old_logps": 0.0, "ref_logps": 0.0,  # the online RL stage's per-token log-probs (neva/training/grpo.py)
+    "old_token_logps": 0.0, "ref_token_logps": 0.0,  # the online RL stage's per-token log-probs (neva/training/grpo.py)
 }  # fmt: skip
 
 

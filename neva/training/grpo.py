@@ -161,8 +161,8 @@ class GroupPolicyObjective:
         learned = rows >= 0
         safe_rows = rows.clamp(min=0)
         advantage = batch["advantages"].to(device, torch.float32)[safe_rows]
-        old = _pick(batch["old_logps"], index, batch, device) if "old_logps" in batch else logp.detach()
-        ref = _pick(batch["ref_logps"], index, batch, device) if "ref_logps" in batch else None
+        old = _pick(batch["old_token_logps"], index, batch, device) if "old_token_logps" in batch else logp.detach()
+        ref = _pick(batch["ref_token_logps"], index, batch, device) if "ref_token_logps" in batch else None
         losses, kl, bound = token_losses(
             logp, old, advantage, self.cfg.epsilon, self.cfg.clip_high, self.cfg.beta, ref, self.cfg.kl_ratio_correction
         )
@@ -188,10 +188,10 @@ class GroupPolicyObjective:
     def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
         if "row_tokens" not in batch:  # counted on the whole rows: context parallelism splits them later
             batch = {**batch, "row_tokens": learned_counts(batch["labels"])}
-        if self.cfg.beta > 0 and "ref_logps" not in batch:
+        if self.cfg.beta > 0 and "ref_token_logps" not in batch:
             if self.reference is None:
                 raise ConfigError("model.grpo.beta > 0 but no reference is attached and the batch carries none")
-            batch = {**batch, "ref_logps": self.reference(batch)}
+            batch = {**batch, "ref_token_logps": self.reference(batch)}
         return batch
 
     def take(self, divisor: int) -> torch.Tensor:
@@ -294,7 +294,7 @@ def pipeline_tokens(
 
 
 def record_old_logps(engine: Any, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The micro-batches with the current policy's per-token log-probs as ``old_logps``: what the ``num_iterations``
+    """The micro-batches with the current policy's per-token log-probs as ``old_token_logps``: what the ``num_iterations``
     updates of one rollout batch take their ratio against (recorded once, before the first)."""
     forward = (
         token_forward(engine, None)
@@ -302,7 +302,7 @@ def record_old_logps(engine: Any, micro_batches: list[dict[str, Any]]) -> list[d
         else pipeline_tokens(engine, engine.parallel.runner)
     )
     with engine._loss_context():
-        return [{**mb, "old_logps": forward(mb)} for mb in micro_batches]
+        return [{**mb, "old_token_logps": forward(mb)} for mb in micro_batches]
 
 
 def group_policy_objective(cfg: TrainConfig) -> GroupPolicyObjective:

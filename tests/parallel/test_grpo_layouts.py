@@ -56,9 +56,9 @@ def grpo_steps(overrides: list[str], steps: int) -> dict:
         if i == steps:
             break
         module.engine.model.train()
-        module.rollout_step.run(optimizer, scheduler, micro_batches, i * cfg.model.grpo.num_iterations)
-        rows += [[str(k), ids] for k, ids in module.rollout_step.last_rows]
-        updates += module.rollout_step.last_updates
+        module.stage_step.run(optimizer, scheduler, micro_batches, i * cfg.model.grpo.num_iterations)
+        rows += [[str(k), ids] for k, ids in module.stage_step.last_rows]
+        updates += module.stage_step.last_updates
     return {"rows": rows, "losses": [u[0] for u in updates], "grad_norms": [u[1] for u in updates]}
 
 

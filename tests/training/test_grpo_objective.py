@@ -150,8 +150,8 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
     # that ratios leave the clip range on both sides.
     if recorded_old:
         batch = record_old_logps(engine, [batch])[0]
-        noise = 0.4 * torch.randn(batch["old_logps"].shape, generator=torch.Generator().manual_seed(3))
-        batch["old_logps"] = batch["old_logps"] + noise
+        noise = 0.4 * torch.randn(batch["old_token_logps"].shape, generator=torch.Generator().manual_seed(3))
+        batch["old_token_logps"] = batch["old_token_logps"] + noise
 
     loss, count = engine.forward_backward([batch])
     metrics = engine.aux_metrics
@@ -166,7 +166,7 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
         prefixes = detect_prefixes(hf.state_dict().keys())
         direct_params = {hf_key_to_neva(n, prefixes): p for n, p in hf.named_parameters()}
         direct_params = {n: p for n, p in direct_params.items() if n in params}
-    old = batch["old_logps"][:, :-1] if recorded_old else lp.detach()
+    old = batch["old_token_logps"][:, :-1] if recorded_old else lp.detach()
     if recorded_old:  # the recorded values are the policy's own at the learned positions (noise aside)
         torch.testing.assert_close((old - noise[:, :-1]) * mask, lp.detach() * mask, rtol=1e-5, atol=1e-5)
     total, kl, clip = direct_loss(lp, old, ref, advantages, mask, loss_type, beta, correction)
@@ -197,7 +197,7 @@ def test_reference_is_unused_without_kl():
     objective = GroupPolicyObjective(GRPOConfig(beta=0.0))
     labels = torch.tensor([[IGNORE_INDEX, 5, 6], [IGNORE_INDEX, IGNORE_INDEX, 7]])
     out = objective.prepare({"labels": labels, "input_ids": labels.clamp(min=0)})
-    assert out["row_tokens"].tolist() == [2, 1] and "ref_logps" not in out
+    assert out["row_tokens"].tolist() == [2, 1] and "ref_token_logps" not in out
 
 
 def test_unscored_completions_leave_the_baseline():

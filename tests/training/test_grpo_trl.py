@@ -144,10 +144,10 @@ def neva_case(hf, r: dict, p: int) -> dict:
              "media": media, "advantages": group_advantages(REWARDS, G, "group")[0]}  # fmt: skip
     policy = neva_from_hf(hf)
     engine = Engine(ParallelModel([policy], Layout(), None, policy), Precision(), torch.device("cpu"), packed=False)
-    old = record_old_logps(engine, [batch])[0]["old_logps"]
+    old = record_old_logps(engine, [batch])[0]["old_token_logps"]
     old = old + 0.4 * torch.randn(old.shape, generator=torch.Generator().manual_seed(3))
     ref = token_forward(engine, neva_from_hf(tiny_llava(seed=1)).requires_grad_(False))(batch)
-    return {"batch": {**batch, "old_logps": old}, "old": old, "ref": ref, "advantages": batch["advantages"]}
+    return {"batch": {**batch, "old_token_logps": old}, "old": old, "ref": ref, "advantages": batch["advantages"]}
 
 
 @pytest.mark.parametrize("loss_type,beta,correction", CASES)
@@ -162,7 +162,7 @@ def test_update_equals_trl_grpo_trainer(trl_results, loss_type, beta, correction
     objective = GroupPolicyObjective(cfg)
     engine = Engine(ParallelModel([policy], Layout(), None, policy), Precision(), torch.device("cpu"), packed=False,
                     head=objective, objectives=(objective,))  # fmt: skip
-    batch = {**neva["batch"], **({"ref_logps": neva["ref"]} if beta else {})}
+    batch = {**neva["batch"], **({"ref_token_logps": neva["ref"]} if beta else {})}
     loss, _ = engine.forward_backward([batch])
     torch.testing.assert_close(loss, theirs["loss"], rtol=1e-5, atol=1e-6)
     prefixes = detect_prefixes(hf.state_dict().keys())
