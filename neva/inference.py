@@ -321,6 +321,8 @@ class Answerer:
         cfg = self.model.cfg
         sizes = self.processor.sizes(loaded) if cfg.anyres is not None else None
         image_tokens = None if sizes is None else [cfg.image_tokens(s) for s in sizes]
+        if hasattr(self.processor, "tokens_of"):  # a tiling front end (InternVL's): each image's tiles' positions
+            image_tokens = self.processor.tokens_of(loaded)
         ids = self.builder.ids(prompt, len(images), image_tokens, [cfg.video_tokens(len(f)) for f in frames])
         self._check_context(ids)
         return Prepared(ids, load_pixels(loaded, self.processor), sizes, torch.cat(frames) if frames else None)

@@ -13,7 +13,7 @@ from typing import Any
 
 from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
-from neva.data.tokens import QWEN_IMAGE_PAD
+from neva.data.tokens import INTERNVL_IMAGE_CONTEXT, QWEN_IMAGE_PAD
 from neva.typed import ConfigError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
@@ -298,6 +298,19 @@ class Qwen3VLTemplate(QwenVLTemplate):
     default_system = None
 
 
+class InternVLTemplate(ChatMLTemplate):
+    """InternVL 3 / 3.5's ChatML, as transformers' InternVL chat template renders a conversation of strings (no
+    system turn unless one is given) and as ``InternVLProcessor`` expands it: each ``<image>`` tag becomes
+    ``<img><IMG_CONTEXT></img>`` in place, the ``<IMG_CONTEXT>`` then expanded to the image's positions (tiles × 256)
+    like any image token (``neva.data.encoding``)."""
+
+    name = "internvl"
+
+    def pieces(self, messages, system):
+        block = f"<img>{INTERNVL_IMAGE_CONTEXT}</img>"
+        return [(text.replace(IMAGE_TOKEN, block), learned) for text, learned in super().pieces(messages, system)]
+
+
 class ChatTemplateRenderer(Template):
     """Renders with a tokenizer's own Jinja chat template and recovers the reply spans exactly.
 
@@ -432,6 +445,7 @@ TEMPLATE_CLASSES: dict[str, type[Template]] = {
         ChatMLTemplate,
         QwenVLTemplate,
         Qwen3VLTemplate,
+        InternVLTemplate,
     )
 }
 

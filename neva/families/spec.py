@@ -86,6 +86,8 @@ class TowerSpec:
         llava_original: LLaVA's own code loads the tower (its CLIPVisionTower), so a LLaVA-original export can hold it.
         llava_next_shortened: LLaVA-NeXT's tower class for it deletes the last layer and reads the one before,
             whatever ``mm_vision_select_layer`` says (its ``SigLipVisionTower``).
+        block_options: its blocks read ``VisionConfig.norm_type``, ``qk_norm`` and ``qkv_bias`` (InternViT); every
+            other tower refuses values other than their defaults.
         check: the family's own config checks (a ``VisionConfig``; raises ``ValueError``).
     """
 
@@ -113,6 +115,7 @@ class TowerSpec:
     hf_image_processor: tuple[str, str] | None = None
     llava_original: bool = False
     llava_next_shortened: bool = False
+    block_options: bool = False
     check: Callable[[Any], None] | None = None
 
     def parts(self) -> dict[str, str]:
