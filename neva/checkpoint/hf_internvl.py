@@ -343,12 +343,11 @@ def export_internvl(
         if has_tokenizer(ckpt):
             from neva.data.sentencepiece_tokenizer import load_tokenizer
 
-            tokenizer = load_tokenizer(ckpt)
-            tokenizer.chat_template = CHAT_TEMPLATE
-            # InternVLProcessor reads these names from its tokenizer.
+            # InternVLProcessor reads these names from its tokenizer (transformers' named special tokens).
             named = dict(context_image_token=INTERNVL_IMAGE_CONTEXT, start_image_token=START_IMAGE,
                          end_image_token=END_IMAGE, video_token=VIDEO)  # fmt: skip
-            tokenizer.add_special_tokens({"extra_special_tokens": named}, replace_extra_special_tokens=False)
+            tokenizer = load_tokenizer(ckpt, model_specific_special_tokens=named)
+            tokenizer.chat_template = CHAT_TEMPLATE
             tokenizer.save_pretrained(str(tmp))
     return Path(out)
 
