@@ -81,6 +81,9 @@ FAMILIES: dict[str, list[str]] = {
         "++model.mm_cfg.llm.arch_overrides={family:qwen3_moe,num_moe_experts:4,intermediate_size:64,"
         "mrope_section:[8,4,4],mrope_interleaved:true}",
     ],
+    # InternVL 3: the tiny InternViT (class token dropped, layer scale), the pixel shuffle + LayerNorm + MLP projector
+    # and a Qwen2 decoder, untied so that PP2 applies; every image 1 to 12 tiles of 32 px plus a thumbnail
+    "internvl_tiles": ["model=tiny_internvl", "vision=tiny_internvl"],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",
