@@ -76,6 +76,7 @@ ROWS = (
     row("LoRA finetune", keys={"model.peft.peft_scheme": "lora"}),
     row("trained vision tower", keys={"model.mm_cfg.vision_encoder.freeze": False}),
     row("Qwen2.5-VL: native resolution, M-RoPE", ["model=tiny_qwen2_5_vl", "vision=tiny_qwen2_5_vl"]),
+    row("InternVL 3: InternViT tiles, pixel shuffle", ["model=tiny_internvl", "vision=tiny_internvl"]),
 )
 
 
