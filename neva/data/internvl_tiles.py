@@ -62,6 +62,12 @@ def tile_count(height: int, width: int, tile: int, min_tiles: int = MIN_TILES, m
     return 1 if columns * rows == 1 else columns * rows + 1
 
 
+def planned_tiles(size: tuple[int, int] | None, tile: int) -> int:
+    """The tower inputs the planner counts for an image of ``size`` (height, width), or for the worst case (None):
+    the most tiles and the thumbnail (``TowerSpec.tiles``)."""
+    return MAX_TILES + 1 if size is None else tile_count(size[0], size[1], tile)
+
+
 @dataclass(frozen=True)
 class TileProcessor:
     """One model's tiling: tile side ``size`` (the tower's), ``image_tokens`` positions per tile."""

@@ -24,6 +24,7 @@ INTERNVL = TowerSpec(
     kind="internvl",
     tower="neva.models.vision_internvl:InternViT",
     front_end="neva.data.internvl_tiles:internvl_tiles",
+    tiles="neva.data.internvl_tiles:planned_tiles",
     interop="neva.checkpoint.hf_internvl:INTERNVL_INTEROP",
     acts=("gelu",),
     class_tokens=1,

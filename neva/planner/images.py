@@ -7,6 +7,9 @@ from its size (``neva.models.anyres.feature_index``, what the dataset computes);
 case: an image of the largest pinpoint, all of whose tiles are kept (OneVision's ``anyres_max_N`` pools its
 positions, not its tiles). A mean is rounded up to whole positions and tiles.
 
+A tower whose front end tiles every image by its own rule (InternVL: ``TowerSpec.tiles``) takes that rule's tiles of
+``plan.image_size``, or by default its largest count (12 tiles and the thumbnail), each tile the fixed count.
+
 A native-resolution tower (Qwen-VL) takes each image at its own size within the pixel budget: its "tiles" are then its
 patches (the FLOP model's unit for such a tower, ``neva.models.flops``) and its positions patches / merge². The
 planner takes ``plan.image_size`` resized by the data side's ``smart_resize``, or by default the worst case: the
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from neva.data.config import DataConfig
 from neva.data.images import ImageError
 from neva.data.qwen_images import QwenImageSpec, budget_size, resized_size
+from neva.families import part
 from neva.models.anyres import feature_index, largest_pinpoint
 from neva.models.config import NevaConfig
 from neva.planner.image_mix import measure_image_mix
@@ -102,6 +106,9 @@ def image_load(
         return ImageLoad(0, 0)
     if cfg.vision.spec.patch_grid:
         return native_image_load(cfg, size, data or DataConfig(), max_pixels)
+    if cfg.anyres is None and cfg.vision.spec.tiles is not None:  # tiled by its front end's rule (InternVL)
+        tiles = part(cfg.vision.spec.tiles)(size, cfg.vision.image_size)
+        return ImageLoad(tiles * cfg.num_image_tokens, tiles, size if size is None else (int(size[0]), int(size[1])))
     if cfg.anyres is None:
         return ImageLoad(cfg.num_image_tokens, 1)
     if size is None:
