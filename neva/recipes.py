@@ -23,6 +23,7 @@ SOURCES = (
     ("llava_video_", "LLaVA-Video (LLaVA-VL/LLaVA-NeXT scripts/video/train)"),
     ("qwen_vl_finetune_", "Qwen2.5-VL qwen-vl-finetune (QwenLM/Qwen2.5-VL scripts/sft_7b.sh)"),
     ("megatron_bridge_", "Megatron-Bridge (NVIDIA-NeMo/Megatron-Bridge recipes/qwen_vl/qwen25_vl.py)"),
+    ("internvl3_finetune_", "InternVL 3 finetune (OpenGVLab/InternVL internvl_chat/shell/internvl3.0/2nd_finetune)"),
     ("nemo_launcher_", "NeMo-Framework-Launcher NeVA (current)"),
     ("nemo_", "NeMo 1.x NeVA (2023 examples)"),
 )
