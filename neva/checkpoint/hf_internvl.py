@@ -33,13 +33,19 @@ from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
 from neva.checkpoint.interop import Interop
-from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, load_metadata, save_checkpoint
-from neva.checkpoint.neva_format import tensor_pairs
+from neva.checkpoint.neva_format import (
+    TensorSource,
+    iter_tensors,
+    load_config,
+    load_metadata,
+    save_checkpoint,
+    tensor_pairs,
+)
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.data.internvl_tiles import MAX_TILES, MIN_TILES
 from neva.data.tokens import INTERNVL_IMAGE_CONTEXT
 from neva.hf_local import model_dir
-from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
+from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError
 
 MODEL_TYPE = "internvl"
@@ -154,12 +160,12 @@ def hf_key_to_neva(key: str) -> str | None:
             index, _, tail = rest[len("encoder.layer.") :].partition(".")
             for neva, hf in _BLOCK.items():
                 if tail.startswith(hf):
-                    return f"vision.layers.{index}.{neva}{tail[len(hf):]}"
+                    return f"vision.layers.{index}.{neva}{tail[len(hf) :]}"
         return None
     if (rest := _strip(key, PROJECTOR_PREFIXES)) is not None:
         for neva, hf in _PROJECTOR.items():
             if rest.startswith(hf):
-                return f"projector.{neva}{rest[len(hf):]}"
+                return f"projector.{neva}{rest[len(hf) :]}"
         return None
     if (rest := _strip(key, LLM_PREFIXES)) is not None:
         neva = part_key_from_hf(rest, "llm")

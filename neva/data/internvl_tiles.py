@@ -36,7 +36,9 @@ MIN_TILES, MAX_TILES = 1, 12
 @lru_cache(maxsize=16)
 def tile_grids(min_tiles: int, max_tiles: int) -> tuple[tuple[int, int], ...]:
     """Every (columns, rows) with ``min_tiles`` ≤ columns · rows ≤ ``max_tiles``, by tile count (stable)."""
-    grids = [(w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1) if min_tiles <= w * h <= max_tiles]
+    grids = [
+        (w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1) if min_tiles <= w * h <= max_tiles
+    ]
     return tuple(sorted(grids, key=lambda g: g[0] * g[1]))
 
 
