@@ -76,8 +76,12 @@ FAMILIES: dict[str, dict[str, dict]] = {
     # Qwen2.5-VL: the Qwen2 decoder with M-RoPE behind a native-resolution tower and its patch merger, against HF
     # Qwen2_5_VLForConditionalGeneration (``bench.qwen_vl``: its tower shapes, images of random sizes).
     "qwen2_5_vl": {"llm": _QWEN2, "vision": {}},
+    # InternVL 3: the Qwen2 decoder behind InternViT and the pixel shuffle projector, against HF
+    # InternVLForConditionalGeneration (``bench.internvl``: its tower shapes, 1 to 7 tiles per image).
+    "internvl": {"llm": _QWEN2, "vision": {}},
 }
 NATIVE_FAMILIES = ("qwen2_5_vl",)  # families whose images are native-resolution patches (``bench.qwen_vl``)
+TILED_FAMILIES = ("internvl",)  # families whose images are their own tiles (``bench.internvl``)
 
 
 def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
@@ -108,6 +112,12 @@ def cpu_model_config(
         from bench.qwen_vl import model_config
 
         return model_config(shapes["llm"], smoke)
+    if family in TILED_FAMILIES:
+        if anyres or video:
+            raise SystemExit(f"--family {family}: its own tiles, not --anyres / --video")
+        from bench.internvl import model_config as tiled_config
+
+        return tiled_config(shapes["llm"], smoke)
     cfg = build_config(llm=shapes["llm"], vision=shapes["vision"])
     if not (anyres or video):
         return cfg
@@ -130,7 +140,7 @@ def stream_spec(cfg: NevaConfig, seed: int, smoke: bool = False, num_frames: int
         vocab_size=cfg.llm.vocab_size,
         image_token_id=cfg.image_token_id,
         # A native tower's images get their own sizes and counts (``bench.qwen_vl.native_sample``) over the stream's.
-        num_image_tokens=16 if cfg.vision.is_native else cfg.num_image_tokens,
+        num_image_tokens=16 if cfg.vision.spec.patch_grid else cfg.num_image_tokens,
         image_size=cfg.vision.image_size,
         seed=seed,
         **(SMOKE_TEXT if smoke else {}),
@@ -220,8 +230,10 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf_wrappers import wrapper_for
 
     train_cfg = train_config(args)
-    if cfg.vision.is_native:
+    if cfg.vision.spec.patch_grid:
         return _hf_native_side(cfg, train_cfg, batches)
+    if cfg.vision.spec.tiles is not None:
+        return _hf_tiled_side(cfg, train_cfg, batches)
     wrapper = wrapper_for(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
     hf_cfg = getattr(transformers, wrapper.config_class)(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
@@ -250,6 +262,18 @@ def _hf_native_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[
     for name, p in model.named_parameters():
         p.requires_grad_(getattr(policy, hf_part(name)))
     return _hf_loop(model, train_cfg, [collate_hf_native(cfg, b) for b in batches])
+
+
+def _hf_tiled_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
+    """HF InternVLForConditionalGeneration from neva's initial weights, the stage's policy, the same loop."""
+    from bench.internvl import collate_hf_tiled, hf_model
+
+    neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
+    model = hf_model(cfg, neva.state_dict())
+    del neva
+    gc.collect()
+    _apply_policy_hf(model, train_cfg.model.trainable_policy())
+    return _hf_loop(model, train_cfg, [collate_hf_tiled(cfg, b) for b in batches])
 
 
 def _hf_loop(model: torch.nn.Module, train_cfg: TrainConfig, collated: list[dict]):
@@ -288,10 +312,14 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     cfg = cpu_model_config(args.smoke, args.family, args.anyres, args.video)
     spec = stream_spec(cfg, args.seed, args.smoke, args.num_frames)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
-    if cfg.vision.is_native:
+    if cfg.vision.spec.patch_grid:
         from bench.qwen_vl import native_sample
 
         batches = [[native_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
+    elif cfg.vision.spec.tiles is not None:
+        from bench.internvl import tiled_sample
+
+        batches = [[tiled_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
     gc.collect()
     baseline = _rss_bytes()
     build = _neva_side if side == "neva" else _hf_side
@@ -473,6 +501,7 @@ def run_cpu(args: Any) -> dict[str, Any]:
         f"median CPU seconds/step: hf {hf['median_cpu_s']:.2f}, neva {neva['median_cpu_s']:.2f} "
         f"({hf['median_cpu_s'] / neva['median_cpu_s']:.2f}x)"
     )
+    own_shapes = cfg.vision.spec.patch_grid or cfg.vision.spec.tiles is not None  # a family's own shapes
     summary = {
         "mode": "cpu",
         "stage": args.stage,
@@ -500,8 +529,8 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "seq_length": args.seq_length,
         "model": {
             # a native family's own shapes (``bench.qwen_vl``), not the fixed-tower ones it replaces
-            **(native_shapes(cfg) if cfg.vision.is_native else cpu_shapes(args.smoke, args.family)),
-            "image_tokens": None if cfg.vision.is_native else cfg.num_image_tokens,
+            **(native_shapes(cfg) if own_shapes else cpu_shapes(args.smoke, args.family)),
+            "image_tokens": None if cfg.vision.spec.patch_grid else cfg.num_image_tokens,
             **({"video_tokens": spec.video_tokens, "num_frames": spec.num_frames} if cfg.video is not None else {}),
         },
         "stream": asdict(spec),
