@@ -30,6 +30,7 @@ from neva.data.conversation import (
     Message,
     end_of_turn_ids,
     get_template,
+    raw_image_text,
     stop_strings,
 )
 from neva.data.encoding import encode, tokenize_text
@@ -84,12 +85,15 @@ class PromptBuilder:
         system: str | None = None,
         use_chat_template: bool = True,
         tokenization: str = "neva",
+        raw_image: tuple[str, str] = (IMAGE_TOKEN, IMAGE_TOKEN),
     ) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.system = system
         self.tokenization = tokenization
         self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
+        # Raw mode: what an image tag becomes, as the family's processor writes it (``raw_image_text``).
+        self.raw_block, self.raw_token = raw_image
 
     def ids(
         self,
@@ -113,7 +117,11 @@ class PromptBuilder:
             # LlavaProcessor: expand the text, then one tokenizer call with special tokens (BOS).
             pieces = re.split(f"({re.escape(IMAGE_TOKEN)}|{re.escape(VIDEO_TOKEN)})", prompt)
             text = "".join(
-                IMAGE_TOKEN * next(images) if p == IMAGE_TOKEN else video_tag * next(videos) if p == VIDEO_TOKEN else p
+                self.raw_block.replace(self.raw_token, self.raw_token * next(images))
+                if p == IMAGE_TOKEN
+                else video_tag * next(videos)
+                if p == VIDEO_TOKEN
+                else p
                 for p in pieces
             )
             return list(self.tokenizer(text).input_ids)
@@ -275,12 +283,15 @@ class Answerer:
         aspect_ratio: str | None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
-        template = None if raw else (template or meta.get("conv_template") or DEFAULT_TEMPLATE)
+        trained = meta.get("conv_template") or DEFAULT_TEMPLATE
+        template = None if raw else (template or trained)
         # Served as trained: the run's system prompt and its choice of the tokenizer's chat template.
         system = system if system is not None else meta.get("system_prompt")
         use_chat = bool(meta.get("use_chat_template", True))
         tokenization = meta.get("tokenization", "neva")  # checkpoints before the key: one tokenizer call
-        self.builder = PromptBuilder(self.tokenizer, self.model.cfg, template, system, use_chat, tokenization)
+        self.builder = PromptBuilder(
+            self.tokenizer, self.model.cfg, template, system, use_chat, tokenization, raw_image_text(trained)
+        )
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
         # The model's front end, as training chose it; a model that lays out AnyRes tiles has its images tiled, always.

@@ -161,6 +161,15 @@ def test_greedy_generation_equals_transformers(imported):
         out = hf.generate(input_ids=ids, attention_mask=mask, pixel_values=torch.cat(pixels), max_new_tokens=6,
                           do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
         assert ours == out[:, width:].tolist()
+        # --raw: the prompt as given, each <image> tag written as the processor writes an image (<img>…</img>)
+        raw = Answerer(ckpt, GenerationConfig(max_new_tokens=6), raw=True)
+        raw.generation = answerer.generation
+        text = "<|im_start|>user\n<image>\nWhat is it?<|im_end|>\n<|im_start|>assistant\n"
+        prepared = raw.prepare((text, [root / "images/a.png"]))
+        inputs = hf_inputs(raw.tokenizer, text.replace("<image>", "<IMG_CONTEXT>"), [Image.open(root / "images/a.png")])
+        assert prepared.ids == inputs["input_ids"][0].tolist()
+        out = hf.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert raw.generate_ids([prepared]) == [out[0, len(prepared.ids) :].tolist()]
 
 
 def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path):
