@@ -1,6 +1,6 @@
 """InternVL 3 / 3.5 against transformers' own ``InternVLForConditionalGeneration`` (tiny random models written as hub
 directories; two variants: InternViT-300M's blocks with a Qwen2 decoder, InternViT-6B's RMSNorm and q / k norms with
-a Qwen3 decoder): import, neva's data path (LLaVA-format records → tiles → collate) equal to the processor's ids and
+a Qwen3 decoder): import and export through `neva.convert` (the family's Interop), neva's data path (LLaVA-format records → tiles → collate) equal to the processor's ids and
 pixels, whole-model logits on images of several sizes (1, 7 and 11 tiles), two images and text only, packed rows
 equal to unpacked, greedy generation on a left-padded batch, export → reload."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from neva.checkpoint.hf_internvl import export_internvl, import_internvl
 from neva.checkpoint.neva_format import load_metadata
+from neva.convert import main as convert_main
 from neva.data.collate import collate_packed, collate_padded
 from neva.data.conversation import Message, parse_conversations
 from neva.data.dataset import process_record
@@ -47,8 +47,8 @@ def imported(request, tmp_path_factory):
         write_image(root / "images" / name, size, seed=i)
     with one_thread():
         hf_dir = tiny_internvl_dir(root, request.param)
-        ckpt = import_internvl(hf_dir, root / "neva")
-    return request.param, root, hf_dir, ckpt
+        convert_main(["hf-to-neva", "--hf", str(hf_dir), "--out", str(root / "neva")])  # through the family's Interop
+    return request.param, root, hf_dir, root / "neva"
 
 
 def _data_path(ckpt):
@@ -177,7 +177,8 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
 
     variant, root, hf_dir, ckpt = imported
     with one_thread():
-        out = export_internvl(ckpt, tmp_path / "export")
+        convert_main(["neva-to-hf", "--ckpt", str(ckpt), "--out", str(tmp_path / "export")])
+        out = tmp_path / "export"
         assert json.loads((out / "config.json").read_text())["model_type"] == "internvl"
         a = AutoModelForImageTextToText.from_pretrained(str(hf_dir)).eval()
         b = AutoModelForImageTextToText.from_pretrained(str(out)).eval()
