@@ -11,7 +11,7 @@ Formats (mixed freely with image and text-only records):
 Each placeholder becomes one ``<image>`` tag for the encoder (so tokenization, placement and the rule that a
 placeholder never sits in a reply are the image rules) with the video's own positions, ``cfg.video_tokens(frames)``
 (``neva.models.video``); the tags are told apart by their order (``tag_kinds``). Frames are fit to the tower exactly
-as an image with ``image_aspect_ratio: square`` is (``neva.data.images.FITS``), as LLaVA-NeXT-Video's processor does
+as an image with ``image_aspect_ratio: square`` is (its family's ``TowerSpec.fit``), as LLaVA-NeXT-Video's processor does
 for frames whatever the image setting.
 """
 
@@ -79,7 +79,7 @@ class VideoSource:
     Args:
         root: the video folder (None: any record with a video is skipped as ``missing_video``).
         limits: sampling and caps.
-        vision: the tower frames are fit to (its ``FITS`` entry, ``image_aspect_ratio: square``); None: frames are
+        vision: the tower frames are fit to (its family's ``fit``, ``image_aspect_ratio: square``); None: frames are
             decoded but not made tower inputs (``neva.data.preview``).
     """
 

@@ -297,7 +297,8 @@ class ProjectorConfig:
     """Vision→LLM projector: ``linear``, ``identity``, ``mlp{N}x_gelu`` (LLaVA's ``mm_projector_type``) or
     ``mlp_downsample`` (NeMo's, from VILA: 2×2 neighbouring patches merged into one token, LayerNorm, 2-layer MLP),
     ``mlp_pixel_shuffle`` (InternVL's: the same merge in row-major token order, HF ``pixel_shuffle`` at ratio 0.5),
-    or a native tower's patch merger (``MERGERS``: norm, ``spatial_merge_size``² consecutive patches as one vector,
+    or a native tower's patch merger (``neva.families.MERGERS``: norm, ``spatial_merge_size``² consecutive patches as
+    one vector,
     Linear, GELU, Linear; HF ``Qwen2VL`` ``PatchMerger`` & co.)."""
 
     type: str = "mlp2x_gelu"
