@@ -44,6 +44,7 @@ from neva.checkpoint.neva_format import (
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.data.internvl_tiles import MAX_TILES, MIN_TILES
 from neva.data.tokens import INTERNVL_IMAGE_CONTEXT
+from neva.families.hf_fields import CONFIG_BOOKKEEPING
 from neva.hf_local import model_dir
 from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError
@@ -74,18 +75,28 @@ _TOWER = {
 }  # fmt: skip
 _PROJECTOR = {"1.": "layer_norm.", "2.": "linear_1.", "4.": "linear_2."}
 
-# Top-level and vision fields: read, or needed at one value (the reason), or known not to change the computation.
+# Top-level and vision fields: each read, needed at one value (the reason), or known not to change the computation
+# (bookkeeping, initialisation); any other field is refused by name (it may change the computation).
 _VISION_NEEDS = {
     "use_mean_pooling": (True, "the post-LayerNorm of use_mean_pooling=false is not implemented"),
     "use_absolute_position_embeddings": (True, "a tower without learned positions is not implemented"),
     "use_mask_token": (False, "masked-image-modeling's mask token is not used by InternVL"),
+    "hidden_dropout_prob": (0.0, "neva's tower has no dropout"),
+    "attention_dropout": (0.0, "neva's tower has no dropout"),
+    "projection_dropout": (0.0, "neva's tower has no dropout"),
 }
+_VISION_READ = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size",
+    "num_channels", "hidden_act", "layer_norm_eps", "norm_type", "use_qk_norm", "attention_bias",
+    "layer_scale_init_value",  # an initial value (the checkpoint holds the scales)
+)  # fmt: skip
 _TOP_NEEDS = {
     "downsample_ratio": (0.5, "neva's pixel shuffle merges 2×2 blocks only"),
     "projector_hidden_act": ("gelu", "the projector's activation is exact GELU"),
     "vision_feature_layer": (-1, "InternVL's features are the last block's"),
     "vision_feature_select_strategy": ("default", "the pixel shuffle needs the class token dropped"),
 }
+_TOP_READ = ("text_config", "vision_config", "image_token_id", "image_seq_length", "tie_word_embeddings")
 
 
 def is_internvl(hf: dict[str, Any]) -> bool:
@@ -100,17 +111,19 @@ def _square(value: Any, name: str) -> int:
     return int(sides[0])
 
 
-def _refused(fields: dict[str, Any], needs: dict[str, tuple[Any, str]], where: str) -> None:
+def _refused(fields: dict[str, Any], needs: dict[str, tuple[Any, str]], read: tuple[str, ...], where: str) -> None:
     bad = [f"{k}={fields[k]!r} ({why})" for k, (want, why) in needs.items() if k in fields and fields[k] != want]
+    known = set(needs) | set(read) | set(CONFIG_BOOKKEEPING)
+    bad += [f"{k}={v!r} (unknown to neva: it may change the computation)" for k, v in fields.items() if k not in known]
     if bad:
         raise ConfigError(f"{where}: refused field(s): " + "; ".join(bad))
 
 
 def neva_config_from_internvl(hf: dict[str, Any]) -> NevaConfig:
     """NevaConfig of an InternVL ``config.json`` dict (transformers 5's nested text and vision configs)."""
-    _refused(hf, _TOP_NEEDS, "internvl config")
+    _refused(hf, _TOP_NEEDS, _TOP_READ, "internvl config")
     v = dict(hf.get("vision_config") or {})
-    _refused(v, _VISION_NEEDS, "internvl vision_config")
+    _refused(v, _VISION_NEEDS, _VISION_READ, "internvl vision_config")
     text = dict(hf["text_config"])
     if text.get("model_type", "qwen2") not in TEXT_FAMILIES:
         raise ConfigError(f"internvl text_config model_type {text.get('model_type')!r}: neva reads {TEXT_FAMILIES}")

@@ -194,3 +194,17 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
         inputs = hf_inputs(tokenizer, text, [image])
         with torch.no_grad():
             assert torch.equal(a(**inputs).logits, b(**inputs).logits), variant
+
+
+def test_fields_neva_does_not_build_are_refused_by_name(imported):
+    from neva.checkpoint.hf_internvl import neva_config_from_internvl
+    from neva.typed import ConfigError
+
+    _, _, hf_dir, _ = imported
+    hf = json.loads((hf_dir / "config.json").read_text())
+    neva_config_from_internvl(hf)  # as written: read
+    bad = dict(hf, downsample_ratio=0.25, vision_config=dict(hf["vision_config"], use_mean_pooling=False, foo=1))
+    with pytest.raises(ConfigError, match=r"downsample_ratio=0\.25"):
+        neva_config_from_internvl(bad)
+    with pytest.raises(ConfigError, match=r"use_mean_pooling=False .*; foo=1 \(unknown to neva"):
+        neva_config_from_internvl(dict(bad, downsample_ratio=0.5))
