@@ -74,7 +74,10 @@ def _data_path(ckpt):
 def _samples(ckpt, root):
     model, tokenizer, settings, front_end = _data_path(ckpt)
     source = FolderImageSource(str(root / "images"))
-    return model, tokenizer, settings, [process_record(r, settings, source, front_end) for r in RECORDS]
+    samples = [process_record(r, settings, source, front_end) for r in RECORDS]
+    for record, sample in zip(RECORDS, samples):  # the length estimate from image headers: the positions encoded
+        assert front_end.record_tokens(record, source) == sample["image_positions"].numel(), record["id"]
+    return model, tokenizer, settings, samples
 
 
 def _images(root, record):
