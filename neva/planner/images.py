@@ -41,11 +41,14 @@ class ImageLoad:
     source: str | None = None  # where a mean per image comes from (plan.image_tokens); None: one image of ``size``
     grid: tuple[int, int] | None = None  # a native tower's image in patches (height, width)
     max_pixels: int | None = None  # a native tower's pixel budget
+    tiled: bool = False  # tiled by its family's own rule (``TowerSpec.tiles``), not AnyRes
 
     def to_dict(self) -> dict:
         out = {"tokens": self.tokens, "tiles": self.tiles, "size": None if self.size is None else list(self.size)}
         if self.grid is not None:
             out.update(grid=list(self.grid), max_pixels=self.max_pixels)
+        if self.tiled:
+            out["tiled"] = True
         return out if self.source is None else {**out, "source": self.source}
 
 
@@ -108,7 +111,8 @@ def image_load(
         return native_image_load(cfg, size, data or DataConfig(), max_pixels)
     if cfg.anyres is None and cfg.vision.spec.tiles is not None:  # tiled by its front end's rule (InternVL)
         tiles = part(cfg.vision.spec.tiles)(size, cfg.vision.image_size)
-        return ImageLoad(tiles * cfg.num_image_tokens, tiles, size if size is None else (int(size[0]), int(size[1])))
+        size = None if size is None else (int(size[0]), int(size[1]))
+        return ImageLoad(tiles * cfg.num_image_tokens, tiles, size, tiled=True)
     if cfg.anyres is None:
         return ImageLoad(cfg.num_image_tokens, 1)
     if size is None:
@@ -146,6 +150,12 @@ def describe_images(image: dict) -> str:
             f"# native-resolution images of {h}x{w} px (max_pixels {image['max_pixels']}): {gh}x{gw} = "
             f"{image['tiles']} patches through the tower, {image['tokens']} decoder positions each "
             "(plan.image_size=HxW; default: the largest plan.max_pixels lets through)"
+        )
+    if image.get("tiled"):
+        what = "images" if image["size"] is None else "images of {}x{} px".format(*image["size"])
+        return (
+            f"# tiled {what}: {image['tiles']} tiles through the tower, {image['tokens']} decoder positions each "
+            "(plan.image_size=HxW; default: the tiling rule's most tiles)"
         )
     if "source" in image:
         return (

@@ -211,3 +211,21 @@ def test_fields_neva_does_not_build_are_refused_by_name(imported):
         neva_config_from_internvl(bad)
     with pytest.raises(ConfigError, match=r"use_mean_pooling=False .*; foo=1 \(unknown to neva"):
         neva_config_from_internvl(dict(bad, downsample_ratio=0.5))
+
+
+def test_tile_counts_and_the_planners_image_load_are_the_processors():
+    """neva's tile rule (data path, serving and planner alike) = ``get_number_of_image_patches`` of the processor,
+    over sizes that cross the rule's ties (square images of growing area, exact and near aspect ratios)."""
+    from neva.data.internvl_tiles import tile_count
+    from neva.models.presets import build_config
+    from neva.planner.images import image_load
+    from tests.checkpoint.tiny_internvl import TILE, image_processor
+
+    processor = image_processor()
+    sizes = [(h, w) for h in (10, 28, 40, 56, 90, 150, 300) for w in (10, 28, 45, 70, 100, 160, 400)]
+    for h, w in sizes:
+        theirs = processor.get_number_of_image_patches(h, w, {"crop_to_patches": True})
+        assert tile_count(h, w, TILE) == theirs, (h, w)
+    cfg = build_config(llm="tiny_qwen2", vision="tiny_internvl", projector_type="mlp_pixel_shuffle")
+    load = image_load(cfg, (64, 160))  # 32 px tiles: 5 × 2 and the thumbnail
+    assert (load.tiles, load.tokens) == (11, 11 * cfg.num_image_tokens) and image_load(cfg).tiles == 13
