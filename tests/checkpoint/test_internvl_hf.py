@@ -229,3 +229,28 @@ def test_tile_counts_and_the_planners_image_load_are_the_processors():
     cfg = build_config(llm="tiny_qwen2", vision="tiny_internvl", projector_type="mlp_pixel_shuffle")
     load = image_load(cfg, (64, 160))  # 32 px tiles: 5 × 2 and the thumbnail
     assert (load.tiles, load.tokens) == (11, 11 * cfg.num_image_tokens) and image_load(cfg).tiles == 13
+
+
+def test_module_name_layout_imports_the_same_tensors(imported, tmp_path):
+    """transformers 5's module names (``model.vision_tower.``, ``model.multi_modal_projector.``,
+    ``model.language_model.``, ``lm_head.weight``) import as the ``save_pretrained`` layout does."""
+    from safetensors.torch import load_file, save_file
+
+    from neva.checkpoint.hf_internvl import import_internvl
+    from neva.checkpoint.neva_format import iter_tensors
+
+    _, _, hf_dir, ckpt = imported
+    renamed = tmp_path / "modules"
+    renamed.mkdir()
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (renamed / f.name).write_bytes(f.read_bytes())
+    names = {"language_model.model.": "model.language_model.", "language_model.lm_head.": "lm_head.",
+             "vision_tower.": "model.vision_tower.", "multi_modal_projector.": "model.multi_modal_projector."}  # fmt: skip
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    moved = {
+        next(new + k[len(old) :] for old, new in names.items() if k.startswith(old)): t for k, t in tensors.items()
+    }
+    save_file(moved, str(renamed / "model.safetensors"), metadata={"format": "pt"})
+    again = import_internvl(renamed, tmp_path / "again")
+    assert all(a == b and torch.equal(x, y) for (a, x), (b, y) in zip(iter_tensors(ckpt), iter_tensors(again)))
