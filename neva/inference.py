@@ -26,11 +26,12 @@ from neva.checkpoint.step import as_neva_checkpoint
 from neva.constants import IGNORE_INDEX, IMAGE_TOKEN, VIDEO_TOKEN
 from neva.data.conversation import (
     DEFAULT_TEMPLATE,
-    TEMPLATE_CLASSES,
+    QWEN_IMAGE_BLOCK,
     ChatTemplateRenderer,
     Message,
     end_of_turn_ids,
     get_template,
+    raw_image_text,
     stop_strings,
 )
 from neva.data.encoding import encode, tokenize_text
@@ -94,7 +95,8 @@ class PromptBuilder:
         self.tokenization = tokenization
         self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
         # Raw mode: what an <image> tag becomes, its one image token expanded (the family's processor's sequence,
-        # e.g. Gemma 3's ``\n\n<start_of_image>`` … ``<end_of_image>\n\n``); None: the tag, expanded.
+        # e.g. Gemma 3's ``\n\n<start_of_image>`` … ``<end_of_image>\n\n``, InternVL's ``<img>`` … ``</img>``);
+        # None: the tag (LLaVA's) or Qwen-VL's vision block (``neva.data.raw_prompts``), expanded.
         self.raw_image_block = raw_image_block
 
     def ids(
@@ -285,16 +287,23 @@ class Answerer:
         aspect_ratio: str | None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
-        template = None if raw else (template or meta.get("conv_template") or DEFAULT_TEMPLATE)
+        trained = meta.get("conv_template") or DEFAULT_TEMPLATE
+        template = None if raw else (template or trained)
         # Served as trained: the run's system prompt and its choice of the tokenizer's chat template.
         system = system if system is not None else meta.get("system_prompt")
         use_chat = bool(meta.get("use_chat_template", True))
         tokenization = meta.get("tokenization", "neva")  # checkpoints before the key: one tokenizer call
-        # A raw prompt's images as the checkpoint's family writes them (Gemma 3), whatever template serves it.
-        family = TEMPLATE_CLASSES.get(meta.get("conv_template") or "")
-        raw_block = getattr(family, "image_block", None) if raw else None
+        # A raw prompt's images as the checkpoint's family writes them (its trained template's image block: Gemma 3's,
+        # InternVL's), whatever template serves it.
+        block = raw_image_text(trained)[0] if raw else IMAGE_TOKEN
         self.builder = PromptBuilder(
-            self.tokenizer, self.model.cfg, template, system, use_chat, tokenization, raw_image_block=raw_block
+            self.tokenizer,
+            self.model.cfg,
+            template,
+            system,
+            use_chat,
+            tokenization,
+            raw_image_block=None if block in (IMAGE_TOKEN, QWEN_IMAGE_BLOCK) else block,
         )
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")
@@ -336,6 +345,8 @@ class Answerer:
         cfg = self.model.cfg
         sizes = self.processor.sizes(loaded) if cfg.anyres is not None else None
         image_tokens = None if sizes is None else [cfg.image_tokens(s) for s in sizes]
+        if hasattr(self.processor, "tokens_of"):  # a tiling front end (InternVL's): each image's tiles' positions
+            image_tokens = self.processor.tokens_of(loaded)
         ids = self.builder.ids(prompt, len(images), image_tokens, [cfg.video_tokens(len(f)) for f in frames])
         self._check_context(ids)
         return Prepared(ids, load_pixels(loaded, self.processor), sizes, torch.cat(frames) if frames else None)

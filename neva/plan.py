@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     plans = run_search(req) if req.search > 0 else run(req)
     print(format_table(plans))
     images = [p.extra["image"] for p in plans]
-    for line in sorted({describe_images(image) for image in images if image["size"] or "source" in image}):
+    shown = [image for image in images if image["size"] or "source" in image or image.get("tiled")]
+    for line in sorted({describe_images(image) for image in shown}):
         print(line)
     for caveat in dict.fromkeys(line for cfg in configs_of(req)[:1] for line in caveat_lines(cfg, plans)):
         print(caveat)  # what the plan cannot know: a close "fits", packed rows

@@ -24,6 +24,7 @@ SOURCES = (
     ("qwen_vl_finetune_", "Qwen2.5-VL qwen-vl-finetune (QwenLM/Qwen2.5-VL scripts/sft_7b.sh)"),
     ("megatron_bridge_", "Megatron-Bridge (NVIDIA-NeMo/Megatron-Bridge recipes/qwen_vl/qwen25_vl.py)"),
     ("trl_sft_vlm_", "TRL's Gemma 3 VLM SFT (huggingface/trl examples/scripts/sft_vlm_gemma3.py)"),
+    ("internvl3_finetune_", "InternVL 3 finetune (OpenGVLab/InternVL internvl_chat/shell/internvl3.0/2nd_finetune)"),
     ("nemo_launcher_", "NeMo-Framework-Launcher NeVA (current)"),
     ("nemo_", "NeMo 1.x NeVA (2023 examples)"),
 )

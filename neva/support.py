@@ -78,6 +78,7 @@ ROWS = (
     row("Qwen2.5-VL: native resolution, M-RoPE", ["model=tiny_qwen2_5_vl", "vision=tiny_qwen2_5_vl"]),
     row("Gemma 3: sliding / global layers, bidirectional images", ["model=tiny_gemma3", "vision=tiny_gemma3"]),
     row("Qwen3.5: hybrid decoder (Gated DeltaNet + gated attention)", ["model=tiny_qwen3_5", "vision=tiny_qwen3_5"]),
+    row("InternVL 3: InternViT tiles, pixel shuffle", ["model=tiny_internvl", "vision=tiny_internvl"]),
 )
 
 

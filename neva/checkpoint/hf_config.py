@@ -157,11 +157,12 @@ def anyres_from_hf(hf: dict[str, Any]) -> AnyResConfig | None:
 
 def llava_config_dict(cfg: NevaConfig, pad_token_id: int | None = None) -> dict[str, Any]:
     """``LlavaConfig`` kwargs (vision_config/text_config as dicts) for a NevaConfig; only ``mlp2x_gelu`` exports."""
-    if cfg.projector is not None and cfg.projector.type == "mlp_downsample":
+    merge = {"mlp_downsample": "NeMo", "mlp_pixel_shuffle": "InternVL"}.get(cfg.projector.type if cfg.projector else "")
+    if merge is not None:
         raise ConfigError(
-            "mlp_downsample cannot be exported to HF LlavaForConditionalGeneration: transformers has no llava-hf class "
-            "with NeMo's 2x2 patch merge and LayerNorm projector, and dropping them would be a different model; keep "
-            "the neva checkpoint"
+            f"{cfg.projector.type} cannot be exported to HF LlavaForConditionalGeneration: transformers has no llava-hf "
+            f"class with {merge}'s 2x2 patch merge and LayerNorm projector, and dropping them would be a different "
+            "model; keep the neva checkpoint"
         )
     if cfg.anyres is not None and cfg.anyres.patch_merge_type != "spatial_unpad":
         raise ConfigError(

@@ -50,7 +50,7 @@ def llava_refusal(cfg: NevaConfig) -> str | None:
         return f"a {cfg.vision.kind} tower: LLaVA's CLIPVisionTower loads CLIP towers only"
     if isinstance(cfg.vision.vision_select_layer, (list, tuple)):
         return "several concatenated tower layers: LLaVA's mm_vision_select_layer is one layer"
-    if cfg.projector.type == "mlp_downsample" or not cfg.projector.bias:
+    if cfg.projector.type in ("mlp_downsample", "mlp_pixel_shuffle") or not cfg.projector.bias:
         return f"projector {cfg.projector.type} (bias={cfg.projector.bias}): LLaVA builds linear / mlpNx_gelu with bias"
     if cfg.anyres is not None or cfg.video is not None:
         return "AnyRes / video: LLaVA-NeXT's settings, not written by this export (use neva-to-hf)"

@@ -253,9 +253,10 @@ def llava_next_siglip(
 def projector_config(mm: dict[str, Any], feature_size: int, hidden_size: int, source: str | os.PathLike):
     """LLaVA's ``mm_projector_type`` (``linear``, ``mlp{N}x_gelu``, ``identity``) as a ``ProjectorConfig``."""
     kind = mm.get("mm_projector_type", "linear")
-    if kind == "mlp_downsample" or kind in MERGERS:  # ProjectorConfig types, but NeMo's / Qwen's: not LLaVA's
+    others = {"mlp_downsample": "NeMo", "mlp_pixel_shuffle": "InternVL"}  # ProjectorConfig types LLaVA never builds
+    if kind in others or kind in MERGERS:
         raise ConfigError(
-            f"{source}: mm_projector_type={kind!r} is {'NeMo' if kind == 'mlp_downsample' else 'Qwen-VL'}'s "
+            f"{source}: mm_projector_type={kind!r} is {others.get(kind, 'Qwen-VL')}'s "
             "projector, not one LLaVA builds (linear, identity, mlp<N>x_gelu)"
         )
     if mm.get("mm_hidden_size", feature_size) != feature_size:

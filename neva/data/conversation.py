@@ -13,7 +13,7 @@ from typing import Any
 
 from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
-from neva.data.tokens import QWEN_IMAGE_PAD
+from neva.data.tokens import INTERNVL_IMAGE_CONTEXT, QWEN_IMAGE_PAD, image_token_for
 from neva.typed import ConfigError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
@@ -128,6 +128,7 @@ class Template:
     default_system: str | None = None
     eot = ""  # end-of-turn text learned after each reply (documentation and chat-template rendering)
     assistant_cue = ""  # what opens an assistant turn after the last user turn (the prompt ends with it)
+    image_block = IMAGE_TOKEN  # what an <image> tag is in the rendered text (its image token expanded by encoding)
 
     def pieces(self, messages: list[Message], system: str | None) -> list[tuple[str, bool]]:
         raise NotImplementedError
@@ -281,6 +282,7 @@ class QwenVLTemplate(ChatMLTemplate):
 
     name = "qwen2_vl"
     default_system = "You are a helpful assistant."
+    image_block = QWEN_IMAGE_BLOCK
     # What a served prompt's ``<video>`` tag is written as (``neva.inference.PromptBuilder``); training's video tags
     # reach the template as ``<image>`` tags and get their video token after encoding (``neva.data.front_ends``).
     video_block = QWEN_VIDEO_BLOCK
@@ -303,6 +305,21 @@ class Qwen3VLTemplate(QwenVLTemplate):
 
     name = "qwen3_vl"
     default_system = None
+
+
+class InternVLTemplate(ChatMLTemplate):
+    """InternVL 3 / 3.5's ChatML, as transformers' InternVL chat template renders a conversation of strings (no
+    system turn unless one is given) and as ``InternVLProcessor`` expands it: each ``<image>`` tag becomes
+    ``<img><IMG_CONTEXT></img>`` in place, the ``<IMG_CONTEXT>`` then expanded to the image's positions (tiles × 256)
+    like any image token (``neva.data.encoding``)."""
+
+    name = "internvl"
+    image_block = f"<img>{INTERNVL_IMAGE_CONTEXT}</img>"
+
+    def pieces(self, messages, system):
+        return [
+            (text.replace(IMAGE_TOKEN, self.image_block), learned) for text, learned in super().pieces(messages, system)
+        ]
 
 
 class ChatTemplateRenderer(Template):
@@ -465,6 +482,7 @@ TEMPLATE_CLASSES: dict[str, type[Template]] = {
         QwenVLTemplate,
         Qwen3VLTemplate,
         Gemma3Template,
+        InternVLTemplate,
     )
 }
 
@@ -494,6 +512,14 @@ def get_template(
             renderer.check_system_prompt(system_prompt)
         return renderer
     return base
+
+
+def raw_image_text(name: str) -> tuple[str, str]:
+    """What a raw prompt's ``<image>`` tag becomes for a checkpoint trained with template ``name``: the template's
+    image block and the image token text in it, which is repeated to the image's positions — as the family's HF
+    processor writes an image (``LlavaProcessor``: ``<image>`` itself; Qwen-VL's and InternVL's their blocks)."""
+    block = TEMPLATE_CLASSES[name].image_block if name in TEMPLATE_CLASSES else IMAGE_TOKEN
+    return block, image_token_for(name)
 
 
 def stop_strings(template: Template | None) -> tuple[str, ...]:

@@ -16,7 +16,13 @@ QWEN_IMAGE_PAD = "<|image_pad|>"
 # neva.data.conversation.QwenVLTemplate); every other template keeps the tag itself as the token. By template, not
 # by what a tokenizer holds: Qwen2.5's text tokenizers carry <|image_pad|> too, and LLaVA-OneVision trains them with
 # <image>.
-IMAGE_TOKEN_OF_TEMPLATE = {"qwen2_vl": QWEN_IMAGE_PAD, "qwen3_vl": QWEN_IMAGE_PAD, "gemma3": "<image_soft_token>"}
+INTERNVL_IMAGE_CONTEXT = "<IMG_CONTEXT>"  # InternVL's image token (its tokenizer's ``context_image_token``)
+IMAGE_TOKEN_OF_TEMPLATE = {
+    "qwen2_vl": QWEN_IMAGE_PAD,
+    "qwen3_vl": QWEN_IMAGE_PAD,
+    "gemma3": "<image_soft_token>",
+    "internvl": INTERNVL_IMAGE_CONTEXT,
+}
 
 
 def image_token_for(template: str | None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from neva.families.clip import CLIP
 from neva.families.decoder_spec import DecoderSpec
 from neva.families.gemma3 import GEMMA3
+from neva.families.internvl import INTERNVL
 from neva.families.llama import LLAMA, MISTRAL
 from neva.families.mixtral import MIXTRAL
 from neva.families.qwen import QWEN2, QWEN3, QWEN3_MOE
@@ -17,7 +18,7 @@ from neva.families.qwen_vl import QWEN2_5_VL, QWEN2_VL, QWEN3_VL
 from neva.families.siglip import SIGLIP
 from neva.families.spec import MergerSpec, TowerSpec, VideoRule, part
 
-TOWERS: dict[str, TowerSpec] = {spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL)}
+TOWERS: dict[str, TowerSpec] = {spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL, INTERNVL)}
 """Vision families, by ``VisionConfig.kind``."""
 
 DECODERS: dict[str, DecoderSpec] = {

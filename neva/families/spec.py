@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 # Which package resolves each code part of a spec (and so where the part must live).
-PART_OWNERS = {"tower": "neva.models", "front_end": "neva.data", "fit": "neva.data", "interop": "neva.checkpoint"}
+PART_OWNERS = {
+    "tower": "neva.models",
+    "front_end": "neva.data",
+    "fit": "neva.data",
+    "tiles": "neva.data",
+    "interop": "neva.checkpoint",
+}
 
 
 def part(path: str) -> Any:
@@ -73,6 +79,9 @@ class TowerSpec:
         patch_grid: it reads each item at its own resolution: a variable number of patches per item, flattened
             ``[L, C·T·P·P]`` with the item's (t, h, w) ``grid`` (no fixed count per image).
         fit: fixed-size towers: how an image fits the square input (``neva.data.images``).
+        tiles: a fixed-size tower whose front end tiles every image by its own rule (InternVL): the tower inputs of
+            an image, ``(size, tile) -> int`` with ``size`` its (height, width), or None for the rule's largest
+            count (``neva.data``; what the planner counts).
         merger: a patch-grid tower's merger (its projector type).
         video: a patch-grid tower's video rule (None: it takes no video as temporal patches).
         pixels: a patch-grid tower's (min_pixels, max_pixels) when the config gives none.
@@ -86,6 +95,8 @@ class TowerSpec:
         llava_original: LLaVA's own code loads the tower (its CLIPVisionTower), so a LLaVA-original export can hold it.
         llava_next_shortened: LLaVA-NeXT's tower class for it deletes the last layer and reads the one before,
             whatever ``mm_vision_select_layer`` says (its ``SigLipVisionTower``).
+        block_options: its blocks read ``VisionConfig.norm_type``, ``qk_norm`` and ``qkv_bias`` (InternViT); every
+            other tower refuses values other than their defaults.
         check: the family's own config checks (a ``VisionConfig``; raises ``ValueError``).
     """
 
@@ -101,6 +112,7 @@ class TowerSpec:
     select: int
     patch_grid: bool = False
     fit: str | None = None
+    tiles: str | None = None
     merger: MergerSpec | None = None
     video: VideoRule | None = None
     pixels: tuple[int, int] | None = None
@@ -113,6 +125,7 @@ class TowerSpec:
     hf_image_processor: tuple[str, str] | None = None
     llava_original: bool = False
     llava_next_shortened: bool = False
+    block_options: bool = False
     check: Callable[[Any], None] | None = None
 
     def parts(self) -> dict[str, str]:

@@ -91,6 +91,12 @@ class VisionConfig:
     # qwen2_5_vl: M-RoPE temporal positions per second of video (HF ``vision_config.tokens_per_second``); None: the
     # HF class default (4) where a video needs it.
     tokens_per_second: int | None = None
+    # Block options of a family whose spec says ``block_options`` (InternViT; every other tower refuses other values):
+    # the blocks' norm (``layer`` / ``rms``: HF ``norm_type``), an RMSNorm of q and of k over the whole width before the
+    # heads split (HF ``use_qk_norm``), biased q / k / v (HF ``attention_bias``).
+    norm_type: str = "layer"
+    qk_norm: bool = False
+    qkv_bias: bool = True
 
     def __post_init__(self) -> None:
         spec = tower_spec(self.kind)
@@ -117,6 +123,10 @@ class VisionConfig:
             raise ValueError(f"image_resample must be bicubic or bilinear, got {self.image_resample!r}")
         if self.feature_norm and self.select_indices != [self.num_layers]:
             raise ValueError("feature_norm reads the post-LayerNorm of the last layer: vision_select_layer must be -1")
+        if self.norm_type not in ("layer", "rms"):
+            raise ValueError(f"vision norm_type must be layer or rms, got {self.norm_type!r}")
+        if not spec.block_options and (self.norm_type, self.qk_norm, self.qkv_bias) != ("layer", False, True):
+            raise ValueError(f"a {self.kind} tower takes no norm_type / qk_norm / qkv_bias choice (InternViT's)")
         if spec.check is not None:  # the family's own rules (a merger's input, rotary, windows, position grid)
             spec.check(self)
 
@@ -330,14 +340,18 @@ class LLMConfig:
         return self.linear_attention is not None and self.linear_attention.is_linear(layer)
 
 
-_PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample|gemma3)$")
+_PROJECTOR_TYPE = re.compile(r"^(linear|identity|mlp(\d+)x_gelu|mlp_downsample|gemma3|mlp_pixel_shuffle)$")
+# Projectors that merge each 2×2 block of the patch grid into one token before a LayerNorm and two Linear layers.
+_MERGE_2X2 = ("mlp_downsample", "mlp_pixel_shuffle")
 
 
 @dataclass
 class ProjectorConfig:
     """Vision→LLM projector: ``linear``, ``identity``, ``mlp{N}x_gelu`` (LLaVA's ``mm_projector_type``) or
     ``mlp_downsample`` (NeMo's, from VILA: 2×2 neighbouring patches merged into one token, LayerNorm, 2-layer MLP),
-    or a native tower's patch merger (``neva.families.MERGERS``: norm, ``spatial_merge_size``² consecutive patches as one vector,
+    ``mlp_pixel_shuffle`` (InternVL's: the same merge in row-major token order, HF ``pixel_shuffle`` at ratio 0.5),
+    or a native tower's patch merger (``neva.families.MERGERS``: norm, ``spatial_merge_size``² consecutive patches as
+    one vector,
     Linear, GELU, Linear; HF ``Qwen2VL`` ``PatchMerger`` & co.)."""
 
     type: str = "mlp2x_gelu"
@@ -360,7 +374,7 @@ class ProjectorConfig:
             return
         if not _PROJECTOR_TYPE.match(self.type):
             raise ValueError(
-                "projector type must be linear, identity, mlp<N>x_gelu, mlp_downsample or one of "
+                "projector type must be linear, identity, mlp<N>x_gelu, mlp_downsample, mlp_pixel_shuffle or one of "
                 f"{', '.join(MERGERS)}, got {self.type!r}"
             )
         if self.type == "identity" and self.input_size != self.output_size:
@@ -370,7 +384,7 @@ class ProjectorConfig:
     def depth(self) -> int:
         """Number of Linear layers."""
         match = _PROJECTOR_TYPE.match(self.type)
-        if self.type == "mlp_downsample" or self.type in MERGERS:
+        if self.type in _MERGE_2X2 or self.type in MERGERS:
             return 2
         if self.type == "gemma3":
             return 1
@@ -388,6 +402,13 @@ class ProjectorConfig:
             return (-(-vision.grid // 2)) ** 2
         if self.type == "gemma3":
             return self.tokens_per_image
+        if self.type == "mlp_pixel_shuffle":
+            if vision.grid % 2 or vision.vision_select_feature != "patch":
+                raise ValueError(
+                    f"mlp_pixel_shuffle merges 2×2 blocks of the patch grid: it needs an even grid (got "
+                    f"{vision.grid}) and vision_select_feature patch"
+                )
+            return (vision.grid // 2) ** 2
         return vision.num_image_tokens
 
 
@@ -422,8 +443,10 @@ class NevaConfig:
             # The pool views a frame's features as the tower's square patch grid (transformers' pooler does too).
             if self.vision.vision_select_feature != "patch":
                 raise ValueError("video spatial pooling needs vision_select_feature=patch (no class token in the grid)")
-            if self.projector is not None and self.projector.type == "mlp_downsample":
-                raise ValueError("video spatial pooling and mlp_downsample both merge the grid: use one (stride 1)")
+            if self.projector is not None and self.projector.type in _MERGE_2X2:
+                raise ValueError(
+                    f"video spatial pooling and {self.projector.type} both merge the grid: use one (stride 1)"
+                )
         if self.video_token_id is not None and not 0 <= self.video_token_id <= self.llm.vocab_size:
             raise ValueError(f"video_token_id {self.video_token_id} outside vocab of size {self.llm.vocab_size}")
         if self.anyres is not None:
@@ -444,6 +467,8 @@ class NevaConfig:
                     "mlp_downsample merges 2x2 blocks of the patch grid: vision_select_feature=cls_patch adds a "
                     "class token outside the grid (use patch)"
                 )
+            if self.projector.type == "mlp_pixel_shuffle":
+                self.projector.num_tokens(self.vision)  # its grid rule (even, patches only), checked at construction
             if self.projector.input_size != self.vision.feature_size:
                 raise ValueError(
                     f"projector input_size {self.projector.input_size} != vision feature size {self.vision.feature_size}"

@@ -48,6 +48,8 @@ Param = tuple[str, tuple[int, ...], bool]  # name, shape, requires_grad
 _VISION_STEPS = {
     "norm1": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "qkv": 1, "core": 2, "o_proj": 3, "norm2": 4, "fc1": 5,
     "gate_proj": 5, "up_proj": 5, "fc2": 6, "down_proj": 6,
+    # InternViT: q / k norms between the projections and the core, layer scales after each branch
+    "q_norm": 1.25, "k_norm": 1.25, "lambda_1": 3.5, "lambda_2": 6.5,
 }  # fmt: skip
 _MERGER_STEPS = {"norm": 0, "fc1": 1, "fc2": 2}  # a native tower's patch merger (and its DeepStack mergers)
 _DECODER_STEPS = {

@@ -94,6 +94,30 @@ VISION_PRESETS: dict[str, dict] = {
         hidden_act="gelu_pytorch_tanh",
         num_position_embeddings=2304,
     ),
+    # The tiny tower as InternViT (InternVL 3 / 3.5): 32 px tiles in 8 px patches (4 × 4), a class token, layer scale,
+    # LayerNorm blocks with biased q / k / v; the pixel shuffle makes 4 decoder positions per tile.
+    "tiny_internvl": dict(
+        kind="internvl",
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="gelu",
+    ),
+    # OpenGVLab/InternVL3-8B-hf's tower, InternViT-300M-448px-V2.5 (config.json vision_config: 24 layers, width 1024,
+    # intermediate 4096, 16 heads, 448 px tiles in 14 px patches, layer_norm, attention_bias true, no qk norm).
+    "internvit_300m_448": dict(
+        kind="internvl",
+        image_size=448,
+        patch_size=14,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_layers=24,
+        num_heads=16,
+        hidden_act="gelu",
+    ),
     # Qwen/Qwen2.5-VL-7B-Instruct's tower (config.json vision_config: depth 32, hidden_size 1280, intermediate_size 3420,
     # num_heads 16, patch_size 14, window_size 112, fullatt_block_indexes [7, 15, 23, 31], silu); image_size is only
     # the nominal image of the FLOP model's per-patch attention estimate (448 px: 32 × 32 patches, 256 positions).

@@ -11,6 +11,7 @@ from torch import nn
 from neva.families import MERGERS
 from neva.models.config import ProjectorConfig
 from neva.models.layers import RMSNorm
+from neva.models.pixel_shuffle import PixelShuffle2x2
 from neva.models.projector_gemma3 import Gemma3Projector
 from neva.models.projector_merger import NativeMerger
 
@@ -42,7 +43,8 @@ def build_projector(cfg: ProjectorConfig) -> nn.Module:
 
     A Sequential keeps LLaVA's own key names (``0``, ``2``, ... for the Linear layers of ``mlp2x_gelu``), so the
     original LLaVA ``model.mm_projector.{i}`` keys map one to one; ``mlp_downsample`` is NeMo's / VILA's Sequential
-    (``0`` the merge, ``1`` the LayerNorm over ``4 × input_size``, ``2`` and ``4`` the Linear layers).
+    (``0`` the merge, ``1`` the LayerNorm over ``4 × input_size``, ``2`` and ``4`` the Linear layers), and so is
+    ``mlp_pixel_shuffle`` (InternVL's ``multi_modal_projector``: ``layer_norm``, ``linear_1``, ``linear_2``).
     """
     if cfg.type in MERGERS:
         return NativeMerger(cfg)
@@ -50,10 +52,10 @@ def build_projector(cfg: ProjectorConfig) -> nn.Module:
         return Gemma3Projector(cfg)
     if cfg.type == "identity":
         return nn.Sequential(nn.Identity())
-    if cfg.type == "mlp_downsample":
+    if cfg.type in ("mlp_downsample", "mlp_pixel_shuffle"):  # InternVL's: its merge, then the same layers
         width = 4 * cfg.input_size
         return nn.Sequential(
-            Downsample2x2(),
+            Downsample2x2() if cfg.type == "mlp_downsample" else PixelShuffle2x2(),
             nn.LayerNorm(width),
             nn.Linear(width, cfg.output_size, bias=cfg.bias),
             nn.GELU(),

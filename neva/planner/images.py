@@ -7,6 +7,9 @@ from its size (``neva.models.anyres.feature_index``, what the dataset computes);
 case: an image of the largest pinpoint, all of whose tiles are kept (OneVision's ``anyres_max_N`` pools its
 positions, not its tiles). A mean is rounded up to whole positions and tiles.
 
+A tower whose front end tiles every image by its own rule (InternVL: ``TowerSpec.tiles``) takes that rule's tiles of
+``plan.image_size``, or by default its largest count (12 tiles and the thumbnail), each tile the fixed count.
+
 A native-resolution tower (Qwen-VL) takes each image at its own size within the pixel budget: its "tiles" are then its
 patches (the FLOP model's unit for such a tower, ``neva.models.flops``) and its positions patches / merge². The
 planner takes ``plan.image_size`` resized by the data side's ``smart_resize``, or by default the worst case: the
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from neva.data.config import DataConfig
 from neva.data.images import ImageError
 from neva.data.qwen_images import QwenImageSpec, budget_size, resized_size
+from neva.families import part
 from neva.models.anyres import feature_index, largest_pinpoint
 from neva.models.config import NevaConfig
 from neva.planner.image_mix import measure_image_mix
@@ -37,11 +41,14 @@ class ImageLoad:
     source: str | None = None  # where a mean per image comes from (plan.image_tokens); None: one image of ``size``
     grid: tuple[int, int] | None = None  # a native tower's image in patches (height, width)
     max_pixels: int | None = None  # a native tower's pixel budget
+    tiled: bool = False  # tiled by its family's own rule (``TowerSpec.tiles``), not AnyRes
 
     def to_dict(self) -> dict:
         out = {"tokens": self.tokens, "tiles": self.tiles, "size": None if self.size is None else list(self.size)}
         if self.grid is not None:
             out.update(grid=list(self.grid), max_pixels=self.max_pixels)
+        if self.tiled:
+            out["tiled"] = True
         return out if self.source is None else {**out, "source": self.source}
 
 
@@ -102,6 +109,10 @@ def image_load(
         return ImageLoad(0, 0)
     if cfg.vision.spec.patch_grid:
         return native_image_load(cfg, size, data or DataConfig(), max_pixels)
+    if cfg.anyres is None and cfg.vision.spec.tiles is not None:  # tiled by its front end's rule (InternVL)
+        tiles = part(cfg.vision.spec.tiles)(size, cfg.vision.image_size)
+        size = None if size is None else (int(size[0]), int(size[1]))
+        return ImageLoad(tiles * cfg.num_image_tokens, tiles, size, tiled=True)
     if cfg.anyres is None:
         return ImageLoad(cfg.num_image_tokens, 1)
     if size is None:
@@ -139,6 +150,12 @@ def describe_images(image: dict) -> str:
             f"# native-resolution images of {h}x{w} px (max_pixels {image['max_pixels']}): {gh}x{gw} = "
             f"{image['tiles']} patches through the tower, {image['tokens']} decoder positions each "
             "(plan.image_size=HxW; default: the largest plan.max_pixels lets through)"
+        )
+    if image.get("tiled"):
+        what = "images" if image["size"] is None else "images of {}x{} px".format(*image["size"])
+        return (
+            f"# tiled {what}: {image['tiles']} tiles through the tower, {image['tokens']} decoder positions each "
+            "(plan.image_size=HxW; default: the tiling rule's most tiles)"
         )
     if "source" in image:
         return (

@@ -69,7 +69,11 @@ def _visual_fields(
             "image_positions": torch.zeros(0, dtype=torch.long),
         }
     if ncfg.anyres is None:
-        tokens, extra = ncfg.num_image_tokens, {"pixel_values": pixels(1)}
+        # A family that tiles each image by its own rule (InternVL): the planner's tiles of the image, each a tower
+        # input of the fixed count (the front end's ``image_count`` is its tiles)
+        tiled = ncfg.vision.spec.tiles
+        tiles = 1 if tiled is None else part(tiled)(image_size, side)
+        tokens, extra = tiles * ncfg.num_image_tokens, {"pixel_values": pixels(tiles), "image_count": tiles}
     else:
         size = image_size or largest_pinpoint(ncfg.anyres)
         layout = feature_index(ncfg.anyres, ncfg.num_image_tokens, side, size)

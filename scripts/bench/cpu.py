@@ -82,8 +82,12 @@ FAMILIES: dict[str, dict[str, dict]] = {
     # each head) behind Qwen3-VL's tower without DeepStack, against HF Qwen3_5ForConditionalGeneration
     # (``bench.qwen_vl``: the decoder's and tower's shapes there).
     "qwen3_5": {"llm": {}, "vision": {}},
+    # InternVL 3: the Qwen2 decoder behind InternViT and the pixel shuffle projector, against HF
+    # InternVLForConditionalGeneration (``bench.internvl``: its tower shapes, 1 to 7 tiles per image).
+    "internvl": {"llm": _QWEN2, "vision": {}},
 }
 NATIVE_FAMILIES = ("qwen2_5_vl", "qwen3_5")  # families whose images are native-resolution patches (``bench.qwen_vl``)
+TILED_FAMILIES = ("internvl",)  # families whose images are their own tiles (``bench.internvl``)
 
 
 def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
@@ -120,6 +124,12 @@ def cpu_model_config(
         from bench.gemma3 import model_config as gemma3_config
 
         return gemma3_config(shapes["llm"], shapes["vision"], smoke)
+    if family in TILED_FAMILIES:
+        if anyres or video:
+            raise SystemExit(f"--family {family}: its own tiles, not --anyres / --video")
+        from bench.internvl import model_config as tiled_config
+
+        return tiled_config(shapes["llm"], smoke)
     cfg = build_config(llm=shapes["llm"], vision=shapes["vision"])
     if not (anyres or video):
         return cfg
@@ -236,6 +246,8 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
         return _hf_native_side(cfg, train_cfg, batches)
     if cfg.projector.type == "gemma3":
         return _hf_gemma3_side(cfg, train_cfg, batches)
+    if cfg.vision.spec.tiles is not None:
+        return _hf_tiled_side(cfg, train_cfg, batches)
     wrapper = wrapper_for(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
     hf_cfg = getattr(transformers, wrapper.config_class)(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
@@ -284,6 +296,18 @@ def _hf_gemma3_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[
     return _hf_loop(model, train_cfg, collated)
 
 
+def _hf_tiled_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
+    """HF InternVLForConditionalGeneration from neva's initial weights, the stage's policy, the same loop."""
+    from bench.internvl import collate_hf_tiled, hf_model
+
+    neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
+    model = hf_model(cfg, neva.state_dict())
+    del neva
+    gc.collect()
+    _apply_policy_hf(model, train_cfg.model.trainable_policy())
+    return _hf_loop(model, train_cfg, [collate_hf_tiled(cfg, b) for b in batches])
+
+
 def _hf_loop(model: torch.nn.Module, train_cfg: TrainConfig, collated: list[dict]):
     """The plain HF loop's step over ``collated`` batches: loss, backward, clip, ``torch.optim.AdamW``."""
     model.train()
@@ -324,6 +348,10 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
         from bench.qwen_vl import native_sample
 
         batches = [[native_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
+    elif cfg.vision.spec.tiles is not None:
+        from bench.internvl import tiled_sample
+
+        batches = [[tiled_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
     gc.collect()
     baseline = _rss_bytes()
     build = _neva_side if side == "neva" else _hf_side
@@ -505,6 +533,7 @@ def run_cpu(args: Any) -> dict[str, Any]:
         f"median CPU seconds/step: hf {hf['median_cpu_s']:.2f}, neva {neva['median_cpu_s']:.2f} "
         f"({hf['median_cpu_s'] / neva['median_cpu_s']:.2f}x)"
     )
+    own_shapes = cfg.vision.spec.patch_grid or cfg.vision.spec.tiles is not None  # a family's own shapes
     summary = {
         "mode": "cpu",
         "stage": args.stage,
@@ -532,7 +561,7 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "seq_length": args.seq_length,
         "model": {
             # a native family's own shapes (``bench.qwen_vl``), not the fixed-tower ones it replaces
-            **(native_shapes(cfg) if cfg.vision.spec.patch_grid else cpu_shapes(args.smoke, args.family)),
+            **(native_shapes(cfg) if own_shapes else cpu_shapes(args.smoke, args.family)),
             "image_tokens": None if cfg.vision.spec.patch_grid else cfg.num_image_tokens,
             **({"video_tokens": spec.video_tokens, "num_frames": spec.num_frames} if cfg.video is not None else {}),
         },

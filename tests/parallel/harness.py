@@ -102,6 +102,9 @@ FAMILIES: dict[str, list[str]] = {
         "moe_shared_expert_intermediate_size:64,moe_shared_expert_gate:true,mrope_section:[2,1,1],"
         "mrope_interleaved:true}",
     ],
+    # InternVL 3: the tiny InternViT (class token dropped, layer scale), the pixel shuffle + LayerNorm + MLP projector
+    # and a Qwen2 decoder, untied so that PP2 applies; every image 1 to 12 tiles of 32 px plus a thumbnail
+    "internvl_tiles": ["model=tiny_internvl", "vision=tiny_internvl"],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",
