@@ -33,7 +33,7 @@ from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, VISION_TABLE
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
 from neva.checkpoint.interop import Interop
-from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, save_checkpoint, tensor_pairs
+from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, tensor_pairs
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.hf_local import model_dir
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig
@@ -306,31 +306,16 @@ def _check_image_token(tokenizer: Any, image_token_id: int, hf_dir: Path) -> Non
         raise ValueError(f"{hf_dir}: tokenizer maps {IMAGE_TOKEN} to {found}, config says {image_token_id}")
 
 
-def import_gemma3(
-    hf_dir: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    dtype: torch.dtype | None = None,
-    metadata: dict[str, Any] | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    overwrite: bool = False,
-) -> Path:
-    """Convert a Gemma 3 directory to a neva checkpoint (streaming, every tensor's name and shape checked first).
-
-    Raises:
-        ConfigError: a field neva does not build. ValueError: tensors that map nowhere, missing model tensors, a
-            tokenizer whose ``<image_soft_token>`` is not the config's image token.
-    """
-    cfg, tensors, tokenizer, meta = gemma3_parts(hf_dir, dtype=dtype, metadata=metadata)
-    return save_checkpoint(
-        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
-    )
-
-
 def gemma3_parts(
     hf_dir: str | os.PathLike, *, dtype: torch.dtype | None = None, metadata: dict[str, Any] | None = None
 ) -> ImportedParts:
-    """``import_gemma3`` up to the writing (also what ``neva.evaluate`` loads an HF directory in memory with)."""
+    """The import of a Gemma 3 directory up to the writing (its interop's ``import_dir`` writes it; ``neva.evaluate``
+    loads an HF directory in memory with it): every tensor's name and shape checked first.
+
+    Raises:
+        ConfigError: a field neva does not build. ValueError: tensors that map nowhere, missing model tensors, a
+            tokenizer whose image token is not the config's.
+    """
     hf_dir = Path(model_dir(hf_dir))
     hf = json.loads((hf_dir / "config.json").read_text())
     cfg = _with_image_processor(neva_config_from_gemma3(hf), hf_dir)
@@ -487,6 +472,4 @@ def _peft_names(cfg: NevaConfig) -> Any:
     )
 
 
-GEMMA3_INTEROP = Interop(
-    "Gemma 3", is_gemma3, import_gemma3, gemma3_parts, _export, _round_trip, peft_names=_peft_names
-)
+GEMMA3_INTEROP = Interop("Gemma 3", is_gemma3, gemma3_parts, _export, _round_trip, peft_names=_peft_names)

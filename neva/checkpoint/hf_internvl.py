@@ -38,7 +38,6 @@ from neva.checkpoint.neva_format import (
     iter_tensors,
     load_config,
     load_metadata,
-    save_checkpoint,
     tensor_pairs,
 )
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
@@ -207,31 +206,16 @@ def _neva_shape(key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape[-1:] if key == "vision.cls_token" else shape[1:] if key == "vision.pos_embed.weight" else shape
 
 
-def import_internvl(
-    hf_dir: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    dtype: torch.dtype | None = None,
-    metadata: dict[str, Any] | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    overwrite: bool = False,
-) -> Path:
-    """Convert an InternVL directory to a neva checkpoint (streaming, every tensor checked first).
-
-    Raises:
-        ConfigError: a field neva does not build. ValueError: tensors that map nowhere, missing model tensors, a
-            tokenizer whose ``<IMG_CONTEXT>`` is not the config's image token.
-    """
-    cfg, tensors, tokenizer, meta = internvl_parts(hf_dir, dtype=dtype, metadata=metadata)
-    return save_checkpoint(
-        out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
-    )
-
-
 def internvl_parts(
     hf_dir: str | os.PathLike, *, dtype: torch.dtype | None = None, metadata: dict[str, Any] | None = None
 ) -> ImportedParts:
-    """``import_internvl`` up to the writing (also what ``neva.evaluate`` loads an HF directory in memory with)."""
+    """The import of a InternVL directory up to the writing (its interop's ``import_dir`` writes it; ``neva.evaluate``
+    loads an HF directory in memory with it): every tensor's name and shape checked first.
+
+    Raises:
+        ConfigError: a field neva does not build. ValueError: tensors that map nowhere, missing model tensors, a
+            tokenizer whose image token is not the config's.
+    """
     hf_dir = Path(model_dir(hf_dir))
     cfg = neva_config_from_internvl(json.loads((hf_dir / "config.json").read_text()))
     shapes = hf_tensor_shapes(hf_dir)
@@ -390,6 +374,4 @@ def _peft_names(cfg: NevaConfig) -> Any:
     )
 
 
-INTERNVL_INTEROP = Interop(
-    "InternVL", is_internvl, import_internvl, internvl_parts, _export, _round_trip, peft_names=_peft_names
-)
+INTERNVL_INTEROP = Interop("InternVL", is_internvl, internvl_parts, _export, _round_trip, peft_names=_peft_names)

@@ -473,6 +473,4 @@ def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: s
     return export_qwen_vl(ckpt, out, conv_template=conv_template, **common)
 
 
-QWEN_VL_INTEROP = Interop(
-    "Qwen-VL", is_qwen_vl, import_qwen_vl, qwen_vl_parts, _export, _round_trip, peft_names=lambda cfg: peft_names(cfg)
-)
+QWEN_VL_INTEROP = Interop("Qwen-VL", is_qwen_vl, qwen_vl_parts, _export, _round_trip, peft_names=peft_names)

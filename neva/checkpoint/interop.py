@@ -4,11 +4,16 @@ matrix's cell). ``neva.convert`` and ``neva.support`` ask these and never a fami
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from neva.checkpoint.neva_format import save_checkpoint
+from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.families import DECODERS, TOWERS, decoder_spec, part
 from neva.models.config import NevaConfig
 
@@ -20,8 +25,8 @@ class Interop:
     Attributes:
         name: what the interop is (for messages).
         recognises: whether an HF ``config.json`` dict is one this interop imports.
-        import_dir: ``(hf_dir, out, *, metadata, dtype, max_shard_bytes, overwrite) -> Path``.
-        import_parts: ``(hf_dir) -> ImportedParts``: the import up to the writing (a model in memory).
+        import_parts: ``(hf_dir, *, dtype, metadata) -> ImportedParts``: the import up to the writing (a model in
+            memory); ``import_dir`` writes it as a neva checkpoint.
         export: ``(ckpt, out, *, conv_template, dtype, max_shard_bytes, overwrite) -> Path``.
         round_trip: the HF ``model_type`` an export of a model of this config writes, after its import has read
             the config back (raises ``ConfigError`` where the export refuses).
@@ -31,11 +36,27 @@ class Interop:
 
     name: str
     recognises: Callable[[dict[str, Any]], bool]
-    import_dir: Callable[..., Path]
     import_parts: Callable[..., Any]
     export: Callable[..., Path]
     round_trip: Callable[[NevaConfig], str]
     peft_names: Callable[[NevaConfig], Any] | None = None
+
+    def import_dir(
+        self,
+        hf_dir: str | os.PathLike,
+        out: str | os.PathLike,
+        *,
+        dtype: torch.dtype | None = None,
+        metadata: dict[str, Any] | None = None,
+        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+        overwrite: bool = False,
+    ) -> Path:
+        """Convert an HF directory of this family to a neva checkpoint (streaming, every tensor's name and shape
+        checked before one is written: ``import_parts``)."""
+        cfg, tensors, tokenizer, meta = self.import_parts(hf_dir, dtype=dtype, metadata=metadata)
+        return save_checkpoint(
+            out, cfg, tensors, tokenizer, max_shard_bytes=max_shard_bytes, metadata=meta, overwrite=overwrite
+        )
 
 
 DEFAULT = "neva.checkpoint.llava_hf:LLAVA_HF"

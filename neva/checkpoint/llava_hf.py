@@ -8,7 +8,7 @@ from typing import Any
 
 from neva.checkpoint.hf_config import llava_config_dict, neva_config_from_llava
 from neva.checkpoint.hf_export import export_llava
-from neva.checkpoint.hf_import import import_llava, llava_parts
+from neva.checkpoint.hf_import import llava_parts
 from neva.checkpoint.hf_wrappers import WRAPPERS, wrapper_for
 from neva.checkpoint.interop import Interop
 from neva.models.config import NevaConfig
@@ -31,4 +31,4 @@ def _recognises(hf: dict[str, Any]) -> bool:
     return hf.get("model_type") in {row.model_type for row in WRAPPERS}
 
 
-LLAVA_HF = Interop("llava-hf", _recognises, import_llava, llava_parts, export_llava, _round_trip)
+LLAVA_HF = Interop("llava-hf", _recognises, llava_parts, export_llava, _round_trip)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from neva.checkpoint.hf_gemma3 import import_gemma3
+from neva.checkpoint.hf_gemma3 import GEMMA3_INTEROP
 from neva.checkpoint.neva_format import load_model
 from neva.models.media import Media, MediaInputs, image_media
 from tests.checkpoint.tiny_gemma3 import (
@@ -50,7 +50,7 @@ def imported(tmp_path_factory):
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / "images" / name)
     with one_thread():
         hf, hf_dir = tiny_gemma3_dir(root)
-        ckpt = import_gemma3(hf_dir, root / "neva")
+        ckpt = GEMMA3_INTEROP.import_dir(hf_dir, root / "neva")
         model = load_model(ckpt).eval()
     return hf, hf_dir, ckpt, model, root
 

@@ -236,7 +236,7 @@ def test_module_name_layout_imports_the_same_tensors(imported, tmp_path):
     ``model.language_model.``, ``lm_head.weight``) import as the ``save_pretrained`` layout does."""
     from safetensors.torch import load_file, save_file
 
-    from neva.checkpoint.hf_internvl import import_internvl
+    from neva.checkpoint.hf_internvl import INTERNVL_INTEROP
     from neva.checkpoint.neva_format import iter_tensors
 
     _, _, hf_dir, ckpt = imported
@@ -252,5 +252,5 @@ def test_module_name_layout_imports_the_same_tensors(imported, tmp_path):
         next(new + k[len(old) :] for old, new in names.items() if k.startswith(old)): t for k, t in tensors.items()
     }
     save_file(moved, str(renamed / "model.safetensors"), metadata={"format": "pt"})
-    again = import_internvl(renamed, tmp_path / "again")
+    again = INTERNVL_INTEROP.import_dir(renamed, tmp_path / "again")
     assert all(a == b and torch.equal(x, y) for (a, x), (b, y) in zip(iter_tensors(ckpt), iter_tensors(again)))
