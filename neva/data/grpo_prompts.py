@@ -73,10 +73,28 @@ def prompt_conversation(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def prompt_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """A finetuning sample cut before its reply: ids up to the first learned label, nothing learned."""
+    """A finetuning sample cut before its reply: ids (and a native-resolution model's M-RoPE positions) up to the
+    first learned label, nothing learned."""
     learned = (sample["labels"] != IGNORE_INDEX).nonzero().flatten()
     end = int(learned[0]) if learned.numel() else sample["input_ids"].numel()
-    return {**sample, "input_ids": sample["input_ids"][:end], "labels": torch.full((end,), IGNORE_INDEX)}
+    out = {**sample, "input_ids": sample["input_ids"][:end], "labels": torch.full((end,), IGNORE_INDEX)}
+    if "position_ids" in sample:
+        out["position_ids"] = sample["position_ids"][..., :end]
+    return out
+
+
+def completion_sample(prompt: dict[str, Any], completion: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+    """A prompt sample with a completion appended (``labels`` its learned ids): the row the update trains on. Where
+    the prompt brings its own positions (M-RoPE), the completion's text continues from the prompt's largest position
+    + 1 on every axis, as generation placed it (``neva.models.generation``) and as the data path places text after
+    an image (``neva.models.mrope``)."""
+    row = {**prompt, "input_ids": torch.cat([prompt["input_ids"], completion]),
+           "labels": torch.cat([prompt["labels"], labels])}  # fmt: skip
+    if "position_ids" in prompt:
+        own = prompt["position_ids"]
+        after = own.amax() + 1 + torch.arange(completion.numel(), dtype=own.dtype)
+        row["position_ids"] = torch.cat([own, after.expand(own.shape[0], -1)], dim=-1)
+    return row
 
 
 class PromptDataset(Dataset):
