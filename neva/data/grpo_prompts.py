@@ -169,6 +169,18 @@ class PromptDataModule(NevaDataModule):
         raise ConfigError(f"model.data.data_path={spec!r}: the online RL stage reads JSON / JSONL prompt records")
 
 
+def collate_groups(
+    rows: list[dict[str, Any]], group: int, pad_id: int, pad_to_multiple_of: int, seq_length: int | None = None
+) -> dict[str, Any]:
+    """A micro-batch's rows (``group`` consecutive rows per prompt: its completions) collated as the update runs them,
+    each prompt's images encoded once for its group (``group_media``)."""
+    batch = collate_padded(rows, pad_id, pad_to_multiple_of, seq_length)
+    if batch.get("media") is not None:
+        firsts = collate_padded(rows[::group], pad_id, pad_to_multiple_of, seq_length)
+        batch["media"] = group_media(batch["media"], firsts["media"], group)
+    return batch
+
+
 def group_media(rows: Media, firsts: Media, group: int) -> Media:
     """``rows`` (the media of a micro-batch's completions, ``group`` consecutive rows per prompt) with each prompt's items
     encoded once: the tower inputs of each group's first row only, whose features the group's other rows read again
