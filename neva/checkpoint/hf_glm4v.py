@@ -72,7 +72,13 @@ _TOWER = {
     "projector.norm.": "merger.post_projection_norm.", "projector.gate_proj.": "merger.gate_proj.",
     "projector.up_proj.": "merger.up_proj.", "projector.down_proj.": "merger.down_proj.",
 }  # fmt: skip
-_BLOCK = {"norm1.": "norm1.", "norm2.": "norm2.", "attn.qkv.": "attn.qkv.", "attn.o_proj.": "attn.proj.", "mlp.": "mlp."}
+_BLOCK = {
+    "norm1.": "norm1.",
+    "norm2.": "norm2.",
+    "attn.qkv.": "attn.qkv.",
+    "attn.o_proj.": "attn.proj.",
+    "mlp.": "mlp.",
+}
 # GLM's norms per decoder layer (HF name → neva's): before attention, after it (before the residual add), before the
 # MLP, after it.
 _NORMS = {
