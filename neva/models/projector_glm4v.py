@@ -9,11 +9,20 @@ decoder's width; then a Linear ``proj``, a LayerNorm (eps 1e-5, HF's default), e
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
 from neva.models.config import ProjectorConfig
 from neva.models.features import VisualFeatures
+
+
+class BlockConv(nn.Conv2d):
+    """HF's downsampling Conv2d (kernel = stride = merge), weight ``[out, C, merge, merge]`` as HF stores it, applied
+    to merge blocks already flattened channels-outer (``[blocks, C · merge²]``) as the Linear it is."""
+
+    def forward(self, blocks: torch.Tensor) -> torch.Tensor:
+        return F.linear(blocks, self.weight.view(self.weight.shape[0], -1), self.bias)
 
 
 class Glm4vMerger(nn.Module):
@@ -22,7 +31,7 @@ class Glm4vMerger(nn.Module):
     def __init__(self, cfg: ProjectorConfig) -> None:
         super().__init__()
         m, width, inner = cfg.spatial_merge_size, cfg.output_size, cfg.intermediate_size
-        self.downsample = nn.Conv2d(cfg.input_size, width, m, m)
+        self.downsample = BlockConv(cfg.input_size, width, m, m)
         self.proj = nn.Linear(width, width, bias=cfg.bias)
         self.norm = nn.LayerNorm(width)
         self.gate_proj = nn.Linear(width, inner, bias=cfg.bias)
@@ -34,6 +43,5 @@ class Glm4vMerger(nn.Module):
         x = features.main
         # [blocks, merge², C] → [blocks, C · merge²]: the Conv2d's input layout (channels outer, then row, column)
         blocks = x.reshape(-1, self.unit, x.shape[-1]).transpose(1, 2).reshape(-1, x.shape[-1] * self.unit)
-        weight = self.downsample.weight.view(self.downsample.weight.shape[0], -1)
-        x = F.gelu(self.norm(self.proj(F.linear(blocks, weight, self.downsample.bias))))
+        x = F.gelu(self.norm(self.proj(self.downsample(blocks))))
         return VisualFeatures(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
