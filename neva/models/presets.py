@@ -149,6 +149,22 @@ VISION_PRESETS: dict[str, dict] = {
         window_size=112,
         fullatt_block_indexes=[7, 15, 23, 31],
     ),
+    # GLM-4.1V-9B's tower (transformers 5.25 Glm4vVisionConfig, whose defaults are the GLM-4.1V-9B-Thinking
+    # configuration: depth 24, hidden_size 1536, 12 heads, 336 px / 14 px patches (a 24 × 24 position table), silu, no
+    # q / k / v bias; its MLP out_hidden_size = 4096 wide, the decoder's width).
+    "glm4v_9b": dict(
+        kind="glm4v",
+        image_size=336,
+        patch_size=14,
+        hidden_size=1536,
+        intermediate_size=4096,
+        num_layers=24,
+        num_heads=12,
+        hidden_act="silu",
+        num_position_embeddings=576,
+        norm_type="rms",
+        qkv_bias=False,
+    ),
     # google/siglip-so400m-patch14-384 (config.json vision_config): 27×27 = 729 patches, width 1152, 27 layers.
     "siglip_so400m_384": dict(
         kind="siglip",
@@ -353,6 +369,24 @@ LLM_PRESETS: dict[str, dict] = {
         rms_norm_eps=1e-6,
         family="qwen2",
         qkv_bias=True,
+    ),
+    # GLM-4.1V-9B's decoder (GLM-4-9B-0414's shapes: transformers 5.25 Glm4vTextConfig defaults, the
+    # GLM-4.1V-9B-Thinking configuration: 40 layers of width 4096, MLP 13696, 32 heads, 2 kv heads, vocabulary 151552;
+    # M-RoPE section [8, 12, 12], the Glm4vTextRotaryEmbedding default, which drives 32 frequencies: a partial rotary
+    # over half of each 128-wide head), biased q / k / v, untied.
+    "glm4v_9b_text": dict(
+        vocab_size=151552,
+        hidden_size=4096,
+        intermediate_size=13696,
+        num_layers=40,
+        num_heads=32,
+        num_kv_heads=2,
+        max_seq_len=65536,
+        rms_norm_eps=1e-5,
+        family="glm4v_text",
+        qkv_bias=True,
+        mrope_section=[8, 12, 12],
+        rotary_percent=0.5,
     ),
     "llama3_8b": dict(
         vocab_size=128256,
