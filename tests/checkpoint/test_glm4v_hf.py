@@ -198,12 +198,12 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
         want, got = a.state_dict(), b.state_dict()
         assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
         # the exported chat template renders what neva trained on
-        conversation = [{"role": "user", "content": "<image>\nHi"}, {"role": "assistant", "content": "Yo."}]
-        rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
-        assert (
-            rendered
-            == "[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>\nHi<|assistant|>\nYo.<|endoftext|>"
-        )
+        from neva.data.conversation import get_template
+
+        turns = [("user", "<image>\nHi"), ("assistant", "Yo."), ("user", "And <image>?"), ("assistant", "No.")]
+        rendered = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in turns], tokenize=False)
+        assert rendered == get_template("glm4v").render([Message(r, c) for r, c in turns]).text
+        assert rendered.startswith("[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>\nHi")
         image = Image.open(root / "images/c.png").convert("RGB")
         inputs = hf_inputs(tokenizer, processor, "<|begin_of_image|><|image|><|end_of_image|>hello", [image])
         with torch.no_grad():
