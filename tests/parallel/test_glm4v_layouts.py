@@ -1,7 +1,8 @@
 """GLM-4.1V (the tiny tower with interpolated learned positions, its downsampling SwiGLU merger, the GLM-4 decoder
 with four norms per layer and M-RoPE over half of each head) on LLaVA-format data — images of five sizes, each its
 own patch grid, text-only and two-image samples, packed rows — under TP2+SP, PP2 (tower and merger on stage 0, three
-position axes through the stages), DP2 ZeRO-3 and CP2: each equals one process per step."""
+position axes through the stages), DP2 ZeRO-3, CP2 and DDP2 with full
+activation checkpointing: each equals one process per step."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ from .test_parallel_training import _check_layouts
 pytestmark = pytest.mark.slow
 
 FAMILY = "glm4v_native"
-# and CP2: the sequence split with three M-RoPE position axes and the images' features placed on each chunk
-CP2 = {**LAYOUTS, "cp2": ["model.context_parallel_size=2"]}
+# and CP2 (the sequence split with three M-RoPE position axes, the images' features placed on each chunk), and DDP
+# with the blocks recomputed in the backward (full activation checkpointing)
+CP2 = {
+    **LAYOUTS,
+    "cp2": ["model.context_parallel_size=2"],
+    "ddp2_recompute": ["model.data_parallel=ddp", "model.activations_checkpoint_granularity=full"],
+}
 
 
 def test_glm4v_layouts_match_one_process(tmp_path):
