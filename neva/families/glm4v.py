@@ -50,6 +50,8 @@ GLM4V = TowerSpec(
     eps=1e-5,
     select=-1,
     patch_grid=True,
+    # Its own projector class (neva.models.projector_glm4v, chosen by type in build_projector): the MergerSpec names
+    # the type and ties it to this tower; its LayerNorm sits after the merge and proj, not before them.
     merger=MergerSpec("glm4v_merger", norm="layer"),
     video=VideoRule(per_frame=True, timed=False, served=False),
     pixels=(112 * 112, 28 * 28 * 15000),
