@@ -26,6 +26,7 @@ PART_OWNERS = {
     "fit": "neva.data",
     "tiles": "neva.data",
     "interop": "neva.checkpoint",
+    "projector": "neva.models",
 }
 
 
@@ -83,6 +84,8 @@ class TowerSpec:
             an image, ``(size, tile) -> int`` with ``size`` its (height, width), or None for the rule's largest
             count (``neva.data``; what the planner counts).
         merger: a patch-grid tower's merger (its projector type).
+        projector: the class of a merger that is not the Qwen towers' ``PatchMerger`` (``neva.models``; built from
+            its ``ProjectorConfig``, mapping ``VisualFeatures``); None: ``neva.models.projector_merger.NativeMerger``.
         video: a patch-grid tower's video rule (None: it takes no video as temporal patches).
         pixels: a patch-grid tower's (min_pixels, max_pixels) when the config gives none.
         window_attention: blocks outside ``fullatt_block_indexes`` attend within windows (Qwen2.5-VL).
@@ -114,6 +117,7 @@ class TowerSpec:
     fit: str | None = None
     tiles: str | None = None
     merger: MergerSpec | None = None
+    projector: str | None = None
     video: VideoRule | None = None
     pixels: tuple[int, int] | None = None
     window_attention: bool = False

@@ -435,8 +435,16 @@ class NevaConfig:
     # The id a ``<video>`` placeholder expands to (transformers' ``video_token_index``); None: ``image_token_id``
     # (the collator's video positions tell the two kinds apart).
     video_token_id: int | None = None
+    # Tokens a family's image text puts between and after its image tokens (Pixtral's ``[IMG_BREAK]`` after each row
+    # of tokens, ``[IMG_END]`` last: ``neva.data.pixtral_images``); None where the family writes none.
+    image_break_token_id: int | None = None
+    image_end_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("image_break_token_id", "image_end_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.llm.vocab_size:
+                raise ValueError(f"{name} {value} outside vocab of size {self.llm.vocab_size}")
         if self.video is not None and self.vision is None:
             raise ValueError("video needs a vision tower")
         if self.video is not None and self.video.spatial_pool_stride > 1:

@@ -1,0 +1,184 @@
+"""Mistral 3 against transformers' own ``Mistral3ForConditionalGeneration`` (tiny random models written as hub
+directories; two variants: a bias-free and a biased projector): import and export through `neva.convert` (the
+family's Interop), neva's data path (LLaVA-format records → Pixtral patches → collate) equal to the processor's ids
+(rows of ``[IMG]`` with ``[IMG_BREAK]`` / ``[IMG_END]``), pixels and token counts, whole-model logits on images of
+several sizes (one scaled down to the longest edge, one scaled up to whole merged tokens), two images and text only,
+packed rows equal to unpacked, greedy generation on a left-padded batch, export → reload."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from neva.checkpoint.neva_format import load_metadata
+from neva.convert import main as convert_main
+from neva.data.collate import collate_packed, collate_padded
+from neva.data.conversation import Message, parse_conversations
+from neva.data.dataset import process_record
+from neva.data.images import FolderImageSource
+from neva.models.native_vision import normalize_patches
+from tests.checkpoint.tiny_hf import one_thread
+from tests.checkpoint.tiny_mistral3 import MERGE, PATCH, hf_inputs, tiny_mistral3_dir
+from tests.checkpoint.tiny_qwen_vl import write_image
+from tests.models.test_hf_parity import rel_err
+
+# (width, height) → resized (a multiple of 8 px per side, the longer side at most 64 px): 40×24, 64×32 (scaled
+# down), 24×32 (rounded up), 16×16 (an odd size rounded up)
+SIZES = {"a.png": (40, 24), "b.png": (100, 50), "c.png": (20, 30), "d.png": (13, 9)}
+RECORDS = [
+    {"id": "one", "image": "a.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A red circle."}]},
+    {"id": "two", "image": ["b.png", "d.png"], "conversations": [
+        {"from": "human", "value": "Compare <image> and <image> please."}, {"from": "gpt", "value": "Same colour."},
+        {"from": "human", "value": "Sure?"}, {"from": "gpt", "value": "Yes."}]},
+    {"id": "tall", "image": "c.png", "conversations": [
+        {"from": "human", "value": "<image>\nDescribe."}, {"from": "gpt", "value": "Tall."}]},
+    {"id": "text", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi."}]},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=["mistral3", "mistral3_bias"])
+def imported(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    for i, (name, size) in enumerate(SIZES.items()):
+        write_image(root / "images" / name, size, seed=i)
+    with one_thread():
+        hf_dir = tiny_mistral3_dir(root, request.param)
+        convert_main(["hf-to-neva", "--hf", str(hf_dir), "--out", str(root / "neva")])  # through the family's Interop
+    return request.param, root, hf_dir, root / "neva"
+
+
+def _data_path(ckpt):
+    from neva.checkpoint.neva_format import load_model, load_tokenizer
+    from neva.data.conversation import get_template
+    from neva.data.dataset import EncoderSettings
+    from neva.data.front_ends import front_end_for
+    from neva.data.tokens import image_token_for, tokenizer_image_token_id
+
+    model = load_model(ckpt).eval()
+    tokenizer, template = load_tokenizer(ckpt), load_metadata(ckpt)["conv_template"]
+    settings = EncoderSettings(
+        tokenizer=tokenizer,
+        template=get_template(template, tokenizer),
+        image_token_id=tokenizer_image_token_id(tokenizer, image_token_for(template)),
+        num_image_tokens=0,
+        max_length=1024,
+        image_token_placement="inline",
+    )
+    return model, tokenizer, settings, front_end_for(model.cfg.vision, model.cfg, "square")
+
+
+def _samples(ckpt, root):
+    model, tokenizer, settings, front_end = _data_path(ckpt)
+    source = FolderImageSource(str(root / "images"))
+    samples = [process_record(r, settings, source, front_end) for r in RECORDS]
+    for record, sample in zip(RECORDS, samples):  # the length estimate from image headers: the spans encoded
+        grid = sample.get("image_grid", torch.zeros(0, 3, dtype=torch.long))
+        spans = sum((h // MERGE) * (w // MERGE + 1) for _, h, w in grid.tolist())
+        assert front_end.record_tokens(record, source) == spans, record["id"]
+    return model, tokenizer, settings, samples
+
+
+def _images(root, record):
+    names = record.get("image", [])
+    names = [names] if isinstance(names, str) else names
+    return names, [Image.open(root / "images" / n).convert("RGB") for n in names]
+
+
+def _logits(model, batch):
+    return model(batch["input_ids"], batch["media"], batch["position_ids"], batch["segment_ids"])
+
+
+def _unpatch(patches, grid):
+    """Merge-block-order patches ``[h·w, 3·P·P]`` of one image → its normalised pixels ``[3, h·P, w·P]``."""
+    _, h, w = grid
+    x = patches.view(h // MERGE, w // MERGE, MERGE, MERGE, 3, PATCH, PATCH)
+    return x.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, h * PATCH, w * PATCH)
+
+
+def test_import_and_data_path_equal_transformers(imported):
+    from transformers import AutoModelForImageTextToText
+
+    _, root, hf_dir, ckpt = imported
+    assert load_metadata(ckpt)["conv_template"] == "mistral3"
+    with one_thread():
+        hf = AutoModelForImageTextToText.from_pretrained(str(hf_dir)).eval()
+        model, tokenizer, settings, samples = _samples(ckpt, root)
+        for record, sample in zip(RECORDS, samples):
+            assert "skipped" not in sample, sample
+            _, images = _images(root, record)
+            rendered = settings.template.render(parse_conversations(record["conversations"]))
+            inputs = hf_inputs(tokenizer, rendered.text, images)
+            ids = inputs["input_ids"][0].tolist()
+            bos = [tokenizer.bos_token_id] if sample["input_ids"][0] == tokenizer.bos_token_id else []
+            assert sample["input_ids"].tolist() == bos + ids
+            inputs["input_ids"] = torch.tensor([bos + ids])
+            if images:  # uint8 patches, normalised by the tower: the processor's pixels and sizes
+                grid = sample["image_grid"]
+                assert (grid[:, 1:] * PATCH).tolist() == inputs["image_sizes"].tolist()
+                normed = normalize_patches(sample["pixel_values"], model.cfg.vision, torch.float32)
+                for i, (patches, g) in enumerate(zip(normed.split((grid.prod(-1)).tolist()), grid.tolist())):
+                    theirs = inputs["pixel_values"][i, :, : g[1] * PATCH, : g[2] * PATCH]
+                    assert (_unpatch(patches, g) - theirs).abs().max() < 1e-5, (record["id"], i)
+            batch = collate_padded([sample], pad_id=0)
+            with torch.no_grad():
+                ours = _logits(model, batch)[0, : sample["input_ids"].numel()]
+                theirs = hf(**inputs).logits[0]
+            assert rel_err(ours, theirs) < 1e-5, (record["id"], rel_err(ours, theirs))
+
+
+def test_packed_row_equals_each_sample_alone(imported):
+    _, root, _, ckpt = imported
+    with one_thread():
+        model, _, _, samples = _samples(ckpt, root)
+        packed = collate_packed(samples, pad_id=0, seq_length=1024)
+        assert packed["input_ids"].shape[0] == 1  # one row holds them all
+        with torch.no_grad():
+            row = _logits(model, packed)[0]
+            start = 0
+            for sample in samples:
+                n = sample["input_ids"].numel()
+                alone = _logits(model, collate_padded([sample], pad_id=0))[0, :n]
+                assert rel_err(row[start : start + n], alone) < 1e-5
+                start += n
+
+
+def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path):
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
+    variant, root, hf_dir, ckpt = imported
+    with one_thread():
+        convert_main(["neva-to-hf", "--ckpt", str(ckpt), "--out", str(tmp_path / "export")])
+        out = tmp_path / "export"
+        assert json.loads((out / "config.json").read_text())["model_type"] == "mistral3"
+        a = AutoModelForImageTextToText.from_pretrained(str(hf_dir)).eval()
+        b = AutoModelForImageTextToText.from_pretrained(str(out)).eval()
+        processor = AutoImageProcessor.from_pretrained(str(out))
+        assert processor.size["longest_edge"] == 64
+        assert json.loads((out / "processor_config.json").read_text())["spatial_merge_size"] == MERGE
+        tokenizer = AutoTokenizer.from_pretrained(str(out))
+        chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hello"}]}]
+        text = tokenizer.apply_chat_template(chat, tokenize=False)
+        assert text == "<s>[INST][IMG]hello[/INST]"
+        image = Image.open(root / "images/b.png").convert("RGB")
+        inputs = hf_inputs(tokenizer, text.removeprefix("<s>"), [image])
+        with torch.no_grad():
+            assert torch.equal(a(**inputs).logits, b(**inputs).logits), variant
+
+
+def test_fields_neva_does_not_build_are_refused_by_name(imported):
+    from neva.checkpoint.hf_mistral3 import neva_config_from_mistral3
+    from neva.typed import ConfigError
+
+    _, _, hf_dir, _ = imported
+    hf = json.loads((hf_dir / "config.json").read_text())
+    neva_config_from_mistral3(hf)  # as written: read
+    bad = dict(hf, vision_feature_layer=-2, vision_config=dict(hf["vision_config"], attention_dropout=0.1, foo=1))
+    with pytest.raises(ConfigError, match=r"vision_feature_layer=-2"):
+        neva_config_from_mistral3(bad)
+    with pytest.raises(ConfigError, match=r"attention_dropout=0\.1 .*; foo=1 \(unknown to neva"):
+        neva_config_from_mistral3(dict(bad, vision_feature_layer=-1))
