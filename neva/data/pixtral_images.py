@@ -73,6 +73,19 @@ class PixtralImageSpec:
         """Each image's decoder positions (its span)."""
         return [self.span(image.height, image.width) for image in images]
 
+    def patch_images(self, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every image's patches, image after image, and their grids ``[N, 3]`` (serving: ``neva.inference``)."""
+        processed = [self.patches(image) for image in images]
+        if not processed:
+            return torch.zeros(0, 3 * self.patch_size**2, dtype=torch.uint8), torch.zeros(0, 3, dtype=torch.long)
+        return torch.cat([p for p, _ in processed]), torch.cat([g for _, g in processed])
+
+    def layout_ids(self, ids: list[int], grid: torch.Tensor, model: Any) -> list[int]:
+        """Ids whose image spans (expanded as image tokens) get the model's break and end tokens (``mark_rows``)."""
+        return mark_rows(
+            ids, grid, self.merge, model.image_token_id, model.image_break_token_id, model.image_end_token_id
+        )
+
 
 def mark_rows(ids: list[int], grid: torch.Tensor, merge: int, image_id: int, break_id: int, end_id: int) -> list[int]:
     """``ids`` whose image spans (each image's run of ``image_id``, in order, as the encoder expanded them) get

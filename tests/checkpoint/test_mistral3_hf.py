@@ -182,3 +182,51 @@ def test_fields_neva_does_not_build_are_refused_by_name(imported):
         neva_config_from_mistral3(bad)
     with pytest.raises(ConfigError, match=r"attention_dropout=0\.1 .*; foo=1 \(unknown to neva"):
         neva_config_from_mistral3(dict(bad, vision_feature_layer=-1))
+
+
+def test_greedy_generation_equals_transformers(imported):
+    from transformers import AutoModelForImageTextToText
+
+    from neva.inference import Answerer
+    from neva.models.generation import GenerationConfig
+    from tests.checkpoint.tiny_mistral3 import image_processor
+
+    _, root, hf_dir, ckpt = imported
+    with one_thread():
+        hf = AutoModelForImageTextToText.from_pretrained(str(hf_dir)).eval()
+        answerer = Answerer(ckpt, GenerationConfig(max_new_tokens=6))
+        answerer.generation = dataclasses.replace(answerer.generation, eos_token_ids=(), stop_strings=())
+        # a two-image prompt, a one-image prompt and a text-only one in one left-padded batch
+        items = [("<image> then <image>: same?", [root / "images/b.png", root / "images/d.png"]),
+                 ("<image>\nWhat is it?", [root / "images/a.png"]), ("Say hi.", [])]  # fmt: skip
+        prepared = [answerer.prepare(item) for item in items]
+        ours = answerer.generate_ids(prepared)
+        render = answerer.builder.template.render_prompt
+        bos = answerer.tokenizer.bos_token_id
+        rows, images = [], []
+        for p, (prompt, paths) in zip(prepared, items):
+            loaded = [Image.open(path).convert("RGB") for path in paths]
+            inputs = hf_inputs(answerer.tokenizer, render([Message("user", prompt)]), loaded)
+            assert [bos] + inputs["input_ids"][0].tolist() == p.ids
+            rows.append(p.ids)
+            images += loaded
+        # transformers on the same left-padded batch, the images padded to one size as its processor pads them
+        pixels = image_processor()(images=images, patch_size={"height": PATCH * MERGE, "width": PATCH * MERGE},
+                                   return_tensors="pt")  # fmt: skip
+        width = max(map(len, rows))
+        ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        out = hf.generate(input_ids=ids, attention_mask=mask, pixel_values=pixels["pixel_values"],
+                          image_sizes=pixels["image_sizes"], max_new_tokens=6, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)  # fmt: skip
+        assert ours == out[:, width:].tolist()
+        # --raw: the prompt as given, each <image> tag written as the processor writes an image ([IMG] rows)
+        raw = Answerer(ckpt, GenerationConfig(max_new_tokens=6), raw=True)
+        raw.generation = answerer.generation
+        text = "[INST]<image>\nWhat is it?[/INST]"
+        prepared = raw.prepare((text, [root / "images/c.png"]))
+        inputs = hf_inputs(raw.tokenizer, text.replace("<image>", "[IMG]"), [Image.open(root / "images/c.png")])
+        inputs["input_ids"] = torch.tensor([[bos] + inputs["input_ids"][0].tolist()])
+        assert prepared.ids == inputs["input_ids"][0].tolist()
+        out = hf.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert raw.generate_ids([prepared]) == [out[0, len(prepared.ids) :].tolist()]
