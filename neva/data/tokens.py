@@ -56,3 +56,10 @@ def add_vision_tokens(tokenizer: Any) -> None:
         tokenizer.add_special_tokens({"extra_special_tokens": [IMAGE_TOKEN]}, replace_extra_special_tokens=False)
     if tokenizer.pad_token is None:
         tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+
+
+def add_special_tokens(tokenizer: Any, tokens: list[str]) -> None:
+    """Add ``tokens`` the tokenizer lacks as extra special tokens (never split; a family's image text tokens)."""
+    missing = [t for t in tokens if t not in tokenizer.get_vocab()]
+    if missing:
+        tokenizer.add_special_tokens({"extra_special_tokens": missing}, replace_extra_special_tokens=False)

@@ -52,5 +52,6 @@ PIXTRAL = TowerSpec(
     patch_grid=True,
     merger=MergerSpec("pixtral_merger", norm="rms"),
     gated_mlp=True,
+    image_text_tokens={"image_break_token_id": "[IMG_BREAK]", "image_end_token_id": "[IMG_END]"},
     check=_check,
 )

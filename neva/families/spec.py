@@ -100,6 +100,8 @@ class TowerSpec:
             whatever ``mm_vision_select_layer`` says (its ``SigLipVisionTower``).
         block_options: its blocks read ``VisionConfig.norm_type``, ``qk_norm`` and ``qkv_bias`` (InternViT); every
             other tower refuses values other than their defaults.
+        image_text_tokens: tokens the family's image text holds besides the image token, by the ``NevaConfig`` field
+            of their id (Pixtral's ``[IMG_BREAK]``, ``[IMG_END]``); a fresh model's tokenizer gets those it lacks.
         check: the family's own config checks (a ``VisionConfig``; raises ``ValueError``).
     """
 
@@ -130,6 +132,7 @@ class TowerSpec:
     llava_original: bool = False
     llava_next_shortened: bool = False
     block_options: bool = False
+    image_text_tokens: dict[str, str] | None = None
     check: Callable[[Any], None] | None = None
 
     def parts(self) -> dict[str, str]:

@@ -62,7 +62,8 @@ _DECODER_STEPS = {
     "conv_k": 1.5, "conv_v": 1.5, "A_log": 1.5,
     "dt_bias": 1.5, "norm": 2.5, "out_proj": 3, "gate": 4.5,
 }  # fmt: skip
-_GEMMA3_PROJECTOR_STEPS = {"norm": 0, "proj": 1}  # after the (parameter-free) pool
+# Projectors of named layers: Gemma 3's (after its parameter-free pool), Mistral 3's (norm, merge, Linear-GELU-Linear)
+_NAMED_PROJECTOR_STEPS = {"norm": 0, "proj": 1, "merging_layer": 1, "linear_1": 2, "linear_2": 3}
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,8 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
     if pieces[0] == "projector":
         if pieces[1] in ("merger", "deepstack"):
             return (1, _MERGER_STEPS[pieces[-2]], 0)
-        if pieces[1] in _GEMMA3_PROJECTOR_STEPS:
-            return (1, _GEMMA3_PROJECTOR_STEPS[pieces[1]], 0)
+        if pieces[1] in _NAMED_PROJECTOR_STEPS:
+            return (1, _NAMED_PROJECTOR_STEPS[pieces[1]], 0)
         return (1, int(pieces[1]), 0)
     if pieces[1] == "tok_embeddings":
         return (2, -1, 0)

@@ -106,6 +106,20 @@ VISION_PRESETS: dict[str, dict] = {
         num_heads=4,
         hidden_act="gelu",
     ),
+    # The tiny tower as Pixtral (Mistral 3): 8 px patches merged 2 × 2 by its projector, RMSNorm + bias-free SwiGLU
+    # blocks, 2-D rotary; each image at its own size up to a 64 px longest edge (the synthetic 32 px image: 4 × 4
+    # patches, 2 rows of 2 [IMG] and a break / end each, 6 decoder positions).
+    "tiny_pixtral": dict(
+        kind="pixtral",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="silu",
+        temporal_patch_size=1,
+    ),
     # OpenGVLab/InternVL3-8B-hf's tower, InternViT-300M-448px-V2.5 (config.json vision_config: 24 layers, width 1024,
     # intermediate 4096, 16 heads, 448 px tiles in 14 px patches, layer_norm, attention_bias true, no qk norm).
     "internvit_300m_448": dict(
