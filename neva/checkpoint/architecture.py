@@ -64,6 +64,8 @@ def neva_config_from_mm(
         )
     projector = dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size)
     projector.update(merger_fields(vision_cfg))
+    if vision_cfg.spec.merger is not None and vision_cfg.spec.merger.decoder_eps:  # Mistral 3's projector norm
+        projector.update(norm_eps=llm_cfg.rms_norm_eps)
     if mm.mm_mlp_adapter_type == "gemma3":  # its pooling and norm (neva/models/projector_gemma3.py)
         projector.update(tokens_per_image=gemma3_tokens_per_image(vision_cfg.grid), norm_eps=vision_cfg.layer_norm_eps)
     projector = build(ProjectorConfig, projector, "model.mm_cfg.mm_mlp_adapter_type.")

@@ -50,7 +50,7 @@ PIXTRAL = TowerSpec(
     eps=1e-5,
     select=-1,
     patch_grid=True,
-    merger=MergerSpec("pixtral_merger", norm="rms"),
+    merger=MergerSpec("pixtral_merger", norm="rms", decoder_eps=True),
     gated_mlp=True,
     image_text_tokens={"image_break_token_id": "[IMG_BREAK]", "image_end_token_id": "[IMG_END]"},
     check=_check,

@@ -45,6 +45,8 @@ class MergerSpec:
     projector: str
     norm: str
     deepstack: bool = False
+    # Its norm's epsilon is the decoder's ``rms_norm_eps`` (Mistral 3's projector), set as ``ProjectorConfig.norm_eps``.
+    decoder_eps: bool = False
 
 
 @dataclass(frozen=True)
