@@ -62,9 +62,13 @@ class PixtralImageSpec:
 
     def patches(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
         """One image → uint8 patches ``[h·w, C·P·P]`` (merge-block order) and its grid ``[1, 3]`` (1, h, w)."""
-        if image.width < 1 or image.height < 1:
-            raise ImageError("corrupt_image", f"image of {image.width}x{image.height} pixels")
-        frame = _resized(image, self.resized_size(image.height, image.width))
+        size = self.resized_size(image.height, image.width)
+        if min(size) < self.factor:  # HF's resize fails there too (a side scaled to 0 pixels)
+            raise ImageError(
+                "bad_aspect_ratio",
+                f"image of {image.width}x{image.height} pixels: a side scales below one merged token ({self.factor} px)",
+            )
+        frame = _resized(image, size)
         geometry = QwenImageSpec(self.patch_size, 1, self.merge, 1, 1)
         patches, grid = flatten_patches(frame[None], geometry)
         return patches, torch.tensor([grid], dtype=torch.long)
@@ -85,6 +89,18 @@ class PixtralImageSpec:
         return mark_rows(
             ids, grid, self.merge, model.image_token_id, model.image_break_token_id, model.image_end_token_id
         )
+
+
+def planned_image(vision: Any, size: tuple[int, int] | None) -> tuple[int, int, int, torch.Tensor]:
+    """(height, width, decoder positions, feature offsets) of an image of ``size`` (height, width) as the front end
+    resizes it, or of the largest one (None: a square of the longest edge): what the planner and the rehearsal count
+    (``TowerSpec.native_sizes``); the offsets of its ``[IMG]`` positions within its span (each row's break or end
+    skipped)."""
+    spec = PixtralImageSpec(vision.patch_size, vision.spatial_merge_size, vision.image_size)
+    h, w = spec.resized_size(*(size or (vision.image_size, vision.image_size)))
+    rows, columns = spec.merged_grid(h, w)
+    offsets = (torch.arange(rows)[:, None] * (columns + 1) + torch.arange(columns)).flatten()
+    return h, w, spec.span(h, w), offsets
 
 
 def mark_rows(ids: list[int], grid: torch.Tensor, merge: int, image_id: int, break_id: int, end_id: int) -> list[int]:

@@ -43,6 +43,7 @@ PIXTRAL = TowerSpec(
     front_end="neva.data.pixtral_images:pixtral_images",
     interop="neva.checkpoint.hf_mistral3:MISTRAL3_INTEROP",
     projector="neva.models.projector_pixtral:PixtralMerger",
+    native_sizes="neva.data.pixtral_images:planned_image",
     acts=("silu", "gelu"),
     class_tokens=0,
     mean=CLIP_MEAN,

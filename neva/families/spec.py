@@ -27,6 +27,7 @@ PART_OWNERS = {
     "tiles": "neva.data",
     "interop": "neva.checkpoint",
     "projector": "neva.models",
+    "native_sizes": "neva.data",
 }
 
 
@@ -90,6 +91,10 @@ class TowerSpec:
             its ``ProjectorConfig``, mapping ``VisualFeatures``); None: ``neva.models.projector_merger.NativeMerger``.
         video: a patch-grid tower's video rule (None: it takes no video as temporal patches).
         pixels: a patch-grid tower's (min_pixels, max_pixels) when the config gives none.
+        native_sizes: a patch-grid tower that sizes its images by its own rule instead of the Qwen pixel budget
+            (Pixtral's longest edge; ``neva.data``): ``(vision, size) -> (height, width, positions, features)``:
+            the resized image, its decoder positions and the offsets among them its features take (``[M]``), for
+            ``size`` (height, width) or None (the largest image); what the planner and the rehearsal count.
         window_attention: blocks outside ``fullatt_block_indexes`` attend within windows (Qwen2.5-VL).
         gated_mlp: its MLP is gated (SwiGLU: gate, up, their product), which the planner's activation count reads.
         hf_model_type: the HF vision config ``model_type`` of a llava-hf tower, its field defaults, and LLaVA's
@@ -124,6 +129,7 @@ class TowerSpec:
     projector: str | None = None
     video: VideoRule | None = None
     pixels: tuple[int, int] | None = None
+    native_sizes: str | None = None
     window_attention: bool = False
     gated_mlp: bool = False
     hf_model_type: str | None = None

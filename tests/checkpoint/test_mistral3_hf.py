@@ -230,3 +230,59 @@ def test_greedy_generation_equals_transformers(imported):
         assert prepared.ids == inputs["input_ids"][0].tolist()
         out = hf.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert raw.generate_ids([prepared]) == [out[0, len(prepared.ids) :].tolist()]
+
+
+def test_sizes_spans_and_the_planners_and_rehearsals_image_are_the_processors():
+    """neva's resize rule (data path, serving, planner and rehearsal alike) = ``PixtralImageProcessorPil``'s image
+    sizes at patch × merge, over sizes on both sides of the longest edge and of whole merged tokens; the spans are
+    ``PixtralProcessor``'s image text; the planner's image load and the rehearsal's sample are the data path's."""
+    from neva.checkpoint.architecture import neva_config_from_mm
+    from neva.config import compose_config
+    from neva.data.conversation import get_template
+    from neva.data.dataset import ConversationDataset, EncoderSettings
+    from neva.data.images import CallableImageSource, ImageError
+    from neva.data.pixtral_images import PixtralImages, PixtralImageSpec
+    from neva.data.synthetic import build_tokenizer
+    from neva.data.tokens import add_special_tokens
+    from neva.parallel.layout import Layout
+    from neva.planner.plan import plan_run
+    from neva.training.rehearsal_inputs import synthetic_micro_batches
+    from tests.checkpoint.tiny_mistral3 import EDGE, image_processor, mistral3_tokenizer
+
+    spec, processor, tok = PixtralImageSpec(PATCH, MERGE, EDGE), image_processor(), mistral3_tokenizer()
+    for h in (7, 8, 9, 33, 64, 65, 130):
+        for w in (3, 8, 17, 64, 100, 200):
+            image = Image.new("RGB", (w, h))
+            theirs = processor(images=[image], patch_size={"height": PATCH * MERGE, "width": PATCH * MERGE})
+            assert list(spec.resized_size(h, w)) == list(theirs["image_sizes"][0]), (h, w)
+            assert spec.span(h, w) == hf_inputs(tok, "[IMG]", [image])["input_ids"].numel(), (h, w)
+    with pytest.raises(ImageError, match="below one merged token"):  # HF's resize fails on it: refused, counted
+        spec.patches(Image.new("RGB", (200, 1)))
+
+    # the tiny model's data path: an image of 24 x 40 px → 32 x 48 px, 2 x 3 merged tokens of 8 px patches
+    cfg = compose_config(["+stage=finetune", "model=tiny_mistral3", "vision=tiny_pixtral", "cluster=dgx_a100",
+                          "trainer.devices=1", "model.global_batch_size=1", "model.micro_batch_size=1"])  # fmt: skip
+    tokenizer = build_tokenizer()
+    add_special_tokens(tokenizer, ["[IMG_BREAK]", "[IMG_END]"])
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    ncfg = neva_config_from_mm(cfg.model.mm_cfg, len(tokenizer), image_id, cfg.model.data.image_aspect_ratio)
+    ncfg = dataclasses.replace(ncfg, image_break_token_id=len(tokenizer) - 2, image_end_token_id=len(tokenizer) - 1)
+    record = {"id": 0, "image": "a.png",
+              "conversations": [{"from": "human", "value": "<image>\nwhat is it"}, {"from": "gpt", "value": "two"}]}  # fmt: skip
+    settings = EncoderSettings(tokenizer=tokenizer, template=get_template("mistral", tokenizer),
+                               image_token_id=image_id, num_image_tokens=0, max_length=1024)  # fmt: skip
+    source = CallableImageSource(lambda _: Image.new("RGB", (40, 24), (200, 10, 10)))
+    sample = ConversationDataset([record], settings, source, PixtralImages(ncfg))[0]
+    span = 2 * (3 + 1)
+    text_tokens = sample["input_ids"].numel() - span
+    fake = synthetic_micro_batches(cfg, ncfg, Layout.from_config(cfg.model, 1), text_tokens, 0.5, (32, 48))[0]
+    image = fake["media"].image
+    assert torch.equal(image.grid, sample["image_grid"]) and image.pixels.shape == sample["pixel_values"].shape
+    first = int(sample["image_positions"][0])  # the features skip each row's break, in the data and the rehearsal
+    assert (image.positions[:, 1] - image.positions[0, 1]).tolist() == (sample["image_positions"] - first).tolist()
+    planned = plan_run(cfg, text_tokens=text_tokens, model=ncfg, image_size=(24, 40))
+    assert (planned.extra["image"]["tokens"], planned.extra["image"]["tiles"]) == (
+        span,
+        sample["pixel_values"].shape[0],
+    )
+    assert planned.seq_len == fake["input_ids"].shape[1]
