@@ -427,6 +427,8 @@ def build_config(
     if vision is not None:
         vision_cfg = VisionConfig(**(VISION_PRESETS[vision] if isinstance(vision, str) else vision))
         merger = merger_fields(vision_cfg)
+        if vision_cfg.spec.merger is not None and vision_cfg.spec.merger.decoder_eps:  # Mistral 3's projector norm
+            merger["norm_eps"] = llm_cfg.rms_norm_eps
         projector = ProjectorConfig(
             type=projector_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size, **merger
         )

@@ -286,3 +286,28 @@ def test_sizes_spans_and_the_planners_and_rehearsals_image_are_the_processors():
         sample["pixel_values"].shape[0],
     )
     assert planned.seq_len == fake["input_ids"].shape[1]
+
+
+def test_module_name_layout_imports_the_same_tensors(imported, tmp_path):
+    """transformers 5's module names (``model.vision_tower.``, ``model.multi_modal_projector.``,
+    ``model.language_model.``, ``lm_head.weight``) import as the ``save_pretrained`` layout does."""
+    from safetensors.torch import load_file, save_file
+
+    from neva.checkpoint.hf_mistral3 import MISTRAL3_INTEROP
+    from neva.checkpoint.neva_format import iter_tensors
+
+    _, _, hf_dir, ckpt = imported
+    renamed = tmp_path / "modules"
+    renamed.mkdir()
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (renamed / f.name).write_bytes(f.read_bytes())
+    names = {"language_model.model.": "model.language_model.", "language_model.lm_head.": "lm_head.",
+             "vision_tower.": "model.vision_tower.", "multi_modal_projector.": "model.multi_modal_projector."}  # fmt: skip
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    moved = {
+        next(new + k[len(old) :] for old, new in names.items() if k.startswith(old)): t for k, t in tensors.items()
+    }
+    save_file(moved, str(renamed / "model.safetensors"), metadata={"format": "pt"})
+    again = MISTRAL3_INTEROP.import_dir(renamed, tmp_path / "again")
+    assert all(a == b and torch.equal(x, y) for (a, x), (b, y) in zip(iter_tensors(ckpt), iter_tensors(again)))
