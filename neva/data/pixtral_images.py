@@ -27,6 +27,7 @@ from neva.data.front_ends import EncodedImages
 from neva.data.images import ImageError, ImageSource, safe_relative_path
 from neva.data.qwen_images import QwenImageSpec, _resized, flatten_patches
 from neva.data.records import record_images
+from neva.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,9 @@ class PixtralImages:
         self.processor = PixtralImageSpec(vision.patch_size, vision.spatial_merge_size, vision.image_size)
         self.ids = (model.image_token_id, model.image_break_token_id, model.image_end_token_id)
         if None in self.ids:
-            raise ValueError(
-                "a pixtral model needs image_break_token_id and image_end_token_id ([IMG_BREAK], [IMG_END])"
+            raise ConfigError(
+                "this pixtral model has no image_break_token_id / image_end_token_id: its tokenizer lacked "
+                "[IMG_BREAK] / [IMG_END] when it was imported or built; import it with its tokenizer"
             )
         self.empty = torch.zeros(0, vision.patch_dim, dtype=torch.uint8)
 
@@ -183,5 +185,5 @@ def pixtral_images(
 ) -> PixtralImages:
     """Pixtral's front end (``TowerSpec.front_end``); its budget is the tower's longest edge, not a pixel count."""
     if model is None:
-        raise ValueError("a pixtral front end needs the model (its image, break and end token ids)")
+        raise ConfigError("a pixtral front end needs the model config (its image, break and end token ids)")
     return PixtralImages(model)
