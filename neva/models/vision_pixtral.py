@@ -56,9 +56,14 @@ class PixtralAttention(nn.Module):
         self.o_proj = nn.Linear(width, width, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lengths: list[int]) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         # Heads from the projected width: zero patches (a rank without images) still have a shape to view.
-        q, k, v = (p(x).view(x.shape[0], -1, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (t.view(x.shape[0], t.shape[-1] // self.head_dim, self.head_dim) for t in (q, k, v))
         q, k = _rotate(q, *rope), _rotate(k, *rope)
+        if (
+            not lengths
+        ):  # no patch: the zero rows of all three keep q / k / v in the graph (zero gradients on this rank)
+            return self.o_proj((q + k + v).flatten(1))
         return self.o_proj(attend_segments(q, k, v, lengths).flatten(1))
 
 

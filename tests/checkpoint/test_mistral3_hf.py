@@ -311,3 +311,18 @@ def test_module_name_layout_imports_the_same_tensors(imported, tmp_path):
     save_file(moved, str(renamed / "model.safetensors"), metadata={"format": "pt"})
     again = MISTRAL3_INTEROP.import_dir(renamed, tmp_path / "again")
     assert all(a == b and torch.equal(x, y) for (a, x), (b, y) in zip(iter_tensors(ckpt), iter_tensors(again)))
+
+
+def test_a_text_only_micro_batch_runs_the_tower_and_projector_with_zero_gradients(imported):
+    """A rank without images (text rows, a context-parallel share without patches) runs the tower and the merger on
+    zero patches, so every parameter gets a (zero) gradient, as data-parallel reductions need."""
+    from neva.checkpoint.neva_format import load_model
+
+    _, root, _, ckpt = imported
+    with one_thread():
+        model, _, _, samples = _samples(ckpt, root)
+        model = load_model(ckpt).train()
+        batch = collate_padded([samples[-1]], pad_id=0)  # the text-only record
+        _logits(model, batch).float().pow(2).mean().backward()
+    for name, p in [*model.vision.named_parameters(), *model.projector.named_parameters()]:
+        assert p.grad is not None and not p.grad.any(), name
