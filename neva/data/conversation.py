@@ -323,8 +323,9 @@ class InternVLTemplate(ChatMLTemplate):
 
 
 class Mistral3Template(Template):
-    """Mistral 3's chat format (Mistral Small 3.1's ``chat_template``): ``[SYSTEM_PROMPT]{s}[/SYSTEM_PROMPT]`` where a
-    system prompt is given, ``[INST]{q}[/INST]{a}</s>`` per exchange, BOS from the tokenizer. An ``<image>`` tag is
+    """Mistral 3's chat format (Mistral Small 3.1's ``chat_template``; mistral-common's Tekken instruct format, no spaces
+    around ``[INST]`` / ``[/INST]``): ``[SYSTEM_PROMPT]{s}[/SYSTEM_PROMPT]`` where a system prompt is given,
+    ``[INST]{q}[/INST]{a}</s>`` per exchange, BOS from the tokenizer. An ``<image>`` tag is
     ``[IMG]`` in place (the template's image part), which ``PixtralProcessor`` expands to the image's rows of
     ``[IMG]`` with their ``[IMG_BREAK]`` / ``[IMG_END]`` (``neva.data.pixtral_images``)."""
 
