@@ -211,6 +211,19 @@ def _token_ids(tokenizer: Any, cfg_image_id: int, where: str) -> tuple[int | Non
     return vocab.get(PIXTRAL_BREAK), vocab.get(PIXTRAL_END)
 
 
+def _check_processor(hf_dir: Path, cfg: NevaConfig) -> None:
+    """The image processor's longest edge is the tower's ``image_size`` here (neva's one setting for both)."""
+    pre = hf_dir / "preprocessor_config.json"
+    if not pre.is_file():
+        return
+    edge = (json.loads(pre.read_text()).get("size") or {}).get("longest_edge", cfg.vision.image_size)
+    if edge != cfg.vision.image_size:
+        raise ConfigError(
+            f"{hf_dir}: preprocessor_config.json size.longest_edge={edge} differs from vision_config.image_size="
+            f"{cfg.vision.image_size}; neva sizes images by the tower's image_size"
+        )
+
+
 def mistral3_parts(
     hf_dir: str | os.PathLike, *, dtype: torch.dtype | None = None, metadata: dict[str, Any] | None = None
 ) -> ImportedParts:
@@ -229,6 +242,7 @@ def mistral3_parts(
         tokenizer = load_tokenizer(hf_dir)
         ids = _token_ids(tokenizer, hf.get("image_token_index", hf.get("image_token_id", 10)), str(hf_dir))
     cfg = neva_config_from_mistral3(hf, *ids)
+    _check_processor(hf_dir, cfg)
     shapes = hf_tensor_shapes(hf_dir)
     mapping, unknown = {}, []
     for key in shapes:

@@ -184,6 +184,21 @@ def test_fields_neva_does_not_build_are_refused_by_name(imported):
         neva_config_from_mistral3(dict(bad, vision_feature_layer=-1))
 
 
+def test_an_image_processor_of_another_longest_edge_is_refused(imported, tmp_path):
+    from neva.checkpoint.hf_mistral3 import MISTRAL3_INTEROP
+    from neva.typed import ConfigError
+
+    _, _, hf_dir, _ = imported
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in hf_dir.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    pre = json.loads((other / "preprocessor_config.json").read_text())
+    (other / "preprocessor_config.json").write_text(json.dumps(dict(pre, size={"longest_edge": 96})))
+    with pytest.raises(ConfigError, match=r"longest_edge=96 differs from vision_config.image_size=64"):
+        MISTRAL3_INTEROP.import_dir(other, tmp_path / "out")
+
+
 def test_greedy_generation_equals_transformers(imported):
     from transformers import AutoModelForImageTextToText
 
