@@ -30,6 +30,7 @@ SOURCES = (
         "llamafactory_vl_sft_",
         "GLM-4.1V full SFT (zai-org/GLM-V README: LLaMA-Factory examples/train_full/qwen2_5vl_full_sft.yaml)",
     ),
+    ("axolotl_", "Axolotl's Mistral Small 3.1 vision LoRA (axolotl-ai-cloud/axolotl examples/mistral/mistral-small)"),
     ("nemo_launcher_", "NeMo-Framework-Launcher NeVA (current)"),
     ("nemo_", "NeMo 1.x NeVA (2023 examples)"),
 )
