@@ -343,6 +343,7 @@ class Glm4vTemplate(Template):
                 out.append((f"<|user|>\n{content}", False))
             else:
                 out += [("<|assistant|>\n", False), (content, True), (self.eot, True)]
+        return out
 
 
 class Mistral3Template(Template):
