@@ -210,22 +210,26 @@ def load_answering_model(checkpoint: str, hf_dir: bool) -> tuple[Any, Any, dict[
         return load_model(directory, dtype=torch.float32), load_tokenizer(directory), load_metadata(directory)
 
 
-BOOKKEEPING = ("n", "questions", "skipped", "questions_per_s", "max_new_tokens", "correct", "final_score",
-               "text_recognition", "unmatched", "unparsed", "answered")  # fmt: skip
+SHOWN = {
+    "fraction": (100, 2, "%"),
+    "percent": (1, 2, "%"),
+    "points": (1, 1, " points"),
+    "points of 1000": (1, 0, "/1000"),
+}  # unit → (scale, decimals, suffix) as papers print it
 
 
 def table_lines(results: list[dict[str, Any]]) -> list[str]:
-    """One line per benchmark: its top-level scores (each with ``± stderr`` where it has one), questions, skipped;
-    what a line leaves out (categories, splits, files) is in the benchmark's ``scores.json``."""
+    """One line per benchmark: its top-level scores as papers print them (a fraction as a percentage, MME's points,
+    OCRBench's out of 1000; ``± stderr`` where it has one), questions, skipped; what a line leaves out (categories,
+    splits, files) is in the benchmark's ``scores.json``, with each score's unit (``neva.benchmarks.table.UNITS``)."""
     lines = []
     for r in results:
         cells = []
-        for key, value in r.items():
-            if key in BOOKKEEPING or key.endswith(("_stderr", "_stderr_clustered")) or isinstance(value, bool):
-                continue
-            if isinstance(value, (int, float)):
-                err = r.get(f"{key}_stderr")
-                cells.append(f"{key} {value:.4f}" + (f" ± {err:.4f}" if isinstance(err, (int, float)) else ""))
+        for key, unit in r.get("units", {}).items():
+            value, err = r[key], r.get(f"{key}_stderr")
+            scale, decimals, suffix = SHOWN.get(unit, (1, 4, f" ({unit})"))
+            cell = f"{key} {scale * value:.{decimals}f}{suffix}"
+            cells.append(cell + (f" ± {scale * err:.{decimals}f}" if isinstance(err, (int, float)) else ""))
         cells.append(f"questions {r['questions']} skipped {r['skipped']}")
         lines.append(f"{r['suite']:<20} " + "  ".join(cells))
     return lines

@@ -79,6 +79,10 @@ ROWS = (
     row("Gemma 3: sliding / global layers, bidirectional images", ["model=tiny_gemma3", "vision=tiny_gemma3"]),
     row("Qwen3.5: hybrid decoder (Gated DeltaNet + gated attention)", ["model=tiny_qwen3_5", "vision=tiny_qwen3_5"]),
     row("InternVL 3: InternViT tiles, pixel shuffle", ["model=tiny_internvl", "vision=tiny_internvl"]),
+    row("GLM-4.1V: native resolution, downsampling merger, GLM-4 decoder", ["model=tiny_glm4v", "vision=tiny_glm4v"]),
+    row(
+        "Mistral 3: Pixtral tower (2-D rotary, row breaks), 2×2 merger", ["model=tiny_mistral3", "vision=tiny_pixtral"]
+    ),
 )
 
 

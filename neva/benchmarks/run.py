@@ -111,7 +111,8 @@ def run_benchmark(
     except MissingFile as err:
         raise ConfigError(f"{name}: {err}; {loaded.expected}") from None
     skipped = read.skipped + sum(a is None for _, a in answered)
-    result = {"suite": name, **scores, "questions": len(read.questions), "skipped": skipped,
+    result = {"suite": name, **scores, "units": BENCHMARKS[name].units(scores), "questions": len(read.questions),
+              "skipped": skipped,
               "questions_per_s": round(len(read.questions) / seconds, 3) if seconds else None,
               "answers_file": str(output_dir / "answers.jsonl"), "max_new_tokens": max_new_tokens}  # fmt: skip
     (output_dir / "scores.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -141,7 +142,8 @@ def score_answers(loaded: Loaded, answers_file: Path, output_dir: Path) -> dict[
     except MissingFile as err:
         raise ConfigError(f"{loaded.name}: {err}; {loaded.expected}") from None
     skipped = loaded.read.skipped + sum(a is None for _, a in answered)
-    result = {"suite": loaded.name, **scores, "questions": len(loaded.read.questions), "skipped": skipped,
+    result = {"suite": loaded.name, **scores, "units": BENCHMARKS[loaded.name].units(scores),
+              "questions": len(loaded.read.questions), "skipped": skipped,
               "answers_file": str(answers_file)}  # fmt: skip
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "scores.json").write_text(json.dumps(result, indent=1) + "\n")

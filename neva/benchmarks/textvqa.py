@@ -50,4 +50,8 @@ def score(folder: Path, answered: list[tuple[Question, dict | None]], out: Path)
             unmatched += answer is not None  # the official script stops there; here it is counted
             continue
         scores.append(vqa_soft_score(answer["text"], references[key]))
-    return {"accuracy": sum(scores) / len(scores) if scores else 0.0, "n": len(scores), "unmatched": unmatched}
+    return {
+        "accuracy": 100 * sum(scores) / len(scores) if scores else 0.0,  # eval_textvqa.py prints percent
+        "n": len(scores),
+        "unmatched": unmatched,
+    }

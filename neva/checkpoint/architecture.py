@@ -63,7 +63,7 @@ def neva_config_from_mm(
             f"has {vision_cfg.class_tokens} class token(s) (CLIP 1, SigLIP 0); remove the key or choose the tower"
         )
     projector = dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size)
-    projector.update(merger_fields(vision_cfg))
+    projector.update(merger_fields(vision_cfg, llm_cfg))
     if mm.mm_mlp_adapter_type == "gemma3":  # its pooling and norm (neva/models/projector_gemma3.py)
         projector.update(tokens_per_image=gemma3_tokens_per_image(vision_cfg.grid), norm_eps=vision_cfg.layer_norm_eps)
     projector = build(ProjectorConfig, projector, "model.mm_cfg.mm_mlp_adapter_type.")

@@ -13,7 +13,7 @@ from typing import Any
 
 from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
-from neva.data.tokens import INTERNVL_IMAGE_CONTEXT, QWEN_IMAGE_PAD, image_token_for
+from neva.data.tokens import GLM4V_IMAGE, INTERNVL_IMAGE_CONTEXT, PIXTRAL_IMAGE, QWEN_IMAGE_PAD, image_token_for
 from neva.typed import ConfigError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
@@ -322,6 +322,52 @@ class InternVLTemplate(ChatMLTemplate):
         ]
 
 
+class Glm4vTemplate(Template):
+    """GLM-4.1V's format as LLaMA-Factory's ``glm4v`` template writes it (src/llamafactory/data/template.py:
+    prefix ``[gMASK]<sop>``, ``<|system|>\n{s}``, ``<|user|>\n{q}``, ``<|assistant|>\n{a}``, and the tokenizer's EOS
+    ``<|endoftext|>`` learned after each reply (``efficient_eos``)), which is also how the hub's chat template renders
+    a conversation of strings up to the end of turn. Each ``<image>`` tag becomes
+    ``<|begin_of_image|><|image|><|end_of_image|>`` in place, the ``<|image|>`` then expanded to the image's
+    positions (``Glm4vProcessor``'s ``image_token``) like any image token (``neva.data.encoding``)."""
+
+    name = "glm4v"
+    eot = "<|endoftext|>"
+    assistant_cue = "<|assistant|>\n"
+    image_block = f"<|begin_of_image|>{GLM4V_IMAGE}<|end_of_image|>"
+
+    def pieces(self, messages, system):
+        out = [("[gMASK]<sop>" + (f"<|system|>\n{system}" if system else ""), False)]
+        for m in messages:
+            content = m.content.replace(IMAGE_TOKEN, self.image_block)
+            if m.role == USER:
+                out.append((f"<|user|>\n{content}", False))
+            else:
+                out += [("<|assistant|>\n", False), (content, True), (self.eot, True)]
+        return out
+
+
+class Mistral3Template(Template):
+    """Mistral 3's chat format (Mistral Small 3.1's ``chat_template``; mistral-common's Tekken instruct format, no spaces
+    around ``[INST]`` / ``[/INST]``): ``[SYSTEM_PROMPT]{s}[/SYSTEM_PROMPT]`` where a system prompt is given,
+    ``[INST]{q}[/INST]{a}</s>`` per exchange, BOS from the tokenizer. An ``<image>`` tag is
+    ``[IMG]`` in place (the template's image part), which ``PixtralProcessor`` expands to the image's rows of
+    ``[IMG]`` with their ``[IMG_BREAK]`` / ``[IMG_END]`` (``neva.data.pixtral_images``)."""
+
+    name = "mistral3"
+    eot = "</s>"
+    image_block = PIXTRAL_IMAGE
+
+    def pieces(self, messages, system):
+        out = [(f"[SYSTEM_PROMPT]{system}[/SYSTEM_PROMPT]", False)] if system else []
+        for m in messages:
+            content = m.content.replace(IMAGE_TOKEN, self.image_block)
+            if m.role == USER:
+                out.append((f"[INST]{content}[/INST]", False))
+            else:
+                out += [(content, True), ("</s>", True)]
+        return out
+
+
 class ChatTemplateRenderer(Template):
     """Renders with a tokenizer's own Jinja chat template and recovers the reply spans exactly.
 
@@ -483,6 +529,8 @@ TEMPLATE_CLASSES: dict[str, type[Template]] = {
         Qwen3VLTemplate,
         Gemma3Template,
         InternVLTemplate,
+        Glm4vTemplate,
+        Mistral3Template,
     )
 }
 

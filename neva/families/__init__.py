@@ -9,20 +9,25 @@ from __future__ import annotations
 from neva.families.clip import CLIP
 from neva.families.decoder_spec import DecoderSpec
 from neva.families.gemma3 import GEMMA3
+from neva.families.glm4v import GLM4V, GLM4V_TEXT
 from neva.families.internvl import INTERNVL
 from neva.families.llama import LLAMA, MISTRAL
 from neva.families.mixtral import MIXTRAL
+from neva.families.pixtral import PIXTRAL
 from neva.families.qwen import QWEN2, QWEN3, QWEN3_MOE
 from neva.families.qwen3_5 import QWEN3_5, QWEN3_5_MOE
 from neva.families.qwen_vl import QWEN2_5_VL, QWEN2_VL, QWEN3_VL
 from neva.families.siglip import SIGLIP
 from neva.families.spec import MergerSpec, TowerSpec, VideoRule, part
 
-TOWERS: dict[str, TowerSpec] = {spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL, INTERNVL)}
+TOWERS: dict[str, TowerSpec] = {
+    spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL, INTERNVL, GLM4V, PIXTRAL)
+}
 """Vision families, by ``VisionConfig.kind``."""
 
 DECODERS: dict[str, DecoderSpec] = {
-    spec.name: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3)
+    spec.name: spec
+    for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3, GLM4V_TEXT)
 }
 """Decoder families, by ``LLMConfig.family`` (the HF ``model_type`` of their text config)."""
 

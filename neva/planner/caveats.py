@@ -1,7 +1,7 @@
 """What a plan cannot know or would surprise, said under its table: a "fits" close to the device's memory (the
 activation, working and overhead estimates are not exact: docs/PLANNER.md), why FSDP2's gradients are unsharded while
-micro-batches accumulate (not DeepSpeed's ZeRO-2), and packed rows (the plan is at the mean sample; a micro-batch of
-samples as long as the rows can hold far more tokens)."""
+micro-batches accumulate (not DeepSpeed's ZeRO-2), and packed rows (planned as the mean sample's rows; a micro-batch
+of samples as long as the rows can hold far more tokens)."""
 
 from __future__ import annotations
 
@@ -35,18 +35,17 @@ def caveat_lines(cfg: TrainConfig, plans: list[Plan]) -> list[str]:
                 "micro-batch into shards instead (less memory, that many times the traffic). Fewer accumulation steps "
                 "(a larger model.micro_batch_size) shrink it"
             )
-    data = cfg.model.data
-    if data.packing and plans:
+    packed = plans[0].extra.get("packing") if plans else None
+    if packed is not None:
         plan = plans[0]
-        row = data.seq_length or plan.seq_len
         mbs = plan.deployment.layout.micro_batch_size
-        planned = plan.seq_len * mbs
-        worst = row * mbs
         activ = plan.peak.activations / GiB
+        worst = packed["row_limit"] * mbs
+        planned = packed["rows"] * packed["row_tokens"]
         lines.append(
-            f"# model.data.packing: rows of up to {row} tokens; planned at the mean sample ({plan.seq_len} tokens, "
-            f"{planned} per micro-batch of {mbs}); {mbs} samples as long as a row would be {worst} tokens, up to "
-            f"{worst / planned:.1f}x the planned activations ({activ:.1f} GiB): plan your data's mean with "
-            "plan.text_tokens=N, plan.image_tokens=data"
+            f"# model.data.packing: planned as {mbs} samples of the mean {packed['mean_sample']} tokens packed into "
+            f"{packed['rows']} row(s) of {packed['row_tokens']} (rows up to {packed['row_limit']}), {planned} tokens "
+            f"per micro-batch ({activ:.1f} GiB of activations); {mbs} samples as long as a row would be {worst} "
+            f"tokens, {worst / planned:.1f}x: plan your data's mean with plan.text_tokens=N, plan.image_tokens=data"
         )
     return lines

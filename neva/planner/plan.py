@@ -139,6 +139,15 @@ def budget_deployment(dep: Deployment, seq: int, budget: int) -> Deployment:
     return dataclasses.replace(dep, layout=dataclasses.replace(layout, micro_batch_size=micro))
 
 
+def packed_rows(seq: int, micro: int, row: int, multiple: int) -> tuple[int, int]:
+    """(rows, tokens per row) of a packed micro-batch of ``micro`` samples of ``seq`` tokens, as ``collate_packed``
+    lays them out: first-fit into rows of at most ``row`` tokens (equal samples: as many per row as fit, one at least),
+    every row as long as the fullest rounded up to ``multiple`` (capped at ``row``)."""
+    per_row = max(1, row // max(1, seq))
+    fullest = min(micro, per_row) * seq
+    return -(-micro // per_row), min(-(-fullest // multiple) * multiple, row)
+
+
 def plan_run(
     cfg: TrainConfig,
     text_tokens: int | None = None,
@@ -195,6 +204,12 @@ def plan_run(
     if cfg.model.data.max_tokens_per_micro_batch is not None:  # micro-batches of as many planned samples as fit
         dep = budget_deployment(dep, seq, cfg.model.data.max_tokens_per_micro_batch)
         seq_dep, layout = dep, dep.layout
+    packing = None
+    if cfg.model.data.packing:  # the model computes whole rows: a sample's share of its micro-batch's rows
+        micro, row = seq_dep.layout.micro_batch_size, cfg.model.data.seq_length or ncfg.llm.max_seq_len
+        n_rows, row_tokens = packed_rows(seq, micro, row, max(1, cfg.model.data.pad_to_multiple_of))
+        packing = {"mean_sample": seq, "rows": n_rows, "row_tokens": row_tokens, "row_limit": row}
+        seq = -(-n_rows * row_tokens // micro)
     learned = (text_tokens_of(cfg) if text_tokens is None else text_tokens) * learned_fraction_of(cfg)
     flops = stage_flops(infos, ncfg, layout, seq, layers, images.tiles, frames, images.grid)
     if reference is not None:  # its forward of each sequence, without autograd
@@ -245,6 +260,8 @@ def plan_run(
     # The dispatched hidden states are the feed-forward norm's output: fp32 under autocast, the parameters' dtype else.
     moe = moe_facts(ncfg, infos, layout, layers, seq, dispatch_bytes(dep.precision))
     extra = {"image": images.to_dict()}
+    if packing is not None:
+        extra["packing"] = packing
     if moe is not None:
         extra["moe"] = moe
     return Plan(dep, seq, hw.gpu_memory_gb, stages, time, per_sample, samples, mfu, extra)

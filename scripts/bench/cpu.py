@@ -85,9 +85,22 @@ FAMILIES: dict[str, dict[str, dict]] = {
     # InternVL 3: the Qwen2 decoder behind InternViT and the pixel shuffle projector, against HF
     # InternVLForConditionalGeneration (``bench.internvl``: its tower shapes, 1 to 7 tiles per image).
     "internvl": {"llm": _QWEN2, "vision": {}},
+    # GLM-4.1V: the decoder as GLM-4's (four norms per layer, partial M-RoPE) behind its tower (interpolated learned
+    # positions) and downsampling merger, against HF Glm4vForConditionalGeneration (``bench.glm4v``).
+    "glm4v": {"llm": {}, "vision": {}},
+    # Mistral 3: the decoder as Mistral behind Pixtral (each image its own size, rows closed by break tokens) and
+    # Mistral 3's projector, against HF Mistral3ForConditionalGeneration (``bench.mistral3``: its tower shapes).
+    "mistral3": {"llm": {}, "vision": {}},
 }
-NATIVE_FAMILIES = ("qwen2_5_vl", "qwen3_5")  # families whose images are native-resolution patches (``bench.qwen_vl``)
+NATIVE_FAMILIES = (
+    "qwen2_5_vl",
+    "qwen3_5",
+    "glm4v",
+)  # families whose images are native-resolution patches (``bench.qwen_vl``)
 TILED_FAMILIES = ("internvl",)  # families whose images are their own tiles (``bench.internvl``)
+ROW_FAMILIES = (
+    "mistral3",
+)  # families whose images are Pixtral's, rows of tokens closed by breaks (``bench.mistral3``)
 
 
 def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
@@ -112,9 +125,19 @@ def cpu_model_config(
     from neva.models.video import VideoConfig
 
     shapes = cpu_shapes(smoke, family)
+    if family in ROW_FAMILIES:
+        if anyres or video:
+            raise SystemExit(f"--family {family}: images at their own size, not --anyres / --video")
+        from bench.mistral3 import model_config as rows_config
+
+        return rows_config(shapes["llm"], smoke)
     if family in NATIVE_FAMILIES:
         if anyres or video:
             raise SystemExit(f"--family {family}: native-resolution images, not --anyres / --video")
+        if family == "glm4v":
+            from bench.glm4v import model_config as glm4v_config
+
+            return glm4v_config(shapes["llm"], smoke)
         from bench.qwen_vl import model_config
 
         return model_config(shapes["llm"], smoke, family)
@@ -242,6 +265,8 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf_wrappers import wrapper_for
 
     train_cfg = train_config(args)
+    if cfg.vision.spec.native_sizes is not None:
+        return _hf_rows_side(cfg, train_cfg, batches)
     if cfg.vision.spec.patch_grid:
         return _hf_native_side(cfg, train_cfg, batches)
     if cfg.projector.type == "gemma3":
@@ -265,8 +290,12 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
 
 
 def _hf_native_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
-    """HF Qwen2_5_VLForConditionalGeneration from neva's initial weights, the stage's policy, the same loop."""
+    """HF Qwen2_5_VLForConditionalGeneration (or the family's class: ``bench.glm4v``) from neva's initial weights,
+    the stage's policy, the same loop."""
     from bench.qwen_vl import collate_hf_native, hf_model, hf_part
+
+    if cfg.projector.type == "glm4v_merger":
+        from bench.glm4v import hf_model, hf_part
 
     neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
     model = hf_model(cfg, neva.state_dict())
@@ -276,6 +305,18 @@ def _hf_native_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[
     for name, p in model.named_parameters():
         p.requires_grad_(getattr(policy, hf_part(name)))
     return _hf_loop(model, train_cfg, [collate_hf_native(cfg, b) for b in batches])
+
+
+def _hf_rows_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
+    """HF Mistral3ForConditionalGeneration from neva's initial weights, the stage's policy, the same loop."""
+    from bench.mistral3 import collate_hf_pixtral, hf_model
+
+    neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
+    model = hf_model(cfg, neva.state_dict())
+    del neva
+    gc.collect()
+    _apply_policy_hf(model, train_cfg.model.trainable_policy())
+    return _hf_loop(model, train_cfg, [collate_hf_pixtral(cfg, b) for b in batches])
 
 
 def _hf_gemma3_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
@@ -344,7 +385,11 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     cfg = cpu_model_config(args.smoke, args.family, args.anyres, args.video)
     spec = stream_spec(cfg, args.seed, args.smoke, args.num_frames)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
-    if cfg.vision.spec.patch_grid:
+    if cfg.vision.spec.native_sizes is not None:
+        from bench.mistral3 import pixtral_sample
+
+        batches = [[pixtral_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
+    elif cfg.vision.spec.patch_grid:
         from bench.qwen_vl import native_sample
 
         batches = [[native_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]

@@ -21,7 +21,16 @@ from tests.checkpoint.tiny_qwen_vl import tiny_qwen_vl_dir
 SCORED = ("mmmu", "mmstar", "ai2d", "ai2d_no_mask", "ocrbench", "docvqa", "infovqa", "chartqa", "realworldqa",
           "hallusionbench", "mathvista", "videomme", "videomme_w_subtitle")  # fmt: skip
 UPLOADS = ("docvqa_test", "infovqa_test")
-NOT_SCORES = ("suite", "questions", "skipped", "questions_per_s", "answers_file", "max_new_tokens", "checkpoint")
+NOT_SCORES = (
+    "suite",
+    "units",
+    "questions",
+    "skipped",
+    "questions_per_s",
+    "answers_file",
+    "max_new_tokens",
+    "checkpoint",
+)
 
 
 def evaluate(args: list[str], capsys) -> str:

@@ -29,7 +29,12 @@ def test_textvqa_answers_and_accuracy(tiny_checkpoint, tmp_path, capsys):
         r["text"] for r in records
     ]
     want = [soft_accuracy(normalize_vqa_answer(a["text"]), d["answers"]) for a, d in zip(answers, data)]
-    assert result["accuracy"] == sum(want) / 3 and result["n"] == 3 and result["unmatched"] == 0
+    assert (
+        result["accuracy"] == 100 * sum(want) / 3
+        and result["units"] == {"accuracy": "percent"}
+        and result["n"] == 3
+        and result["unmatched"] == 0
+    )
 
 
 def test_soft_accuracy_after_normalisation():

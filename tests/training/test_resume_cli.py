@@ -3,6 +3,7 @@ learning rate is applied and logged, and changes that alter what is trained stop
 
 import csv
 import hashlib
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -141,3 +142,13 @@ def test_changes_that_alter_what_is_trained_stop_before_anything_is_written(six_
     for change in ("model.global_batch_size: 32 → 16", "model.data.synthetic_train_samples: 120 → 96"):
         assert f"accepted by exp_manager.resume_ignore_config_changes=true: {change}" in logged, logged[-3000:]
     assert sorted(read_losses(run)) == list(range(1, 13))
+
+
+def test_the_bar_counts_steps_from_the_resumed_one(six_steps, tmp_path):
+    """The bar counts optimizer steps towards max_steps from the resumed step; before, a run resumed inside an epoch
+    showed its steps over an unknown total ("106/?"). A real process: the bar writes to its stdout."""
+    done = train_process(
+        copy(six_steps, tmp_path / "bar"), *SIX, "trainer.max_steps=8", "trainer.enable_progress_bar=true"
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| 6/8 [" in done.stdout and not re.search(r"/\? \[[^\]]*loss=", done.stdout), done.stdout[-2000:]
