@@ -22,6 +22,7 @@ SOURCES = (
     ("llava_next_dpo_", "LLaVA-NeXT DPO (LLaVA-VL/LLaVA-NeXT scripts/train/dpo.sh)"),
     ("llava_video_", "LLaVA-Video (LLaVA-VL/LLaVA-NeXT scripts/video/train)"),
     ("qwen_vl_finetune_", "Qwen2.5-VL qwen-vl-finetune (QwenLM/Qwen2.5-VL scripts/sft_7b.sh)"),
+    ("megatron_bridge_qwen3_5_", "Megatron-Bridge (NVIDIA-NeMo/Megatron-Bridge recipes/qwen_vl/qwen35_vl.py)"),
     ("megatron_bridge_", "Megatron-Bridge (NVIDIA-NeMo/Megatron-Bridge recipes/qwen_vl/qwen25_vl.py)"),
     ("trl_sft_vlm_", "TRL's Gemma 3 VLM SFT (huggingface/trl examples/scripts/sft_vlm_gemma3.py)"),
     ("internvl3_finetune_", "InternVL 3 finetune (OpenGVLab/InternVL internvl_chat/shell/internvl3.0/2nd_finetune)"),

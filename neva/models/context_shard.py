@@ -50,6 +50,9 @@ class ContextShard:
         gather: the group's differentiable all-gather (``Gather``).
         rotation: where the remainder of an uneven share of tower inputs starts (the splitter advances it per
             micro-batch, so no rank takes every remainder).
+        every: ``[size · S_local]`` every rank's global columns, rank-major (``order`` is its argsort), on the host:
+            linear-attention layers read it as integers (``neva.models.recurrent_shard``), which the fake-tensor
+            rehearsal passes through only for a host tensor never operated on. None where no layer needs it.
     """
 
     rank: int
@@ -60,6 +63,7 @@ class ContextShard:
     gather: Gather
     features: dict[str, torch.Tensor] = field(default_factory=dict)
     rotation: int = 0
+    every: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ContextShard:
         """The index tensors on ``device`` (``columns`` and ``segment_ids`` stay on the host: attention plans read

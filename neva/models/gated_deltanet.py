@@ -103,9 +103,9 @@ class GatedDeltaNet(nn.Module):
         return g, beta
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The convolution's inputs ``[N, C, L]`` (q, k, v channels; under tensor parallelism this rank's) and its
+        """The convolution's inputs ``[N, L, C]`` (q, k, v channels; under tensor parallelism this rank's) and its
         filters ``[C, 1, K]``."""
-        qkv = torch.cat([self.in_proj_q(x), self.in_proj_k(x), self.in_proj_v(x)], dim=-1).transpose(1, 2)
+        qkv = torch.cat([self.in_proj_q(x), self.in_proj_k(x), self.in_proj_v(x)], dim=-1)
         return qkv, torch.cat([self.conv_q, self.conv_k, self.conv_v])
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -120,14 +120,16 @@ class GatedDeltaNet(nn.Module):
 
     def _mix(self, x: torch.Tensor, packed: PackedRows | None, cache: RecurrentCache | None) -> torch.Tensor:
         """Rows from zero state (each packed sample alone): the rule's outputs ``[B, S, Hv, dv]``; fills ``cache``."""
-        qkv, filters = self._qkv(x)  # [B, C, S]
-        mixed = F.silu(causal_conv(qkv, filters, None if packed is None else packed.taps)).transpose(1, 2)
-        g, beta = self._gates(x)
+        inputs, filters = self._qkv(x)  # [B, S, C]
+        qkv, g, beta = inputs, *self._gates(x)
+        if packed is not None:  # every sample after K - 1 zeros, each on a chunk boundary
+            qkv, g, beta = (packed.split(t) for t in (qkv, g, beta))
+        # SiLU on [B, W, C] in memory: on the transposed view its backward takes a strided path (twice the time)
+        mixed = F.silu(causal_conv(qkv.transpose(1, 2), filters).transpose(1, 2).contiguous())
         q, k, v = self._heads(mixed)
         if packed is None:
             out, state = gated_delta_rule(q, k, v, g, beta)
         else:
-            q, k, v, g, beta = (packed.split(t) for t in (q, k, v, g, beta))
             out, state = gated_delta_rule(q, k, v, g, beta, resets=packed.resets)
             out = packed.join(out)
         if cache is not None:
@@ -136,8 +138,8 @@ class GatedDeltaNet(nn.Module):
             back = torch.arange(self.kernel - 1, 0, -1, device=x.device)
             cols = x.shape[1] - back  # [K - 1]
             first = torch.zeros(x.shape[0], dtype=torch.long, device=x.device) if packed is None else packed.last
-            inputs = qkv[:, :, cols.clamp(min=0)] * (cols[None, :] >= first[:, None]).to(qkv.dtype)[:, None, :]
-            cache.conv.copy_(inputs)
+            last = inputs[:, cols.clamp(min=0)] * (cols[None, :] >= first[:, None]).to(inputs.dtype)[:, :, None]
+            cache.conv.copy_(last.transpose(1, 2))
             cache.state.copy_(state)
         return out
 
@@ -145,7 +147,8 @@ class GatedDeltaNet(nn.Module):
         """This rank's chunks of every row under context parallelism (``neva.models.recurrent_shard``)."""
         b, _, _ = x.shape
         n, length, back = shard.chunks, shard.length, self.kernel - 1
-        qkv, filters = self._qkv(x)  # [B, C, n · L]
+        qkv, filters = self._qkv(x)
+        qkv = qkv.transpose(1, 2)  # [B, C, n · L]
         channels = qkv.shape[1]
         chunks = qkv.view(b, channels, n, length).transpose(1, 2)  # [B, n, C, L]
         previous = shard.previous(shard.gather_chunks(chunks[..., length - back :].contiguous()))
@@ -169,8 +172,8 @@ class GatedDeltaNet(nn.Module):
     def _continue(self, x: torch.Tensor, cache: RecurrentCache) -> torch.Tensor:
         """New tokens after the cached ones (decoding)."""
         qkv, filters = self._qkv(x)
-        window = torch.cat([cache.conv.to(qkv.dtype), qkv], dim=-1)
-        mixed = F.silu(F.conv1d(window, filters, groups=qkv.shape[1])).transpose(1, 2)
+        window = torch.cat([cache.conv.to(qkv.dtype), qkv.transpose(1, 2)], dim=-1)
+        mixed = F.silu(F.conv1d(window, filters, groups=window.shape[1])).transpose(1, 2)
         cache.conv.copy_(window[..., window.shape[-1] - (self.kernel - 1) :])
         g, beta = self._gates(x)
         q, k, v = self._heads(mixed)

@@ -1,11 +1,13 @@
 """Packed rows for linear attention: each sample restarts the convolution and the delta rule's state.
 
-The convolution runs on the packed row, each tap masked where it would reach into the previous sample
-(``causal_conv``); the delta rule runs on a copy of the row in which every sample starts on a chunk boundary
-(``neva.models.delta_rule.CHUNK``; the gap after a sample is zeros, whose ``beta = g = 0`` leave the state alone) and
-the state is reset at each sample's first chunk (``PackedRows``). No chunk holds two samples, so each is computed as
-alone, and a row costs its tokens plus under one chunk per sample (padding every sample to the longest would cost
-the longest times the samples).
+Both run on a copy of the row in which every sample starts on a chunk boundary (``neva.models.delta_rule.CHUNK``)
+after at least ``K - 1`` zeros (``PackedRows``): the convolution (one ``conv1d`` over the copy, ``causal_conv``)
+reads those zeros where it reaches before a sample's start, as it reads its own zero padding for a sample alone;
+the gap after a sample has ``beta = g = 0`` (the rule's gates, split into the copy), which leave the state alone,
+and the state is reset at each sample's first chunk. No chunk holds two samples, so each is computed as alone, and a
+row costs its tokens plus about one chunk per sample (padding every sample to the longest would cost the longest
+times the samples). The gap's convolution outputs (the sample's last inputs reaching past its end) write nothing
+(``beta = 0``) and are dropped by ``join``.
 """
 
 from __future__ import annotations
@@ -21,17 +23,17 @@ from neva.models.delta_rule import CHUNK
 
 @dataclass
 class PackedRows:
-    """Where each token of ``[B, S]`` packed rows sits when every run of equal segment ids starts a chunk.
+    """Where each token of ``[B, S]`` packed rows sits when every run of equal segment ids starts a chunk, after at
+    least ``K - 1`` zeros where another run precedes it in the row.
 
     ``slots`` ``[B·S]``: each token's place (row-major) in the flattened ``[B, W]`` layout (``W`` a multiple of the
-    chunk); ``resets`` ``[B, W / chunk]``: chunks that start a run; ``taps`` ``[K - 1, B, S]``: whether the token ``j
-    + 1`` columns back (tap ``j``) is in the same run; ``last`` ``[B]``: the start column of each row's last run."""
+    chunk); ``resets`` ``[B, W / chunk]``: chunks that start a run; ``last`` ``[B]``: the start column of each row's
+    last run."""
 
     shape: tuple[int, int]
     width: int
     slots: torch.Tensor
     resets: torch.Tensor
-    taps: torch.Tensor
     last: torch.Tensor
 
     @staticmethod
@@ -49,22 +51,22 @@ class PackedRows:
         """From each row's runs ``(start, end, fresh)`` (tiling its ``s`` columns); a run not ``fresh`` continues a
         state from before the row (context parallelism's chunks): its first chunk is no reset."""
         b = len(rows)
-        width = max(sum(-(-(e - st) // CHUNK) * CHUNK for st, e, _ in runs) for runs in rows)
+
+        def span(runs: list[tuple[int, int, bool]], i: int) -> int:
+            """Whole chunks for run ``i`` and, unless it ends the row, the ``K - 1`` zeros after it."""
+            st, e, _ = runs[i]
+            return -(-(e - st + (kernel - 1 if i + 1 < len(runs) else 0)) // CHUNK) * CHUNK
+
+        width = max(sum(span(runs, i) for i in range(len(runs))) for runs in rows)
         slots, resets = [], torch.zeros(b, width // CHUNK, dtype=torch.bool)
-        starts = torch.zeros(b, s, dtype=torch.long)
         for r, runs in enumerate(rows):
             at = 0
-            for st, e, fresh in runs:
+            for i, (st, e, fresh) in enumerate(runs):
                 slots.extend(range(r * width + at, r * width + at + e - st))
                 resets[r, at // CHUNK] = fresh
-                starts[r, st:e] = st
-                at += -(-(e - st) // CHUNK) * CHUNK
-        cols = torch.arange(s)
-        taps = torch.stack([cols - j - 1 >= starts for j in range(kernel - 1)])
+                at += span(runs, i)
         last = torch.tensor([runs[-1][0] for runs in rows])
-        return PackedRows(
-            (b, s), width, torch.tensor(slots, device=device), resets.to(device), taps.to(device), last.to(device)
-        )
+        return PackedRows((b, s), width, torch.tensor(slots, device=device), resets.to(device), last.to(device))
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, S, ...]`` → ``[B, W, ...]`` (zeros in the gaps)."""
@@ -79,7 +81,9 @@ class PackedRows:
 
 def causal_conv(qkv: torch.Tensor, filters: torch.Tensor, taps: torch.Tensor | None = None) -> torch.Tensor:
     """Depthwise causal convolution of ``qkv`` ``[N, C, L]`` by ``filters`` ``[C, 1, K]`` (zeros before the row),
-    each tap ``j`` (reaching ``j + 1`` columns back) dropped where ``taps[j]`` ``[N, L]`` is False."""
+    each tap ``j`` (reaching ``j + 1`` columns back) dropped where ``taps[j]`` ``[N, L]`` is False (context
+    parallelism's chunks: one ``conv1d`` costs a third of the masked taps' time, so rows laid out with zeros before
+    each sample, ``PackedRows``, take it)."""
     kernel = filters.shape[-1]
     if taps is None:
         return F.conv1d(F.pad(qkv, (kernel - 1, 0)), filters, groups=qkv.shape[1])

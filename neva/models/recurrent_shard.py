@@ -50,9 +50,15 @@ class RecurrentShard:
     def of(shard: ContextShard, kernel: int, device: torch.device) -> RecurrentShard:
         # Chunks: the longest length dividing every rank's runs of consecutive columns (two of a rank's chunks may
         # be neighbours in the row: cp=2's rank 1 holds chunks 1 and 2).
-        held = torch.empty_like(shard.order)
-        held[shard.order] = torch.arange(shard.order.numel())  # every rank's columns, rank-major
-        length = math.gcd(*(n for cols in held.view(shard.size, -1).tolist() for n in _run_lengths(cols)))
+        # Every rank's columns, rank-major, as integers: no tensor op on them (under the fake-tensor rehearsal one
+        # would lose their values).
+        if shard.every is None:
+            raise ValueError("a linear-attention layer under context parallelism needs the shard's columns (every)")
+        held = shard.every.tolist()
+        per_rank = len(held) // shard.size
+        length = math.gcd(
+            *(n for r in range(shard.size) for n in _run_lengths(held[r * per_rank : (r + 1) * per_rank]))
+        )
         columns = shard.columns.tolist()
         chunks = [(i, columns[i], columns[i] + length) for i in range(0, len(columns), length)]
         seg = shard.segment_ids
@@ -67,12 +73,12 @@ class RecurrentShard:
                 cols = torch.arange(g0, g1)
                 for j in range(kernel - 1):
                     taps[j, r * len(chunks) + i, kernel - 1 :] = cols - j - 1 >= starts[g0:g1]
-        every = held[::length] // length  # every rank's chunks, rank-major, as row-order chunk indices
+        every = [c // length for c in held[::length]]  # every rank's chunks, rank-major, as row-order chunk indices
         return RecurrentShard(
             shard,
             length,
             torch.tensor([g0 // length for _, g0, _ in chunks], device=device),
-            torch.argsort(every).to(device),
+            torch.tensor(sorted(range(len(every)), key=every.__getitem__), device=device),
             PackedRows.from_runs(rows, length, kernel, device),
             taps.to(device),
         )

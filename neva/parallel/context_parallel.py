@@ -154,6 +154,7 @@ def split_batch(
         gather=lambda t, dim, sizes: all_gather(t, dim, sizes, group),
         features=features,
         rotation=rotation,
+        every=every,
     )
     return out
 

@@ -571,7 +571,11 @@ def shallow(ncfg: NevaConfig, layout: Layout, layers_per_chunk: int = 1) -> Neva
         if vision.spec.window_attention:
             kept["fullatt_block_indexes"] = [1]
         vision = dataclasses.replace(vision, num_layers=2, **kept)
-    # layer_types (Gemma 3's sliding / global layers): the first layers' kinds
+    # layer_types (Gemma 3's sliding / global layers; a hybrid decoder's linear / full attention layers): the first
+    # layers' kinds
     kinds = {} if ncfg.llm.layer_types is None else {"layer_types": ncfg.llm.layer_types[:num_layers]}
+    linear = ncfg.llm.linear_attention
+    if linear is not None:
+        kinds["linear_attention"] = dataclasses.replace(linear, layer_types=linear.layer_types[:num_layers])
     llm = dataclasses.replace(ncfg.llm, num_layers=num_layers, **kinds)
     return dataclasses.replace(ncfg, llm=llm, vision=vision)
