@@ -11,6 +11,7 @@ from neva.families.decoder_spec import DecoderSpec
 from neva.families.gemma3 import GEMMA3
 from neva.families.internvl import INTERNVL
 from neva.families.llama import LLAMA, MISTRAL
+from neva.families.llama4 import LLAMA4
 from neva.families.mixtral import MIXTRAL
 from neva.families.qwen import QWEN2, QWEN3, QWEN3_MOE
 from neva.families.qwen3_5 import QWEN3_5, QWEN3_5_MOE
@@ -22,7 +23,7 @@ TOWERS: dict[str, TowerSpec] = {spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2
 """Vision families, by ``VisionConfig.kind``."""
 
 DECODERS: dict[str, DecoderSpec] = {
-    spec.name: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3)
+    spec.name: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3, LLAMA4)
 }
 """Decoder families, by ``LLMConfig.family`` (the HF ``model_type`` of their text config)."""
 
