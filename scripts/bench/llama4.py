@@ -20,7 +20,7 @@ import gc
 import torch
 
 from bench.data import PAD_ID
-from neva.models.config import NevaConfig
+from neva.models.config import LLMConfig, NevaConfig
 from neva.models.presets import LLM_PRESETS, build_config
 
 LLAMA4_LLM = dict(
@@ -49,9 +49,9 @@ def hf_model(cfg: NevaConfig, neva_state: dict[str, torch.Tensor]) -> torch.nn.M
 
     # the llava-hf fields of the tower and projector (a Llama decoder of the same shapes stands in for the text
     # config, replaced by Llama 4's own)
-    stand_in = dataclasses.replace(
-        cfg, llm=build_config(llm=dict(LLM_PRESETS["tiny"], vocab_size=cfg.llm.vocab_size), vision=None).llm
-    )
+    t = cfg.llm
+    shape = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, num_heads=t.num_heads, head_dim=t.head_dim)
+    stand_in = dataclasses.replace(cfg, llm=LLMConfig(**shape))
     fields = llava_config_dict(stand_in, pad_token_id=PAD_ID)
     text_only = NevaConfig(llm=cfg.llm, vision=None, projector=None, image_token_id=cfg.llm.vocab_size)
     fields["text_config"] = dict(llama4_config_dict(text_only), pad_token_id=PAD_ID)
