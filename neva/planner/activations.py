@@ -58,13 +58,16 @@ def _ffn_elements(cfg: NevaConfig, tokens: int, tp: int, layer: int = 0) -> tupl
     by the routing-weight multiply, and the weighted rows, saved by the ``index_add_`` that combines them (a trained
     layer also keeps its rows grouped by expert, the input of ``w1`` and ``w3``: one more ``d``). Measured by the
     rehearsal: NeMo's Mixtral 8x7B pretrain keeps 78.8 MiB per layer at 320 tokens, the planned 42.5 dense + 36.25.
-    An interleaved MoE decoder's dense layers (Llama 4's ``moe_layer_freq``) count as dense, at their own width.
+    An interleaved MoE decoder's dense layers (Llama 4's ``moe_layer_freq``) count as dense, at their own width; a
+    shared expert (Qwen3.5-MoE, Llama 4) adds its SwiGLU on every token (not sharded: the MoE layer's parts are
+    replicated over tp).
     """
     llm = cfg.llm
     if not llm.is_moe_layer(layer):
         return tokens * llm.dense_width / tp, 0.0
     k = llm.moe_router_topk
-    return k * tokens * llm.intermediate_size, k * tokens * llm.hidden_size
+    shared = tokens * (llm.moe_shared_expert_intermediate_size or 0)
+    return k * tokens * llm.intermediate_size + shared, k * tokens * llm.hidden_size
 
 
 def stage_activation_bytes(*args, **kwargs) -> float:

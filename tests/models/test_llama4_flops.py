@@ -39,5 +39,5 @@ def test_planner_counts_only_the_moe_layers_as_moe():
 
     cfg = build_config("tiny_llama4")
     assert _ffn_elements(cfg, 10, 2, layer=0) == (10 * 352 / 2, 0.0)
-    assert _ffn_elements(cfg, 10, 2, layer=1) == (10 * 176, 10 * 128)
+    assert _ffn_elements(cfg, 10, 2, layer=1) == (10 * 176 + 10 * 176, 10 * 128)  # top-1 expert, shared expert
     assert _all_to_alls(cfg, [0, 1, 2, 3], frozenset(), backward=True) == 2 * 4
