@@ -79,6 +79,7 @@ ROWS = (
     row("Gemma 3: sliding / global layers, bidirectional images", ["model=tiny_gemma3", "vision=tiny_gemma3"]),
     row("Qwen3.5: hybrid decoder (Gated DeltaNet + gated attention)", ["model=tiny_qwen3_5", "vision=tiny_qwen3_5"]),
     row("InternVL 3: InternViT tiles, pixel shuffle", ["model=tiny_internvl", "vision=tiny_internvl"]),
+    row("GLM-4.1V: native resolution, downsampling merger, GLM-4 decoder", ["model=tiny_glm4v", "vision=tiny_glm4v"]),
     # Llama 4's decoder behind the tiny CLIP tower: its own vision side is not built (neva.families.llama4).
     row("Llama 4 decoder: chunked / NoPE layers, interleaved MoE (CLIP tower)", ["model=tiny_llama4"]),
 )

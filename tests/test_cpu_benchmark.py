@@ -16,9 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 # AnyRes: against HF LlavaNext; video (videos + AnyRes images + text-only samples): against HF LlavaNextVideo;
-# qwen2_5_vl (native-resolution images of random sizes, M-RoPE): against HF Qwen2_5_VLForConditionalGeneration
+# qwen2_5_vl (native-resolution images of random sizes, M-RoPE): against HF Qwen2_5_VLForConditionalGeneration;
+# glm4v (the same images through GLM-4.1V's tower and merger, its decoder): against HF Glm4vForConditionalGeneration
 @pytest.mark.parametrize(
-    "mode", [[], ["--anyres"], ["--video"], ["--family", "qwen2_5_vl"]], ids=["fixed", "anyres", "video", "qwen2_5_vl"]
+    "mode",
+    [[], ["--anyres"], ["--video"], ["--family", "qwen2_5_vl"], ["--family", "glm4v"]],
+    ids=["fixed", "anyres", "video", "qwen2_5_vl", "glm4v"],
 )
 def test_cpu_benchmark_runs_tiny_and_both_sides_agree(mode) -> None:
     cmd = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--device", "cpu", "--smoke", *mode]

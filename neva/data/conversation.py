@@ -13,7 +13,7 @@ from typing import Any
 
 from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
-from neva.data.tokens import INTERNVL_IMAGE_CONTEXT, QWEN_IMAGE_PAD, image_token_for
+from neva.data.tokens import GLM4V_IMAGE, INTERNVL_IMAGE_CONTEXT, QWEN_IMAGE_PAD, image_token_for
 from neva.typed import ConfigError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
@@ -322,6 +322,30 @@ class InternVLTemplate(ChatMLTemplate):
         ]
 
 
+class Glm4vTemplate(Template):
+    """GLM-4.1V's format as LLaMA-Factory's ``glm4v`` template writes it (src/llamafactory/data/template.py:
+    prefix ``[gMASK]<sop>``, ``<|system|>\n{s}``, ``<|user|>\n{q}``, ``<|assistant|>\n{a}``, and the tokenizer's EOS
+    ``<|endoftext|>`` learned after each reply (``efficient_eos``)), which is also how the hub's chat template renders
+    a conversation of strings up to the end of turn. Each ``<image>`` tag becomes
+    ``<|begin_of_image|><|image|><|end_of_image|>`` in place, the ``<|image|>`` then expanded to the image's
+    positions (``Glm4vProcessor``'s ``image_token``) like any image token (``neva.data.encoding``)."""
+
+    name = "glm4v"
+    eot = "<|endoftext|>"
+    assistant_cue = "<|assistant|>\n"
+    image_block = f"<|begin_of_image|>{GLM4V_IMAGE}<|end_of_image|>"
+
+    def pieces(self, messages, system):
+        out = [("[gMASK]<sop>" + (f"<|system|>\n{system}" if system else ""), False)]
+        for m in messages:
+            content = m.content.replace(IMAGE_TOKEN, self.image_block)
+            if m.role == USER:
+                out.append((f"<|user|>\n{content}", False))
+            else:
+                out += [("<|assistant|>\n", False), (content, True), (self.eot, True)]
+        return out
+
+
 class ChatTemplateRenderer(Template):
     """Renders with a tokenizer's own Jinja chat template and recovers the reply spans exactly.
 
@@ -483,6 +507,7 @@ TEMPLATE_CLASSES: dict[str, type[Template]] = {
         Qwen3VLTemplate,
         Gemma3Template,
         InternVLTemplate,
+        Glm4vTemplate,
     )
 }
 

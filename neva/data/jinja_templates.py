@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from neva.constants import IMAGE_TOKEN
-from neva.data.conversation import QWEN_IMAGE_BLOCK, ChatTemplateRenderer, get_template
+from neva.data.conversation import QWEN_IMAGE_BLOCK, ChatTemplateRenderer, Glm4vTemplate, get_template
 
 # Content parts → one string per message (images first, then text), as LLaVA's front placement leaves a turn.
 _PRELUDE = (
@@ -101,6 +101,17 @@ BODIES["qwen2_vl"] = BODIES["qwen3_vl"] = (
     + ")) + '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+# GLM-4.1V's (conversation.Glm4vTemplate): each <image> tag its image block, the EOS learned after each reply.
+BODIES["glm4v"] = (
+    "{{- '[gMASK]<sop>' -}}{%- if system -%}{{- '<|system|>\\n' + system -}}{%- endif -%}"
+    "{%- for m in messages -%}{%- set content = m['content'] | replace(IMAGE_TOKEN, "
+    + json.dumps(Glm4vTemplate.image_block)
+    + ") -%}"
+    "{%- if m['role'] == 'user' -%}{{- '<|user|>\\n' + content -}}"
+    "{%- elif m['role'] == 'assistant' -%}{{- '<|assistant|>\\n' + content + '<|endoftext|>' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )
 
 

@@ -22,6 +22,7 @@ from PIL import Image
 
 from neva.data.images import ImageError
 from neva.errors import ConfigError
+from neva.families import part
 from neva.models.config import VisionConfig
 
 MAX_ASPECT_RATIO = 200  # smart_resize refuses longer sides than this many times the shorter one (as Qwen's)
@@ -36,6 +37,9 @@ class QwenImageSpec:
     merge_size: int = 2
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
+    # The family's own resize rule (``TowerSpec.fit``, ``(spec, height, width) -> (height, width)``); None: Qwen's
+    # ``smart_resize``.
+    fit: str | None = None
 
     @classmethod
     def for_tower(cls, cfg: VisionConfig, min_pixels: int | None = None, max_pixels: int | None = None):
@@ -57,6 +61,7 @@ class QwenImageSpec:
             cfg.spatial_merge_size,
             low if min_pixels is None else min_pixels,
             high if max_pixels is None else max_pixels,
+            cfg.spec.fit,
         )
 
     def __post_init__(self) -> None:
@@ -91,6 +96,8 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 def resized_size(spec: QwenImageSpec, height: int, width: int) -> tuple[int, int]:
+    if spec.fit is not None:
+        return part(spec.fit)(spec, height, width)
     return smart_resize(height, width, spec.factor, spec.min_pixels, spec.max_pixels)
 
 

@@ -17,11 +17,13 @@ QWEN_IMAGE_PAD = "<|image_pad|>"
 # by what a tokenizer holds: Qwen2.5's text tokenizers carry <|image_pad|> too, and LLaVA-OneVision trains them with
 # <image>.
 INTERNVL_IMAGE_CONTEXT = "<IMG_CONTEXT>"  # InternVL's image token (its tokenizer's ``context_image_token``)
+GLM4V_IMAGE = "<|image|>"  # GLM-4.1V's image token (Glm4vProcessor's ``image_token``)
 IMAGE_TOKEN_OF_TEMPLATE = {
     "qwen2_vl": QWEN_IMAGE_PAD,
     "qwen3_vl": QWEN_IMAGE_PAD,
     "gemma3": "<image_soft_token>",
     "internvl": INTERNVL_IMAGE_CONTEXT,
+    "glm4v": GLM4V_IMAGE,
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from neva.families.clip import CLIP
 from neva.families.decoder_spec import DecoderSpec
 from neva.families.gemma3 import GEMMA3
+from neva.families.glm4v import GLM4V, GLM4V_TEXT
 from neva.families.internvl import INTERNVL
 from neva.families.llama import LLAMA, MISTRAL
 from neva.families.llama4 import LLAMA4
@@ -19,11 +20,14 @@ from neva.families.qwen_vl import QWEN2_5_VL, QWEN2_VL, QWEN3_VL
 from neva.families.siglip import SIGLIP
 from neva.families.spec import MergerSpec, TowerSpec, VideoRule, part
 
-TOWERS: dict[str, TowerSpec] = {spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL, INTERNVL)}
+TOWERS: dict[str, TowerSpec] = {
+    spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL, INTERNVL, GLM4V)
+}
 """Vision families, by ``VisionConfig.kind``."""
 
 DECODERS: dict[str, DecoderSpec] = {
-    spec.name: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3, LLAMA4)
+    spec.name: spec
+    for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3, GLM4V_TEXT, LLAMA4)
 }
 """Decoder families, by ``LLMConfig.family`` (the HF ``model_type`` of their text config)."""
 

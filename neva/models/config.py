@@ -406,9 +406,13 @@ class ProjectorConfig:
     # the epsilon of its RMSNorm (HF: the vision config's ``layer_norm_eps``).
     tokens_per_image: int | None = None
     norm_eps: float = 1e-6
+    # glm4v_merger only (neva/models/projector_glm4v.py): the width of its SwiGLU (HF vision ``intermediate_size``).
+    intermediate_size: int | None = None
 
     def __post_init__(self) -> None:
         merger = merger_spec(self.type)
+        if (self.type == "glm4v_merger") != (self.intermediate_size is not None):
+            raise ValueError("projector intermediate_size is glm4v_merger's SwiGLU width: set for it, and only for it")
         if merger is not None:
             if self.deepstack_mergers and not merger.merger.deepstack:
                 raise ValueError(f"projector {self.type} has no DeepStack mergers (deepstack_mergers must be 0)")

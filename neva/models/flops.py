@@ -63,6 +63,8 @@ _DECODER_STEPS = {
     "dt_bias": 1.5, "norm": 2.5, "out_proj": 3, "gate": 4.5,
 }  # fmt: skip
 _GEMMA3_PROJECTOR_STEPS = {"norm": 0, "proj": 1}  # after the (parameter-free) pool
+# GLM-4.1V's merger (neva/models/projector_glm4v.py): the downsampling Conv2d, then proj, its norm and a SwiGLU
+_GLM4V_MERGER_STEPS = {"downsample": 0, "proj": 1, "norm": 2, "gate_proj": 3, "up_proj": 3, "down_proj": 4}
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
             return (0, 2 + cfg.vision.layers_run, 0) if cfg.vision.feature_norm else None
         return (0, 0 if pieces[1] == "patch_embed" else 1, 0)
     if pieces[0] == "projector":
+        if cfg.projector.type == "glm4v_merger":
+            return (1, _GLM4V_MERGER_STEPS[pieces[1]], 0)
         if pieces[1] in ("merger", "deepstack"):
             return (1, _MERGER_STEPS[pieces[-2]], 0)
         if pieces[1] in _GEMMA3_PROJECTOR_STEPS:
@@ -131,6 +135,8 @@ def _rows(name: str, shape: tuple[int, ...], cfg: NevaConfig) -> tuple[str, int]
     native = cfg.vision is not None and cfg.vision.spec.patch_grid  # counted per patch, not per image
     if name == "vision.patch_embed.weight":
         return "image", 1 if native else cfg.vision.num_patches
+    if name == "projector.downsample.weight":  # GLM-4.1V's Conv2d [out, C, merge, merge]: once per merged token
+        return "image", 1 / cfg.vision.spatial_merge_size**2
     if ".experts." in name:  # MoE experts [E, ., .]: a token runs k of the E (active FLOPs)
         return "token", cfg.llm.moe_router_topk / cfg.llm.num_moe_experts
     if len(shape) != 2:

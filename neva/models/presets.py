@@ -94,6 +94,22 @@ VISION_PRESETS: dict[str, dict] = {
         hidden_act="gelu_pytorch_tanh",
         num_position_embeddings=2304,
     ),
+    # The tiny tower as GLM-4.1V's (neva/families/glm4v.py): 8 px patches merged 2 × 2, a 4 × 4 learned position table
+    # (32 px / 8) resampled to each image, RMSNorm blocks without q / k / v bias, a SwiGLU MLP as wide as the tiny
+    # decoder (GLM builds it out_hidden_size wide).
+    "tiny_glm4v": dict(
+        kind="glm4v",
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="silu",
+        num_position_embeddings=16,
+        norm_type="rms",
+        qkv_bias=False,
+    ),
     # The tiny tower as InternViT (InternVL 3 / 3.5): 32 px tiles in 8 px patches (4 × 4), a class token, layer scale,
     # LayerNorm blocks with biased q / k / v; the pixel shuffle makes 4 decoder positions per tile.
     "tiny_internvl": dict(
@@ -132,6 +148,22 @@ VISION_PRESETS: dict[str, dict] = {
         hidden_act="silu",
         window_size=112,
         fullatt_block_indexes=[7, 15, 23, 31],
+    ),
+    # GLM-4.1V-9B's tower (transformers 5.25 Glm4vVisionConfig, whose defaults are the GLM-4.1V-9B-Thinking
+    # configuration: depth 24, hidden_size 1536, 12 heads, 336 px / 14 px patches (a 24 × 24 position table), silu, no
+    # q / k / v bias; its MLP out_hidden_size = 4096 wide, the decoder's width).
+    "glm4v_9b": dict(
+        kind="glm4v",
+        image_size=336,
+        patch_size=14,
+        hidden_size=1536,
+        intermediate_size=4096,
+        num_layers=24,
+        num_heads=12,
+        hidden_act="silu",
+        num_position_embeddings=576,
+        norm_type="rms",
+        qkv_bias=False,
     ),
     # google/siglip-so400m-patch14-384 (config.json vision_config): 27×27 = 729 patches, width 1152, 27 layers.
     "siglip_so400m_384": dict(
@@ -188,6 +220,23 @@ LLM_PRESETS: dict[str, dict] = {
         family="qwen2",
         qkv_bias=True,
         tie_word_embeddings=True,
+    ),
+    # The tiny decoder as GLM-4.1V's (glm4v_text): four norms per layer, biased q / k / v, M-RoPE over the first half
+    # of each 32-wide head (t, h, w driving 2, 3, 3 of its 8 rotary frequencies, GLM's [8, 12, 12] at head_dim 128),
+    # untied (a pipeline can split it).
+    "tiny_glm4v_text": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_seq_len=512,
+        rms_norm_eps=1e-5,
+        family="glm4v_text",
+        qkv_bias=True,
+        mrope_section=[2, 3, 3],
+        rotary_percent=0.5,
     ),
     # The tiny decoder as Qwen3's: q / k RMSNorms per head, no biases, untied (a pipeline can split it).
     "tiny_qwen3": dict(
@@ -357,6 +406,24 @@ LLM_PRESETS: dict[str, dict] = {
         family="qwen2",
         qkv_bias=True,
     ),
+    # GLM-4.1V-9B's decoder (GLM-4-9B-0414's shapes: transformers 5.25 Glm4vTextConfig defaults, the
+    # GLM-4.1V-9B-Thinking configuration: 40 layers of width 4096, MLP 13696, 32 heads, 2 kv heads, vocabulary 151552;
+    # M-RoPE section [8, 12, 12], the Glm4vTextRotaryEmbedding default, which drives 32 frequencies: a partial rotary
+    # over half of each 128-wide head), biased q / k / v, untied.
+    "glm4v_9b_text": dict(
+        vocab_size=151552,
+        hidden_size=4096,
+        intermediate_size=13696,
+        num_layers=40,
+        num_heads=32,
+        num_kv_heads=2,
+        max_seq_len=65536,
+        rms_norm_eps=1e-5,
+        family="glm4v_text",
+        qkv_bias=True,
+        mrope_section=[8, 12, 12],
+        rotary_percent=0.5,
+    ),
     "llama3_8b": dict(
         vocab_size=128256,
         intermediate_size=14336,
@@ -419,6 +486,8 @@ def build_config(
     if vision is not None:
         vision_cfg = VisionConfig(**(VISION_PRESETS[vision] if isinstance(vision, str) else vision))
         merger = merger_fields(vision_cfg)
+        if projector_type == "glm4v_merger":  # GLM-4.1V's: a bias-free SwiGLU as wide as the decoder's MLP
+            merger.update(intermediate_size=llm_cfg.intermediate_size, bias=False)
         projector = ProjectorConfig(
             type=projector_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size, **merger
         )

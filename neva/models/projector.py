@@ -13,6 +13,7 @@ from neva.models.config import ProjectorConfig
 from neva.models.layers import RMSNorm
 from neva.models.pixel_shuffle import PixelShuffle2x2
 from neva.models.projector_gemma3 import Gemma3Projector
+from neva.models.projector_glm4v import Glm4vMerger
 from neva.models.projector_merger import NativeMerger
 
 
@@ -46,6 +47,8 @@ def build_projector(cfg: ProjectorConfig) -> nn.Module:
     (``0`` the merge, ``1`` the LayerNorm over ``4 × input_size``, ``2`` and ``4`` the Linear layers), and so is
     ``mlp_pixel_shuffle`` (InternVL's ``multi_modal_projector``: ``layer_norm``, ``linear_1``, ``linear_2``).
     """
+    if cfg.type == "glm4v_merger":  # a merger of its own layers (a downsampling Conv2d, then a SwiGLU)
+        return Glm4vMerger(cfg)
     if cfg.type in MERGERS:
         return NativeMerger(cfg)
     if cfg.type == "gemma3":
@@ -69,5 +72,5 @@ def build_projector(cfg: ProjectorConfig) -> nn.Module:
 
 def init_projector(projector: nn.Module) -> None:
     for module in projector.modules():
-        if isinstance(module, (nn.Linear, nn.LayerNorm, RMSNorm)):
+        if isinstance(module, (nn.Linear, nn.LayerNorm, RMSNorm, nn.Conv2d)):
             module.reset_parameters()

@@ -3,7 +3,7 @@
 Megatron-style sharding: q/k/v and the SwiGLU gate/up projections column-wise (each rank owns whole heads / a slice
 of the FFN width), the attention output and down projections row-wise, the token embedding and the LM head over
 the vocabulary, the projector column- then row-wise (``mlp_downsample``'s LayerNorm replicated; a native tower's patch merger
-likewise, its norm replicated). The vision tower stays replicated,
+likewise, its norm replicated; GLM-4.1V's merger its SwiGLU, what comes before it replicated). The vision tower stays replicated,
 CLIP or SigLIP (its patch-embedding bias included: it is small and frozen in both LLaVA stages).
 
 With sequence parallelism the residual stream between blocks holds ``S / tp`` positions per rank; the norms run on
@@ -35,6 +35,7 @@ from neva.models.layers import RMSNorm
 from neva.models.lora import LoRALinear
 from neva.models.moe import MoEFeedForward
 from neva.models.neva import NevaModel
+from neva.models.projector_glm4v import Glm4vMerger
 from neva.models.projector_merger import NativeMerger
 from neva.parallel.linear_attention_parallel import linear_attention_plan, sharded_dim
 from neva.parallel.local_params import use_local_parameters
@@ -180,6 +181,13 @@ def _dense_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
 
 
 def _projector_plan(projector: nn.Module) -> dict[str, ParallelStyle]:
+    if isinstance(projector, Glm4vMerger):  # its downsample, proj and norm replicated, then a sharded SwiGLU
+        replicated = {name: NoParallel() for name in ("downsample", "proj", "norm")}
+        return replicated | {
+            "gate_proj": ColwiseParallel(),
+            "up_proj": ColwiseParallel(),
+            "down_proj": RowwiseParallel(),
+        }
     if isinstance(projector, NativeMerger):  # each merger: its norm replicated, fc1 column-, fc2 row-wise
         prefixes = ["merger"] + [f"deepstack.{i}" for i in range(len(projector.deepstack))]
         styles = {"norm": NoParallel, "fc1": ColwiseParallel, "fc2": RowwiseParallel}

@@ -85,11 +85,18 @@ FAMILIES: dict[str, dict[str, dict]] = {
     # InternVL 3: the Qwen2 decoder behind InternViT and the pixel shuffle projector, against HF
     # InternVLForConditionalGeneration (``bench.internvl``: its tower shapes, 1 to 7 tiles per image).
     "internvl": {"llm": _QWEN2, "vision": {}},
+    # GLM-4.1V: the decoder as GLM-4's (four norms per layer, partial M-RoPE) behind its tower (interpolated learned
+    # positions) and downsampling merger, against HF Glm4vForConditionalGeneration (``bench.glm4v``).
+    "glm4v": {"llm": {}, "vision": {}},
     # Llama 4's decoder behind the fixed tower, against HF's Llama 4 text model inside LlavaForConditionalGeneration
     # (``bench.llama4``: its decoder fields there; neva builds no Llama 4 tower yet).
     "llama4": {"llm": {}, "vision": {}},
 }
-NATIVE_FAMILIES = ("qwen2_5_vl", "qwen3_5")  # families whose images are native-resolution patches (``bench.qwen_vl``)
+NATIVE_FAMILIES = (
+    "qwen2_5_vl",
+    "qwen3_5",
+    "glm4v",
+)  # families whose images are native-resolution patches (``bench.qwen_vl``)
 TILED_FAMILIES = ("internvl",)  # families whose images are their own tiles (``bench.internvl``)
 
 
@@ -118,6 +125,10 @@ def cpu_model_config(
     if family in NATIVE_FAMILIES:
         if anyres or video:
             raise SystemExit(f"--family {family}: native-resolution images, not --anyres / --video")
+        if family == "glm4v":
+            from bench.glm4v import model_config as glm4v_config
+
+            return glm4v_config(shapes["llm"], smoke)
         from bench.qwen_vl import model_config
 
         return model_config(shapes["llm"], smoke, family)
@@ -276,8 +287,12 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
 
 
 def _hf_native_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
-    """HF Qwen2_5_VLForConditionalGeneration from neva's initial weights, the stage's policy, the same loop."""
+    """HF Qwen2_5_VLForConditionalGeneration (or the family's class: ``bench.glm4v``) from neva's initial weights,
+    the stage's policy, the same loop."""
     from bench.qwen_vl import collate_hf_native, hf_model, hf_part
+
+    if cfg.projector.type == "glm4v_merger":
+        from bench.glm4v import hf_model, hf_part
 
     neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
     model = hf_model(cfg, neva.state_dict())

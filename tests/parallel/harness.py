@@ -105,6 +105,8 @@ FAMILIES: dict[str, list[str]] = {
     # InternVL 3: the tiny InternViT (class token dropped, layer scale), the pixel shuffle + LayerNorm + MLP projector
     # and a Qwen2 decoder, untied so that PP2 applies; every image 1 to 12 tiles of 32 px plus a thumbnail
     "internvl_tiles": ["model=tiny_internvl", "vision=tiny_internvl"],
+    # GLM-4.1V: interpolated learned positions, the downsampling SwiGLU merger, four norms per decoder layer and M-RoPE over half of each head
+    "glm4v_native": ["model=tiny_glm4v", "vision=tiny_glm4v"],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",

@@ -1,0 +1,80 @@
+"""GLM-4.1V (HF ``Glm4vForConditionalGeneration``): a Qwen2-VL-like native-resolution tower (a biased Conv3d patch
+embedding, an RMSNorm after it, 2-D rotary, a learned square position table resampled bicubically to each image's
+grid, RMSNorm blocks with a bias-free SwiGLU MLP as wide as the decoder, a post-RMSNorm), a downsampling merger (a
+Conv2d over each merge block, then Linear, LayerNorm, GELU and a SwiGLU: ``neva.models.projector_glm4v``) and a GLM-4
+decoder (``glm4v_text``: sandwich norms, biased q / k / v, M-RoPE over a partial rotary in interleaved pairs, which
+the interop turns into neva's half-split layout by permuting q / k rows).
+
+Its statistics are OpenAI CLIP's (``Glm4vImageProcessor``), its norms' epsilon 1e-5 (``rms_norm_eps``), and its
+merger reads the last block. Its image processor resizes as Qwen's ``smart_resize`` but counts the pixel budget over
+the ``temporal_patch_size`` frames an image is repeated to, and first scales a side shorter than one merged token up
+(``neva.data.glm4v_images``); the default budget is ``Glm4vImageProcessor``'s ``size`` (112·112, 28·28·15000). An
+image's text is ``<|begin_of_image|>`` + its ``<|image|>`` tokens + ``<|end_of_image|>`` (the ``glm4v`` template).
+Videos (frames with timestamp text between them) are not served yet: ``VideoRule.served`` is False.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from neva.constants import CLIP_MEAN, CLIP_STD
+from neva.families.decoder_spec import DecoderSpec, DecoderTraits
+from neva.families.spec import MergerSpec, TowerSpec, VideoRule
+
+
+def _check_tower(cfg: Any) -> None:
+    if cfg.select_indices != [cfg.num_layers] or cfg.vision_select_feature != "patch":
+        raise ValueError("a glm4v tower's merger reads its last block: vision_select_layer -1, feature patch")
+    if (cfg.hidden_size // cfg.num_heads) % 4:
+        raise ValueError(f"glm4v: head size {cfg.hidden_size // cfg.num_heads} must be a multiple of 4 (2-D rotary)")
+    side = math.isqrt(cfg.num_position_embeddings)
+    if side * side != cfg.num_position_embeddings:
+        raise ValueError(f"glm4v num_position_embeddings {cfg.num_position_embeddings} is not a square")
+    if cfg.fullatt_block_indexes or cfg.deepstack_visual_indexes:
+        raise ValueError("a glm4v tower has no windows and no DeepStack blocks")
+    if cfg.norm_type != "rms" or cfg.qk_norm:  # qkv_bias is read (HF attention_bias)
+        raise ValueError("a glm4v tower's blocks are RMSNorm without q / k norms: norm_type rms, qk_norm false")
+
+
+GLM4V = TowerSpec(
+    kind="glm4v",
+    tower="neva.models.vision_glm4v:Glm4vTower",
+    front_end="neva.data.front_ends:native_images",
+    interop="neva.checkpoint.hf_glm4v:GLM4V_INTEROP",
+    fit="neva.data.glm4v_images:glm4v_resize",
+    acts=("silu",),
+    class_tokens=0,
+    mean=CLIP_MEAN,
+    std=CLIP_STD,
+    eps=1e-5,
+    select=-1,
+    patch_grid=True,
+    # Its own projector class (neva.models.projector_glm4v, chosen by type in build_projector): the MergerSpec names
+    # the type and ties it to this tower; its LayerNorm sits after the merge and proj, not before them.
+    merger=MergerSpec("glm4v_merger", norm="layer"),
+    video=VideoRule(per_frame=True, timed=False, served=False),
+    pixels=(112 * 112, 28 * 28 * 15000),
+    gated_mlp=True,
+    block_options=True,
+    check=_check_tower,
+)
+
+
+def _check_decoder(llm: Any) -> None:
+    if llm.mrope_section is None or llm.qk_norm or not llm.qkv_bias or llm.o_bias or llm.mlp_bias:
+        raise ValueError(
+            "a glm4v_text decoder has M-RoPE (mrope_section), biased q / k / v, no output or MLP bias, no q / k norms"
+        )
+
+
+# GLM-4's decoder as GLM-4.1V's text model: it comes only inside its multimodal class, whose interop
+# (neva.checkpoint.hf_glm4v) reads and writes its HF config.
+GLM4V_TEXT = DecoderSpec(
+    "glm4v_text",
+    fields=None,
+    read=None,
+    write=None,
+    traits=DecoderTraits(sandwich_norms=True),
+    check=_check_decoder,
+)
