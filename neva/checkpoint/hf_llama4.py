@@ -300,6 +300,16 @@ def _check_expressible(llm: LLMConfig) -> None:
         "a shared expert other than the routed experts' width": (
             llm.moe_shared_expert_intermediate_size != llm.intermediate_size or llm.moe_shared_expert_gate
         ),
+        "rotary_percent < 1": llm.rotary_percent != 1.0,
+        "M-RoPE": llm.mrope_section is not None,
+        "linear attention / an output gate / (1 + w) norms": (
+            llm.linear_attention is not None or llm.attention_output_gate or llm.layernorm_zero_centered_gamma
+        ),
+        "query_pre_attn_scalar / final_logit_softcapping / rope_local_theta": (
+            llm.query_pre_attn_scalar is not None
+            or llm.final_logit_softcapping is not None
+            or llm.rope_local_theta is not None
+        ),
     }
     bad = [name for name, refused in problems.items() if refused]
     if bad:

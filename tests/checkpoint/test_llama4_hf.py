@@ -154,3 +154,19 @@ def test_multimodal_class_and_unknown_fields_refused_in_one_line(tmp_path, capsy
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "Traceback" not in err and says in err, err
+
+
+def test_export_refuses_what_llama4_cannot_express():
+    from neva.checkpoint.hf_llama4 import LLAMA4_INTEROP
+    from neva.models.config import NevaConfig
+    from neva.models.presets import build_config
+    from neva.typed import ConfigError
+
+    llm = build_config("tiny_llama4").llm
+    text = NevaConfig(llm=llm, vision=None, projector=None, image_token_id=llm.vocab_size)
+    assert LLAMA4_INTEROP.round_trip(text) == "llama4_text"
+    for change, says in ((dict(rotary_percent=0.5), "rotary_percent"), (dict(qk_norm=True), "qk_norm")):
+        with pytest.raises(ConfigError, match=says):
+            LLAMA4_INTEROP.round_trip(dataclasses.replace(text, llm=dataclasses.replace(llm, **change)))
+    with pytest.raises(ConfigError, match="no vision side yet"):  # a Llama 4 decoder behind another tower
+        LLAMA4_INTEROP.round_trip(build_config("tiny_llama4"))
