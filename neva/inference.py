@@ -341,6 +341,8 @@ class Answerer:
         loaded = load_images(images, self.processor)
         if isinstance(self.processor, QwenImageSpec):
             return self._prepare_native(prompt, loaded, videos)
+        if hasattr(self.processor, "layout_ids"):  # a patch-grid front end that lays out its image text (Pixtral's)
+            return self._prepare_laid_out(prompt, loaded, videos)
         frames = [self._frames(v) for v in videos]
         cfg = self.model.cfg
         sizes = self.processor.sizes(loaded) if cfg.anyres is not None else None
@@ -377,6 +379,18 @@ class Answerer:
         pixels = torch.cat([p for p, _ in processed]) if processed else None
         video_pixels = torch.cat([p for p, _ in clips]) if clips else None
         return Prepared(ids, pixels, None, video_pixels, grid, positions, video_grid)
+
+    def _prepare_laid_out(self, prompt: str, loaded: list[Image.Image], videos: Sequence[Any]) -> Prepared:
+        """An item of a patch-grid model whose images' text is more than their image tokens (Pixtral's rows closed by
+        ``[IMG_BREAK]`` / ``[IMG_END]``): each image's span expanded as any image's, then laid out by its front end,
+        as training's data path does (``neva.data.pixtral_images``)."""
+        if videos:
+            raise ValueError(f"this checkpoint ({self.model.cfg.vision.kind}) serves no video")
+        pixels, grid = self.processor.patch_images(loaded)
+        ids = self.builder.ids(prompt, len(loaded), self.processor.tokens_of(loaded))
+        ids = self.processor.layout_ids(ids, grid, self.model.cfg)
+        self._check_context(ids)
+        return Prepared(ids, pixels if loaded else None, None, None, grid if loaded else None)
 
     def _check_context(self, ids: list[int]) -> None:
         context = self.model.cfg.llm.max_seq_len

@@ -25,10 +25,12 @@ SOURCES = (
     ("megatron_bridge_", "Megatron-Bridge (NVIDIA-NeMo/Megatron-Bridge recipes/qwen_vl/qwen25_vl.py)"),
     ("trl_sft_vlm_", "TRL's Gemma 3 VLM SFT (huggingface/trl examples/scripts/sft_vlm_gemma3.py)"),
     ("internvl3_finetune_", "InternVL 3 finetune (OpenGVLab/InternVL internvl_chat/shell/internvl3.0/2nd_finetune)"),
+    ("easyr1_", "EasyR1 geometry3k GRPO (hiyouga/EasyR1 examples/qwen2_5_vl_7b_geo3k_grpo.sh)"),
     (
         "llamafactory_vl_sft_",
         "GLM-4.1V full SFT (zai-org/GLM-V README: LLaMA-Factory examples/train_full/qwen2_5vl_full_sft.yaml)",
     ),
+    ("axolotl_", "Axolotl's Mistral Small 3.1 vision LoRA (axolotl-ai-cloud/axolotl examples/mistral/mistral-small)"),
     ("nemo_launcher_", "NeMo-Framework-Launcher NeVA (current)"),
     ("nemo_", "NeMo 1.x NeVA (2023 examples)"),
 )

@@ -80,6 +80,9 @@ ROWS = (
     row("Qwen3.5: hybrid decoder (Gated DeltaNet + gated attention)", ["model=tiny_qwen3_5", "vision=tiny_qwen3_5"]),
     row("InternVL 3: InternViT tiles, pixel shuffle", ["model=tiny_internvl", "vision=tiny_internvl"]),
     row("GLM-4.1V: native resolution, downsampling merger, GLM-4 decoder", ["model=tiny_glm4v", "vision=tiny_glm4v"]),
+    row(
+        "Mistral 3: Pixtral tower (2-D rotary, row breaks), 2×2 merger", ["model=tiny_mistral3", "vision=tiny_pixtral"]
+    ),
     # Llama 4's decoder behind the tiny CLIP tower: its own vision side is not built (neva.families.llama4).
     row("Llama 4 decoder: chunked / NoPE layers, interleaved MoE (CLIP tower)", ["model=tiny_llama4"]),
 )

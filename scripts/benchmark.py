@@ -29,6 +29,10 @@ step and each process's peak memory (``bench/context_parallel.py``).
 Token-budget mode (``--token-budget``): padding share and peak memory of fixed micro-batches against micro-batches
 filled to a token budget, the same global batches (``bench/token_budget.py``).
 
+GRPO mode (``--grpo``): one online RL step (rollouts and the update) of neva's GRPO stage against TRL's
+``GRPOTrainer`` (from its side environment, ``--trl-site``) on the tiny default model and the built-in verifiable
+prompts, the sides alternated step by step (``bench/grpo.py``).
+
 Offload mode (``--offload``): one step with and without activation offload and (two GPUs) FSDP2's CPU offload: loss,
 gradient norm and peak device memory of each (``bench/offload.py``; ``--tiny``: the tiny model on the CPU).
 
@@ -46,6 +50,7 @@ Examples::
     python scripts/benchmark.py --data-plan --data-plan-cases 1e6x3,4e6x10,1e8x100,1e9x100
     python scripts/benchmark.py --context-parallel            # ~2 minutes of CPU
     python scripts/benchmark.py --token-budget                # fixed micro-batches vs a token budget, ~3 minutes
+    python scripts/benchmark.py --grpo --threads 1        # GRPO step vs TRL's GRPOTrainer, ~1 minute of CPU
     python scripts/benchmark.py --offload                     # activation / FSDP2 offload: equal step, peak memory
 """
 
@@ -212,6 +217,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="offload mode: the tiny model on the CPU")
     p.add_argument("--offload-seq", type=int, default=8192, help="offload mode: tokens of the packed row (GPU)")
     p.add_argument("--offload-timeout", type=float, default=300.0, help="offload mode: seconds per side")
+    p.add_argument("--grpo", action="store_true", help="a GRPO step (rollouts + update) on CPU, neva vs TRL")
+    p.add_argument("--grpo-child", choices=["neva", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--grpo-dir", help=argparse.SUPPRESS)
+    p.add_argument("--grpo-prompts", type=int, default=4, help="GRPO mode: prompts per step")
+    p.add_argument("--grpo-generations", type=int, default=4, help="GRPO mode: completions per prompt")
+    p.add_argument("--grpo-max-new", type=int, default=16, help="GRPO mode: most new tokens per completion")
+    p.add_argument("--trl-site", default=None, help="GRPO mode: TRL's side environment (default: the TRL test's)")
     args = p.parse_args(argv)
     gpu_path = args.device == "cuda" or args.gpu_shapes_smoke or args.plan_only
     if args.steps is None:
@@ -237,6 +249,11 @@ def main(argv: list[str] | None = None) -> None:
 
         print(json.dumps(run_side(args.child, args)))
         return
+    if args.grpo_child:
+        from bench.grpo import run_side as grpo_side
+
+        grpo_side(args.grpo_child, args)
+        return
     if args.offload_child:
         from bench.offload import run_side as offload_side
 
@@ -261,6 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         from bench.token_budget import run_token_budget
 
         summary = run_token_budget(args, os.path.abspath(__file__))
+    elif args.grpo:
+        from bench.grpo import run_grpo
+
+        summary = run_grpo(args)
     elif args.context_parallel:
         from bench.context_parallel import run_context_parallel
 

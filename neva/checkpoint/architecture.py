@@ -63,11 +63,9 @@ def neva_config_from_mm(
             f"has {vision_cfg.class_tokens} class token(s) (CLIP 1, SigLIP 0); remove the key or choose the tower"
         )
     projector = dict(type=mm.mm_mlp_adapter_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size)
-    projector.update(merger_fields(vision_cfg))
+    projector.update(merger_fields(vision_cfg, llm_cfg))
     if mm.mm_mlp_adapter_type == "gemma3":  # its pooling and norm (neva/models/projector_gemma3.py)
         projector.update(tokens_per_image=gemma3_tokens_per_image(vision_cfg.grid), norm_eps=vision_cfg.layer_norm_eps)
-    if mm.mm_mlp_adapter_type == "glm4v_merger":  # GLM-4.1V's: a bias-free SwiGLU as wide as the decoder's MLP
-        projector.update(intermediate_size=llm_cfg.intermediate_size, bias=False)
     projector = build(ProjectorConfig, projector, "model.mm_cfg.mm_mlp_adapter_type.")
     token = llm_cfg.vocab_size - 1 if image_token_id is None else image_token_id
     # Without data settings, pinpoints mean plain anyres (no anyres_max_N pooling).

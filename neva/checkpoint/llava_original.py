@@ -255,9 +255,9 @@ def projector_config(mm: dict[str, Any], feature_size: int, hidden_size: int, so
     kind = mm.get("mm_projector_type", "linear")
     others = {"mlp_downsample": "NeMo", "mlp_pixel_shuffle": "InternVL"}  # ProjectorConfig types LLaVA never builds
     if kind in others or kind in MERGERS:
+        what = f"{others[kind]}'s projector" if kind in others else f"the {MERGERS[kind].kind} tower's merger"
         raise ConfigError(
-            f"{source}: mm_projector_type={kind!r} is {others.get(kind, 'Qwen-VL')}'s "
-            "projector, not one LLaVA builds (linear, identity, mlp<N>x_gelu)"
+            f"{source}: mm_projector_type={kind!r} is {what}, not one LLaVA builds (linear, identity, mlp<N>x_gelu)"
         )
     if mm.get("mm_hidden_size", feature_size) != feature_size:
         raise ConfigError(

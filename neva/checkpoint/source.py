@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ from neva.checkpoint import neva_format
 from neva.checkpoint.architecture import hf_dir, neva_config_from_mm, read_hf_config
 from neva.checkpoint.restored_architecture import restored_config
 from neva.config import TrainConfig
-from neva.data.tokens import image_token_for, tokenizer_image_token_id
+from neva.data.tokens import add_special_tokens, image_token_for, tokenizer_image_token_id
 from neva.hf_local import LocalModelError
 from neva.models.config import NevaConfig
 from neva.models.neva import NevaModel
@@ -102,9 +102,7 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
             tokenizer = prepare_tokenizer(mm.llm.from_pretrained)
         except LocalModelError as err:
             raise ConfigError(f"model.mm_cfg.llm.from_pretrained: {err}") from err
-        neva_cfg = neva_config_from_mm(
-            mm, len(tokenizer), _image_token_id(cfg, tokenizer), cfg.model.data.image_aspect_ratio
-        )
+        neva_cfg = _fresh_config(cfg, tokenizer)
         vision = mm.vision_encoder.from_pretrained
         return ModelSource(
             neva_cfg,
@@ -116,10 +114,21 @@ def resolve_source(cfg: TrainConfig) -> ModelSource:
     from neva.data.synthetic import build_tokenizer
 
     tokenizer = build_tokenizer()
-    neva_cfg = neva_config_from_mm(
-        mm, len(tokenizer), _image_token_id(cfg, tokenizer), cfg.model.data.image_aspect_ratio
-    )
-    return ModelSource(neva_cfg, tokenizer, projector_weights=adapter)
+    return ModelSource(_fresh_config(cfg, tokenizer), tokenizer, projector_weights=adapter)
+
+
+def _fresh_config(cfg: TrainConfig, tokenizer: Any) -> NevaConfig:
+    """The architecture of a run that starts without a neva checkpoint, sized to ``tokenizer``; the tokens the
+    tower family's image text holds besides the image token (``TowerSpec.image_text_tokens``: Pixtral's row breaks)
+    added to a tokenizer that lacks them, and their ids set."""
+    mm, ratio = cfg.model.mm_cfg, cfg.model.data.image_aspect_ratio
+    neva_cfg = neva_config_from_mm(mm, len(tokenizer), _image_token_id(cfg, tokenizer), ratio)
+    tokens = None if neva_cfg.vision is None else neva_cfg.vision.spec.image_text_tokens
+    if not tokens:
+        return neva_cfg
+    add_special_tokens(tokenizer, list(tokens.values()))
+    neva_cfg = neva_config_from_mm(mm, len(tokenizer), _image_token_id(cfg, tokenizer), ratio)
+    return replace(neva_cfg, **{name: tokenizer.convert_tokens_to_ids(text) for name, text in tokens.items()})
 
 
 def _image_token_id(cfg: TrainConfig, tokenizer: Any) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 from neva.constants import IMAGE_TOKEN
 from neva.data.errors import SampleError
-from neva.data.tokens import GLM4V_IMAGE, INTERNVL_IMAGE_CONTEXT, QWEN_IMAGE_PAD, image_token_for
+from neva.data.tokens import GLM4V_IMAGE, INTERNVL_IMAGE_CONTEXT, PIXTRAL_IMAGE, QWEN_IMAGE_PAD, image_token_for
 from neva.typed import ConfigError
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
@@ -346,6 +346,28 @@ class Glm4vTemplate(Template):
         return out
 
 
+class Mistral3Template(Template):
+    """Mistral 3's chat format (Mistral Small 3.1's ``chat_template``; mistral-common's Tekken instruct format, no spaces
+    around ``[INST]`` / ``[/INST]``): ``[SYSTEM_PROMPT]{s}[/SYSTEM_PROMPT]`` where a system prompt is given,
+    ``[INST]{q}[/INST]{a}</s>`` per exchange, BOS from the tokenizer. An ``<image>`` tag is
+    ``[IMG]`` in place (the template's image part), which ``PixtralProcessor`` expands to the image's rows of
+    ``[IMG]`` with their ``[IMG_BREAK]`` / ``[IMG_END]`` (``neva.data.pixtral_images``)."""
+
+    name = "mistral3"
+    eot = "</s>"
+    image_block = PIXTRAL_IMAGE
+
+    def pieces(self, messages, system):
+        out = [(f"[SYSTEM_PROMPT]{system}[/SYSTEM_PROMPT]", False)] if system else []
+        for m in messages:
+            content = m.content.replace(IMAGE_TOKEN, self.image_block)
+            if m.role == USER:
+                out.append((f"[INST]{content}[/INST]", False))
+            else:
+                out += [(content, True), ("</s>", True)]
+        return out
+
+
 class ChatTemplateRenderer(Template):
     """Renders with a tokenizer's own Jinja chat template and recovers the reply spans exactly.
 
@@ -508,6 +530,7 @@ TEMPLATE_CLASSES: dict[str, type[Template]] = {
         Gemma3Template,
         InternVLTemplate,
         Glm4vTemplate,
+        Mistral3Template,
     )
 }
 

@@ -124,7 +124,13 @@ class TiledImages:
         layouts = self.processor.layouts(loaded)
         enc, _, tags = encode([lay.tokens for lay in layouts])
         pixels = self.processor.tiles(loaded) if loaded else _stack([], self.size)
-        return EncodedImages(enc, tags, pixels, len(loaded), anyres_sample_fields(layouts, self.processor.tile_tokens))
+        # each image's layout size rides along: generation (the online RL stage's rollouts) lays a prompt's images out
+        # from their sizes, as serving does
+        fields = {
+            **anyres_sample_fields(layouts, self.processor.tile_tokens),
+            "image_sizes": self.processor.sizes(loaded),
+        }
+        return EncodedImages(enc, tags, pixels, len(loaded), fields)
 
     def record_tokens(self, record: dict[str, Any], image_source: ImageSource) -> int | None:
         try:

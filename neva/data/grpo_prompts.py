@@ -73,10 +73,28 @@ def prompt_conversation(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def prompt_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """A finetuning sample cut before its reply: ids up to the first learned label, nothing learned."""
+    """A finetuning sample cut before its reply: ids (and a native-resolution model's M-RoPE positions) up to the
+    first learned label, nothing learned."""
     learned = (sample["labels"] != IGNORE_INDEX).nonzero().flatten()
     end = int(learned[0]) if learned.numel() else sample["input_ids"].numel()
-    return {**sample, "input_ids": sample["input_ids"][:end], "labels": torch.full((end,), IGNORE_INDEX)}
+    out = {**sample, "input_ids": sample["input_ids"][:end], "labels": torch.full((end,), IGNORE_INDEX)}
+    if "position_ids" in sample:
+        out["position_ids"] = sample["position_ids"][..., :end]
+    return out
+
+
+def completion_sample(prompt: dict[str, Any], completion: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+    """A prompt sample with a completion appended (``labels`` its learned ids): the row the update trains on. Where
+    the prompt brings its own positions (M-RoPE), the completion's text continues from the prompt's largest position
+    + 1 on every axis, as generation placed it (``neva.models.generation``) and as the data path places text after
+    an image (``neva.models.mrope``)."""
+    row = {**prompt, "input_ids": torch.cat([prompt["input_ids"], completion]),
+           "labels": torch.cat([prompt["labels"], labels])}  # fmt: skip
+    if "position_ids" in prompt:
+        own = prompt["position_ids"]
+        after = own.amax() + 1 + torch.arange(completion.numel(), dtype=own.dtype)
+        row["position_ids"] = torch.cat([own, after.expand(own.shape[0], -1)], dim=-1)
+    return row
 
 
 class PromptDataset(Dataset):
@@ -149,6 +167,18 @@ class PromptDataModule(NevaDataModule):
 
     def _shard_dataset(self, spec: str) -> Any:
         raise ConfigError(f"model.data.data_path={spec!r}: the online RL stage reads JSON / JSONL prompt records")
+
+
+def collate_groups(
+    rows: list[dict[str, Any]], group: int, pad_id: int, pad_to_multiple_of: int, seq_length: int | None = None
+) -> dict[str, Any]:
+    """A micro-batch's rows (``group`` consecutive rows per prompt: its completions) collated as the update runs them,
+    each prompt's images encoded once for its group (``group_media``)."""
+    batch = collate_padded(rows, pad_id, pad_to_multiple_of, seq_length)
+    if batch.get("media") is not None:
+        firsts = collate_padded(rows[::group], pad_id, pad_to_multiple_of, seq_length)
+        batch["media"] = group_media(batch["media"], firsts["media"], group)
+    return batch
 
 
 def group_media(rows: Media, firsts: Media, group: int) -> Media:

@@ -115,6 +115,8 @@ def native_spec(path: str, cfg: Any) -> Any:
     """A native-resolution checkpoint's image spec at the pixel budget it records (None for any other model)."""
     if cfg is None or cfg.vision is None or not cfg.vision.spec.patch_grid:
         return None
+    if cfg.vision.spec.native_sizes is not None:  # sized by its own rule, which this preview does not show yet
+        raise ConfigError(f"{path}: previewing a {cfg.vision.kind} checkpoint's images is not implemented yet")
     from neva.data.qwen_images import QwenImageSpec
 
     with open(os.path.join(path, "config.json")) as f:

@@ -18,12 +18,14 @@ QWEN_IMAGE_PAD = "<|image_pad|>"
 # <image>.
 INTERNVL_IMAGE_CONTEXT = "<IMG_CONTEXT>"  # InternVL's image token (its tokenizer's ``context_image_token``)
 GLM4V_IMAGE = "<|image|>"  # GLM-4.1V's image token (Glm4vProcessor's ``image_token``)
+PIXTRAL_IMAGE, PIXTRAL_BREAK, PIXTRAL_END = "[IMG]", "[IMG_BREAK]", "[IMG_END]"  # Mistral 3's (PixtralProcessor's)
 IMAGE_TOKEN_OF_TEMPLATE = {
     "qwen2_vl": QWEN_IMAGE_PAD,
     "qwen3_vl": QWEN_IMAGE_PAD,
     "gemma3": "<image_soft_token>",
     "internvl": INTERNVL_IMAGE_CONTEXT,
     "glm4v": GLM4V_IMAGE,
+    "mistral3": PIXTRAL_IMAGE,
 }
 
 
@@ -56,3 +58,10 @@ def add_vision_tokens(tokenizer: Any) -> None:
         tokenizer.add_special_tokens({"extra_special_tokens": [IMAGE_TOKEN]}, replace_extra_special_tokens=False)
     if tokenizer.pad_token is None:
         tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+
+
+def add_special_tokens(tokenizer: Any, tokens: list[str]) -> None:
+    """Add ``tokens`` the tokenizer lacks as extra special tokens (never split; a family's image text tokens)."""
+    missing = [t for t in tokens if t not in tokenizer.get_vocab()]
+    if missing:
+        tokenizer.add_special_tokens({"extra_special_tokens": missing}, replace_extra_special_tokens=False)

@@ -14,6 +14,7 @@ from neva.families.internvl import INTERNVL
 from neva.families.llama import LLAMA, MISTRAL
 from neva.families.llama4 import LLAMA4
 from neva.families.mixtral import MIXTRAL
+from neva.families.pixtral import PIXTRAL
 from neva.families.qwen import QWEN2, QWEN3, QWEN3_MOE
 from neva.families.qwen3_5 import QWEN3_5, QWEN3_5_MOE
 from neva.families.qwen_vl import QWEN2_5_VL, QWEN2_VL, QWEN3_VL
@@ -21,7 +22,7 @@ from neva.families.siglip import SIGLIP
 from neva.families.spec import MergerSpec, TowerSpec, VideoRule, part
 
 TOWERS: dict[str, TowerSpec] = {
-    spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL, INTERNVL, GLM4V)
+    spec.kind: spec for spec in (CLIP, SIGLIP, QWEN2_VL, QWEN2_5_VL, QWEN3_VL, INTERNVL, GLM4V, PIXTRAL)
 }
 """Vision families, by ``VisionConfig.kind``."""
 

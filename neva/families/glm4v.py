@@ -50,9 +50,15 @@ GLM4V = TowerSpec(
     eps=1e-5,
     select=-1,
     patch_grid=True,
-    # Its own projector class (neva.models.projector_glm4v, chosen by type in build_projector): the MergerSpec names
-    # the type and ties it to this tower; its LayerNorm sits after the merge and proj, not before them.
-    merger=MergerSpec("glm4v_merger", norm="layer"),
+    # Its own projector class: its LayerNorm sits after the merge and proj, not before them; its SwiGLU as wide as
+    # the decoder's MLP, without biases; the downsampling Conv2d, then proj, its norm and the SwiGLU in FLOP order.
+    merger=MergerSpec(
+        "glm4v_merger",
+        norm="layer",
+        decoder_width=True,
+        flop_steps=(("downsample", 0), ("proj", 1), ("norm", 2), ("gate_proj", 3), ("up_proj", 3), ("down_proj", 4)),
+    ),
+    projector="neva.models.projector_glm4v:Glm4vMerger",
     video=VideoRule(per_frame=True, timed=False, served=False),
     pixels=(112 * 112, 28 * 28 * 15000),
     gated_mlp=True,

@@ -26,6 +26,8 @@ PART_OWNERS = {
     "fit": "neva.data",
     "tiles": "neva.data",
     "interop": "neva.checkpoint",
+    "projector": "neva.models",
+    "native_sizes": "neva.data",
 }
 
 
@@ -44,6 +46,12 @@ class MergerSpec:
     projector: str
     norm: str
     deepstack: bool = False
+    # Its norm's epsilon is the decoder's ``rms_norm_eps`` (Mistral 3's projector), set as ``ProjectorConfig.norm_eps``.
+    decoder_eps: bool = False
+    # Its SwiGLU is bias-free and as wide as the decoder's MLP (GLM-4.1V's): ``ProjectorConfig.intermediate_size``.
+    decoder_width: bool = False
+    # Its named layers' steps in the FLOP model's order (``neva.models.flops``), where they are its own.
+    flop_steps: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,8 +91,14 @@ class TowerSpec:
             an image, ``(size, tile) -> int`` with ``size`` its (height, width), or None for the rule's largest
             count (``neva.data``; what the planner counts).
         merger: a patch-grid tower's merger (its projector type).
+        projector: the class of a merger that is not the Qwen towers' ``PatchMerger`` (``neva.models``; built from
+            its ``ProjectorConfig``, mapping ``VisualFeatures``); None: ``neva.models.projector_merger.NativeMerger``.
         video: a patch-grid tower's video rule (None: it takes no video as temporal patches).
         pixels: a patch-grid tower's (min_pixels, max_pixels) when the config gives none.
+        native_sizes: a patch-grid tower that sizes its images by its own rule instead of the Qwen pixel budget
+            (Pixtral's longest edge; ``neva.data``): ``(vision, size) -> (height, width, positions, features)``:
+            the resized image, its decoder positions and the offsets among them its features take (``[M]``), for
+            ``size`` (height, width) or None (the largest image); what the planner and the rehearsal count.
         window_attention: blocks outside ``fullatt_block_indexes`` attend within windows (Qwen2.5-VL).
         gated_mlp: its MLP is gated (SwiGLU: gate, up, their product), which the planner's activation count reads.
         hf_model_type: the HF vision config ``model_type`` of a llava-hf tower, its field defaults, and LLaVA's
@@ -97,6 +111,8 @@ class TowerSpec:
             whatever ``mm_vision_select_layer`` says (its ``SigLipVisionTower``).
         block_options: its blocks read ``VisionConfig.norm_type``, ``qk_norm`` and ``qkv_bias`` (InternViT); every
             other tower refuses values other than their defaults.
+        image_text_tokens: tokens the family's image text holds besides the image token, by the ``NevaConfig`` field
+            of their id (Pixtral's ``[IMG_BREAK]``, ``[IMG_END]``); a fresh model's tokenizer gets those it lacks.
         check: the family's own config checks (a ``VisionConfig``; raises ``ValueError``).
     """
 
@@ -114,8 +130,10 @@ class TowerSpec:
     fit: str | None = None
     tiles: str | None = None
     merger: MergerSpec | None = None
+    projector: str | None = None
     video: VideoRule | None = None
     pixels: tuple[int, int] | None = None
+    native_sizes: str | None = None
     window_attention: bool = False
     gated_mlp: bool = False
     hf_model_type: str | None = None
@@ -126,6 +144,7 @@ class TowerSpec:
     llava_original: bool = False
     llava_next_shortened: bool = False
     block_options: bool = False
+    image_text_tokens: dict[str, str] | None = None
     check: Callable[[Any], None] | None = None
 
     def parts(self) -> dict[str, str]:

@@ -406,13 +406,16 @@ class ProjectorConfig:
     # the epsilon of its RMSNorm (HF: the vision config's ``layer_norm_eps``).
     tokens_per_image: int | None = None
     norm_eps: float = 1e-6
-    # glm4v_merger only (neva/models/projector_glm4v.py): the width of its SwiGLU (HF vision ``intermediate_size``).
+    # A merger whose SwiGLU is as wide as the decoder's (``MergerSpec.decoder_width``, GLM-4.1V's): that width.
     intermediate_size: int | None = None
 
     def __post_init__(self) -> None:
         merger = merger_spec(self.type)
-        if (self.type == "glm4v_merger") != (self.intermediate_size is not None):
-            raise ValueError("projector intermediate_size is glm4v_merger's SwiGLU width: set for it, and only for it")
+        if (merger is not None and merger.merger.decoder_width) != (self.intermediate_size is not None):
+            raise ValueError(
+                f"projector intermediate_size is the SwiGLU width of a merger that has one: set it for such a merger "
+                f"and only for it (type {self.type})"
+            )
         if merger is not None:
             if self.deepstack_mergers and not merger.merger.deepstack:
                 raise ValueError(f"projector {self.type} has no DeepStack mergers (deepstack_mergers must be 0)")
@@ -457,12 +460,21 @@ class ProjectorConfig:
         return vision.num_image_tokens
 
 
-def merger_fields(vision: VisionConfig) -> dict[str, int]:
+def merger_fields(vision: VisionConfig, llm: LLMConfig) -> dict[str, Any]:
     """The ``ProjectorConfig`` fields a tower's patch merger takes from the tower (its merge, one DeepStack merger per
-    DeepStack block); none for a tower whose family has no merger."""
-    if vision.spec.merger is None:
+    DeepStack block) and, where its family says so (``MergerSpec``), from the decoder (its norm's epsilon, its
+    SwiGLU's width); none for a tower whose family has no merger."""
+    merger = vision.spec.merger
+    if merger is None:
         return {}
-    return dict(spatial_merge_size=vision.spatial_merge_size, deepstack_mergers=len(vision.deepstack_visual_indexes))
+    fields: dict[str, Any] = dict(
+        spatial_merge_size=vision.spatial_merge_size, deepstack_mergers=len(vision.deepstack_visual_indexes)
+    )
+    if merger.decoder_eps:
+        fields["norm_eps"] = llm.rms_norm_eps
+    if merger.decoder_width:
+        fields.update(intermediate_size=llm.intermediate_size, bias=False)
+    return fields
 
 
 @dataclass
@@ -480,8 +492,16 @@ class NevaConfig:
     # The id a ``<video>`` placeholder expands to (transformers' ``video_token_index``); None: ``image_token_id``
     # (the collator's video positions tell the two kinds apart).
     video_token_id: int | None = None
+    # Tokens a family's image text puts between and after its image tokens (Pixtral's ``[IMG_BREAK]`` after each row
+    # of tokens, ``[IMG_END]`` last: ``neva.data.pixtral_images``); None where the family writes none.
+    image_break_token_id: int | None = None
+    image_end_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("image_break_token_id", "image_end_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.llm.vocab_size:
+                raise ValueError(f"{name} {value} outside vocab of size {self.llm.vocab_size}")
         if self.video is not None and self.vision is None:
             raise ValueError("video needs a vision tower")
         if self.video is not None and self.video.spatial_pool_stride > 1:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from neva.families import merger_spec
 from neva.models.config import NevaConfig
 from neva.models.decoder_traits import chunk, sliding
 from neva.models.delta_rule import CHUNK
@@ -62,9 +63,8 @@ _DECODER_STEPS = {
     "conv_k": 1.5, "conv_v": 1.5, "A_log": 1.5,
     "dt_bias": 1.5, "norm": 2.5, "out_proj": 3, "gate": 4.5,
 }  # fmt: skip
-_GEMMA3_PROJECTOR_STEPS = {"norm": 0, "proj": 1}  # after the (parameter-free) pool
-# GLM-4.1V's merger (neva/models/projector_glm4v.py): the downsampling Conv2d, then proj, its norm and a SwiGLU
-_GLM4V_MERGER_STEPS = {"downsample": 0, "proj": 1, "norm": 2, "gate_proj": 3, "up_proj": 3, "down_proj": 4}
+# Projectors of named layers: Gemma 3's (after its parameter-free pool), Mistral 3's (norm, merge, Linear-GELU-Linear)
+_NAMED_PROJECTOR_STEPS = {"norm": 0, "proj": 1, "merging_layer": 1, "linear_1": 2, "linear_2": 3}
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,13 @@ def _position(name: str, cfg: NevaConfig) -> tuple[float, float, float] | None:
             return (0, 2 + cfg.vision.layers_run, 0) if cfg.vision.feature_norm else None
         return (0, 0 if pieces[1] == "patch_embed" else 1, 0)
     if pieces[0] == "projector":
-        if cfg.projector.type == "glm4v_merger":
-            return (1, _GLM4V_MERGER_STEPS[pieces[1]], 0)
+        own = merger_spec(cfg.projector.type)
+        if own is not None and own.merger.flop_steps:
+            return (1, dict(own.merger.flop_steps)[pieces[1]], 0)
         if pieces[1] in ("merger", "deepstack"):
             return (1, _MERGER_STEPS[pieces[-2]], 0)
-        if pieces[1] in _GEMMA3_PROJECTOR_STEPS:
-            return (1, _GEMMA3_PROJECTOR_STEPS[pieces[1]], 0)
+        if pieces[1] in _NAMED_PROJECTOR_STEPS:
+            return (1, _NAMED_PROJECTOR_STEPS[pieces[1]], 0)
         return (1, int(pieces[1]), 0)
     if pieces[1] == "tok_embeddings":
         return (2, -1, 0)

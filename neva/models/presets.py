@@ -122,6 +122,34 @@ VISION_PRESETS: dict[str, dict] = {
         num_heads=4,
         hidden_act="gelu",
     ),
+    # The tiny tower as Pixtral (Mistral 3): 8 px patches merged 2 × 2 by its projector, RMSNorm + bias-free SwiGLU
+    # blocks, 2-D rotary; each image at its own size up to a 64 px longest edge (the synthetic 32 px image: 4 × 4
+    # patches, 2 rows of 2 [IMG] and a break / end each, 6 decoder positions).
+    "tiny_pixtral": dict(
+        kind="pixtral",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="silu",
+        temporal_patch_size=1,
+    ),
+    # Mistral Small 3.1's Pixtral tower (mistralai/Mistral-Small-3.1-24B-Instruct-2503 config.json vision_config: 24
+    # layers of width 1024, intermediate 4096, 16 heads, 14 px patches, silu, image_size 1540: the processor's longest
+    # edge, preprocessor_config.json; the projector merges 2 × 2 patches: 55 × 55 decoder tokens at most).
+    "pixtral_1540": dict(
+        kind="pixtral",
+        image_size=1540,
+        patch_size=14,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_layers=24,
+        num_heads=16,
+        hidden_act="silu",
+        temporal_patch_size=1,
+    ),
     # OpenGVLab/InternVL3-8B-hf's tower, InternViT-300M-448px-V2.5 (config.json vision_config: 24 layers, width 1024,
     # intermediate 4096, 16 heads, 448 px tiles in 14 px patches, layer_norm, attention_bias true, no qk norm).
     "internvit_300m_448": dict(
@@ -438,6 +466,22 @@ LLM_PRESETS: dict[str, dict] = {
         family="mistral",
         sliding_window=4096,
     ),
+    # Mistral Small 3.1's decoder (mistralai/Mistral-Small-3.1-24B-Instruct-2503 config.json text_config: 40 layers of
+    # width 5120, intermediate 32768, 32 heads of 128, 8 KV heads, rope_theta 1e9, rms_norm_eps 1e-5, no sliding
+    # window, vocabulary 131072, untied head).
+    "mistral_small_3_1_24b": dict(
+        vocab_size=131072,
+        hidden_size=5120,
+        intermediate_size=32768,
+        num_layers=40,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        max_seq_len=131072,
+        rope_theta=1e9,
+        rms_norm_eps=1e-5,
+        family="mistral",
+    ),
     # The tiny decoder with Mixtral's MoE feed-forward (4 experts, top-2; NeMo's Mixtral aux-loss coefficient).
     "tiny_moe": dict(
         vocab_size=512,
@@ -485,9 +529,7 @@ def build_config(
     projector = None
     if vision is not None:
         vision_cfg = VisionConfig(**(VISION_PRESETS[vision] if isinstance(vision, str) else vision))
-        merger = merger_fields(vision_cfg)
-        if projector_type == "glm4v_merger":  # GLM-4.1V's: a bias-free SwiGLU as wide as the decoder's MLP
-            merger.update(intermediate_size=llm_cfg.intermediate_size, bias=False)
+        merger = merger_fields(vision_cfg, llm_cfg)
         projector = ProjectorConfig(
             type=projector_type, input_size=vision_cfg.feature_size, output_size=llm_cfg.hidden_size, **merger
         )

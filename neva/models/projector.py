@@ -8,12 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neva.families import MERGERS
+from neva.families import MERGERS, part
 from neva.models.config import ProjectorConfig
 from neva.models.layers import RMSNorm
 from neva.models.pixel_shuffle import PixelShuffle2x2
 from neva.models.projector_gemma3 import Gemma3Projector
-from neva.models.projector_glm4v import Glm4vMerger
 from neva.models.projector_merger import NativeMerger
 
 
@@ -47,10 +46,9 @@ def build_projector(cfg: ProjectorConfig) -> nn.Module:
     (``0`` the merge, ``1`` the LayerNorm over ``4 × input_size``, ``2`` and ``4`` the Linear layers), and so is
     ``mlp_pixel_shuffle`` (InternVL's ``multi_modal_projector``: ``layer_norm``, ``linear_1``, ``linear_2``).
     """
-    if cfg.type == "glm4v_merger":  # a merger of its own layers (a downsampling Conv2d, then a SwiGLU)
-        return Glm4vMerger(cfg)
-    if cfg.type in MERGERS:
-        return NativeMerger(cfg)
+    if cfg.type in MERGERS:  # a native tower's merger: its family's own class where it names one
+        own = MERGERS[cfg.type].projector
+        return NativeMerger(cfg) if own is None else part(own)(cfg)
     if cfg.type == "gemma3":
         return Gemma3Projector(cfg)
     if cfg.type == "identity":

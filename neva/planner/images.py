@@ -130,6 +130,11 @@ def native_image_load(
     Raises:
         ConfigError: a budget below ``model.data.min_pixels``, or an image ``smart_resize`` refuses.
     """
+    sizes = cfg.vision.spec.native_sizes
+    if sizes is not None:  # its own sizing rule (Pixtral's longest edge): no pixel budget
+        h, w, tokens, _ = part(sizes)(cfg.vision, size)
+        grid = (h // cfg.vision.patch_size, w // cfg.vision.patch_size)
+        return ImageLoad(tokens, grid[0] * grid[1], (h, w), grid=grid)
     budget = max_pixels or data.max_pixels
     try:
         spec = QwenImageSpec.for_tower(cfg.vision, data.min_pixels, budget)
@@ -146,10 +151,14 @@ def describe_images(image: dict) -> str:
     (``ImageLoad.to_dict``)."""
     if "grid" in image:
         (h, w), (gh, gw) = image["size"], image["grid"]
+        budget = "" if image["max_pixels"] is None else f" (max_pixels {image['max_pixels']})"
+        largest = (
+            "the longest edge's square" if image["max_pixels"] is None else "the largest plan.max_pixels lets through"
+        )
         return (
-            f"# native-resolution images of {h}x{w} px (max_pixels {image['max_pixels']}): {gh}x{gw} = "
+            f"# native-resolution images of {h}x{w} px{budget}: {gh}x{gw} = "
             f"{image['tiles']} patches through the tower, {image['tokens']} decoder positions each "
-            "(plan.image_size=HxW; default: the largest plan.max_pixels lets through)"
+            f"(plan.image_size=HxW; default: {largest})"
         )
     if image.get("tiled"):
         what = "images" if image["size"] is None else "images of {}x{} px".format(*image["size"])

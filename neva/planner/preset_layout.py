@@ -106,5 +106,14 @@ def fastest_layout(cfg: TrainConfig, keep_micro_batch: bool = True) -> tuple[dic
     tied = [p for p in found.plans if p.samples_per_s == best]
     choices = [(_decided(p), p) for p in tied]
     if len(choices) > 1:
-        choices.sort(key=lambda c: -scaling(with_layout(cfg, **c[0])).speedup)
+        choices.sort(key=lambda c: -_speedup(with_layout(cfg, **c[0])))
     return choices[0]
+
+
+def _speedup(cfg: TrainConfig) -> float:
+    """``scaling``'s speed-up, 0 for a layout that plans on the preset's GPUs but is refused on more (a one-GPU
+    preset's DDP under O2: equal to FSDP2 on one rank, refused on many)."""
+    try:
+        return scaling(cfg).speedup
+    except ConfigError:
+        return 0.0

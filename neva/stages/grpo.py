@@ -45,6 +45,7 @@ GRPO = StageSpec(
     data_module="neva.training.grpo:prompt_data_module",
     objective="neva.training.grpo:group_policy_objective",
     step="neva.training.grpo_step:rollout_step",
-    # Its rollout is not rehearsed: the rehearsal runs the update on plain batches of the plan's sample.
+    rehearsal_batches="neva.training.grpo:rehearsal_groups",
+    # Its rollout is not rehearsed: the rehearsal runs the update on the plan's sample as prompts' groups.
     rehearses_pipeline=False,
 )

@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 from neva.checkpoint.source import ModelSource
 from neva.config import GRPOConfig, TrainConfig
 from neva.constants import IGNORE_INDEX
-from neva.data.grpo_prompts import PromptDataModule
+from neva.data.grpo_prompts import PromptDataModule, collate_groups
 from neva.errors import ConfigError
 from neva.models.grpo_loss import LOSS_TYPES, token_losses
 from neva.models.lora import adapters_disabled
@@ -111,7 +111,10 @@ def scatter_aligned(
     order (each rank then holds what one process computes, and the split hands each its share again)."""
     b, s = batch["input_ids"].shape
     keep = rows >= 0
-    out = values.new_zeros(b * s).index_put((index[keep],), values[keep].detach()).view(b, s)
+    # no boolean selection (a data-dependent shape: the rehearsal's fake tensors cannot run it, and it syncs the
+    # host): the dropped entries add zero at index 0, the kept ones land on their own (distinct) indices
+    values = torch.where(keep, values.detach(), 0.0)
+    out = values.new_zeros(b * s).index_put((torch.where(keep, index, 0),), values, accumulate=True).view(b, s)
     shard = batch.get("context")
     return out if shard is None else shard.gather_sequence(out, 1)
 
@@ -314,3 +317,16 @@ def prompt_data_module(cfg: TrainConfig) -> Any:
     """The stage's data module (``neva.stages.grpo``): prompts with checkable answers; the update's rows are the
     rollouts' (``neva.training.grpo_step``)."""
     return PromptDataModule
+
+
+def rehearsal_groups(cfg: TrainConfig, sample: dict[str, Any], seq_length: int, layout: Layout) -> list[dict[str, Any]]:
+    """The rehearsal's micro-batches (``neva.stages.grpo``): ``micro_batch_size`` prompts of the plan's sample, each
+    its group of ``num_generations`` rows, collated as the stage's step collates them (a prompt's images encoded
+    once), with zero advantages (the rollout itself is not rehearsed)."""
+    group, mbs = cfg.model.grpo.num_generations, layout.micro_batch_size
+    out = []
+    for m in range(layout.grad_accum):
+        rows = [{**sample, "id": m * mbs + i} for i in range(mbs) for _ in range(group)]
+        batch = collate_groups(rows, group, 0, cfg.model.data.pad_to_multiple_of, seq_length)
+        out.append({**batch, "advantages": torch.zeros(len(rows))})
+    return out

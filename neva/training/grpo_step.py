@@ -23,9 +23,8 @@ import torch
 
 from neva.config import TrainConfig
 from neva.constants import IGNORE_INDEX
-from neva.data.collate import collate_padded
 from neva.data.conversation import end_of_turn_ids, stop_strings
-from neva.data.grpo_prompts import group_media
+from neva.data.grpo_prompts import collate_groups, completion_sample
 from neva.models.generation import GenerationConfig
 from neva.models.grpo_loss import group_advantages
 from neva.training.grpo import record_old_logps
@@ -202,12 +201,8 @@ class GroupRolloutStep:
             for k, row in enumerate(made):
                 prompt, ids = row["prompt"], torch.tensor(row["ids"], dtype=torch.long)
                 learned = ids if bool(keep[offset + k]) else torch.full_like(ids, IGNORE_INDEX)
-                samples.append({**prompt, "input_ids": torch.cat([prompt["input_ids"], ids]),
-                                "labels": torch.cat([prompt["labels"], learned])})  # fmt: skip
-            batch = collate_padded(samples, self.pad_id, self.pad_to_multiple_of)
-            if batch.get("media") is not None:  # each prompt's images encoded once for its group
-                firsts = collate_padded(samples[:: self.g.num_generations], self.pad_id, self.pad_to_multiple_of)
-                batch["media"] = group_media(batch["media"], firsts["media"], self.g.num_generations)
+                samples.append(completion_sample(prompt, ids, learned))
+            batch = collate_groups(samples, self.g.num_generations, self.pad_id, self.pad_to_multiple_of)
             batch["advantages"] = advantages[offset : offset + len(made)]
             out.append(batch)
             offset += len(made)

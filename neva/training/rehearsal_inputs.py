@@ -85,7 +85,21 @@ def _visual_fields(
 
 def _native_fields(ncfg: NevaConfig, image_size: tuple[int, int] | None, data: DataConfig) -> dict[str, Any]:
     """A native tower's image: zero patches ``[P, patch_dim]`` of the grid of ``image_size`` (resized by the data
-    side's rule, which keeps a size the planner resized), its grid; the M-RoPE positions follow from the ids."""
+    side's rule, which keeps a size the planner resized), its grid; the M-RoPE positions follow from the ids. A family
+    that sizes its images by its own rule (``TowerSpec.native_sizes``: Pixtral's) gives its positions and where among
+    them its features go (its rows' breaks skipped); its decoder reads no M-RoPE."""
+    sizes = ncfg.vision.spec.native_sizes
+    if sizes is not None:
+        h, w, tokens, offsets = part(sizes)(ncfg.vision, image_size)
+        grid = torch.tensor([[1, h // ncfg.vision.patch_size, w // ncfg.vision.patch_size]])
+        return {
+            "tokens": tokens,
+            "token_id": ncfg.image_token_id,
+            "image_count": 1,
+            "pixel_values": torch.zeros((int(grid.prod()), ncfg.vision.patch_dim), dtype=torch.uint8),
+            "image_grid": grid,
+            "image_positions": 1 + offsets,
+        }
     spec = QwenImageSpec.for_tower(ncfg.vision, data.min_pixels, data.max_pixels)
     h, w = budget_size(spec) if image_size is None else image_size
     if h % spec.factor or w % spec.factor:
@@ -119,7 +133,7 @@ def synthetic_sample(
     ids[1 : 1 + n_vis] = token_id
     labels = torch.full_like(ids, IGNORE_INDEX)
     labels[-learned:] = ids[-learned:]
-    if "image_grid" in visual:  # a native tower: its positions and the sample's M-RoPE positions, as the data gives
+    if "image_grid" in visual and "image_positions" not in visual:  # a Qwen tower: its positions, M-RoPE's
         visual["image_positions"] = torch.arange(1, 1 + n_vis)
         visual["position_ids"], _ = mrope_positions(
             ids,

@@ -40,6 +40,28 @@ def rollout_seed(seed: int, step: int, key: int, j: int) -> int:
     return h & (2**63 - 1)
 
 
+def generation_inputs(prompts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``generate``'s inputs for prompt samples (the data path's, ``neva.data.grpo_prompts``): the ids, every image's
+    tower inputs with its images' counts, and what each family's front end adds — AnyRes: each image's size (its
+    layout over its tiles); native resolution: each image's / video's patch grid and the prompt's M-RoPE positions;
+    videos: their frames (or temporal patches)."""
+    pixels = [p["pixel_values"] for p in prompts if p["pixel_values"].shape[0]]
+    grids = [p["image_grid"] for p in prompts if "image_grid" in p and p["image_grid"].shape[0]]
+    videos = [p["video_pixel_values"] for p in prompts if "video_pixel_values" in p]
+    video_grids = [p["video_grid"] for p in prompts if "video_grid" in p]
+    tiled = any("image_sizes" in p for p in prompts)
+    return {
+        "prompts": [p["input_ids"].tolist() for p in prompts],
+        "pixel_values": torch.cat(pixels) if pixels else None,
+        "image_counts": [int(p.get("image_count", p["pixel_values"].shape[0])) for p in prompts] if pixels else None,
+        "image_sizes": [s for p in prompts for s in p.get("image_sizes", ())] if tiled else None,
+        "image_grid": torch.cat(grids) if grids else None,
+        "video_pixel_values": torch.cat(videos) if videos else None,
+        "video_grid": torch.cat(video_grids) if video_grids else None,
+        "position_ids": [p["position_ids"] for p in prompts] if any("position_ids" in p for p in prompts) else None,
+    }
+
+
 class Rollouts(Protocol):
     def sample(self, prompts: Sequence[dict[str, Any]], group: int, seeds: Sequence[int]) -> list[list[int]]:
         """``group`` completions of each prompt sample (``input_ids`` with its images' positions expanded,
@@ -68,9 +90,6 @@ class InRunRollouts:
     def sample(self, prompts: Sequence[dict[str, Any]], group: int, seeds: Sequence[int]) -> list[list[int]]:
         model = LayoutGenerationModel(self.engine.parallel, self.engine.autocast)
         device = self.engine.device
-        ids = [p["input_ids"].tolist() for p in prompts]
-        pixels = [p["pixel_values"] for p in prompts if p["pixel_values"].shape[0]]
-        counts = [int(p.get("image_count", p["pixel_values"].shape[0])) for p in prompts]
         generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
         modes = [m.training for m in self.engine.parts]
         for part in self.engine.parts:
@@ -78,15 +97,13 @@ class InRunRollouts:
         try:
             out = generate(
                 model,
-                ids,
-                pixel_values=torch.cat(pixels) if pixels else None,
-                image_counts=counts if pixels else None,
                 config=self.decoding,
                 decode=self.decode,
                 generator=generators,
                 repeats=group,
                 # FSDP2 / EP: every forward is a collective of the data-parallel ranks, which roll out other prompts
                 all_steps=not model.shares_questions,
+                **generation_inputs(prompts),
             )
         finally:
             model.finish()

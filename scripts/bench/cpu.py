@@ -88,6 +88,9 @@ FAMILIES: dict[str, dict[str, dict]] = {
     # GLM-4.1V: the decoder as GLM-4's (four norms per layer, partial M-RoPE) behind its tower (interpolated learned
     # positions) and downsampling merger, against HF Glm4vForConditionalGeneration (``bench.glm4v``).
     "glm4v": {"llm": {}, "vision": {}},
+    # Mistral 3: the decoder as Mistral behind Pixtral (each image its own size, rows closed by break tokens) and
+    # Mistral 3's projector, against HF Mistral3ForConditionalGeneration (``bench.mistral3``: its tower shapes).
+    "mistral3": {"llm": {}, "vision": {}},
     # Llama 4's decoder behind the fixed tower, against HF's Llama 4 text model inside LlavaForConditionalGeneration
     # (``bench.llama4``: its decoder fields there; neva builds no Llama 4 tower yet).
     "llama4": {"llm": {}, "vision": {}},
@@ -98,6 +101,9 @@ NATIVE_FAMILIES = (
     "glm4v",
 )  # families whose images are native-resolution patches (``bench.qwen_vl``)
 TILED_FAMILIES = ("internvl",)  # families whose images are their own tiles (``bench.internvl``)
+ROW_FAMILIES = (
+    "mistral3",
+)  # families whose images are Pixtral's, rows of tokens closed by breaks (``bench.mistral3``)
 
 
 def cpu_shapes(smoke: bool = False, family: str = "llama") -> dict[str, dict]:
@@ -122,6 +128,12 @@ def cpu_model_config(
     from neva.models.video import VideoConfig
 
     shapes = cpu_shapes(smoke, family)
+    if family in ROW_FAMILIES:
+        if anyres or video:
+            raise SystemExit(f"--family {family}: images at their own size, not --anyres / --video")
+        from bench.mistral3 import model_config as rows_config
+
+        return rows_config(shapes["llm"], smoke)
     if family in NATIVE_FAMILIES:
         if anyres or video:
             raise SystemExit(f"--family {family}: native-resolution images, not --anyres / --video")
@@ -262,6 +274,8 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
     from neva.checkpoint.hf_wrappers import wrapper_for
 
     train_cfg = train_config(args)
+    if cfg.vision.spec.native_sizes is not None:
+        return _hf_rows_side(cfg, train_cfg, batches)
     if cfg.vision.spec.patch_grid:
         return _hf_native_side(cfg, train_cfg, batches)
     if cfg.projector.type == "gemma3":
@@ -302,6 +316,18 @@ def _hf_native_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[
     for name, p in model.named_parameters():
         p.requires_grad_(getattr(policy, hf_part(name)))
     return _hf_loop(model, train_cfg, [collate_hf_native(cfg, b) for b in batches])
+
+
+def _hf_rows_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
+    """HF Mistral3ForConditionalGeneration from neva's initial weights, the stage's policy, the same loop."""
+    from bench.mistral3 import collate_hf_pixtral, hf_model
+
+    neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
+    model = hf_model(cfg, neva.state_dict())
+    del neva
+    gc.collect()
+    _apply_policy_hf(model, train_cfg.model.trainable_policy())
+    return _hf_loop(model, train_cfg, [collate_hf_pixtral(cfg, b) for b in batches])
 
 
 def _hf_gemma3_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
@@ -382,7 +408,11 @@ def run_side(side: str, args: Any) -> dict[str, Any]:
     cfg = cpu_model_config(args.smoke, args.family, args.anyres, args.video)
     spec = stream_spec(cfg, args.seed, args.smoke, args.num_frames)
     batches = make_batches(spec, args.batch_size, args.warmup + args.steps)
-    if cfg.vision.spec.patch_grid:
+    if cfg.vision.spec.native_sizes is not None:
+        from bench.mistral3 import pixtral_sample
+
+        batches = [[pixtral_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]
+    elif cfg.vision.spec.patch_grid:
         from bench.qwen_vl import native_sample
 
         batches = [[native_sample(cfg, s, s["id"], args.seed) for s in b] for b in batches]

@@ -107,6 +107,14 @@ FAMILIES: dict[str, list[str]] = {
     "internvl_tiles": ["model=tiny_internvl", "vision=tiny_internvl"],
     # GLM-4.1V: interpolated learned positions, the downsampling SwiGLU merger, four norms per decoder layer and M-RoPE over half of each head
     "glm4v_native": ["model=tiny_glm4v", "vision=tiny_glm4v"],
+    # Mistral 3: the tiny Pixtral tower (2-D rotary, attention within each image) and Mistral 3's projector (RMSNorm,
+    # 2×2 merge, Linear-GELU-Linear: three Linear layers sharded column-, row-, column-wise) on the tiny decoder as
+    # Mistral's, untied so that PP2 applies; every image its own grid, each row of tokens closed by [IMG_BREAK]
+    "mistral3_pixtral": [
+        "model=tiny_mistral3",
+        "vision=tiny_pixtral",
+        "++model.mm_cfg.llm.arch_overrides={num_layers:4,family:mistral,tie_word_embeddings:false}",
+    ],
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",

@@ -16,7 +16,7 @@ def test_rollout_cache_reference_and_group_rows():
     with_kl = plan_run(compose_config([*BASE, "model.grpo.beta=0.04"]), text_tokens=100)
     without = plan_run(compose_config([*BASE, "model.grpo.beta=0.0"]), text_tokens=100)
     finetune = plan_run(compose_config(["+stage=finetune", "cluster=dgx_h100", "model.global_batch_size=16",
-                                       "model.micro_batch_size=2"]),
+                                       "model.micro_batch_size=2", "model.data.pad_to_multiple_of=8"]),  # the stage's
                         text_tokens=100)  # fmt: skip
     llm = build_config().llm  # the tiny default's decoder
     stage = with_kl.stages[0]

@@ -1,0 +1,58 @@
+"""Mistral 3 / Pixtral (HF ``Mistral3ForConditionalGeneration``): Pixtral's variable-resolution tower, Mistral 3's
+patch-merging projector and a Mistral decoder.
+
+The tower (HF ``PixtralVisionModel``) reads each image at its own size: a bias-free patch convolution, an RMSNorm
+before the blocks (``ln_pre``), 2-D rotary over each patch's (row, column) with its own frequencies per axis, attention
+only among one image's patches, bias-free SwiGLU (its ``hidden_act``) blocks with RMSNorms (eps 1e-5, as HF fixes
+them). The projector (HF ``Mistral3MultiModalProjector``) normalises each patch (RMSNorm at the decoder's eps),
+merges each 2×2 block of the patch grid into one vector (channels outer, the four patches inner: ``unfold``'s order)
+through a bias-free Linear, then Linear, GELU, Linear. An image is resized to fit ``image_size`` (HF ``longest_edge``)
+on a grid of 2×2-patch blocks; its text is one ``[IMG]`` per merged token, ``[IMG_BREAK]`` after each row of them,
+the last one ``[IMG_END]`` (``neva.data.pixtral_images``).
+
+Its statistics are OpenAI CLIP's (``PixtralImageProcessor``'s), its merger reads the last block (``vision_feature_layer``
+-1).
+"""
+
+from neva.constants import CLIP_MEAN, CLIP_STD
+from neva.families.spec import MergerSpec, TowerSpec
+
+
+def _check(cfg) -> None:
+    if cfg.select_indices != [cfg.num_layers] or cfg.vision_select_feature != "patch":
+        raise ValueError(
+            "a pixtral tower's merger reads its last block: vision_select_layer must be -1 and vision_select_feature "
+            f"patch, got {cfg.vision_select_layer} / {cfg.vision_select_feature}"
+        )
+    if (cfg.hidden_size // cfg.num_heads) % 4:
+        raise ValueError(f"pixtral: head size {cfg.hidden_size // cfg.num_heads} must be a multiple of 4 (2-D rotary)")
+    if cfg.temporal_patch_size != 1:
+        raise ValueError(
+            f"a pixtral tower reads single images: temporal_patch_size must be 1, got {cfg.temporal_patch_size}"
+        )
+    if cfg.image_size % (cfg.patch_size * cfg.spatial_merge_size):
+        raise ValueError(
+            f"pixtral image_size {cfg.image_size} (the longest edge) is not a multiple of patch_size × "
+            f"spatial_merge_size ({cfg.patch_size * cfg.spatial_merge_size})"
+        )
+
+
+PIXTRAL = TowerSpec(
+    kind="pixtral",
+    tower="neva.models.vision_pixtral:PixtralTower",
+    front_end="neva.data.pixtral_images:pixtral_images",
+    interop="neva.checkpoint.hf_mistral3:MISTRAL3_INTEROP",
+    projector="neva.models.projector_pixtral:PixtralMerger",
+    native_sizes="neva.data.pixtral_images:planned_image",
+    acts=("silu", "gelu"),
+    class_tokens=0,
+    mean=CLIP_MEAN,
+    std=CLIP_STD,
+    eps=1e-5,
+    select=-1,
+    patch_grid=True,
+    merger=MergerSpec("pixtral_merger", norm="rms", decoder_eps=True),
+    gated_mlp=True,
+    image_text_tokens={"image_break_token_id": "[IMG_BREAK]", "image_end_token_id": "[IMG_END]"},
+    check=_check,
+)
