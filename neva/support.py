@@ -83,6 +83,8 @@ ROWS = (
     row(
         "Mistral 3: Pixtral tower (2-D rotary, row breaks), 2×2 merger", ["model=tiny_mistral3", "vision=tiny_pixtral"]
     ),
+    # Llama 4's decoder behind the tiny CLIP tower: its own vision side is not built (neva.families.llama4).
+    row("Llama 4 decoder: chunked / NoPE layers, interleaved MoE (CLIP tower)", ["model=tiny_llama4"]),
 )
 
 

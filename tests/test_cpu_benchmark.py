@@ -17,11 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 # AnyRes: against HF LlavaNext; video (videos + AnyRes images + text-only samples): against HF LlavaNextVideo;
 # qwen2_5_vl (native-resolution images of random sizes, M-RoPE): against HF Qwen2_5_VLForConditionalGeneration;
-# glm4v (the same images through GLM-4.1V's tower and merger, its decoder): against HF Glm4vForConditionalGeneration
+# glm4v (the same images through GLM-4.1V's tower and merger, its decoder): against HF Glm4vForConditionalGeneration;
+# llama4 (Llama 4's decoder behind the fixed tower): against HF's Llama 4 text model inside LlavaForConditionalGeneration
 @pytest.mark.parametrize(
     "mode",
-    [[], ["--anyres"], ["--video"], ["--family", "qwen2_5_vl"], ["--family", "glm4v"]],
-    ids=["fixed", "anyres", "video", "qwen2_5_vl", "glm4v"],
+    [[], ["--anyres"], ["--video"], ["--family", "qwen2_5_vl"], ["--family", "glm4v"], ["--family", "llama4"]],
+    ids=["fixed", "anyres", "video", "qwen2_5_vl", "glm4v", "llama4"],
 )
 def test_cpu_benchmark_runs_tiny_and_both_sides_agree(mode) -> None:
     cmd = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--device", "cpu", "--smoke", *mode]

@@ -12,6 +12,7 @@ from neva.families.gemma3 import GEMMA3
 from neva.families.glm4v import GLM4V, GLM4V_TEXT
 from neva.families.internvl import INTERNVL
 from neva.families.llama import LLAMA, MISTRAL
+from neva.families.llama4 import LLAMA4
 from neva.families.mixtral import MIXTRAL
 from neva.families.pixtral import PIXTRAL
 from neva.families.qwen import QWEN2, QWEN3, QWEN3_MOE
@@ -27,7 +28,7 @@ TOWERS: dict[str, TowerSpec] = {
 
 DECODERS: dict[str, DecoderSpec] = {
     spec.name: spec
-    for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3, GLM4V_TEXT)
+    for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3, GLM4V_TEXT, LLAMA4)
 }
 """Decoder families, by ``LLMConfig.family`` (the HF ``model_type`` of their text config)."""
 

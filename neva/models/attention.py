@@ -105,6 +105,17 @@ def segment_runs(segment_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
     return out
 
 
+def chunk_ids(segment_ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``[B, K]`` ids whose maximal runs are ``segment_ids``' runs cut every ``chunk`` columns from each run's start
+    (Llama 4's attention chunks of each sample): one id per (run, chunk). On the tensor's device, no sync."""
+    cols = torch.arange(segment_ids.shape[1], device=segment_ids.device).expand_as(segment_ids)
+    starts = F.pad(segment_ids[:, 1:] != segment_ids[:, :-1], (1, 0), value=True)
+    run = torch.cumsum(starts.long(), dim=1)
+    run_start = torch.cummax(torch.where(starts, cols, 0), dim=1).values
+    stride = segment_ids.shape[1] // chunk + 1
+    return run * stride + (cols - run_start) // chunk
+
+
 def block_ids(bidirectional: torch.Tensor) -> torch.Tensor:
     """``[B, K]`` id of each position's bidirectional block (its maximal run of True, numbered from 0 along the row;
     -1 outside any): HF Gemma 3's ``get_block_sequence_ids_for_mask``. On the tensor's device, no sync."""
@@ -152,9 +163,13 @@ class AttentionPlan:
     # hybrid decoders: packed rows' samples as rows of their own for the linear-attention layers
     # (``neva.models.gated_deltanet.PackedRows``; None: each row is one sequence)
     recurrent: object | None = None
+    # Llama 4's temperature-tuned layers: ``[B, 1, Sq, 1]`` fp32 factor of each query (None: none)
+    query_scale: torch.Tensor | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
+        if self.query_scale is not None:  # in fp32, cast back (as HF scales them)
+            q = (q * self.query_scale).to(q.dtype)
         if self.gather is not None:  # one collective for keys and values
             k, v = self.gather(torch.stack([k, v]), 3).unbind(0)
         if self.kind in ("causal", "causal_lower_right"):
@@ -235,6 +250,7 @@ def plan_attention(
     scale: float | None = None,
     bidirectional: torch.Tensor | None = None,
     batch: int = 1,
+    chunk: int | None = None,
 ) -> AttentionPlan:
     """The attention of one forward over ``q_len`` new tokens after ``offset`` cached ones.
 
@@ -250,28 +266,38 @@ def plan_attention(
             ways (Gemma 3's image tokens), or None. Read on the host per segment (the collator's positions are host
             tensors: no sync, and the fake-tensor rehearsal keeps their values), on the device for FlexAttention.
         batch: rows (``B``), where ``segment_ids`` is None and blocks need them.
+        chunk: chunked attention (Llama 4): a query sees only the keys of its own ``chunk``-token chunk of its
+            segment (chunks counted from the segment's first column), or None. Each chunk is then a segment of its
+            own, which every path below attends as it attends segments.
 
     Raises:
-        ValueError: bidirectional blocks under context parallelism (a shard's chunks do not hold whole blocks).
+        ValueError: bidirectional blocks or chunks under context parallelism (a shard's chunks do not hold whole
+            blocks; its gathered keys are not split by chunk).
     """
     if bidirectional is not None and (q_len == 1 or bidirectional.shape[0] == 0):
         bidirectional = None  # one new query is text (the blocks before it change nothing), or no image at all
     if shard is not None:
         if bidirectional is not None:
             raise ValueError("bidirectional attention blocks (Gemma 3's images) under context parallelism")
+        if chunk is not None:
+            raise ValueError("chunked attention (Llama 4) under context parallelism")
         return _plan_shard(shard, window, device, scale)
     keys = offset + q_len
-    if segment_ids is None and bidirectional is None:
+    if segment_ids is None and bidirectional is None and chunk is None:
         return AttentionPlan("causal" if offset == 0 else "causal_lower_right", window=window, scale=scale)
     if q_len == 1:
-        seg = segment_ids
+        seg = segment_ids if segment_ids is not None else torch.ones(batch, keys, dtype=torch.long, device=device)
+        if chunk is not None:
+            seg = chunk_ids(seg, chunk)
         mask = seg == seg[:, -1:]
         if window is not None and seg.shape[1] > window:
             mask[:, : seg.shape[1] - window] = False
         return AttentionPlan("key_padding", mask=mask[:, None, None, :], window=window, scale=scale)
     if not attends_per_segment(device) and offset == 0:
-        if segment_ids is None:  # one sequence per row, its blocks still need the mask_mod
+        if segment_ids is None:  # one sequence per row, its blocks (or chunks) still need the mask_mod
             segment_ids = torch.ones(batch, keys, dtype=torch.long, device=device)
+        if chunk is not None:
+            segment_ids = chunk_ids(segment_ids, chunk)
         blocks = None
         if bidirectional is not None:
             pos = bidirectional.to(device)
@@ -280,6 +306,8 @@ def plan_attention(
         block_mask = document_causal_block_mask(segment_ids, q_len, window=window, blocks=blocks)
         return AttentionPlan("flex", block_mask=block_mask, window=window, scale=scale)
     rows = segment_runs(segment_ids) if segment_ids is not None else [[(0, keys)] for _ in range(batch)]
+    if chunk is not None:
+        rows = [[(a, min(a + chunk, e)) for s, e in runs for a in range(s, e, chunk)] for runs in rows]
     blocks = _host_runs(bidirectional, len(rows), offset)
     spans = []
     for runs, row_blocks in zip(rows, blocks):

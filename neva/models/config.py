@@ -257,6 +257,26 @@ class LLMConfig:
     layernorm_zero_centered_gamma: bool = False
     moe_shared_expert_intermediate_size: int | None = None
     moe_shared_expert_gate: bool = False
+    # Llama 4 (neva/families/llama4.py). ``layer_types`` may name ``chunked_attention`` layers: a query sees the keys
+    # of its own ``attention_chunk_size``-token chunk of its sample (chunks counted from the sample's first token, as
+    # HF counts them from a row's first unpadded token). ``nope_layers``: the layers that take no RoPE (NoPE).
+    # ``qk_l2_norm``: on the RoPE layers, q and k RMS-normalised per head without a weight. On the NoPE layers, with
+    # ``attn_temperature_floor_scale`` f, each query at position p is scaled by 1 + s·log1p(floor((p + 1) / f)),
+    # s = ``attn_temperature_scale`` (None: no scaling).
+    attention_chunk_size: int | None = None
+    nope_layers: list[int] | None = None
+    qk_l2_norm: bool = False
+    attn_temperature_floor_scale: int | None = None
+    attn_temperature_scale: float = 0.1
+    # Interleaved MoE (Llama 4; Megatron-Core's list form of ``moe_layer_freq``): per layer 1 (experts) or 0 (a dense
+    # SwiGLU of width ``dense_intermediate_size``, None: ``intermediate_size``); None: every layer's feed-forward is
+    # the experts. The router's score: ``softmax`` (top-k of the softmax, renormalised: Mixtral) or ``sigmoid`` (the
+    # sigmoid of each top-k logit: Llama 4); ``moe_apply_probs_on_input``: the score scales the expert's input, not
+    # its output (Megatron-Core's names).
+    moe_layer_freq: list[int] | None = None
+    dense_intermediate_size: int | None = None
+    moe_router_score_function: str = "softmax"
+    moe_apply_probs_on_input: bool = False
 
     def __post_init__(self) -> None:
         spec = decoder_spec(self.family)
@@ -325,6 +345,14 @@ class LLMConfig:
             )
         if self.moe_aux_loss_formula not in ("megatron", "hf"):
             raise ValueError(f"moe_aux_loss_formula must be megatron or hf, got {self.moe_aux_loss_formula!r}")
+        if self.moe_router_score_function not in ("softmax", "sigmoid"):
+            raise ValueError(
+                f"moe_router_score_function must be softmax or sigmoid, got {self.moe_router_score_function!r}"
+            )
+        if self.moe_layer_freq is not None:
+            self.moe_layer_freq = [int(f) for f in self.moe_layer_freq]
+            if len(self.moe_layer_freq) != self.num_layers or set(self.moe_layer_freq) - {0, 1}:
+                raise ValueError(f"moe_layer_freq must be {self.num_layers} flags of 0 / 1, got {self.moe_layer_freq}")
 
     @property
     def is_moe(self) -> bool:
@@ -334,6 +362,19 @@ class LLMConfig:
     def rotary_dim(self) -> int:
         """Channels of each head that RoPE rotates (the first ones; the rest pass through)."""
         return int(self.head_dim * self.rotary_percent)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer``'s feed-forward is the experts (``moe_layer_freq``)."""
+        return self.is_moe and (self.moe_layer_freq is None or bool(self.moe_layer_freq[layer]))
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` rotates q and k (every layer but ``nope_layers``)."""
+        return self.nope_layers is None or layer not in self.nope_layers
+
+    @property
+    def dense_width(self) -> int:
+        """The SwiGLU width of a dense (non-MoE) layer."""
+        return self.dense_intermediate_size or self.intermediate_size
 
     def is_linear_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` is linear attention (``linear_attention.layer_types``)."""

@@ -27,7 +27,7 @@ from typing import Any
 from neva.families import decoder_spec
 from neva.families.decoder_spec import DecoderTraits
 
-LAYER_TYPES = ("sliding_attention", "full_attention")
+LAYER_TYPES = ("sliding_attention", "full_attention", "chunked_attention")
 
 
 def traits(llm: Any) -> DecoderTraits:
@@ -62,6 +62,16 @@ def check_decoder_fields(llm: Any) -> None:
             raise ValueError(f"layer_types has {len(llm.layer_types)} entries for {llm.num_layers} layers")
         if "sliding_attention" in llm.layer_types and llm.sliding_window is None:
             raise ValueError("layer_types has sliding_attention layers but sliding_window is None")
+        if "chunked_attention" in llm.layer_types and not llm.attention_chunk_size:
+            raise ValueError("layer_types has chunked_attention layers but attention_chunk_size is None")
+    if llm.attention_chunk_size is not None and "chunked_attention" not in (llm.layer_types or ()):
+        raise ValueError("attention_chunk_size is the chunk of chunked_attention layers: layer_types has none")
+    if llm.nope_layers is not None:
+        llm.nope_layers = sorted(int(i) for i in llm.nope_layers)
+        if any(not 0 <= i < llm.num_layers for i in llm.nope_layers):
+            raise ValueError(f"nope_layers {llm.nope_layers}: each must be a layer index below {llm.num_layers}")
+    if llm.attn_temperature_floor_scale is not None and llm.attn_temperature_floor_scale < 1:
+        raise ValueError(f"attn_temperature_floor_scale must be >= 1 or None, got {llm.attn_temperature_floor_scale}")
     if llm.rope_local_theta is not None and "sliding_attention" not in (llm.layer_types or ()):
         raise ValueError("rope_local_theta is the RoPE base of sliding_attention layers: layer_types has none")
     for name in ("query_pre_attn_scalar", "final_logit_softcapping"):
@@ -75,3 +85,15 @@ def sliding(llm: Any, layer: int) -> bool:
     if llm.sliding_window is None:
         return False
     return llm.layer_types is None or llm.layer_types[layer] == "sliding_attention"
+
+
+def chunk(llm: Any, layer: int) -> int | None:
+    """The attention chunk of decoder layer ``layer`` (Llama 4's ``chunked_attention`` layers), else None."""
+    if llm.layer_types is None or llm.layer_types[layer] != "chunked_attention":
+        return None
+    return llm.attention_chunk_size
+
+
+def temperature_tuned(llm: Any, layer: int) -> bool:
+    """Whether decoder layer ``layer`` scales its queries by their position (Llama 4's NoPE layers)."""
+    return llm.attn_temperature_floor_scale is not None and not llm.uses_rope(layer)

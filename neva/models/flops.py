@@ -39,7 +39,7 @@ from torch import nn
 
 from neva.families import merger_spec
 from neva.models.config import NevaConfig
-from neva.models.decoder_traits import sliding
+from neva.models.decoder_traits import chunk, sliding
 from neva.models.delta_rule import CHUNK
 
 Param = tuple[str, tuple[int, ...], bool]  # name, shape, requires_grad
@@ -76,8 +76,9 @@ class FlopTerm:
             (``llm.layers.3.attention.core``, ``vision.layers.0.attn.core``).
         per: the unit its FLOPs are counted per: ``token`` (LLM position), ``token2`` (square of the sample's
             length: the decoder's attention core; the band of a sliding window), ``token2_full`` (the whole square:
-            a global layer of a decoder whose other layers slide, Gemma 3's ``layer_types``), ``image`` or ``frame`` (a video frame: a tower pass, the
-            projector over its pooled tokens).
+            a global layer of a decoder whose other layers slide, Gemma 3's ``layer_types``), ``token2_chunked``
+            (the squares of the sample's attention chunks: Llama 4's ``chunked_attention`` layers), ``image`` or
+            ``frame`` (a video frame: a tower pass, the projector over its pooled tokens).
         forward: forward FLOPs per unit.
         backward: backward FLOPs per unit (input and weight gradients).
         layer: the decoder layer the term belongs to, else None.
@@ -217,6 +218,8 @@ def _attention_cores(
         # (``attended_square``).
         if linear:
             per = "token"
+        elif chunk(cfg.llm, i):
+            per = "token2_chunked"
         elif cfg.llm.layer_types is not None and not sliding(cfg.llm, i):
             per = "token2_full"
         else:
@@ -272,6 +275,13 @@ def attended_square(seq_len: int, window: int | None) -> int:
     return window * window + 2 * window * (seq_len - window)
 
 
+def chunked_square(seq_len: int, chunk_size: int) -> int:
+    """The ``S²`` of a chunked attention core's count (Llama 4): each chunk of the sample counted as a square of its
+    length, by the convention of ``attended_square``."""
+    full, rest = divmod(seq_len, chunk_size)
+    return full * chunk_size * chunk_size + rest * rest
+
+
 @dataclass(frozen=True)
 class SampleFlops:
     """Training FLOPs of a sample of ``S`` LLM positions (image and video positions included), ``images`` images and
@@ -284,18 +294,30 @@ class SampleFlops:
     window: int | None = None  # the decoder's sliding window (``attended_square``)
     per_frame: float = 0.0
     per_token2_full: float = 0.0  # global layers among sliding ones: the whole square, whatever the window
+    per_token2_chunked: float = 0.0  # chunked layers: the squares of the sample's chunks of ``chunk`` tokens
+    chunk: int | None = None
 
     @classmethod
-    def from_terms(cls, terms: Iterable[FlopTerm], window: int | None = None) -> SampleFlops:
-        totals = {"token": 0.0, "token2": 0.0, "image": 0.0, "frame": 0.0, "token2_full": 0.0}
+    def from_terms(cls, terms: Iterable[FlopTerm], window: int | None = None, chunk: int | None = None) -> SampleFlops:
+        totals = {"token": 0.0, "token2": 0.0, "image": 0.0, "frame": 0.0, "token2_full": 0.0, "token2_chunked": 0.0}
         for term in terms:
             totals[term.per] += term.total
-        return cls(totals["token"], totals["token2"], totals["image"], window, totals["frame"], totals["token2_full"])
+        return cls(
+            totals["token"],
+            totals["token2"],
+            totals["image"],
+            window,
+            totals["frame"],
+            totals["token2_full"],
+            totals["token2_chunked"],
+            chunk,
+        )
 
     @classmethod
     def of(cls, model: nn.Module) -> SampleFlops:
         """The counts of ``model`` (whole, unsharded, its trainable policy applied; ``build_meta_model`` gives one)."""
-        return cls.from_terms(flop_terms(model_params(model), model.cfg), model.cfg.llm.sliding_window)
+        llm = model.cfg.llm
+        return cls.from_terms(flop_terms(model_params(model), model.cfg), llm.sliding_window, llm.attention_chunk_size)
 
     def sample(self, seq_len: int, images: int) -> float:
         return self.batch([seq_len], images)
@@ -307,6 +329,8 @@ class SampleFlops:
         square = sum(attended_square(s, self.window) for s in lens)
         per_media = self.per_image * images + self.per_frame * frames
         full = self.per_token2_full * sum(s * s for s in lens)
+        if self.per_token2_chunked:
+            full += self.per_token2_chunked * sum(chunked_square(s, self.chunk) for s in lens)
         return self.per_token * sum(lens) + self.per_token2 * square + full + per_media
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from neva.models.attention import AttentionPlan, plan_attention
 from neva.models.config import LLMConfig
 from neva.models.context_shard import ContextShard
-from neva.models.decoder_traits import embed_scale, norm_offset, sliding, traits
+from neva.models.decoder_traits import chunk, embed_scale, norm_offset, sliding, temperature_tuned, traits
 from neva.models.gated_deltanet import GatedDeltaNet, RecurrentCache, new_recurrent_cache
 from neva.models.layers import RMSNorm, gelu_tanh_gated, swiglu
 from neva.models.moe import MoEFeedForward
@@ -57,7 +57,7 @@ def new_layer_caches(
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LLMConfig) -> None:
+    def __init__(self, cfg: LLMConfig, index: int = 0) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
         # Qwen3.5: each head's query, then its output gate, side by side in wq's rows.
@@ -71,6 +71,9 @@ class Attention(nn.Module):
         offset = norm_offset(cfg)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset) if cfg.qk_norm else None
+        # Llama 4: its RoPE layers' q and k RMS-normalised without a weight (after RoPE, as HF; RoPE keeps each
+        # head's norm, so the order changes nothing but rounding).
+        self.l2_eps = cfg.rms_norm_eps if cfg.qk_l2_norm and cfg.uses_rope(index) else None
 
     def forward(
         self,
@@ -91,7 +94,10 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if cos is not None:  # None: a NoPE layer (Llama 4)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if self.l2_eps is not None:
+            q, k = _l2_norm(q, self.l2_eps), _l2_norm(k, self.l2_eps)
         if cache is not None:
             k, v = cache.update(k, v)
         out = attn.attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
@@ -99,6 +105,12 @@ class Attention(nn.Module):
             out = out * torch.sigmoid(gate.reshape(b, s, -1))
         with token_inputs_at(rows):
             return self.wo(at_rows(out, rows))
+
+
+def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over head_dim without a weight, in fp32 and cast back (HF ``Llama4TextWeightlessRMSNorm``)."""
+    f = x.float()
+    return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -115,9 +127,10 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: LLMConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        width = cfg.dense_width  # an interleaved MoE decoder's dense layers have their own width (Llama 4)
+        self.w1 = nn.Linear(cfg.hidden_size, width, bias=cfg.mlp_bias)
+        self.w2 = nn.Linear(width, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.w3 = nn.Linear(cfg.hidden_size, width, bias=cfg.mlp_bias)
         self.gated = swiglu if traits(cfg).mlp_act == "silu" else gelu_tanh_gated
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,10 +143,11 @@ class DecoderBlock(nn.Module):
         offset = norm_offset(cfg)
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         # The token mixer is the layer's kind: attention, or a hybrid decoder's linear attention.
-        self.attention = GatedDeltaNet(cfg) if cfg.is_linear_layer(index) else Attention(cfg)
+        self.attention = GatedDeltaNet(cfg) if cfg.is_linear_layer(index) else Attention(cfg, index)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
-        # The MLP kind is configuration: dense SwiGLU, or Mixtral's experts (``cfg.num_moe_experts``).
-        self.feed_forward = MoEFeedForward(cfg) if cfg.is_moe else FeedForward(cfg)
+        # The MLP kind is configuration: dense SwiGLU, or Mixtral's experts (``cfg.num_moe_experts``; Llama 4 only
+        # in the layers ``moe_layer_freq`` names).
+        self.feed_forward = MoEFeedForward(cfg) if cfg.is_moe_layer(index) else FeedForward(cfg)
         # Gemma: the attention's and the feed-forward's outputs are normalised before their residual adds.
         sandwich = traits(cfg).sandwich_norms
         self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset) if sandwich else None
@@ -239,13 +253,28 @@ class LlamaDecoder(nn.Module):
         scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar**-0.5
         # One plan (and one RoPE table) per kind of layer: segment boundaries / the BlockMask are found once per forward.
         plans, ropes = {}, {}
-        for local in sorted({sliding(cfg, int(name)) for name in self.layers} or {False}):
+        kinds = {name: _layer_kind(cfg, int(name)) for name in self.layers}
+        for kind in sorted(set(kinds.values()) or {_layer_kind(cfg, 0)}):
+            local, chunked, rope, tuned = kind
             window = cfg.sliding_window if local else None
-            plans[local] = plan_attention(
-                segment_ids, s, offset, h.device, window, context, scale, bidirectional=bidirectional, batch=b
+            plan = plan_attention(
+                segment_ids,
+                s,
+                offset,
+                h.device,
+                window,
+                context,
+                scale,
+                bidirectional=bidirectional,
+                batch=b,
+                chunk=chunked or None,
             )
+            plans[kind] = replace(plan, query_scale=_temperature(cfg, position_ids)) if tuned else plan
+            if not rope:
+                ropes[kind] = (None, None)
+                continue
             inv_freq = self.inv_freq_local if local and cfg.rope_local_theta is not None else self.inv_freq
-            ropes[local] = rope_cos_sin(inv_freq, position_ids, h.dtype, cfg.mrope_section, cfg.mrope_interleaved)
+            ropes[kind] = rope_cos_sin(inv_freq, position_ids, h.dtype, cfg.mrope_section, cfg.mrope_interleaved)
         if cfg.linear_attention is not None:
             kernel = cfg.linear_attention.conv_kernel_dim
             recurrent = None
@@ -272,8 +301,8 @@ class LlamaDecoder(nn.Module):
                 add = additions.get(names[i])
                 # ``add`` only where there is one: a block's hooks (SP's input plans) see the same call as before.
                 extra = {} if add is None else {"add": add}
-                local = sliding(cfg, int(names[i]))
-                h = layer(h, *ropes[local], plans[local], kv, rows=rows, **extra)
+                kind = kinds[names[i]]
+                h = layer(h, *ropes[kind], plans[kind], kv, rows=rows, **extra)
         if output_positions is not None and not last_rows:
             h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:
@@ -310,6 +339,20 @@ class LlamaDecoder(nn.Module):
             self.norm.reset_parameters()
         if self.output is not None and not self.cfg.tie_word_embeddings:
             nn.init.normal_(self.output.weight, std=self.cfg.hidden_size**-0.5)
+
+
+def _layer_kind(cfg: LLMConfig, layer: int) -> tuple[bool, int, bool, bool]:
+    """What sets a layer's attention apart: sliding, its chunk (0: none), RoPE, temperature tuning."""
+    return sliding(cfg, layer), chunk(cfg, layer) or 0, cfg.uses_rope(layer), temperature_tuned(cfg, layer)
+
+
+def _temperature(cfg: LLMConfig, position_ids: torch.Tensor) -> torch.Tensor:
+    """Llama 4's query factor ``[B, 1, S, 1]`` (fp32) at each token's position in its sample: 1 + s·log1p(floor((p +
+    1) / f)). HF reads the row's column instead, the same position except in left-padded rows (where both sit far
+    below Llama 4's f = 8192 in practice) and packed ones (where the sample's own position is the one trained)."""
+    p = position_ids[0].float()
+    f = cfg.attn_temperature_floor_scale
+    return (torch.log1p(torch.floor((p + 1.0) / f)) * cfg.attn_temperature_scale + 1.0)[:, None, :, None]
 
 
 def _local_rope(cfg: LLMConfig) -> LLMConfig:

@@ -59,16 +59,21 @@ class RoutingStats:
 
 
 class Router(nn.Module):
-    """Mixtral's top-k softmax router (HF ``block_sparse_moe.gate``)."""
+    """Mixtral's top-k softmax router (HF ``block_sparse_moe.gate``), or Llama 4's sigmoid of the top-k logits
+    (``moe_router_score_function``; HF ``Llama4Router``: the top-k of the logits, each through a sigmoid in fp32)."""
 
     def __init__(self, cfg: LLMConfig) -> None:
         super().__init__()
         self.top_k = cfg.moe_router_topk
+        self.sigmoid = cfg.moe_router_score_function == "sigmoid"
         self.weight = nn.Parameter(torch.empty(cfg.num_moe_experts, cfg.hidden_size))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` [T, H] → (logits [T, E], fp32 probabilities [T, E], fp32 top-k weights [T, k], top-k index [T, k])."""
         logits = F.linear(x, self.weight)
+        if self.sigmoid:  # the load-balancing statistics read each expert's own sigmoid score
+            top, index = torch.topk(logits, self.top_k, dim=-1)
+            return logits, torch.sigmoid(logits.float()), torch.sigmoid(top.float()), index
         probs = torch.softmax(logits.float(), dim=-1)
         weights, index = torch.topk(probs, self.top_k, dim=-1)
         return logits, probs, weights / weights.sum(dim=-1, keepdim=True), index
@@ -168,6 +173,7 @@ class MoEFeedForward(nn.Module):
         self.dispatcher: Dispatcher = local_dispatch
         self.routing: RoutingStats | None = None
         self.shared_expert = SharedExpert(cfg) if cfg.moe_shared_expert_intermediate_size else None
+        self.scale_input = cfg.moe_apply_probs_on_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [..., H]; the forward's ``TokenInputs.token_mask`` (x's leading shape, True = counts for load
@@ -185,9 +191,12 @@ class MoEFeedForward(nn.Module):
         counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device).scatter_add_(
             0, flat_index, torch.ones_like(flat_index)
         )
-        y = self.dispatcher(self.experts, flat[tokens], counts)
-        # The k contributions of a token are added in fp32 weights' precision, then cast (as HF's index_add_).
-        y = (y * weights.reshape(-1)[order, None]).to(flat.dtype)
+        if self.scale_input:  # Llama 4: the score scales the expert's input, in the activations' dtype (as HF)
+            y = self.dispatcher(self.experts, flat[tokens] * weights.reshape(-1)[order, None].to(flat.dtype), counts)
+        else:
+            y = self.dispatcher(self.experts, flat[tokens], counts)
+            # The k contributions of a token are added in fp32 weights' precision, then cast (as HF's index_add_).
+            y = (y * weights.reshape(-1)[order, None]).to(flat.dtype)
         out = torch.zeros_like(flat).index_add_(0, tokens, y)
         if self.shared_expert is not None:
             out = out + self.shared_expert(flat)

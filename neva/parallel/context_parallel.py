@@ -78,12 +78,18 @@ def check_context_parallel_model(layout: Layout, llm: Any) -> None:
 
     Raises:
         ConfigError: cp > 1 with a decoder whose images attend both ways (Gemma 3): a rank's chunks would hold part of
-            an image's block, whose queries need its later keys too.
+            an image's block, whose queries need its later keys too; or with chunked attention (Llama 4).
     """
     if layout.cp > 1 and traits(llm).bidirectional_images:
         raise ConfigError(
             f"model.context_parallel_size={layout.cp} with a {llm.family} decoder is not supported yet: its image "
             "tokens attend to one another both ways, which the causal shard split does not compute"
+        )
+    if layout.cp > 1 and llm.attention_chunk_size is not None:
+        raise ConfigError(
+            f"model.context_parallel_size={layout.cp} with a {llm.family} decoder is not supported yet: its "
+            f"chunked_attention layers attend within {llm.attention_chunk_size}-token chunks of each sample, which the "
+            "shard split's gathered keys do not cut"
         )
 
 

@@ -32,7 +32,7 @@ def _layer_bytes(
     h = tokens * llm.hidden_size
     q = tokens * llm.num_heads * llm.head_dim / t
     kv = tokens * llm.num_kv_heads * llm.head_dim / t
-    f, dispatched = _ffn_elements(cfg, tokens, t)
+    f, dispatched = _ffn_elements(cfg, tokens, t, layer)
     sdpa = e * (2 * q + 2 * kv * cp) + 4 * tokens * llm.num_heads / t
     if llm.is_linear_layer(layer):
         sdpa, q = linear_layer_bytes(llm, tokens, e, t, cp), tokens * llm.linear_attention.value_dim / t
@@ -47,7 +47,7 @@ def _layer_bytes(
     return norms + sdpa + 3 * e * f + 2 * e * dispatched + linear_inputs
 
 
-def _ffn_elements(cfg: NevaConfig, tokens: int, tp: int) -> tuple[float, float]:
+def _ffn_elements(cfg: NevaConfig, tokens: int, tp: int, layer: int = 0) -> tuple[float, float]:
     """``(f, d)``: elements of one feed-forward intermediate tensor and of one dispatched hidden-state tensor on a
     rank, for ``tokens`` tokens.
 
@@ -58,12 +58,16 @@ def _ffn_elements(cfg: NevaConfig, tokens: int, tp: int) -> tuple[float, float]:
     by the routing-weight multiply, and the weighted rows, saved by the ``index_add_`` that combines them (a trained
     layer also keeps its rows grouped by expert, the input of ``w1`` and ``w3``: one more ``d``). Measured by the
     rehearsal: NeMo's Mixtral 8x7B pretrain keeps 78.8 MiB per layer at 320 tokens, the planned 42.5 dense + 36.25.
+    An interleaved MoE decoder's dense layers (Llama 4's ``moe_layer_freq``) count as dense, at their own width; a
+    shared expert (Qwen3.5-MoE, Llama 4) adds its SwiGLU on every token (not sharded: the MoE layer's parts are
+    replicated over tp).
     """
     llm = cfg.llm
-    if not llm.is_moe:
-        return tokens * llm.intermediate_size / tp, 0.0
+    if not llm.is_moe_layer(layer):
+        return tokens * llm.dense_width / tp, 0.0
     k = llm.moe_router_topk
-    return k * tokens * llm.intermediate_size, k * tokens * llm.hidden_size
+    shared = tokens * (llm.moe_shared_expert_intermediate_size or 0)
+    return k * tokens * llm.intermediate_size + shared, k * tokens * llm.hidden_size
 
 
 def stage_activation_bytes(*args, **kwargs) -> float:

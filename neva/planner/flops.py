@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neva.models.config import NevaConfig
-from neva.models.flops import FlopTerm, attended_square, flop_terms
+from neva.models.flops import FlopTerm, attended_square, chunked_square, flop_terms
 from neva.parallel.compute_plans import checkpointed_blocks
 from neva.parallel.layout import Layout
 from neva.parallel.pipeline import split_layers
@@ -64,6 +64,7 @@ def stage_flops(
     units = {
         "token": seq_len, "token2": square, "token2_full": seq_len * seq_len, "image": 0 if frames else tiles,
         "frame": frames,
+        "token2_chunked": chunked_square(seq_len, cfg.llm.attention_chunk_size) if cfg.llm.attention_chunk_size else 0,
     }  # fmt: skip
     params = {p.name: p for p in infos}
     model = [0.0] * len(layers)

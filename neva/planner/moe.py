@@ -37,7 +37,7 @@ def moe_facts(
         sum(local_numel(p, layout) for p in infos if is_expert(p) and on_stage(p, s, layers)) for s in range(layout.pp)
     )
     tokens = seq / layout.cp * layout.micro_batch_size * layout.grad_accum  # per rank and step
-    moe_layers = max(len(stage) for stage in layers)
+    moe_layers = max(sum(llm.is_moe_layer(i) for i in stage) for stage in layers)  # Llama 4 interleaves dense ones
     volume = 4 * llm.moe_router_topk * llm.hidden_size * tokens * moe_layers * act_bytes
     return {
         "total_params": total,

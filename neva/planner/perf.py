@@ -72,7 +72,8 @@ def _all_to_alls(cfg: NevaConfig, layers: list[int], recomputed: frozenset[int],
     their gradients in backward, the forward's again when full checkpointing recomputes the layer."""
     if not cfg.llm.is_moe:
         return 0
-    return sum(2 + (2 if backward else 0) + (2 if backward and i in recomputed else 0) for i in layers)
+    moe = [i for i in layers if cfg.llm.is_moe_layer(i)]  # Llama 4's dense layers dispatch nothing
+    return sum(2 + (2 if backward else 0) + (2 if backward and i in recomputed else 0) for i in moe)
 
 
 def _cp_gathers(layout: Layout, layers: list[int], recomputed: frozenset[int], backward: bool) -> int:

@@ -91,6 +91,9 @@ FAMILIES: dict[str, dict[str, dict]] = {
     # Mistral 3: the decoder as Mistral behind Pixtral (each image its own size, rows closed by break tokens) and
     # Mistral 3's projector, against HF Mistral3ForConditionalGeneration (``bench.mistral3``: its tower shapes).
     "mistral3": {"llm": {}, "vision": {}},
+    # Llama 4's decoder behind the fixed tower, against HF's Llama 4 text model inside LlavaForConditionalGeneration
+    # (``bench.llama4``: its decoder fields there; neva builds no Llama 4 tower yet).
+    "llama4": {"llm": {}, "vision": {}},
 }
 NATIVE_FAMILIES = (
     "qwen2_5_vl",
@@ -147,6 +150,12 @@ def cpu_model_config(
         from bench.gemma3 import model_config as gemma3_config
 
         return gemma3_config(shapes["llm"], shapes["vision"], smoke)
+    if family == "llama4":
+        if anyres or video:
+            raise SystemExit("--family llama4: fixed-size images, not --anyres / --video")
+        from bench.llama4 import model_config as llama4_config
+
+        return llama4_config(shapes["llm"], shapes["vision"], smoke)
     if family in TILED_FAMILIES:
         if anyres or video:
             raise SystemExit(f"--family {family}: its own tiles, not --anyres / --video")
@@ -273,6 +282,8 @@ def _hf_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any
         return _hf_gemma3_side(cfg, train_cfg, batches)
     if cfg.vision.spec.tiles is not None:
         return _hf_tiled_side(cfg, train_cfg, batches)
+    if cfg.llm.family == "llama4_text":
+        return _hf_llama4_side(cfg, train_cfg, batches)
     wrapper = wrapper_for(cfg)  # LlavaNext with AnyRes, LlavaNextVideo with video
     hf_cfg = getattr(transformers, wrapper.config_class)(**llava_config_dict(cfg, pad_token_id=PAD_ID))
     hf_cfg._attn_implementation = "sdpa"
@@ -347,6 +358,18 @@ def _hf_tiled_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[d
     gc.collect()
     _apply_policy_hf(model, train_cfg.model.trainable_policy())
     return _hf_loop(model, train_cfg, [collate_hf_tiled(cfg, b) for b in batches])
+
+
+def _hf_llama4_side(cfg: NevaConfig, train_cfg: TrainConfig, batches: list[list[dict]]):
+    """HF LlavaForConditionalGeneration with HF's Llama 4 text model, from neva's initial weights, the same loop."""
+    from bench.llama4 import hf_model
+
+    neva = build_engine(cfg, train_cfg, torch.device("cpu"))[0].parts[0]
+    model = hf_model(cfg, neva.state_dict())
+    del neva
+    gc.collect()
+    _apply_policy_hf(model, train_cfg.model.trainable_policy())
+    return _hf_loop(model, train_cfg, [collate_hf(b) for b in batches])
 
 
 def _hf_loop(model: torch.nn.Module, train_cfg: TrainConfig, collated: list[dict]):
