@@ -30,7 +30,8 @@ from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
 from neva.checkpoint.hf_files import export_dtype
 from neva.checkpoint.hf_import import ImportedParts
-from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
+from neva.checkpoint.hf_key_table import KeyTable
+from neva.checkpoint.hf_keys import LM_HEAD
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
 from neva.checkpoint.interop import Interop
 from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, load_metadata, tensor_pairs
@@ -46,11 +47,6 @@ MODEL_TYPE = "mistral3"
 TEMPLATE = "mistral3"
 TEXT_FAMILIES = ("mistral", "llama")
 TOWER_EPS = 1e-5  # HF PixtralRMSNorm's eps in the tower, fixed whatever the config says
-
-VISION_PREFIXES = ("vision_tower.", "model.vision_tower.")
-PROJECTOR_PREFIXES = ("multi_modal_projector.", "model.multi_modal_projector.")
-LLM_PREFIXES = ("language_model.model.", "model.language_model.")
-LM_HEAD_KEYS = ("language_model.lm_head.weight", "lm_head.weight")
 
 # Pixtral: neva's name within a block → HF's within ``transformer.layers.{i}.``; outside the blocks, whole names.
 _BLOCK = {
@@ -157,49 +153,8 @@ def neva_config_from_mistral3(hf: dict[str, Any], break_id: int | None = None, e
     )  # fmt: skip
 
 
-def _strip(key: str, prefixes: tuple[str, ...]) -> str | None:
-    return next((key[len(p) :] for p in prefixes if key.startswith(p)), None)
-
-
-def hf_key_to_neva(key: str) -> str | None:
-    """neva key of a Mistral 3 tensor (None: a key neva does not keep)."""
-    if key in LM_HEAD_KEYS:
-        return "llm." + LM_HEAD
-    if (rest := _strip(key, VISION_PREFIXES)) is not None:
-        for neva, hf in _TOWER.items():
-            if rest == hf:
-                return "vision." + neva
-        if rest.startswith("transformer.layers."):
-            index, _, tail = rest[len("transformer.layers.") :].partition(".")
-            for neva, hf in _BLOCK.items():
-                if tail.startswith(hf):
-                    return f"vision.layers.{index}.{neva}{tail[len(hf) :]}"
-        return None
-    if (rest := _strip(key, PROJECTOR_PREFIXES)) is not None:
-        for neva, hf in _PROJECTOR.items():
-            if rest.startswith(hf):
-                return f"projector.{neva}{rest[len(hf) :]}"
-        return None
-    if (rest := _strip(key, LLM_PREFIXES)) is not None:
-        neva = part_key_from_hf(rest, "llm")
-        return None if neva is None else "llm." + neva
-    return None
-
-
-def neva_key_to_hf(key: str) -> str:
-    """HF key (transformers 5's ``save_pretrained`` layout) of a neva key of a Mistral 3 model."""
-    part, rest = key.split(".", 1)
-    if part == "vision":
-        if rest in _TOWER:
-            return VISION_PREFIXES[0] + _TOWER[rest]
-        _, index, tail = rest.split(".", 2)
-        hf = next(h + tail[len(n) :] for n, h in _BLOCK.items() if tail.startswith(n))
-        return f"{VISION_PREFIXES[0]}transformer.layers.{index}.{hf}"
-    if part == "projector":
-        return PROJECTOR_PREFIXES[0] + next(h + rest[len(n) :] for n, h in _PROJECTOR.items() if rest.startswith(n))
-    if rest == LM_HEAD:
-        return LM_HEAD_KEYS[0]
-    return LLM_PREFIXES[0] + part_key_to_hf(rest, "llm")
+KEYS = KeyTable(layers="transformer.layers.", block=_BLOCK, tower=_TOWER, projector=_PROJECTOR)
+hf_key_to_neva, neva_key_to_hf = KEYS.to_neva, KEYS.to_hf
 
 
 def _token_ids(tokenizer: Any, cfg_image_id: int, where: str) -> tuple[int | None, int | None]:
