@@ -188,7 +188,7 @@ def peft_adapter(cfg: TrainConfig) -> str:
     model = dataclasses.replace(cfg.model, peft=dataclasses.replace(cfg.model.peft, peft_scheme="lora"))
     base, layers = split_state_dict(build_meta_model(arch, model.trainable_policy()))
     interop = interop_for(arch)
-    names = interop.peft_names(arch) if interop.peft_names is not None else None
+    names = interop.adapter_names(arch)
     saved_key = names[0] if names else (lambda key: neva_key_to_hf(key, MODULE_PREFIXES))
     for name in layers:
         hf_module(name)

@@ -463,13 +463,6 @@ def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: s
     return export_gemma3(ckpt, out, **common)
 
 
-def _peft_names(cfg: NevaConfig) -> Any:
-    # Its projector's linear map is stored transposed under another name (``mm_input_projection_weight``): a PEFT
-    # adapter saving it whole would need that conversion too.
-    raise ConfigError(
-        "a Gemma 3 LoRA run is not written as a PEFT adapter yet: export the merged model (neva-to-hf without "
-        "--peft-adapter)"
-    )
-
-
-GEMMA3_INTEROP = Interop("Gemma 3", is_gemma3, gemma3_parts, _export, _round_trip, peft_names=_peft_names)
+# Its projector's linear map is stored transposed under another name (``mm_input_projection_weight``): a PEFT
+# adapter saving it whole would need that conversion too.
+GEMMA3_INTEROP = Interop("Gemma 3", is_gemma3, gemma3_parts, _export, _round_trip, peft_adapter=False)

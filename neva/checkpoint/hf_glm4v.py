@@ -431,12 +431,5 @@ def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: s
     return export_glm4v(ckpt, out, conv_template=conv_template, **common)
 
 
-def _peft_names(cfg: NevaConfig) -> Any:
-    # Not built yet: the PEFT adapter's names of the merger and tower saved whole are GLM-4.1V's own modules.
-    raise ConfigError(
-        "a GLM-4.1V LoRA run is not written as a PEFT adapter yet: export the merged model (neva-to-hf without "
-        "--peft-adapter)"
-    )
-
-
-GLM4V_INTEROP = Interop("GLM-4.1V", is_glm4v, glm4v_parts, _export, _round_trip, peft_names=_peft_names)
+# Not built yet: the PEFT adapter's names of the merger and tower saved whole are GLM-4.1V's own modules.
+GLM4V_INTEROP = Interop("GLM-4.1V", is_glm4v, glm4v_parts, _export, _round_trip, peft_adapter=False)

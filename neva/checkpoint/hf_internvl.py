@@ -320,12 +320,5 @@ def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: s
     return export_internvl(ckpt, out, **common)
 
 
-def _peft_names(cfg: NevaConfig) -> Any:
-    # Not built yet: the PEFT adapter's names of the projector and tower saved whole are InternVL's own modules.
-    raise ConfigError(
-        "an InternVL LoRA run is not written as a PEFT adapter yet: export the merged model (neva-to-hf without "
-        "--peft-adapter)"
-    )
-
-
-INTERNVL_INTEROP = Interop("InternVL", is_internvl, internvl_parts, _export, _round_trip, peft_names=_peft_names)
+# Not built yet: the PEFT adapter's names of the projector and tower saved whole are InternVL's own modules.
+INTERNVL_INTEROP = Interop("InternVL", is_internvl, internvl_parts, _export, _round_trip, peft_adapter=False)

@@ -382,11 +382,4 @@ def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: s
     return export_llama4(ckpt, out, **common)
 
 
-def _peft_names(cfg: NevaConfig) -> Any:
-    raise ConfigError(
-        "a Llama 4 LoRA run is not written as a PEFT adapter yet: export the merged model (neva-to-hf without "
-        "--peft-adapter)"
-    )
-
-
-LLAMA4_INTEROP = Interop("Llama 4 (text)", is_llama4, llama4_parts, _export, _round_trip, peft_names=_peft_names)
+LLAMA4_INTEROP = Interop("Llama 4 (text)", is_llama4, llama4_parts, _export, _round_trip, peft_adapter=False)

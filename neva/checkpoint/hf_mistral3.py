@@ -325,12 +325,5 @@ def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: s
     return export_mistral3(ckpt, out, **common)
 
 
-def _peft_names(cfg: NevaConfig) -> Any:
-    # Not built yet: the PEFT adapter's names of the projector and tower saved whole are Mistral 3's own modules.
-    raise ConfigError(
-        "a Mistral 3 LoRA run is not written as a PEFT adapter yet: export the merged model (neva-to-hf without "
-        "--peft-adapter)"
-    )
-
-
-MISTRAL3_INTEROP = Interop("Mistral 3", is_mistral3, mistral3_parts, _export, _round_trip, peft_names=_peft_names)
+# Not built yet: the PEFT adapter's names of the projector and tower saved whole are Mistral 3's own modules.
+MISTRAL3_INTEROP = Interop("Mistral 3", is_mistral3, mistral3_parts, _export, _round_trip, peft_adapter=False)

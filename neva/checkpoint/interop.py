@@ -16,6 +16,7 @@ from neva.checkpoint.neva_format import save_checkpoint
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES
 from neva.families import DECODERS, TOWERS, decoder_spec, part
 from neva.models.config import NevaConfig
+from neva.typed import ConfigError
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Interop:
             the config back (raises ``ConfigError`` where the export refuses).
         peft_names: ``(cfg) -> (saved_key, saved_modules)``: a LoRA run's parts saved whole in its PEFT adapter,
             named as this family's HF model names them (``peft_adapter.save_peft_adapter``); None: llava-hf's names.
+        peft_adapter: False where a LoRA run of this family is not written as a PEFT adapter yet (``adapter_names``
+            refuses it in one line; the merged export is written).
     """
 
     name: str
@@ -40,6 +43,21 @@ class Interop:
     export: Callable[..., Path]
     round_trip: Callable[[NevaConfig], str]
     peft_names: Callable[[NevaConfig], Any] | None = None
+    peft_adapter: bool = True
+
+    def adapter_names(self, cfg: NevaConfig) -> Any:
+        """``peft_names(cfg)`` (None: llava-hf's names).
+
+        Raises:
+            ConfigError: this family's LoRA runs are not written as PEFT adapters yet (``peft_adapter``).
+        """
+        if not self.peft_adapter:
+            article = "an" if self.name[0] in "AEIOU" else "a"
+            raise ConfigError(
+                f"{article} {self.name} LoRA run is not written as a PEFT adapter yet: export the merged model "
+                "(neva-to-hf without --peft-adapter)"
+            )
+        return None if self.peft_names is None else self.peft_names(cfg)
 
     def import_dir(
         self,

@@ -180,7 +180,7 @@ def export_peft(
     trained = [part for part, on in (("vision", policy.vision), ("projector", policy.projector)) if on]
     saved = {part: {k: v for k, v in base.items() if k.startswith(part + ".")} for part in trained}
     interop = interop_for(loaded.source.cfg)  # the base exports as its family does, its parts under its names
-    names = interop.peft_names(loaded.source.cfg) if interop.peft_names is not None else None
+    names = interop.adapter_names(loaded.source.cfg)
     with tempfile.TemporaryDirectory(prefix="neva-base-") as tmp:
         base_ckpt = loaded.save(Path(tmp) / "base", base, None, False)
         hf = interop.export(base_ckpt, hf_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
