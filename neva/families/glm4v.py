@@ -59,6 +59,7 @@ GLM4V = TowerSpec(
         flop_steps=(("downsample", 0), ("proj", 1), ("norm", 2), ("gate_proj", 3), ("up_proj", 3), ("down_proj", 4)),
     ),
     projector="neva.models.projector_glm4v:Glm4vMerger",
+    projector_plan="neva.parallel.glm4v_merger_plan:glm4v_merger_plan",
     video=VideoRule(per_frame=True, timed=False, served=False),
     pixels=(112 * 112, 28 * 28 * 15000),
     gated_mlp=True,

@@ -28,6 +28,7 @@ PART_OWNERS = {
     "interop": "neva.checkpoint",
     "projector": "neva.models",
     "native_sizes": "neva.data",
+    "projector_plan": "neva.parallel",
 }
 
 
@@ -93,6 +94,8 @@ class TowerSpec:
         merger: a patch-grid tower's merger (its projector type).
         projector: the class of a merger that is not the Qwen towers' ``PatchMerger`` (``neva.models``; built from
             its ``ProjectorConfig``, mapping ``VisualFeatures``); None: ``neva.models.projector_merger.NativeMerger``.
+        projector_plan: the tensor-parallel plan of that class where the generic one (by its layers' kinds) does not
+            hold (``neva.parallel``; ``(projector) -> {module name: ParallelStyle}``).
         video: a patch-grid tower's video rule (None: it takes no video as temporal patches).
         pixels: a patch-grid tower's (min_pixels, max_pixels) when the config gives none.
         native_sizes: a patch-grid tower that sizes its images by its own rule instead of the Qwen pixel budget
@@ -131,6 +134,7 @@ class TowerSpec:
     tiles: str | None = None
     merger: MergerSpec | None = None
     projector: str | None = None
+    projector_plan: str | None = None
     video: VideoRule | None = None
     pixels: tuple[int, int] | None = None
     native_sizes: str | None = None

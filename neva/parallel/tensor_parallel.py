@@ -29,13 +29,13 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from neva.families import part
 from neva.models.config import NevaConfig
 from neva.models.gated_deltanet import GatedDeltaNet
 from neva.models.layers import RMSNorm
 from neva.models.lora import LoRALinear
 from neva.models.moe import MoEFeedForward
 from neva.models.neva import NevaModel
-from neva.models.projector_glm4v import Glm4vMerger
 from neva.models.projector_merger import NativeMerger
 from neva.parallel.linear_attention_parallel import linear_attention_plan, sharded_dim
 from neva.parallel.local_params import use_local_parameters
@@ -180,14 +180,10 @@ def _dense_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     }
 
 
-def _projector_plan(projector: nn.Module) -> dict[str, ParallelStyle]:
-    if isinstance(projector, Glm4vMerger):  # its downsample, proj and norm replicated, then a sharded SwiGLU
-        replicated = {name: NoParallel() for name in ("downsample", "proj", "norm")}
-        return replicated | {
-            "gate_proj": ColwiseParallel(),
-            "up_proj": ColwiseParallel(),
-            "down_proj": RowwiseParallel(),
-        }
+def _projector_plan(projector: nn.Module, cfg: NevaConfig) -> dict[str, ParallelStyle]:
+    own = cfg.vision.spec.projector_plan if cfg.vision is not None else None
+    if own is not None:  # a family's own projector class with its own plan
+        return part(own)(projector)
     if isinstance(projector, NativeMerger):  # each merger: its norm replicated, fc1 column-, fc2 row-wise
         prefixes = ["merger"] + [f"deepstack.{i}" for i in range(len(projector.deepstack))]
         styles = {"norm": NoParallel, "fc1": ColwiseParallel, "fc2": RowwiseParallel}
@@ -242,7 +238,7 @@ def tensor_parallel_plan(
         # Replicated output: image features are spliced in by position before the sequence is split.
         plan["llm.tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if model.projector is not None:
-        plan.update({f"projector.{k}": v for k, v in _projector_plan(model.projector).items()})
+        plan.update({f"projector.{k}": v for k, v in _projector_plan(model.projector, model.cfg).items()})
     if model.anyres is not None and model.anyres.image_newline is not None:
         plan["anyres"] = NoParallel()  # the newline: a replicated DTensor, the gather on replicated features
     layer_ids = list(llm.layers.keys())
