@@ -32,7 +32,7 @@ from neva.checkpoint.hf_files import export_dtype
 from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, VISION_TABLE
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
-from neva.checkpoint.interop import Interop
+from neva.checkpoint.interop import Interop, own_template, round_trip_through
 from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, tensor_pairs
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.hf_local import model_dir
@@ -452,17 +452,13 @@ def _write_processor(directory: Path, cfg: NevaConfig, ckpt: Path) -> None:
         tokenizer.save_pretrained(str(directory))
 
 
-def _round_trip(arch: NevaConfig) -> str:
-    config = gemma3_config_dict(arch)
-    neva_config_from_gemma3(config)
-    return config["model_type"]
-
-
-def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
-    # The chat template an export ships is the family's own: no neva template is written.
-    return export_gemma3(ckpt, out, **common)
-
-
 # Its projector's linear map is stored transposed under another name (``mm_input_projection_weight``): a PEFT
 # adapter saving it whole would need that conversion too.
-GEMMA3_INTEROP = Interop("Gemma 3", is_gemma3, gemma3_parts, _export, _round_trip, peft_adapter=False)
+GEMMA3_INTEROP = Interop(
+    "Gemma 3",
+    is_gemma3,
+    gemma3_parts,
+    own_template(export_gemma3),
+    round_trip_through(gemma3_config_dict, neva_config_from_gemma3),
+    peft_adapter=False,
+)

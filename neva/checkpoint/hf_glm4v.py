@@ -39,7 +39,7 @@ from neva.checkpoint.hf_files import (
 from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
-from neva.checkpoint.interop import Interop
+from neva.checkpoint.interop import Interop, round_trip_through
 from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, load_metadata, tensor_pairs
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.data.qwen_images import QwenImageSpec
@@ -421,15 +421,16 @@ def export_glm4v(
     return Path(out)
 
 
-def _round_trip(arch: NevaConfig) -> str:
-    config = glm4v_config_dict(arch)
-    neva_config_from_glm4v(config)
-    return config["model_type"]
-
-
 def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
     return export_glm4v(ckpt, out, conv_template=conv_template, **common)
 
 
 # Not built yet: the PEFT adapter's names of the merger and tower saved whole are GLM-4.1V's own modules.
-GLM4V_INTEROP = Interop("GLM-4.1V", is_glm4v, glm4v_parts, _export, _round_trip, peft_adapter=False)
+GLM4V_INTEROP = Interop(
+    "GLM-4.1V",
+    is_glm4v,
+    glm4v_parts,
+    _export,
+    round_trip_through(glm4v_config_dict, neva_config_from_glm4v),
+    peft_adapter=False,
+)

@@ -33,7 +33,7 @@ from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_key_table import KeyTable
 from neva.checkpoint.hf_keys import LM_HEAD
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
-from neva.checkpoint.interop import Interop
+from neva.checkpoint.interop import Interop, own_template, round_trip_through
 from neva.checkpoint.neva_format import (
     TensorSource,
     iter_tensors,
@@ -309,16 +309,12 @@ def export_internvl(
     return Path(out)
 
 
-def _round_trip(arch: NevaConfig) -> str:
-    config = internvl_config_dict(arch)
-    neva_config_from_internvl(config)
-    return config["model_type"]
-
-
-def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
-    # The chat template an export ships is InternVL's own (CHAT_TEMPLATE): no neva template is written.
-    return export_internvl(ckpt, out, **common)
-
-
 # Not built yet: the PEFT adapter's names of the projector and tower saved whole are InternVL's own modules.
-INTERNVL_INTEROP = Interop("InternVL", is_internvl, internvl_parts, _export, _round_trip, peft_adapter=False)
+INTERNVL_INTEROP = Interop(
+    "InternVL",
+    is_internvl,
+    internvl_parts,
+    own_template(export_internvl),
+    round_trip_through(internvl_config_dict, neva_config_from_internvl),
+    peft_adapter=False,
+)

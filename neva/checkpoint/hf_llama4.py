@@ -30,7 +30,7 @@ from neva.checkpoint.atomic import atomic_directory
 from neva.checkpoint.hf_files import export_dtype
 from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
-from neva.checkpoint.interop import Interop
+from neva.checkpoint.interop import Interop, own_template
 from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, tensor_pairs
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.families.hf_fields import CONFIG_BOOKKEEPING
@@ -378,8 +378,6 @@ def _round_trip(arch: NevaConfig) -> str:
     return config["model_type"]
 
 
-def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
-    return export_llama4(ckpt, out, **common)
-
-
-LLAMA4_INTEROP = Interop("Llama 4 (text)", is_llama4, llama4_parts, _export, _round_trip, peft_adapter=False)
+LLAMA4_INTEROP = Interop(
+    "Llama 4 (text)", is_llama4, llama4_parts, own_template(export_llama4), _round_trip, peft_adapter=False
+)

@@ -33,7 +33,7 @@ from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_key_table import KeyTable
 from neva.checkpoint.hf_keys import LM_HEAD
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
-from neva.checkpoint.interop import Interop
+from neva.checkpoint.interop import Interop, own_template, round_trip_through
 from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, load_metadata, tensor_pairs
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.data.tokens import PIXTRAL_BREAK, PIXTRAL_END, PIXTRAL_IMAGE
@@ -314,16 +314,12 @@ def export_mistral3(
     return Path(out)
 
 
-def _round_trip(arch: NevaConfig) -> str:
-    config = mistral3_config_dict(arch)
-    neva_config_from_mistral3(config)
-    return config["model_type"]
-
-
-def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
-    # The chat template an export ships is Mistral 3's (CHAT_TEMPLATE): no neva template is written.
-    return export_mistral3(ckpt, out, **common)
-
-
 # Not built yet: the PEFT adapter's names of the projector and tower saved whole are Mistral 3's own modules.
-MISTRAL3_INTEROP = Interop("Mistral 3", is_mistral3, mistral3_parts, _export, _round_trip, peft_adapter=False)
+MISTRAL3_INTEROP = Interop(
+    "Mistral 3",
+    is_mistral3,
+    mistral3_parts,
+    own_template(export_mistral3),
+    round_trip_through(mistral3_config_dict, neva_config_from_mistral3),
+    peft_adapter=False,
+)

@@ -77,6 +77,30 @@ class Interop:
         )
 
 
+def round_trip_through(
+    config_dict: Callable[[NevaConfig], dict[str, Any]], read_config: Callable[[dict[str, Any]], Any]
+) -> Callable[[NevaConfig], str]:
+    """An ``Interop.round_trip`` for a family whose export writes ``config_dict(arch)``: that config read back by the
+    family's import (which refuses what it cannot build), and the model type it names."""
+
+    def round_trip(arch: NevaConfig) -> str:
+        config = config_dict(arch)
+        read_config(config)
+        return config["model_type"]
+
+    return round_trip
+
+
+def own_template(export: Callable[..., Path]) -> Callable[..., Path]:
+    """An ``Interop.export`` for a family whose export ships its own chat template: the neva template a caller names
+    (``conv_template``) is not written."""
+
+    def write(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
+        return export(ckpt, out, **common)
+
+    return write
+
+
 DEFAULT = "neva.checkpoint.llava_hf:LLAVA_HF"
 """The interop of a model without a tower (a text-only decoder goes out through the llava-hf path)."""
 
