@@ -92,6 +92,24 @@ def export_dtype(metadata: dict[str, Any]) -> torch.dtype | None:
     return next((dtype for prefix, dtype in _PRECISION_DTYPES.items() if precision.startswith(prefix)), None)
 
 
+def write_tokenizer_and_generation(directory: Path, settings: dict[str, Any], tokenizer: Any) -> None:
+    """The tokenizer (when there is one) with the trained template as its chat template, and a
+    ``generation_config.json`` whose EOS and pad ids stop transformers' ``generate`` where ``neva.generate`` stops
+    (the end of a turn; pad: the tokenizer's, else the first EOS)."""
+    import transformers
+
+    eos = pad = None
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+        write_chat_template_files(directory, export_chat_template(settings, tokenizer))
+        eos = generation_eos_ids(settings, tokenizer)
+        first = eos[0] if isinstance(eos, list) else eos
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first
+    transformers.GenerationConfig(
+        bos_token_id=getattr(tokenizer, "bos_token_id", None), eos_token_id=eos, pad_token_id=pad
+    ).save_pretrained(str(directory))
+
+
 def write_chat_template_files(directory: Path, template: str) -> None:
     """Put ``template`` where transformers 4.x and 5.x processors and tokenizers read it."""
     (directory / CHAT_TEMPLATE_JINJA).write_text(template)

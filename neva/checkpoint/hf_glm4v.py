@@ -30,11 +30,9 @@ import torch
 
 from neva.checkpoint.atomic import atomic_directory
 from neva.checkpoint.hf_files import (
-    export_chat_template,
     export_dtype,
-    generation_eos_ids,
     template_settings,
-    write_chat_template_files,
+    write_tokenizer_and_generation,
 )
 from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
@@ -408,21 +406,8 @@ def export_glm4v(
             temporal_patch_size=spec.temporal_patch_size, merge_size=spec.merge_size,
             image_mean=list(cfg.vision.image_mean), image_std=list(cfg.vision.image_std),
         ).save_pretrained(str(tmp))  # fmt: skip
-        eos = pad = None
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-            write_chat_template_files(tmp, export_chat_template(settings, tokenizer))
-            eos = generation_eos_ids(settings, tokenizer)
-            first = eos[0] if isinstance(eos, list) else eos
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first
-        transformers.GenerationConfig(
-            bos_token_id=getattr(tokenizer, "bos_token_id", None), eos_token_id=eos, pad_token_id=pad
-        ).save_pretrained(str(tmp))
+        write_tokenizer_and_generation(tmp, settings, tokenizer)  # generate stops where neva.generate does
     return Path(out)
-
-
-def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
-    return export_glm4v(ckpt, out, conv_template=conv_template, **common)
 
 
 # Not built yet: the PEFT adapter's names of the merger and tower saved whole are GLM-4.1V's own modules.
@@ -430,7 +415,7 @@ GLM4V_INTEROP = Interop(
     "GLM-4.1V",
     is_glm4v,
     glm4v_parts,
-    _export,
+    export_glm4v,
     round_trip_through(glm4v_config_dict, neva_config_from_glm4v),
     peft_adapter=False,
 )

@@ -29,11 +29,9 @@ from neva.checkpoint.atomic import atomic_directory
 from neva.checkpoint.hf_config import llm_config_from_hf
 from neva.checkpoint.hf_families import hf_family_fields
 from neva.checkpoint.hf_files import (
-    export_chat_template,
     export_dtype,
-    generation_eos_ids,
     template_settings,
-    write_chat_template_files,
+    write_tokenizer_and_generation,
 )
 from neva.checkpoint.hf_import import ImportedParts
 from neva.checkpoint.hf_keys import LM_HEAD, part_key_from_hf, part_key_to_hf
@@ -42,7 +40,7 @@ from neva.checkpoint.hf_moe import stacked_tensors
 from neva.checkpoint.hf_qwen_vl_keys import hf_key_to_neva as visual_key_to_neva
 from neva.checkpoint.hf_qwen_vl_keys import neva_key_to_hf as visual_key_to_hf
 from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer, hf_tensor_shapes, iter_hf_tensors
-from neva.checkpoint.interop import Interop
+from neva.checkpoint.interop import Interop, round_trip_through
 from neva.checkpoint.neva_format import (
     TensorSource,
     iter_tensors,
@@ -449,28 +447,15 @@ def export_qwen_vl(
             temporal_patch_size=spec.temporal_patch_size, merge_size=spec.merge_size,
             image_mean=list(cfg.vision.image_mean), image_std=list(cfg.vision.image_std),
         ).save_pretrained(str(tmp))  # fmt: skip
-        eos = pad = None
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-            write_chat_template_files(tmp, export_chat_template(settings, tokenizer))
-            eos = generation_eos_ids(settings, tokenizer)
-            first = eos[0] if isinstance(eos, list) else eos
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first
-        # transformers' generate stops at the end of a turn (<|im_end|>) as neva.generate does
-        transformers.GenerationConfig(
-            bos_token_id=getattr(tokenizer, "bos_token_id", None), eos_token_id=eos, pad_token_id=pad
-        ).save_pretrained(str(tmp))
+        write_tokenizer_and_generation(tmp, settings, tokenizer)  # generate stops where neva.generate does
     return Path(out)
 
 
-def _round_trip(arch: NevaConfig) -> str:
-    config = qwen_vl_config_dict(arch)
-    neva_config_from_qwen_vl(config)
-    return config["model_type"]
-
-
-def _export(ckpt: str | os.PathLike, out: str | os.PathLike, *, conv_template: str | None = None, **common: Any):
-    return export_qwen_vl(ckpt, out, conv_template=conv_template, **common)
-
-
-QWEN_VL_INTEROP = Interop("Qwen-VL", is_qwen_vl, qwen_vl_parts, _export, _round_trip, peft_names=peft_names)
+QWEN_VL_INTEROP = Interop(
+    "Qwen-VL",
+    is_qwen_vl,
+    qwen_vl_parts,
+    export_qwen_vl,
+    round_trip_through(qwen_vl_config_dict, neva_config_from_qwen_vl),
+    peft_names=peft_names,
+)
