@@ -118,13 +118,13 @@ class NativeAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """Biased ``down(act(gate(x)) · up(x))`` (Qwen2.5-VL's SwiGLU)."""
+    """``down(act(gate(x)) · up(x))``: biased as Qwen2.5-VL's SwiGLU, bias-free as GLM-4.1V's and Pixtral's."""
 
-    def __init__(self, cfg: VisionConfig) -> None:
+    def __init__(self, cfg: VisionConfig, bias: bool = True) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
         self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,9 @@ from torch import nn
 
 from neva.models.config import VisionConfig
 from neva.models.features import VisualFeatures
-from neva.models.layers import ACTIVATIONS, RMSNorm
+from neva.models.layers import RMSNorm
 from neva.models.native_vision import (
+    GatedMLP,
     _rotate,
     attend_segments,
     embed_patches,
@@ -67,20 +68,6 @@ class PixtralAttention(nn.Module):
         return self.o_proj(attend_segments(q, k, v, lengths).flatten(1))
 
 
-class PixtralMLP(nn.Module):
-    """Bias-free ``down(act(gate(x)) · up(x))``."""
-
-    def __init__(self, cfg: VisionConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.act = ACTIVATIONS[cfg.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
 class PixtralBlock(nn.Module):
     """``x + attn(norm1(x))``, then ``x + mlp(norm2(x))`` (HF ``attention_norm`` / ``ffn_norm``)."""
 
@@ -89,7 +76,7 @@ class PixtralBlock(nn.Module):
         self.norm1 = RMSNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.attn = PixtralAttention(cfg)
         self.norm2 = RMSNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.mlp = PixtralMLP(cfg)
+        self.mlp = GatedMLP(cfg, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lengths: list[int]) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), rope, lengths)
