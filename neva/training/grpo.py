@@ -167,8 +167,9 @@ class GroupPolicyObjective:
         old = _pick(batch["old_token_logps"], index, batch, device) if "old_token_logps" in batch else logp.detach()
         ref = _pick(batch["ref_token_logps"], index, batch, device) if "ref_token_logps" in batch else None
         losses, kl, bound = token_losses(
-            logp, old, advantage, self.cfg.epsilon, self.cfg.clip_high, self.cfg.beta, ref, self.cfg.kl_ratio_correction
-        )
+            logp, old, advantage, self.cfg.epsilon, self.cfg.clip_high, self.cfg.beta, ref,
+            self.cfg.kl_ratio_correction, self.cfg.clip_ratio_dual,
+        )  # fmt: skip
         weight = learned.float()
         if self.per_completion_mean:
             weight = weight / batch["row_tokens"].to(device, torch.float32).clamp(min=1)[safe_rows]
