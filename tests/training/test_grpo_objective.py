@@ -261,3 +261,10 @@ def test_a_groups_image_is_encoded_once():
     torch.testing.assert_close(loss_once, loss_all, rtol=1e-6, atol=1e-7)
     for name, grad in grads_all.items():
         torch.testing.assert_close(grads_once[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_dual_clip_at_or_below_one_is_refused(c):
+    """c ≤ 1 would cap a negative advantage's term below the clipped one's own value at ratio 1: refused."""
+    with pytest.raises(ValueError, match=r"clip_ratio_dual must be > 1"):
+        GRPOConfig(clip_ratio_dual=c)
