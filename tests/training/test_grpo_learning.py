@@ -73,7 +73,7 @@ def test_grpo_raises_the_held_out_reward_and_keeps_the_evaluated_accuracy(tmp_pa
                                    "model.data.synthetic_train_samples=640"]))  # fmt: skip
     grpo = ["+stage=grpo", *LEAN, f"model.restore_from_path={finetune}", f"model.data.data_path={train}",
             f"model.data.validation_data_path={val}", f"model.data.image_folder={root}",
-            "model.micro_batch_size=8", "model.global_batch_size=8", "model.grpo.num_generations=8",
+            "model.micro_batch_size=8", "model.global_batch_size=8", "model.grpo.num_generations=6",
             "model.grpo.max_new_tokens=4", "model.grpo.beta=0.2", "model.optim.lr=1e-4"]  # fmt: skip
     run(compose_config([*grpo, f"exp_manager.exp_dir={tmp_path}/before", "trainer.max_steps=1",
                         "trainer.val_check_interval=1", "model.optim.lr=0.0"]))  # fmt: skip
