@@ -49,7 +49,8 @@ def questions(root: Path, split: str, n: int, kind: str | None) -> Path:
 def accuracy(checkpoint: Path, capsys) -> dict:
     """``python -m neva.evaluate --checkpoint`` (the shapes suite: 200 held-out questions, greedy) in this process."""
     capsys.readouterr()
-    evaluate.main(["--checkpoint", str(checkpoint)])
+    with torch.enable_grad():  # its main switches autograd off for the process: not for the tests after this one
+        evaluate.main(["--checkpoint", str(checkpoint)])
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
