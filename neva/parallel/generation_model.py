@@ -13,7 +13,7 @@ row's next-token logits. ``LayoutGenerationModel`` gives those for this rank's p
   decoding step's one position (or a prompt of any length) cannot be. Each forward is right-padded to the
   tensor-parallel multiple with filler tokens after the real ones; causal attention keeps them out of every real
   position's result, their logits are dropped, and each KV cache's length is set back so the next forward overwrites
-  their keys and values. A linear-attention layer's recurrent state would take them in: refused (``check_layout``);
+  their keys and values. A linear-attention layer's recurrent state would take them in: refused (``check_generation_layout``);
 - pipeline parallel: the stages run in chunk order, each with a KV cache for its own layers, passing hidden states
   point to point (dtype first, then the tensor); the last stage's last-position logits are broadcast to every
   pipeline rank, so all of them choose the same tokens and stop together. The same layer computations as the
@@ -32,8 +32,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from neva.errors import ConfigError
+from neva.models.config import NevaConfig
 from neva.models.llama import KVCache, new_layer_caches
 from neva.models.media import Media
+from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel
 from neva.parallel.step_decisions import StepDecisions
 
@@ -41,11 +43,11 @@ from neva.parallel.step_decisions import StepDecisions
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_layout(parallel: ParallelModel) -> None:
-    """Raises: ConfigError where this model cannot generate under its layout: sequence parallelism with
-    linear-attention layers (the padding after a forward's real positions would enter their recurrent state)."""
-    cfg = parallel.parts[0].cfg
-    if StepDecisions.of(parallel.layout).sp_multiple > 1 and cfg.llm.linear_attention is not None:
+def check_generation_layout(cfg: NevaConfig, layout: Layout) -> None:
+    """Raises: ConfigError where a model cannot generate under its layout: sequence parallelism with linear-attention
+    layers (the padding after a forward's real positions would enter their recurrent state). A start-time rule of a
+    run that generates (``neva.parallel.run_rules.check_run``), and this module's own guard."""
+    if StepDecisions.of(layout).sp_multiple > 1 and cfg.llm.linear_attention is not None:
         raise ConfigError(
             "generation under model.sequence_parallel=true is not built for linear-attention layers (the padding to "
             "the tensor-parallel multiple would enter their recurrent state): set model.sequence_parallel=false"
@@ -70,7 +72,7 @@ class LayoutGenerationModel:
         self.pp_group = parallel.group("pp")
         self.num_chunks = layout.num_chunks
         self.chunk_ids = [0] if parallel.runner is None else list(parallel.runner.chunk_ids)
-        check_layout(parallel)
+        check_generation_layout(self.cfg, layout)
         self.sp_multiple = StepDecisions.of(layout).sp_multiple
         # the filler of the sequence-parallel padding: any text id (a media placeholder would ask for features)
         self.filler = min({0, 1, 2} - {self.cfg.image_token_id, self.cfg.video_token})

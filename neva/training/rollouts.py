@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from neva.models.generation import GenerationConfig, generate
-from neva.parallel.generation_model import LayoutGenerationModel, check_layout
+from neva.parallel.generation_model import LayoutGenerationModel
 
 _MIX = 0x9E3779B97F4A7C15  # 64-bit golden-ratio constant: the seed's parts mixed, not added
 
@@ -84,7 +84,6 @@ class InRunRollouts:
     """
 
     def __init__(self, engine: Any, decoding: GenerationConfig, decode: Callable[[list[int]], str]) -> None:
-        check_layout(engine.parallel)  # at the run's start, not at its first rollout
         self.engine = engine
         self.decoding = decoding
         self.decode = decode

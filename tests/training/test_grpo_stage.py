@@ -104,17 +104,17 @@ def test_refused_settings_name_their_key(tmp_path, tiny_checkpoint, extra, key):
 
 def test_generation_under_sequence_parallelism_refuses_linear_attention():
     """Sequence parallelism pads each generating forward after its real positions (``LayoutGenerationModel``): a
-    linear-attention layer's recurrent state would take the padding in, so such a model is refused at the start."""
+    linear-attention layer's recurrent state would take the padding in, so such a model is refused (a start-time rule
+    of a stage that rolls out: ``check_run``, ``tests/parallel/test_run_rules.py``)."""
     from types import SimpleNamespace
 
-    from neva.parallel.generation_model import check_layout
+    from neva.parallel.generation_model import check_generation_layout
     from neva.parallel.layout import Layout
 
-    def parallel(linear: object, sp: bool) -> SimpleNamespace:
-        cfg = SimpleNamespace(llm=SimpleNamespace(linear_attention=linear))
-        return SimpleNamespace(parts=[SimpleNamespace(cfg=cfg)], layout=Layout(tp=2, sp=sp))
+    def cfg(linear: object) -> SimpleNamespace:
+        return SimpleNamespace(llm=SimpleNamespace(linear_attention=linear))
 
-    check_layout(parallel(object(), sp=False))
-    check_layout(parallel(None, sp=True))
+    check_generation_layout(cfg(object()), Layout(tp=2, sp=False))
+    check_generation_layout(cfg(None), Layout(tp=2, sp=True))
     with pytest.raises(ConfigError, match=r"model\.sequence_parallel=false"):
-        check_layout(parallel(object(), sp=True))
+        check_generation_layout(cfg(object()), Layout(tp=2, sp=True))
