@@ -7,8 +7,9 @@ or a wrong grid shows).
   prompt alone by full forwards without a cache, whose positions the data path's functions give over the whole
   sequence (``neva.models.mrope.mrope_positions``; AnyRes: the sample's own feature index, positions from the ids).
 - One update (μ = 2: recorded old log-probs, moved so that ratios clip) on sampled completions has the loss and the
-  gradients (the tower's and the projector's included) of the direct computation from those full forwards, each row
-  with its own copy of its images (the update encodes a group's images once).
+  gradients (the tower's and the projector's included) of the direct computation from those full forwards, each
+  completion after its own copy of the prompt and its images (the update runs a group's prompt, images included, once:
+  shared-prompt rows, ``neva.data.grpo_rows``).
 """
 
 from __future__ import annotations
