@@ -104,3 +104,24 @@ def test_shared_prompt_rows_are_one_decision():
     for refused in (engine(tp=2), engine(pp=2), engine(cp=2), engine(sp=2), engine(join=True), engine(dropout=True),
                     engine({"linear_attention": object()}), engine({"attention_chunk_size": 8})):  # fmt: skip
         assert not shares_prompts(refused)
+
+
+def test_a_prompt_ending_on_an_image_is_not_shared():
+    """A prompt whose last token is a media position (its features would have to repeat in every completion's
+    segment), or of one token, leaves the micro-batch to separate rows (None); otherwise the row is the prompt but its
+    last token, then per completion that token and the completion, at the separate row's positions."""
+    image = {"pixel_values": torch.zeros(1, 3, 4, 4), "image_count": 1, "id": 0}
+    ends = {**image, "input_ids": torch.tensor([1, 5, 9]), "labels": torch.full((3,), IGNORE_INDEX),
+            "image_positions": torch.tensor([2])}  # fmt: skip
+    fine = {**ends, "image_positions": torch.tensor([1])}
+    one = {**image, "input_ids": torch.tensor([1]), "labels": torch.full((1,), IGNORE_INDEX), "pixel_values":
+           torch.zeros(0, 3, 4, 4), "image_count": 0}  # fmt: skip
+    c = [torch.tensor([7, 8]), torch.tensor([6])]
+    assert collate_shared_prompts([ends], c, c, 2, 0, 8) is None
+    assert collate_shared_prompts([one], c, c, 2, 0, 8) is None
+    rows = collate_shared_prompts([fine], c, c, 2, 0, 8)
+    assert rows["input_ids"][0, :7].tolist() == [1, 5, 9, 7, 8, 9, 6]
+    assert rows["position_ids"][0, 0, :7].tolist() == [0, 1, 2, 3, 4, 2, 3]
+    assert rows["segment_ids"][0].tolist() == [1, 1, 2, 2, 2, 3, 3, 0]
+    assert rows["labels"][0, :7].tolist() == [IGNORE_INDEX] * 3 + [7, 8, IGNORE_INDEX, 6]
+    assert rows["completion_at"][0].tolist() == [-1, -1, 0, 0, -1, 1, -1, -1] and rows["row_tokens"].tolist() == [2, 1]
