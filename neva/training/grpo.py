@@ -65,12 +65,14 @@ def shares_prompts(engine: Any) -> bool:
     completion): the one place this is decided. Not where the rows' columns are split or sent as a whole (tensor
     parallelism's full logits and sequence padding, pipeline stages, context shards), nor where LoRA's keyed dropout
     reads each row as one sample, nor for decoders whose attention cannot take a shared prefix (linear attention's
-    state, Llama 4's chunks)."""
+    state, Llama 4's chunks), nor for MoE decoders (their routers' load-balancing statistics, part of the loss, would
+    count each prompt token once instead of once per completion)."""
     layout = engine.parallel.layout
     llm = engine.parts[0].cfg.llm
     return (
         layout.tp == 1 and layout.pp == 1 and layout.cp == 1 and engine.sp_multiple == 1 and not engine.join_rows
         and not engine.keyed_dropout and llm.linear_attention is None and llm.attention_chunk_size is None
+        and not llm.is_moe
     )  # fmt: skip
 
 

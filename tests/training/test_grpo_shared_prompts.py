@@ -93,16 +93,19 @@ def completion_positions(rows: dict) -> torch.Tensor:
 
 def test_shared_prompt_rows_are_one_decision():
     """``shares_prompts``: one process (and data parallelism) shares; each layout, LoRA keyed dropout and decoder
-    that cannot take a shared prefix falls back to separate rows."""
+    that cannot take a shared prefix (or whose MoE balancing would count the prompt once) falls back to separate
+    rows."""
 
     def engine(llm=None, dropout=False, sp=1, join=False, **layout):
-        llm = SimpleNamespace(**{"linear_attention": None, "attention_chunk_size": None, **(llm or {})})
+        llm = SimpleNamespace(
+            **{"linear_attention": None, "attention_chunk_size": None, "is_moe": False, **(llm or {})}
+        )
         return SimpleNamespace(parallel=SimpleNamespace(layout=Layout(**layout)), parts=[SimpleNamespace(
             cfg=SimpleNamespace(llm=llm))], sp_multiple=sp, join_rows=join, keyed_dropout=dropout)  # fmt: skip
 
     assert shares_prompts(engine()) and shares_prompts(engine(dp=2))
     for refused in (engine(tp=2), engine(pp=2), engine(cp=2), engine(sp=2), engine(join=True), engine(dropout=True),
-                    engine({"linear_attention": object()}), engine({"attention_chunk_size": 8})):  # fmt: skip
+                    engine({"linear_attention": object()}), engine({"attention_chunk_size": 8}), engine({"is_moe": True})):  # fmt: skip
         assert not shares_prompts(refused)
 
 
