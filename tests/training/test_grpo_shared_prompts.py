@@ -1,8 +1,9 @@
 """The GRPO update on shared-prompt rows (``neva.data.grpo_rows``: each prompt once in its group's row) equals the
 update on separate rows (one row per completion, the prompt repeated): loss, gradients and the objective's metrics,
 with a KL term to a reference, recorded old log-probs moved so that ratios clip (μ > 1) and a completion dropped by
-dynamic sampling; the step divisor of every loss type. On the tiny LLaVA (dense, one position axis) and on Qwen2.5-VL's
-native resolution (M-RoPE: the completions' positions continue the prompt's on three axes). The separate rows are
+dynamic sampling; the step divisor of every loss type. On the tiny LLaVA (dense, one position axis), on Qwen2.5-VL's
+native resolution (M-RoPE: the completions' positions continue the prompt's on three axes) and on Gemma 3 (sliding
+window layers of 16 tokens, shorter than a prompt; bidirectional attention inside the prompt's image). The separate rows are
 themselves checked against a direct computation from transformers' log-probs (test_grpo_objective) and the shared
 ones against a direct computation per completion (test_grpo_families)."""
 
@@ -27,7 +28,7 @@ from neva.training.grpo import GroupPolicyObjective, record_old_logps, shares_pr
 from tests.training.test_grpo_families import G, stage_module
 
 
-@pytest.mark.parametrize("family", ["llama_clip", "qwen2_5_vl_native"])
+@pytest.mark.parametrize("family", ["llama_clip", "qwen2_5_vl_native", "gemma3"])
 def test_shared_prompt_rows_equal_separate_rows(tmp_path, family):
     torch.set_num_threads(1)
     module, batch = stage_module(tmp_path, family)
