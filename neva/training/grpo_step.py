@@ -2,8 +2,9 @@
 optimizer updates on them (``neva.training.grpo``), metrics and the rollouts' file.
 
 A step's prompts are this rank's micro-batches of prompt samples (``neva.data.grpo_prompts``: ``model.micro_batch_size``
-prompts each); each micro-batch becomes ``micro_batch_size × num_generations`` rows, prompt + completion, the
-completion labelled. Groups never span ranks (a prompt's completions are generated where the prompt is), so the
+prompts each); each micro-batch becomes its ``micro_batch_size × num_generations`` completions, each labelled after
+its prompt: one row per prompt holding the prompt once and then each of its completions (``neva.data.grpo_rows``), or
+one row per completion where ``neva.training.grpo.shares_prompts`` says the layout or the model cannot take that. Groups never span ranks (a prompt's completions are generated where the prompt is), so the
 group statistics are local; ``scale_rewards=batch`` divides by this rank's std.
 
 Sampling is seeded per completion by (``model.seed``, the step, the prompt, its index in the group)
