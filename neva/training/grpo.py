@@ -6,7 +6,9 @@ finetuning reply is), plus per row ``advantages`` ``[B]`` and per token, aligned
 policy that sampled, recorded before the first update; absent when ``num_iterations`` is 1: the ratio is then 1 and
 the detached log-probs stand in, as in TRL) and ``ref_logps`` (the reference's, added by ``prepare``; only with
 ``beta`` > 0). The alignment with ``input_ids`` lets every per-token tensor go wherever its tokens go (pipeline and
-sequence-parallel padding, context-parallel shards: ``neva.parallel.pipeline.PAD_FILL``).
+sequence-parallel padding, context-parallel shards: ``neva.parallel.pipeline.PAD_FILL``). Shared-prompt rows
+(``neva.data.grpo_rows``: a prompt once, then each of its completions) carry ``advantages`` per completion ``[N]``,
+``completion_at`` (each learned prediction's completion, aligned as above) and ``row_tokens`` per completion.
 
 One class plays both of the engine's protocols (``neva.training.objectives``), as the preference stage's does: as the
 head objective it sums the completions' token losses (``neva.models.grpo_loss``), each token weighted by its loss
