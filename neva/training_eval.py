@@ -63,15 +63,9 @@ def check_suites(cfg: TrainConfig) -> list[Loaded | None]:
 
     Raises:
         ConfigError: an unknown benchmark, no ``data_dir``, or the benchmark's own refusal (a missing file named with
-            the layout expected, absent images); suites with sequence parallelism.
+            the layout expected, absent images).
     """
     m = cfg.model
-    if m.eval.suites and m.sequence_parallel and m.tensor_model_parallel_size > 1:
-        # a decoding step is one position, which sequence parallelism cannot split over the tensor-parallel ranks
-        raise ConfigError(
-            "model.eval.suites with model.sequence_parallel=true: generation on a sequence-parallel model is not "
-            "built; drop one of them (neva.evaluate scores the run's checkpoints in any case)"
-        )
     loaded = []
     for i, suite in enumerate(m.eval.suites):
         where = f"model.eval.suites[{i}]"

@@ -84,7 +84,8 @@ def check_run(cfg: TrainConfig, layout: Layout, model: NevaModel, precision: Pre
     if layout.tp > 1:
         check_tensor_parallel(model, layout.tp)
     check_context_parallel_model(layout, model.cfg.llm)
-    if stage_spec(cfg.stage).rollout is not None:  # the stage generates on the training model (its rollouts)
+    # the stage's rollouts and the benchmarks run during training (model.eval.suites) generate on the training model
+    if stage_spec(cfg.stage).rollout is not None or cfg.model.eval.suites:
         check_generation_layout(model.cfg, layout)
     refused_head = None if head is None or head.context_parallel else type(head).__name__
     check_context_parallel_objective(layout, cfg.model.loss_normalization, refused_head)

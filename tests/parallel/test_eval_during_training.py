@@ -32,6 +32,7 @@ LAYOUTS = {
     "ddp": ["model.data_parallel=ddp"],
     "pp2": ["model.pipeline_model_parallel_size=2"],
     "tp2": ["model.tensor_model_parallel_size=2"],
+    "tp2sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
 }
 
 

@@ -44,6 +44,12 @@ DISAGREED = [
                                                        "model=tiny_qwen3_5", "vision=tiny_qwen3_5"]),
      support.Column("TP 2 + SP", 2, {"tensor_model_parallel_size": 2, "sequence_parallel": True}),
      "generation under model.sequence_parallel=true is not built for linear-attention layers"),
+    # the same rule for the benchmarks run during training (model.eval.suites), which generate as rollouts do
+    (support.row("finetune with eval suites, Qwen3.5's linear attention", ["model=tiny_qwen3_5", "vision=tiny_qwen3_5"],
+                 {"model.eval.suites": [{"name": "skills", "data_dir": "", "limit": 4, "batch_size": 8,
+                                         "max_new_tokens": None}]}),
+     support.Column("TP 2 + SP", 2, {"tensor_model_parallel_size": 2, "sequence_parallel": True}),
+     "generation under model.sequence_parallel=true is not built for linear-attention layers"),
 ]  # fmt: skip
 
 
