@@ -25,6 +25,7 @@ from neva.config import TrainConfig
 from neva.constants import IGNORE_INDEX
 from neva.data.conversation import end_of_turn_ids, stop_strings
 from neva.data.grpo_prompts import collate_groups, completion_sample
+from neva.data.micro_batch import MicroBatch, RolloutRows
 from neva.models.generation import GenerationConfig
 from neva.models.grpo_loss import group_advantages
 from neva.training.grpo import record_old_logps
@@ -96,9 +97,9 @@ class GroupRolloutStep:
         # alone, so every validation draws with the same seeds (``val_reward``).
         self._held_out: list[torch.Tensor] = []
 
-    def held_out(self, batch: dict[str, Any]) -> None:
+    def held_out(self, batch: MicroBatch) -> None:
         """Answer a validation micro-batch's prompts (one sampled completion each) and keep their rewards."""
-        prompts, records = batch["prompts"], batch["records"]
+        prompts, records = batch.stage.prompts, batch.stage.records
         if not prompts:
             return
         seeds = [rollout_seed(self.cfg.model.seed, -1, prompt_key(p, r), 0) for p, r in zip(prompts, records)]
@@ -130,14 +131,14 @@ class GroupRolloutStep:
             out[f"val_rewards/{r.name}/mean"] = float(sums[1 + j] / sums[1 + k + j].clamp(min=1))
         return out
 
-    def run(self, optimizer: Any, scheduler: Any, batches: list[dict[str, Any]], step: int) -> dict[str, float]:
+    def run(self, optimizer: Any, scheduler: Any, batches: list[MicroBatch], step: int) -> dict[str, float]:
         """Roll out, score and update; returns the step's metrics (the objective's come from the last update)."""
         group = self.g.num_generations
         start = time.perf_counter()
         rows: list[dict[str, Any]] = []  # one per completion, prompt-major, with what the file and metrics need
         micro_batches = []
         for mb in batches:
-            prompts, records = mb["prompts"], mb["records"]
+            prompts, records = mb.stage.prompts, mb.stage.records
             if not prompts:
                 continue
             keys = [prompt_key(p, r) for p, r in zip(prompts, records)]
@@ -191,7 +192,9 @@ class GroupRolloutStep:
             self._write(step + self.g.num_iterations, rows, values, total, advantages)  # metrics.csv's row of it
         return metrics
 
-    def _row_batches(self, micro_batches: list[list[dict]], advantages: torch.Tensor, keep: torch.Tensor) -> list[dict]:
+    def _row_batches(
+        self, micro_batches: list[list[dict]], advantages: torch.Tensor, keep: torch.Tensor
+    ) -> list[MicroBatch]:
         """Each micro-batch's completions as collated rows (prompt + completion, the completion learned) with their
         advantages; a row dropped by dynamic sampling keeps its place with nothing learned (every rank runs the same
         micro-batches)."""
@@ -203,8 +206,7 @@ class GroupRolloutStep:
                 learned = ids if bool(keep[offset + k]) else torch.full_like(ids, IGNORE_INDEX)
                 samples.append(completion_sample(prompt, ids, learned))
             batch = collate_groups(samples, self.g.num_generations, self.pad_id, self.pad_to_multiple_of)
-            batch["advantages"] = advantages[offset : offset + len(made)]
-            out.append(batch)
+            out.append(batch.with_(stage=RolloutRows(advantages=advantages[offset : offset + len(made)])))
             offset += len(made)
         return out
 

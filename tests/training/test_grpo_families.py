@@ -75,7 +75,7 @@ def stage_module(tmp_path: Path, family: str):
     module = NevaModule(cfg, source, data, layout)
     module.configure_model()
     (batch,) = next(iter(StepBatches(data, layout.grad_accum)))
-    assert sorted(r["id"] for r in batch["records"]) == ["p0", "p1"]
+    assert sorted(r["id"] for r in batch.stage.records) == ["p0", "p1"]
     return module, batch
 
 
@@ -101,7 +101,7 @@ def full_forward(model, prompt: dict, ids: torch.Tensor) -> torch.Tensor:
 def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
     torch.set_num_threads(1)
     module, batch = stage_module(tmp_path, family)
-    engine, step, prompts = module.engine, module.stage_step, batch["prompts"]
+    engine, step, prompts = module.engine, module.stage_step, batch.stage.prompts
     model = engine.parts[0]
     image_id = model.cfg.image_token_id
     # the two prompts differ in length (left padding) and in their images' layouts
@@ -110,7 +110,7 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
         (h, w), other = [p["image_grid"][0, 1:].tolist() for p in prompts]
         assert h != w and other == [w, h]
     else:
-        assert [p["image_sizes"] for p in prompts] == [[SIZES[int(r["id"][1:])]] for r in batch["records"]]
+        assert [p["image_sizes"] for p in prompts] == [[SIZES[int(r["id"][1:])]] for r in batch.stage.records]
 
     greedy = GenerationConfig(max_new_tokens=MAX_NEW, pad_token_id=step.pad_id, suppress_tokens=(image_id,))
     rollouts = InRunRollouts(engine, greedy, step.tokenizer.decode)
@@ -134,15 +134,15 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
     made = [{"prompt": p, "ids": completions[i * G + j]} for i, p in enumerate(prompts) for j in range(G)]
     advantages = group_advantages(rewards, G, "group")[0]
     (rows,) = step._row_batches([made], advantages, torch.ones(len(made), dtype=torch.bool))
-    assert rows["media"].image.pixels.shape[0] == sum(p["pixel_values"].shape[0] for p in prompts)  # once per group
+    assert rows.media.image.pixels.shape[0] == sum(p["pixel_values"].shape[0] for p in prompts)  # once per group
     rows = record_old_logps(engine, [rows])[0]
-    noise = 0.4 * torch.randn(rows["old_token_logps"].shape, generator=torch.Generator().manual_seed(3))
-    rows["old_token_logps"] = rows["old_token_logps"] + noise
+    noise = 0.4 * torch.randn(rows.stage.old_token_logps.shape, generator=torch.Generator().manual_seed(3))
+    rows = rows.with_stage(old_token_logps=rows.stage.old_token_logps + noise)
     loss, _ = engine.forward_backward([rows])
 
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     total = 0.0
-    width = rows["input_ids"].shape[1]
+    width = rows.input_ids.shape[1]
     lps, masks, olds = [], [], []
     for r, row in enumerate(made):
         completion = torch.tensor(row["ids"])
@@ -152,8 +152,8 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
         logits = torch.zeros(width, model.cfg.llm.vocab_size)
         logits = torch.cat([full_forward(model, row["prompt"], ids), logits[len(ids) :]])
         lp, mask = token_logps(logits[None], labels[None])
-        lps.append(lp), masks.append(mask), olds.append(rows["old_token_logps"][r : r + 1, :-1])
-        assert torch.equal(rows["labels"][r], labels)  # the rows are right-padded, prompt then completion
+        lps.append(lp), masks.append(mask), olds.append(rows.stage.old_token_logps[r : r + 1, :-1])
+        assert torch.equal(rows.labels[r], labels)  # the rows are right-padded, prompt then completion
     lp, mask, old = torch.cat(lps), torch.cat(masks), torch.cat(olds)
     cfg = step.g
     assert (cfg.loss_type, cfg.beta, cfg.epsilon, cfg.epsilon_high) == ("grpo", 0.0, 0.2, 0.28)  # direct_loss's
