@@ -37,10 +37,9 @@ def _wrap_collator(edit) -> None:
     original = Collator.__call__
 
     def call(self, batch):
-        out = original(self, batch)
-        edit(out)
-        out["output_positions"], out["targets"] = learned_positions(out["labels"])
-        return out
+        out = edit(original(self, batch))
+        positions, targets = learned_positions(out.labels)
+        return out.with_(output_positions=positions, targets=targets)
 
     Collator.__call__ = call
 
@@ -50,10 +49,10 @@ def labels_shifted() -> None:
     from neva.constants import IGNORE_INDEX
 
     def edit(out):
-        labels = out["labels"]
+        labels = out.labels
         shifted = labels.new_full(labels.shape, IGNORE_INDEX)
         shifted[:, 1:] = labels[:, :-1]
-        out["labels"] = shifted
+        return out.with_(labels=shifted)
 
     _wrap_collator(edit)
 
@@ -79,12 +78,13 @@ def _restart_positions_off_by(shift: int) -> None:
     import torch
 
     def edit(out):
-        seg = out["segment_ids"]
+        seg = out.segment_ids
         for r in range(seg.shape[0]):
             starts = [0, *((seg[r, 1:] != seg[r, :-1]).nonzero().flatten() + 1).tolist()]
             cuts = sorted({min(max(s + shift, 0), seg.shape[1]) for s in starts if seg[r, s] > 0} | {0, seg.shape[1]})
             pos = torch.cat([torch.arange(b - a) for a, b in pairwise(cuts)])
-            out["position_ids"][:, r] = pos * (seg[r] > 0)
+            out.position_ids[:, r] = pos * (seg[r] > 0)
+        return out
 
     _wrap_collator(edit)
 

@@ -173,6 +173,6 @@ def test_reply_losses_equal_the_training_loss_of_each_record(checkpoint):
         batch = Collator(answerer.builder.pad_id(), seq_length=cfg.llm.max_seq_len)([sample])
         with torch.no_grad():
             logits = answerer.model(**model_inputs(batch, torch.device("cpu"), packed=False))
-        expected, tokens = token_cross_entropy(logits, batch["labels"])
+        expected, tokens = token_cross_entropy(logits, batch.labels)
         assert tokens >= 2  # the reply's token(s) and the end of turn
         assert loss == pytest.approx(float(expected), rel=1e-5)

@@ -1,6 +1,7 @@
-"""Samples → batch dicts: padded rows, or samples packed first-fit into rows (padding-free packing).
+"""Samples → micro-batches (``neva.data.micro_batch.MicroBatch``): padded rows, or samples packed first-fit into
+rows (padding-free packing).
 
-Batch contract (both modes)::
+Batch contract (both modes; the ``MicroBatch`` fields)::
 
     input_ids    LongTensor [B, S]   pad id where segment_ids == 0
     labels       LongTensor [B, S]   IGNORE_INDEX where not learned; the first token of every sample is ignored
@@ -25,17 +26,14 @@ Batch contract (both modes)::
                temporal patches and grid [V, 3] per video (the samples' ``video_grid``)
     output_positions LongTensor [T, 2]   (row, column) of every position whose logits predict a learned label
     targets      LongTensor [T]      the label each of those positions predicts
-    num_samples  int                 samples in the batch (skipped ones excluded)
-    skipped      dict[str, int]      skip reasons counted in this batch
-    truncated    int                 samples of the batch cut to the maximum length (kept, not skipped)
-    dropped_leading_reply int        samples whose leading assistant turn was dropped (kept, LLaVA's rule)
-    ids          list               sample ids, in the order they appear in the rows
+    counts       SampleCounts        what the loader did to the samples: num_samples (skipped ones excluded), skipped
+                                     (reasons counted), truncated, dropped_leading_reply, visual_budget, ids
 
 The media positions, ``output_positions`` and ``targets`` are found here, on the host (in the loader workers), so the
 model splices image features and picks the LM-head positions with index ops: no host-device sync per micro-batch.
 
 When every sample of a micro-batch was skipped the batch has one row of padding with ``segment_ids`` 1 and no
-learned tokens (``num_samples`` 0): every data-parallel rank still runs forward/backward, so collectives stay in step.
+learned tokens (``counts.num_samples`` 0): every data-parallel rank still runs forward/backward, so collectives stay in step.
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ import torch
 from neva.constants import IGNORE_INDEX
 from neva.data.anyres import sample_layout
 from neva.data.dataset import is_skipped
+from neva.data.micro_batch import MicroBatch, SampleCounts
 from neva.models.anyres import Layout, concat_layouts
 from neva.models.loss import learned_positions
 from neva.models.media import Media, MediaInputs
@@ -118,7 +117,7 @@ def _position_axes(rows: list[list[dict[str, Any]]], least: int) -> int:
 
 def _assemble(
     rows: list[list[dict[str, Any]]], row_len: int, pad_id: int, skipped: Counter, position_axes: int = 1
-) -> dict[str, Any]:
+) -> MicroBatch:
     bsz = max(len(rows), 1)
     input_ids = torch.full((bsz, row_len), pad_id, dtype=torch.long)
     labels = torch.full((bsz, row_len), IGNORE_INDEX, dtype=torch.long)
@@ -165,12 +164,12 @@ def _assemble(
         position_ids[:, 0] = torch.arange(row_len)
     num_samples = sum(len(row) for row in rows)
     output_positions, targets = learned_positions(labels)
-    return {
-        "input_ids": input_ids,
-        "labels": labels,
-        "position_ids": position_ids,
-        "segment_ids": segment_ids,
-        "media": Media(
+    return MicroBatch(
+        input_ids=input_ids,
+        labels=labels,
+        position_ids=position_ids,
+        segment_ids=segment_ids,
+        media=Media(
             image=_image_inputs(pixels, image_counts, image_positions, layouts, tile_tokens, grids),
             video=MediaInputs(
                 torch.cat(video_pixels),
@@ -181,16 +180,18 @@ def _assemble(
             if video_pixels
             else None,
         ),
-        "output_positions": output_positions,
-        "targets": targets,
-        "num_samples": num_samples,
-        "skipped": dict(skipped),
-        "truncated": sum(bool(s.get("truncated")) for row in rows for s in row),
-        "dropped_leading_reply": sum(bool(s.get("dropped_leading_reply")) for row in rows for s in row),
-        # samples the visual budget changed, by action (neva.data.visual_budget)
-        "visual_budget": dict(Counter(s["visual_budget"] for row in rows for s in row if s.get("visual_budget"))),
-        "ids": ids,
-    }
+        output_positions=output_positions,
+        targets=targets,
+        counts=SampleCounts(
+            num_samples=num_samples,
+            skipped=dict(skipped),
+            truncated=sum(bool(s.get("truncated")) for row in rows for s in row),
+            dropped_leading_reply=sum(bool(s.get("dropped_leading_reply")) for row in rows for s in row),
+            # samples the visual budget changed, by action (neva.data.visual_budget)
+            visual_budget=dict(Counter(s["visual_budget"] for row in rows for s in row if s.get("visual_budget"))),
+            ids=ids,
+        ),
+    )
 
 
 def _split(batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Counter]:
@@ -205,7 +206,7 @@ def collate_padded(
     pad_to_multiple_of: int = 64,
     max_length: int | None = None,
     position_axes: int = 1,
-) -> dict[str, Any]:
+) -> MicroBatch:
     """One sample per row, right-padded to the longest rounded up to ``pad_to_multiple_of`` (capped at ``max_length``).
 
     ``position_axes``: the fewest position axes of the batch (an M-RoPE model's 3, so that a text-only batch has the
@@ -219,7 +220,7 @@ def collate_padded(
 
 def collate_packed(
     batch: list[dict[str, Any]], pad_id: int, seq_length: int, pad_to_multiple_of: int = 64, position_axes: int = 1
-) -> dict[str, Any]:
+) -> MicroBatch:
     """Samples packed first-fit (in order) into rows of at most ``seq_length`` tokens.
 
     Rows are as long as the fullest row rounded up to ``pad_to_multiple_of`` (capped at ``seq_length``).
@@ -230,50 +231,6 @@ def collate_packed(
     rows = [[good[i] for i in b] for b in bins]
     longest = max((sum(s["input_ids"].numel() for s in row) for row in rows), default=1)
     return _assemble(rows, _row_length(longest, pad_to_multiple_of, seq_length), pad_id, skipped, position_axes)
-
-
-# The per-token [..., B, S] tensors of a batch (dropout_keys: the engine's LoRA dropout keys, added before the model
-# runs; position_ids carry a leading axis of position axes).
-TOKEN_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "dropout_keys")
-
-
-def join_rows(batch: dict[str, Any]) -> dict[str, Any]:
-    """A packed batch as one row holding only its real tokens: rows laid end to end, padding dropped.
-
-    Where attention runs per segment (``neva.models.attention.attends_per_segment``), row boundaries mean nothing to
-    the model: every other layer is position-wise. Dropping the padding that first-fit leaves at the end of each row
-    skips its linear, attention and elementwise work (on the CPU benchmark ~13% of the positions at rows of 1024).
-    The loss and gradients are those of the rows (up to float rounding of the differently shaped matmuls).
-
-    Every ``[..., B, S]`` tensor (ids, labels, positions, segments, LoRA dropout keys) keeps its real tokens in row order;
-    segments are renumbered so that samples of neighbouring rows stay apart; (row, column) positions are remapped
-    and the media's items per row become the batch total (``Media.joined``). Host tensors in, host tensors out (the collator's side of the step).
-    """
-    seg = batch["segment_ids"]
-    b, s = seg.shape
-    real = (seg > 0).flatten()
-    keep = real.nonzero().squeeze(1)
-    n = keep.numel()
-    new_col = torch.full((b * s,), -1, dtype=torch.long)
-    new_col[keep] = torch.arange(n)
-    out = dict(batch)
-    for key in TOKEN_KEYS:
-        if batch.get(key) is not None:
-            out[key] = batch[key].flatten(-2)[..., keep].unsqueeze(-2)
-    rows, kept_seg = keep // s, seg.flatten()[keep]
-    starts = torch.ones(n, dtype=torch.long)
-    starts[1:] = ((kept_seg[1:] != kept_seg[:-1]) | (rows[1:] != rows[:-1])).long()
-    out["segment_ids"] = torch.cumsum(starts, 0)[None]
-
-    def remap(pos: torch.Tensor) -> torch.Tensor:
-        cols = new_col[pos[:, 0] * s + pos[:, 1]]
-        return torch.stack([torch.zeros_like(cols), cols], dim=1)
-
-    if batch.get("output_positions") is not None:
-        out["output_positions"] = remap(batch["output_positions"])
-    if batch.get("media") is not None:
-        out["media"] = batch["media"].joined(remap)
-    return out
 
 
 class Collator:
@@ -293,7 +250,7 @@ class Collator:
         self.packing = packing
         self.position_axes = position_axes  # an M-RoPE model's 3: every batch, text-only ones too, has 3 axes
 
-    def __call__(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    def __call__(self, batch: list[dict[str, Any]]) -> MicroBatch:
         if self.packing:
             return collate_packed(batch, self.pad_id, self.seq_length, self.pad_to_multiple_of, self.position_axes)
         return collate_padded(batch, self.pad_id, self.pad_to_multiple_of, self.seq_length, self.position_axes)

@@ -64,7 +64,7 @@ class ResumableLoader:
             self.sampler.advance(1)
             self.closes_step = self.sampler.closes_step
             if self.tracker is not None:
-                self.tracker.update(batch)
+                self.tracker.update(batch.counts)
             yield batch
 
 

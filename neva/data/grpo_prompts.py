@@ -29,6 +29,7 @@ from neva.data.config import DataConfig
 from neva.data.datamodule import NevaDataModule, pad_token_id
 from neva.data.dataset import ConversationDataset, SkipLogger, is_skipped, process_record, skip_marker
 from neva.data.errors import SampleError
+from neva.data.micro_batch import MicroBatch, PromptRows
 from neva.data.preference import _messages
 from neva.data.records import ERROR_KEY, approx_length, record_images
 from neva.errors import ConfigError
@@ -137,20 +138,20 @@ class PromptDataset(Dataset):
 
 
 class PromptCollator:
-    """Prompt samples → ``{"prompts": [sample], "records": [record], "num_samples"}`` plus the skip fields of
-    ``collate_padded`` (the rows are built later, prompt + completion, by the stage's step)."""
+    """Prompt samples → ``collate_padded``'s micro-batch (its counts: the skip accounting's) whose ``stage`` holds the
+    prompt samples and their records (``PromptRows``; the rows are built later, prompt + completion, by the stage's
+    step)."""
 
     def __init__(self, pad_id: int, seq_length: int, pad_to_multiple_of: int = 64) -> None:
         self.pad_id = pad_id
         self.seq_length = seq_length
         self.pad_to_multiple_of = pad_to_multiple_of
 
-    def __call__(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    def __call__(self, batch: list[dict[str, Any]]) -> MicroBatch:
         out = collate_padded(batch, self.pad_id, self.pad_to_multiple_of, self.seq_length)
         good = [s for s in batch if not is_skipped(s)]
-        out["prompts"] = [{k: v for k, v in s.items() if k != "record"} for s in good]
-        out["records"] = [s["record"] for s in good]
-        return out
+        prompts = [{k: v for k, v in s.items() if k != "record"} for s in good]
+        return out.with_(stage=PromptRows(prompts=prompts, records=[s["record"] for s in good]))
 
 
 class PromptDataModule(NevaDataModule):
@@ -171,13 +172,13 @@ class PromptDataModule(NevaDataModule):
 
 def collate_groups(
     rows: list[dict[str, Any]], group: int, pad_id: int, pad_to_multiple_of: int, seq_length: int | None = None
-) -> dict[str, Any]:
+) -> MicroBatch:
     """A micro-batch's rows (``group`` consecutive rows per prompt: its completions) collated as the update runs them,
     each prompt's images encoded once for its group (``group_media``)."""
     batch = collate_padded(rows, pad_id, pad_to_multiple_of, seq_length)
-    if batch.get("media") is not None:
+    if batch.media is not None:
         firsts = collate_padded(rows[::group], pad_id, pad_to_multiple_of, seq_length)
-        batch["media"] = group_media(batch["media"], firsts["media"], group)
+        batch = batch.with_(media=group_media(batch.media, firsts.media, group))
     return batch
 
 

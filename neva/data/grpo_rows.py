@@ -11,9 +11,10 @@ what it sees in its own row, at the same positions: the same logits. The last pr
 segment because its logits predict the completion's first token, which differs from completion to completion; the
 labels then shift by one within each segment as in a separate row (the segment's first label is not learned).
 
-What the objective needs per completion rather than per row (``neva.training.grpo``): ``completion_at`` ``[B, S]``,
-aligned as the per-token log-prob tensors are (column ``t`` predicts label ``t + 1``), the completion each learned
-prediction belongs to (-1 elsewhere), and ``row_tokens`` ``[N]``, each completion's learned tokens.
+What the objective needs per completion rather than per row (``neva.training.grpo``), in the batch's
+``RolloutRows``: ``completion_at`` ``[B, S]``, aligned as the per-token log-prob tensors are (column ``t`` predicts
+label ``t + 1``), the completion each learned prediction belongs to (-1 elsewhere), and ``row_tokens`` ``[N]``, each
+completion's learned tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from neva.constants import IGNORE_INDEX
 from neva.data.collate import collate_padded
+from neva.data.micro_batch import MicroBatch, RolloutRows
 
 MEDIA_POSITIONS = ("image_positions", "video_positions")
 
@@ -62,11 +64,12 @@ def collate_shared_prompts(
     group: int,
     pad_id: int,
     pad_to_multiple_of: int,
-) -> dict[str, Any] | None:
+    advantages: torch.Tensor,
+) -> MicroBatch | None:
     """A micro-batch's groups (``group`` consecutive completions per prompt, ``learned`` their labels: the ids, or
-    ``IGNORE_INDEX`` where nothing is learned) as shared-prompt rows, with ``shared_prefix``, ``completion_at`` and
-    ``row_tokens``; None where some prompt cannot be shared (``shared_prompt_sample``: the caller collates separate
-    rows)."""
+    ``IGNORE_INDEX`` where nothing is learned; ``advantages`` ``[N]`` theirs) as shared-prompt rows
+    (``shared_prefix``; its ``RolloutRows`` with ``completion_at`` and ``row_tokens``); None where some prompt cannot
+    be shared (``shared_prompt_sample``: the caller collates separate rows)."""
     built = []
     for g, prompt in enumerate(prompts):
         one = shared_prompt_sample(
@@ -76,7 +79,7 @@ def collate_shared_prompts(
             return None
         built.append(one)
     batch = collate_padded([b[0] for b in built], pad_id, pad_to_multiple_of)
-    rows, width = batch["input_ids"].shape
+    rows, width = batch.shape
     segment_ids = torch.zeros(rows, width, dtype=torch.long)
     completion_at = torch.full((rows, width), -1, dtype=torch.long)
     for r, (_, segments, starts) in enumerate(built):
@@ -84,7 +87,7 @@ def collate_shared_prompts(
         for j, start in enumerate(starts):
             n = completions[r * group + j].numel()
             completion_at[r, start : start + n] = r * group + j  # the segment's columns that predict a completion token
-    completion_at = torch.where(batch["labels"].roll(-1, dims=1) != IGNORE_INDEX, completion_at, -1)
+    completion_at = torch.where(batch.labels.roll(-1, dims=1) != IGNORE_INDEX, completion_at, -1)
     row_tokens = torch.stack([(lab != IGNORE_INDEX).sum() for lab in learned]) if learned else torch.zeros(0)
-    return {**batch, "segment_ids": segment_ids, "shared_prefix": True, "completion_at": completion_at,
-            "row_tokens": row_tokens.long()}  # fmt: skip
+    rollout = RolloutRows(advantages=advantages, row_tokens=row_tokens.long(), completion_at=completion_at)
+    return batch.with_(segment_ids=segment_ids, shared_prefix=True, stage=rollout)

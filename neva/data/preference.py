@@ -36,6 +36,7 @@ from neva.data.config import DataConfig
 from neva.data.datamodule import NevaDataModule, pad_token_id
 from neva.data.dataset import ConversationDataset, SkipLogger, is_skipped, process_record, skip_marker
 from neva.data.errors import SampleError
+from neva.data.micro_batch import MicroBatch, PreferencePairs
 from neva.data.records import ERROR_KEY, approx_length, record_images, record_videos
 from neva.errors import ConfigError
 from neva.models.media import Media
@@ -217,38 +218,41 @@ class PairCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.packing = packing
 
-    def __call__(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    def __call__(self, batch: list[dict[str, Any]]) -> MicroBatch:
         good = [p for p in batch if not is_skipped(p)]
         markers = [p for p in batch if is_skipped(p)]
         sequences = [p["chosen"] for p in good] + [p["rejected"] for p in good]
+        output_sequences = None
         if self.packing:
             out = collate_packed(sequences + markers, self.pad_id, self.seq_length, self.pad_to_multiple_of)
-            out["output_sequences"] = packed_sequences(
-                out, [s["input_ids"].numel() for s in sequences], self.seq_length
-            )
+            output_sequences = packed_sequences(out, [s["input_ids"].numel() for s in sequences], self.seq_length)
         else:
             out = collate_padded(sequences + markers, self.pad_id, self.pad_to_multiple_of, self.seq_length)
-        if good and out.get("media") is not None and not self.packing:
+        if good and out.media is not None and not self.packing:
             chosen = collate_padded([p["chosen"] for p in good], self.pad_id, self.pad_to_multiple_of, self.seq_length)
-            out["media"] = pair_media(out["media"], chosen["media"], len(good))
-        out["pairs"] = out["num_samples"] = len(good)  # a sample of this stage is a pair (samples/s, skip fraction)
+            out = out.with_(media=pair_media(out.media, chosen.media, len(good)))
+        ref_logps = None
         if good and "ref_logps" in good[0]:
             refs = torch.stack([p["ref_logps"] for p in good])
-            out["ref_logps"] = torch.cat([refs[:, 0], refs[:, 1]])
-        return out
+            ref_logps = torch.cat([refs[:, 0], refs[:, 1]])
+        return out.with_(
+            # a sample of this stage is a pair (samples/s, skip fraction)
+            counts=replace(out.counts, num_samples=len(good)),
+            stage=PreferencePairs(pairs=len(good), ref_logps=ref_logps, output_sequences=output_sequences),
+        )
 
 
-def packed_sequences(batch: dict[str, Any], lengths: list[int], seq_length: int) -> torch.Tensor:
+def packed_sequences(batch: MicroBatch, lengths: list[int], seq_length: int) -> torch.Tensor:
     """``[T]``: the sequence (index into the collated samples) of each of ``batch``'s ``output_positions``, the
     samples of ``lengths`` packed as ``collate_packed`` packs them (first-fit in order: row r's k-th segment is the
     k-th sample of bin r). A learned position predicts a token of its own sample (a sample's first label is never
     learned), so its segment names the sequence."""
-    segments = batch["segment_ids"]
+    segments = batch.segment_ids
     owner = torch.full_like(segments, -1)
     for r, samples in enumerate(first_fit(lengths, seq_length)):
         for k, i in enumerate(samples, start=1):
             owner[r][segments[r] == k] = i
-    positions = batch["output_positions"]
+    positions = batch.output_positions
     return owner[positions[:, 0], positions[:, 1]]
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from neva.data.micro_batch import SampleCounts
 from neva.errors import InputError
 
 
@@ -24,7 +25,7 @@ class SkipLimitCertain(InputError):
 
 
 class SkipTracker:
-    """Accumulates ``batch["skipped"]`` / ``batch["num_samples"]`` / ``batch["truncated"]`` and enforces
+    """Accumulates micro-batches' ``SampleCounts`` (``neva.data.micro_batch``: skipped, used, truncated, ...) and enforces
     ``max_skip_fraction``.
 
     Args:
@@ -54,13 +55,13 @@ class SkipTracker:
         """Skipped / seen."""
         return sum(self.skipped.values()) / self.seen if self.seen else 0.0
 
-    def update(self, batch: dict[str, Any]) -> None:
-        """Count one batch, then check the rule."""
-        self.skipped.update(batch.get("skipped", {}))
-        self.used += int(batch.get("num_samples", 0))
-        self.truncated += int(batch.get("truncated", 0))
-        self.dropped_leading_reply += int(batch.get("dropped_leading_reply", 0))
-        self.visual_budget.update(batch.get("visual_budget", {}))
+    def update(self, counts: SampleCounts) -> None:
+        """Count one batch (its ``counts``), then check the rule."""
+        self.skipped.update(counts.skipped)
+        self.used += int(counts.num_samples)
+        self.truncated += int(counts.truncated)
+        self.dropped_leading_reply += int(counts.dropped_leading_reply)
+        self.visual_budget.update(counts.visual_budget)
         if self.seen >= self.min_samples:
             self.check()
         skipped = sum(self.skipped.values())

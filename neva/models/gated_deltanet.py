@@ -27,7 +27,7 @@ from neva.models.config import LLMConfig
 from neva.models.delta_rule import delta_rule_step, gated_delta_rule
 from neva.models.packed_rows import PackedRows, causal_conv
 from neva.models.recurrent_shard import RecurrentShard
-from neva.models.token_inputs import at_rows, token_inputs_at
+from neva.models.token_inputs import NO_TOKEN_INPUTS, TokenInputs, at_rows, project
 
 
 @dataclass
@@ -81,31 +81,42 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(la.value_head_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(la.value_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos=None, sin=None, attn=None, cache: RecurrentCache | None = None, rows=None) -> torch.Tensor:
+    def forward(
+        self,
+        x,
+        cos=None,
+        sin=None,
+        attn=None,
+        cache: RecurrentCache | None = None,
+        rows=None,
+        token_inputs: TokenInputs = NO_TOKEN_INPUTS,
+    ) -> torch.Tensor:
+        """``token_inputs``: the forward's per-token inputs, for the projections (``neva.models.token_inputs``)."""
         b, s, _ = x.shape
         packed = None if attn is None else attn.recurrent
+        ti = token_inputs
         if isinstance(packed, RecurrentShard):
-            core = self._mix_sharded(x, packed)
+            core = self._mix_sharded(x, packed, ti)
         elif cache is not None and cache.length:
-            core = self._continue(x, cache)
+            core = self._continue(x, cache, ti)
         else:
-            core = self._mix(x, packed, cache)
+            core = self._mix(x, packed, cache, ti)
             if cache is not None:
                 cache.length = s
-        z = self.in_proj_z(x).view(b, s, -1, self.value_head_dim)
+        z = project(self.in_proj_z, x, ti).view(b, s, -1, self.value_head_dim)
         out = self.norm(core, z).reshape(b, s, -1)
-        with token_inputs_at(rows):
-            return self.out_proj(at_rows(out, rows))
+        return project(self.out_proj, at_rows(out, rows), ti.at(rows))
 
-    def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        beta = self.in_proj_b(x).sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+    def _gates(self, x: torch.Tensor, ti: TokenInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        beta = project(self.in_proj_b, x, ti).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(project(self.in_proj_a, x, ti).float() + self.dt_bias)
         return g, beta
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _qkv(self, x: torch.Tensor, ti: TokenInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The convolution's inputs ``[N, L, C]`` (q, k, v channels; under tensor parallelism this rank's) and its
         filters ``[C, 1, K]``."""
-        qkv = torch.cat([self.in_proj_q(x), self.in_proj_k(x), self.in_proj_v(x)], dim=-1)
+        projections = (self.in_proj_q, self.in_proj_k, self.in_proj_v)
+        qkv = torch.cat([project(layer, x, ti) for layer in projections], dim=-1)
         return qkv, torch.cat([self.conv_q, self.conv_k, self.conv_v])
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,10 +129,12 @@ class GatedDeltaNet(nn.Module):
             v.reshape(b, s, -1, self.value_head_dim),
         )
 
-    def _mix(self, x: torch.Tensor, packed: PackedRows | None, cache: RecurrentCache | None) -> torch.Tensor:
+    def _mix(
+        self, x: torch.Tensor, packed: PackedRows | None, cache: RecurrentCache | None, ti: TokenInputs
+    ) -> torch.Tensor:
         """Rows from zero state (each packed sample alone): the rule's outputs ``[B, S, Hv, dv]``; fills ``cache``."""
-        inputs, filters = self._qkv(x)  # [B, S, C]
-        qkv, g, beta = inputs, *self._gates(x)
+        inputs, filters = self._qkv(x, ti)  # [B, S, C]
+        qkv, g, beta = inputs, *self._gates(x, ti)
         if packed is not None:  # every sample after K - 1 zeros, each on a chunk boundary
             qkv, g, beta = (packed.split(t) for t in (qkv, g, beta))
         # SiLU on [B, W, C] in memory: on the transposed view its backward takes a strided path (twice the time)
@@ -143,18 +156,18 @@ class GatedDeltaNet(nn.Module):
             cache.state.copy_(state)
         return out
 
-    def _mix_sharded(self, x: torch.Tensor, shard: RecurrentShard) -> torch.Tensor:
+    def _mix_sharded(self, x: torch.Tensor, shard: RecurrentShard, ti: TokenInputs) -> torch.Tensor:
         """This rank's chunks of every row under context parallelism (``neva.models.recurrent_shard``)."""
         b, _, _ = x.shape
         n, length, back = shard.chunks, shard.length, self.kernel - 1
-        qkv, filters = self._qkv(x)
+        qkv, filters = self._qkv(x, ti)
         qkv = qkv.transpose(1, 2)  # [B, C, n · L]
         channels = qkv.shape[1]
         chunks = qkv.view(b, channels, n, length).transpose(1, 2)  # [B, n, C, L]
         previous = shard.previous(shard.gather_chunks(chunks[..., length - back :].contiguous()))
         extended = torch.cat([previous, chunks], dim=-1).reshape(b * n, channels, back + length)
         mixed = F.silu(causal_conv(extended, filters, shard.taps)[..., back:]).transpose(1, 2)
-        g, beta = (t.reshape(b * n, length, -1) for t in self._gates(x))
+        g, beta = (t.reshape(b * n, length, -1) for t in self._gates(x, ti))
         q, k, v = self._heads(mixed)
         lay = shard.packed
         q, k, v, g, beta = (lay.split(t) for t in (q, k, v, g, beta))
@@ -169,13 +182,13 @@ class GatedDeltaNet(nn.Module):
         out = out + torch.einsum("rwhk,rhkv->rwhv", reads.float(), starts).to(out.dtype)
         return lay.join(out).reshape(b, n * length, heads, -1)
 
-    def _continue(self, x: torch.Tensor, cache: RecurrentCache) -> torch.Tensor:
+    def _continue(self, x: torch.Tensor, cache: RecurrentCache, ti: TokenInputs) -> torch.Tensor:
         """New tokens after the cached ones (decoding)."""
-        qkv, filters = self._qkv(x)
+        qkv, filters = self._qkv(x, ti)
         window = torch.cat([cache.conv.to(qkv.dtype), qkv.transpose(1, 2)], dim=-1)
         mixed = F.silu(F.conv1d(window, filters, groups=window.shape[1])).transpose(1, 2)
         cache.conv.copy_(window[..., window.shape[-1] - (self.kernel - 1) :])
-        g, beta = self._gates(x)
+        g, beta = self._gates(x, ti)
         q, k, v = self._heads(mixed)
         out, state = delta_rule_step(q, k, v, g, beta, cache.state)
         cache.state.copy_(state)

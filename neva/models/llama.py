@@ -23,7 +23,7 @@ from neva.models.moe import MoEFeedForward
 from neva.models.packed_rows import PackedRows
 from neva.models.recurrent_shard import RecurrentShard
 from neva.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from neva.models.token_inputs import TokenInputs, at_rows, token_inputs, token_inputs_at
+from neva.models.token_inputs import NO_TOKEN_INPUTS, TokenInputs, at_rows, project
 
 
 @dataclass
@@ -83,17 +83,21 @@ class Attention(nn.Module):
         attn: AttentionPlan,
         cache: KVCache | None = None,
         rows: torch.Tensor | None = None,
+        token_inputs: TokenInputs = NO_TOKEN_INPUTS,
     ) -> torch.Tensor:
+        """``rows``: return only these positions (``DecoderBlock``); ``token_inputs``: the forward's per-token inputs,
+        for the projections (``neva.models.token_inputs``)."""
         b, s, _ = x.shape
+        ti = token_inputs
         # -1 heads: under tensor parallelism each rank holds a slice of the (kv) heads.
-        q = self.wq(x).view(b, s, -1, self.head_dim * (2 if self.gated else 1))
+        q = project(self.wq, x, ti).view(b, s, -1, self.head_dim * (2 if self.gated else 1))
         if self.gated:
             q, gate = q.chunk(2, dim=-1)
-        k = self.wk(x).view(b, s, -1, self.head_dim)
+        k = project(self.wk, x, ti).view(b, s, -1, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = project(self.wv, x, ti).view(b, s, -1, self.head_dim).transpose(1, 2)
         if cos is not None:  # None: a NoPE layer (Llama 4)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         if self.l2_eps is not None:
@@ -103,8 +107,7 @@ class Attention(nn.Module):
         out = attn.attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
         if self.gated:
             out = out * torch.sigmoid(gate.reshape(b, s, -1))
-        with token_inputs_at(rows):
-            return self.wo(at_rows(out, rows))
+        return project(self.wo, at_rows(out, rows), ti.at(rows))
 
 
 def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -133,8 +136,9 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(cfg.hidden_size, width, bias=cfg.mlp_bias)
         self.gated = swiglu if traits(cfg).mlp_act == "silu" else gelu_tanh_gated
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.gated(self.w1(x), self.w3(x)))
+    def forward(self, x: torch.Tensor, token_inputs: TokenInputs = NO_TOKEN_INPUTS) -> torch.Tensor:
+        ti = token_inputs
+        return project(self.w2, self.gated(project(self.w1, x, ti), project(self.w3, x, ti)), ti)
 
 
 class DecoderBlock(nn.Module):
@@ -162,20 +166,22 @@ class DecoderBlock(nn.Module):
         cache: KVCache | RecurrentCache | None = None,
         rows: torch.Tensor | None = None,
         add: torch.Tensor | None = None,
+        token_inputs: TokenInputs = NO_TOKEN_INPUTS,
     ) -> torch.Tensor:
         """``rows`` ``[N, 2]`` (row, column): return only these positions, ``[N, D]``. Keys and values still come
         from every position; the output projection, residual and feed-forward run on the N rows only, and the
-        layers inside see the forward's per-token inputs at those rows (``neva.models.token_inputs``). ``add``
-        ``[B, S, D]``: added to the output (DeepStack, ``neva.models.deepstack``), in the stream's layout."""
-        out = self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows)
+        layers inside get the forward's per-token inputs (``token_inputs``, ``neva.models.token_inputs``) at those
+        rows. ``add`` ``[B, S, D]``: added to the output (DeepStack, ``neva.models.deepstack``), in the stream's
+        layout. The per-token inputs are keywords, so a parallel plan's input hooks on the token mixer or the
+        feed-forward (which name their positional inputs) see the calls they always did."""
+        out = self.attention(self.attention_norm(x), cos, sin, attn, cache, rows=rows, token_inputs=token_inputs)
         if self.post_attention_norm is not None:
             out = self.post_attention_norm(out)
         x = at_rows(x, rows) + out
-        with token_inputs_at(rows):
-            out = self.feed_forward(self.ffn_norm(x))
-            if self.post_ffn_norm is not None:
-                out = self.post_ffn_norm(out)
-            x = x + out
+        out = self.feed_forward(self.ffn_norm(x), token_inputs=token_inputs.at(rows))
+        if self.post_ffn_norm is not None:
+            out = self.post_ffn_norm(out)
+        x = x + out
         return x if add is None else x + at_rows(add, rows)
 
 
@@ -233,7 +239,8 @@ class LlamaDecoder(nn.Module):
             token_mask: ``[B, S]`` True where a token counts in MoE routers' load-balancing statistics (padding
                 does not); None = every position. Ignored by dense blocks.
             dropout_keys: ``[B, S]`` LoRA dropout keys (``neva.models.lora.token_dropout_keys``); None = the RNG
-                stream's dropout. Both reach the layers that read them as the forward's ``TokenInputs``.
+                stream's dropout. Both reach the layers that read them as the forward's ``TokenInputs``, an argument
+                of every block (``neva.models.token_inputs``).
             layer_additions: ``{layer name: [B, S, D]}`` added to the residual stream after that layer (Qwen3-VL's
                 DeepStack features, ``neva.models.deepstack``); each layer named must be on this stage.
             context: context parallelism: ``h`` holds this rank's columns of longer rows (``neva.models.context_shard``;
@@ -301,15 +308,15 @@ class LlamaDecoder(nn.Module):
         # still cover every position), skipping most of its work at prompt, image and padding positions. Not an MoE
         # layer: its router's load-balancing statistics cover every token.
         last_rows = output_positions is not None and bool(layers) and not self.cfg.is_moe
-        with token_inputs(TokenInputs(dropout_keys, token_mask)):
-            for i, layer in enumerate(layers):
-                rows = output_positions if last_rows and i == len(layers) - 1 else None
-                kv = None if cache is None else cache[i]
-                add = additions.get(names[i])
-                # ``add`` only where there is one: a block's hooks (SP's input plans) see the same call as before.
-                extra = {} if add is None else {"add": add}
-                kind = kinds[names[i]]
-                h = layer(h, *ropes[kind], plans[kind], kv, rows=rows, **extra)
+        token_inputs = TokenInputs(dropout_keys, token_mask)
+        for i, layer in enumerate(layers):
+            rows = output_positions if last_rows and i == len(layers) - 1 else None
+            kv = None if cache is None else cache[i]
+            add = additions.get(names[i])
+            # ``add`` only where there is one: a block's hooks (SP's input plans) see the same call as before.
+            extra = {} if add is None else {"add": add}
+            kind = kinds[names[i]]
+            h = layer(h, *ropes[kind], plans[kind], kv, rows=rows, token_inputs=token_inputs, **extra)
         if output_positions is not None and not last_rows:
             h = h[output_positions[:, 0], output_positions[:, 1]]
         if self.norm is not None:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neva.models.token_inputs import TokenInputs, current_token_inputs, token_inputs
+from neva.models.token_inputs import NO_TOKEN_INPUTS, TokenInputs
 
 _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B  # < 2**31: products of 32-bit values stay inside int64
@@ -49,14 +49,6 @@ def token_dropout_keys(input_ids: torch.Tensor, position_ids: torch.Tensor, step
     return _mix(_mix(sample_hash + step * 0x27D4EB2F) ^ pos)
 
 
-@contextlib.contextmanager
-def dropout_keys(keys: torch.Tensor | None) -> Iterator[None]:
-    """Adapter dropout inside this context is keyed by ``keys`` (``[B, S]`` of the activations' leading dims): a
-    decoder forward's own ``TokenInputs.dropout_keys`` (``neva.models.token_inputs``), for adapters run alone."""
-    with token_inputs(TokenInputs(keys, current_token_inputs().token_mask)):
-        yield
-
-
 def keyed_dropout_mask(keys: torch.Tensor, features: int, salt: int, p: float) -> torch.Tensor:
     """Keep-mask ``[B, S, features]`` with keep probability ``1 - p``, a pure function of keys, feature and salt."""
     feature = _mix(torch.arange(features, device=keys.device) + salt * 0x1000193)
@@ -65,7 +57,12 @@ def keyed_dropout_mask(keys: torch.Tensor, features: int, salt: int, p: float) -
 
 
 class LoRALinear(nn.Module):
-    """``base(x) + scale * B(A(dropout(x)))`` with ``A`` ``[r, in]`` (Kaiming) and ``B`` ``[out, r]`` (zeros)."""
+    """``base(x) + scale * B(A(dropout(x)))`` with ``A`` ``[r, in]`` (Kaiming) and ``B`` ``[out, r]`` (zeros).
+
+    Its dropout is keyed by the forward's ``TokenInputs.dropout_keys``, which the layer calling it hands on
+    (``neva.models.token_inputs.project``)."""
+
+    reads_token_inputs = True
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0, salt: int = 0) -> None:
         super().__init__()
@@ -83,15 +80,14 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_a.weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_b.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_inputs: TokenInputs = NO_TOKEN_INPUTS) -> torch.Tensor:
         if not self.enabled:
             return self.base(x)
-        return self.base(x) + self.lora_b(self.lora_a(self._dropout(x))) * self.scale
+        return self.base(x) + self.lora_b(self.lora_a(self._dropout(x, token_inputs.dropout_keys))) * self.scale
 
-    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+    def _dropout(self, x: torch.Tensor, keys: torch.Tensor | None) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        keys = current_token_inputs().dropout_keys
         if keys is None:
             return F.dropout(x, self.p, training=True)
         return x * keyed_dropout_mask(keys, x.shape[-1], self.salt, self.p).to(x.dtype) / (1 - self.p)

@@ -115,7 +115,7 @@ class Media:
         return Media(**{m: None if v is None else v.padded_rows(rows) for m, v in self.items()})
 
     def joined(self, remap: Callable[[torch.Tensor], torch.Tensor]) -> Media:
-        """The same media for the batch's rows joined into one (``neva.data.collate.join_rows``): every ``[M, 2]``
+        """The same media for the batch's rows joined into one (``neva.data.micro_batch.MicroBatch.joined``): every ``[M, 2]``
         position through ``remap``, items per row summed."""
         out = {}
         for m, v in self.items():

@@ -39,7 +39,7 @@ from torch import nn
 
 from neva.models.config import LLMConfig
 from neva.models.layers import swiglu
-from neva.models.token_inputs import current_token_inputs
+from neva.models.token_inputs import NO_TOKEN_INPUTS, TokenInputs, project
 
 
 @dataclass
@@ -156,9 +156,10 @@ class SharedExpert(nn.Module):
         self.w3 = nn.Linear(cfg.hidden_size, width, bias=False)
         self.gate = nn.Linear(cfg.hidden_size, 1, bias=False) if cfg.moe_shared_expert_gate else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.w2(swiglu(self.w1(x), self.w3(x)))
-        return out if self.gate is None else torch.sigmoid(self.gate(x)) * out
+    def forward(self, x: torch.Tensor, token_inputs: TokenInputs = NO_TOKEN_INPUTS) -> torch.Tensor:
+        t = token_inputs
+        out = project(self.w2, swiglu(project(self.w1, x, t), project(self.w3, x, t)), t)
+        return out if self.gate is None else torch.sigmoid(project(self.gate, x, t)) * out
 
 
 class MoEFeedForward(nn.Module):
@@ -175,12 +176,12 @@ class MoEFeedForward(nn.Module):
         self.shared_expert = SharedExpert(cfg) if cfg.moe_shared_expert_intermediate_size else None
         self.scale_input = cfg.moe_apply_probs_on_input
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [..., H]; the forward's ``TokenInputs.token_mask`` (x's leading shape, True = counts for load
+    def forward(self, x: torch.Tensor, token_inputs: TokenInputs = NO_TOKEN_INPUTS) -> torch.Tensor:
+        """``x`` [..., H]; the forward's ``token_inputs.token_mask`` (x's leading shape, True = counts for load
         balancing; None = all count) selects the tokens of the routing statistics."""
         flat = x.reshape(-1, x.shape[-1])
         logits, probs, weights, index = self.router(flat)
-        token_mask = current_token_inputs().token_mask
+        token_mask = token_inputs.token_mask
         mask = None if token_mask is None else token_mask.reshape(-1).to(probs.device)
         self.routing = routing_stats(logits, probs, index, mask, self.num_experts)
         k = index.shape[1]
@@ -199,7 +200,7 @@ class MoEFeedForward(nn.Module):
             y = (y * weights.reshape(-1)[order, None]).to(flat.dtype)
         out = torch.zeros_like(flat).index_add_(0, tokens, y)
         if self.shared_expert is not None:
-            out = out + self.shared_expert(flat)
+            out = out + self.shared_expert(flat, token_inputs)
         return out.view(x.shape)
 
     def reset_parameters(self, std: float = 0.02) -> None:

@@ -1,20 +1,22 @@
-"""Per-token side inputs of one decoder forward, handed to the layers deep inside a block that need them.
+"""Per-token side inputs of one decoder forward, handed as an argument to the layers deep inside a block that read them.
 
 LoRA adapters key their dropout masks by token (``dropout_keys``); MoE routers count only real tokens in their
-load-balancing statistics (``token_mask``). ``LlamaDecoder.forward`` sets both for the blocks it runs; blocks,
-attention and feed-forward code pass nothing on and know nothing of adapters or routers.
+load-balancing statistics (``token_mask``). ``LlamaDecoder.forward`` builds one ``TokenInputs`` and passes it to each
+block (``token_inputs=``); a block hands it, narrowed to the positions it computes (``TokenInputs.at``), to its token
+mixer and feed-forward, and those to their projections through ``project``, which hands it on only to a layer that
+reads it (``reads_token_inputs``: LoRA's adapters). Blocks, attention and feed-forward know nothing of adapters or
+routers; they carry an opaque argument.
 
-A module global, not a ``ContextVar``: dynamo traces a read of a global into a compiled block's graph (guarding on
-the tensors it holds), where ``ContextVar.get`` breaks the graph. A process runs its forwards on one thread.
+An argument, not per-forward state: activation recomputation (``torch.utils.checkpoint``) replays it with the block's
+other inputs, and a compiled block sees its tensors as graph inputs.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 def at_rows(t: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor | None:
@@ -36,30 +38,14 @@ class TokenInputs:
         return TokenInputs(at_rows(self.dropout_keys, rows), at_rows(self.token_mask, rows))
 
 
-class _Current:
-    inputs = TokenInputs()
+# A forward without per-token inputs (a layer run alone, a test): every layer's default.
+NO_TOKEN_INPUTS = TokenInputs()
 
 
-_CURRENT = _Current()
-
-
-def current_token_inputs() -> TokenInputs:
-    return _CURRENT.inputs
-
-
-@contextlib.contextmanager
-def token_inputs(inputs: TokenInputs) -> Iterator[None]:
-    """Layers inside this context see ``inputs``; the previous ones come back after."""
-    previous = _CURRENT.inputs
-    _CURRENT.inputs = inputs
-    try:
-        yield
-    finally:
-        _CURRENT.inputs = previous
-
-
-@contextlib.contextmanager
-def token_inputs_at(rows: torch.Tensor | None) -> Iterator[None]:
-    """Inside, layers see the current inputs at ``rows`` only (``TokenInputs.at``; unchanged without rows)."""
-    with token_inputs(_CURRENT.inputs.at(rows)):
-        yield
+def project(layer: nn.Module, x: torch.Tensor, inputs: TokenInputs) -> torch.Tensor:
+    """``layer(x)``, with ``inputs`` handed on (as ``token_inputs=``) where the layer reads them
+    (``reads_token_inputs``); a plain ``nn.Linear`` (and any hook a parallel plan put on it) sees the call it always
+    did."""
+    if getattr(layer, "reads_token_inputs", False):
+        return layer(x, token_inputs=inputs)
+    return layer(x)

@@ -9,15 +9,12 @@ at long sequence lengths (NeMo's "selective" recomputes the core attention only)
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from neva.config import ModelConfig
-from neva.models.token_inputs import current_token_inputs, token_inputs
 from neva.parallel.activation_offload import apply_activation_offload
 
 _SAVE = {
@@ -33,28 +30,14 @@ def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 
 
 def _checkpoint_contexts(selective: bool):
-    """``context_fn`` for ``torch.utils.checkpoint``: the recomputation in backward runs under the per-token inputs
-    the forward saw (it runs outside ``LlamaDecoder.forward``), so LoRA draws the same dropout masks and MoE routers
-    count the same tokens; selective granularity adds its save/recompute policy."""
+    """``context_fn`` for ``torch.utils.checkpoint`` under selective granularity: its save/recompute policy. (The
+    recomputation replays the block's arguments, the per-token inputs among them: LoRA draws the same dropout masks
+    and MoE routers count the same tokens with nothing to restore.)"""
 
     def context_fn():
-        inputs = current_token_inputs()
-        forward, recompute = (
-            create_selective_checkpoint_contexts(_selective_policy)
-            if selective
-            else (contextlib.nullcontext(), contextlib.nullcontext())
-        )
-        return forward, _together(recompute, token_inputs(inputs))
+        return create_selective_checkpoint_contexts(_selective_policy)
 
     return context_fn
-
-
-@contextlib.contextmanager
-def _together(*managers):
-    with contextlib.ExitStack() as stack:
-        for manager in managers:
-            stack.enter_context(manager)
-        yield
 
 
 def checkpointed_blocks(block_ids: list, granularity: str | None, num_layers: int | None) -> list:
@@ -74,7 +57,10 @@ def apply_activation_checkpointing(layers: nn.ModuleDict, granularity: str | Non
     and ``neva.checkpoint.names.canonical_name`` strips it from parameter names.
     """
     for name in checkpointed_blocks(list(layers.keys()), granularity, num_layers):
-        layers[name] = checkpoint_wrapper(layers[name], context_fn=_checkpoint_contexts(granularity == "selective"))
+        if granularity == "selective":
+            layers[name] = checkpoint_wrapper(layers[name], context_fn=_checkpoint_contexts(True))
+        else:
+            layers[name] = checkpoint_wrapper(layers[name])
 
 
 def compile_enabled(setting: bool | str, device: torch.device) -> bool:

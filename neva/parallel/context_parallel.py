@@ -1,7 +1,7 @@
 """Context parallelism: every row of a micro-batch split over the ``cp`` ranks of a mesh dimension.
 
 The ``cp`` ranks of one data-parallel rank read the same micro-batches (the samplers are keyed on the dp rank). Each
-splits every micro-batch on the host (``split_batch``), load-balanced for causal attention as Megatron does: the row
+splits every micro-batch on the host (``split_batch``: ``neva.data.micro_batch.MicroBatch.split_columns``), load-balanced for causal attention as Megatron does: the row
 length is padded to a multiple of ``2 · cp`` and cut into ``2 · cp`` chunks; rank r holds chunks ``r`` and
 ``2 · cp − 1 − r`` (a front chunk, whose queries see few keys, and a back one, whose queries see many). Everything
 per token goes with its tokens: ids, ``position_ids`` ``[P, B, S]`` (RoPE then uses each token's global position),
@@ -34,17 +34,14 @@ layout or model is refused here; ``check_context_parallel_objective`` refuses wh
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from neva.constants import IGNORE_INDEX
-from neva.models.context_shard import ContextShard
+from neva.data.micro_batch import MicroBatch
 from neva.models.decoder_traits import traits
 from neva.parallel.layout import Layout
-from neva.parallel.pipeline import PAD_FILL
 from neva.typed import ConfigError
 
 
@@ -93,84 +90,15 @@ def check_context_parallel_model(layout: Layout, llm: Any) -> None:
         )
 
 
-def chunk_columns(length: int, cp: int, rank: int) -> torch.Tensor:
-    """The global columns rank ``rank`` holds of a row of ``length`` (a multiple of ``2 · cp``): chunks ``rank``
-    and ``2 · cp − 1 − rank``."""
-    chunk = length // (2 * cp)
-    front = torch.arange(rank * chunk, (rank + 1) * chunk)
-    back = torch.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk)
-    return torch.cat([front, back])
-
-
 def split_batch(
-    batch: dict[str, Any], cp: int, rank: int, group: Any, packed: bool, rotation: int = 0, multiple: int = 1
-) -> dict[str, Any]:
-    """This rank's share of a collated (host) micro-batch, with the ``context`` the model takes (``rotation``: see
-    ``ContextShard``; ``multiple``: each rank's columns a multiple of it, sequence parallelism's tp).
-
-    ``labels`` become ``next_labels``, what each of this rank's positions predicts (a shifted loss over the split
-    columns would pair tokens across chunk boundaries); the learned-positions head reads ``output_positions`` /
-    ``targets``. ``packed``: segment ids bound attention (else one causal run per row, as the unpacked forward has
-    it).
-    """
-    ids = batch["input_ids"]
-    b, s = ids.shape
-    unit = 2 * cp * multiple
-    length = -(-s // unit) * unit
-    columns = chunk_columns(length, cp, rank)
-    out = {k: v for k, v in batch.items() if k != "labels"}
-    if batch.get("labels") is not None:
-        labels = batch["labels"]
-        following = torch.full((b, length), IGNORE_INDEX, dtype=labels.dtype)
-        following[:, : s - 1] = labels[:, 1:]
-        out["next_labels"] = following[:, columns]
-    for key, pad in PAD_FILL.items():  # every per-token tensor goes with its tokens (labels as next_labels)
-        value = batch.get(key)
-        if key != "labels" and isinstance(value, torch.Tensor):
-            if length > s:
-                value = torch.cat([value, value.new_full((*value.shape[:-1], length - s), pad)], dim=-1)
-            out[key] = value[..., columns]
-    segments = batch.get("segment_ids") if packed else None
-    if segments is None:
-        segments = torch.ones(b, length, dtype=torch.long)
-    elif length > s:
-        segments = torch.cat([segments, segments.new_zeros(b, length - s)], dim=1)
-    local = torch.full((length,), -1, dtype=torch.long)
-    local[columns] = torch.arange(columns.numel())
-    if batch.get("output_positions") is not None:
-        keep, out["output_positions"] = _localize(batch["output_positions"], local)
-        out["targets"] = batch["targets"][keep]
-    features = {}
-    if batch.get("media") is not None:
-        media = {}
-        for modality, inputs in batch["media"].items():
-            if inputs is not None and inputs.positions is not None:
-                keep, positions = _localize(inputs.positions, local)
-                features[modality] = keep.nonzero().squeeze(1)
-                inputs = replace(inputs, positions=positions)
-            media[modality] = inputs
-        out["media"] = replace(batch["media"], **media)
-    every = torch.cat([chunk_columns(length, cp, r) for r in range(cp)])
-    out["context"] = ContextShard(
-        rank=rank,
-        size=cp,
-        columns=columns,
-        order=torch.argsort(every),
-        segment_ids=segments,
-        gather=lambda t, dim, sizes: all_gather(t, dim, sizes, group),
-        features=features,
-        rotation=rotation,
-        every=every,
+    batch: MicroBatch, cp: int, rank: int, group: Any, packed: bool, rotation: int = 0, multiple: int = 1
+) -> MicroBatch:
+    """This rank's share of a collated (host) micro-batch (``MicroBatch.split_columns``), its ``context`` gathering
+    over ``group`` (``rotation``: see ``ContextShard``; ``multiple``: each rank's columns a multiple of it, sequence
+    parallelism's tp)."""
+    return batch.split_columns(
+        cp, rank, lambda t, dim, sizes: all_gather(t, dim, sizes, group), packed, rotation=rotation, multiple=multiple
     )
-    return out
-
-
-def _localize(positions: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(keep [M] bool, positions [M_local, 2])``: the ``(row, column)`` positions on this rank's columns, their
-    columns made local."""
-    cols = local[positions[:, 1]]
-    keep = cols >= 0
-    return keep, torch.stack([positions[keep, 0], cols[keep]], dim=1)
 
 
 class _AllGather(torch.autograd.Function):

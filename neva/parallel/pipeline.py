@@ -7,7 +7,8 @@ stay those of the whole model (checkpoints are layout-independent).
 
 Multimodal micro-batches differ in length and image count. Stages exchange activations whose shapes are agreed once
 per schedule, so every micro-batch of a step is padded to the step's longest (right padding and learned-token-free
-rows change no real token's result), and one schedule is kept per padded shape.
+rows change no real token's result: ``neva.data.micro_batch.MicroBatch.padded``), and one schedule is kept per padded
+shape.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from neva.constants import IGNORE_INDEX
+from neva.data.micro_batch import MicroBatch, pad_micro_batches, step_shape
 from neva.models.config import NevaConfig
 from neva.models.loss import token_cross_entropy
 from neva.models.media import Media
@@ -106,42 +107,6 @@ def build_chunks(model: NevaModel, pp_rank: int, pp: int, virtual: int, first_la
     return out
 
 
-def step_shape(micro_batches: list[dict[str, Any]], multiple: int = 1) -> tuple[int, int]:
-    """Rows × length that every micro-batch of a step is padded to: the longest, length rounded up to ``multiple``."""
-    rows = max(mb["input_ids"].shape[0] for mb in micro_batches)
-    length = max(mb["input_ids"].shape[1] for mb in micro_batches)
-    return rows, -(-length // multiple) * multiple
-
-
-# Per-token tensors ``[..., B, S]`` of a micro-batch and what their padding holds (it learns nothing and precedes no
-# real token).
-PAD_FILL = {
-    "input_ids": 0, "labels": IGNORE_INDEX, "position_ids": 0, "segment_ids": 0, "dropout_keys": 0, "token_mask": False,
-    "old_token_logps": 0.0, "ref_token_logps": 0.0,  # the online RL stage's per-token log-probs (neva/training/grpo.py)
-}  # fmt: skip
-
-
-def pad_micro_batches(
-    micro_batches: list[dict[str, Any]], multiple: int = 1, shape: tuple[int, int] | None = None
-) -> list[dict[str, Any]]:
-    """Pad every micro-batch to ``shape`` (default ``step_shape``); padding learns nothing and precedes no real token."""
-    rows, length = shape or step_shape(micro_batches, multiple)
-    out = []
-    for mb in micro_batches:
-        mb = dict(mb)
-        b, s = mb["input_ids"].shape
-        for key, value in PAD_FILL.items():
-            t = mb.get(key)
-            if t is not None and (b, s) != (rows, length):
-                padded = torch.full((*t.shape[:-2], rows, length), value, dtype=t.dtype)  # [P, B, S] positions too
-                padded[..., :b, :s] = t
-                mb[key] = padded
-        if mb.get("media") is not None:
-            mb["media"] = mb["media"].padded_rows(rows)
-        out.append(mb)
-    return out
-
-
 def check_microbatches(schedule: str, pp: int, n_microbatches: int) -> None:
     """A 1F1B schedule needs at least one micro-batch per pipeline stage in flight (a start-time rule:
     ``run_rules.check_run``).
@@ -165,11 +130,6 @@ def check_interleaved(schedule: str, pp: int, chunks_per_rank: int) -> None:
     """
     if pp > 1 and schedule == "interleaved_1f1b" and chunks_per_rank < 2:
         raise ConfigError("interleaved_1f1b needs model.virtual_pipeline_model_parallel_size >= 2")
-
-
-# Per-token keyword inputs a micro-batch may carry besides positions and segments: LoRA dropout keys (every stage),
-# an MoE model's token mask (its routers count only those tokens).
-OPTIONAL_KEYWORD_INPUTS = ("dropout_keys", "token_mask")
 
 
 class PipelineRunner:
@@ -218,8 +178,8 @@ class PipelineRunner:
         self._loss_sums: list[torch.Tensor] = []
         # The step's head objective (None: token cross-entropy on the labels) and its micro-batches by their labels'
         # identity: the schedule hands the loss function only a micro-batch's target (its labels tensor).
-        self._head: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None = None
-        self._by_target: dict[int, dict[str, Any]] = {}
+        self._head: Callable[[torch.Tensor, MicroBatch], torch.Tensor] | None = None
+        self._by_target: dict[int, MicroBatch] = {}
         # Static stage inputs and outputs (``PipelineStage``'s ``input_args`` / ``output_args``) per (chunk id, padded
         # step shape), instead of inferring them over the wire: the full-size rehearsal's fake tensors and fake process
         # group move no data (``neva.training.rehearsal``). None in training.
@@ -260,32 +220,36 @@ class PipelineRunner:
             self._schedules[key] = (sched, stages)
         return self._schedules[key]
 
-    def _inputs(self, micro_batches: list[dict[str, Any]]):
+    def _inputs(self, micro_batches: list[MicroBatch]):
         """Stage inputs: the ids as the one positional input (the first stage's), the micro-batch's ``Media`` and
         per-token tensors as keywords (stages without the embedding, taking hidden states, ignore the media)."""
         args, kwargs, targets = [], [], []
         for mb in micro_batches:
-            args.append((mb["input_ids"].to(self.device),))
-            media = mb.get("media") or Media()  # a stage's inputs are the same structure for every micro-batch
-            kw = {"media": media.to(self.device), "position_ids": mb["position_ids"].to(self.device)}
+            args.append((mb.input_ids.to(self.device),))
+            media = mb.media or Media()  # a stage's inputs are the same structure for every micro-batch
+            kw = {"media": media.to(self.device), "position_ids": mb.position_ids.to(self.device)}
             if self.packed:
-                kw["segment_ids"] = mb["segment_ids"].to(self.device)
-            # A micro-batch without one of them passes none, as a batch without it does.
-            kw.update({k: mb[k].to(self.device) for k in OPTIONAL_KEYWORD_INPUTS if mb.get(k) is not None})
-            if mb.get("context") is not None:  # context parallelism: this rank's share of the rows, every stage
-                kw["context"] = mb["context"].to(self.device)
+                kw["segment_ids"] = mb.segment_ids.to(self.device)
+            # Per-token keyword inputs besides positions and segments: LoRA dropout keys (every stage), an MoE
+            # model's token mask (its routers count only those tokens). A micro-batch without one of them passes
+            # none, as a batch without it does.
+            for key in ("dropout_keys", "token_mask"):
+                if getattr(mb, key) is not None:
+                    kw[key] = getattr(mb, key).to(self.device)
+            if mb.context is not None:  # context parallelism: this rank's share of the rows, every stage
+                kw["context"] = mb.context.to(self.device)
             kwargs.append(kw)
-            targets.append(mb["next_labels" if "next_labels" in mb else "labels"].to(self.device))
+            targets.append((mb.next_labels if mb.next_labels is not None else mb.labels).to(self.device))
         return args, kwargs, targets
 
     def forward_backward(
         self,
-        micro_batches: list[dict[str, Any]],
+        micro_batches: list[MicroBatch],
         weight: Callable[[torch.Tensor], torch.Tensor],
         grad_factor: float,
         multiple: int = 1,
-        head: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None = None,
-        split: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        head: Callable[[torch.Tensor, MicroBatch], torch.Tensor] | None = None,
+        split: Callable[[MicroBatch], MicroBatch] | None = None,
     ):
         """Run the schedule (forward + backward of every micro-batch); returns the weighted sum of the micro-batches'
         losses (``weight(labels)`` each; backward of that times ``grad_factor``) on every pipeline rank. A loss is
@@ -296,15 +260,15 @@ class PipelineRunner:
     @torch.no_grad()
     def evaluate(
         self,
-        micro_batches: list[dict[str, Any]],
+        micro_batches: list[MicroBatch],
         multiple: int = 1,
-        head: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None = None,
+        head: Callable[[torch.Tensor, MicroBatch], torch.Tensor] | None = None,
         split: Callable | None = None,
     ) -> torch.Tensor:
         """Forward only; the summed loss (``head``'s, token cross-entropy by default) on every pipeline rank."""
         return self._run(micro_batches, None, 1.0, multiple, train=False, head=head, split=split)
 
-    def _agreed_shape(self, micro_batches: list[dict[str, Any]], multiple: int) -> tuple[int, int]:
+    def _agreed_shape(self, micro_batches: list[MicroBatch], multiple: int) -> tuple[int, int]:
         """The step's padded shape, the largest over the data-parallel replicas.
 
         A new shape builds a new schedule, whose first step runs an extra forward to set its stages up; replicas
@@ -326,7 +290,7 @@ class PipelineRunner:
             micro_batches = [split(mb) for mb in micro_batches]
         self._shifted = split is not None
         n = len(micro_batches)
-        schedule, stages = self._schedule(tuple(micro_batches[0]["input_ids"].shape), n, train)
+        schedule, stages = self._schedule(micro_batches[0].shape, n, train)
         # What ``schedule.step`` does before ``_step_microbatches`` (which takes ready-made micro-batches: a step's
         # images cannot be split by rows the way ``step`` chunks its inputs).
         for stage in stages:

@@ -48,7 +48,7 @@ class StepDecisions:
         )
 
     def join_rows(self, packed: bool, device: torch.device) -> bool:
-        """Packed rows are joined into one row of their real tokens (``neva.data.collate.join_rows``: the same loss
+        """Packed rows are joined into one row of their real tokens (``neva.data.micro_batch.MicroBatch.joined``: the same loss
         without the rows' padding) where the head runs at learned positions and the device attends per segment."""
         return packed and self.learned_only_head and attends_per_segment(device)
 

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 from neva.checkpoint.source import ModelSource
 from neva.config import DPOConfig, TrainConfig
 from neva.constants import IGNORE_INDEX
+from neva.data.micro_batch import MicroBatch
 from neva.data.preference import PairCollator, PreferenceDataModule, carries_reference
 from neva.errors import ConfigError
 from neva.models.lora import adapters_disabled
@@ -49,7 +50,7 @@ METRICS = (
 
 
 def batch_logps(
-    logits: torch.Tensor, batch: dict[str, Any], device: torch.device, mean: bool, cp_group: Any = None
+    logits: torch.Tensor, batch: MicroBatch, device: torch.device, mean: bool, cp_group: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sequence log-probs ``[2P]`` as the loss takes them, summed log-probs ``[2P]``, learned tokens ``[2P]``) of a
     pair batch's rows, from its logits at ``output_positions`` ``[N, V]`` or at every position ``[B, S, V]`` (TP:
@@ -58,22 +59,23 @@ def batch_logps(
     ``cp_group``: the batch is this rank's context-parallel shard of the rows (``neva.parallel.context_parallel``);
     the sums and counts of its tokens are summed over the group (differentiably), so every cp rank holds the whole
     sequences' values, as one process computes them."""
-    n_rows = 2 * int(batch["pairs"])
+    n_rows = 2 * int(batch.stage.pairs)
     if logits.dim() == 3:
-        if batch.get("next_labels") is not None:  # a context-parallel shard: each position's own target
-            target = batch["next_labels"][:n_rows].to(device, non_blocking=True)
+        if batch.next_labels is not None:  # a context-parallel shard: each position's own target
+            target = batch.next_labels[:n_rows].to(device, non_blocking=True)
             flat = logits[:n_rows].float().flatten(0, 1)
         else:
-            target = batch["labels"][:n_rows, 1:].to(device, non_blocking=True)
+            target = batch.labels[:n_rows, 1:].to(device, non_blocking=True)
             flat = logits[:n_rows, :-1].float().flatten(0, 1)
         nll = F.cross_entropy(flat, target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
         nll = nll.full_tensor() if isinstance(nll, DTensor) else nll
         learned = target != IGNORE_INDEX
         sums, counts = -(nll.view(target.shape) * learned).sum(1), learned.sum(1).to(nll.dtype)
     else:
-        targets = batch["targets"].to(device, non_blocking=True)
+        targets = batch.targets.to(device, non_blocking=True)
         # packed pairs: the sequence of each learned position; padded: its row
-        rows = batch.get("output_sequences", batch["output_positions"][:, 0]).to(device, non_blocking=True)
+        sequences = batch.stage.output_sequences
+        rows = (batch.output_positions[:, 0] if sequences is None else sequences).to(device, non_blocking=True)
         token = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)
         sums, counts = sequence_logps(token, rows, n_rows)
     if cp_group is not None:
@@ -92,7 +94,7 @@ class PreferenceObjective:
 
     headline = ("rewards/accuracy", "rewards/margin")  # is the policy learning the preferences, at a glance
 
-    def __init__(self, cfg: DPOConfig, reference: Callable[[dict[str, Any]], torch.Tensor] | None = None) -> None:
+    def __init__(self, cfg: DPOConfig, reference: Callable[[MicroBatch], torch.Tensor] | None = None) -> None:
         self.cfg = cfg
         self.mean = PREFERENCE_LOSSES[cfg.loss_type][1]
         self.reference = reference
@@ -115,15 +117,15 @@ class PreferenceObjective:
         return cls(cfg.model.dpo)
 
     # -- head objective ---------------------------------------------------------------------------------------
-    def count(self, batch: dict[str, Any]) -> torch.Tensor:
-        return torch.tensor(int(batch["pairs"]))
+    def count(self, batch: MicroBatch) -> torch.Tensor:
+        return torch.tensor(int(batch.stage.pairs))
 
     # The loss is right on a context-parallel shard of a batch (``check_run`` refuses a head that is not).
     context_parallel = True
 
-    def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, batch: MicroBatch, device: torch.device) -> torch.Tensor:
         policy, sums, counts = batch_logps(logits, batch, device, self.mean, self.cp_group)
-        reference = batch["ref_logps"].to(device, torch.float32)
+        reference = batch.stage.ref_logps.to(device, torch.float32)
         n = policy.shape[0] // 2
         losses = pair_losses(self.cfg.loss_type, self.cfg.beta, self.cfg.label_smoothing, policy, reference)
         # The SFT term: the chosen reply's mean token NLL, per pair.
@@ -148,13 +150,13 @@ class PreferenceObjective:
             self._sums = values if self._sums is None else self._sums + values
 
     # -- auxiliary objective ----------------------------------------------------------------------------------
-    def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if "ref_logps" in batch:
+    def prepare(self, batch: MicroBatch) -> MicroBatch:
+        if batch.stage.ref_logps is not None:
             return batch
         if self.reference is not None:  # on every micro-batch, an all-skipped one too: a sharded reference's
-            return {**batch, "ref_logps": self.reference(batch)}  # all-gathers must match on every rank
-        if not batch["pairs"]:
-            return {**batch, "ref_logps": torch.zeros(0)}
+            return batch.with_stage(ref_logps=self.reference(batch))  # all-gathers must match on every rank
+        if not batch.stage.pairs:
+            return batch.with_stage(ref_logps=torch.zeros(0))
         raise ConfigError("model.dpo.precompute_ref_log_probs=true but a batch carries no reference log-probs")
 
     def take(self, divisor: int) -> torch.Tensor:
@@ -225,7 +227,7 @@ def live_reference(
     dims: Any,
     mean: bool,
     frozen: ParallelModel | None = None,
-) -> Callable[[dict[str, Any]], torch.Tensor]:
+) -> Callable[[MicroBatch], torch.Tensor]:
     """The reference forward: the engine's own model with its adapters off under LoRA, else a frozen model of the
     starting weights; a pipeline pass of their chunks under pipeline parallelism."""
     if cfg.model.peft.peft_scheme == "lora":
@@ -241,14 +243,15 @@ def live_reference(
 
 def reference_forward(
     engine: Any, model: torch.nn.Module | None, context: Callable[[], Any], mean: bool
-) -> Callable[[dict[str, Any]], torch.Tensor]:
+) -> Callable[[MicroBatch], torch.Tensor]:
     """A pair batch → the sequence log-probs ``[2P]`` of ``model`` (None: the engine's own) run by the engine's rules
     under ``context`` (LoRA: adapters off), without autograd."""
 
-    def reference(batch: dict[str, Any]) -> torch.Tensor:
+    def reference(batch: MicroBatch) -> torch.Tensor:
         with torch.no_grad(), context():
             # a packed batch is prepared again once its rows are joined: this forward needs no reference of its own
-            logits, ran = engine.head_logits({**batch, "ref_logps": None}, model)
+            # (an empty one stands for it, so that ``prepare`` does not ask for one)
+            logits, ran = engine.head_logits(batch.with_stage(ref_logps=torch.zeros(0)), model)
             return batch_logps(logits, ran, engine.device, mean, cp_group(engine))[0]
 
     return reference
@@ -256,21 +259,21 @@ def reference_forward(
 
 def pipeline_reference(
     engine: Any, runner: PipelineRunner, context: Callable[[], Any], mean: bool
-) -> Callable[[dict[str, Any]], torch.Tensor]:
+) -> Callable[[MicroBatch], torch.Tensor]:
     """A pair batch → the sequence log-probs ``[2P]`` of the chunks ``runner`` schedules (the frozen reference's, or
     the trained ones under ``context``: LoRA's adapters off), by a forward-only pipeline pass. Only the last stage,
     where the policy's pair losses are formed, gets them; the other stages return zeros (read by nothing)."""
 
-    def reference(batch: dict[str, Any]) -> torch.Tensor:
+    def reference(batch: MicroBatch) -> torch.Tensor:
         found: list[torch.Tensor] = []
 
-        def head(logits: torch.Tensor, mb: dict[str, Any]) -> torch.Tensor:
+        def head(logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
             found.append(batch_logps(logits, mb, engine.device, mean, cp_group(engine))[0])
             return torch.zeros((), device=engine.device)
 
         with torch.no_grad(), context():
             runner.evaluate([batch], engine.sp_multiple, head=head)
-        return found[-1] if found else torch.zeros(2 * int(batch["pairs"]), device=engine.device)
+        return found[-1] if found else torch.zeros(2 * int(batch.stage.pairs), device=engine.device)
 
     return reference
 
@@ -311,7 +314,7 @@ def preference_data_module(cfg: TrainConfig) -> Callable[..., Any]:
     return functools.partial(PreferenceDataModule, precomputed=cfg.model.dpo.precompute_ref_log_probs)
 
 
-def rehearsal_pairs(cfg: TrainConfig, sample: dict[str, Any], seq_length: int, layout: Layout) -> list[dict[str, Any]]:
+def rehearsal_pairs(cfg: TrainConfig, sample: dict[str, Any], seq_length: int, layout: Layout) -> list[MicroBatch]:
     """The rehearsal's micro-batches (``neva.stages.dpo``): pairs of the plan's sample, as the stage's data module
     collates them."""
     data = cfg.model.data

@@ -26,44 +26,44 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from neva.checkpoint.names import named_parameters
-from neva.data.collate import join_rows
+from neva.data.micro_batch import MicroBatch, pad_micro_batches
 from neva.models.lora import LoRALinear, token_dropout_keys
 from neva.models.loss import learned_positions, micro_batch_weight
 from neva.parallel.context_parallel import split_batch
 from neva.parallel.grad_norm import clip_grads_, global_grad_norm
 from neva.parallel.parallelize import ParallelModel
-from neva.parallel.pipeline import pad_micro_batches
 from neva.parallel.precision import Precision
 from neva.parallel.step_decisions import StepDecisions
 from neva.training.objectives import AuxObjective, HeadObjective, TokenCrossEntropy, aux_objectives
 
-# The model's per-token inputs besides the ids (dropout_keys: the engine's LoRA dropout keys; token_mask: MoE's).
-TOKEN_INPUTS = ("position_ids", "segment_ids", "dropout_keys", "token_mask")
 
-
-def model_inputs(batch: dict[str, Any], device: torch.device, packed: bool = True) -> dict[str, Any]:
-    """The model's keyword inputs from a collated micro-batch, on ``device``: the ids, its ``Media`` and the per-token
-    inputs.
+def model_inputs(batch: MicroBatch, device: torch.device, packed: bool = True) -> dict[str, Any]:
+    """The model's keyword inputs from a collated micro-batch, on ``device``: the ids, its ``Media``, the per-token
+    inputs (positions, segments, the engine's LoRA dropout keys, MoE's token mask) and under context parallelism this
+    rank's ``context``.
 
     Unpacked, right-padded batches drop ``segment_ids``: padding sits after every real token, so plain causal
     attention gives the same result for the real tokens and lets SDPA use its fastest kernel. Shared-prompt rows
     (``shared_prefix``: the online RL stage's groups, ``neva.data.grpo_rows``) keep them: they say where each
     completion starts.
     """
-    shared = bool(batch.get("shared_prefix"))
+
+    def moved(value: Any) -> Any:
+        return None if value is None else value.to(device, non_blocking=True)
+
     out = {
-        "input_ids": batch["input_ids"].to(device, non_blocking=True),
-        "media": batch["media"].to(device, non_blocking=True) if batch.get("media") is not None else None,
+        "input_ids": moved(batch.input_ids),
+        "media": moved(batch.media),
+        "position_ids": moved(batch.position_ids),
+        "dropout_keys": moved(batch.dropout_keys),
+        "token_mask": moved(batch.token_mask),
     }
-    for key in TOKEN_INPUTS:
-        value = batch.get(key)
-        if key == "segment_ids" and not packed and not shared:
-            continue
-        out[key] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-    if shared:
+    if packed or batch.shared_prefix:
+        out["segment_ids"] = moved(batch.segment_ids)
+    if batch.shared_prefix:
         out["shared_prefix"] = True
-    if batch.get("context") is not None:  # context parallelism: this rank's share of the rows
-        out["context"] = batch["context"].to(device, non_blocking=True)
+    if batch.context is not None:  # context parallelism: this rank's share of the rows
+        out["context"] = moved(batch.context)
     return out
 
 
@@ -134,7 +134,7 @@ class Engine:
         """The auxiliary objectives' metrics the progress bar shows (``AuxObjective.headline``)."""
         return [k for objective in self.objectives for k in objective.headline]
 
-    def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def _prepare(self, batch: MicroBatch) -> MicroBatch:
         for objective in self.objectives:
             batch = objective.prepare(batch)
         return batch
@@ -169,7 +169,7 @@ class Engine:
     def _loss_context(self) -> contextlib.AbstractContextManager:
         return loss_parallel() if self.parallel.vocab_parallel else contextlib.nullcontext()
 
-    def loss_sum(self, batch: dict[str, Any]) -> torch.Tensor:
+    def loss_sum(self, batch: MicroBatch) -> torch.Tensor:
         """Summed loss of one micro-batch (forward only): the head objective's, token cross-entropy by default."""
         if self.sp_multiple > 1:
             batch = pad_micro_batches([batch], self.sp_multiple)[0]
@@ -177,7 +177,7 @@ class Engine:
         loss = self.head.loss(logits, batch, self.device)
         return loss.to_local() if isinstance(loss, DTensor) else loss
 
-    def head_logits(self, batch: dict[str, Any], model: nn.Module | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    def head_logits(self, batch: MicroBatch, model: nn.Module | None = None) -> tuple[torch.Tensor, MicroBatch]:
         """``(logits, the batch as run)`` of ``model`` (default: the trained one; the preference objective passes its
         reference) on a prepared micro-batch: ``[N, V]`` at the batch's output positions, or ``[B, S, V]`` at every
         position where the LM head runs on all (TP layouts: vocab-sharded under ``loss_parallel``)."""
@@ -186,19 +186,19 @@ class Engine:
             batch = self._context_split(batch)
             with self._autocast():
                 return model(**model_inputs(batch, self.device, self.packed)), batch
-        if "output_positions" not in batch:  # a hand-built batch: found from its host labels (still no device sync)
-            positions, targets = learned_positions(batch["labels"])
-            batch = {**batch, "output_positions": positions, "targets": targets}
-        if self.join_rows and batch.get("segment_ids") is not None:
-            batch = self._prepare(join_rows(batch))
+        if batch.output_positions is None:  # a hand-built batch: found from its host labels (still no device sync)
+            positions, targets = learned_positions(batch.labels)
+            batch = batch.with_(output_positions=positions, targets=targets)
+        if self.join_rows and batch.segment_ids is not None:
+            batch = self._prepare(batch.joined())
         batch = self._context_split(batch)
         inputs = model_inputs(batch, self.device, self.packed)
-        positions = batch["output_positions"].to(self.device, non_blocking=True)
+        positions = batch.output_positions.to(self.device, non_blocking=True)
         with self._autocast():
             logits = model(**inputs, output_positions=positions)
         return logits, batch
 
-    def pipeline_head(self) -> Callable[[torch.Tensor, dict[str, Any]], torch.Tensor] | None:
+    def pipeline_head(self) -> Callable[[torch.Tensor, MicroBatch], torch.Tensor] | None:
         """The head objective as the pipeline's last stage calls it on a padded micro-batch's logits; None for token
         cross-entropy, which the runner computes from the labels alone."""
         if isinstance(self.head, TokenCrossEntropy):
@@ -209,18 +209,18 @@ class Engine:
     def _runner_split(self):
         return self._context_split if self.cp > 1 else None
 
-    def _context_split(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def _context_split(self, batch: MicroBatch) -> MicroBatch:
         """This rank's share of the micro-batch's rows under context parallelism (unchanged otherwise, and for a
         micro-batch that carries its ``context`` already: the rehearsal splits its host batches before fake mode,
         since the split reads their index values)."""
-        if self.cp == 1 or batch.get("context") is not None:
+        if self.cp == 1 or batch.context is not None:
             return batch
         cp_rank, group = self.parallel.dims.cp_rank, self.parallel.group("cp")
         batch = split_batch(batch, self.cp, cp_rank, group, self.packed, self._split_count, self.sp_multiple)
         self._split_count += 1  # the same on every cp rank: they run the same micro-batches
         return batch
 
-    def global_tokens(self, micro_batches: list[dict[str, Any]]) -> torch.Tensor:
+    def global_tokens(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         """The head objective's count (learned tokens; pairs) over the whole global batch (all micro-batches, all
         data-parallel ranks)."""
         n = sum(self.head.count(mb) for mb in micro_batches).to(self.device, torch.float32)
@@ -229,7 +229,7 @@ class Engine:
         return n
 
     def forward_backward(
-        self, micro_batches: list[dict[str, Any]], step: int = 0, n_tokens: torch.Tensor | None = None
+        self, micro_batches: list[MicroBatch], step: int = 0, n_tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Backward of the step loss over ``micro_batches``; returns (the step objective over all ranks, global
         learned tokens).
@@ -241,8 +241,7 @@ class Engine:
         """
         if self.keyed_dropout:
             micro_batches = [
-                {**mb, "dropout_keys": token_dropout_keys(mb["input_ids"], mb["position_ids"], step)}
-                for mb in micro_batches
+                mb.with_(dropout_keys=token_dropout_keys(mb.input_ids, mb.position_ids, step)) for mb in micro_batches
             ]
         if n_tokens is None:
             n_tokens = self.global_tokens(micro_batches)
@@ -271,7 +270,7 @@ class Engine:
                 local = torch.zeros((), device=self.device)
                 for i, mb in enumerate(micro_batches):
                     with self.parallel.sync_context(i == len(micro_batches) - 1):
-                        loss = self.loss_sum(mb) * weight(mb["labels"])
+                        loss = self.loss_sum(mb) * weight(mb.labels)
                         for objective in self.objectives:  # this forward's term, weighted 1 / (micro-batches x dp)
                             loss = loss + objective.take(len(micro_batches) * self.dp_size)
                         (loss * self.grad_size).backward()
@@ -298,7 +297,7 @@ class Engine:
         return flat[0]
 
     @torch.no_grad()
-    def evaluate(self, micro_batches: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(self, micro_batches: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-weighted validation loss over ``micro_batches`` (all data-parallel ranks)."""
         if self.parallel.runner is not None and self.pipeline_head() is None:
             total = self.parallel.runner.evaluate(micro_batches, self.sp_multiple, split=self._runner_split)
@@ -335,7 +334,7 @@ class Engine:
     def optimizer_step(
         self,
         optimizer: torch.optim.Optimizer,
-        micro_batches: list[dict[str, Any]],
+        micro_batches: list[MicroBatch],
         clip: float | None,
         step: int = 0,
         n_tokens: torch.Tensor | None = None,

@@ -1,14 +1,15 @@
 """The online RL stage's objective (``stage=grpo``): GRPO and its variants over a rollout batch.
 
 A rollout batch is a collated micro-batch whose rows are prompt + completion, the completion's tokens labelled (as a
-finetuning reply is), plus per row ``advantages`` ``[B]`` and per token, aligned with the position that predicts it
-(``old_logps[b, t]``: the log-prob of token ``t + 1``, where ``labels[b, t + 1]`` is learned), ``old_logps`` (the
+finetuning reply is), plus (its ``stage``, ``neva.data.micro_batch.RolloutRows``) per row ``advantages`` ``[B]`` and per token, aligned with the position that predicts it
+(``old_token_logps[b, t]``: the log-prob of token ``t + 1``, where ``labels[b, t + 1]`` is learned), ``old_token_logps`` (the
 policy that sampled, recorded before the first update; absent when ``num_iterations`` is 1: the ratio is then 1 and
-the detached log-probs stand in, as in TRL) and ``ref_logps`` (the reference's, added by ``prepare``; only with
+the detached log-probs stand in, as in TRL) and ``ref_token_logps`` (the reference's, added by ``prepare``; only with
 ``beta`` > 0). The alignment with ``input_ids`` lets every per-token tensor go wherever its tokens go (pipeline and
-sequence-parallel padding, context-parallel shards: ``neva.parallel.pipeline.PAD_FILL``). Shared-prompt rows
-(``neva.data.grpo_rows``: a prompt once, then each of its completions) carry ``advantages`` per completion ``[N]``,
-``completion_at`` (each learned prediction's completion, aligned as above) and ``row_tokens`` per completion.
+sequence-parallel padding, context-parallel shards: ``RolloutRows.TOKEN_FILL``). Shared-prompt rows
+(``MicroBatch.shared_prefix``, ``neva.data.grpo_rows``: a prompt once, then each of its completions) carry
+``advantages`` per completion ``[N]``, ``completion_at`` (each learned prediction's completion, aligned as above) and
+``row_tokens`` per completion.
 
 One class plays both of the engine's protocols (``neva.training.objectives``), as the preference stage's does: as the
 head objective it sums the completions' token losses (``neva.models.grpo_loss``), each token weighted by its loss
@@ -35,12 +36,13 @@ from neva.checkpoint.source import ModelSource
 from neva.config import GRPOConfig, TrainConfig
 from neva.constants import IGNORE_INDEX
 from neva.data.grpo_prompts import PromptDataModule, collate_groups
+from neva.data.micro_batch import MicroBatch, RolloutRows, pad_micro_batches
 from neva.errors import ConfigError
 from neva.models.grpo_loss import LOSS_TYPES, token_losses
 from neva.models.lora import adapters_disabled
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel
-from neva.parallel.pipeline import PipelineRunner, pad_micro_batches
+from neva.parallel.pipeline import PipelineRunner
 from neva.parallel.precision import Precision
 from neva.stages.grpo import check_grpo_config as check_grpo_config  # the stage's rules, re-exported
 from neva.training.dpo import frozen_reference
@@ -54,12 +56,12 @@ def learned_counts(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != IGNORE_INDEX).sum(1)
 
 
-def completion_counts(batch: dict[str, Any]) -> torch.Tensor:
+def completion_counts(batch: MicroBatch) -> torch.Tensor:
     """Each completion's learned tokens ``[N]``: the batch's ``row_tokens`` where given (counted on whole rows before
     a context-parallel split; shared-prompt rows, ``neva.data.grpo_rows``, hold a group's completions in one row),
     else each row's (a row is a completion)."""
-    counts = batch.get("row_tokens")
-    return learned_counts(batch["labels"]) if counts is None else counts
+    counts = batch.stage.row_tokens
+    return learned_counts(batch.labels) if counts is None else counts
 
 
 def shares_prompts(engine: Any) -> bool:
@@ -79,31 +81,31 @@ def shares_prompts(engine: Any) -> bool:
 
 
 def aligned_logps(
-    logits: torch.Tensor, batch: dict[str, Any], device: torch.device, entropy: bool = False
+    logits: torch.Tensor, batch: MicroBatch, device: torch.device, entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The learned tokens' log-probs of one forward as ``(logp, rows, index, entropy)``: ``logp`` and ``entropy``
     (None where not asked, or where the logits are vocab-sharded DTensors) are per learned token, ``rows`` its row, and
     ``index`` picks the same tokens out of a ``[B, S]`` tensor aligned with the batch as run (``flat[index]`` after
     ``.flatten()``).
 
-    Learned-position logits ``[N, V]`` (``batch["output_positions"]``): one entry per learned token. Full logits
+    Learned-position logits ``[N, V]`` (``batch.output_positions``): one entry per learned token. Full logits
     ``[B, S, V]`` (TP: vocab-sharded under ``loss_parallel``): every position, the unlearned ones masked by the
     caller through ``rows`` = -1."""
     if logits.dim() == 2:
-        positions = batch["output_positions"].to(device, non_blocking=True)
-        targets = batch["targets"].to(device, non_blocking=True)
+        positions = batch.output_positions.to(device, non_blocking=True)
+        targets = batch.targets.to(device, non_blocking=True)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         logp = logprobs.gather(1, targets[:, None]).squeeze(1)
         ent = -(logprobs.exp() * logprobs).sum(-1) if entropy else None
-        width = batch["input_ids"].shape[1]
+        width = batch.input_ids.shape[1]
         return logp, positions[:, 0], positions[:, 0] * width + positions[:, 1], ent
     b, s = logits.shape[:2]
-    if batch.get("next_labels") is not None:  # a context-parallel shard: each position's own target
-        target = batch["next_labels"][:b].to(device, non_blocking=True)
+    if batch.next_labels is not None:  # a context-parallel shard: each position's own target
+        target = batch.next_labels[:b].to(device, non_blocking=True)
         flat = logits.float().flatten(0, 1)
         width = s
     else:  # the last position predicts nothing (as the preference stage's head reads them)
-        target = batch["labels"][:b, 1:s].to(device, non_blocking=True)
+        target = batch.labels[:b, 1:s].to(device, non_blocking=True)
         flat = logits[:, :-1].float().flatten(0, 1)
         width = s - 1
     nll = F.cross_entropy(flat, target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
@@ -118,10 +120,10 @@ def aligned_logps(
     return -nll, rows, rows.clamp(min=0) * s + cols, ent
 
 
-def _pick(aligned: torch.Tensor, index: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+def _pick(aligned: torch.Tensor, index: torch.Tensor, batch: MicroBatch, device: torch.device) -> torch.Tensor:
     """The entries of a ``[B, S]`` per-token tensor (in the batch as run) at ``index`` (``aligned_logps``)."""
     flat = aligned.to(device, torch.float32)
-    b, s = batch["input_ids"].shape
+    b, s = batch.input_ids.shape
     if flat.shape != (b, s):  # padded rows / columns beyond the tensor (pipeline padding): never learned
         full = flat.new_zeros(b, s)
         full[: flat.shape[0], : flat.shape[1]] = flat[:b, :s]
@@ -129,19 +131,17 @@ def _pick(aligned: torch.Tensor, index: torch.Tensor, batch: dict[str, Any], dev
     return flat.flatten()[index]
 
 
-def scatter_aligned(
-    values: torch.Tensor, index: torch.Tensor, rows: torch.Tensor, batch: dict[str, Any]
-) -> torch.Tensor:
+def scatter_aligned(values: torch.Tensor, index: torch.Tensor, rows: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
     """Per-token values of a forward (``aligned_logps``) as a ``[B, S]`` tensor aligned with ``batch`` (as run), zero at
     unlearned positions; under context parallelism the whole rows' tensor, every cp rank's columns gathered in row
     order (each rank then holds what one process computes, and the split hands each its share again)."""
-    b, s = batch["input_ids"].shape
+    b, s = batch.input_ids.shape
     keep = rows >= 0
     # no boolean selection (a data-dependent shape: the rehearsal's fake tensors cannot run it, and it syncs the
     # host): the dropped entries add zero at index 0, the kept ones land on their own (distinct) indices
     values = torch.where(keep, values.detach(), 0.0)
     out = values.new_zeros(b * s).index_put((torch.where(keep, index, 0),), values, accumulate=True).view(b, s)
-    shard = batch.get("context")
+    shard = batch.context
     return out if shard is None else shard.gather_sequence(out, 1)
 
 
@@ -151,12 +151,12 @@ class GroupPolicyObjective:
     Args:
         cfg: ``model.grpo``.
         reference: a rollout batch → the reference's per-token log-probs ``[B, S]`` aligned with it; None: no KL term
-            (``beta`` 0), or the batch carries ``ref_logps``.
+            (``beta`` 0), or the batch carries ``ref_token_logps``.
     """
 
     headline = ("kl",)  # the reward is the rollout's, shown beside it by the stage's step
 
-    def __init__(self, cfg: GRPOConfig, reference: Callable[[dict[str, Any]], torch.Tensor] | None = None) -> None:
+    def __init__(self, cfg: GRPOConfig, reference: Callable[[MicroBatch], torch.Tensor] | None = None) -> None:
         self.cfg = cfg
         self.per_completion_mean, self.unit = LOSS_TYPES[cfg.loss_type]
         self.reference = reference
@@ -174,7 +174,7 @@ class GroupPolicyObjective:
         return cls(cfg.model.grpo)
 
     # -- head objective ---------------------------------------------------------------------------------------
-    def count(self, batch: dict[str, Any]) -> torch.Tensor:
+    def count(self, batch: MicroBatch) -> torch.Tensor:
         counts = completion_counts(batch)
         if self.unit == "tokens":
             return counts.sum()
@@ -185,22 +185,23 @@ class GroupPolicyObjective:
     # counted on the whole rows (``prepare``), and the engine sums the gradients over cp.
     context_parallel = True
 
-    def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, batch: MicroBatch, device: torch.device) -> torch.Tensor:
         logp, rows, index, ent = aligned_logps(logits, batch, device, entropy=True)
         learned = rows >= 0
-        if "completion_at" in batch:  # shared-prompt rows: each learned token's completion, not its row
-            rows = torch.where(learned, batch["completion_at"].to(device).flatten()[index], -1)
+        rollout = batch.stage
+        if rollout.completion_at is not None:  # shared-prompt rows: each learned token's completion, not its row
+            rows = torch.where(learned, rollout.completion_at.to(device).flatten()[index], -1)
         safe_rows = rows.clamp(min=0)
-        advantage = batch["advantages"].to(device, torch.float32)[safe_rows]
-        old = _pick(batch["old_token_logps"], index, batch, device) if "old_token_logps" in batch else logp.detach()
-        ref = _pick(batch["ref_token_logps"], index, batch, device) if "ref_token_logps" in batch else None
+        advantage = rollout.advantages.to(device, torch.float32)[safe_rows]
+        old = logp.detach() if rollout.old_token_logps is None else _pick(rollout.old_token_logps, index, batch, device)
+        ref = None if rollout.ref_token_logps is None else _pick(rollout.ref_token_logps, index, batch, device)
         losses, kl, bound = token_losses(
             logp, old, advantage, self.cfg.epsilon, self.cfg.clip_high, self.cfg.beta, ref,
             self.cfg.kl_ratio_correction, self.cfg.clip_ratio_dual,
         )  # fmt: skip
         weight = learned.float()
         if self.per_completion_mean:
-            weight = weight / batch["row_tokens"].to(device, torch.float32).clamp(min=1)[safe_rows]
+            weight = weight / rollout.row_tokens.to(device, torch.float32).clamp(min=1)[safe_rows]
         total = (losses * weight).sum()
         self._record(learned, kl, bound, ent, losses, held_out=not torch.is_grad_enabled())
         return total
@@ -217,13 +218,13 @@ class GroupPolicyObjective:
             self._sums = values if self._sums is None else self._sums + values
 
     # -- auxiliary objective ----------------------------------------------------------------------------------
-    def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if "row_tokens" not in batch:  # counted on the whole rows: context parallelism splits them later
-            batch = {**batch, "row_tokens": learned_counts(batch["labels"])}
-        if self.cfg.beta > 0 and "ref_token_logps" not in batch:
+    def prepare(self, batch: MicroBatch) -> MicroBatch:
+        if batch.stage.row_tokens is None:  # counted on the whole rows: context parallelism splits them later
+            batch = batch.with_stage(row_tokens=learned_counts(batch.labels))
+        if self.cfg.beta > 0 and batch.stage.ref_token_logps is None:
             if self.reference is None:
                 raise ConfigError("model.grpo.beta > 0 but no reference is attached and the batch carries none")
-            batch = {**batch, "ref_token_logps": self.reference(batch)}
+            batch = batch.with_stage(ref_token_logps=self.reference(batch))
         return batch
 
     def take(self, divisor: int) -> torch.Tensor:
@@ -285,13 +286,13 @@ class GroupPolicyObjective:
 
 def token_forward(
     engine: Any, model: torch.nn.Module | None, context: Callable[[], Any] = contextlib.nullcontext
-) -> Callable[[dict[str, Any]], torch.Tensor]:
+) -> Callable[[MicroBatch], torch.Tensor]:
     """A rollout batch → per-token log-probs ``[B, S]`` aligned with it, of ``model`` (None: the engine's own; the
     reference, or the policy before the first update: ``old_logps``) run by the engine's rules under ``context``
     (LoRA: adapters off), without autograd."""
 
-    def forward(batch: dict[str, Any]) -> torch.Tensor:
-        b, s = batch["input_ids"].shape
+    def forward(batch: MicroBatch) -> torch.Tensor:
+        b, s = batch.input_ids.shape
         if engine.sp_multiple > 1:  # sequence parallelism splits the rows' positions evenly, as training pads them
             batch = pad_micro_batches([batch], engine.sp_multiple)[0]
         with torch.no_grad(), context():  # under the caller's loss_parallel (TP), which does not nest
@@ -305,27 +306,27 @@ def token_forward(
 
 def pipeline_tokens(
     engine: Any, runner: PipelineRunner, context: Callable[[], Any] = contextlib.nullcontext
-) -> Callable[[dict[str, Any]], torch.Tensor]:
+) -> Callable[[MicroBatch], torch.Tensor]:
     """``token_forward`` as a forward-only pipeline pass of ``runner``'s chunks; only the last stage, where the
     losses are formed, gets the values (the others zeros, read by nothing)."""
 
-    def forward(batch: dict[str, Any]) -> torch.Tensor:
+    def forward(batch: MicroBatch) -> torch.Tensor:
         found: list[torch.Tensor] = []
 
-        def head(logits: torch.Tensor, mb: dict[str, Any]) -> torch.Tensor:
+        def head(logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
             logp, rows, index, _ = aligned_logps(logits, mb, engine.device)
             found.append(scatter_aligned(logp, index, rows, mb))
             return torch.zeros((), device=engine.device)
 
         with torch.no_grad(), context():  # under the caller's loss_parallel (TP), which does not nest
             runner.evaluate([batch], engine.sp_multiple, head=head, split=engine._runner_split)
-        b, s = batch["input_ids"].shape
+        b, s = batch.input_ids.shape
         return found[-1][:b, :s] if found else torch.zeros(b, s, device=engine.device)
 
     return forward
 
 
-def record_old_logps(engine: Any, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def record_old_logps(engine: Any, micro_batches: list[MicroBatch]) -> list[MicroBatch]:
     """The micro-batches with the current policy's per-token log-probs as ``old_token_logps``: what the ``num_iterations``
     updates of one rollout batch take their ratio against (recorded once, before the first)."""
     forward = (
@@ -334,7 +335,7 @@ def record_old_logps(engine: Any, micro_batches: list[dict[str, Any]]) -> list[d
         else pipeline_tokens(engine, engine.parallel.runner)
     )
     with engine._loss_context():
-        return [{**mb, "old_token_logps": forward(mb)} for mb in micro_batches]
+        return [mb.with_stage(old_token_logps=forward(mb)) for mb in micro_batches]
 
 
 def group_policy_objective(cfg: TrainConfig) -> GroupPolicyObjective:
@@ -348,7 +349,7 @@ def prompt_data_module(cfg: TrainConfig) -> Any:
     return PromptDataModule
 
 
-def rehearsal_groups(cfg: TrainConfig, sample: dict[str, Any], seq_length: int, layout: Layout) -> list[dict[str, Any]]:
+def rehearsal_groups(cfg: TrainConfig, sample: dict[str, Any], seq_length: int, layout: Layout) -> list[MicroBatch]:
     """The rehearsal's micro-batches (``neva.stages.grpo``): ``micro_batch_size`` prompts of the plan's sample, each
     its group of ``num_generations`` rows, collated as the stage's step collates them (a prompt's images encoded
     once), with zero advantages (the rollout itself is not rehearsed)."""
@@ -357,5 +358,5 @@ def rehearsal_groups(cfg: TrainConfig, sample: dict[str, Any], seq_length: int, 
     for m in range(layout.grad_accum):
         rows = [{**sample, "id": m * mbs + i} for i in range(mbs) for _ in range(group)]
         batch = collate_groups(rows, group, 0, cfg.model.data.pad_to_multiple_of, seq_length)
-        out.append({**batch, "advantages": torch.zeros(len(rows))})
+        out.append(batch.with_(stage=RolloutRows(advantages=torch.zeros(len(rows)))))
     return out

@@ -27,6 +27,7 @@ from neva.constants import IGNORE_INDEX
 from neva.data.conversation import end_of_turn_ids, stop_strings
 from neva.data.grpo_prompts import collate_groups, completion_sample
 from neva.data.grpo_rows import collate_shared_prompts
+from neva.data.micro_batch import MicroBatch, RolloutRows
 from neva.models.generation import GenerationConfig
 from neva.models.grpo_loss import group_advantages
 from neva.training.grpo import record_old_logps, shares_prompts
@@ -99,9 +100,9 @@ class GroupRolloutStep:
         # alone, so every validation draws with the same seeds (``val_reward``).
         self._held_out: list[torch.Tensor] = []
 
-    def held_out(self, batch: dict[str, Any]) -> None:
+    def held_out(self, batch: MicroBatch) -> None:
         """Answer a validation micro-batch's prompts (one sampled completion each) and keep their rewards."""
-        prompts, records = batch["prompts"], batch["records"]
+        prompts, records = batch.stage.prompts, batch.stage.records
         if not prompts:
             return
         seeds = [rollout_seed(self.cfg.model.seed, -1, prompt_key(p, r), 0) for p, r in zip(prompts, records)]
@@ -133,14 +134,14 @@ class GroupRolloutStep:
             out[f"val_rewards/{r.name}/mean"] = float(sums[1 + j] / sums[1 + k + j].clamp(min=1))
         return out
 
-    def run(self, optimizer: Any, scheduler: Any, batches: list[dict[str, Any]], step: int) -> dict[str, float]:
+    def run(self, optimizer: Any, scheduler: Any, batches: list[MicroBatch], step: int) -> dict[str, float]:
         """Roll out, score and update; returns the step's metrics (the objective's come from the last update)."""
         group = self.g.num_generations
         start = time.perf_counter()
         rows: list[dict[str, Any]] = []  # one per completion, prompt-major, with what the file and metrics need
         micro_batches = []
         for mb in batches:
-            prompts, records = mb["prompts"], mb["records"]
+            prompts, records = mb.stage.prompts, mb.stage.records
             if not prompts:
                 continue
             keys = [prompt_key(p, r) for p, r in zip(prompts, records)]
@@ -194,7 +195,9 @@ class GroupRolloutStep:
             self._write(step + self.g.num_iterations, rows, values, total, advantages)  # metrics.csv's row of it
         return metrics
 
-    def _row_batches(self, micro_batches: list[list[dict]], advantages: torch.Tensor, keep: torch.Tensor) -> list[dict]:
+    def _row_batches(
+        self, micro_batches: list[list[dict]], advantages: torch.Tensor, keep: torch.Tensor
+    ) -> list[MicroBatch]:
         """Each micro-batch's completions as collated rows with their advantages: each prompt shared by its group's
         completions in one row where the layout and model take it (``shares_prompts``, ``neva.data.grpo_rows``),
         else one row per completion (prompt + completion, the completion learned). A completion dropped by dynamic
@@ -206,14 +209,15 @@ class GroupRolloutStep:
         for made in micro_batches:
             ids = [torch.tensor(row["ids"], dtype=torch.long) for row in made]
             learned = [c if bool(keep[offset + k]) else torch.full_like(c, IGNORE_INDEX) for k, c in enumerate(ids)]
+            mine = advantages[offset : offset + len(made)]
             batch = None
             if self._shared:
                 prompts = [row["prompt"] for row in made[::group]]
-                batch = collate_shared_prompts(prompts, ids, learned, group, self.pad_id, self.pad_to_multiple_of)
+                batch = collate_shared_prompts(prompts, ids, learned, group, self.pad_id, self.pad_to_multiple_of, mine)
             if batch is None:
                 samples = [completion_sample(row["prompt"], c, lab) for row, c, lab in zip(made, ids, learned)]
                 batch = collate_groups(samples, group, self.pad_id, self.pad_to_multiple_of)
-            batch["advantages"] = advantages[offset : offset + len(made)]
+                batch = batch.with_(stage=RolloutRows(advantages=mine))
             out.append(batch)
             offset += len(made)
         return out

@@ -15,6 +15,7 @@ from neva.checkpoint.source import ModelSource
 from neva.checkpoint.start_record import START_KEY, start_record
 from neva.config import TrainConfig
 from neva.data.datamodule import NevaDataModule
+from neva.data.micro_batch import MicroBatch
 from neva.families import part
 from neva.models.flops import SampleFlops, device_peak_tflops
 from neva.models.neva import NevaModel
@@ -32,10 +33,10 @@ from neva.training.tower_work import tower_patch_metrics
 log = logging.getLogger(__name__)
 
 
-def sample_lengths(batch: dict[str, Any]) -> list[int]:
+def sample_lengths(batch: MicroBatch) -> list[int]:
     """Token count of each sample in a collated micro-batch (from its segment ids; padding is segment 0)."""
     out = []
-    for row in batch["segment_ids"]:
+    for row in batch.segment_ids:
         counts = torch.bincount(row)
         out += [int(c) for c in counts[1:] if c > 0]
     return out
@@ -200,7 +201,7 @@ class NevaModule(pl.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_start = time.perf_counter()
 
-    def training_step(self, micro_batches: list[dict[str, Any]], batch_idx: int) -> torch.Tensor | None:
+    def training_step(self, micro_batches: list[MicroBatch], batch_idx: int) -> torch.Tensor | None:
         self.model.train()
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
@@ -218,7 +219,7 @@ class NevaModule(pl.LightningModule):
         self._log_step(micro_batches, loss, n_tokens, lr, grad_norm)
         return loss
 
-    def _stage_training_step(self, optimizer: Any, scheduler: Any, micro_batches: list[dict[str, Any]]) -> None:
+    def _stage_training_step(self, optimizer: Any, scheduler: Any, micro_batches: list[MicroBatch]) -> None:
         step = self.global_step
         metrics = self.stage_step.run(optimizer, scheduler, micro_batches, step)
         metrics["lr"] = optimizer.param_groups[-1]["lr"]
@@ -230,7 +231,7 @@ class NevaModule(pl.LightningModule):
             if key in metrics and metrics[key] == metrics[key]:
                 self.log("loss" if key == "train_loss" else key, metrics[key], prog_bar=True, logger=False)
 
-    def _skip_step(self, optimizer: Any, micro_batches: list[dict[str, Any]]) -> None:
+    def _skip_step(self, optimizer: Any, micro_batches: list[MicroBatch]) -> None:
         """A global batch without a learned token (all its samples skipped, on every rank, so all ranks agree): no
         forward/backward and no optimizer or schedule step, since AdamW would still move the weights on its momentum.
 
@@ -249,7 +250,7 @@ class NevaModule(pl.LightningModule):
     def _log_step(self, micro_batches, loss, n_tokens, lr, grad_norm) -> None:
         elapsed = time.perf_counter() - (self._step_start or time.perf_counter())
         dp = self.engine.dp_size
-        samples = sum(int(mb["num_samples"]) for mb in micro_batches) * dp
+        samples = sum(int(mb.counts.num_samples) for mb in micro_batches) * dp
         # A skipped step ran no model: no tokens processed, no FLOPs.
         seq_lens = [n for mb in micro_batches for n in sample_lengths(mb)] if loss is not None else []
         tokens = sum(seq_lens) * dp
@@ -302,7 +303,7 @@ class NevaModule(pl.LightningModule):
                     self.log(key, metrics[key], prog_bar=True, logger=False)
         self.log("samples/s", metrics["samples_per_sec"], prog_bar=True, logger=False)
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def validation_step(self, batch: MicroBatch, batch_idx: int) -> None:
         self.model.eval()
         if self.stage_step is not None:  # the stage's held-out metrics (GRPO: prompts answered and scored)
             self.stage_step.held_out(batch)
@@ -386,5 +387,5 @@ class NevaModule(pl.LightningModule):
             self.metrics.truncate_after(self.global_step)
 
 
-def _tower_passes(mb: dict[str, Any], modality: str) -> int:
-    return 0 if mb.get("media") is None else mb["media"].tower_inputs(modality)
+def _tower_passes(mb: MicroBatch, modality: str) -> int:
+    return 0 if mb.media is None else mb.media.tower_inputs(modality)

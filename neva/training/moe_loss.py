@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from neva.data.micro_batch import MicroBatch
 from neva.models.moe import MoEFeedForward, RoutingStats, aux_objective
 from neva.parallel.context_parallel import all_reduce_sum
 
@@ -101,10 +102,10 @@ class MoEAuxLoss:
             part.register_forward_hook(hook)
 
     @staticmethod
-    def prepare(batch: dict[str, Any]) -> dict[str, Any]:
+    def prepare(batch: MicroBatch) -> MicroBatch:
         """``batch`` with the routers' ``token_mask`` (real tokens: ``segment_ids`` != 0)."""
-        seg = batch.get("segment_ids")
-        return batch if seg is None else {**batch, "token_mask": seg != 0}
+        seg = batch.segment_ids
+        return batch if seg is None else batch.with_(token_mask=seg != 0)
 
     def _take(self, layers: list[MoEFeedForward], divisor: int) -> torch.Tensor:
         """``layers``' router objective of this forward / ``divisor``, recorded with their loads for the metrics."""

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from neva.data.micro_batch import MicroBatch
 from neva.families import part
 from neva.models.loss import count_learned_tokens, summed_cross_entropy, token_cross_entropy
 from neva.stages import stage_spec
@@ -25,13 +26,13 @@ class HeadObjective(Protocol):
     # ``loss`` is right on a context-parallel shard of a micro-batch (its rank's share of every row's tokens).
     context_parallel: bool
 
-    def count(self, batch: dict[str, Any]) -> torch.Tensor:
+    def count(self, batch: MicroBatch) -> torch.Tensor:
         """What ``loss`` is a sum over, counted on the host labels (the engine sums it over micro-batches and
         data-parallel ranks: the step's divisor)."""
         ...
 
-    def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
-        """The micro-batch's summed loss from its logits: ``[N, V]`` at ``batch["output_positions"]``, or ``[B, S, V]``
+    def loss(self, logits: torch.Tensor, batch: MicroBatch, device: torch.device) -> torch.Tensor:
+        """The micro-batch's summed loss from its logits: ``[N, V]`` at ``batch.output_positions``, or ``[B, S, V]``
         at every position (TP layouts, vocab-sharded under ``loss_parallel``)."""
         ...
 
@@ -41,15 +42,15 @@ class TokenCrossEntropy:
 
     context_parallel = True  # each cp rank sums its own learned tokens (the engine sums over dp x cp)
 
-    def count(self, batch: dict[str, Any]) -> torch.Tensor:
-        return count_learned_tokens(batch["labels"])
+    def count(self, batch: MicroBatch) -> torch.Tensor:
+        return count_learned_tokens(batch.labels)
 
-    def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, batch: MicroBatch, device: torch.device) -> torch.Tensor:
         if logits.dim() == 3:
-            if batch.get("next_labels") is not None:  # a context-parallel shard: each position's own target
-                return token_cross_entropy(logits, batch["next_labels"].to(device), shifted=True)[0]
-            return token_cross_entropy(logits, batch["labels"].to(device))[0]
-        return summed_cross_entropy(logits.float(), batch["targets"].to(device, non_blocking=True))
+            if batch.next_labels is not None:  # a context-parallel shard: each position's own target
+                return token_cross_entropy(logits, batch.next_labels.to(device), shifted=True)[0]
+            return token_cross_entropy(logits, batch.labels.to(device))[0]
+        return summed_cross_entropy(logits.float(), batch.targets.to(device, non_blocking=True))
 
 
 class AuxObjective(Protocol):
@@ -57,7 +58,7 @@ class AuxObjective(Protocol):
     # metrics.csv / TensorBoard only.
     headline: tuple[str, ...]
 
-    def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, batch: MicroBatch) -> MicroBatch:
         """``batch`` with what the model needs for this objective (MoE: the routers' ``token_mask``); called on every
         micro-batch before the model runs, again after the engine reshapes one (joined rows)."""
         ...

@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from neva.checkpoint.atomic import atomic_write
 from neva.data.dataset import is_skipped
+from neva.data.micro_batch import pad_micro_batches
 from neva.data.preference import carries_reference
 from neva.errors import ConfigError
-from neva.parallel.pipeline import pad_micro_batches
 
 FILE = "reference_logps.pt"
 SAVE_EVERY = 32  # micro-batches between two writes of the file during the pass

@@ -38,13 +38,13 @@ from torch import nn
 from neva.checkpoint.architecture import neva_config_from_mm
 from neva.checkpoint.source import ModelSource
 from neva.config import TrainConfig
+from neva.data.micro_batch import MicroBatch, pad_micro_batches, step_shape
 from neva.models.config import NevaConfig
 from neva.models.decoder_traits import traits
 from neva.parallel.context_parallel import split_batch
 from neva.parallel.expert_parallel import use_uniform_dispatch
 from neva.parallel.layout import Layout
 from neva.parallel.mesh import MESH_DIMS, build_mesh
-from neva.parallel.pipeline import pad_micro_batches, step_shape
 from neva.parallel.precision import Precision
 from neva.parallel.step_decisions import StepDecisions
 from neva.stages import stage_spec
@@ -321,8 +321,8 @@ def rehearse(
 
 
 def _host_split(
-    numbered: list[tuple[int, dict[str, Any]]], layout: Layout, parallel: Any
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    numbered: list[tuple[int, MicroBatch]], layout: Layout, parallel: Any
+) -> list[tuple[MicroBatch, MicroBatch]]:
     """``(as the engine runs it, the loader's micro-batch)`` of each micro-batch. Under context parallelism the first
     is this rank's share, split here on the host before fake mode as training splits its host batches
     (``Engine._context_split``, which leaves a batch carrying its ``context`` as it is): the split reads index values
@@ -335,35 +335,35 @@ def _host_split(
     multiple = StepDecisions.of(layout).sp_multiple
     cp_rank, group = parallel.dims.cp_rank, parallel.group("cp")
     return [
-        ({**split_batch(mb, layout.cp, cp_rank, group, False, i, multiple), "labels": mb["labels"]}, mb)
+        (split_batch(mb, layout.cp, cp_rank, group, False, i, multiple).with_(labels=mb.labels), mb)
         for i, mb in numbered
     ]
 
 
-def _host_grids(mb: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
+def _host_grids(mb: MicroBatch, original: MicroBatch) -> MicroBatch:
     """``mb`` with the loader's own grids back: a native tower reads its grid as host integers
     (``neva.models.native_vision.grid_rows``), which a real tensor gives under fake mode and a fake clone cannot (it
     has no values); a grid is a few integers on the host in training too (``MediaInputs.to``)."""
-    media = original.get("media")
+    media = original.media
     if media is None:
         return mb
     grids = {m: v.grid for m, v in media.items() if v is not None and v.grid is not None}
     if not grids:
         return mb
-    cloned = mb["media"]
+    cloned = mb.media
     kept = {m: dataclasses.replace(getattr(cloned, m), grid=g) for m, g in grids.items()}
-    return {**mb, "media": dataclasses.replace(cloned, **kept)}
+    return mb.with_(media=dataclasses.replace(cloned, **kept))
 
 
-def _host_image_positions(mb: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
+def _host_image_positions(mb: MicroBatch, original: MicroBatch) -> MicroBatch:
     """``mb`` with the loader's image positions back: a decoder whose images attend both ways (Gemma 3) reads them as
     host integers for its attention plan (``neva.models.attention``), which a fake clone cannot give; they stay on the
     host in training too (index tensors of a few entries; the splice takes them under fake mode as they are)."""
-    media = original.get("media")
+    media = original.media
     if media is None or media.image is None or media.image.positions is None:
         return mb
-    image = dataclasses.replace(mb["media"].image, positions=media.image.positions)
-    return {**mb, "media": dataclasses.replace(mb["media"], image=image)}
+    image = dataclasses.replace(mb.media.image, positions=media.image.positions)
+    return mb.with_(media=dataclasses.replace(mb.media, image=image))
 
 
 class _NoHook:
@@ -411,7 +411,7 @@ def _rehearse_rank(
     layout: Layout,
     rank: int,
     stage: int,
-    micro_batches: list[tuple[int, dict[str, Any]]],
+    micro_batches: list[tuple[int, MicroBatch]],
     tools: dict[str, Any],
     fake: bool = True,
 ) -> RankMemory:
@@ -527,7 +527,7 @@ def _held(snap: dict, names: tuple[str, ...]) -> int:
 
 
 def _decide_pipeline_locally(
-    runner: Any, micro_batches: list[dict[str, Any]], multiple: int, ncfg: NevaConfig, precision: Precision, tools: dict
+    runner: Any, micro_batches: list[MicroBatch], multiple: int, ncfg: NevaConfig, precision: Precision, tools: dict
 ) -> None:
     """Build the schedule ``runner`` will run for ``micro_batches`` with static stage shapes, set up as its
     warm-up would set it up when every stage votes static."""

@@ -31,6 +31,7 @@ from neva.constants import IGNORE_INDEX
 from neva.data.anyres import anyres_sample_fields
 from neva.data.collate import Collator
 from neva.data.config import DataConfig
+from neva.data.micro_batch import MicroBatch
 from neva.data.qwen_images import QwenImageSpec, budget_size
 from neva.families import part
 from neva.models.anyres import feature_index, largest_pinpoint
@@ -154,7 +155,7 @@ def synthetic_micro_batches(
     learned_fraction: float,
     image_size: tuple[int, int] | None = None,
     num_frames: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[MicroBatch]:
     """One step's micro-batches through the run's own collator: ``micro_batch_size`` copies of ``synthetic_sample``
     per micro-batch (host tensors, as the loader gives them)."""
     data = cfg.model.data

@@ -9,10 +9,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from neva.data.micro_batch import MicroBatch
 
-def micro_batch_patches(mb: dict[str, Any]) -> int:
+
+def micro_batch_patches(mb: MicroBatch) -> int:
     """Tower patches of a collated micro-batch: t·h·w of every image and video item of a native tower's grids."""
-    media = mb.get("media")
+    media = mb.media
     if media is None:
         return 0
     total = 0
@@ -23,7 +25,7 @@ def micro_batch_patches(mb: dict[str, Any]) -> int:
     return total
 
 
-def tower_patch_metrics(micro_batches: list[dict[str, Any]], dp_group: Any, device: torch.device) -> dict[str, float]:
+def tower_patch_metrics(micro_batches: list[MicroBatch], dp_group: Any, device: torch.device) -> dict[str, float]:
     """``tower_patches_max`` / ``tower_patches_mean`` over the data-parallel ranks of this step's micro-batches (one
     all-reduce of a vector with one slot per rank; every rank of the group must call it)."""
     mine = float(sum(micro_batch_patches(mb) for mb in micro_batches))

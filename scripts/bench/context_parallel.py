@@ -31,15 +31,17 @@ import torch.multiprocessing as mp
 HIDDEN, HEADS, VOCAB = 512, 8, 1024
 
 
-def _batch(seq: int, docs: int, seed: int = 0) -> dict[str, Any]:
+def _batch(seq: int, docs: int, seed: int = 0) -> Any:
     """One packed row: ``docs`` documents of equal length, each with its own positions; every token learned."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (1, seq), generator=g)
     doc = seq // docs
     segments = (torch.arange(seq) // doc).clamp(max=docs - 1) + 1
     positions = torch.arange(seq) - (segments - 1) * doc
-    return {"input_ids": ids, "labels": ids.clone(), "position_ids": positions.view(1, 1, seq),
-            "segment_ids": segments.view(1, seq)}  # fmt: skip
+    from neva.data.micro_batch import MicroBatch
+
+    return MicroBatch(input_ids=ids, labels=ids.clone(), position_ids=positions.view(1, 1, seq),
+                      segment_ids=segments.view(1, seq))  # fmt: skip
 
 
 def _model(layers: int, kv_heads: int, seq: int) -> torch.nn.Module:
@@ -52,16 +54,16 @@ def _model(layers: int, kv_heads: int, seq: int) -> torch.nn.Module:
     return LlamaDecoder(cfg)
 
 
-def _step(model: torch.nn.Module, batch: dict[str, Any], context: Any) -> float:
+def _step(model: torch.nn.Module, batch: Any, context: Any) -> float:
     from neva.models.loss import token_cross_entropy
 
     start = time.perf_counter()
-    h = model.tok_embeddings(batch["input_ids"])
-    logits = model(h, position_ids=batch["position_ids"], segment_ids=batch["segment_ids"], context=context)
+    h = model.tok_embeddings(batch.input_ids)
+    logits = model(h, position_ids=batch.position_ids, segment_ids=batch.segment_ids, context=context)
     if context is None:
-        loss = token_cross_entropy(logits, batch["labels"])[0]
+        loss = token_cross_entropy(logits, batch.labels)[0]
     else:  # each position's own next token (the split's next_labels)
-        loss = token_cross_entropy(logits, batch["next_labels"], shifted=True)[0]
+        loss = token_cross_entropy(logits, batch.next_labels, shifted=True)[0]
     loss.backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - start
@@ -71,7 +73,7 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _measure(model: torch.nn.Module, batch: dict[str, Any], context: Any, warmup: int, steps: int) -> dict:
+def _measure(model: torch.nn.Module, batch: Any, context: Any, warmup: int, steps: int) -> dict:
     base = _rss_mb()
     times = [_step(model, batch, context) for _ in range(warmup + steps)][warmup:]
     return {"step_s": statistics.median(times), "peak_rss_mb": _rss_mb() - base}
@@ -88,9 +90,11 @@ def _cp_worker(rank: int, port: int, args: Any, local_gather: bool, out: Any) ->
     model = _model(args.cp_layers, args.cp_kv_heads, args.cp_seq)
     shard = split_batch(_batch(args.cp_seq, args.cp_docs), 2, rank, dist.group.WORLD, packed=True)
     if local_gather:  # the gathered shape from this rank's own tensor: the same compute without a collective
-        shard["context"] = replace(shard["context"], gather=lambda t, dim, sizes: torch.cat([t] * len(sizes), dim))
+        shard = shard.with_(
+            context=replace(shard.context, gather=lambda t, dim, sizes: torch.cat([t] * len(sizes), dim))
+        )
     dist.barrier()
-    result = _measure(model, shard, shard["context"], args.warmup, args.steps)
+    result = _measure(model, shard, shard.context, args.warmup, args.steps)
     out.put((rank, result))
     dist.barrier()
     dist.destroy_process_group()

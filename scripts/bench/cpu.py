@@ -239,7 +239,7 @@ def _apply_policy_hf(model: torch.nn.Module, policy: TrainablePolicy) -> None:
 
 def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[Any, list[Any], list[int]]:
     """neva.train's step: Collator (packed or padded), Engine.forward_backward, clip, AdamW (foreach on CPU)."""
-    from neva.data.collate import Collator, join_rows
+    from neva.data.collate import Collator
     from neva.training.optim import build_optimizer
 
     train_cfg = train_config(args)
@@ -259,8 +259,8 @@ def _neva_side(args: Any, cfg: NevaConfig, batches: list[list[dict]]) -> tuple[A
         engine.after_optimizer_step()
         return float(loss)
 
-    # Positions the decoder computes: packed rows that the engine joins lose their padding (neva.data.collate.join_rows).
-    computed = [int((join_rows(b) if engine.join_rows else b)["input_ids"].numel()) for b in collated]
+    # Positions the decoder computes: packed rows that the engine joins lose their padding (MicroBatch.joined).
+    computed = [int((b.joined() if engine.join_rows else b).input_ids.numel()) for b in collated]
     return step, collated, computed
 
 

@@ -236,7 +236,7 @@ def run_case(case: Case, args: Any, device: torch.device, mbs: int, peaks: dict[
     tokens = statistics.mean(
         sum(real_tokens(mb) for mb in micro[i * args.accum : (i + 1) * args.accum]) for i in range(args.warmup, n_steps)
     )
-    padded = statistics.mean(sum(int(b["input_ids"].numel()) for b in s) for s in steps[args.warmup :])
+    padded = statistics.mean(sum(int(b.input_ids.numel()) for b in s) for s in steps[args.warmup :])
     flops = statistics.mean(flops_per_step[args.warmup :])
     tflops = flops / med / 1e12
     table, measured_peak = peaks["table"], peaks["measured"]

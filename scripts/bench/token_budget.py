@@ -15,7 +15,7 @@ per side, one thread:
 
 Reported per side: the padding share of the collated rows (``pad rows``: padding positions over all positions, the
 ``pad_to_multiple`` rounding included; what a CUDA run's FlexAttention processes) and of what the decoder ran here
-(``pad run``: on the CPU packed rows are joined to their real tokens, ``neva.data.collate.join_rows``), micro-batches per step, the process's peak RSS above its state before the first step (MB: the
+(``pad run``: on the CPU packed rows are joined to their real tokens, ``neva.data.micro_batch.MicroBatch.joined``), micro-batches per step, the process's peak RSS above its state before the first step (MB: the
 steps' activations and gradients, the warm-up's included), step seconds (median) and the losses, which must agree (the same steps).
 """
 
@@ -158,10 +158,10 @@ def run_side(side: str, args: Any, data: Path) -> dict[str, Any]:
             seconds.append(time.perf_counter() - start)
             counts.append(len(micro_batches))
             for mb in micro_batches:
-                n = int((mb["segment_ids"] > 0).sum())
+                n = int((mb.segment_ids > 0).sum())
                 real += n
-                positions += mb["input_ids"].numel()
-                ran += n if engine.join_rows else mb["input_ids"].numel()  # packed rows joined: real tokens only
+                positions += mb.input_ids.numel()
+                ran += n if engine.join_rows else mb.input_ids.numel()  # packed rows joined: real tokens only
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "side": side,

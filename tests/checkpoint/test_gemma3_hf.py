@@ -128,7 +128,7 @@ def test_data_path_equals_gemma3_processor(imported):
             batch = collate_padded([sample], pad_id=0)
             n = sample["input_ids"].numel()
             with torch.no_grad():
-                ours = model(batch["input_ids"], batch["media"], batch["position_ids"])[0, :n]
+                ours = model(batch.input_ids, batch.media, batch.position_ids)[0, :n]
                 theirs = hf(**inputs).logits[0]
             assert rel_err(ours, theirs) < 1e-5, record["id"]
 

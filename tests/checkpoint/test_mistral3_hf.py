@@ -90,7 +90,7 @@ def _images(root, record):
 
 
 def _logits(model, batch):
-    return model(batch["input_ids"], batch["media"], batch["position_ids"], batch["segment_ids"])
+    return model(batch.input_ids, batch.media, batch.position_ids, batch.segment_ids)
 
 
 def _unpatch(patches, grid):
@@ -136,7 +136,7 @@ def test_packed_row_equals_each_sample_alone(imported):
     with one_thread():
         model, _, _, samples = _samples(ckpt, root)
         packed = collate_packed(samples, pad_id=0, seq_length=1024)
-        assert packed["input_ids"].shape[0] == 1  # one row holds them all
+        assert packed.input_ids.shape[0] == 1  # one row holds them all
         with torch.no_grad():
             row = _logits(model, packed)[0]
             start = 0
@@ -291,7 +291,7 @@ def test_sizes_spans_and_the_planners_and_rehearsals_image_are_the_processors():
     span = 2 * (3 + 1)
     text_tokens = sample["input_ids"].numel() - span
     fake = synthetic_micro_batches(cfg, ncfg, Layout.from_config(cfg.model, 1), text_tokens, 0.5, (32, 48))[0]
-    image = fake["media"].image
+    image = fake.media.image
     assert torch.equal(image.grid, sample["image_grid"]) and image.pixels.shape == sample["pixel_values"].shape
     first = int(sample["image_positions"][0])  # the features skip each row's break, in the data and the rehearsal
     assert (image.positions[:, 1] - image.positions[0, 1]).tolist() == (sample["image_positions"] - first).tolist()
@@ -300,7 +300,7 @@ def test_sizes_spans_and_the_planners_and_rehearsals_image_are_the_processors():
         span,
         sample["pixel_values"].shape[0],
     )
-    assert planned.seq_len == fake["input_ids"].shape[1]
+    assert planned.seq_len == fake.input_ids.shape[1]
 
 
 def test_module_name_layout_imports_the_same_tensors(imported, tmp_path):

@@ -72,7 +72,7 @@ def _hf_inputs(tokenizer, settings, record, root, family):
 
 
 def _logits(model, batch):
-    return model(batch["input_ids"], batch["media"], batch["position_ids"], batch["segment_ids"])
+    return model(batch.input_ids, batch.media, batch.position_ids, batch.segment_ids)
 
 
 def test_import_and_data_path_equal_transformers(imported):
@@ -104,7 +104,7 @@ def test_packed_row_equals_each_sample_alone(imported):
     with one_thread():
         model, _, _, samples = _samples(ckpt, root)
         packed = collate_packed(samples, pad_id=0, seq_length=512, position_axes=3)
-        assert packed["input_ids"].shape[0] == 1  # one row holds all three
+        assert packed.input_ids.shape[0] == 1  # one row holds all three
         with torch.no_grad():
             row = _logits(model, packed)[0]
             start = 0

@@ -148,18 +148,18 @@ def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokeni
     model = NevaModel(cfg).eval()
     model.init_weights()
     packed = Collator(0, 1024, 8, packing=True)(samples)
-    assert packed["input_ids"].shape[0] == 1 and packed["media"].image.items_per_row.tolist() == [4]
+    assert packed.input_ids.shape[0] == 1 and packed.media.image.items_per_row.tolist() == [4]
     with torch.no_grad():
         got = model(
-            packed["input_ids"],
-            packed["media"],
-            position_ids=packed["position_ids"],
-            segment_ids=packed["segment_ids"],
+            packed.input_ids,
+            packed.media,
+            position_ids=packed.position_ids,
+            segment_ids=packed.segment_ids,
         )[0]
         start = 0
         for s in samples:
             alone = Collator(0, 1024, 1)([s])
-            ref = model(alone["input_ids"], alone["media"])[0]
+            ref = model(alone.input_ids, alone.media)[0]
             n = s["input_ids"].numel()
             torch.testing.assert_close(got[start : start + n], ref[:n], rtol=1e-5, atol=1e-5)
             start += n

@@ -86,9 +86,9 @@ def test_each_bad_class_is_skipped_counted_and_logged(bad_files, synthetic_token
     assert reasons[f"data.jsonl:{n + 1}"] == "invalid_utf8"
     assert "skipping sample missing: missing_image" in caplog.text
     batch = collate_padded(samples, pad_id=3)
-    assert batch["num_samples"] == 1
-    assert sum(batch["skipped"].values()) == len(samples) - 1
-    assert batch["skipped"]["unsafe_image_path"] == 3
+    assert batch.counts.num_samples == 1
+    assert sum(batch.counts.skipped.values()) == len(samples) - 1
+    assert batch.counts.skipped["unsafe_image_path"] == 3
 
 
 def test_good_sample_shapes(bad_files, synthetic_tokenizer, vision):
@@ -137,9 +137,9 @@ def test_truncation_is_counted_not_skipped(tmp_path, synthetic_tokenizer, vision
     assert not short["truncated"] and long["truncated"] and not is_skipped(long)
     assert long["input_ids"].numel() == 320
     batch = collate_padded([short, long], pad_id=3)
-    assert batch["truncated"] == 1 and batch["num_samples"] == 2 and batch["skipped"] == {}
+    assert batch.counts.truncated == 1 and batch.counts.num_samples == 2 and batch.counts.skipped == {}
     tracker = SkipTracker()
-    tracker.update(batch)
+    tracker.update(batch.counts)
     assert tracker.metrics()["data/truncated"] == 1 and tracker.fraction == 0
     resumed = SkipTracker()
     resumed.load_state_dict(tracker.state_dict())
@@ -181,9 +181,9 @@ def test_leading_reply_is_dropped_and_counted(tmp_path, synthetic_tokenizer, vis
     assert dropped["input_ids"].tolist() == kept["input_ids"].tolist()
     assert dropped["labels"].tolist() == kept["labels"].tolist()
     batch = collate_padded([kept, dropped], pad_id=3)
-    assert batch["dropped_leading_reply"] == 1 and batch["skipped"] == {}
+    assert batch.counts.dropped_leading_reply == 1 and batch.counts.skipped == {}
     tracker = SkipTracker()
-    tracker.update(batch)
+    tracker.update(batch.counts)
     assert tracker.metrics()["data/dropped_leading_reply"] == 1 and tracker.fraction == 0
     resumed = SkipTracker()
     resumed.load_state_dict(tracker.state_dict())

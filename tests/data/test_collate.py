@@ -28,27 +28,27 @@ def test_padded_layout():
     batch = collate_padded(
         [sample(5, 1, "a", 1), {"id": "x", "skipped": "missing_image"}, sample(70, 0, "b")], pad_id=0
     )
-    assert batch["input_ids"].shape == (2, 128)
-    assert batch["num_samples"] == 2 and batch["skipped"] == {"missing_image": 1}
-    image = batch["media"].image
+    assert batch.input_ids.shape == (2, 128)
+    assert batch.counts.num_samples == 2 and batch.counts.skipped == {"missing_image": 1}
+    image = batch.media.image
     assert image.items_per_row.tolist() == [1, 0] and image.pixels.shape == (1, 3, 4, 4)
-    assert batch["segment_ids"][0].tolist() == [1] * 5 + [0] * 123
-    assert batch["position_ids"][0, 1, :70].tolist() == list(range(70))
-    assert (batch["labels"][0, 5:] == IGNORE_INDEX).all()
-    assert collate_padded([sample(5)], pad_id=0, pad_to_multiple_of=64, max_length=40)["input_ids"].shape == (1, 40)
+    assert batch.segment_ids[0].tolist() == [1] * 5 + [0] * 123
+    assert batch.position_ids[0, 1, :70].tolist() == list(range(70))
+    assert (batch.labels[0, 5:] == IGNORE_INDEX).all()
+    assert collate_padded([sample(5)], pad_id=0, pad_to_multiple_of=64, max_length=40).input_ids.shape == (1, 40)
 
 
 def test_packed_layout_and_boundaries():
     samples = [sample(30, 1, "a", 1), sample(40, 2, "b", 2), sample(20, 0, "c"), sample(25, 1, "d", 4)]
     batch = collate_packed(samples, pad_id=0, seq_length=64, pad_to_multiple_of=16)
     # first-fit into 64: [a(30), c(20)] fill 50, [b(40)] then d(25) no room in row 0 (14 left)... → [b, ] + d? 40+25>64
-    assert batch["ids"] == ["a", "c", "b", "d"]
-    assert batch["input_ids"].shape == (3, 64)
-    assert batch["num_samples"] == 4
-    image = batch["media"].image
+    assert batch.counts.ids == ["a", "c", "b", "d"]
+    assert batch.input_ids.shape == (3, 64)
+    assert batch.counts.num_samples == 4
+    image = batch.media.image
     assert image.items_per_row.tolist() == [1, 2, 1]
     assert image.pixels[:, 0, 0, 0].tolist() == [1, 2, 2, 4]  # row order, then position order
-    seg, pos, lab = batch["segment_ids"][0], batch["position_ids"][0, 0], batch["labels"][0]
+    seg, pos, lab = batch.segment_ids[0], batch.position_ids[0, 0], batch.labels[0]
     assert seg.tolist() == [1] * 30 + [2] * 20 + [0] * 14
     assert pos[30:50].tolist() == list(range(20))
     assert lab[30] == IGNORE_INDEX and lab[0] == IGNORE_INDEX  # nothing learned across a sample boundary
@@ -56,9 +56,9 @@ def test_packed_layout_and_boundaries():
 
 def test_all_skipped_batch_is_inert():
     batch = collate_packed([{"id": "x", "skipped": "too_long"}], pad_id=0, seq_length=64)
-    assert batch["num_samples"] == 0 and batch["input_ids"].shape[0] == 1
-    assert (batch["labels"] == IGNORE_INDEX).all() and batch["media"].image is None
-    assert (batch["segment_ids"] == 1).all()
+    assert batch.counts.num_samples == 0 and batch.input_ids.shape[0] == 1
+    assert (batch.labels == IGNORE_INDEX).all() and batch.media.image is None
+    assert (batch.segment_ids == 1).all()
 
 
 def _loss(logits, labels):
@@ -89,16 +89,16 @@ def test_packed_loss_equals_token_weighted_loss_one_by_one(synthetic_tokenizer):
         micro_batch_size=6,
     )  # fmt: skip
     packed = next(iter(dm.train_dataloader()))
-    assert packed["input_ids"].shape[0] < 6  # really packed
+    assert packed.input_ids.shape[0] < 6  # really packed
     dm1 = NevaDataModule(DataConfig(synthetic_train_samples=16), synthetic_tokenizer, cfg, micro_batch_size=1)
     dm1.setup()
     ds = dm1.train_datasets[0]
     by_id = {r["id"]: i for i, r in enumerate(ds.records)}
     keys = ("input_ids", "position_ids", "segment_ids")
     with torch.no_grad():
-        total, count = _loss(model(**{k: packed[k] for k in keys}, media=packed["media"]), packed["labels"])
+        total, count = _loss(model(**{k: getattr(packed, k) for k in keys}, media=packed.media), packed.labels)
         ref_sum, ref_n = 0.0, 0
-        for sid in packed["ids"]:
+        for sid in packed.counts.ids:
             s = ds[by_id[sid]]
             logits = model(s["input_ids"][None], image_media(s["pixel_values"], torch.tensor([1])))
             ls, n = _loss(logits, s["labels"][None])

@@ -53,4 +53,4 @@ def test_prompt_sample_is_the_finetuning_encoding_before_the_reply(tmp_path, tin
     assert (ok["labels"] == IGNORE_INDEX).all() and ok["record"] == records[0]
     assert source.tokenizer.decode(ok["input_ids"]).rstrip().endswith("ASSISTANT:")  # vicuna_v1's reply header
     batch = data.collator([ok, bad])
-    assert len(batch["prompts"]) == 1 and batch["records"] == [records[0]]
+    assert len(batch.stage.prompts) == 1 and batch.stage.records == [records[0]]

@@ -98,12 +98,12 @@ def test_precomputed_reference_logps_ride_in_the_batch_in_row_order(tmp_path, sy
     dm = module(tmp_path, synthetic_tokenizer, records, precomputed=True)
     assert dm.train_datasets[0][2]["skipped"] == "no_reference_logps"
     batch = dm.collator([dm.train_datasets[0][i] for i in range(3)])
-    assert batch["pairs"] == 2 and batch["input_ids"].shape[0] == 4
-    assert batch["ref_logps"].tolist() == [-1.5, -3.0, -2.5, -4.0]
-    assert batch["skipped"] == {"no_reference_logps": 1}
+    assert batch.stage.pairs == 2 and batch.input_ids.shape[0] == 4
+    assert batch.stage.ref_logps.tolist() == [-1.5, -3.0, -2.5, -4.0]
+    assert batch.counts.skipped == {"no_reference_logps": 1}
     # rows [0, P) the chosen replies, [P, 2P) the rejected ones of the same pairs
-    assert learned_text(synthetic_tokenizer, {"labels": batch["labels"][0]}).startswith("red")
-    assert learned_text(synthetic_tokenizer, {"labels": batch["labels"][2]}).startswith("blue")
+    assert learned_text(synthetic_tokenizer, {"labels": batch.labels[0]}).startswith("red")
+    assert learned_text(synthetic_tokenizer, {"labels": batch.labels[2]}).startswith("blue")
 
 
 def test_shards_are_refused_in_one_line(tmp_path, synthetic_tokenizer):
@@ -122,7 +122,7 @@ def test_builtin_synthetic_pairs_prefer_the_right_answer(synthetic_tokenizer):
     records = dm.train_datasets[0].base.records
     assert len(records) == 12 and all(r["chosen"] != r["rejected"] for r in records)
     batch = next(iter(dm.train_dataloader()))
-    assert batch["pairs"] == 4 and not batch["skipped"]
+    assert batch.stage.pairs == 4 and not batch.counts.skipped
 
 
 def test_a_pair_encodes_its_images_once(tmp_path, synthetic_tokenizer):
@@ -135,18 +135,18 @@ def test_a_pair_encodes_its_images_once(tmp_path, synthetic_tokenizer):
     dm = module(tmp_path, synthetic_tokenizer, [LLAVA_NEXT, two, TRL])
     pairs = [dm.train_datasets[0][i] for i in range(3)]
     batch = dm.collator(pairs)
-    image = batch["media"].image
+    image = batch.media.image
     assert image.pixels.shape[0] == 4 and image.items_per_row.tolist() == [1, 2, 1, 1, 2, 1]
     once = image.positions.shape[0] // 2
     assert image.feature_rows.tolist() == list(range(once)) * 2
     both = collate_padded([p["chosen"] for p in pairs] + [p["rejected"] for p in pairs], dm.collator.pad_id, 8, 256)
-    assert both["media"].image.pixels.shape[0] == 8 and torch.equal(both["input_ids"], batch["input_ids"])
+    assert both.media.image.pixels.shape[0] == 8 and torch.equal(both.input_ids, batch.input_ids)
     torch.manual_seed(0)
     model = NevaModel(build_config(image_token_id=synthetic_tokenizer.convert_tokens_to_ids("<image>")))
     model.init_weights()
     with torch.no_grad():
-        got = model.embed(batch["input_ids"], batch["media"])
-        want = model.embed(both["input_ids"], both["media"])
+        got = model.embed(batch.input_ids, batch.media)
+        want = model.embed(both.input_ids, both.media)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -176,7 +176,7 @@ def test_a_video_pair_renders_as_finetuning_and_encodes_its_frames_once(tmp_path
     finetune = process_record(conversation, b.settings, b.image_source, b.front_end, b.video_source)
     assert torch.equal(pair["chosen"]["input_ids"], finetune["input_ids"])
     assert torch.equal(pair["chosen"]["labels"], finetune["labels"])
-    video = dm.collator([pair])["media"].video
+    video = dm.collator([pair]).media.video
     assert video.frames.tolist() == [4] and video.pixels.shape[0] == 4  # one pair, one video of 4 frames
     assert video.positions.shape[0] == 2 * model.video_tokens(4) and video.feature_rows is not None
 
@@ -228,4 +228,4 @@ def test_builtin_skills_pairs_prefer_the_suites_answer_to_a_wrong_one_of_its_kin
         assert r["chosen"] == asked["conversations"][1]["value"] != r["rejected"]
         assert any({r["chosen"], r["rejected"]} <= kind for kind in kinds)
     batch = next(iter(dm.val_dataloader()))
-    assert batch["pairs"] == 4 and not batch["skipped"]
+    assert batch.stage.pairs == 4 and not batch.counts.skipped

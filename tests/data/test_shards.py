@@ -123,7 +123,7 @@ def test_bad_members_are_skipped_and_counted(tmp_path, synthetic_tokenizer, visi
 
     dm = _dm(synthetic_tokenizer, vision, shard, mbs=5, dp_world=1, max_skip_fraction=1.0)
     batches = list(dm.train_dataloader())
-    assert sum(b["num_samples"] for b in batches) == 4 and dm.skip_tracker.used == 4
+    assert sum(b.counts.num_samples for b in batches) == 4 and dm.skip_tracker.used == 4
     assert dm.skip_tracker.skipped == {
         "missing_image": 2, "corrupt_image": 1, "malformed_json": 2, "invalid_utf8": 1,
     }  # fmt: skip
@@ -134,7 +134,7 @@ def test_bad_members_are_skipped_and_counted(tmp_path, synthetic_tokenizer, visi
 
 
 def _ids_and_tokens(batch) -> list:
-    return [batch["ids"], batch["input_ids"].tolist(), batch["labels"].tolist()]
+    return [batch.counts.ids, batch.input_ids.tolist(), batch.labels.tolist()]
 
 
 @pytest.mark.parametrize("buffer", [0, 3])
@@ -176,17 +176,17 @@ def test_two_ranks_cover_each_global_batch_once(shard_set, synthetic_tokenizer, 
     single = list(_dm(synthetic_tokenizer, vision, pattern, mbs=4, dp_world=1).train_dataloader())
     assert len(ranks[0]) == len(ranks[1]) == len(single) == N_RECORDS // 4
     for b0, b1, whole in zip(ranks[0], ranks[1], single):
-        assert not set(b0["ids"]) & set(b1["ids"])
-        assert b0["ids"] + b1["ids"] == whole["ids"]  # rank r = r-th micro-batch of the global batch
-    assert sorted(i for b in single for i in b["ids"]) == sorted(f"r{i}" for i in range(N_RECORDS))
+        assert not set(b0.counts.ids) & set(b1.counts.ids)
+        assert b0.counts.ids + b1.counts.ids == whole.counts.ids  # rank r = r-th micro-batch of the global batch
+    assert sorted(i for b in single for i in b.counts.ids) == sorted(f"r{i}" for i in range(N_RECORDS))
 
 
 def test_workers_keep_the_order_and_validation_reads_shards_in_order(shard_set, synthetic_tokenizer, vision):
     _, _, pattern = shard_set
-    ref = [b["ids"] for b in _dm(synthetic_tokenizer, vision, pattern).train_dataloader()]
+    ref = [b.counts.ids for b in _dm(synthetic_tokenizer, vision, pattern).train_dataloader()]
     dm = _dm(synthetic_tokenizer, vision, pattern, num_workers=2, validation_data_path=pattern)
-    assert [b["ids"] for b in dm.train_dataloader()] == ref
-    val = [i for b in dm.val_dataloader() for i in b["ids"]]
+    assert [b.counts.ids for b in dm.train_dataloader()] == ref
+    val = [i for b in dm.val_dataloader() for i in b.counts.ids]
     assert val == [f"r{i}" for i in range(N_RECORDS) if i % 4 < 2]  # rank 0: 1st micro-batch of each, file order
 
 
@@ -196,10 +196,10 @@ def test_blend_json_with_shards(shard_set, tmp_path, synthetic_tokenizer, vision
     write_jsonl(text, [qa(image=None, q="hi", a="yes", rid=f"t{i}") for i in range(4)])
     kw = {"concat_sampling_probabilities": [0.5, 0.5]}
     dm = _dm(synthetic_tokenizer, vision, [str(text), pattern], mbs=4, dp_world=1, **kw)
-    ids = [i for b in dm.train_dataloader() for i in b["ids"]]
+    ids = [i for b in dm.train_dataloader() for i in b.counts.ids]
     assert len(ids) == 20 and sum(i.startswith("t") for i in ids) == 10  # 4 records upsampled to half of 20 draws
     again = _dm(synthetic_tokenizer, vision, [str(text), pattern], mbs=4, dp_world=1, **kw)
-    assert [i for b in again.train_dataloader() for i in b["ids"]] == ids
+    assert [i for b in again.train_dataloader() for i in b.counts.ids] == ids
 
 
 def test_config_checks_shard_specs(shard_set, tmp_path):

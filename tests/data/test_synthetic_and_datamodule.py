@@ -68,20 +68,20 @@ def test_datamodule_batches_and_workers(synthetic_tokenizer):
     batches = list(dm.train_dataloader())
     assert len(batches) == 6
     b = batches[0]
-    assert b["input_ids"].shape[0] == 4 and b["input_ids"].shape[1] % 64 == 0
-    image = b["media"].image
+    assert b.input_ids.shape[0] == 4 and b.input_ids.shape[1] % 64 == 0
+    image = b.media.image
     assert image.pixels.shape == (4, 3, 32, 32) and image.items_per_row.tolist() == [1, 1, 1, 1]
-    assert ((b["input_ids"] == cfg.image_token_id).sum(1) == cfg.num_image_tokens).all()
+    assert ((b.input_ids == cfg.image_token_id).sum(1) == cfg.num_image_tokens).all()
     assert dm.skip_tracker.used == 24
     val = list(dm.val_dataloader())
-    assert len(val) == 200 // 4 and val[0]["ids"][0] == "synthetic-val-0"
+    assert len(val) == 200 // 4 and val[0].counts.ids[0] == "synthetic-val-0"
 
 
 def test_datamodule_resume_exact_next_sample(synthetic_tokenizer):
     cfg = tiny_cfg(synthetic_tokenizer)
     data = DataConfig(synthetic_train_samples=40, packing=True)
     ref = [
-        b["ids"]
+        b.counts.ids
         for b in NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=2, dp_world=2).train_dataloader()
     ]
     dm = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=2, dp_world=2)
@@ -92,10 +92,10 @@ def test_datamodule_resume_exact_next_sample(synthetic_tokenizer):
     assert state["sampler"]["consumed_samples"] == 12
     dm2 = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=2, dp_world=2)
     dm2.load_state_dict(state)  # before the loader exists, as Lightning does on restore
-    rest = [b["ids"] for b in dm2.train_dataloader()]
+    rest = [b.counts.ids for b in dm2.train_dataloader()]
     assert rest == ref[3:]
     rank1 = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=2, dp_rank=1, dp_world=2)
-    assert not set(next(iter(rank1.train_dataloader()))["ids"]) & set(ref[0])
+    assert not set(next(iter(rank1.train_dataloader())).counts.ids) & set(ref[0])
 
 
 def test_text_only_and_blend(tmp_path, synthetic_tokenizer):
@@ -111,14 +111,14 @@ def test_text_only_and_blend(tmp_path, synthetic_tokenizer):
         data_path=["synthetic", str(path)], concat_sampling_probabilities=[0.5, 0.5], synthetic_train_samples=20
     )
     dm = NevaDataModule(data, synthetic_tokenizer, tiny_cfg(synthetic_tokenizer), micro_batch_size=5)
-    ids = [i for b in dm.train_dataloader() for i in b["ids"]]
+    ids = [i for b in dm.train_dataloader() for i in b.counts.ids]
     assert sum(i.startswith("t") for i in ids) == 12  # 5 records upsampled to ~half of 25 draws (ties: first set)
     text_batch = next(b for b in dm.train_dataloader() if _images(b) < 5)
-    image = text_batch["media"].image
+    image = text_batch.media.image
     assert image is None or image.pixels.shape[0] == int(image.items_per_row.sum())
-    assert torch.is_tensor(text_batch["labels"])
+    assert torch.is_tensor(text_batch.labels)
 
 
 def _images(batch) -> int:
-    image = batch["media"].image
+    image = batch.media.image
     return 0 if image is None else int(image.items_per_row.sum())

@@ -133,8 +133,8 @@ def test_data_module_trains_mixed_image_counts(synthetic_tokenizer):
     data = DataConfig(data_path="synthetic_skills", synthetic_train_samples=16, conv_template="vicuna_v1")
     dm = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=16)  # two rotations: every skill
     batch = next(iter(dm.train_dataloader()))
-    counts = batch["media"].image.items_per_row
+    counts = batch.media.image.items_per_row
     assert sorted(set(counts.tolist())) == [0, 1, 2]
-    assert batch["media"].image.pixels.shape[0] == int(counts.sum())
-    assert ((batch["input_ids"] == cfg.image_token_id).sum(1) == counts * cfg.num_image_tokens).all()
+    assert batch.media.image.pixels.shape[0] == int(counts.sum())
+    assert ((batch.input_ids == cfg.image_token_id).sum(1) == counts * cfg.num_image_tokens).all()
     assert "synthetic_skills" in BUILTIN_SETS and dm.skip_tracker.used == 16

@@ -75,6 +75,6 @@ def test_the_data_module_trains_on_the_clips(tmp_path, synthetic_tokenizer):
     )  # fmt: skip
     dm = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=2, seed=0)
     batch = next(iter(dm.train_dataloader()))
-    assert batch["num_samples"] == 2 and batch["media"].video.frames.tolist() == [4, 4]
-    assert batch["media"].video.positions.shape[0] == 2 * cfg.video_tokens(4)
-    assert sum(b["num_samples"] for b in dm.val_dataloader()) == 2
+    assert batch.counts.num_samples == 2 and batch.media.video.frames.tolist() == [4, 4]
+    assert batch.media.video.positions.shape[0] == 2 * cfg.video_tokens(4)
+    assert sum(b.counts.num_samples for b in dm.val_dataloader()) == 2

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from neva.data.collate import collate_packed, collate_padded, join_rows
+from neva.data.collate import collate_packed, collate_padded
 from neva.data.config import DataConfig
 from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
@@ -115,25 +115,25 @@ def test_batches_keep_video_positions_frames_and_order(synthetic_tokenizer, cfg,
         batch = collate_padded(samples, 0, 8, 512)
     else:
         batch = collate_packed(samples, 0, 512, 8)
-        assert batch["input_ids"].shape[0] < len(samples)  # samples share rows
-        batch = join_rows(batch) if mode == "joined" else batch
+        assert batch.input_ids.shape[0] < len(samples)  # samples share rows
+        batch = batch.joined() if mode == "joined" else batch
     vid = cfg.video_token_id
-    video, image = batch["media"].video, batch["media"].image
-    assert torch.equal(video.positions, (batch["input_ids"] == vid).nonzero())  # row, then column order
+    video, image = batch.media.video, batch.media.image
+    assert torch.equal(video.positions, (batch.input_ids == vid).nonzero())  # row, then column order
     by_id = {s["id"]: s for s in samples}
-    order = [i for i in batch["ids"] if "video_frames" in by_id[i]]
+    order = [i for i in batch.counts.ids if "video_frames" in by_id[i]]
     assert video.frames.tolist() == [f for i in order for f in by_id[i]["video_frames"].tolist()]
     assert torch.equal(video.pixels, torch.cat([by_id[i]["video_pixel_values"] for i in order]))
     assert video.positions.shape[0] == sum(cfg.video_tokens(int(f)) for f in video.frames)
     rows, cols = image.positions.unbind(1)
-    assert (batch["input_ids"][rows, cols] == IMAGE_ID).all()
+    assert (batch.input_ids[rows, cols] == IMAGE_ID).all()
     assert image.positions.shape[0] == 2 * cfg.num_image_tokens
 
 
 def test_batches_without_video_have_none(synthetic_tokenizer, cfg, folder):
     ds = dataset(MIXED[1:3], synthetic_tokenizer, cfg, folder)
     batch = collate_padded([ds[0], ds[1]], 0)
-    assert batch["media"].video is None
+    assert batch.media.video is None
 
 
 @pytest.fixture
@@ -178,8 +178,8 @@ def test_bad_videos_are_counted_skips_and_the_rest_continues(synthetic_tokenizer
     assert reasons["absolute"] == reasons["symlink"] == "unsafe_video_path"
     assert reasons["good"] is None
     batch = collate_padded(samples, 0)
-    assert batch["num_samples"] == 1 and sum(batch["skipped"].values()) == len(records) - 1
-    assert batch["media"].video.frames.tolist() == [NUM_FRAMES]
+    assert batch.counts.num_samples == 1 and sum(batch.counts.skipped.values()) == len(records) - 1
+    assert batch.media.video.frames.tolist() == [NUM_FRAMES]
     # a model without video skips video records (and keeps the rest)
     text = qa(image=None, q="Q?", rid="t")
     plain = dataset([records[-1], text], synthetic_tokenizer, cfg, bad_folder, video=False)
@@ -195,8 +195,8 @@ def test_data_module_mixes_video_image_and_text(tmp_path, synthetic_tokenizer, c
     data = DataConfig(data_path=str(path), image_folder=str(folder), num_frames=NUM_FRAMES, media_type="video")
     dm = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=len(MIXED), seed=0)
     batches = list(dm.train_dataloader())
-    assert sum(b["num_samples"] for b in batches) == 2 * len(MIXED)
-    frames = sum(int(b["media"].video.frames.sum()) for b in batches if b["media"].video is not None)
+    assert sum(b.counts.num_samples for b in batches) == 2 * len(MIXED)
+    frames = sum(int(b.media.video.frames.sum()) for b in batches if b.media.video is not None)
     assert frames == 2 * 4 * NUM_FRAMES
     with pytest.raises(ValueError, match="media_type=video needs a model that takes video"):
         NevaDataModule(data, synthetic_tokenizer, build_config(image_token_id=IMAGE_ID))
@@ -237,11 +237,11 @@ def test_shards_carry_videos_as_the_json_file_does(tmp_path, synthetic_tokenizer
                       image_folder=str(media), media_type="video", max_skip_fraction=1.0)  # fmt: skip
     dm = NevaDataModule(data, synthetic_tokenizer, cfg, micro_batch_size=len(ref), seed=0)
     batches = list(dm.train_dataloader())
-    drawn = sum(b["num_samples"] for b in batches) + sum(sum(b["skipped"].values()) for b in batches)
+    drawn = sum(b.counts.num_samples for b in batches) + sum(sum(b.counts.skipped.values()) for b in batches)
     assert drawn == 2 * len(ref) and dm.skip_tracker.used == 2 * 7
     assert dm.skip_tracker.skipped == {r: 2 for r in ("unsafe_video_path", "missing_video", "corrupt_video",
                                                       "still_image")}  # fmt: skip
-    assert sum(int(b["media"].video.frames.sum()) for b in batches) == 2 * 6 * NUM_FRAMES
+    assert sum(int(b.media.video.frames.sum()) for b in batches) == 2 * 6 * NUM_FRAMES
 
 
 def test_preview_shows_frames_positions_and_skips(tmp_path, folder):

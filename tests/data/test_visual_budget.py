@@ -84,9 +84,9 @@ def test_fewer_frames_and_skip_on_a_fixed_tower(synthetic_tokenizer, folder):
         side = full["video_pixel_values"].shape[0] // FRAMES
         assert side == 1 and torch.equal(both["video_pixel_values"], full["video_pixel_values"][[0, 3]])
         batch = collate_padded([s for s in samples], 0, 8, 512)
-        assert batch["visual_budget"] == {"fewer_frames": 1} and batch["skipped"] == {"visual_budget": 1}
+        assert batch.counts.visual_budget == {"fewer_frames": 1} and batch.counts.skipped == {"visual_budget": 1}
         tracker = SkipTracker(1.0)
-        tracker.update(batch)
+        tracker.update(batch.counts)
         metrics = tracker.metrics()
         assert metrics["data/visual_budget/fewer_frames"] == 1 and metrics["data/skipped/visual_budget"] == 1
         state = tracker.state_dict()

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from neva.models.lora import LoRALinear, dropout_keys, keyed_dropout_mask, token_dropout_keys
+from neva.models.lora import LoRALinear, keyed_dropout_mask, token_dropout_keys
+from neva.models.token_inputs import TokenInputs
 
 FEATURES = 64
 
@@ -54,8 +55,8 @@ def test_lora_layer_output_for_a_sample_does_not_depend_on_its_batch():
         ids, pos = _rows(samples, length)
         x = torch.randn(len(samples), length, FEATURES)
         x[at[0], at[1] : at[1] + len(A)] = x_a
-        with dropout_keys(token_dropout_keys(ids, pos, step=1)):
-            return layer(x)[at[0], at[1] : at[1] + len(A)]
+        keys = token_dropout_keys(ids, pos, step=1)
+        return layer(x, token_inputs=TokenInputs(dropout_keys=keys))[at[0], at[1] : at[1] + len(A)]
 
     first = run([[A], [B, C]], 16, (0, 0))
     second = run([[B], [C, A]], 12, (1, len(C)))
@@ -79,6 +80,5 @@ def test_zero_dropout_is_identity(p):
     layer = LoRALinear(nn.Linear(FEATURES, FEATURES), rank=4, alpha=8.0, dropout=p).train()
     x = torch.randn(2, 3, FEATURES)
     ids, pos = _rows([[A[:3]], [B]], 3)
-    with dropout_keys(token_dropout_keys(ids, pos, 0)):
-        out = layer._dropout(x)
+    out = layer._dropout(x, token_dropout_keys(ids, pos, 0))
     assert torch.equal(out, x) == (p == 0.0)

@@ -170,9 +170,9 @@ def sample(name: str, ids: list[int], images, videos, index: int, rope: bool = T
 
 def loss_and_grads(model: LlamaDecoder, batch: dict) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     model.zero_grad()
-    logits = model(model.tok_embeddings(batch["input_ids"]), batch["position_ids"], batch["segment_ids"])
-    out = batch["output_positions"]
-    loss = torch.nn.functional.cross_entropy(logits[out[:, 0], out[:, 1]], batch["targets"], reduction="sum")
+    logits = model(model.tok_embeddings(batch.input_ids), batch.position_ids, batch.segment_ids)
+    out = batch.output_positions
+    loss = torch.nn.functional.cross_entropy(logits[out[:, 0], out[:, 1]], batch.targets, reduction="sum")
     loss.backward()
     return logits.detach(), loss.detach(), [p.grad.clone() for p in model.parameters()]
 
@@ -186,15 +186,15 @@ def test_packed_row_equals_each_sample_alone(family):
         sample(name, vid, [], videos, 3),
     ]
     packed = collate_packed(samples, pad_id=0, seq_length=128, pad_to_multiple_of=8)
-    assert packed["position_ids"].shape[0] == 3 and packed["segment_ids"].max() == 3
-    assert packed["segment_ids"][0, -1] == 0  # padding after the three
+    assert packed.position_ids.shape[0] == 3 and packed.segment_ids.max() == 3
+    assert packed.segment_ids[0, -1] == 0  # padding after the three
     logits, loss, grads = loss_and_grads(ours, packed)
     start, total, summed = 0, 0.0, None
     for s in samples:
         alone = collate_packed([s], pad_id=0, seq_length=128, pad_to_multiple_of=1)
         n = s["input_ids"].numel()
         # The text-only sample alone is a one-axis batch: the decoder reads it as three equal axes.
-        assert torch.equal(packed["position_ids"][:, 0, start : start + n], alone["position_ids"][:, 0].expand(3, -1))
+        assert torch.equal(packed.position_ids[:, 0, start : start + n], alone.position_ids[:, 0].expand(3, -1))
         got, part, part_grads = loss_and_grads(ours, alone)
         assert rel_err(logits[0, start : start + n], got[0]) < 1e-5
         total += part

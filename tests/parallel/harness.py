@@ -249,6 +249,7 @@ def media_steps(
     this rank's share (the same global batch for every layout).
     Video and image tokens share one id (``video_token_id`` None): the positions alone tell them apart."""
     from neva.constants import IGNORE_INDEX
+    from neva.data.micro_batch import MicroBatch
     from neva.models.media import Media, MediaInputs
 
     gen = torch.Generator().manual_seed(1234)
@@ -292,10 +293,10 @@ def media_steps(
                 ids, labels = row(ROW_KINDS[kinds](step, m, r, micro), r, mb)
                 ids_B[r, : len(ids)], labels_B[r, : len(ids)] = torch.tensor(ids), torch.tensor(labels)
                 real[r, : len(ids)] = 1
-            batch = {
-                "input_ids": ids_B, "labels": labels_B, "segment_ids": real,
-                "position_ids": torch.arange(length).expand(micro, length).clone(),
-                "media": Media(
+            batch = MicroBatch(
+                input_ids=ids_B, labels=labels_B, segment_ids=real,
+                position_ids=torch.arange(length).expand(micro, length).clone(),
+                media=Media(
                     image=MediaInputs(torch.cat(mb["pixel_values"]),
                                       torch.tensor(mb["image_positions"], dtype=torch.long).reshape(-1, 2),
                                       items_per_row=torch.tensor(mb["image_counts"]))
@@ -305,7 +306,7 @@ def media_steps(
                                       frames=torch.tensor(mb["video_frames"], dtype=torch.long))
                     if mb["video_frames"] else None,
                 ),
-            }  # fmt: skip
+            )  # fmt: skip
             mbs.append(batch)
         out.append(mbs[layout.dp_rank * layout.grad_accum : (layout.dp_rank + 1) * layout.grad_accum])
     return out

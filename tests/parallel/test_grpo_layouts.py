@@ -63,8 +63,8 @@ def grpo_steps(overrides: list[str], steps: int) -> dict:
         if i == steps:
             break
         for mb in micro_batches if i == 0 else ():
-            completions = greedy.sample(mb["prompts"], 1, [0] * len(mb["prompts"]))
-            greedy_rows += [[str(r.get("id")), ids] for r, ids in zip(mb["records"], completions)]
+            completions = greedy.sample(mb.stage.prompts, 1, [0] * len(mb.stage.prompts))
+            greedy_rows += [[str(r.get("id")), ids] for r, ids in zip(mb.stage.records, completions)]
         module.engine.model.train()
         module.stage_step.run(optimizer, scheduler, micro_batches, i * cfg.model.grpo.num_iterations)
         rows += [[str(k), ids] for k, ids in module.stage_step.last_rows]

@@ -19,7 +19,7 @@ def sample(n: int) -> dict:
                           (100, 1, 8192, 64), (128, 64, 1024, 64)])  # fmt: skip
 def test_packed_rows_are_the_collators(seq, micro, row, multiple):
     batch = collate_packed([sample(seq) for _ in range(micro)], pad_id=0, seq_length=row, pad_to_multiple_of=multiple)
-    assert packed_rows(seq, micro, row, multiple) == tuple(batch["input_ids"].shape)
+    assert packed_rows(seq, micro, row, multiple) == tuple(batch.input_ids.shape)
 
 
 def test_a_packed_plan_counts_its_rows():

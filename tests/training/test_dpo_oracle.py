@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva
 from neva.config import DPOConfig
 from neva.constants import IGNORE_INDEX
+from neva.data.micro_batch import MicroBatch, PreferencePairs
 from neva.models.lora import LoRALinear, adapters_disabled, apply_lora
 from neva.models.media import Media, MediaInputs
 from neva.parallel.layout import Layout
@@ -59,12 +60,12 @@ def pair_batch(hf) -> dict:
     return {"input_ids": input_ids, "labels": labels, "attention_mask": mask, "pixel_values": pixels}
 
 
-def neva_batch(b: dict) -> dict:
+def neva_batch(b: dict) -> MicroBatch:
     rows, width = b["input_ids"].shape
     media = Media(image=MediaInputs(b["pixel_values"], None, items_per_row=torch.ones(rows, dtype=torch.long)))
     positions = torch.arange(width).expand(1, rows, width)
-    return {"input_ids": b["input_ids"], "labels": b["labels"], "position_ids": positions, "media": media,
-            "pairs": PAIRS}  # fmt: skip
+    return MicroBatch(input_ids=b["input_ids"], labels=b["labels"], position_ids=positions, media=media,
+                      stage=PreferencePairs(pairs=PAIRS))  # fmt: skip
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +122,7 @@ def test_step_equals_direct_computation(loss_type, sft_weight, reference):
             ref_sum = ref_sum + torch.randn(2 * PAIRS, generator=torch.Generator().manual_seed(3))
     ref = ref_sum / ref_n if mean else ref_sum
     if reference == "precomputed":
-        batch["ref_logps"] = ref
+        batch = batch.with_stage(ref_logps=ref)
 
     loss, n_pairs = engine.forward_backward([batch])
     metrics = engine.aux_metrics
@@ -129,7 +130,7 @@ def test_step_equals_direct_computation(loss_type, sft_weight, reference):
     # The direct computation: the policy's log-probs from transformers' logits (LoRA: the model's own full logits).
     params = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     if reference == "lora":
-        sums, counts = token_logps(policy(b["input_ids"], neva_batch(b)["media"]), b["labels"])
+        sums, counts = token_logps(policy(b["input_ids"], neva_batch(b).media), b["labels"])
         direct_params = params
     else:
         sums, counts = hf_logps(hf, b)

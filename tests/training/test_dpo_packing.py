@@ -24,7 +24,7 @@ def test_packed_pairs_equal_unpacked(tiny_checkpoint):
     unpacked = train_losses([], STEPS, base=base)
     packed = train_losses(["model.data.packing=true"], STEPS, base=base, keep_engine=True)
     batch = next(iter(packed.pop("data").train_dataloader()))
-    assert batch["input_ids"].shape[0] < 2 * batch["pairs"]  # the pairs' sequences share rows
+    assert batch.input_ids.shape[0] < 2 * batch.stage.pairs  # the pairs' sequences share rows
     for key in ("losses", "grad_norms"):
         for got, want in zip(packed[key], unpacked[key]):
             assert got == pytest.approx(want, rel=1e-6), key

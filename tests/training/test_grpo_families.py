@@ -76,7 +76,7 @@ def stage_module(tmp_path: Path, family: str):
     module = NevaModule(cfg, source, data, layout)
     module.configure_model()
     (batch,) = next(iter(StepBatches(data, layout.grad_accum)))
-    assert sorted(r["id"] for r in batch["records"]) == ["p0", "p1"]
+    assert sorted(r["id"] for r in batch.stage.records) == ["p0", "p1"]
     return module, batch
 
 
@@ -102,7 +102,7 @@ def full_forward(model, prompt: dict, ids: torch.Tensor) -> torch.Tensor:
 def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
     torch.set_num_threads(1)
     module, batch = stage_module(tmp_path, family)
-    engine, step, prompts = module.engine, module.stage_step, batch["prompts"]
+    engine, step, prompts = module.engine, module.stage_step, batch.stage.prompts
     model = engine.parts[0]
     image_id = model.cfg.image_token_id
     # the two prompts differ in length (left padding) and in their images' layouts
@@ -111,7 +111,7 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
         (h, w), other = [p["image_grid"][0, 1:].tolist() for p in prompts]
         assert h != w and other == [w, h]
     else:
-        assert [p["image_sizes"] for p in prompts] == [[SIZES[int(r["id"][1:])]] for r in batch["records"]]
+        assert [p["image_sizes"] for p in prompts] == [[SIZES[int(r["id"][1:])]] for r in batch.stage.records]
 
     greedy = GenerationConfig(max_new_tokens=MAX_NEW, pad_token_id=step.pad_id, suppress_tokens=(image_id,))
     rollouts = InRunRollouts(engine, greedy, step.tokenizer.decode)
@@ -135,11 +135,11 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
     made = [{"prompt": p, "ids": completions[i * G + j]} for i, p in enumerate(prompts) for j in range(G)]
     advantages = group_advantages(rewards, G, "group")[0]
     (rows,) = step._row_batches([made], advantages, torch.ones(len(made), dtype=torch.bool))
-    assert rows["media"].image.pixels.shape[0] == sum(p["pixel_values"].shape[0] for p in prompts)  # once per group
-    assert rows.get("shared_prefix")  # one process: each prompt once in its group's row (``neva.data.grpo_rows``)
+    assert rows.media.image.pixels.shape[0] == sum(p["pixel_values"].shape[0] for p in prompts)  # once per group
+    assert rows.shared_prefix  # one process: each prompt once in its group's row (``neva.data.grpo_rows``)
     rows = record_old_logps(engine, [rows])[0]
-    noise = 0.4 * torch.randn(rows["old_token_logps"].shape, generator=torch.Generator().manual_seed(3))
-    rows["old_token_logps"] = rows["old_token_logps"] + noise
+    noise = 0.4 * torch.randn(rows.stage.old_token_logps.shape, generator=torch.Generator().manual_seed(3))
+    rows = rows.with_stage(old_token_logps=rows.stage.old_token_logps + noise)
     loss, _ = engine.forward_backward([rows])
 
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -155,10 +155,10 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
         logits = torch.cat([full_forward(model, row["prompt"], ids), logits[len(ids) :]])
         lp, mask = token_logps(logits[None], labels[None])
         # the recorded old log-probs of this completion's tokens, where its own row would hold them
-        at = rows["completion_at"] == r
-        assert torch.equal(rows["input_ids"].roll(-1, 1)[at], completion)  # its tokens, in order, once
+        at = rows.stage.completion_at == r
+        assert torch.equal(rows.input_ids.roll(-1, 1)[at], completion)  # its tokens, in order, once
         old = torch.zeros(1, width - 1)
-        old[0, len(ids) - len(completion) - 1 : len(ids) - 1] = rows["old_token_logps"][at]
+        old[0, len(ids) - len(completion) - 1 : len(ids) - 1] = rows.stage.old_token_logps[at]
         lps.append(lp), masks.append(mask), olds.append(old)
     lp, mask, old = torch.cat(lps), torch.cat(masks), torch.cat(olds)
     cfg = step.g

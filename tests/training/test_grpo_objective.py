@@ -13,6 +13,7 @@ import torch
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva
 from neva.config import GRPOConfig
 from neva.constants import IGNORE_INDEX
+from neva.data.micro_batch import MicroBatch, RolloutRows
 from neva.models.grpo_loss import group_advantages
 from neva.models.lora import LoRALinear, adapters_disabled, apply_lora
 from neva.models.media import Media, MediaInputs
@@ -52,11 +53,11 @@ def rollout_batch(hf) -> dict:
     return {"input_ids": input_ids, "labels": labels, "attention_mask": mask, "pixel_values": pixels}
 
 
-def neva_batch(b: dict) -> dict:
+def neva_batch(b: dict) -> MicroBatch:
     rows, width = b["input_ids"].shape
     media = Media(image=MediaInputs(b["pixel_values"], None, items_per_row=torch.ones(rows, dtype=torch.long)))
-    return {"input_ids": b["input_ids"], "labels": b["labels"], "position_ids": torch.arange(width).expand(1, rows, width),
-            "media": media}  # fmt: skip
+    return MicroBatch(input_ids=b["input_ids"], labels=b["labels"],
+                      position_ids=torch.arange(width).expand(1, rows, width), media=media)  # fmt: skip
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +143,7 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
     engine = Engine(parallel, Precision(), cpu, packed=False, head=objective, objectives=(objective,))
     batch = neva_batch(b)
     advantages = trl_advantages(REWARDS, "group")
-    batch["advantages"] = group_advantages(REWARDS, G, "group")[0]
+    batch = batch.with_(stage=RolloutRows(advantages=group_advantages(REWARDS, G, "group")[0]))
     if reference == "model":
         objective.reference = token_forward(engine, neva_from_hf(hf_ref).requires_grad_(False))
     elif reference == "lora":
@@ -158,15 +159,15 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
     # that ratios leave the clip range on both sides.
     if recorded_old:
         batch = record_old_logps(engine, [batch])[0]
-        noise = 0.4 * torch.randn(batch["old_token_logps"].shape, generator=torch.Generator().manual_seed(3))
-        batch["old_token_logps"] = batch["old_token_logps"] + noise
+        noise = 0.4 * torch.randn(batch.stage.old_token_logps.shape, generator=torch.Generator().manual_seed(3))
+        batch = batch.with_stage(old_token_logps=batch.stage.old_token_logps + noise)
 
     loss, count = engine.forward_backward([batch])
     metrics = engine.aux_metrics
 
     params = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     if reference == "lora":
-        full = policy(b["input_ids"], neva_batch(b)["media"])
+        full = policy(b["input_ids"], neva_batch(b).media)
         lp, mask = token_logps(full, b["labels"])
         direct_params = params
     else:
@@ -174,7 +175,7 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
         prefixes = detect_prefixes(hf.state_dict().keys())
         direct_params = {hf_key_to_neva(n, prefixes): p for n, p in hf.named_parameters()}
         direct_params = {n: p for n, p in direct_params.items() if n in params}
-    old = batch["old_token_logps"][:, :-1] if recorded_old else lp.detach()
+    old = batch.stage.old_token_logps[:, :-1] if recorded_old else lp.detach()
     if recorded_old:  # the recorded values are the policy's own at the learned positions (noise aside)
         torch.testing.assert_close((old - noise[:, :-1]) * mask, lp.detach() * mask, rtol=1e-5, atol=1e-5)
     total, kl, clip = direct_loss(lp, old, ref, advantages, mask, loss_type, beta, correction, dual)
@@ -207,8 +208,9 @@ def test_reference_is_unused_without_kl():
     """beta 0 builds no reference: prepare adds only the rows' token counts."""
     objective = GroupPolicyObjective(GRPOConfig(beta=0.0))
     labels = torch.tensor([[IGNORE_INDEX, 5, 6], [IGNORE_INDEX, IGNORE_INDEX, 7]])
-    out = objective.prepare({"labels": labels, "input_ids": labels.clamp(min=0)})
-    assert out["row_tokens"].tolist() == [2, 1] and "ref_token_logps" not in out
+    batch = MicroBatch(input_ids=labels.clamp(min=0), labels=labels, stage=RolloutRows(advantages=torch.zeros(2)))
+    out = objective.prepare(batch)
+    assert out.stage.row_tokens.tolist() == [2, 1] and out.stage.ref_token_logps is None
 
 
 def test_unscored_completions_leave_the_baseline():
@@ -238,8 +240,8 @@ def test_a_groups_image_is_encoded_once():
                         "pixel_values": b["pixel_values"][r : r + 1], "image_count": 1, "id": r})  # fmt: skip
     every = collate_padded(samples, 0, 8)
     firsts = collate_padded(samples[::G], 0, 8)
-    grouped = {**every, "media": group_media(every["media"], firsts["media"], G)}
-    assert grouped["media"].image.pixels.shape[0] == PROMPTS and grouped["media"].image.feature_rows is not None
+    grouped = every.with_(media=group_media(every.media, firsts.media, G))
+    assert grouped.media.image.pixels.shape[0] == PROMPTS and grouped.media.image.feature_rows is not None
     results = []
     for batch in (every, grouped):
         policy = neva_from_hf(hf)
@@ -252,7 +254,7 @@ def test_a_groups_image_is_encoded_once():
         objective = GroupPolicyObjective(GRPOConfig(num_generations=G, max_new_tokens=MAX_NEW))
         engine = Engine(ParallelModel([policy], Layout(), None, policy), Precision(), torch.device("cpu"), packed=False,
                         head=objective, objectives=(objective,))  # fmt: skip
-        batch = {**batch, "advantages": group_advantages(REWARDS, G, "group")[0]}
+        batch = batch.with_(stage=RolloutRows(advantages=group_advantages(REWARDS, G, "group")[0]))
         loss, _ = engine.forward_backward([record_old_logps(engine, [batch])[0]])
         grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
         results.append((loss, grads, encoded[0]))

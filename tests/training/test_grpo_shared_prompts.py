@@ -19,6 +19,7 @@ from neva.config import GRPOConfig
 from neva.constants import IGNORE_INDEX
 from neva.data.grpo_prompts import collate_groups, completion_sample
 from neva.data.grpo_rows import collate_shared_prompts
+from neva.data.micro_batch import MicroBatch, RolloutRows
 from neva.models.grpo_loss import group_advantages
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel
@@ -32,19 +33,19 @@ from tests.training.test_grpo_families import G, stage_module
 def test_shared_prompt_rows_equal_separate_rows(tmp_path, family):
     torch.set_num_threads(1)
     module, batch = stage_module(tmp_path, family)
-    step, prompts = module.stage_step, batch["prompts"]
+    step, prompts = module.stage_step, batch.stage.prompts
     policy = module.engine.parts[0]
     completions = step.rollouts.sample(prompts, G, list(range(len(prompts) * G)))
     ids = [torch.tensor(c) for c in completions]
     assert len({len(c) for c in ids}) > 1 or len({len(p["input_ids"]) for p in prompts}) > 1  # padding differs
     keep = [True, True, False, True]  # the third completion dropped (dynamic sampling): nothing learned
     learned = [c if k else torch.full_like(c, IGNORE_INDEX) for c, k in zip(ids, keep)]
-    separate = collate_groups([completion_sample(prompts[i // G], c, lab) for i, (c, lab) in enumerate(zip(ids, learned))],
-                              G, step.pad_id, 8)  # fmt: skip
-    shared = collate_shared_prompts(prompts, ids, learned, G, step.pad_id, 8)
-    assert shared["input_ids"].shape[0] == len(prompts) and separate["input_ids"].shape[0] == len(ids)
-    assert shared["segment_ids"].gt(0).sum() < separate["segment_ids"].gt(0).sum()  # fewer positions to run
     advantages = group_advantages(torch.tensor([1.0, 0.0, 0.3, 0.9]), G, "group")[0]
+    separate = collate_groups([completion_sample(prompts[i // G], c, lab) for i, (c, lab) in enumerate(zip(ids, learned))],
+                              G, step.pad_id, 8).with_(stage=RolloutRows(advantages=advantages))  # fmt: skip
+    shared = collate_shared_prompts(prompts, ids, learned, G, step.pad_id, 8, advantages)
+    assert shared.input_ids.shape[0] == len(prompts) and separate.input_ids.shape[0] == len(ids)
+    assert shared.segment_ids.gt(0).sum() < separate.segment_ids.gt(0).sum()  # fewer positions to run
     reference = copy.deepcopy(policy).requires_grad_(False)
     with torch.no_grad():  # a reference apart from the policy: KL > 0
         for p in reference.parameters():
@@ -59,11 +60,11 @@ def test_shared_prompt_rows_equal_separate_rows(tmp_path, family):
                         packed=False, head=objective, objectives=(objective,))  # fmt: skip
         objective.reference = token_forward(engine, reference)
         policy.zero_grad(set_to_none=True)
-        rows = record_old_logps(engine, [{**rows, "advantages": advantages}])[0]
+        rows = record_old_logps(engine, [rows])[0]
         # the sampler's log-probs a later iteration sees: moved by noise drawn per completion token, alike for both
-        old, at = rows["old_token_logps"], completion_positions(rows)
+        old, at = rows.stage.old_token_logps, completion_positions(rows)
         noise = 0.4 * torch.randn(len(at), generator=torch.Generator().manual_seed(3))
-        rows["old_token_logps"] = old.index_put((at[:, 0], at[:, 1]), old[at[:, 0], at[:, 1]] + noise)
+        rows = rows.with_stage(old_token_logps=old.index_put((at[:, 0], at[:, 1]), old[at[:, 0], at[:, 1]] + noise))
         counts = {t: int(GroupPolicyObjective(GRPOConfig(loss_type=t, max_new_tokens=5)).count(rows))
                   for t in ("grpo", "dapo", "dr_grpo")}  # fmt: skip
         loss, _ = engine.forward_backward([rows])
@@ -80,15 +81,15 @@ def test_shared_prompt_rows_equal_separate_rows(tmp_path, family):
         torch.testing.assert_close(grads_b[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def completion_positions(rows: dict) -> torch.Tensor:
+def completion_positions(rows: MicroBatch) -> torch.Tensor:
     """``[T, 2]`` (row, column) of every completion token's prediction, completion by completion, each in order: the
     same tokens in the same order for both row forms (aligned as ``old_token_logps``: column t predicts t + 1)."""
-    if "completion_at" in rows:
-        at = rows["completion_at"]
+    at = rows.stage.completion_at
+    if at is not None:
         found = [(at == k).nonzero() for k in range(int(at.max()) + 1)]
     else:
-        found = [(rows["labels"][r : r + 1, 1:] != IGNORE_INDEX).nonzero() + torch.tensor([r, 0])
-                 for r in range(rows["labels"].shape[0])]  # fmt: skip
+        found = [(rows.labels[r : r + 1, 1:] != IGNORE_INDEX).nonzero() + torch.tensor([r, 0])
+                 for r in range(rows.labels.shape[0])]  # fmt: skip
     return torch.cat(found)
 
 
@@ -121,11 +122,14 @@ def test_a_prompt_ending_on_an_image_is_not_shared():
     one = {**image, "input_ids": torch.tensor([1]), "labels": torch.full((1,), IGNORE_INDEX), "pixel_values":
            torch.zeros(0, 3, 4, 4), "image_count": 0}  # fmt: skip
     c = [torch.tensor([7, 8]), torch.tensor([6])]
-    assert collate_shared_prompts([ends], c, c, 2, 0, 8) is None
-    assert collate_shared_prompts([one], c, c, 2, 0, 8) is None
-    rows = collate_shared_prompts([fine], c, c, 2, 0, 8)
-    assert rows["input_ids"][0, :7].tolist() == [1, 5, 9, 7, 8, 9, 6]
-    assert rows["position_ids"][0, 0, :7].tolist() == [0, 1, 2, 3, 4, 2, 3]
-    assert rows["segment_ids"][0].tolist() == [1, 1, 2, 2, 2, 3, 3, 0]
-    assert rows["labels"][0, :7].tolist() == [IGNORE_INDEX] * 3 + [7, 8, IGNORE_INDEX, 6]
-    assert rows["completion_at"][0].tolist() == [-1, -1, 0, 0, -1, 1, -1, -1] and rows["row_tokens"].tolist() == [2, 1]
+    advantages = torch.tensor([0.5, -0.5])
+    assert collate_shared_prompts([ends], c, c, 2, 0, 8, advantages) is None
+    assert collate_shared_prompts([one], c, c, 2, 0, 8, advantages) is None
+    rows = collate_shared_prompts([fine], c, c, 2, 0, 8, advantages)
+    assert rows.shared_prefix and torch.equal(rows.stage.advantages, advantages)
+    assert rows.input_ids[0, :7].tolist() == [1, 5, 9, 7, 8, 9, 6]
+    assert rows.position_ids[0, 0, :7].tolist() == [0, 1, 2, 3, 4, 2, 3]
+    assert rows.segment_ids[0].tolist() == [1, 1, 2, 2, 2, 3, 3, 0]
+    assert rows.labels[0, :7].tolist() == [IGNORE_INDEX] * 3 + [7, 8, IGNORE_INDEX, 6]
+    assert rows.stage.completion_at[0].tolist() == [-1, -1, 0, 0, -1, 1, -1, -1]
+    assert rows.stage.row_tokens.tolist() == [2, 1]

@@ -16,6 +16,7 @@ import torch
 from neva.checkpoint.hf_keys import detect_prefixes, hf_key_to_neva
 from neva.config import GRPOConfig
 from neva.constants import IGNORE_INDEX
+from neva.data.micro_batch import MicroBatch, RolloutRows
 from neva.models.grpo_loss import group_advantages
 from neva.models.media import Media, MediaInputs
 from neva.parallel.layout import Layout
@@ -140,14 +141,19 @@ def neva_case(hf, r: dict, p: int) -> dict:
     for i, c in enumerate(r["completions"]):
         input_ids[i, :p], input_ids[i, p : p + len(c)], labels[i, p : p + len(c)] = r["prompts"][i], c, c
     media = Media(image=MediaInputs(r["pixels"], None, items_per_row=torch.ones(rows, dtype=torch.long)))
-    batch = {"input_ids": input_ids, "labels": labels, "position_ids": torch.arange(width).expand(1, rows, width),
-             "media": media, "advantages": group_advantages(REWARDS, G, "group")[0]}  # fmt: skip
+    batch = MicroBatch(input_ids=input_ids, labels=labels, position_ids=torch.arange(width).expand(1, rows, width),
+                       media=media, stage=RolloutRows(advantages=group_advantages(REWARDS, G, "group")[0]))  # fmt: skip
     policy = neva_from_hf(hf)
     engine = Engine(ParallelModel([policy], Layout(), None, policy), Precision(), torch.device("cpu"), packed=False)
-    old = record_old_logps(engine, [batch])[0]["old_token_logps"]
+    old = record_old_logps(engine, [batch])[0].stage.old_token_logps
     old = old + 0.4 * torch.randn(old.shape, generator=torch.Generator().manual_seed(3))
     ref = token_forward(engine, neva_from_hf(tiny_llava(seed=1)).requires_grad_(False))(batch)
-    return {"batch": {**batch, "old_token_logps": old}, "old": old, "ref": ref, "advantages": batch["advantages"]}
+    return {
+        "batch": batch.with_stage(old_token_logps=old),
+        "old": old,
+        "ref": ref,
+        "advantages": batch.stage.advantages,
+    }
 
 
 @pytest.mark.parametrize("loss_type,beta,correction", CASES)
@@ -162,7 +168,7 @@ def test_update_equals_trl_grpo_trainer(trl_results, loss_type, beta, correction
     objective = GroupPolicyObjective(cfg)
     engine = Engine(ParallelModel([policy], Layout(), None, policy), Precision(), torch.device("cpu"), packed=False,
                     head=objective, objectives=(objective,))  # fmt: skip
-    batch = {**neva["batch"], **({"ref_token_logps": neva["ref"]} if beta else {})}
+    batch = neva["batch"].with_stage(ref_token_logps=neva["ref"]) if beta else neva["batch"]
     loss, _ = engine.forward_backward([batch])
     torch.testing.assert_close(loss, theirs["loss"], rtol=1e-5, atol=1e-6)
     prefixes = detect_prefixes(hf.state_dict().keys())

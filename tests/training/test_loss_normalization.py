@@ -16,7 +16,7 @@ from tests.training.test_semantics import make_engine
 def _hf_mean_loss(model, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """HF's causal-LM loss of one micro-batch (mean over its learned tokens), its summed loss and its token count."""
     logits = model(**model_inputs(batch, torch.device("cpu"), packed=False)).float()
-    targets = batch["labels"][:, 1:].reshape(-1)
+    targets = batch.labels[:, 1:].reshape(-1)
     flat = logits[:, :-1].reshape(-1, logits.shape[-1])
     mean = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX)
     total = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="sum")

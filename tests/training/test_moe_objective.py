@@ -30,14 +30,14 @@ def reference_objective(model, batches, cfg) -> torch.Tensor:
     for mb in batches:
         router_logits.clear()
         logits = model(
-            mb["input_ids"],
-            media=mb["media"],
-            position_ids=mb["position_ids"],
-            segment_ids=mb["segment_ids"],
+            mb.input_ids,
+            media=mb.media,
+            position_ids=mb.position_ids,
+            segment_ids=mb.segment_ids,
         )
-        loss, n = token_cross_entropy(logits, mb["labels"])
+        loss, n = token_cross_entropy(logits, mb.labels)
         ce, tokens = ce + loss, tokens + n
-        real = (mb["segment_ids"] != 0).reshape(-1)
+        real = (mb.segment_ids != 0).reshape(-1)
         lb = switch_loss_megatron(tuple(router_logits), real, cfg.num_moe_experts, cfg.moe_router_topk)
         z = sum(torch.logsumexp(x[real].float(), -1).square().mean() for x in router_logits)
         aux = aux + cfg.moe_aux_loss_coeff * lb + cfg.moe_z_loss_coeff * z
@@ -49,7 +49,7 @@ def reference_objective(model, batches, cfg) -> torch.Tensor:
 def test_router_objective_joins_the_step_loss_and_gradients(lean_cfg):
     cfg = lean_cfg(*MOE)
     source, batches = micro_batches(cfg, 2, 4)
-    assert any((mb["segment_ids"] == 0).any() for mb in batches)  # padding present, and excluded
+    assert any((mb.segment_ids == 0).any() for mb in batches)  # padding present, and excluded
     engine = make_engine(cfg, source)
     reference = copy.deepcopy(engine.model)
     total, _ = engine.forward_backward(batches)

@@ -64,7 +64,7 @@ def test_precomputed_reference_equals_live_and_the_pass_resumes(tmp_path):
     calls = []
 
     def counted(batch):
-        calls.append(int(batch["pairs"]))
+        calls.append(int(batch.stage.pairs))
         return reference(batch)
 
     resumed = precompute_reference_logps(*args, counted, engine, path, key, 2)

@@ -33,9 +33,9 @@ IMAGE_FIELDS_OF_THE_SHAPE = ("pixels", "items_per_row", "positions", "index", "w
 
 
 def _tensors_of_the_shape(batch) -> dict:
-    image = batch["media"].image
+    image = batch.media.image
     return {
-        **{k: batch[k] for k in TOKEN_KEYS_OF_THE_SHAPE},
+        **{k: getattr(batch, k) for k in TOKEN_KEYS_OF_THE_SHAPE},
         **{f: getattr(image, f) for f in IMAGE_FIELDS_OF_THE_SHAPE},
     }
 
@@ -75,13 +75,13 @@ def test_an_anyres_rehearsal_batch_is_what_the_data_path_collates(size: tuple[in
         assert (fakes[key].shape, fakes[key].dtype) == (tensor.shape, tensor.dtype), key
     assert torch.equal(fakes["index"], reals["index"])
     assert torch.equal(fakes["weight"], reals["weight"])
-    assert int((fake["input_ids"] == image_id).sum()) == positions
+    assert int((fake.input_ids == image_id).sum()) == positions
     assert fakes["pixels"].shape[0] > 1  # the tiles went through, not one fixed-size image
 
     planned = plan_run(cfg, text_tokens=text_tokens, model=ncfg, image_size=size)
     image = planned.extra["image"]
     assert (image["tokens"], image["tiles"]) == (positions, reals["pixels"].shape[0])
-    assert planned.seq_len == fake["input_ids"].shape[1]
+    assert planned.seq_len == fake.input_ids.shape[1]
 
 
 def test_a_video_rehearsal_batch_holds_the_planned_frames_and_positions() -> None:
@@ -92,10 +92,10 @@ def test_a_video_rehearsal_batch_holds_the_planned_frames_and_positions() -> Non
     ncfg = neva_config_from_mm(cfg.model.mm_cfg)
     frames = 3
     (batch,) = synthetic_micro_batches(cfg, ncfg, Layout.from_config(cfg.model, 1), 20, 0.5, num_frames=frames)
-    video = batch["media"].video
+    video = batch.media.video
     assert video.frames.tolist() == [frames, frames]
     assert video.pixels.shape == (2 * frames, 3, ncfg.vision.image_size, ncfg.vision.image_size)
     assert video.positions.shape == (2 * ncfg.video_tokens(frames), 2)
-    assert int((batch["input_ids"] == ncfg.video_token).sum()) == 2 * ncfg.video_tokens(frames)
-    assert batch["media"].image is None
-    assert plan_run(cfg, text_tokens=20, num_frames=frames).seq_len == batch["input_ids"].shape[1]
+    assert int((batch.input_ids == ncfg.video_token).sum()) == 2 * ncfg.video_tokens(frames)
+    assert batch.media.image is None
+    assert plan_run(cfg, text_tokens=20, num_frames=frames).seq_len == batch.input_ids.shape[1]

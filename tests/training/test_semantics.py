@@ -110,7 +110,7 @@ def test_accumulation_equals_larger_micro_batch(lean_cfg):
     )
     source, small = micro_batches(cfg, 2, 2)
     _, big = micro_batches(cfg, 1, 4)
-    assert sum(b["num_samples"] for b in small) == big[0]["num_samples"] == 4
+    assert sum(b.counts.num_samples for b in small) == big[0].counts.num_samples == 4
 
     results = []
     for batches in (small, big):
@@ -189,10 +189,9 @@ def test_pretrain_step_on_text_only_batches_reaches_the_projector(lean_cfg):
     as LLaVA's empty image slice gives) instead of a backward without anything to differentiate."""
     cfg = lean_cfg()
     source, batches = micro_batches(cfg, 1, 4)
-    batch = dict(batches[0])
+    batch = batches[0]
     image = source.cfg.image_token_id
-    batch["input_ids"] = batch["input_ids"].masked_fill(batch["input_ids"] == image, 7)
-    batch["media"] = None
+    batch = batch.with_(input_ids=batch.input_ids.masked_fill(batch.input_ids == image, 7), media=None)
     engine = make_engine(cfg, source)
     loss, tokens = engine.forward_backward([batch])
     assert tokens > 0 and torch.isfinite(loss)

@@ -38,15 +38,16 @@ def test_collated_positions_are_the_model_s_and_the_step_has_no_sync(lean_cfg):
     cfg = lean_cfg()
     source, batches = micro_batches(cfg, 1, 4)
     batch = batches[0]
-    is_image = batch["input_ids"] == source.cfg.image_token_id
-    assert batch["media"].image.items_per_row.sum() > 0
-    assert torch.equal(batch["media"].image.positions, is_image.nonzero())
-    positions, targets = learned_positions(batch["labels"])
-    assert torch.equal(batch["output_positions"], positions) and torch.equal(batch["targets"], targets)
+    is_image = batch.input_ids == source.cfg.image_token_id
+    assert batch.media.image.items_per_row.sum() > 0
+    assert torch.equal(batch.media.image.positions, is_image.nonzero())
+    positions, targets = learned_positions(batch.labels)
+    assert torch.equal(batch.output_positions, positions) and torch.equal(batch.targets, targets)
 
     engine = make_engine(cfg, source)
-    plain = {k: v for k, v in batch.items() if k not in ("output_positions", "targets")}
-    plain["media"] = Media(image=dataclasses.replace(batch["media"].image, positions=None))
+    plain = batch.with_(
+        output_positions=None, targets=None, media=Media(image=dataclasses.replace(batch.media.image, positions=None))
+    )
     with torch.no_grad():  # the same loss as the path that finds positions itself (masked_scatter, boolean mask)
         torch.testing.assert_close(engine.loss_sum(batch), engine.loss_sum(plain), rtol=0, atol=0)
     n_tokens = engine.global_tokens([batch])
