@@ -99,7 +99,7 @@ def test_readme_qwen_path_runs_end_to_end(tmp_path):
     from neva.checkpoint.step import materialize
     from neva.inference import Answerer
     from neva.models.generation import GenerationConfig as Decoding
-    from tests.checkpoint.tiny_qwen_vl import hf_inputs, pixel_budget, tiny_qwen_vl_dir
+    from tests.fixtures.tiny_qwen_vl import hf_inputs, pixel_budget, tiny_qwen_vl_dir
 
     with one_thread():
         tiny_qwen_vl_dir(tmp_path / "models", "qwen2_5_vl")

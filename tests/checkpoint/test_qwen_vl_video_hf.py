@@ -26,7 +26,7 @@ from neva.data.qwen_images import QwenImageSpec, native_video_estimate
 from neva.data.video import VideoSource
 from neva.data.video_decode import VideoLimits
 from tests.checkpoint.tiny_hf import one_thread
-from tests.checkpoint.tiny_qwen_vl import (
+from tests.fixtures.tiny_qwen_vl import (
     MERGE,
     checkpoint_data_path,
     image_processor,

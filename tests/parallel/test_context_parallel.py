@@ -135,7 +135,7 @@ def _imported_qwen_video(root) -> list[str]:
     import json
 
     from neva.checkpoint.hf_qwen_vl import import_qwen_vl
-    from tests.checkpoint.tiny_qwen_vl import tiny_qwen_vl_dir
+    from tests.fixtures.tiny_qwen_vl import tiny_qwen_vl_dir
     from tests.data.video_files import write_video
 
     path, images = write_llava_set(root / "data", n=20)
