@@ -252,6 +252,9 @@ class GRPOConfig:
     kl_ratio_correction: bool = False  # k3 x the policy ratio (TRL's use_bias_correction_kl, its default True)
     epsilon: float = 0.2  # clip's lower bound 1 - epsilon
     epsilon_high: float | None = None  # clip's upper bound 1 + epsilon_high (DAPO's clip-higher: 0.28); None: epsilon
+    # dual clip (Ye et al. 2020, EasyR1's clip_ratio_dual: 3.0): a negative advantage's token loss capped at -c * A,
+    # so that a ratio far above 1 on a token to be made rarer does not grow its step without bound; None: off
+    clip_ratio_dual: float | None = None
     num_iterations: int = 1  # mu: updates per rollout batch, against the log-probs recorded before the first
     max_new_tokens: int = 256  # TRL's max_completion_length
     temperature: float = 1.0
@@ -270,6 +273,8 @@ class GRPOConfig:
             raise ValueError(f"model.grpo.num_generations must be >= 2 (a group), got {self.num_generations}")
         if self.num_iterations < 1 or self.max_new_tokens < 1 or self.beta < 0 or not 0 < self.epsilon < 1:
             raise ValueError("model.grpo: num_iterations and max_new_tokens >= 1, beta >= 0, 0 < epsilon < 1")
+        if self.clip_ratio_dual is not None and self.clip_ratio_dual <= 1:
+            raise ValueError(f"model.grpo.clip_ratio_dual must be > 1 (or null: off), got {self.clip_ratio_dual}")
         if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError("model.grpo: temperature > 0, 0 < top_p <= 1, top_k >= 0")
 

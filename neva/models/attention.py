@@ -31,6 +31,12 @@ the segment's keys up to the run's end (lower-right aligned), each block against
 mask (a band only where the window cuts); on CUDA the BlockMask's ``mask_mod`` adds "same block". One new query
 (decoding) is text: blocks change nothing for it.
 
+Shared prompts (the online RL stage's update, ``neva.data.grpo_rows``): a row holds one prompt, its first segment,
+and after it several completions of that prompt, each a segment that attends the prompt and itself (causally), as if
+each were a row of its own after the prompt. The prompt is then computed once for the whole group. Always per segment
+(on CUDA too): each later segment's keys are the prompt's followed by its own, lower-right aligned, which is exactly
+the causal window (and the sliding window) of the separate row, since its positions continue the prompt's.
+
 Segments are the maximal runs of equal ``segment_ids`` in a row (the collator writes each sample contiguously;
 padding is a run of 0s that attends causally within itself, exactly as the dense mask had it). Every path computes
 the same function as a dense segment-causal mask + SDPA (the reference in tests/models/test_attention.py).
@@ -165,6 +171,8 @@ class AttentionPlan:
     recurrent: object | None = None
     # Llama 4's temperature-tuned layers: ``[B, 1, Sq, 1]`` fp32 factor of each query (None: none)
     query_scale: torch.Tensor | None = None
+    # shared prompts: per row, the prompt's columns ``[0, p)`` every later non-padding span also attends (None: none)
+    prefixes: list[tuple[int, set[int]]] | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
@@ -178,7 +186,7 @@ class AttentionPlan:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa, scale=self.scale)
         if self.kind == "flex":
             return _flex(q, k, v, self.block_mask, gqa, self.scale)
-        return _per_segment(q, k, v, self.spans, gqa, self.window, self.scale, self.tiled)
+        return _per_segment(q, k, v, self.spans, gqa, self.window, self.scale, self.tiled, self.prefixes)
 
 
 def _causal(q, k, v, gqa: bool, window: int | None, scale: float | None = None, full: bool = False) -> torch.Tensor:
@@ -208,9 +216,10 @@ def _flex(q, k, v, block_mask, gqa: bool, scale: float | None = None) -> torch.T
 
 @torch.compiler.disable  # the span list changes every batch: compiling it would recompile per batch
 def _per_segment(
-    q, k, v, spans, gqa: bool, window: int | None = None, scale: float | None = None, tiled: bool = True
-) -> torch.Tensor:
-    if q.shape[2] == k.shape[2] and tiled:
+    q, k, v, spans, gqa: bool, window: int | None = None, scale: float | None = None, tiled: bool = True,
+    prefixes: list[tuple[int, set[int]]] | None = None,
+) -> torch.Tensor:  # fmt: skip
+    if q.shape[2] == k.shape[2] and tiled and prefixes is None:
         # No cache: each row's spans tile it, for queries and keys alike. ``split`` (not slicing) keeps backward to
         # one concatenation per row instead of a zero-filled full-size gradient per segment.
         # Outputs are concatenated token-major ([B, S, H, D] memory, returned as its [B, H, S, D] view): the caller's
@@ -227,8 +236,12 @@ def _per_segment(
     rows = []
     for r, row_spans in enumerate(spans):
         outs = []
+        prompt, sharing = prefixes[r] if prefixes is not None else (0, set())
         for qs, qe, ks, ke, full in row_spans:
             qi, ki, vi = q[r : r + 1, :, qs:qe], k[r : r + 1, :, ks:ke], v[r : r + 1, :, ks:ke]
+            if ks in sharing:  # a completion after the shared prompt: the prompt's keys, then its own
+                ki = torch.cat([k[r : r + 1, :, :prompt], ki], dim=2)
+                vi = torch.cat([v[r : r + 1, :, :prompt], vi], dim=2)
             # Queries after cached keys of their segment (or after a chunk's earlier keys) align lower-right.
             outs.append(_causal(qi, ki, vi, gqa, window, scale, full))
         rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
@@ -251,6 +264,7 @@ def plan_attention(
     bidirectional: torch.Tensor | None = None,
     batch: int = 1,
     chunk: int | None = None,
+    shared_prefix: bool = False,
 ) -> AttentionPlan:
     """The attention of one forward over ``q_len`` new tokens after ``offset`` cached ones.
 
@@ -269,11 +283,17 @@ def plan_attention(
         chunk: chunked attention (Llama 4): a query sees only the keys of its own ``chunk``-token chunk of its
             segment (chunks counted from the segment's first column), or None. Each chunk is then a segment of its
             own, which every path below attends as it attends segments.
+        shared_prefix: each row's first segment is a prompt that every later non-padding segment of the row attends
+            before its own keys (see the module docstring); training forwards only (no cache, no shard, no chunks).
 
     Raises:
         ValueError: bidirectional blocks or chunks under context parallelism (a shard's chunks do not hold whole
-            blocks; its gathered keys are not split by chunk).
+            blocks; its gathered keys are not split by chunk); shared prefixes with a cache, a shard or chunks.
     """
+    if shared_prefix:
+        if offset or shard is not None or chunk is not None or segment_ids is None:
+            raise ValueError("shared-prompt rows need segment ids and take no cache, context shard or chunks")
+        return _plan_shared_prefix(segment_ids, window, scale, bidirectional)
     if bidirectional is not None and (q_len == 1 or bidirectional.shape[0] == 0):
         bidirectional = None  # one new query is text (the blocks before it change nothing), or no image at all
     if shard is not None:
@@ -314,6 +334,21 @@ def plan_attention(
         # Keys of a run up to the last query in it; queries are the run's positions at or after ``offset``.
         spans.append([span for s, e in runs if e > offset for span in _chunks(s, e, offset, row_blocks)])
     return AttentionPlan("segments", spans=spans, window=window, scale=scale, tiled=not any(blocks))
+
+
+def _plan_shared_prefix(
+    segment_ids: torch.Tensor, window: int | None, scale: float | None, bidirectional: torch.Tensor | None
+) -> AttentionPlan:
+    """Per-segment spans of shared-prompt rows: the prompt (the first run; its bidirectional blocks, if any, as
+    ``_chunks`` cuts them) attends itself, every later run that is not padding attends the prompt and itself."""
+    rows = segment_runs(segment_ids)
+    blocks = _host_runs(bidirectional, len(rows), 0)
+    spans, prefixes = [], []
+    for runs, ids, row_blocks in zip(rows, segment_ids.tolist(), blocks):
+        prompt = runs[0][1]
+        spans.append([span for s, e in runs for span in _chunks(s, e, 0, row_blocks)])
+        prefixes.append((prompt, {s for s, _ in runs[1:] if ids[s] != 0}))
+    return AttentionPlan("segments", spans=spans, window=window, scale=scale, tiled=False, prefixes=prefixes)
 
 
 def _host_runs(positions: torch.Tensor | None, rows: int, offset: int) -> list[list[tuple[int, int]]]:

@@ -10,6 +10,9 @@ before the first of the ``num_iterations`` updates) and under the frozen referen
                (std: unbiased, Bessel's correction, as TRL's ``nanstd``)
     ratio      ρ_t = exp(logp_t − old_t)
     token      ℓ_t = −min(ρ_t·A, clip(ρ_t, 1 − ε_low, 1 + ε_high)·A) + β·k3_t
+               dual clip c > 1 (Ye et al. 2020, arXiv:1912.09729, "dual-clip PPO"; EasyR1's clip_ratio_dual):
+               where A < 0 the policy term −min(ρ_t·A, clip(ρ_t, …)·A) is capped at −c·A, so a token the update
+               makes rarer whose ratio already exceeds c adds a constant (no gradient), not a loss growing with ρ_t
     k3         k3_t = exp(ref_t − logp_t) − (ref_t − logp_t) − 1          (Schulman's low-variance KL estimator)
                × ρ_t with kl_ratio_correction (TRL's use_bias_correction_kl, DeepSeek-V3.2: the unbiased
                reverse-KL gradient off-policy; GRPO, EasyR1 and veRL leave it out, neva's default)
@@ -76,16 +79,23 @@ def token_losses(
     beta: float = 0.0,
     ref: torch.Tensor | None = None,
     kl_ratio_correction: bool = False,
+    dual: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-token loss, per-token k3 (zeros without a reference), whether the clip bound the token) for tensors of one
     shape: each token's log-prob under the policy, the sampling policy and the reference, and its completion's
     advantage (the k3 returned is the estimate itself, without the ratio ``kl_ratio_correction`` weights the term
-    with). A token counts as clipped where the clipped term is the smaller one, as TRL counts its clip ratio."""
+    with; ``dual``: the dual clip's c, None: off). A token counts as clipped where the clipped term is the smaller one,
+    as TRL counts its clip ratio, or where the dual clip caps it."""
     ratio = torch.exp(logp - old)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     loss = -torch.min(ratio * advantage, clipped * advantage)
+    negative = advantage < 0
+    if dual is not None:
+        loss = torch.where(negative, torch.minimum(loss, -dual * advantage), loss)
     kl = k3(logp, ref) if ref is not None else torch.zeros_like(logp)
     if beta:
         loss = loss + beta * (kl * ratio if kl_ratio_correction else kl)
-    bound = ((ratio < 1 - eps_low) & (advantage < 0)) | ((ratio > 1 + eps_high) & (advantage > 0))
+    bound = ((ratio < 1 - eps_low) & negative) | ((ratio > 1 + eps_high) & (advantage > 0))
+    if dual is not None:  # for A < 0 the capped term binds exactly where ρ_t > c (c > 1 > 1 − ε_low)
+        bound = bound | ((ratio > dual) & negative)
     return loss, kl, bound

@@ -215,6 +215,7 @@ class LlamaDecoder(nn.Module):
         layer_additions: dict[str, torch.Tensor] | None = None,
         context: ContextShard | None = None,
         bidirectional: torch.Tensor | None = None,
+        shared_prefix: bool = False,
     ) -> torch.Tensor:
         """Run the blocks on hidden states ``h`` ``[B, S, D]`` (embedded already; see ``NevaModel.embed``).
 
@@ -239,6 +240,9 @@ class LlamaDecoder(nn.Module):
                 attention gathers keys and values); the per-token inputs are this rank's columns too.
             bidirectional: ``[M, 2]`` (row, column among the ``S`` new tokens) positions whose maximal runs attend
                 both ways (Gemma 3's image tokens; ``neva.models.attention``); None: causal everywhere.
+            shared_prefix: each row's first segment is a prompt its later segments (completions of it) attend too
+                (``neva.models.attention``); ``position_ids`` then place each completion after the prompt. Not with
+                linear-attention layers (their state would have to branch at the prompt's end) or chunked attention.
 
         Returns:
             Logits ``[B, S, V]`` (``[N, V]`` with ``output_positions``) if this stage owns ``output``, else hidden states.
@@ -250,6 +254,8 @@ class LlamaDecoder(nn.Module):
         elif position_ids.dim() == 2:
             position_ids = position_ids[None]
         cfg = self.cfg
+        if shared_prefix and cfg.linear_attention is not None:
+            raise ValueError("shared-prompt rows in a decoder with linear-attention layers")
         scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar**-0.5
         # One plan (and one RoPE table) per kind of layer: segment boundaries / the BlockMask are found once per forward.
         plans, ropes = {}, {}
@@ -268,6 +274,7 @@ class LlamaDecoder(nn.Module):
                 bidirectional=bidirectional,
                 batch=b,
                 chunk=chunked or None,
+                shared_prefix=shared_prefix,
             )
             plans[kind] = replace(plan, query_scale=_temperature(cfg, position_ids)) if tuned else plan
             if not rope:

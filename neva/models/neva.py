@@ -225,6 +225,7 @@ class NevaModel(nn.Module):
         dropout_keys: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
         context: ContextShard | None = None,
+        shared_prefix: bool = False,
     ) -> torch.Tensor:
         """Logits ``[B, S, V]`` (or hidden states on a stage without the LM head).
 
@@ -232,7 +233,8 @@ class NevaModel(nn.Module):
         (logits ``[N, V]``). ``dropout_keys`` ``[B, S]`` (``neva.models.lora.token_dropout_keys``) key the LoRA
         adapters' dropout masks. ``token_mask`` ``[B, S]``: tokens MoE routers count for load balancing
         (``LlamaDecoder.forward``). ``context``: this forward holds a shard of every row's columns (context
-        parallelism, ``neva.models.context_shard``).
+        parallelism, ``neva.models.context_shard``). ``shared_prefix``: each row is a prompt and completions of it
+        (``LlamaDecoder.forward``).
 
         On a stage without ``tok_embeddings``, ``input_ids`` are the previous stage's hidden states.
         """
@@ -251,6 +253,7 @@ class NevaModel(nn.Module):
             token_mask=token_mask,
             dropout_keys=dropout_keys,
             context=context,
+            shared_prefix=shared_prefix,
         )
 
     def _bidirectional(self, input_ids: torch.Tensor, media: Media | None) -> torch.Tensor | None:

@@ -9,6 +9,11 @@ row's next-token logits. ``LayoutGenerationModel`` gives those for this rank's p
   data-parallel rank must run the same forwards: ``shares_questions`` is False; so with expert parallelism);
 - tensor parallel: the sharded model; each rank caches its own heads' keys and values, vocabulary-sharded logits are
   gathered for the last position only;
+- sequence parallelism: the blocks split every forward's positions evenly over the tensor-parallel ranks, which a
+  decoding step's one position (or a prompt of any length) cannot be. Each forward is right-padded to the
+  tensor-parallel multiple with filler tokens after the real ones; causal attention keeps them out of every real
+  position's result, their logits are dropped, and each KV cache's length is set back so the next forward overwrites
+  their keys and values. A linear-attention layer's recurrent state would take them in: refused (``check_generation_layout``);
 - pipeline parallel: the stages run in chunk order, each with a KV cache for its own layers, passing hidden states
   point to point (dtype first, then the tensor); the last stage's last-position logits are broadcast to every
   pipeline rank, so all of them choose the same tokens and stop together. The same layer computations as the
@@ -26,12 +31,27 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from neva.errors import ConfigError
+from neva.models.config import NevaConfig
 from neva.models.llama import KVCache, new_layer_caches
 from neva.models.media import Media
+from neva.parallel.layout import Layout
 from neva.parallel.parallelize import ParallelModel
+from neva.parallel.step_decisions import StepDecisions
 
 # Hidden states between stages: their dtype is sent first as an index here (autocast and O2 decide it per layer).
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_generation_layout(cfg: NevaConfig, layout: Layout) -> None:
+    """Raises: ConfigError where a model cannot generate under its layout: sequence parallelism with linear-attention
+    layers (the padding after a forward's real positions would enter their recurrent state). A start-time rule of a
+    run that generates (``neva.parallel.run_rules.check_run``), and this module's own guard."""
+    if StepDecisions.of(layout).sp_multiple > 1 and cfg.llm.linear_attention is not None:
+        raise ConfigError(
+            "generation under model.sequence_parallel=true is not built for linear-attention layers (the padding to "
+            "the tensor-parallel multiple would enter their recurrent state): set model.sequence_parallel=false"
+        )
 
 
 class LayoutGenerationModel:
@@ -52,6 +72,10 @@ class LayoutGenerationModel:
         self.pp_group = parallel.group("pp")
         self.num_chunks = layout.num_chunks
         self.chunk_ids = [0] if parallel.runner is None else list(parallel.runner.chunk_ids)
+        check_generation_layout(self.cfg, layout)
+        self.sp_multiple = StepDecisions.of(layout).sp_multiple
+        # the filler of the sequence-parallel padding: any text id (a media placeholder would ask for features)
+        self.filler = min({0, 1, 2} - {self.cfg.image_token_id, self.cfg.video_token})
 
     @property
     def shares_questions(self) -> bool:
@@ -65,8 +89,10 @@ class LayoutGenerationModel:
         return self.parts[0].parameters()
 
     def new_cache(self, batch_size: int, max_len: int) -> list[list[KVCache]]:
-        """One cache per local chunk, for its own layers (under TP, its own key/value heads)."""
+        """One cache per local chunk, for its own layers (under TP, its own key/value heads), with room for the
+        sequence-parallel padding of the last forward."""
         llm = self.cfg.llm
+        max_len += self.sp_multiple - 1
         caches = []
         for part in self.parts:
             param = next(part.llm.layers.parameters())
@@ -92,14 +118,26 @@ class LayoutGenerationModel:
     ) -> torch.Tensor:
         """Logits (fp32, whole vocabulary) on every rank: with a cache (decoding) the last position's ``[B, 1, V]``,
         without one (a teacher-forced reply's loss, ``Answerer.reply_losses``) every position's ``[B, S, V]``."""
+        s = input_ids.shape[1]
+        keep = slice(s - 1, s) if cache is not None else slice(0, s)  # the real positions whose logits are asked
+        extra = (-s) % self.sp_multiple
+        if extra:
+            input_ids, position_ids, segment_ids = _right_padded(
+                input_ids, position_ids, segment_ids, extra, self.filler
+            )
         kw = {"position_ids": position_ids, "segment_ids": segment_ids}
         with self.autocast():
             if self.pp_group is None:
-                out = self.parts[0](input_ids, media, cache=None if cache is None else cache[0], **kw)
-                return _whole(out[:, -1:] if cache is not None else out)
-            return self._through_stages(input_ids, media, cache, kw)
+                out = _whole(self.parts[0](input_ids, media, cache=None if cache is None else cache[0], **kw)[:, keep])
+            else:
+                out = self._through_stages(input_ids, media, cache, kw, keep)
+        if extra and cache is not None:  # the filler's keys and values: overwritten by the next forward
+            for chunk in cache:
+                for layer in chunk:
+                    layer.length -= extra
+        return out
 
-    def _through_stages(self, input_ids, media, cache, kw) -> torch.Tensor:
+    def _through_stages(self, input_ids, media, cache, kw, keep: slice) -> torch.Tensor:
         group = self.pp_group
         me = dist.get_rank(group)
         pp = dist.get_world_size(group)
@@ -107,7 +145,7 @@ class LayoutGenerationModel:
         device = input_ids.device
         h: torch.Tensor | None = None
         last_holder = (self.num_chunks - 1) % pp
-        width = 1 if cache is not None else s
+        width = keep.stop - keep.start
         logits = torch.empty(b, width, self.cfg.llm.vocab_size, dtype=torch.float32, device=device)
         for c in range(self.num_chunks):
             owner = c % pp
@@ -125,7 +163,7 @@ class LayoutGenerationModel:
             if c == self.num_chunks - 1:
                 # contiguous: the broadcast sends the tensor's memory, and a slice of a batch's positions is a view
                 # with gaps (the other ranks received row 0 right and the rest from the wrong offsets)
-                logits = _whole(out[:, -width:]).contiguous()
+                logits = _whole(out[:, keep]).contiguous()
             else:
                 nxt = dist.get_global_rank(group, (c + 1) % pp)
                 out = out.to_local() if isinstance(out, DTensor) else out
@@ -141,6 +179,26 @@ class LayoutGenerationModel:
             for m in part.modules():
                 if isinstance(m, FSDPModule):
                     m.reshard()
+
+
+def _right_padded(
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    segment_ids: torch.Tensor | None,
+    extra: int,
+    filler: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A forward's inputs with ``extra`` filler positions after the real ones: the filler's positions continue each
+    row's last, its segment is the row's last (a real segment: no query without a key), never attended by a real
+    position (causal)."""
+    b = input_ids.shape[0]
+    ids = torch.cat([input_ids, input_ids.new_full((b, extra), filler)], 1)
+    if position_ids is not None:  # [B, S] or [P, B, S]
+        step = torch.arange(1, extra + 1, device=position_ids.device, dtype=position_ids.dtype)
+        position_ids = torch.cat([position_ids, position_ids[..., -1:] + step], -1)
+    if segment_ids is not None:  # [B, K]: K covers the cached positions too
+        segment_ids = torch.cat([segment_ids, segment_ids[:, -1:].expand(-1, extra)], 1)
+    return ids, position_ids, segment_ids
 
 
 def _whole(logits: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from neva.config import TrainConfig
 from neva.models.neva import NevaModel
 from neva.parallel.context_parallel import check_context_parallel_model, check_context_parallel_objective
 from neva.parallel.expert_parallel import check_expert_parallel_layout
+from neva.parallel.generation_model import check_generation_layout
 from neva.parallel.layout import Layout
 from neva.parallel.parallelize import check_offload_layout, check_precision_layout
 from neva.parallel.pipeline import (
@@ -83,5 +84,7 @@ def check_run(cfg: TrainConfig, layout: Layout, model: NevaModel, precision: Pre
     if layout.tp > 1:
         check_tensor_parallel(model, layout.tp)
     check_context_parallel_model(layout, model.cfg.llm)
+    if stage_spec(cfg.stage).rollout is not None:  # the stage generates on the training model (its rollouts)
+        check_generation_layout(model.cfg, layout)
     refused_head = None if head is None or head.context_parallel else type(head).__name__
     check_context_parallel_objective(layout, cfg.model.loss_normalization, refused_head)

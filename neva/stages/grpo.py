@@ -14,9 +14,6 @@ REFUSED = (
     ("model.loss_normalization", lambda c: c.model.loss_normalization != "global_tokens",
      "the objective's own normalisation (model.grpo.loss_type) divides the global batch's sum"),
     ("model.data.packing", lambda c: c.model.data.packing, "every completion keeps a row of its own"),
-    ("model.sequence_parallel", lambda c: c.model.sequence_parallel and c.model.tensor_model_parallel_size > 1,
-     "the rollouts generate on the training model, and a decoding step's one position cannot be split over the "
-     "tensor-parallel ranks (generation under sequence parallelism is not built); tensor parallelism alone runs"),
 )  # fmt: skip
 
 

@@ -46,17 +46,22 @@ def model_inputs(batch: dict[str, Any], device: torch.device, packed: bool = Tru
     inputs.
 
     Unpacked, right-padded batches drop ``segment_ids``: padding sits after every real token, so plain causal
-    attention gives the same result for the real tokens and lets SDPA use its fastest kernel.
+    attention gives the same result for the real tokens and lets SDPA use its fastest kernel. Shared-prompt rows
+    (``shared_prefix``: the online RL stage's groups, ``neva.data.grpo_rows``) keep them: they say where each
+    completion starts.
     """
+    shared = bool(batch.get("shared_prefix"))
     out = {
         "input_ids": batch["input_ids"].to(device, non_blocking=True),
         "media": batch["media"].to(device, non_blocking=True) if batch.get("media") is not None else None,
     }
     for key in TOKEN_INPUTS:
         value = batch.get(key)
-        if key == "segment_ids" and not packed:
+        if key == "segment_ids" and not packed and not shared:
             continue
         out[key] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+    if shared:
+        out["shared_prefix"] = True
     if batch.get("context") is not None:  # context parallelism: this rank's share of the rows
         out["context"] = batch["context"].to(device, non_blocking=True)
     return out

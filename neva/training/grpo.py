@@ -6,7 +6,9 @@ finetuning reply is), plus per row ``advantages`` ``[B]`` and per token, aligned
 policy that sampled, recorded before the first update; absent when ``num_iterations`` is 1: the ratio is then 1 and
 the detached log-probs stand in, as in TRL) and ``ref_logps`` (the reference's, added by ``prepare``; only with
 ``beta`` > 0). The alignment with ``input_ids`` lets every per-token tensor go wherever its tokens go (pipeline and
-sequence-parallel padding, context-parallel shards: ``neva.parallel.pipeline.PAD_FILL``).
+sequence-parallel padding, context-parallel shards: ``neva.parallel.pipeline.PAD_FILL``). Shared-prompt rows
+(``neva.data.grpo_rows``: a prompt once, then each of its completions) carry ``advantages`` per completion ``[N]``,
+``completion_at`` (each learned prediction's completion, aligned as above) and ``row_tokens`` per completion.
 
 One class plays both of the engine's protocols (``neva.training.objectives``), as the preference stage's does: as the
 head objective it sums the completions' token losses (``neva.models.grpo_loss``), each token weighted by its loss
@@ -50,6 +52,30 @@ METRICS = ("kl", "clip_fraction", "entropy", "policy_loss")
 def learned_counts(labels: torch.Tensor) -> torch.Tensor:
     """Each row's learned (completion) tokens ``[B]``, on the host labels."""
     return (labels[:, 1:] != IGNORE_INDEX).sum(1)
+
+
+def completion_counts(batch: dict[str, Any]) -> torch.Tensor:
+    """Each completion's learned tokens ``[N]``: the batch's ``row_tokens`` where given (counted on whole rows before
+    a context-parallel split; shared-prompt rows, ``neva.data.grpo_rows``, hold a group's completions in one row),
+    else each row's (a row is a completion)."""
+    counts = batch.get("row_tokens")
+    return learned_counts(batch["labels"]) if counts is None else counts
+
+
+def shares_prompts(engine: Any) -> bool:
+    """Whether the update's rows share each prompt with its group (``neva.data.grpo_rows``; else one row per
+    completion): the one place this is decided. Not where the rows' columns are split or sent as a whole (tensor
+    parallelism's full logits and sequence padding, pipeline stages, context shards), nor where LoRA's keyed dropout
+    reads each row as one sample, nor for decoders whose attention cannot take a shared prefix (linear attention's
+    state, Llama 4's chunks), nor for MoE decoders (their routers' load-balancing statistics, part of the loss, would
+    count each prompt token once instead of once per completion)."""
+    layout = engine.parallel.layout
+    llm = engine.parts[0].cfg.llm
+    return (
+        layout.tp == 1 and layout.pp == 1 and layout.cp == 1 and engine.sp_multiple == 1 and not engine.join_rows
+        and not engine.keyed_dropout and llm.linear_attention is None and llm.attention_chunk_size is None
+        and not llm.is_moe
+    )  # fmt: skip
 
 
 def aligned_logps(
@@ -149,7 +175,7 @@ class GroupPolicyObjective:
 
     # -- head objective ---------------------------------------------------------------------------------------
     def count(self, batch: dict[str, Any]) -> torch.Tensor:
-        counts = learned_counts(batch["labels"])
+        counts = completion_counts(batch)
         if self.unit == "tokens":
             return counts.sum()
         rows = int((counts > 0).sum())  # a completion dropped by dynamic sampling learns nothing and is not counted
@@ -162,13 +188,16 @@ class GroupPolicyObjective:
     def loss(self, logits: torch.Tensor, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
         logp, rows, index, ent = aligned_logps(logits, batch, device, entropy=True)
         learned = rows >= 0
+        if "completion_at" in batch:  # shared-prompt rows: each learned token's completion, not its row
+            rows = torch.where(learned, batch["completion_at"].to(device).flatten()[index], -1)
         safe_rows = rows.clamp(min=0)
         advantage = batch["advantages"].to(device, torch.float32)[safe_rows]
         old = _pick(batch["old_token_logps"], index, batch, device) if "old_token_logps" in batch else logp.detach()
         ref = _pick(batch["ref_token_logps"], index, batch, device) if "ref_token_logps" in batch else None
         losses, kl, bound = token_losses(
-            logp, old, advantage, self.cfg.epsilon, self.cfg.clip_high, self.cfg.beta, ref, self.cfg.kl_ratio_correction
-        )
+            logp, old, advantage, self.cfg.epsilon, self.cfg.clip_high, self.cfg.beta, ref,
+            self.cfg.kl_ratio_correction, self.cfg.clip_ratio_dual,
+        )  # fmt: skip
         weight = learned.float()
         if self.per_completion_mean:
             weight = weight / batch["row_tokens"].to(device, torch.float32).clamp(min=1)[safe_rows]

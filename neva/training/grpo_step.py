@@ -2,8 +2,9 @@
 optimizer updates on them (``neva.training.grpo``), metrics and the rollouts' file.
 
 A step's prompts are this rank's micro-batches of prompt samples (``neva.data.grpo_prompts``: ``model.micro_batch_size``
-prompts each); each micro-batch becomes ``micro_batch_size × num_generations`` rows, prompt + completion, the
-completion labelled. Groups never span ranks (a prompt's completions are generated where the prompt is), so the
+prompts each); each micro-batch becomes its ``micro_batch_size × num_generations`` completions, each labelled after
+its prompt: one row per prompt holding the prompt once and then each of its completions (``neva.data.grpo_rows``), or
+one row per completion where ``neva.training.grpo.shares_prompts`` says the layout or the model cannot take that. Groups never span ranks (a prompt's completions are generated where the prompt is), so the
 group statistics are local; ``scale_rewards=batch`` divides by this rank's std.
 
 Sampling is seeded per completion by (``model.seed``, the step, the prompt, its index in the group)
@@ -25,9 +26,10 @@ from neva.config import TrainConfig
 from neva.constants import IGNORE_INDEX
 from neva.data.conversation import end_of_turn_ids, stop_strings
 from neva.data.grpo_prompts import collate_groups, completion_sample
+from neva.data.grpo_rows import collate_shared_prompts
 from neva.models.generation import GenerationConfig
 from neva.models.grpo_loss import group_advantages
-from neva.training.grpo import record_old_logps
+from neva.training.grpo import record_old_logps, shares_prompts
 from neva.training.grpo_rewards import load_rewards, reward_metrics, score
 from neva.training.rollouts import InRunRollouts, Rollouts, rollout_seed
 
@@ -76,6 +78,7 @@ class GroupRolloutStep:
         self.exp_dir = exp_dir
         self.rewards = load_rewards(self.g.rewards)
         self.file_suffix = ""
+        self._shared: bool | None = None  # whether the update's rows share prompts (``shares_prompts``), asked once
         self.last_rows: list[tuple[Any, list[int]]] = []
         self.last_updates: list[tuple[float, float | None]] = []
         self.stops = tuple(dict.fromkeys([*stop_strings(template), *self.g.stop_strings]))
@@ -192,17 +195,24 @@ class GroupRolloutStep:
         return metrics
 
     def _row_batches(self, micro_batches: list[list[dict]], advantages: torch.Tensor, keep: torch.Tensor) -> list[dict]:
-        """Each micro-batch's completions as collated rows (prompt + completion, the completion learned) with their
-        advantages; a row dropped by dynamic sampling keeps its place with nothing learned (every rank runs the same
-        micro-batches)."""
+        """Each micro-batch's completions as collated rows with their advantages: each prompt shared by its group's
+        completions in one row where the layout and model take it (``shares_prompts``, ``neva.data.grpo_rows``),
+        else one row per completion (prompt + completion, the completion learned). A completion dropped by dynamic
+        sampling keeps its place with nothing learned (every rank runs the same micro-batches)."""
+        group = self.g.num_generations
+        if self._shared is None:
+            self._shared = shares_prompts(self.engine)
         out, offset = [], 0
         for made in micro_batches:
-            samples = []
-            for k, row in enumerate(made):
-                prompt, ids = row["prompt"], torch.tensor(row["ids"], dtype=torch.long)
-                learned = ids if bool(keep[offset + k]) else torch.full_like(ids, IGNORE_INDEX)
-                samples.append(completion_sample(prompt, ids, learned))
-            batch = collate_groups(samples, self.g.num_generations, self.pad_id, self.pad_to_multiple_of)
+            ids = [torch.tensor(row["ids"], dtype=torch.long) for row in made]
+            learned = [c if bool(keep[offset + k]) else torch.full_like(c, IGNORE_INDEX) for k, c in enumerate(ids)]
+            batch = None
+            if self._shared:
+                prompts = [row["prompt"] for row in made[::group]]
+                batch = collate_shared_prompts(prompts, ids, learned, group, self.pad_id, self.pad_to_multiple_of)
+            if batch is None:
+                samples = [completion_sample(row["prompt"], c, lab) for row, c, lab in zip(made, ids, learned)]
+                batch = collate_groups(samples, group, self.pad_id, self.pad_to_multiple_of)
             batch["advantages"] = advantages[offset : offset + len(made)]
             out.append(batch)
             offset += len(made)

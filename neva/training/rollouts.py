@@ -7,8 +7,9 @@ prompt sample, prompt-major, by the policy's current weights; ``weights_updated(
 ``InRunRollouts`` (the default, every layout) generates with neva's batched KV-cache generation
 (``neva.models.generation.generate``) on this rank's parts of the training model
 (``neva.parallel.generation_model.LayoutGenerationModel``): under FSDP2 each forward gathers its layers' shards as
-training's does, under TP each rank holds its own heads and caches, under PP the stages pass hidden states in chunk
-order; nothing is gathered whole on one rank. Each prompt (and its images) is prefilled once and its cache repeated
+training's does, under TP each rank holds its own heads and caches (under sequence parallelism each forward padded to
+the tensor-parallel multiple), under PP the stages pass hidden states in chunk order; nothing is gathered whole on one
+rank. Each prompt (and its images) is prefilled once and its cache repeated
 for the group (``generate(repeats=group)``). Every row samples from its own generator seeded by
 ``rollout_seed(seed, step, prompt key, j)``, so a completion depends on its prompt, the weights and the seed alone,
 not on which rank or batch generated it: layouts give the same completions. Nothing is to do after an update (the

@@ -166,3 +166,38 @@ def test_gqa_packing_never_builds_a_row_square():
     with ShapeRecorder() as rec:
         dense_reference(*qkv(4, 2), SEGMENTS)
     assert any(s[-2:] == (S, S) for s in rec.shapes)
+
+
+@pytest.mark.parametrize("window", [None, 9], ids=["full", "window"])
+def test_shared_prompt_rows_equal_dense_mask(window):
+    """Shared-prompt rows (the online RL stage's groups, ``shared_prefix``): each later segment attends the row's
+    first one (the prompt; here with a bidirectional block, Gemma 3's image) and itself, as a row of its own after the
+    prompt would: a dense mask over the positions each column has in its separate row (the window counts those), GQA."""
+    segments = torch.tensor([[1] * 12 + [2] * 7 + [3] * 4 + [4] * 9 + [0] * 16, [1] * 20 + [2] * 15 + [3] * 13])
+    blocks = torch.tensor([[0, c] for c in range(3, 7)] + [[1, c] for c in range(2, 10)])
+    plan = plan_attention(segments, S, 0, torch.device("cpu"), window=window, shared_prefix=True,
+                          bidirectional=blocks)  # fmt: skip
+    assert plan.kind == "segments"
+    cols = torch.arange(S)
+    prompt = (segments == 1).sum(1, keepdim=True)
+    starts = torch.stack([torch.tensor([min(c for c in range(S) if segments[r, c] == segments[r, j]) for j in range(S)])
+                          for r in range(2)])  # fmt: skip
+    pos = torch.where(cols < prompt, cols, prompt + cols - starts)  # each column's position in its own row
+    sq, sk = segments[:, :, None], segments[:, None, :]
+    same = (sq == sk) & (cols[None, None, :] <= cols[None, :, None])
+    shared = (sk == 1) & (sq > 1)
+    block = torch.full((2, S), -1)
+    block[blocks[:, 0], blocks[:, 1]] = blocks[:, 0]
+    both = (block[:, :, None] == block[:, None, :]) & (block[:, :, None] >= 0)
+    mask = same | shared | both
+    if window is not None:
+        mask &= pos[:, :, None] - pos[:, None, :] < window
+    q, k, v = qkv(4, 2)
+
+    def dense(q, k, v):
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                              attn_mask=mask[:, None])  # fmt: skip
+
+    assert_same_outputs_and_grads(plan.attend, dense, (q, k, v))
+    with pytest.raises(ValueError, match="shared-prompt"):
+        plan_attention(segments, 1, S - 1, torch.device("cpu"), shared_prefix=True)

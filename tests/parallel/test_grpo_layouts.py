@@ -1,6 +1,7 @@
-"""The online RL stage under DP2 (FSDP2 ZeRO-3), TP2, PP2 and CP2 equals one process: the same completions from
-the same seeds (sampled rollouts on the sharded training model), and the μ = 2 updates' losses and gradient norms
-(KL to a frozen reference, recorded old log-probs) within 1e-5. One spawn of two gloo processes."""
+"""The online RL stage under DP2 (FSDP2 ZeRO-3), TP2, TP2 with sequence parallelism, PP2 and CP2 equals one process:
+the same completions from the same seeds (sampled rollouts on the sharded training model, and greedy ones of the
+first step's prompts), and the μ = 2 updates' losses and gradient norms (KL to a frozen reference, recorded old
+log-probs) within 1e-5. One spawn of two gloo processes."""
 
 from __future__ import annotations
 
@@ -22,21 +23,25 @@ GRPO_BASE = [o for o in BASE if o not in DROPPED] + [
 ]  # fmt: skip
 LAYOUTS = {
     "zero3": ["model.data_parallel=fsdp", "model.zero_stage=3"],
-    # sequence parallelism is refused by the stage (generation cannot split a decoding step's one position)
     "tp2": ["model.tensor_model_parallel_size=2"],
+    # every forward (a decoding step's one position, prompts of any length) padded to the sequence-parallel multiple
+    "tp2sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
     "pp2": ["model.pipeline_model_parallel_size=2"],
     "cp2": ["model.context_parallel_size=2"],
 }
 
 
 def grpo_steps(overrides: list[str], steps: int) -> dict:
-    """``steps`` rollout steps as ``NevaModule.training_step`` runs them; this rank's completions (record id, ids)
-    and every update's loss and gradient norm."""
+    """``steps`` rollout steps as ``NevaModule.training_step`` runs them; this rank's completions (record id, ids),
+    greedy completions of the first step's prompts, and every update's loss and gradient norm."""
+    from dataclasses import replace
+
     from neva.checkpoint.source import resolve_source
     from neva.config import compose_config
     from neva.parallel.layout import resolve_layout
     from neva.training.module import NevaModule, StepBatches
     from neva.training.optim import build_optimizer, build_scheduler
+    from neva.training.rollouts import InRunRollouts
     from neva.training.run import data_module_type
 
     cfg = compose_config(GRPO_BASE + overrides)
@@ -51,15 +56,25 @@ def grpo_steps(overrides: list[str], steps: int) -> dict:
     module.configure_model()
     optimizer = build_optimizer(module.engine.named_trainable_parameters(), cfg.model.optim)
     scheduler = build_scheduler(optimizer, cfg.model.optim, cfg.trainer.max_steps)
-    rows, updates = [], []
+    sampled = module.stage_step.rollouts
+    greedy = InRunRollouts(module.engine, replace(sampled.decoding, do_sample=False), sampled.decode)
+    rows, updates, greedy_rows = [], [], []
     for i, micro_batches in enumerate(StepBatches(data, layout.grad_accum)):
         if i == steps:
             break
+        for mb in micro_batches if i == 0 else ():
+            completions = greedy.sample(mb["prompts"], 1, [0] * len(mb["prompts"]))
+            greedy_rows += [[str(r.get("id")), ids] for r, ids in zip(mb["records"], completions)]
         module.engine.model.train()
         module.stage_step.run(optimizer, scheduler, micro_batches, i * cfg.model.grpo.num_iterations)
         rows += [[str(k), ids] for k, ids in module.stage_step.last_rows]
         updates += module.stage_step.last_updates
-    return {"rows": rows, "losses": [u[0] for u in updates], "grad_norms": [u[1] for u in updates]}
+    return {
+        "rows": rows,
+        "greedy": greedy_rows,
+        "losses": [u[0] for u in updates],
+        "grad_norms": [u[1] for u in updates],
+    }
 
 
 def test_layouts_roll_out_and_update_as_one_process(tmp_path):
@@ -68,12 +83,14 @@ def test_layouts_roll_out_and_update_as_one_process(tmp_path):
     assert len({tuple(ids) for _, ids in ref["rows"]}) > 6  # sampled: the groups' completions differ
     jobs = [(name, restore + o, 1) for name, o in LAYOUTS.items()]
     results = run_layouts(2, jobs, tmp_path / "two", train=grpo_steps)
+    assert len({tuple(ids) for _, ids in ref["greedy"]}) > 1
     for name in LAYOUTS:
-        got = [rank[name]["rows"] for rank in results]
-        if name == "zero3":  # each replica rolls out its own prompts: together the one process's
-            assert sorted(got[0] + got[1]) == sorted(ref["rows"]), name
-        else:
-            assert got[0] == got[1] == ref["rows"], name
+        for kind in ("rows", "greedy"):
+            got = [rank[name][kind] for rank in results]
+            if name == "zero3":  # each replica rolls out its own prompts: together the one process's
+                assert sorted(got[0] + got[1]) == sorted(ref[kind]), (name, kind)
+            else:
+                assert got[0] == got[1] == ref[kind], (name, kind)
         for rank in results:
             for key in ("losses", "grad_norms"):
                 for a, b in zip(rank[name][key], ref[key], strict=True):

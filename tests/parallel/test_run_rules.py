@@ -39,6 +39,11 @@ DISAGREED = [
     # the preference stage's settings (its spec's check): packed pairs where the head runs at every position
     (support.row("dpo, packed rows", ["+stage=dpo", "model.restore_from_path=/nowhere"], {"model.data.packing": True}),
      support.Column("TP 2", 2, {"tensor_model_parallel_size": 2}), "stage=dpo: model.data.packing"),
+    # a stage that generates on the training model (its spec's rollout): SP's padding and a recurrent state
+    (support.row("grpo, Qwen3.5's linear attention", ["+stage=grpo", "model.restore_from_path=/nowhere",
+                                                       "model=tiny_qwen3_5", "vision=tiny_qwen3_5"]),
+     support.Column("TP 2 + SP", 2, {"tensor_model_parallel_size": 2, "sequence_parallel": True}),
+     "generation under model.sequence_parallel=true is not built for linear-attention layers"),
 ]  # fmt: skip
 
 

@@ -7,8 +7,9 @@ or a wrong grid shows).
   prompt alone by full forwards without a cache, whose positions the data path's functions give over the whole
   sequence (``neva.models.mrope.mrope_positions``; AnyRes: the sample's own feature index, positions from the ids).
 - One update (μ = 2: recorded old log-probs, moved so that ratios clip) on sampled completions has the loss and the
-  gradients (the tower's and the projector's included) of the direct computation from those full forwards, each row
-  with its own copy of its images (the update encodes a group's images once).
+  gradients (the tower's and the projector's included) of the direct computation from those full forwards, each
+  completion after its own copy of the prompt and its images (the update runs a group's prompt, images included, once:
+  shared-prompt rows, ``neva.data.grpo_rows``).
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
     advantages = group_advantages(rewards, G, "group")[0]
     (rows,) = step._row_batches([made], advantages, torch.ones(len(made), dtype=torch.bool))
     assert rows["media"].image.pixels.shape[0] == sum(p["pixel_values"].shape[0] for p in prompts)  # once per group
+    assert rows.get("shared_prefix")  # one process: each prompt once in its group's row (``neva.data.grpo_rows``)
     rows = record_old_logps(engine, [rows])[0]
     noise = 0.4 * torch.randn(rows["old_token_logps"].shape, generator=torch.Generator().manual_seed(3))
     rows["old_token_logps"] = rows["old_token_logps"] + noise
@@ -142,7 +144,7 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
 
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     total = 0.0
-    width = rows["input_ids"].shape[1]
+    width = max(len(row["prompt"]["input_ids"]) + len(row["ids"]) for row in made)
     lps, masks, olds = [], [], []
     for r, row in enumerate(made):
         completion = torch.tensor(row["ids"])
@@ -152,8 +154,12 @@ def test_rollouts_and_update_on_native_and_anyres_prompts(tmp_path, family):
         logits = torch.zeros(width, model.cfg.llm.vocab_size)
         logits = torch.cat([full_forward(model, row["prompt"], ids), logits[len(ids) :]])
         lp, mask = token_logps(logits[None], labels[None])
-        lps.append(lp), masks.append(mask), olds.append(rows["old_token_logps"][r : r + 1, :-1])
-        assert torch.equal(rows["labels"][r], labels)  # the rows are right-padded, prompt then completion
+        # the recorded old log-probs of this completion's tokens, where its own row would hold them
+        at = rows["completion_at"] == r
+        assert torch.equal(rows["input_ids"].roll(-1, 1)[at], completion)  # its tokens, in order, once
+        old = torch.zeros(1, width - 1)
+        old[0, len(ids) - len(completion) - 1 : len(ids) - 1] = rows["old_token_logps"][at]
+        lps.append(lp), masks.append(mask), olds.append(old)
     lp, mask, old = torch.cat(lps), torch.cat(masks), torch.cat(olds)
     cfg = step.g
     assert (cfg.loss_type, cfg.beta, cfg.epsilon, cfg.epsilon_high) == ("grpo", 0.0, 0.2, 0.28)  # direct_loss's

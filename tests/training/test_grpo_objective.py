@@ -2,7 +2,8 @@
 transformers' log-probabilities on a tiny LLaVA (fp32, CPU): with and without the KL term, a frozen reference model or
 LoRA's adapters-off reference, recorded old log-probs (μ > 1) or none (μ = 1). The formulas below are TRL's
 ``GRPOTrainer`` (``_generate_and_score_completions``' advantages, ``_compute_loss``' per-token loss and its three
-normalisations), written here independently of neva's code."""
+normalisations), written here independently of neva's code; the dual clip is EasyR1's ``compute_policy_loss``
+(``clip_ratio_dual``) as Ye et al. 2020 define it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from neva.training.grpo import GroupPolicyObjective, record_old_logps, token_for
 from tests.hf_oracle import neva_from_hf, tiny_llava
 
 PROMPTS, G, MAX_NEW, BETA, EPS, EPS_HIGH = 2, 3, 6, 0.05, 0.2, 0.28
+DUAL = 1.3  # the dual clip's c: low enough that the noise below puts some negative-advantage tokens' ratios above it
 REWARDS = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.2, 1.0])
 
 
@@ -85,10 +87,15 @@ def test_group_advantages_are_trls(scale):
     assert flat.tolist() == [False] * 3 + [True] * 3 + [False] * 3
 
 
-def direct_loss(lp, old, ref, adv, mask, loss_type, beta, correction=False):
+def direct_loss(lp, old, ref, adv, mask, loss_type, beta, correction=False, dual=None):
     coef_1 = torch.exp(lp - old)
     coef_2 = torch.clamp(coef_1, 1 - EPS, 1 + EPS_HIGH)
     per_token = -torch.min(coef_1 * adv[:, None], coef_2 * adv[:, None])
+    capped = torch.zeros_like(per_token, dtype=torch.bool)
+    if dual is not None:  # a negative advantage's clipped term, and its bound -c * A: the smaller (EasyR1's)
+        bound = -adv[:, None] * dual
+        capped = (adv[:, None] < 0) & (per_token > bound)
+        per_token = torch.where(adv[:, None] < 0, torch.min(per_token, bound), per_token)
     kl = torch.exp(ref - lp) - (ref - lp) - 1
     if beta:
         per_token = per_token + beta * (kl * coef_1 if correction else kl)
@@ -100,14 +107,14 @@ def direct_loss(lp, old, ref, adv, mask, loss_type, beta, correction=False):
         loss = (per_token * mask).sum() / (per_token.size(0) * MAX_NEW)
     low = (coef_1 < 1 - EPS) & (adv[:, None] < 0)
     high = (coef_1 > 1 + EPS_HIGH) & (adv[:, None] > 0)
-    clip = ((low | high).float() * mask).sum() / mask.sum()
+    clip = ((low | high | capped).float() * mask).sum() / mask.sum()
     return loss, (kl * mask).sum() / mask.sum(), clip
 
 
 CASES = [
     ("grpo", 0.0, "none", True), ("grpo", BETA, "model", True), ("dapo", BETA, "model", True),
     ("dr_grpo", BETA, "model", False), ("dapo", 0.0, "none", False), ("grpo", BETA, "lora", True),
-    ("dr_grpo", BETA, "lora", True), ("dapo", BETA, "model+correction", True),
+    ("dr_grpo", BETA, "lora", True), ("dapo", BETA, "model+correction", True), ("grpo", BETA, "model+dual", True),
 ]  # fmt: skip
 
 
@@ -115,7 +122,8 @@ CASES = [
 def test_update_equals_direct_computation(loss_type, beta, reference, recorded_old):
     torch.set_num_threads(1)
     correction = reference.endswith("+correction")  # the KL term weighted by the policy ratio
-    reference = reference.removesuffix("+correction")
+    dual = DUAL if reference.endswith("+dual") else None  # the dual clip
+    reference = reference.removesuffix("+correction").removesuffix("+dual")
     hf, hf_ref = tiny_llava(seed=0), tiny_llava(seed=1)
     b = rollout_batch(hf)
     policy = neva_from_hf(hf)
@@ -127,7 +135,7 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
                 torch.nn.init.normal_(m.lora_b.weight, std=0.05)
     cfg = GRPOConfig(num_generations=G, loss_type=loss_type, beta=beta, epsilon=EPS, epsilon_high=EPS_HIGH,
                      max_new_tokens=MAX_NEW, num_iterations=2 if recorded_old else 1,
-                     kl_ratio_correction=correction)  # fmt: skip
+                     kl_ratio_correction=correction, clip_ratio_dual=dual)  # fmt: skip
     objective = GroupPolicyObjective(cfg)
     cpu = torch.device("cpu")
     parallel = ParallelModel([policy], Layout(), None, policy)
@@ -169,7 +177,10 @@ def test_update_equals_direct_computation(loss_type, beta, reference, recorded_o
     old = batch["old_token_logps"][:, :-1] if recorded_old else lp.detach()
     if recorded_old:  # the recorded values are the policy's own at the learned positions (noise aside)
         torch.testing.assert_close((old - noise[:, :-1]) * mask, lp.detach() * mask, rtol=1e-5, atol=1e-5)
-    total, kl, clip = direct_loss(lp, old, ref, advantages, mask, loss_type, beta, correction)
+    total, kl, clip = direct_loss(lp, old, ref, advantages, mask, loss_type, beta, correction, dual)
+    if dual is not None:  # the cap binds on some learned tokens, and leaves others to the ratio
+        ratio, negative = torch.exp(lp - old).detach(), advantages[:, None] < 0
+        assert 0 < int(((ratio > dual) & negative & (mask > 0)).sum()) < int((negative & (mask > 0)).sum())
     kl, clip = kl.detach(), clip.detach()
     grads = torch.autograd.grad(total, list(direct_params.values()), allow_unused=True)
 
@@ -250,3 +261,10 @@ def test_a_groups_image_is_encoded_once():
     torch.testing.assert_close(loss_once, loss_all, rtol=1e-6, atol=1e-7)
     for name, grad in grads_all.items():
         torch.testing.assert_close(grads_once[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_dual_clip_at_or_below_one_is_refused(c):
+    """c ≤ 1 would cap a negative advantage's term below the clipped one's own value at ratio 1: refused."""
+    with pytest.raises(ValueError, match=r"clip_ratio_dual must be > 1"):
+        GRPOConfig(clip_ratio_dual=c)

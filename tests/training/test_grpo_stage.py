@@ -95,9 +95,26 @@ def test_resume_draws_the_same_completions(tmp_path, tiny_checkpoint):
 
 @pytest.mark.parametrize("extra,key", [
     (["model.data.packing=true"], r"model\.data\.packing"),
-    (["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"], r"model\.sequence_parallel"),
     (["model.loss_normalization=micro_batch_mean"], r"model\.loss_normalization"),
 ])  # fmt: skip
 def test_refused_settings_name_their_key(tmp_path, tiny_checkpoint, extra, key):
     with pytest.raises(ConfigError, match=key):
         check_grpo_config(grpo_cfg(tmp_path, tiny_checkpoint, *extra))
+
+
+def test_generation_under_sequence_parallelism_refuses_linear_attention():
+    """Sequence parallelism pads each generating forward after its real positions (``LayoutGenerationModel``): a
+    linear-attention layer's recurrent state would take the padding in, so such a model is refused (a start-time rule
+    of a stage that rolls out: ``check_run``, ``tests/parallel/test_run_rules.py``)."""
+    from types import SimpleNamespace
+
+    from neva.parallel.generation_model import check_generation_layout
+    from neva.parallel.layout import Layout
+
+    def cfg(linear: object) -> SimpleNamespace:
+        return SimpleNamespace(llm=SimpleNamespace(linear_attention=linear))
+
+    check_generation_layout(cfg(object()), Layout(tp=2, sp=False))
+    check_generation_layout(cfg(None), Layout(tp=2, sp=True))
+    with pytest.raises(ConfigError, match=r"model\.sequence_parallel=false"):
+        check_generation_layout(cfg(object()), Layout(tp=2, sp=True))
