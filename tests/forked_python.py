@@ -72,6 +72,10 @@ def run_script(script: str, cwd: Path, env: dict[str, str], timeout: float = 180
                         with conn:
                             conn.settimeout(None)
                             request = _receive(conn)
+                            # the command's PATH without the shim: a ``python`` it starts itself is a real one (this
+                            # loop, busy with the command, could not answer it)
+                            path = request["env"].get("PATH", "").split(os.pathsep)
+                            request["env"]["PATH"] = os.pathsep.join(p for p in path if p != str(shim.parent))
                             done = run_module(
                                 request["module"], request["argv"], env=request["env"], cwd=request["cwd"]
                             )
