@@ -3,8 +3,6 @@ transformers' greedy ``generate`` prints; ``neva-to-hf`` reloads in transformers
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ from transformers import AutoProcessor, LlavaForConditionalGeneration
 from neva.convert import main as convert_main
 from neva.generate import main as generate_main
 from tests.checkpoint.tiny_hf import make_llava_dir, one_thread
+from tests.parallel.harness import run_module
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "USER: <image>\nWhat is in the image? ASSISTANT:"
@@ -23,11 +22,11 @@ NEW_TOKENS = 12
 pytestmark = pytest.mark.slow
 
 
-def run(*args: str) -> str:
+def run(module: str, *args: str) -> str:
+    """``python -m module *args``'s stdout, forked from the harness's server (``run_module``: no interpreter
+    start-up)."""
     env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True, encoding="utf-8"
-    )
+    proc = run_module(module, list(args), env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

@@ -38,7 +38,7 @@ def bad(tmp_path_factory, tiny_checkpoint) -> Path:
     vision = Dinov2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     LlavaConfig(vision_config=vision, text_config=text).save_pretrained(root / "dinov2-llava")
     # a Qwen3-VL config whose M-RoPE section does not split its decoder's 8 rotary frequencies
-    from tests.checkpoint.tiny_qwen_vl import TEXT_OF, VISION
+    from tests.fixtures.tiny_qwen_vl import TEXT_OF, VISION
 
     text = dict(
         TEXT_OF["qwen3_vl"], rope_parameters={**TEXT_OF["qwen3_vl"]["rope_parameters"], "mrope_section": [4, 4, 4]}

@@ -17,6 +17,7 @@ from neva.checkpoint import verified
 from neva.checkpoint.start_record import START_KEY
 from neva.checkpoint.step import DCP_LOOP_STATE
 from tests.checkpoint.tiny_hf import make_clip_dir, make_llama_dir, one_thread
+from tests.forked_python import run_script
 from tests.parallel.llava_data import write_llava_set
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,9 +37,11 @@ def readme_block(title: str) -> str:
 
 
 def run(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The script in bash, each ``python -m`` forked from the harness's server (``tests/forked_python.py``: the
+    commands as written, without an interpreter start-up each)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this interpreter
-    proc = subprocess.run(["bash", "-euc", script], cwd=cwd, env=env, capture_output=True, text=True)
+    proc = run_script(script, cwd, env)
     assert proc.returncode == 0, (script[-600:], proc.stderr[-3000:])
     return proc
 
@@ -96,7 +99,7 @@ def test_readme_qwen_path_runs_end_to_end(tmp_path):
     from neva.checkpoint.step import materialize
     from neva.inference import Answerer
     from neva.models.generation import GenerationConfig as Decoding
-    from tests.checkpoint.tiny_qwen_vl import hf_inputs, pixel_budget, tiny_qwen_vl_dir
+    from tests.fixtures.tiny_qwen_vl import hf_inputs, pixel_budget, tiny_qwen_vl_dir
 
     with one_thread():
         tiny_qwen_vl_dir(tmp_path / "models", "qwen2_5_vl")

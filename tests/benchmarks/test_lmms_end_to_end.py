@@ -16,7 +16,7 @@ from neva.convert import main as convert_main
 from neva.evaluate import main as evaluate_main
 from tests.benchmarks.lmms_cases import CASES, write_snapshots
 from tests.checkpoint.tiny_hf import make_llava_dir, one_thread
-from tests.checkpoint.tiny_qwen_vl import tiny_qwen_vl_dir
+from tests.fixtures.tiny_qwen_vl import tiny_qwen_vl_dir
 
 SCORED = ("mmmu", "mmstar", "ai2d", "ai2d_no_mask", "ocrbench", "docvqa", "infovqa", "chartqa", "realworldqa",
           "hallusionbench", "mathvista", "videomme", "videomme_w_subtitle")  # fmt: skip

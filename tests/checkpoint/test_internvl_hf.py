@@ -22,7 +22,7 @@ from neva.data.images import FolderImageSource
 from neva.models.vision import normalize_pixels
 from tests.checkpoint.tiny_hf import one_thread
 from tests.checkpoint.tiny_internvl import MEAN, STD, hf_inputs, tiny_internvl_dir
-from tests.checkpoint.tiny_qwen_vl import write_image
+from tests.fixtures.tiny_qwen_vl import write_image
 from tests.models.test_hf_parity import rel_err
 
 # (width, height) → tiles of 28 px: 3×2 + thumbnail, 2×5 + thumbnail, 5×2 + thumbnail, one tile without a thumbnail

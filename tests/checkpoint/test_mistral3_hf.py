@@ -23,7 +23,7 @@ from neva.data.images import FolderImageSource
 from neva.models.native_vision import normalize_patches
 from tests.checkpoint.tiny_hf import one_thread
 from tests.checkpoint.tiny_mistral3 import MERGE, PATCH, hf_inputs, tiny_mistral3_dir
-from tests.checkpoint.tiny_qwen_vl import write_image
+from tests.fixtures.tiny_qwen_vl import write_image
 from tests.models.test_hf_parity import rel_err
 
 # (width, height) → resized (a multiple of 8 px per side, the longer side at most 64 px): 40×24, 64×32 (scaled

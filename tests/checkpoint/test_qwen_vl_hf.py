@@ -18,7 +18,7 @@ from neva.data.conversation import Message
 from neva.data.dataset import process_record
 from neva.data.images import FolderImageSource
 from tests.checkpoint.tiny_hf import one_thread
-from tests.checkpoint.tiny_qwen_vl import (
+from tests.fixtures.tiny_qwen_vl import (
     checkpoint_data_path,
     hf_inputs,
     image_processor,

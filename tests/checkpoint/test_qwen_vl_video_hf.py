@@ -26,7 +26,8 @@ from neva.data.qwen_images import QwenImageSpec, native_video_estimate
 from neva.data.video import VideoSource
 from neva.data.video_decode import VideoLimits
 from tests.checkpoint.tiny_hf import one_thread
-from tests.checkpoint.tiny_qwen_vl import (
+from tests.data.video_files import reference_decode, write_video
+from tests.fixtures.tiny_qwen_vl import (
     MERGE,
     checkpoint_data_path,
     image_processor,
@@ -34,7 +35,6 @@ from tests.checkpoint.tiny_qwen_vl import (
     tiny_qwen_vl_dir,
     write_image,
 )
-from tests.data.video_files import reference_decode, write_video
 from tests.models.test_hf_parity import rel_err
 
 FRAMES, NUM_FRAMES, SIDE, RATE = 9, 3, 56, 10  # 3 of 9 frames sampled (0, 4, 8): two temporal patches, one padded

@@ -83,7 +83,7 @@ def qwen_finetune_labels(ids: list[int], assistant: int, im_end: int) -> list[bo
 def test_qwen_vl_learns_what_qwens_finetuning_learns(name):
     """Each reply, its <|im_end|> and the newline after it (issue 52: the newline was not learned)."""
     from neva.data.encoding import encode
-    from tests.checkpoint.tiny_qwen_vl import qwen_tokenizer
+    from tests.fixtures.tiny_qwen_vl import qwen_tokenizer
 
     tok = qwen_tokenizer()
     tok.add_tokens(["assistant"])  # one token, as in Qwen's vocabulary (its "\n" is one already)

@@ -15,7 +15,7 @@ from neva.models.loss import token_cross_entropy
 from neva.models.media import Media, MediaInputs
 from neva.models.mrope import mrope_positions
 from tests.checkpoint.tiny_hf import one_thread
-from tests.checkpoint.tiny_qwen_vl import MERGE, PATCHES, qwen_tokenizer, tiny_qwen_vl_dir
+from tests.fixtures.tiny_qwen_vl import MERGE, PATCHES, qwen_tokenizer, tiny_qwen_vl_dir
 from tests.models.test_hf_parity import rel_err
 
 

@@ -19,7 +19,6 @@ from neva.models.neva import NevaModel
 from neva.models.rope import rope_cos_sin, rope_inv_freq
 from tests.checkpoint.tiny_hf import one_thread
 from tests.models.qwen_vl_oracle import (
-    FAMILIES,
     IMAGE,
     MERGE,
     VIDEO,
@@ -28,6 +27,7 @@ from tests.models.qwen_vl_oracle import (
     llm_config,
     qwen3_video,
     text,
+    text_config,
     tiny_qwen_vl,
 )
 from tests.models.test_hf_parity import load_part, rel_err
@@ -127,7 +127,9 @@ def test_mrope_section_is_validated():
 
 def test_qk_norm_decoder_matches_qwen3():
     torch.manual_seed(0)
-    hf_cfg = Qwen3Config(**FAMILIES["qwen3_vl"][2] | dict(rope_parameters=dict(rope_type="default", rope_theta=5000.0)))
+    settings = text_config("qwen3_vl")
+    rope = dict(rope_type="default", rope_theta=settings["rope_parameters"]["rope_theta"])  # Qwen3's one-axis RoPE
+    hf_cfg = Qwen3Config(**settings | dict(rope_parameters=rope))
     hf = Qwen3ForCausalLM(hf_cfg).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():

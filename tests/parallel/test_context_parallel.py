@@ -135,8 +135,8 @@ def _imported_qwen_video(root) -> list[str]:
     import json
 
     from neva.checkpoint.hf_qwen_vl import import_qwen_vl
-    from tests.checkpoint.tiny_qwen_vl import tiny_qwen_vl_dir
     from tests.data.video_files import write_video
+    from tests.fixtures.tiny_qwen_vl import tiny_qwen_vl_dir
 
     path, images = write_llava_set(root / "data", n=20)
     records = json.loads(path.read_text())
