@@ -103,31 +103,41 @@ def gated_delta_rule(
 
 def chunked_delta_rule(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK, resets=None):
     """neva's own chunked computation (module docstring); the arguments of ``gated_delta_rule``."""
-    dtype, (b, s, _, _) = q.dtype, q.shape
-    q, k, v, g, beta = _prepare(q, k, v, g, beta)
-    heads, dk, dv = v.shape[1], k.shape[-1], v.shape[-1]
+    dtype, (b, s, key_heads, dk) = q.dtype, q.shape
+    heads, dv = v.shape[2:]
+    group = heads // key_heads  # the value heads each key head serves (consecutive)
+    q, k = l2_normalize(q.float()), l2_normalize(k.float())
+    q = q * dk**-0.5
+    # Key heads stay key heads: [B, Hk, 1, S, d] against the value heads' [B, Hk, group, S, ...], so the products
+    # of queries and keys run once per key head and the rest broadcasts (no copy of q and k per value head).
+    q, k = (t.transpose(1, 2)[:, :, None] for t in (q, k))
+    v = v.float().transpose(1, 2).unflatten(1, (key_heads, group))
+    g, beta = (t.float().transpose(1, 2).unflatten(1, (key_heads, group)) for t in (g, beta))
     pad = -s % chunk
     if pad:  # b = g = 0 on the padding: the state passes through it unchanged
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
         g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
     n = (s + pad) // chunk
-    q, k, v = (t.reshape(b, heads, n, chunk, t.shape[-1]) for t in (q, k, v))
-    g, beta = g.reshape(b, heads, n, chunk), beta.reshape(b, heads, n, chunk)
+    q, k, v = (t.unflatten(3, (n, chunk)) for t in (q, k, v))  # [B, Hk, 1 or group, n, C, d]
+    g, beta = g.unflatten(3, (n, chunk)), beta.unflatten(3, (n, chunk))
     cum = g.cumsum(-1)  # G
     lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # exp(G_t - G_i), i<=t
-    k_beta = k * beta[..., None]
-    system = (k_beta @ k.transpose(-1, -2)) * decay  # A (its diagonal is ignored: unit triangular)
-    rhs = torch.cat([v * beta[..., None], k_beta * cum.exp()[..., None]], dim=-1)
-    # (I + A)^-1 first, then one product: on CPU the solve's time grows with its right-hand side's width and the
-    # product's far less (forward and backward about half of solving for both right-hand sides directly)
+    # A (its diagonal is ignored: unit triangular)
+    system = (k @ k.transpose(-1, -2)) * decay * beta[..., None]
+    # (I + A)^-1 first, then products: on CPU the solve's time grows with its right-hand side's width and the
+    # products' far less (forward and backward about half of solving for both right-hand sides directly)
     eye = torch.eye(chunk, device=q.device).expand_as(system)
     inverse = torch.linalg.solve_triangular(system, eye, upper=False, unitriangular=True)
-    u, w = (inverse @ rhs).split([dv, dk], dim=-1)
+    u = inverse @ (v * beta[..., None])
+    w = inverse @ (k * (beta * cum.exp())[..., None])
     scores = (q @ k.transpose(-1, -2)) * decay
     q_decayed = q * cum.exp()[..., None]
     k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
     chunk_decay = cum[..., -1].exp()[..., None, None]
+    u, w, scores, q_decayed, k_to_end, chunk_decay = (
+        t.flatten(1, 2) for t in (u, w, scores, q_decayed, k_to_end, chunk_decay)
+    )  # [B, Hv, n, ...]
     state = q.new_zeros(b, heads, dk, dv) if initial_state is None else initial_state.float()
     keep = None if resets is None else (~resets).to(state.dtype)[:, :, None, None, None].unbind(1)  # [B, 1, 1, 1]
     # One unbind per tensor, not an index per chunk: the backward of ``t[:, :, i]`` fills a zero tensor of the whole
