@@ -26,7 +26,7 @@ from torch import nn
 from neva.models.config import LLMConfig
 from neva.models.delta_rule import delta_rule_step, gated_delta_rule
 from neva.models.layers import fp32_rms_norm
-from neva.models.packed_rows import PackedRows, causal_conv
+from neva.models.packed_rows import PackedRows, causal_conv, causal_conv_last
 from neva.models.recurrent_shard import RecurrentShard
 from neva.models.token_inputs import at_rows, token_inputs_at
 
@@ -131,7 +131,7 @@ class GatedDeltaNet(nn.Module):
         if packed is not None:  # every sample after K - 1 zeros, each on a chunk boundary
             qkv, g, beta = (packed.split(t) for t in (qkv, g, beta))
         # SiLU on [B, W, C] in memory: on the transposed view its backward takes a strided path (twice the time)
-        mixed = F.silu(causal_conv(qkv.transpose(1, 2), filters).transpose(1, 2).contiguous())
+        mixed = F.silu(causal_conv_last(qkv, filters).contiguous())
         q, k, v = self._heads(mixed)
         if packed is None:
             out, state = gated_delta_rule(q, k, v, g, beta)
