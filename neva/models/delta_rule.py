@@ -205,18 +205,19 @@ class _StateChain(torch.autograd.Function):
         d_corrections = torch.zeros_like(corrections) if d_corrections is None else d_corrections.flatten(0, 1)
         # d_state: the gradient of the state after chunk i (before chunk i + 1's reset)
         d_state = torch.zeros_like(starts[:, 0]) if d_final is None else d_final.flatten(0, 1)
-        d_u, d_w, d_k, d_d = (torch.empty_like(t) for t in (corrections, w_, k_, d_))
-        for i in range(n - 1, -1, -1):
+        d_u, d_w, d_k, d_d = ([None] * n for _ in range(4))
+        for i in range(n - 1, -1, -1):  # lists stacked once (no out= into views: torch.compile traces this)
             start, written = starts[:, i], corrections[:, i]
-            torch.bmm(d_state, written.transpose(-1, -2), out=d_k[:, i])
-            torch.sum(d_state * start, (-1, -2), keepdim=True, out=d_d[:, i])
-            d_written = torch.baddbmm(d_corrections[:, i], k_[:, i].transpose(-1, -2), d_state, out=d_u[:, i])
-            torch.bmm(d_written, start.transpose(-1, -2), out=d_w[:, i]).neg_()
+            d_k[i] = torch.bmm(d_state, written.transpose(-1, -2))
+            d_d[i] = (d_state * start).sum((-1, -2), keepdim=True)
+            d_written = d_u[i] = torch.baddbmm(d_corrections[:, i], k_[:, i].transpose(-1, -2), d_state)
+            d_w[i] = torch.bmm(d_written, start.transpose(-1, -2)).neg_()
             d_state = torch.baddbmm(
-                d_starts[:, i] + d_[:, i] * d_state, w_[:, i].transpose(-1, -2), d_written, alpha=-1
+                torch.addcmul(d_starts[:, i], d_[:, i], d_state), w_[:, i].transpose(-1, -2), d_written, alpha=-1
             )
             if kept is not None:
                 d_state = d_state * kept[:, i]
+        d_u, d_w, d_k, d_d = (torch.stack(t, 1) for t in (d_u, d_w, d_k, d_d))
         rows = ctx.rows
         return (
             d_u.unflatten(0, rows), d_w.unflatten(0, rows), d_k.unflatten(0, rows), d_d.unflatten(0, rows),

@@ -85,3 +85,27 @@ def test_packed_rows_from_a_starting_state_equal_the_token_recurrence():
     for i, (a, b) in enumerate(zip(ours_grads, their_grads)):
         mask = real.view(2, width, *[1] * (a.dim() - 2)) if i < 5 else torch.ones(())
         assert rel_err(a * mask, b) < 1e-5
+
+
+def test_rule_and_convolution_trace_whole_under_compile():
+    """CUDA compiles each decoder block (``model.compile``): the rule's and the convolution's hand-written functions
+    trace as one graph (``aot_eager``, ``fullgraph``), with eager's gradients."""
+    from neva.models.packed_rows import causal_conv_last
+
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 16, 1, 4, generator=gen, requires_grad=True) for _ in range(2))
+    v = torch.randn(2, 16, 2, 3, generator=gen, requires_grad=True)
+    g, beta = -torch.rand(2, 16, 2, generator=gen), torch.rand(2, 16, 2, generator=gen)
+    filters = torch.randn(3, 1, 4, generator=gen, requires_grad=True)
+    resets = torch.tensor([[False, True], [False, False]])
+
+    def loss(q, k, v, filters):
+        out, state = chunked_delta_rule(q, k, v, g, beta, chunk=8, resets=resets)
+        return (causal_conv_last(out.flatten(2), filters.repeat(2, 1, 1)) ** 2).sum() + state.sum()
+
+    with one_thread():
+        eager = torch.autograd.grad(loss(q, k, v, filters), (q, k, v, filters))
+        compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+        traced = torch.autograd.grad(compiled(q, k, v, filters), (q, k, v, filters))
+    for a, b in zip(traced, eager):
+        assert rel_err(a, b) < 1e-6
