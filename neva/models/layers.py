@@ -30,6 +30,14 @@ class _RMSNormFP32(torch.autograd.Function):
         return normed.mul_(mean.neg_()).add_(grad_normed).mul_(rstd), grad_weight, None
 
 
+def fp32_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor | None:
+    """``x`` normalised over its last dimension times ``weight + offset`` by ``_RMSNormFP32`` where ``x`` and
+    ``weight`` are plain fp32 tensors; None otherwise (sharded or low-precision inputs: the caller's composite)."""
+    if type(x) is torch.Tensor and type(weight.data) is torch.Tensor and x.dtype == weight.dtype == torch.float32:
+        return _RMSNormFP32.apply(x, weight + offset if offset else weight, eps)
+    return None
+
+
 class RMSNorm(nn.Module):
     """Llama RMSNorm: normalise in fp32, cast back, then scale (HF ``LlamaRMSNorm`` order, so bf16 results match).
 
@@ -44,12 +52,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            type(x) is torch.Tensor
-            and type(self.weight.data) is torch.Tensor
-            and x.dtype == self.weight.dtype == torch.float32
-        ):
-            return _RMSNormFP32.apply(x, self.weight + self.offset if self.offset else self.weight, self.eps)
+        fused = fp32_rms_norm(x, self.weight, self.eps, self.offset)
+        if fused is not None:
+            return fused
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         if self.offset:  # Gemma: 1 + w and the product in fp32 (bf16 weights would round 1 + w), then the cast
             return (normed * (self.weight.float() + self.offset)).to(x.dtype)

@@ -1,7 +1,7 @@
 """Packed rows for linear attention: each sample restarts the convolution and the delta rule's state.
 
 Both run on a copy of the row in which every sample starts on a chunk boundary (``neva.models.delta_rule.CHUNK``)
-after at least ``K - 1`` zeros (``PackedRows``): the convolution (one ``conv1d`` over the copy, ``causal_conv``)
+after at least ``K - 1`` zeros (``PackedRows``): the convolution (one pass over the copy, ``causal_conv_last``)
 reads those zeros where it reaches before a sample's start, as it reads its own zero padding for a sample alone;
 the gap after a sample has ``beta = g = 0`` (the rule's gates, split into the copy), which leave the state alone,
 and the state is reset at each sample's first chunk. No chunk holds two samples, so each is computed as alone, and a
@@ -92,3 +92,42 @@ def causal_conv(qkv: torch.Tensor, filters: torch.Tensor, taps: torch.Tensor | N
         back = F.pad(qkv, (j + 1, 0))[..., : qkv.shape[-1]] * taps[j][:, None, :]
         out = out + back * filters[:, :, kernel - 2 - j]
     return out
+
+
+def causal_conv_last(x: torch.Tensor, filters: torch.Tensor) -> torch.Tensor:
+    """``causal_conv`` of ``x`` ``[N, L, C]`` (channels last, as the projections give them) into ``[N, L, C]``.
+
+    Plain fp32 tensors take ``_CausalConvLast``: the taps as shifted multiply-adds over ``[N, L, C]`` in memory,
+    about half the time of ``conv1d`` on the transposed copy and its backward (a depthwise filter of a few taps is
+    memory-bound: ``conv1d`` adds a transposed copy each way and a slow depthwise backward); sharded or low-precision
+    inputs take ``conv1d`` (which accumulates each output's taps before one rounding)."""
+    if type(x) is torch.Tensor and type(filters) is torch.Tensor and x.dtype == filters.dtype == torch.float32:
+        return _CausalConvLast.apply(x, filters)
+    return causal_conv(x.transpose(1, 2), filters).transpose(1, 2)
+
+
+class _CausalConvLast(torch.autograd.Function):
+    """``out[t] = sum_j filters[:, 0, j] * x[t - (K - 1 - j)]`` (zeros before the row), channels last."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, filters: torch.Tensor) -> torch.Tensor:
+        kernel, length = filters.shape[-1], x.shape[1]
+        taps = filters[:, 0, :].t()  # [K, C]
+        out = x * taps[kernel - 1]
+        for j in range(max(kernel - 1 - length, 0), kernel - 1):  # the taps that reach inside the row
+            back = kernel - 1 - j  # columns before the output's
+            out[:, back:].addcmul_(x[:, : length - back], taps[j])
+        ctx.save_for_backward(x, taps)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, taps = ctx.saved_tensors
+        kernel, length = taps.shape[0], x.shape[1]
+        grad_x, grad_taps = grad * taps[kernel - 1], torch.zeros_like(taps)
+        grad_taps[kernel - 1] = (x * grad).sum((0, 1))
+        for j in range(max(kernel - 1 - length, 0), kernel - 1):
+            back = kernel - 1 - j
+            grad_x[:, : length - back].addcmul_(grad[:, back:], taps[j])
+            grad_taps[j] = (x[:, : length - back] * grad[:, back:]).sum((0, 1))
+        return grad_x, grad_taps.t()[:, None, :]
