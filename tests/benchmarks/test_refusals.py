@@ -68,8 +68,10 @@ def test_training_refuses_bad_eval_suites_at_start(tmp_path):
         check("{name:pope}")
     with pytest.raises(ConfigError, match=r"suites\[0\]: pope: 1 image\(s\) missing, the first .*000000000103.jpg"):
         check(f"{{name:pope,{data}}}")
-    with pytest.raises(ConfigError, match=r"model.sequence_parallel=true: generation on a sequence-parallel"):
-        check_suites(compose_config(["+stage=finetune", f"model.eval.suites=[{{name:pope,{data}}}]",
-                                     "model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]))  # fmt: skip
+    # generation under sequence parallelism runs (neva.parallel.generation_model pads each forward): the suites are
+    # read as without it; its one refusal, linear-attention layers, is a start-time rule (test_run_rules.py)
+    (loaded,) = check_suites(compose_config(["+stage=finetune", f"model.eval.suites=[{{name:pope,{data},limit:3}}]",
+                                             "model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]))  # fmt: skip
+    assert len(loaded.read.questions) == 3
     (loaded,) = check(f"{{name:pope,{data},limit:3}}")
     assert len(loaded.read.questions) == 3
