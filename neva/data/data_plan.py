@@ -203,15 +203,19 @@ def shared_plan(
             _wait_for(done, lock)
         else:
             os.close(fd)
-            origin = "built"
             try:
-                tmp = f"{stem}.tmp{os.getpid()}"
-                build_plan(sources, weights, seed, epoch, buffer, cache, tmp)
-                os.replace(cache / f"{tmp}.streams.npy", cache / f"{stem}.streams.npy")
-                os.replace(cache / f"{tmp}.counts.npy", done)
+                # checked again under the lock: a process that built it between our first look and the lock's
+                # creation has removed its lock already (built once, mapped by every other process)
+                if not done.exists():
+                    origin = "built"
+                    tmp = f"{stem}.tmp{os.getpid()}"
+                    build_plan(sources, weights, seed, epoch, buffer, cache, tmp)
+                    os.replace(cache / f"{tmp}.streams.npy", cache / f"{stem}.streams.npy")
+                    os.replace(cache / f"{tmp}.counts.npy", done)
             finally:
                 lock.unlink(missing_ok=True)
-            _drop_before(cache, plan, epoch - 1)
+            if origin == "built":
+                _drop_before(cache, plan, epoch - 1)
     streams = np.load(cache / f"{stem}.streams.npy", mmap_mode="r")
     return EpochPlan(streams, np.load(done), seed, epoch, origin=origin)
 
