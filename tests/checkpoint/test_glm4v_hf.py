@@ -20,7 +20,8 @@ from neva.data.dataset import process_record
 from neva.data.images import FolderImageSource
 from tests.checkpoint.tiny_glm4v import MAX_PIXELS, MIN_PIXELS, hf_inputs, image_processor, tiny_glm4v_dir
 from tests.checkpoint.tiny_hf import one_thread
-from tests.fixtures.tiny_qwen_vl import checkpoint_data_path, write_image
+from tests.fixtures.data_path import checkpoint_data_path
+from tests.fixtures.tiny_qwen_vl import write_image
 from tests.models.test_hf_parity import rel_err
 
 # (width, height): three aspect ratios, and one side under 28 px (the processor scales it up first)

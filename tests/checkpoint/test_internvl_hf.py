@@ -22,6 +22,7 @@ from neva.data.images import FolderImageSource
 from neva.models.vision import normalize_pixels
 from tests.checkpoint.tiny_hf import one_thread
 from tests.checkpoint.tiny_internvl import MEAN, STD, hf_inputs, tiny_internvl_dir
+from tests.fixtures.data_path import checkpoint_data_path
 from tests.fixtures.tiny_qwen_vl import write_image
 from tests.models.test_hf_parity import rel_err
 
@@ -51,28 +52,8 @@ def imported(request, tmp_path_factory):
     return request.param, root, hf_dir, root / "neva"
 
 
-def _data_path(ckpt):
-    from neva.checkpoint.neva_format import load_model, load_tokenizer
-    from neva.data.conversation import get_template
-    from neva.data.dataset import EncoderSettings
-    from neva.data.front_ends import front_end_for
-    from neva.data.tokens import image_token_for, tokenizer_image_token_id
-
-    model = load_model(ckpt).eval()
-    tokenizer, template = load_tokenizer(ckpt), load_metadata(ckpt)["conv_template"]
-    settings = EncoderSettings(
-        tokenizer=tokenizer,
-        template=get_template(template, tokenizer),
-        image_token_id=tokenizer_image_token_id(tokenizer, image_token_for(template)),
-        num_image_tokens=0,
-        max_length=1024,
-        image_token_placement="inline",
-    )
-    return model, tokenizer, settings, front_end_for(model.cfg.vision, model.cfg, "square")
-
-
 def _samples(ckpt, root):
-    model, tokenizer, settings, front_end = _data_path(ckpt)
+    model, tokenizer, settings, front_end = checkpoint_data_path(ckpt, max_length=1024)
     source = FolderImageSource(str(root / "images"))
     samples = [process_record(r, settings, source, front_end) for r in RECORDS]
     for record, sample in zip(RECORDS, samples):  # the length estimate from image headers: the positions encoded

@@ -18,8 +18,8 @@ from neva.data.conversation import Message
 from neva.data.dataset import process_record
 from neva.data.images import FolderImageSource
 from tests.checkpoint.tiny_hf import one_thread
+from tests.fixtures.data_path import checkpoint_data_path
 from tests.fixtures.tiny_qwen_vl import (
-    checkpoint_data_path,
     hf_inputs,
     image_processor,
     pixel_budget,

@@ -27,9 +27,9 @@ from neva.data.video import VideoSource
 from neva.data.video_decode import VideoLimits
 from tests.checkpoint.tiny_hf import one_thread
 from tests.data.video_files import reference_decode, write_video
+from tests.fixtures.data_path import checkpoint_data_path
 from tests.fixtures.tiny_qwen_vl import (
     MERGE,
-    checkpoint_data_path,
     image_processor,
     pixel_budget,
     tiny_qwen_vl_dir,
