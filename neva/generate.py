@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from neva.checkpoint.neva_format import refuse_nemo_checkpoint
-from neva.data.conversation import TEMPLATE_CLASSES
 from neva.data.records import record_videos
+from neva.data.templates.registry import TEMPLATE_CLASSES
 from neva.data.video_decode import VideoError
 from neva.errors import InputError, entry_point
 from neva.inference import Answerer, Item, read_jsonl, record_image_paths

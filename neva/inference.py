@@ -24,22 +24,16 @@ from PIL import Image
 from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
 from neva.checkpoint.step import as_neva_checkpoint
 from neva.constants import IGNORE_INDEX, IMAGE_TOKEN, VIDEO_TOKEN
-from neva.data.conversation import (
-    DEFAULT_TEMPLATE,
-    QWEN_IMAGE_BLOCK,
-    ChatTemplateRenderer,
-    Message,
-    end_of_turn_ids,
-    get_template,
-    raw_image_text,
-    stop_strings,
-)
 from neva.data.encoding import encode, tokenize_text
 from neva.data.front_ends import front_end_for
 from neva.data.images import ImageProcessor, decode_image, read_regular_file
 from neva.data.qwen_images import QwenImageSpec, image_patches, video_patches
 from neva.data.raw_prompts import raw_prompt_ids
 from neva.data.records import record_images
+from neva.data.templates.base import Message, end_of_turn_ids, stop_strings
+from neva.data.templates.chat_template import ChatTemplateRenderer
+from neva.data.templates.qwen_vl import QWEN_IMAGE_BLOCK
+from neva.data.templates.registry import DEFAULT_TEMPLATE, get_template, raw_image_text
 from neva.data.video import read_video_file
 from neva.data.video_decode import VideoLimits
 from neva.models.config import NevaConfig

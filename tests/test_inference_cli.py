@@ -144,9 +144,9 @@ def test_reply_losses_equal_the_training_loss_of_each_record(checkpoint):
     data pipeline (template, labels), collated alone, the model's forward, the summed cross-entropy."""
     from neva.constants import IMAGE_TOKEN
     from neva.data.collate import Collator
-    from neva.data.conversation import get_template
     from neva.data.dataset import EncoderSettings, process_record
     from neva.data.images import CallableImageSource, ImageProcessor
+    from neva.data.templates.registry import get_template
     from neva.models.loss import token_cross_entropy
     from neva.training.engine import model_inputs
 

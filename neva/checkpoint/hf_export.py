@@ -38,7 +38,7 @@ from neva.checkpoint.neva_format import (
 )
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.constants import IMAGE_TOKEN
-from neva.data.tokens import image_token_for
+from neva.data.templates.registry import image_token_for
 from neva.models.anyres import parse_aspect_ratio
 from neva.models.config import NevaConfig
 from neva.typed import ConfigError

@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
-from neva.data.conversation import DEFAULT_TEMPLATE, ChatTemplateRenderer, end_of_turn_ids, get_template
 from neva.data.jinja_templates import chat_template_for
+from neva.data.templates.base import end_of_turn_ids
+from neva.data.templates.chat_template import ChatTemplateRenderer
+from neva.data.templates.registry import DEFAULT_TEMPLATE, get_template
 from neva.models.config import NevaConfig
 
 CHAT_TEMPLATE_JINJA = "chat_template.jinja"

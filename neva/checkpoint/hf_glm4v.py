@@ -41,7 +41,7 @@ from neva.checkpoint.interop import Interop, round_trip_through
 from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, load_metadata, tensor_pairs
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.data.qwen_images import QwenImageSpec
-from neva.data.tokens import GLM4V_IMAGE
+from neva.data.templates.glm4v import GLM4V_IMAGE
 from neva.families.hf_fields import CONFIG_BOOKKEEPING
 from neva.hf_local import model_dir
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig

@@ -43,7 +43,7 @@ from neva.checkpoint.neva_format import (
 )
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.data.internvl_tiles import MAX_TILES, MIN_TILES
-from neva.data.tokens import INTERNVL_IMAGE_CONTEXT
+from neva.data.templates.internvl import INTERNVL_IMAGE_CONTEXT
 from neva.families.hf_fields import CONFIG_BOOKKEEPING
 from neva.hf_local import model_dir
 from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig

@@ -36,7 +36,7 @@ from neva.checkpoint.hf_read import cast_floating, check_complete, has_tokenizer
 from neva.checkpoint.interop import Interop, own_template, round_trip_through
 from neva.checkpoint.neva_format import TensorSource, iter_tensors, load_config, load_metadata, tensor_pairs
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
-from neva.data.tokens import PIXTRAL_BREAK, PIXTRAL_END, PIXTRAL_IMAGE
+from neva.data.templates.mistral3 import PIXTRAL_BREAK, PIXTRAL_END, PIXTRAL_IMAGE
 from neva.families.hf_fields import CONFIG_BOOKKEEPING
 from neva.hf_local import model_dir
 from neva.models.config import NevaConfig, ProjectorConfig, VisionConfig

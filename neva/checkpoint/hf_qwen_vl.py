@@ -51,7 +51,7 @@ from neva.checkpoint.neva_format import (
 )
 from neva.checkpoint.safetensors_io import DEFAULT_MAX_SHARD_BYTES, write_safetensors
 from neva.data.qwen_images import QwenImageSpec
-from neva.data.tokens import QWEN_IMAGE_PAD
+from neva.data.templates.qwen_vl import QWEN_IMAGE_PAD
 from neva.hf_local import model_dir
 from neva.models.config import LLMConfig, NevaConfig, ProjectorConfig, VisionConfig
 from neva.typed import ConfigError

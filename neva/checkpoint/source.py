@@ -15,7 +15,8 @@ from neva.checkpoint import neva_format
 from neva.checkpoint.architecture import hf_dir, neva_config_from_mm, read_hf_config
 from neva.checkpoint.restored_architecture import restored_config
 from neva.config import TrainConfig
-from neva.data.tokens import add_special_tokens, image_token_for, tokenizer_image_token_id
+from neva.data.templates.registry import image_token_for
+from neva.data.tokens import add_special_tokens, tokenizer_image_token_id
 from neva.hf_local import LocalModelError
 from neva.models.config import NevaConfig
 from neva.models.neva import NevaModel

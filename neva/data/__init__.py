@@ -13,7 +13,7 @@ _EXPORTS = {
     "collate_packed": "neva.data.collate",
     "collate_padded": "neva.data.collate",
     "DataConfig": "neva.data.config",
-    "get_template": "neva.data.conversation",
+    "get_template": "neva.data.templates.registry",
     "parse_conversations": "neva.data.conversation",
     "NevaDataModule": "neva.data.datamodule",
     "ConversationDataset": "neva.data.dataset",

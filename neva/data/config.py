@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from neva.constants import MAX_IMAGE_PIXELS
 from neva.data.builtin_sets import BUILTIN_SETS
-from neva.data.conversation import TEMPLATE_CLASSES
 from neva.data.encoding import TOKENIZATIONS
 from neva.data.records import expand_shard_spec, is_shard_spec
+from neva.data.templates.registry import TEMPLATE_CLASSES
 from neva.data.video_decode import MAX_FRAME_PIXELS, MAX_VIDEO_BYTES, MAX_VIDEO_SECONDS, VideoLimits
 from neva.data.visual_budget import VISUAL_BUDGET_ACTIONS
 from neva.models.anyres import parse_aspect_ratio

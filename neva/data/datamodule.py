@@ -21,7 +21,6 @@ from neva.constants import IMAGE_TOKEN
 from neva.data.builtin_sets import BUILTIN_SETS
 from neva.data.collate import Collator
 from neva.data.config import DataConfig
-from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings
 from neva.data.front_ends import FrontEnd, front_end_for
 from neva.data.images import CallableImageSource, image_source_for
@@ -30,8 +29,9 @@ from neva.data.sampler import ResumableBatchSampler
 from neva.data.shards import ShardDataset
 from neva.data.skips import SkipTracker
 from neva.data.stream_sampler import StreamingBatchSampler, source_layout
+from neva.data.templates.registry import get_template, image_token_for
 from neva.data.token_budget import TokenBudgetBatchSampler
-from neva.data.tokens import image_token_for, tokenizer_image_token_id
+from neva.data.tokens import tokenizer_image_token_id
 from neva.data.video import VideoSource
 from neva.data.visual_budget import VisualBudget
 from neva.models.anyres import anyres_on, parse_aspect_ratio

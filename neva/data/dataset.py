@@ -20,18 +20,13 @@ import torch
 from torch.utils.data import Dataset
 
 from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
-from neva.data.conversation import (
-    ASSISTANT,
-    ConversationError,
-    Template,
-    place_image_tags,
-    read_conversation,
-)
+from neva.data.conversation import place_image_tags, read_conversation
 from neva.data.encoding import Encoded, encode
 from neva.data.errors import SampleError
 from neva.data.front_ends import FrontEnd
 from neva.data.images import ImageSource, safe_relative_path
 from neva.data.records import ERROR_KEY, approx_length, record_images, record_videos
+from neva.data.templates.base import ASSISTANT, ConversationError, Template
 from neva.data.video import IMAGE, VideoSource, load_videos, tag_kinds, video_sample_fields
 from neva.data.visual_budget import VisualBudget, fit_record
 

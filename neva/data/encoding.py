@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from neva.constants import IGNORE_INDEX, IMAGE_TOKEN
-from neva.data.conversation import Rendered
 from neva.data.errors import SampleError
+from neva.data.templates.base import Rendered
 
 TOKENIZATIONS = ("neva", "llava")
 

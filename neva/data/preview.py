@@ -206,8 +206,8 @@ def highlight(text: str, spans: tuple[tuple[int, int], ...], color: bool) -> str
 def preview(args: argparse.Namespace, out=None) -> int:
     """Run the CLI on parsed ``args``; returns the number of skipped samples. ``out``: default the current stdout."""
     out = out or sys.stdout
-    from neva.data.conversation import get_template
-    from neva.data.tokens import image_token_for, tokenizer_image_token_id
+    from neva.data.templates.registry import get_template, image_token_for
+    from neva.data.tokens import tokenizer_image_token_id
 
     tokenizer = load_tokenizer(args.tokenizer)
     cfg = checkpoint_config(args.tokenizer) if os.path.isdir(args.tokenizer) else None

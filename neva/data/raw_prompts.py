@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
-from neva.data.conversation import QWEN_IMAGE_BLOCK, QWEN_VIDEO_BLOCK
-from neva.data.tokens import QWEN_IMAGE_PAD
+from neva.data.templates.qwen_vl import QWEN_IMAGE_BLOCK, QWEN_IMAGE_PAD, QWEN_VIDEO_BLOCK
 
 QWEN_VIDEO_PAD = "<|video_pad|>"
 

@@ -184,7 +184,7 @@ def synthetic_eval_records(image_size: int, seed: int = 0, num_samples: int = 20
 
 
 def _tokenizer_corpus() -> list[str]:
-    from neva.data.conversation import LLAMA_2_SYSTEM, VICUNA_SYSTEM
+    from neva.data.templates.generic import LLAMA_2_SYSTEM, VICUNA_SYSTEM
 
     lines = [VICUNA_SYSTEM, LLAMA_2_SYSTEM, "Describe the image."]
     lines += ["USER: ASSISTANT: [INST] [/INST] <<SYS>> <</SYS>>"] * 20

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
-from neva.data.conversation import USER, ConversationError, Message
 from neva.data.images import ImageError, ImageProcessor, open_regular_file, resolve_in_folder
+from neva.data.templates.base import USER, ConversationError, Message
 from neva.data.video_decode import DecodedVideo, VideoError, VideoLimits, decode_video
 from neva.models.config import VisionConfig
 

@@ -37,6 +37,8 @@ class DecoderSpec:
         traits: what the family implies beyond ``LLMConfig``'s fields.
         interop: the whole-model HF interop of a model with this decoder where the decoder fixes the HF class
             (``neva.checkpoint``; Gemma 3's), else None: the tower family's decides.
+        template: the family's own conversation template class where the decoder brings one (``neva.data``; Gemma
+            3's), as ``TowerSpec.template``.
         check: the family's own rules on an ``LLMConfig`` (raises ``ValueError``).
     """
 
@@ -50,8 +52,9 @@ class DecoderSpec:
     linear_attention: bool = False
     traits: DecoderTraits = DecoderTraits()
     interop: str | None = None
+    template: str | None = None
     check: Callable[[Any], None] | None = None
 
     def parts(self) -> dict[str, str]:
         """The code parts this spec names, by field (what ``tests/test_family_specs.py`` checks)."""
-        return {"interop": self.interop} if self.interop else {}
+        return {name: path for name, path in (("interop", self.interop), ("template", self.template)) if path}

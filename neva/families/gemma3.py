@@ -31,6 +31,7 @@ GEMMA3 = DecoderSpec(
         bidirectional_images=True,
     ),
     interop="neva.checkpoint.hf_gemma3:GEMMA3_INTEROP",
+    template="neva.data.templates.gemma3:Gemma3Template",
     check=_check,
 )
 

@@ -64,6 +64,7 @@ GLM4V = TowerSpec(
     pixels=(112 * 112, 28 * 28 * 15000),
     gated_mlp=True,
     block_options=True,
+    template="neva.data.templates.glm4v:Glm4vTemplate",
     check=_check_tower,
 )
 

@@ -33,5 +33,6 @@ INTERNVL = TowerSpec(
     eps=1e-6,
     select=-1,
     block_options=True,
+    template="neva.data.templates.internvl:InternVLTemplate",
     check=_check,
 )

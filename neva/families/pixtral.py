@@ -54,5 +54,6 @@ PIXTRAL = TowerSpec(
     merger=MergerSpec("pixtral_merger", norm="rms", decoder_eps=True),
     gated_mlp=True,
     image_text_tokens={"image_break_token_id": "[IMG_BREAK]", "image_end_token_id": "[IMG_END]"},
+    template="neva.data.templates.mistral3:Mistral3Template",
     check=_check,
 )

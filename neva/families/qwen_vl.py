@@ -66,6 +66,7 @@ QWEN2_VL = TowerSpec(
     merger=MergerSpec("qwen2_vl_merger", norm="layer"),
     video=VideoRule(per_frame=False, timed=False),
     pixels=(56 * 56, 28 * 28 * 1280),
+    template="neva.data.templates.qwen_vl:QwenVLTemplate",
     check=_check_tower,
     **_SHARED,
 )
@@ -80,6 +81,7 @@ QWEN2_5_VL = TowerSpec(
     pixels=(56 * 56, 28 * 28 * 1280),
     window_attention=True,
     gated_mlp=True,
+    template="neva.data.templates.qwen_vl:QwenVLTemplate",
     check=_check_windows,
     **_SHARED,
 )
@@ -92,6 +94,7 @@ QWEN3_VL = TowerSpec(
     merger=MergerSpec("qwen3_vl_merger", norm="layer", deepstack=True),
     video=VideoRule(per_frame=True, timed=False, served=False),
     pixels=(65536, 16777216),
+    template="neva.data.templates.qwen_vl:Qwen3VLTemplate",
     check=_check_position_grid,
     **_SHARED,
 )

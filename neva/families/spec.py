@@ -8,7 +8,8 @@ its patch merger, its HF and LLaVA interop, and the facts its FLOP and memory te
 
 The spec sits below every package that uses it, so its code parts (the tower class, the front end, the interop) are
 named by dotted path (``"neva.models.vision:VisionTower"``) and resolved by the package that owns them (``part``):
-the tower by ``neva.models``, the front end by ``neva.data``, the interop by ``neva.checkpoint``. No import points up;
+the tower by ``neva.models``, the front end and the conversation template by ``neva.data``, the interop by
+``neva.checkpoint``. No import points up;
 ``tests/test_dependencies.py`` checks that each part lives in the package that resolves it.
 """
 
@@ -29,6 +30,7 @@ PART_OWNERS = {
     "projector": "neva.models",
     "native_sizes": "neva.data",
     "projector_plan": "neva.parallel",
+    "template": "neva.data.templates",
 }
 
 
@@ -116,6 +118,9 @@ class TowerSpec:
             other tower refuses values other than their defaults.
         image_text_tokens: tokens the family's image text holds besides the image token, by the ``NevaConfig`` field
             of their id (Pixtral's ``[IMG_BREAK]``, ``[IMG_END]``); a fresh model's tokenizer gets those it lacks.
+        template: the family's own conversation template class (``neva.data.templates.<family>``): its ``name`` is
+            the ``conv_template`` that selects it, its ``image_token`` / ``image_block`` how an image is written, its
+            ``jinja_body`` what an export ships (``neva.data.templates.registry`` lists it).
         check: the family's own config checks (a ``VisionConfig``; raises ``ValueError``).
     """
 
@@ -149,6 +154,7 @@ class TowerSpec:
     llava_next_shortened: bool = False
     block_options: bool = False
     image_text_tokens: dict[str, str] | None = None
+    template: str | None = None
     check: Callable[[Any], None] | None = None
 
     def parts(self) -> dict[str, str]:

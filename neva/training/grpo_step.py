@@ -24,10 +24,10 @@ import torch
 
 from neva.config import TrainConfig
 from neva.constants import IGNORE_INDEX
-from neva.data.conversation import end_of_turn_ids, stop_strings
 from neva.data.grpo_prompts import collate_groups, completion_sample
 from neva.data.grpo_rows import collate_shared_prompts
 from neva.data.micro_batch import MicroBatch, RolloutRows
+from neva.data.templates.base import end_of_turn_ids, stop_strings
 from neva.models.generation import GenerationConfig
 from neva.models.grpo_loss import group_advantages
 from neva.training.grpo import record_old_logps, shares_prompts

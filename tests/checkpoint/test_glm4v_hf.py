@@ -15,9 +15,10 @@ from PIL import Image
 
 from neva.checkpoint.neva_format import load_metadata
 from neva.data.collate import collate_packed, collate_padded
-from neva.data.conversation import Message, parse_conversations
+from neva.data.conversation import parse_conversations
 from neva.data.dataset import process_record
 from neva.data.images import FolderImageSource
+from neva.data.templates.base import Message
 from tests.checkpoint.tiny_glm4v import MAX_PIXELS, MIN_PIXELS, hf_inputs, image_processor, tiny_glm4v_dir
 from tests.checkpoint.tiny_hf import one_thread
 from tests.fixtures.data_path import checkpoint_data_path
@@ -199,7 +200,7 @@ def test_export_reloads_in_transformers_with_identical_logits(imported, tmp_path
         want, got = a.state_dict(), b.state_dict()
         assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
         # the exported chat template renders what neva trained on
-        from neva.data.conversation import get_template
+        from neva.data.templates.registry import get_template
 
         turns = [("user", "<image>\nHi"), ("assistant", "Yo."), ("user", "And <image>?"), ("assistant", "No.")]
         rendered = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in turns], tokenize=False)

@@ -23,8 +23,8 @@ from neva.checkpoint.hf_export import export_llava
 from neva.checkpoint.hf_import import import_llava
 from neva.checkpoint.neva_format import load_metadata, load_tokenizer
 from neva.constants import IMAGE_TOKEN
-from neva.data.conversation import TEMPLATE_CLASSES, Message, get_template
-from neva.data.tokens import image_token_for
+from neva.data.templates.base import Message
+from neva.data.templates.registry import TEMPLATE_CLASSES, get_template, image_token_for
 from neva.inference import Answerer
 from neva.models.generation import GenerationConfig, generate
 from tests.checkpoint.tiny_hf import make_llava_dir, one_thread

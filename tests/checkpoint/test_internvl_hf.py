@@ -16,9 +16,10 @@ from PIL import Image
 from neva.checkpoint.neva_format import load_metadata
 from neva.convert import main as convert_main
 from neva.data.collate import collate_packed, collate_padded
-from neva.data.conversation import Message, parse_conversations
+from neva.data.conversation import parse_conversations
 from neva.data.dataset import process_record
 from neva.data.images import FolderImageSource
+from neva.data.templates.base import Message
 from neva.models.vision import normalize_pixels
 from tests.checkpoint.tiny_hf import one_thread
 from tests.checkpoint.tiny_internvl import MEAN, STD, hf_inputs, tiny_internvl_dir

@@ -17,9 +17,10 @@ from PIL import Image
 from neva.checkpoint.neva_format import load_metadata
 from neva.convert import main as convert_main
 from neva.data.collate import collate_packed, collate_padded
-from neva.data.conversation import Message, parse_conversations
+from neva.data.conversation import parse_conversations
 from neva.data.dataset import process_record
 from neva.data.images import FolderImageSource
+from neva.data.templates.base import Message
 from neva.models.native_vision import normalize_patches
 from tests.checkpoint.tiny_hf import one_thread
 from tests.checkpoint.tiny_mistral3 import MERGE, PATCH, hf_inputs, tiny_mistral3_dir
@@ -234,11 +235,11 @@ def test_sizes_spans_and_the_planners_and_rehearsals_image_are_the_processors():
     ``PixtralProcessor``'s image text; the planner's image load and the rehearsal's sample are the data path's."""
     from neva.checkpoint.architecture import neva_config_from_mm
     from neva.config import compose_config
-    from neva.data.conversation import get_template
     from neva.data.dataset import ConversationDataset, EncoderSettings
     from neva.data.images import CallableImageSource, ImageError
     from neva.data.pixtral_images import PixtralImages, PixtralImageSpec
     from neva.data.synthetic import build_tokenizer
+    from neva.data.templates.registry import get_template
     from neva.data.tokens import add_special_tokens
     from neva.parallel.layout import Layout
     from neva.planner.plan import plan_run

@@ -14,9 +14,9 @@ from PIL import Image
 from neva.checkpoint.hf_qwen_vl import export_qwen_vl, import_qwen_vl
 from neva.checkpoint.neva_format import iter_tensors, load_metadata
 from neva.data.collate import collate_packed, collate_padded
-from neva.data.conversation import Message
 from neva.data.dataset import process_record
 from neva.data.images import FolderImageSource
+from neva.data.templates.base import Message
 from tests.checkpoint.tiny_hf import one_thread
 from tests.fixtures.data_path import checkpoint_data_path
 from tests.fixtures.tiny_qwen_vl import (

@@ -206,7 +206,7 @@ def test_greedy_generation_with_a_video_equals_transformers(imported):
 
     from transformers import AutoModelForImageTextToText
 
-    from neva.data.conversation import Message
+    from neva.data.templates.base import Message
     from neva.inference import Answerer
     from neva.models.generation import GenerationConfig
 

@@ -141,10 +141,10 @@ def checkpoint_data_path(ckpt):
     """An imported checkpoint's model (eval), tokenizer, ``EncoderSettings`` (its recorded template, inline image
     tags) and front end: training's data path for it."""
     from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
-    from neva.data.conversation import get_template
     from neva.data.dataset import EncoderSettings
     from neva.data.front_ends import front_end_for
-    from neva.data.tokens import image_token_for, tokenizer_image_token_id
+    from neva.data.templates.registry import get_template, image_token_for
+    from neva.data.tokens import tokenizer_image_token_id
 
     model = load_model(ckpt).eval()
     tokenizer, template = load_tokenizer(ckpt), load_metadata(ckpt)["conv_template"]

@@ -100,9 +100,9 @@ def test_dataset_packs_mixed_anyres_samples_equal_to_each_alone(synthetic_tokeni
 
     from neva.data.anyres import AnyResProcessor
     from neva.data.collate import Collator
-    from neva.data.conversation import get_template
     from neva.data.dataset import ConversationDataset, EncoderSettings
     from neva.data.images import CallableImageSource
+    from neva.data.templates.registry import get_template
     from neva.models.neva import NevaModel
     from neva.models.presets import build_config
 

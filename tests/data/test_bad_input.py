@@ -10,13 +10,13 @@ import pytest
 
 from neva.data.collate import collate_padded
 from neva.data.config import DataConfig
-from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
 from neva.data.dataset import ConversationDataset, EncoderSettings, is_skipped
 from neva.data.front_ends import FixedImages
 from neva.data.images import ImageProcessor, image_source_for
 from neva.data.records import load_records
 from neva.data.skips import DataQualityError, SkipTracker
+from neva.data.templates.registry import get_template
 from tests.data.conftest import qa, write_image, write_jsonl
 
 BAD = {

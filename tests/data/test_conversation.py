@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from neva.data.conversation import (
-    ConversationError,
-    Message,
-    get_template,
-    parse_conversations,
-    place_image_tags,
-)
+from neva.data.conversation import parse_conversations, place_image_tags
+from neva.data.templates.base import ConversationError, Message
+from neva.data.templates.registry import get_template
 from tests.data.llava_reference import get_prompt
 
 U, A = "user", "assistant"

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from neva.constants import IGNORE_INDEX
-from neva.data.conversation import get_template, read_conversation
+from neva.data.conversation import read_conversation
 from neva.data.encoding import encode, tokenize_text
+from neva.data.templates.registry import get_template
 from neva.inference import PromptBuilder
 from neva.models.config import NevaConfig
 from tests.data.conftest import qa

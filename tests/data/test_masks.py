@@ -8,9 +8,10 @@ import json
 import pytest
 
 from neva.constants import IGNORE_INDEX
-from neva.data.conversation import Message, get_template
 from neva.data.encoding import EncodingError, encode
 from neva.data.preview import build_parser, preview
+from neva.data.templates.base import Message
+from neva.data.templates.registry import get_template
 from tests.data.conftest import qa, write_jsonl
 from tests.data.llava_reference import drop_leading_reply, get_prompt
 

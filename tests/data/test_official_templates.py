@@ -9,10 +9,12 @@ import warnings
 
 import pytest
 
-from neva.data.conversation import VICUNA_SYSTEM, ConversationError, Message, get_template
 from neva.data.dataset import EncoderSettings, process_record
 from neva.data.front_ends import NoImages
 from neva.data.jinja_templates import chat_template_for
+from neva.data.templates.base import ConversationError, Message
+from neva.data.templates.generic import VICUNA_SYSTEM
+from neva.data.templates.registry import get_template
 from tests.data import official_templates as official
 
 U, A, S = "user", "assistant", "system"

@@ -13,7 +13,6 @@ import webdataset
 
 from neva.data import shards as shards_mod
 from neva.data.config import DataConfig
-from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
 from neva.data.dataset import ConversationDataset, EncoderSettings
 from neva.data.front_ends import FixedImages
@@ -22,6 +21,7 @@ from neva.data.make_shards import main as make_shards_main
 from neva.data.records import load_records
 from neva.data.shards import ShardDataset, count_samples, index_path
 from neva.data.skips import DataQualityError
+from neva.data.templates.registry import get_template
 from tests.data.conftest import qa, write_image, write_jsonl
 
 N_RECORDS = 16

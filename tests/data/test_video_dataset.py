@@ -15,13 +15,13 @@ from PIL import Image
 
 from neva.data.collate import collate_packed, collate_padded
 from neva.data.config import DataConfig
-from neva.data.conversation import get_template
 from neva.data.datamodule import NevaDataModule
 from neva.data.dataset import ConversationDataset, EncoderSettings, is_skipped
 from neva.data.front_ends import FixedImages
 from neva.data.images import ImageProcessor, image_source_for
 from neva.data.make_shards import main as make_shards_main
 from neva.data.shards import ShardDataset
+from neva.data.templates.registry import get_template
 from neva.data.video import VideoSource
 from neva.data.video_decode import VideoLimits
 from neva.models.presets import build_config

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from neva.data.collate import collate_padded
-from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings, is_skipped
 from neva.data.front_ends import FixedImages, NativeImages
 from neva.data.images import ImageProcessor, image_source_for
 from neva.data.preview import build_parser, preview
 from neva.data.qwen_images import image_token_count
 from neva.data.skips import SkipTracker
+from neva.data.templates.registry import get_template
 from neva.data.video import VideoSource
 from neva.data.video_decode import VideoLimits
 from neva.data.visual_budget import VisualBudget

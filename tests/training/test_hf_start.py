@@ -7,7 +7,8 @@ from transformers import AutoProcessor
 from neva.checkpoint.hf_export import export_llava
 from neva.checkpoint.neva_format import iter_tensors, load_config
 from neva.config import compose_config
-from neva.data.conversation import Message, get_template
+from neva.data.templates.base import Message
+from neva.data.templates.registry import get_template
 from neva.training.run import run
 from tests.checkpoint.tiny_hf import make_clip_dir, make_llama_dir, one_thread
 

@@ -23,8 +23,8 @@ import pytest
 
 from neva.checkpoint.neva_format import load_config, load_tokenizer
 from neva.constants import IGNORE_INDEX
-from neva.data.conversation import get_template
 from neva.data.dataset import EncoderSettings, encode_record
+from neva.data.templates.registry import get_template
 from tests.checkpoint.tiny_llava_original import make_llava_original, make_records, make_tower
 from tests.parallel.harness import run_module
 from tests.pip_site import cached_site

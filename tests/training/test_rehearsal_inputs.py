@@ -14,11 +14,11 @@ from neva.checkpoint.architecture import neva_config_from_mm
 from neva.config import compose_config
 from neva.data.anyres import AnyResProcessor
 from neva.data.collate import Collator
-from neva.data.conversation import get_template
 from neva.data.dataset import ConversationDataset, EncoderSettings
 from neva.data.front_ends import TiledImages
 from neva.data.images import CallableImageSource
 from neva.data.synthetic import build_tokenizer
+from neva.data.templates.registry import get_template
 from neva.parallel.layout import Layout
 from neva.planner.plan import plan_run
 from neva.training.rehearsal_inputs import synthetic_micro_batches
