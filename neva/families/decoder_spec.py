@@ -37,8 +37,8 @@ class DecoderSpec:
         traits: what the family implies beyond ``LLMConfig``'s fields.
         interop: the whole-model HF interop of a model with this decoder where the decoder fixes the HF class
             (``neva.checkpoint``; Gemma 3's), else None: the tower family's decides.
-        template: the family's own conversation template class where the decoder brings one (``neva.data``; Gemma
-            3's), as ``TowerSpec.template``.
+        template: the family's own conversation template class where the decoder brings one
+            (``neva.data.templates``; Gemma 3's), as ``TowerSpec.template``.
         check: the family's own rules on an ``LLMConfig`` (raises ``ValueError``).
     """
 
