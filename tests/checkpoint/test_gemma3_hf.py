@@ -22,12 +22,12 @@ from tests.checkpoint.tiny_gemma3 import (
     EOI,
     IMAGE,
     TOKENS_PER_IMAGE,
-    checkpoint_data_path,
     hf_messages,
     make_processor,
     tiny_gemma3_dir,
 )
 from tests.checkpoint.tiny_hf import one_thread
+from tests.fixtures.data_path import checkpoint_data_path
 from tests.models.test_hf_parity import rel_err
 
 SIZES = [(70, 45), (40, 100), (150, 60)]  # (width, height): three aspect ratios, all resized to 28 × 28
@@ -110,6 +110,7 @@ def test_data_path_equals_gemma3_processor(imported):
     hf, _, ckpt, _, root = imported
     with one_thread():
         model, tokenizer, settings, front_end = checkpoint_data_path(ckpt)
+        settings = dataclasses.replace(settings, num_image_tokens=model.cfg.num_image_tokens)  # its fixed count
         processor = make_processor(tokenizer)
         source = FolderImageSource(str(root / "images"))
         for record in RECORDS:

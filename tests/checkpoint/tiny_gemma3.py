@@ -137,28 +137,6 @@ def make_processor(tokenizer):
     return Gemma3Processor(images, tokenizer, chat_template=CHAT_TEMPLATE, image_seq_length=TOKENS_PER_IMAGE)
 
 
-def checkpoint_data_path(ckpt):
-    """An imported checkpoint's model (eval), tokenizer, ``EncoderSettings`` (its recorded template, inline image
-    tags) and front end: training's data path for it."""
-    from neva.checkpoint.neva_format import load_metadata, load_model, load_tokenizer
-    from neva.data.dataset import EncoderSettings
-    from neva.data.front_ends import front_end_for
-    from neva.data.templates.registry import get_template, image_token_for
-    from neva.data.tokens import tokenizer_image_token_id
-
-    model = load_model(ckpt).eval()
-    tokenizer, template = load_tokenizer(ckpt), load_metadata(ckpt)["conv_template"]
-    encoder = EncoderSettings(
-        tokenizer=tokenizer,
-        template=get_template(template, tokenizer),
-        image_token_id=tokenizer_image_token_id(tokenizer, image_token_for(template)),
-        num_image_tokens=model.cfg.num_image_tokens,
-        max_length=512,
-        image_token_placement="inline",
-    )
-    return model, tokenizer, encoder, front_end_for(model.cfg.vision, model.cfg, "square")
-
-
 def hf_messages(record: dict) -> list[dict]:
     """A LLaVA-format record's turns as Gemma 3's chat template takes them: content lists of text and images, in
     the order of the record's ``<image>`` tags."""

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.fixtures.checkpoints import save_tiny_checkpoint
+
 # Workers fork from one server process that has imported torch, Lightning and neva once for the whole session, instead
 # of a fresh interpreter per rank importing them again (~5 s of CPU each, on CI's 2 cores, for every group of layouts).
 # The server never runs an OpenMP region, so its children are safe to fork, unlike the test process itself.
@@ -50,7 +52,6 @@ BASE = [
 # the architecture to every run restored from it). Decoder families join here; a case names one.
 FAMILIES: dict[str, list[str]] = {
     "llama_clip": [],
-    # SigLIP tower (patch-embedding bias, no CLS) and NeMo's mlp_downsample projector (its LayerNorm): 4 image tokens
     # SigLIP tower (patch-embedding bias, no CLS), NeMo's mlp_downsample projector (its LayerNorm; 4 image tokens) and
     # a Qwen2 decoder (q/k/v biases sharded with their columns), untied so that PP2 applies
     "siglip_qwen2_downsample": [
@@ -68,9 +69,6 @@ FAMILIES: dict[str, list[str]] = {
     # Video on the tiny CLIP: frames pooled 2x2 per frame (4 tokens a frame) before the projector; the steps are
     # hand-built batches of the collator's contract (``media_steps``) mixing video, image + video, image and text rows
     "llama_clip_video": ["model.mm_cfg.mm_spatial_pool_stride=2"],
-    # AnyRes on the tiny CLIP (32 px tiles): 1x1, 1x2, 2x1 and 2x2 grids, spatial_unpad + image_newline, with
-    # LLaVA-OneVision's anyres_max_1: every grid above one tile's features pooled (bilinear), a 1x1 grid not, and
-    # the images of two-image samples one fixed-size padded tile each
     # Qwen2.5-VL's native-resolution tower (windows, one full block) and RMSNorm merger on the tiny Qwen2 decoder with
     # M-RoPE (three position axes per token), untied so that PP2 applies: every image its own grid
     "qwen2_5_vl_native": [
@@ -115,6 +113,9 @@ FAMILIES: dict[str, list[str]] = {
         "vision=tiny_pixtral",
         "++model.mm_cfg.llm.arch_overrides={num_layers:4,family:mistral,tie_word_embeddings:false}",
     ],
+    # AnyRes on the tiny CLIP (32 px tiles): 1x1, 1x2, 2x1 and 2x2 grids, spatial_unpad + image_newline, with
+    # LLaVA-OneVision's anyres_max_1: every grid above one tile's features pooled (bilinear), a 1x1 grid not, and
+    # the images of two-image samples one fixed-size padded tile each
     "llama_clip_anyres": [
         "model.mm_cfg.image_grid_pinpoints=[[32,32],[32,64],[64,32],[64,64]]",
         "model.data.image_aspect_ratio=anyres_max_1",
@@ -133,19 +134,8 @@ def make_checkpoint(
 ) -> Path:
     """A seeded tiny neva checkpoint of ``family`` (and ``extra`` overrides) matching ``base`` (default ``BASE``; the
     finetune stage's start)."""
-    from neva.checkpoint.neva_format import save_checkpoint
-    from neva.checkpoint.source import resolve_source
-    from neva.config import compose_config
-    from neva.models.neva import NevaModel
-
-    cfg = compose_config(
-        [o.replace("+stage=finetune", "+stage=pretrain") for o in (base or BASE)] + FAMILIES[family] + (extra or [])
-    )
-    source = resolve_source(cfg)
-    torch.manual_seed(0)
-    model = NevaModel(source.cfg)
-    model.init_weights()
-    return save_checkpoint(directory, source.cfg, model.state_dict(), source.tokenizer, overwrite=True)
+    pretrain = [o.replace("+stage=finetune", "+stage=pretrain") for o in (base or BASE)]
+    return save_tiny_checkpoint(directory, pretrain + FAMILIES[family] + (extra or []))
 
 
 def train_losses(
