@@ -1,9 +1,11 @@
 """The family and stage specs (``neva.families``, ``neva.stages``): each part lives in the package that resolves it,
-and generic code never branches on a family's name (docs/ARCHITECTURE.md, "Adding a family", "Adding a stage")."""
+generic code never branches on a family's name, and a family's presets are its spec's (docs/ARCHITECTURE.md, "Adding a
+family", "Adding a stage")."""
 
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,14 @@ import pytest
 import neva
 from neva.families import DECODERS, TOWERS, part
 from neva.families.spec import PART_OWNERS
+from neva.models.config import LLMConfig, VisionConfig
+from neva.models.presets import (
+    GENERIC_LLM_PRESETS,
+    GENERIC_VISION_PRESETS,
+    LLM_PRESETS,
+    VISION_PRESETS,
+    gather_presets,
+)
 from neva.stages import STAGES
 from neva.stages.spec import PART_OWNERS as STAGE_PART_OWNERS
 
@@ -79,3 +89,38 @@ def test_no_branch_on_a_family_or_stage_name_outside_their_own_modules():
 def test_the_scan_sees_a_branch():
     assert _branches(ast.parse('if vision.kind == "qwen2_5_vl": pass')) == [(1, "qwen2_5_vl")]
     assert _branches(ast.parse('if llm.family in ("mixtral", "qwen3_moe"): pass')) == [(1, "mixtral"), (1, "qwen3_moe")]
+
+
+@pytest.mark.parametrize(
+    "gathered, generic, specs",
+    [(VISION_PRESETS, GENERIC_VISION_PRESETS, TOWERS), (LLM_PRESETS, GENERIC_LLM_PRESETS, DECODERS)],
+    ids=["vision", "llm"],
+)
+def test_every_preset_has_one_owner(gathered, generic, specs):
+    """Each preset name is the generic list's or one spec's, and the gathered table holds that very shape."""
+    owners = [("neva.models.presets", generic), *((name, spec.presets) for name, spec in specs.items())]
+    counts = Counter(name for _, presets in owners for name in presets)
+    assert [name for name, n in counts.items() if n > 1] == []
+    assert set(counts) == set(gathered)
+    for _, presets in owners:
+        for name, fields in presets.items():
+            assert gathered[name] is fields
+
+
+def test_gathering_refuses_a_preset_name_twice():
+    with pytest.raises(TypeError, match=r"^two presets are called 'x': tower spec 'a''s and tower spec 'b''s$"):
+        gather_presets({}, [("tower spec 'a'", {"x": {}}), ("tower spec 'b'", {"x": {"num_layers": 1}})])
+    with pytest.raises(TypeError, match=r"^two presets are called 'tiny': neva.models.presets's and decoder spec"):
+        gather_presets({"tiny": {}}, [("decoder spec 'llama'", {"tiny": {}})])
+
+
+@pytest.mark.parametrize("spec", [*TOWERS.values()], ids=lambda s: s.kind)
+def test_a_tower_familys_presets_are_of_its_kind(spec):
+    for name, fields in spec.presets.items():
+        assert VisionConfig(**fields).kind == spec.kind, name
+
+
+@pytest.mark.parametrize("spec", [*DECODERS.values()], ids=lambda s: s.name)
+def test_a_decoder_familys_presets_are_of_its_family(spec):
+    for name, fields in spec.presets.items():
+        assert LLMConfig(**fields).family == spec.name, name

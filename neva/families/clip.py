@@ -3,6 +3,12 @@
 from neva.constants import CLIP_MEAN, CLIP_STD
 from neva.families.spec import TowerSpec
 
+# CLIP's named tower shapes (model.mm_cfg.vision_encoder.preset), gathered by neva.models.presets.
+_CLIP_PRESETS: dict[str, dict] = {
+    "clip_vit_l14_224": dict(image_size=224, patch_size=14),
+    "clip_vit_l14_336": dict(image_size=336, patch_size=14),
+}
+
 CLIP = TowerSpec(
     kind="clip",
     tower="neva.models.vision:VisionTower",
@@ -21,4 +27,5 @@ CLIP = TowerSpec(
     hf_select={"default": "patch", "full": "cls_patch"},
     hf_image_processor=("CLIPImageProcessor", "crop"),
     llava_original=True,
+    presets=_CLIP_PRESETS,
 )

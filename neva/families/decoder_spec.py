@@ -4,7 +4,7 @@ become ``LLMConfig`` fields, and what LLaVA's own code calls it."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -39,6 +39,9 @@ class DecoderSpec:
             (``neva.checkpoint``; Gemma 3's), else None: the tower family's decides.
         template: the family's own conversation template class where the decoder brings one
             (``neva.data.templates``; Gemma 3's), as ``TowerSpec.template``.
+        presets: the family's named decoder shapes (``model.mm_cfg.llm.preset``), each a dict of ``LLMConfig``
+            fields of this family, as plain data; ``neva.models.presets.LLM_PRESETS`` gathers them with the generic
+            ones (as ``TowerSpec.presets``).
         check: the family's own rules on an ``LLMConfig`` (raises ``ValueError``).
     """
 
@@ -53,6 +56,7 @@ class DecoderSpec:
     traits: DecoderTraits = DecoderTraits()
     interop: str | None = None
     template: str | None = None
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     check: Callable[[Any], None] | None = None
 
     def parts(self) -> dict[str, str]:

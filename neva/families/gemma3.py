@@ -18,6 +18,53 @@ def _check(llm: Any) -> None:
         raise ValueError("a gemma3 decoder has per-head q / k norms: qk_norm must be true")
 
 
+# Gemma 3's named decoder shapes (model.mm_cfg.llm.preset), gathered by neva.models.presets.
+_GEMMA3_PRESETS: dict[str, dict] = {
+    # The tiny decoder as Gemma 3's: sliding (window 16, RoPE base 1e4) and global (base 1e6) layers alternating,
+    # q / k norms, an attention scale of its own, untied (a pipeline can split it; Gemma 3 ties its embeddings, which
+    # PP refuses).
+    "tiny_gemma3": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="gemma3",
+        qk_norm=True,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_local_theta=1e4,
+        query_pre_attn_scalar=48,
+    ),
+    # google/gemma-3-4b-it's decoder (config.json text_config and transformers' Gemma3TextConfig defaults): every 6th
+    # of 34 layers global (RoPE 1e6, linear scaling 8), the others sliding over 1024 tokens (RoPE 1e4), tied.
+    "gemma3_4b": dict(
+        vocab_size=262208,
+        hidden_size=2560,
+        intermediate_size=10240,
+        num_layers=34,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=256,
+        max_seq_len=131072,
+        rope_theta=1e6,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        family="gemma3",
+        qk_norm=True,
+        sliding_window=1024,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(34)],
+        rope_local_theta=1e4,
+        query_pre_attn_scalar=256,
+    ),
+}
+
 GEMMA3 = DecoderSpec(
     "gemma3",
     fields=None,
@@ -33,6 +80,7 @@ GEMMA3 = DecoderSpec(
     interop="neva.checkpoint.hf_gemma3:GEMMA3_INTEROP",
     template="neva.data.templates.gemma3:Gemma3Template",
     check=_check,
+    presets=_GEMMA3_PRESETS,
 )
 
 

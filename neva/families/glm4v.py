@@ -37,6 +37,42 @@ def _check_tower(cfg: Any) -> None:
         raise ValueError("a glm4v tower's blocks are RMSNorm without q / k norms: norm_type rms, qk_norm false")
 
 
+# GLM-4.1V's named tower shapes (model.mm_cfg.vision_encoder.preset), gathered by neva.models.presets.
+_GLM4V_PRESETS: dict[str, dict] = {
+    # The tiny tower as GLM-4.1V's: 8 px patches merged 2 × 2, a 4 × 4 learned position table (32 px / 8) resampled
+    # to each image, RMSNorm blocks without q / k / v bias, a SwiGLU MLP as wide as the tiny decoder (GLM builds it
+    # out_hidden_size wide).
+    "tiny_glm4v": dict(
+        kind="glm4v",
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="silu",
+        num_position_embeddings=16,
+        norm_type="rms",
+        qkv_bias=False,
+    ),
+    # GLM-4.1V-9B's tower (transformers 5.25 Glm4vVisionConfig, whose defaults are the GLM-4.1V-9B-Thinking
+    # configuration: depth 24, hidden_size 1536, 12 heads, 336 px / 14 px patches (a 24 × 24 position table), silu, no
+    # q / k / v bias; its MLP out_hidden_size = 4096 wide, the decoder's width).
+    "glm4v_9b": dict(
+        kind="glm4v",
+        image_size=336,
+        patch_size=14,
+        hidden_size=1536,
+        intermediate_size=4096,
+        num_layers=24,
+        num_heads=12,
+        hidden_act="silu",
+        num_position_embeddings=576,
+        norm_type="rms",
+        qkv_bias=False,
+    ),
+}
+
 GLM4V = TowerSpec(
     kind="glm4v",
     tower="neva.models.vision_glm4v:Glm4vTower",
@@ -66,6 +102,7 @@ GLM4V = TowerSpec(
     block_options=True,
     template="neva.data.templates.glm4v:Glm4vTemplate",
     check=_check_tower,
+    presets=_GLM4V_PRESETS,
 )
 
 
@@ -76,6 +113,45 @@ def _check_decoder(llm: Any) -> None:
         )
 
 
+# GLM-4.1V's named decoder shapes (model.mm_cfg.llm.preset), gathered by neva.models.presets.
+_GLM4V_TEXT_PRESETS: dict[str, dict] = {
+    # The tiny decoder as GLM-4.1V's (glm4v_text): four norms per layer, biased q / k / v, M-RoPE over the first half
+    # of each 32-wide head (t, h, w driving 2, 3, 3 of its 8 rotary frequencies, GLM's [8, 12, 12] at head_dim 128),
+    # untied (a pipeline can split it).
+    "tiny_glm4v_text": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_seq_len=512,
+        rms_norm_eps=1e-5,
+        family="glm4v_text",
+        qkv_bias=True,
+        mrope_section=[2, 3, 3],
+        rotary_percent=0.5,
+    ),
+    # GLM-4.1V-9B's decoder (GLM-4-9B-0414's shapes: transformers 5.25 Glm4vTextConfig defaults, the
+    # GLM-4.1V-9B-Thinking configuration: 40 layers of width 4096, MLP 13696, 32 heads, 2 kv heads, vocabulary 151552;
+    # M-RoPE section [8, 12, 12], the Glm4vTextRotaryEmbedding default, which drives 32 frequencies: a partial rotary
+    # over half of each 128-wide head), biased q / k / v, untied.
+    "glm4v_9b_text": dict(
+        vocab_size=151552,
+        hidden_size=4096,
+        intermediate_size=13696,
+        num_layers=40,
+        num_heads=32,
+        num_kv_heads=2,
+        max_seq_len=65536,
+        rms_norm_eps=1e-5,
+        family="glm4v_text",
+        qkv_bias=True,
+        mrope_section=[8, 12, 12],
+        rotary_percent=0.5,
+    ),
+}
+
 # GLM-4's decoder as GLM-4.1V's text model: it comes only inside its multimodal class, whose interop
 # (neva.checkpoint.hf_glm4v) reads and writes its HF config.
 GLM4V_TEXT = DecoderSpec(
@@ -85,4 +161,5 @@ GLM4V_TEXT = DecoderSpec(
     write=None,
     traits=DecoderTraits(sandwich_norms=True),
     check=_check_decoder,
+    presets=_GLM4V_TEXT_PRESETS,
 )

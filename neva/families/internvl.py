@@ -20,6 +20,34 @@ def _check(cfg) -> None:
         raise ValueError("an internvl tower's features drop its class token: vision_select_feature must be patch")
 
 
+# InternViT's named tower shapes (model.mm_cfg.vision_encoder.preset), gathered by neva.models.presets.
+_INTERNVL_PRESETS: dict[str, dict] = {
+    # The tiny tower as InternViT (InternVL 3 / 3.5): 32 px tiles in 8 px patches (4 × 4), a class token, layer scale,
+    # LayerNorm blocks with biased q / k / v; the pixel shuffle makes 4 decoder positions per tile.
+    "tiny_internvl": dict(
+        kind="internvl",
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="gelu",
+    ),
+    # OpenGVLab/InternVL3-8B-hf's tower, InternViT-300M-448px-V2.5 (config.json vision_config: 24 layers, width 1024,
+    # intermediate 4096, 16 heads, 448 px tiles in 14 px patches, layer_norm, attention_bias true, no qk norm).
+    "internvit_300m_448": dict(
+        kind="internvl",
+        image_size=448,
+        patch_size=14,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_layers=24,
+        num_heads=16,
+        hidden_act="gelu",
+    ),
+}
+
 INTERNVL = TowerSpec(
     kind="internvl",
     tower="neva.models.vision_internvl:InternViT",
@@ -35,4 +63,5 @@ INTERNVL = TowerSpec(
     block_options=True,
     template="neva.data.templates.internvl:InternVLTemplate",
     check=_check,
+    presets=_INTERNVL_PRESETS,
 )

@@ -27,6 +27,38 @@ def _mixtral_write(llm: Any) -> dict[str, Any] | None:
     )
 
 
+# Mixtral's named decoder shapes (model.mm_cfg.llm.preset), gathered by neva.models.presets.
+_MIXTRAL_PRESETS: dict[str, dict] = {
+    # The tiny decoder with Mixtral's MoE feed-forward (4 experts, top-2; NeMo's Mixtral aux-loss coefficient).
+    "tiny_moe": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=176,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_seq_len=512,
+        family="mixtral",
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_aux_loss_coeff=0.01,
+    ),
+    # mistralai/Mixtral-8x7B-v0.1 config.json; moe_aux_loss_coeff 0.01 as NeMo's neva_mixtral_config.yaml
+    "mixtral_8x7b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        rope_theta=1e6,
+        max_seq_len=32768,
+        family="mixtral",
+        num_moe_experts=8,
+        moe_router_topk=2,
+        moe_aux_loss_coeff=0.01,
+    ),
+}
+
 MIXTRAL = DecoderSpec(
     "mixtral",
     {
@@ -43,4 +75,5 @@ MIXTRAL = DecoderSpec(
     _mixtral_read,
     _mixtral_write,
     moe=True,
+    presets=_MIXTRAL_PRESETS,
 )

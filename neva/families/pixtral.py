@@ -37,6 +37,38 @@ def _check(cfg) -> None:
         )
 
 
+# Pixtral's named tower shapes (model.mm_cfg.vision_encoder.preset), gathered by neva.models.presets.
+_PIXTRAL_PRESETS: dict[str, dict] = {
+    # The tiny tower as Pixtral (Mistral 3): 8 px patches merged 2 × 2 by its projector, RMSNorm + bias-free SwiGLU
+    # blocks, 2-D rotary; each image at its own size up to a 64 px longest edge (the synthetic 32 px image: 4 × 4
+    # patches, 2 rows of 2 [IMG] and a break / end each, 6 decoder positions).
+    "tiny_pixtral": dict(
+        kind="pixtral",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="silu",
+        temporal_patch_size=1,
+    ),
+    # Mistral Small 3.1's Pixtral tower (mistralai/Mistral-Small-3.1-24B-Instruct-2503 config.json vision_config: 24
+    # layers of width 1024, intermediate 4096, 16 heads, 14 px patches, silu, image_size 1540: the processor's longest
+    # edge, preprocessor_config.json; the projector merges 2 × 2 patches: 55 × 55 decoder tokens at most).
+    "pixtral_1540": dict(
+        kind="pixtral",
+        image_size=1540,
+        patch_size=14,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_layers=24,
+        num_heads=16,
+        hidden_act="silu",
+        temporal_patch_size=1,
+    ),
+}
+
 PIXTRAL = TowerSpec(
     kind="pixtral",
     tower="neva.models.vision_pixtral:PixtralTower",
@@ -56,4 +88,5 @@ PIXTRAL = TowerSpec(
     image_text_tokens={"image_break_token_id": "[IMG_BREAK]", "image_end_token_id": "[IMG_END]"},
     template="neva.data.templates.mistral3:Mistral3Template",
     check=_check,
+    presets=_PIXTRAL_PRESETS,
 )

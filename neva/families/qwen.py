@@ -54,6 +54,37 @@ def _qwen3_moe_write(llm: Any) -> dict[str, Any] | None:
     )
 
 
+# Qwen2's named decoder shapes (model.mm_cfg.llm.preset), gathered by neva.models.presets.
+_QWEN2_PRESETS: dict[str, dict] = {
+    "tiny_qwen2": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen2",
+        qkv_bias=True,
+        tie_word_embeddings=True,
+    ),
+    "qwen2_7b": dict(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        max_seq_len=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen2",
+        qkv_bias=True,
+    ),
+}
+
 QWEN2 = DecoderSpec(
     "qwen2",
     {
@@ -68,7 +99,29 @@ QWEN2 = DecoderSpec(
     _qwen2_write,
     causal_lm="Qwen2ForCausalLM",
     llava=("llava_qwen", "LlavaQwenForCausalLM"),
+    presets=_QWEN2_PRESETS,
 )
+
+
+# Qwen3's named decoder shapes (model.mm_cfg.llm.preset), gathered by neva.models.presets.
+_QWEN3_PRESETS: dict[str, dict] = {
+    # The tiny decoder as Qwen3's: q / k RMSNorms per head, no biases, untied (a pipeline can split it).
+    "tiny_qwen3": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen3",
+        qk_norm=True,
+    ),
+}
+
 QWEN3 = DecoderSpec(
     "qwen3",
     {
@@ -81,6 +134,7 @@ QWEN3 = DecoderSpec(
     },
     _qwen3_read,
     _qwen3_write,
+    presets=_QWEN3_PRESETS,
 )
 # Every block a sparse MoE of ``moe_intermediate_size``-wide SwiGLU experts with Mixtral's routing (softmax, top-k
 # renormalised), no shared experts.

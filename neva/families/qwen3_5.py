@@ -76,7 +76,80 @@ _FIELDS = {
     "full_attention_interval": READ,
     **{name: READ for name in _LINEAR_FIELDS},
 }
-QWEN3_5 = DecoderSpec("qwen3_5", _FIELDS, _read, _write, linear_attention=True)
+
+
+# Qwen3.5's named decoder shapes (model.mm_cfg.llm.preset), gathered by neva.models.presets.
+_QWEN3_5_PRESETS: dict[str, dict] = {
+    # The tiny Qwen3 decoder as Qwen3.5's hybrid: Gated DeltaNet in layers 0-2 (2 query / key heads of 32 serving 4
+    # value heads of 32, 4 conv taps), gated attention with RoPE on a quarter of each head in layer 3, (1 + w) norms.
+    "tiny_qwen3_5": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_seq_len=512,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        family="qwen3_5",
+        qk_norm=True,
+        attention_output_gate=True,
+        rotary_percent=0.25,
+        layernorm_zero_centered_gamma=True,
+        linear_attention=dict(
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            conv_kernel_dim=4,
+            key_head_dim=32,
+            value_head_dim=32,
+            num_key_heads=2,
+            num_value_heads=4,
+        ),
+    ),
+}
+
+QWEN3_5 = DecoderSpec("qwen3_5", _FIELDS, _read, _write, linear_attention=True, presets=_QWEN3_5_PRESETS)
+
+
+# Qwen3.5-MoE's named decoder shapes (model.mm_cfg.llm.preset), gathered by neva.models.presets.
+_QWEN3_5_MOE_PRESETS: dict[str, dict] = {
+    # Qwen/Qwen3.5-35B-A3B's decoder (transformers 5.25 Qwen3_5MoeTextConfig defaults, documented as that checkpoint):
+    # 40 layers of width 2048, Gated DeltaNet in three of every four (16 key heads serving 32 value heads of 128, 4
+    # conv taps), gated attention in the fourth (16 heads of 256, 2 KV heads, RoPE on a quarter: M-RoPE [11, 11, 10]
+    # interleaved), 256 experts of width 512 (8 per token) and a gated shared expert of 512 in every block.
+    "qwen3_5_35b_a3b": dict(
+        vocab_size=248320,
+        hidden_size=2048,
+        intermediate_size=512,
+        num_layers=40,
+        num_heads=16,
+        num_kv_heads=2,
+        head_dim=256,
+        max_seq_len=32768,
+        rms_norm_eps=1e-6,
+        family="qwen3_5_moe",
+        qk_norm=True,
+        attention_output_gate=True,
+        rotary_percent=0.25,
+        layernorm_zero_centered_gamma=True,
+        mrope_section=[11, 11, 10],
+        mrope_interleaved=True,
+        num_moe_experts=256,
+        moe_router_topk=8,
+        moe_shared_expert_intermediate_size=512,
+        moe_shared_expert_gate=True,
+        linear_attention=dict(
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 10,
+            conv_kernel_dim=4,
+            key_head_dim=128,
+            value_head_dim=128,
+            num_key_heads=16,
+            num_value_heads=32,
+        ),
+    ),
+}
+
 QWEN3_5_MOE = DecoderSpec(
     "qwen3_5_moe",
     {
@@ -93,4 +166,5 @@ QWEN3_5_MOE = DecoderSpec(
     _write,
     moe=True,
     linear_attention=True,
+    presets=_QWEN3_5_MOE_PRESETS,
 )

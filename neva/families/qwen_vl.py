@@ -70,6 +70,42 @@ QWEN2_VL = TowerSpec(
     check=_check_tower,
     **_SHARED,
 )
+
+
+# Qwen2.5-VL's named tower shapes (model.mm_cfg.vision_encoder.preset), gathered by neva.models.presets.
+_QWEN2_5_VL_PRESETS: dict[str, dict] = {
+    # The tiny tower as Qwen2.5-VL's native-resolution ViT: 8 px patches merged 2 × 2, RMSNorm + SwiGLU blocks, block 0
+    # in 32 px windows (2 × 2 merged tokens), block 1 attending the whole image. The synthetic set draws its images at
+    # image_size (64 px: 8 × 8 patches, 16 decoder positions, as the tiny CLIP's 16); real images keep their own size.
+    "tiny_qwen2_5_vl": dict(
+        kind="qwen2_5_vl",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="silu",
+        window_size=32,
+        fullatt_block_indexes=[1],
+    ),
+    # Qwen/Qwen2.5-VL-7B-Instruct's tower (config.json vision_config: depth 32, hidden_size 1280, intermediate_size 3420,
+    # num_heads 16, patch_size 14, window_size 112, fullatt_block_indexes [7, 15, 23, 31], silu); image_size is only
+    # the nominal image of the FLOP model's per-patch attention estimate (448 px: 32 × 32 patches, 256 positions).
+    "qwen2_5_vl_7b": dict(
+        kind="qwen2_5_vl",
+        image_size=448,
+        patch_size=14,
+        hidden_size=1280,
+        intermediate_size=3420,
+        num_layers=32,
+        num_heads=16,
+        hidden_act="silu",
+        window_size=112,
+        fullatt_block_indexes=[7, 15, 23, 31],
+    ),
+}
+
 QWEN2_5_VL = TowerSpec(
     kind="qwen2_5_vl",
     tower="neva.models.vision_qwen2:Qwen2Tower",
@@ -84,7 +120,55 @@ QWEN2_5_VL = TowerSpec(
     template="neva.data.templates.qwen_vl:QwenVLTemplate",
     check=_check_windows,
     **_SHARED,
+    presets=_QWEN2_5_VL_PRESETS,
 )
+
+
+# Qwen3-VL's named tower shapes, Qwen3.5's among them (model.mm_cfg.vision_encoder.preset), gathered by
+# neva.models.presets.
+_QWEN3_VL_PRESETS: dict[str, dict] = {
+    # The tiny tower as Qwen3-VL's: LayerNorm + tanh-GELU blocks, a learned 4 × 4 position table resampled to each
+    # image's grid, and both blocks' outputs as DeepStack features (joining decoder layers 0 and 1).
+    "tiny_qwen3_vl": dict(
+        kind="qwen3_vl",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="gelu_pytorch_tanh",
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0, 1],
+    ),
+    # The tiny Qwen3-VL tower as Qwen3.5's: no DeepStack features.
+    "tiny_qwen3_5": dict(
+        kind="qwen3_vl",
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        hidden_act="gelu_pytorch_tanh",
+        num_position_embeddings=16,
+    ),
+    # Qwen3.5's tower (transformers 5.25 Qwen3_5VisionConfig defaults, the class documented with Qwen/Qwen3.5-27B and
+    # Qwen3.5-35B-A3B: depth 27, hidden 1152, intermediate 4304, 16 heads, 16 px patches merged 2 x 2, a 48 x 48
+    # position table; Qwen3-VL's tower without DeepStack); image_size: the FLOP model's nominal image (448 px).
+    "qwen3_5": dict(
+        kind="qwen3_vl",
+        image_size=448,
+        patch_size=16,
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_layers=27,
+        num_heads=16,
+        hidden_act="gelu_pytorch_tanh",
+        num_position_embeddings=2304,
+    ),
+}
+
 QWEN3_VL = TowerSpec(
     kind="qwen3_vl",
     tower="neva.models.vision_qwen3:Qwen3Tower",
@@ -97,4 +181,5 @@ QWEN3_VL = TowerSpec(
     template="neva.data.templates.qwen_vl:Qwen3VLTemplate",
     check=_check_position_grid,
     **_SHARED,
+    presets=_QWEN3_VL_PRESETS,
 )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # Which package resolves each code part of a spec (and so where the part must live).
@@ -121,6 +121,9 @@ class TowerSpec:
         template: the family's own conversation template class (``neva.data.templates.<family>``): its ``name`` is
             the ``conv_template`` that selects it, its ``image_token`` / ``image_block`` how an image is written, its
             ``jinja_body`` what an export ships (``neva.data.templates.registry`` lists it).
+        presets: the family's named tower shapes (``model.mm_cfg.vision_encoder.preset``), each a dict of
+            ``VisionConfig`` fields of this ``kind``, as plain data (this package sits below ``neva.models``);
+            ``neva.models.presets.VISION_PRESETS`` gathers them with the generic ones and refuses a name twice.
         check: the family's own config checks (a ``VisionConfig``; raises ``ValueError``).
     """
 
@@ -155,6 +158,7 @@ class TowerSpec:
     block_options: bool = False
     image_text_tokens: dict[str, str] | None = None
     template: str | None = None
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     check: Callable[[Any], None] | None = None
 
     def parts(self) -> dict[str, str]:
