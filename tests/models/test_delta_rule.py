@@ -13,8 +13,9 @@ from tests.models.test_hf_parity import rel_err
 
 
 def test_state_chain_backward_equals_numerical_gradients():
-    """Two rows, two heads, three chunks; the second row's state reset at its second chunk: gradients of every
-    output (starting states, corrections, final state) with respect to every input, fp64."""
+    """Two rows, two heads, three chunks; the second row's state reset at its second chunk (then: the first row's
+    at its first, the second's at its second and third): gradients of every output (starting states, corrections,
+    final state) with respect to every input, fp64."""
     g = torch.Generator().manual_seed(0)
     b, heads, n, c, dk, dv = 2, 2, 3, 4, 3, 2
 
@@ -25,7 +26,9 @@ def test_state_chain_backward_equals_numerical_gradients():
     decays = (torch.rand(b, heads, n, 1, 1, generator=g, dtype=torch.float64) * 0.9 + 0.1).requires_grad_()
     initial = rand(b, heads, dk, dv)
     keep = torch.tensor([[True, True, True], [True, False, True]])
-    for kept in (None, keep):
+    # a row whose first chunk resets (its initial state unused) and a one-chunk run between two resets
+    resets_first = torch.tensor([[False, True, True], [True, False, False]])
+    for kept in (None, keep, resets_first):
         assert torch.autograd.gradcheck(
             lambda *args, kept=kept: _StateChain.apply(*args, kept), (u, w, k_to_end, decays, initial)
         )  # fmt: skip
