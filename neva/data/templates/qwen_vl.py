@@ -10,8 +10,8 @@ from neva.data.templates.generic import ChatMLTemplate
 
 QWEN_IMAGE_PAD = "<|image_pad|>"  # Qwen-VL's image token
 QWEN_IMAGE_BLOCK = f"<|vision_start|>{QWEN_IMAGE_PAD}<|vision_end|>"
-QWEN_VIDEO_BLOCK = "<|vision_start|><|video_pad|><|vision_end|>"
 """What an image tag is in Qwen-VL's text: its ``<|image_pad|>`` is the model's image token."""
+QWEN_VIDEO_BLOCK = "<|vision_start|><|video_pad|><|vision_end|>"
 
 
 class QwenVLTemplate(ChatMLTemplate):
