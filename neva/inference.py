@@ -32,8 +32,7 @@ from neva.data.raw_prompts import raw_prompt_ids
 from neva.data.records import record_images
 from neva.data.templates.base import Message, end_of_turn_ids, stop_strings
 from neva.data.templates.chat_template import ChatTemplateRenderer
-from neva.data.templates.qwen_vl import QWEN_IMAGE_BLOCK
-from neva.data.templates.registry import DEFAULT_TEMPLATE, get_template, raw_image_text
+from neva.data.templates.registry import DEFAULT_TEMPLATE, TEMPLATE_CLASSES, get_template, raw_image_text
 from neva.data.video import read_video_file
 from neva.data.video_decode import VideoLimits
 from neva.models.config import NevaConfig
@@ -90,7 +89,7 @@ class PromptBuilder:
         self.template = None if template is None else get_template(template, tokenizer, use_chat_template)
         # Raw mode: what an <image> tag becomes, its one image token expanded (the family's processor's sequence,
         # e.g. Gemma 3's ``\n\n<start_of_image>`` … ``<end_of_image>\n\n``, InternVL's ``<img>`` … ``</img>``);
-        # None: the tag (LLaVA's) or Qwen-VL's vision block (``neva.data.raw_prompts``), expanded.
+        # None: the tag (LLaVA's) or, for a template with ``raw_blocks``, its vision block (``neva.data.raw_prompts``).
         self.raw_image_block = raw_image_block
 
     def ids(
@@ -129,7 +128,7 @@ class PromptBuilder:
         self._check_tags(prompt, num_images, len(video_tokens))
         # Each position's count in tag order (a video tag may be written as the image token: the order tells them).
         counts = iter([next(images) if t == IMAGE_TOKEN else next(videos) for t in re.findall(_TAGS, prompt)])
-        video_tag = getattr(self.template, "video_block", video_tag)  # Qwen-VL: the video's vision block
+        video_tag = self.template.video_block or video_tag  # Qwen-VL: the video's vision block
         text = self.template.render_prompt([Message("user", prompt.replace(VIDEO_TOKEN, video_tag))],
                                            system_prompt=self.system)  # fmt: skip
         # Same tokenization as training (neva.data.encoding, the checkpoint's tokenization), then expand media.
@@ -288,7 +287,7 @@ class Answerer:
         use_chat = bool(meta.get("use_chat_template", True))
         tokenization = meta.get("tokenization", "neva")  # checkpoints before the key: one tokenizer call
         # A raw prompt's images as the checkpoint's family writes them (its trained template's image block: Gemma 3's,
-        # InternVL's), whatever template serves it.
+        # InternVL's), whatever template serves it; a template with ``raw_blocks`` is neva.data.raw_prompts' own.
         block = raw_image_text(trained)[0] if raw else IMAGE_TOKEN
         self.builder = PromptBuilder(
             self.tokenizer,
@@ -297,7 +296,7 @@ class Answerer:
             system,
             use_chat,
             tokenization,
-            raw_image_block=None if block in (IMAGE_TOKEN, QWEN_IMAGE_BLOCK) else block,
+            raw_image_block=None if block == IMAGE_TOKEN or TEMPLATE_CLASSES[trained].raw_blocks else block,
         )
         vision = self.model.cfg.vision
         aspect_ratio = aspect_ratio or meta.get("image_aspect_ratio", "square")

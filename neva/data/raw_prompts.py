@@ -2,8 +2,9 @@
 
 Each ``<image>`` / ``<video>`` tag is written as the family's own placeholder and expanded to its item's positions,
 then the text is tokenized in one call with the tokenizer's special tokens: LLaVA's ``<image>`` (``LlavaProcessor``,
-BOS added), or for a model whose image token is Qwen-VL's ``<|image_pad|>`` its vision block
-``<|vision_start|><|image_pad|><|vision_end|>`` (the Qwen2-VL processor), which a prompt may also hold as it is.
+BOS added), or for a model whose image token is that of a template with ``raw_blocks`` (Qwen-VL's ``<|image_pad|>``)
+that template's vision blocks (``<|vision_start|><|image_pad|><|vision_end|>``, the Qwen2-VL processor's), which a
+prompt may also hold as they are.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from neva.constants import IMAGE_TOKEN, VIDEO_TOKEN
-from neva.data.templates.qwen_vl import QWEN_IMAGE_BLOCK, QWEN_IMAGE_PAD, QWEN_VIDEO_BLOCK
+from neva.data.templates.base import Template
+from neva.data.templates.registry import TEMPLATE_CLASSES
 
-QWEN_VIDEO_PAD = "<|video_pad|>"
 
-
-def uses_qwen_blocks(tokenizer: Any, image_token_id: int) -> bool:
-    """Whether the model's image token is Qwen-VL's ``<|image_pad|>`` (its images are vision blocks)."""
-    return tokenizer.get_vocab().get(QWEN_IMAGE_PAD) == image_token_id
+def raw_blocks_of(tokenizer: Any, image_token_id: int) -> type[Template] | None:
+    """The template whose vision blocks a raw prompt is written in (``Template.raw_blocks``): the one whose image token
+    is the model's (by the tokenizer: a checkpoint records its template, but not every one); None: LLaVA's tags."""
+    vocab = tokenizer.get_vocab()
+    found = (t for t in TEMPLATE_CLASSES.values() if t.raw_blocks and vocab.get(t.image_token) == image_token_id)
+    return next(found, None)
 
 
 def raw_prompt_ids(
@@ -42,10 +45,11 @@ def raw_prompt_ids(
     Raises:
         ValueError: the prompt's placeholders do not match the images / videos given.
     """
-    if uses_qwen_blocks(tokenizer, image_token_id):
-        prompt = prompt.replace(IMAGE_TOKEN, QWEN_IMAGE_BLOCK).replace(VIDEO_TOKEN, QWEN_VIDEO_BLOCK)
-        tags = {QWEN_IMAGE_PAD: (num_images, "image", images), QWEN_VIDEO_PAD: (num_videos, "video", videos)}
-        found = "{n} {what} placeholder(s) (<{what}> or Qwen's vision block with {tag})"
+    blocks = raw_blocks_of(tokenizer, image_token_id)
+    if blocks is not None:
+        prompt = prompt.replace(IMAGE_TOKEN, blocks.image_block).replace(VIDEO_TOKEN, blocks.video_block)
+        tags = {blocks.image_token: (num_images, "image", images), blocks.video_token: (num_videos, "video", videos)}
+        found = "{n} {what} placeholder(s) (<{what}> or the vision block with {tag})"
     else:
         tags = {IMAGE_TOKEN: (num_images, "image", images), VIDEO_TOKEN: (num_videos, "video", videos)}
         found = "{n} {tag} tag(s)"
@@ -54,14 +58,13 @@ def raw_prompt_ids(
             raise ValueError(
                 f"prompt has {found.format(n=prompt.count(tag), what=what, tag=tag)} but {given} {what}(s) were given"
             )
-    written = {IMAGE_TOKEN: IMAGE_TOKEN, VIDEO_TOKEN: video_tag, QWEN_IMAGE_PAD: QWEN_IMAGE_PAD}
-    written[QWEN_VIDEO_PAD] = QWEN_VIDEO_PAD
+    written = {VIDEO_TOKEN: video_tag}  # every other placeholder is written as itself
 
     def expand(tag: str, count: int) -> str:
         if tag == IMAGE_TOKEN and image_block is not None:
             token = tokenizer.convert_ids_to_tokens(image_token_id)
             return image_block.replace(token, token * count)
-        return written[tag] * count
+        return written.get(tag, tag) * count
 
     pieces = re.split("(" + "|".join(re.escape(t) for t in tags) + ")", prompt)
     text = "".join(expand(p, next(tags[p][2])) if p in tags else p for p in pieces)

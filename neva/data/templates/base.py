@@ -49,6 +49,13 @@ class Template:
     # the model's ``image_token_id``). By template, not by what a tokenizer holds: Qwen2.5's text tokenizers carry
     # <|image_pad|> too, and LLaVA-OneVision trains them with <image>.
     image_token = IMAGE_TOKEN
+    # What a served prompt's ``<video>`` tag is written as and the token in it that stands for the video's positions
+    # (``neva.inference.PromptBuilder``); None: the model's video token itself.
+    video_block: str | None = None
+    video_token: str | None = None
+    # Whether a raw prompt (``neva.generate --raw``) writes images and videos as these blocks and may hold them as
+    # they are, their tokens counted (the family's HF processor's rule: Qwen-VL's); False: LLaVA's ``<image>`` tags.
+    raw_blocks = False
     # The Jinja body an export ships (``neva.data.jinja_templates``), rendering exactly as ``pieces`` does; None: neva
     # writes none (the family's interop ships its HF processor's own).
     jinja_body: str | None = None

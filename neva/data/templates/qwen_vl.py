@@ -11,7 +11,8 @@ from neva.data.templates.generic import ChatMLTemplate
 QWEN_IMAGE_PAD = "<|image_pad|>"  # Qwen-VL's image token
 QWEN_IMAGE_BLOCK = f"<|vision_start|>{QWEN_IMAGE_PAD}<|vision_end|>"
 """What an image tag is in Qwen-VL's text: its ``<|image_pad|>`` is the model's image token."""
-QWEN_VIDEO_BLOCK = "<|vision_start|><|video_pad|><|vision_end|>"
+QWEN_VIDEO_PAD = "<|video_pad|>"  # its video token
+QWEN_VIDEO_BLOCK = f"<|vision_start|>{QWEN_VIDEO_PAD}<|vision_end|>"
 
 
 class QwenVLTemplate(ChatMLTemplate):
@@ -27,6 +28,8 @@ class QwenVLTemplate(ChatMLTemplate):
     # What a served prompt's ``<video>`` tag is written as (``neva.inference.PromptBuilder``); training's video tags
     # reach the template as ``<image>`` tags and get their video token after encoding (``neva.data.front_ends``).
     video_block = QWEN_VIDEO_BLOCK
+    video_token = QWEN_VIDEO_PAD
+    raw_blocks = True  # the Qwen2-VL processor: a prompt's vision blocks, counted by their pad tokens
     # ChatML with each <image> tag Qwen's vision block; qwen3_vl differs in its default system prompt only.
     jinja_body = (
         "{%- if system -%}{{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' -}}{%- endif -%}"
