@@ -124,35 +124,25 @@ QWEN2_5_VL = TowerSpec(
 )
 
 
+_TINY_QWEN3_5 = dict(
+    kind="qwen3_vl",
+    image_size=64,
+    patch_size=8,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    hidden_act="gelu_pytorch_tanh",
+    num_position_embeddings=16,
+)
 # Qwen3-VL's named tower shapes, Qwen3.5's among them (model.mm_cfg.vision_encoder.preset), gathered by
 # neva.models.presets.
 _QWEN3_VL_PRESETS: dict[str, dict] = {
     # The tiny tower as Qwen3-VL's: LayerNorm + tanh-GELU blocks, a learned 4 × 4 position table resampled to each
     # image's grid, and both blocks' outputs as DeepStack features (joining decoder layers 0 and 1).
-    "tiny_qwen3_vl": dict(
-        kind="qwen3_vl",
-        image_size=64,
-        patch_size=8,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        hidden_act="gelu_pytorch_tanh",
-        num_position_embeddings=16,
-        deepstack_visual_indexes=[0, 1],
-    ),
+    "tiny_qwen3_vl": {**_TINY_QWEN3_5, "deepstack_visual_indexes": [0, 1]},
     # The tiny Qwen3-VL tower as Qwen3.5's: no DeepStack features.
-    "tiny_qwen3_5": dict(
-        kind="qwen3_vl",
-        image_size=64,
-        patch_size=8,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        hidden_act="gelu_pytorch_tanh",
-        num_position_embeddings=16,
-    ),
+    "tiny_qwen3_5": _TINY_QWEN3_5,
     # Qwen3.5's tower (transformers 5.25 Qwen3_5VisionConfig defaults, the class documented with Qwen/Qwen3.5-27B and
     # Qwen3.5-35B-A3B: depth 27, hidden 1152, intermediate 4304, 16 heads, 16 px patches merged 2 x 2, a 48 x 48
     # position table; Qwen3-VL's tower without DeepStack); image_size: the FLOP model's nominal image (448 px).

@@ -6,64 +6,41 @@ from neva.families.spec import TowerSpec
 
 # SigLIP's named tower shapes, Gemma 3's among them (model.mm_cfg.vision_encoder.preset), gathered by
 # neva.models.presets.
+_TINY_SIGLIP = dict(
+    kind="siglip",
+    image_size=32,
+    patch_size=8,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    layer_norm_eps=1e-6,
+    hidden_act="gelu_pytorch_tanh",
+)
+# google/siglip-so400m-patch14-384 (config.json vision_config): 27×27 = 729 patches, width 1152, 27 layers.
+_SO400M_384 = dict(
+    kind="siglip",
+    image_size=384,
+    patch_size=14,
+    hidden_size=1152,
+    intermediate_size=4304,
+    num_layers=27,
+    num_heads=16,
+    layer_norm_eps=1e-6,
+    hidden_act="gelu_pytorch_tanh",
+)
+# How Gemma 3 reads its SigLIP: the features after the post-LayerNorm (last_hidden_state), bilinear resize
+# (Gemma3ImageProcessor; google/gemma-3-4b-it's preprocessor_config.json resample 2).
+_GEMMA3_READING = dict(vision_select_layer=-1, feature_norm=True, image_resample="bilinear")
 _SIGLIP_PRESETS: dict[str, dict] = {
     # The tiny tower as SigLIP (no class token: 16 image tokens, 4 with mlp_downsample).
-    "tiny_siglip": dict(
-        kind="siglip",
-        image_size=32,
-        patch_size=8,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        layer_norm_eps=1e-6,
-        hidden_act="gelu_pytorch_tanh",
-    ),
-    # google/siglip-so400m-patch14-384 (config.json vision_config): 27×27 = 729 patches, width 1152, 27 layers.
-    "siglip_so400m_384": dict(
-        kind="siglip",
-        image_size=384,
-        patch_size=14,
-        hidden_size=1152,
-        intermediate_size=4304,
-        num_layers=27,
-        num_heads=16,
-        layer_norm_eps=1e-6,
-        hidden_act="gelu_pytorch_tanh",
-    ),
-    # The tiny tower as Gemma 3's SigLIP: its features after the post-LayerNorm (last_hidden_state), bilinear resize
-    # (Gemma3ImageProcessor); a 4 × 4 patch grid the gemma3 projector pools to 2 × 2 tokens.
-    "tiny_gemma3": dict(
-        kind="siglip",
-        image_size=32,
-        patch_size=8,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        layer_norm_eps=1e-6,
-        hidden_act="gelu_pytorch_tanh",
-        vision_select_layer=-1,
-        feature_norm=True,
-        image_resample="bilinear",
-    ),
-    # google/gemma-3-4b-it's tower (config.json vision_config: SigLIP so400m/14 at 896 px, 64 × 64 patches): its
-    # features after the post-LayerNorm, bilinear resize (its preprocessor_config.json resample 2); the gemma3
-    # projector pools them to 16 × 16 = 256 tokens.
-    "siglip_so400m_896": dict(
-        kind="siglip",
-        image_size=896,
-        patch_size=14,
-        hidden_size=1152,
-        intermediate_size=4304,
-        num_layers=27,
-        num_heads=16,
-        layer_norm_eps=1e-6,
-        hidden_act="gelu_pytorch_tanh",
-        vision_select_layer=-1,
-        feature_norm=True,
-        image_resample="bilinear",
-    ),
+    "tiny_siglip": _TINY_SIGLIP,
+    "siglip_so400m_384": _SO400M_384,
+    # The tiny tower as Gemma 3's SigLIP: a 4 × 4 patch grid the gemma3 projector pools to 2 × 2 tokens.
+    "tiny_gemma3": {**_TINY_SIGLIP, **_GEMMA3_READING},
+    # google/gemma-3-4b-it's tower (config.json vision_config: SigLIP so400m/14 at 896 px, 64 × 64 patches); the
+    # gemma3 projector pools its features to 16 × 16 = 256 tokens.
+    "siglip_so400m_896": {**_SO400M_384, "image_size": 896, **_GEMMA3_READING},
 }
 
 SIGLIP = TowerSpec(
