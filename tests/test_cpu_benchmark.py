@@ -37,5 +37,6 @@ def test_cpu_benchmark_runs_tiny_and_both_sides_agree(mode) -> None:
     assert summary["neva_first_loss"] == pytest.approx(summary["hf_first_loss"], rel=1e-5)
     assert summary["first_loss_rel_diff"] < 1e-5
     assert summary["speedup_vs_hf"] > 0 and summary["speedup_cpu_time"] > 0
+    assert summary["speedup_per_step_median"] > 0 and summary["speedup_cpu_per_step_median"] > 0
     # Packing computed fewer positions than HF's padding, on the same real tokens.
     assert summary["real_tokens_per_step"] <= summary["neva_tokens_per_step"] < summary["hf_tokens_per_step"]

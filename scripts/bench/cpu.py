@@ -555,6 +555,12 @@ def _run_children(named_cmds: list[tuple[str, list[str]]], n_steps: int) -> dict
                 child.proc.kill()
 
 
+def _paired_ratio(hf: list[float], neva: list[float], warmup: int) -> float:
+    """Median over the measured steps of HF's seconds / neva's on the same batch: the ratio of the sides' medians
+    can pair two different batches, and HF's time per batch swings more than the batch's size (its allocations)."""
+    return statistics.median(h / n for h, n in zip(hf[warmup:], neva[warmup:]))
+
+
 def _row(name: str, r: dict[str, Any], base: dict[str, Any]) -> str:
     return (
         f"| {name:<22} | {r['samples_per_sec']:8.2f} | {r['tokens_per_sec']:9.0f} | {r['computed_tokens_per_step']:8.0f} "
@@ -601,6 +607,11 @@ def run_cpu(args: Any) -> dict[str, Any]:
         f"median CPU seconds/step: hf {hf['median_cpu_s']:.2f}, neva {neva['median_cpu_s']:.2f} "
         f"({hf['median_cpu_s'] / neva['median_cpu_s']:.2f}x)"
     )
+    paired = {key: _paired_ratio(hf[key], neva[key], args.warmup) for key in ("step_s", "cpu_s")}
+    print(
+        f"median of the per-step ratios (the same batch on both sides): wall {paired['step_s']:.2f}x, "
+        f"CPU {paired['cpu_s']:.2f}x"
+    )
     own_shapes = cfg.vision.spec.patch_grid or cfg.vision.spec.tiles is not None  # a family's own shapes
     summary = {
         "mode": "cpu",
@@ -609,6 +620,8 @@ def run_cpu(args: Any) -> dict[str, Any]:
         "hf_samples_per_sec": round(hf["samples_per_sec"], 4),
         "speedup_vs_hf": round(neva["samples_per_sec"] / hf["samples_per_sec"], 4),
         "speedup_cpu_time": round(hf["median_cpu_s"] / neva["median_cpu_s"], 4),
+        "speedup_per_step_median": round(paired["step_s"], 4),
+        "speedup_cpu_per_step_median": round(paired["cpu_s"], 4),
         "neva_peak_mb": round(neva["peak_mb"], 1),
         "hf_peak_mb": round(hf["peak_mb"], 1),
         "neva_packing": bool(args.packing),
