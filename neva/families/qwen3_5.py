@@ -10,7 +10,7 @@ from typing import Any
 
 from neva.families.decoder_spec import DecoderSpec
 from neva.families.hf_fields import COMMON, INERT, READ
-from neva.families.qwen import _qwen3_read
+from neva.families.qwen import QWEN3, _qwen3_read
 
 # HF Qwen3.5 text field: ``LinearAttentionConfig`` field (neva/models/hybrid_config.py), and transformers' default.
 _LINEAR_FIELDS = {
@@ -83,18 +83,8 @@ _QWEN3_5_PRESETS: dict[str, dict] = {
     # The tiny Qwen3 decoder as Qwen3.5's hybrid: Gated DeltaNet in layers 0-2 (2 query / key heads of 32 serving 4
     # value heads of 32, 4 conv taps), gated attention with RoPE on a quarter of each head in layer 3, (1 + w) norms.
     "tiny_qwen3_5": dict(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=352,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        max_seq_len=512,
-        rope_theta=1e6,
-        rms_norm_eps=1e-6,
+        QWEN3.presets["tiny_qwen3"],
         family="qwen3_5",
-        qk_norm=True,
         attention_output_gate=True,
         rotary_percent=0.25,
         layernorm_zero_centered_gamma=True,
